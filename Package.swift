@@ -1,0 +1,89 @@
+// swift-tools-version: 6.0
+import PackageDescription
+
+let strict: [SwiftSetting] = [.swiftLanguageMode(.v6)]
+
+let package = Package(
+    name: "Tusa",
+    platforms: [.macOS(.v14)],
+    products: [
+        .library(name: "STUN", targets: ["STUN"]),
+        .library(name: "Transport", targets: ["Transport"]),
+        .library(name: "TusaInterop", targets: ["TusaInterop"]),
+        .executable(name: "tusa", targets: ["tusa"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+    ],
+    targets: [
+        // System libraries (Debian -dev packages); no logic lives here.
+        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "COpus", pkgConfig: "opus", providers: [.apt(["libopus-dev"])]),
+        .systemLibrary(name: "CSpeex", pkgConfig: "speex", providers: [.apt(["libspeex-dev"])]),
+        .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
+        .systemLibrary(name: "CPcap", pkgConfig: "libpcap", providers: [.apt(["libpcap-dev"])]),
+        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+
+        // STUN/TURN/ICE wire formats and sans-IO state machines.
+        .target(
+            name: "STUN",
+            dependencies: [
+                "CZlib",
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: strict
+        ),
+        // SwiftNIO drivers hosting the sans-IO cores; the relay service.
+        .target(
+            name: "Transport",
+            dependencies: [
+                "STUN",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict
+        ),
+        // Capture reading (libpcap) and the interop checker behind `tusa interop`.
+        .target(
+            name: "TusaInterop",
+            dependencies: ["STUN", "CPcap"],
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "tusa",
+            dependencies: [
+                "STUN", "Transport", "TusaInterop",
+                "CSodium", "COpus", "CSpeex", "CSpeexDSP",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
+        // libFuzzer entry point for the STUN decoders. Built by `make fuzz` with
+        // -sanitize=fuzzer -DFUZZING; without FUZZING it replays files given as arguments.
+        .executableTarget(
+            name: "STUNFuzz",
+            dependencies: ["STUN"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "STUNTests",
+            dependencies: ["STUN"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "InteropTests",
+            dependencies: ["STUN", "TusaInterop", "Transport"],
+            swiftSettings: strict
+        ),
+    ]
+)

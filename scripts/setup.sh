@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what Tusa needs on a Debian machine, idempotently and without questions:
+# the C libraries (-dev packages), the real peers used by the interop tests
+# (coturn, tshark) and a Python venv in .venv with aioice and dpkt.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  pkg-config libsodium-dev libopus-dev libspeex-dev libspeexdsp-dev
+  libpcap-dev zlib1g-dev coturn tshark iproute2 python3-venv
+)
+PY_PACKAGES=(aioice dpkt)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  # tshark asks whether non-root users may capture; answer once, non-interactively.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # coturn's package starts a system turnserver on 3478; the tests start their own.
+  if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl disable --now coturn >/dev/null 2>&1 || true; fi
+  pkill -x turnserver 2>/dev/null || true
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+need_py=()
+for p in "${PY_PACKAGES[@]}"; do
+  .venv/bin/python -c "import $p" 2>/dev/null || need_py+=("$p")
+done
+if ((${#need_py[@]})); then
+  echo "setup: pip installing ${need_py[*]}"
+  .venv/bin/pip install -q --disable-pip-version-check "${need_py[@]}"
+fi
+echo "setup: ok"
