@@ -25,17 +25,17 @@ public struct ChannelData: Hashable, Sendable {
     /// Decodes ChannelData from a UDP datagram or a stream frame. Trailing
     /// padding (up to the next multiple of four) is accepted and ignored.
     ///
+    /// Any channel 0x4000–0x7FFF is accepted here: RFC 5766 allowed them all
+    /// and coturn still binds numbers above 0x4FFF. RFC 8656's narrower range
+    /// is enforced where channels are bound (``ChannelNumber``).
+    ///
     /// - Throws: ``STUNError`` `.badChannelData` when the first two bits are not
-    ///   01, the channel is outside 0x4000–0x4FFF (the reserved 0x5000–0x7FFF
-    ///   included), or the length disagrees with the bytes.
+    ///   01 or the length disagrees with the bytes.
     public init(decoding bytes: [UInt8]) throws(STUNError) {
         guard bytes.count >= 4 else { throw .truncated("ChannelData header", need: 4, have: bytes.count) }
         let channel = bytes.readUInt16(at: 0)
         guard channel & 0xC000 == 0x4000 else {
             throw STUNError(.badChannelData, "first bits of 0x\(String(channel, radix: 16)) are not 01")
-        }
-        guard ChannelNumber.validRange.contains(channel) else {
-            throw STUNError(.badChannelData, "channel 0x\(String(channel, radix: 16)) is reserved (only 0x4000–0x4FFF)")
         }
         let length = Int(bytes.readUInt16(at: 2))
         guard 4 + length <= bytes.count else {

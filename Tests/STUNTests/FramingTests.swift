@@ -14,12 +14,17 @@ struct ChannelDataTests {
     @Test(arguments: [
         [UInt8]([0x40, 0x01, 0x00]),  // short header
         [0x40, 0x01, 0x00, 0x08, 1, 2],  // length overruns
-        [0x50, 0x00, 0x00, 0x00],  // reserved channel
+        [0x80, 0x00, 0x00, 0x00],  // 10 bits: RTP, not ChannelData
         [0x3F, 0xFF, 0x00, 0x00],  // not 01 bits
         [0x40, 0x00, 0x00, 0x01, 1, 0, 0, 0, 0],  // more than padding after the data
     ])
     func malformedFramesAreTypedErrors(bytes: [UInt8]) {
         #expect(throws: STUNError.self) { try ChannelData(decoding: bytes) }
+    }
+
+    @Test func rfc5766ChannelsAboveTheRFC8656RangeStillDecode() throws {
+        // coturn binds channels like 0x5C7E (RFC 5766 allowed up to 0x7FFF).
+        #expect(try ChannelData(decoding: [0x5C, 0x7E, 0x00, 0x01, 9, 0, 0, 0]).channel == 0x5C7E)
     }
 
     @Test func channelNumberRange() {
