@@ -44,6 +44,7 @@ let package = Package(
                 "STUN",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -78,11 +79,17 @@ let package = Package(
         .testTarget(
             name: "STUNTests",
             dependencies: ["STUN"],
+            exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
         .testTarget(
             name: "InteropTests",
-            dependencies: ["STUN", "TusaInterop", "Transport"],
+            dependencies: [
+                "STUN", "TusaInterop", "Transport",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            exclude: ["peers"],
             swiftSettings: strict
         ),
     ]

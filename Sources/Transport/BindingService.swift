@@ -1,0 +1,529 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import STUN
+import ServiceLifecycle
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The STUN Binding service on UDP and TCP, as a ServiceLifecycle `Service`.
+///
+/// `run()` binds every listen address (UDP and TCP, IPv4 and IPv6), answers
+/// Binding requests with the sans-IO ``BindingServer`` until graceful shutdown
+/// or cancellation, then closes every socket and returns. With an
+/// ``Configuration/alternateAddress`` it binds the four UDP sockets RFC 5780
+/// behaviour discovery needs (primary and alternate IP × primary and alternate
+/// port) on the first listen address of the alternate's family.
+///
+/// Callers learn the real addresses (port 0 binds an ephemeral port) from
+/// ``boundSockets()``.
+public final class BindingService: Service, Sendable {
+    public struct Configuration: Hashable, Sendable {
+        /// Where to listen. A port of 0 binds an ephemeral port; TCP then tries
+        /// the port UDP got first.
+        public var listenAddresses: [TransportAddress]
+        /// The alternate IP and port for RFC 5780 (both must differ from the
+        /// primary's). Needs UDP and a specific listen address of its family.
+        public var alternateAddress: TransportAddress?
+        /// A SOFTWARE attribute for responses; none by default.
+        public var software: String?
+        public var udp: Bool
+        public var tcp: Bool
+        /// Event-loop threads. With more than one, each UDP address gets one
+        /// socket per thread (SO_REUSEPORT) and the kernel spreads the load.
+        public var threads: Int
+        /// A TCP connection that sends nothing for this long is closed.
+        public var tcpIdleTimeout: TimeAmount
+
+        /// `0.0.0.0:3478` and `[::]:3478`.
+        public static let defaultListenAddresses = [
+            TransportAddress(ip: .v4(0), port: 3478), TransportAddress(ip: .v6(high: 0, low: 0), port: 3478),
+        ]
+
+        public init(
+            listenAddresses: [TransportAddress] = Configuration.defaultListenAddresses,
+            alternateAddress: TransportAddress? = nil, software: String? = nil, udp: Bool = true, tcp: Bool = true,
+            threads: Int = 1, tcpIdleTimeout: TimeAmount = .seconds(30)
+        ) {
+            self.listenAddresses = listenAddresses
+            self.alternateAddress = alternateAddress
+            self.software = software
+            self.udp = udp
+            self.tcp = tcp
+            self.threads = threads
+            self.tcpIdleTimeout = tcpIdleTimeout
+        }
+
+        /// The listen address the RFC 5780 sockets are built on: the first of the alternate's family.
+        var behaviorDiscoveryPrimaryIndex: Int? {
+            guard let alternate = alternateAddress else { return nil }
+            return listenAddresses.firstIndex { $0.ip.isIPv4 == alternate.ip.isIPv4 }
+        }
+
+        /// Throws when the configuration cannot be served, saying why.
+        public func validate() throws(BindingServiceError) {
+            guard !listenAddresses.isEmpty else { throw .invalid("no listen address given") }
+            guard udp || tcp else { throw .invalid("both UDP and TCP are disabled: nothing to serve") }
+            guard threads >= 1 else { throw .invalid("thread count must be at least 1, not \(threads)") }
+            guard tcpIdleTimeout > .zero else { throw .invalid("TCP idle timeout must be positive") }
+            for (i, address) in listenAddresses.enumerated() where listenAddresses[..<i].contains(address) {
+                throw .invalid("listen address \(address) is given twice")
+            }
+            guard let alternate = alternateAddress else { return }
+            let family = alternate.ip.isIPv4 ? "IPv4" : "IPv6"
+            guard udp else { throw .invalid("alternate address \(alternate) needs UDP, which is disabled") }
+            guard let index = behaviorDiscoveryPrimaryIndex else {
+                throw .invalid("alternate address \(alternate) is \(family) but no \(family) listen address is given")
+            }
+            let primary = listenAddresses[index]
+            guard !primary.ip.isUnspecified else {
+                throw .invalid(
+                    "alternate address \(alternate) needs a specific primary \(family) listen address, not \(primary)")
+            }
+            guard !alternate.ip.isUnspecified else {
+                throw .invalid("alternate address \(alternate) must be a specific IP address")
+            }
+            guard alternate.ip != primary.ip else {
+                throw .invalid("alternate address \(alternate) has the same IP as the primary \(primary)")
+            }
+            guard alternate.port == 0 || alternate.port != primary.port else {
+                throw .invalid("alternate address \(alternate) has the same port as the primary \(primary)")
+            }
+        }
+    }
+
+    public let configuration: Configuration
+    private let logger: Logger
+    private let totals = StatisticsBox()
+    private let bound = BoundSocketsRendezvous()
+    private let started = NIOLockedValueBox(false)
+
+    public init(configuration: Configuration, logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    /// The sockets once they are all bound, in bind order, one per address
+    /// (reuse-port siblings are not repeated). Throws the bind error if
+    /// binding failed, or `CancellationError` if the caller is cancelled first.
+    public func boundSockets() async throws -> [BoundSocket] {
+        try await bound.wait()
+    }
+
+    /// What has been answered and dropped so far (each event loop adds its
+    /// counts after every read batch); complete once `run()` has returned.
+    public var statistics: BindingStatistics { totals.snapshot }
+
+    public func run() async throws {
+        let first = started.withLockedValue { started in
+            defer { started = true }
+            return !started
+        }
+        guard first else { throw BindingServiceError(.alreadyRunning, "the binding service runs only once") }
+
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, configuration.threads))
+        let channels: [any Channel]
+        do {
+            try configuration.validate()
+            let (sockets, bound) = try await bindAll(on: group)
+            channels = bound
+            self.bound.resolve(.success(sockets))
+        } catch {
+            self.bound.resolve(.failure(error))
+            try? await group.shutdownGracefully()
+            throw error
+        }
+
+        await withTaskCancellationOrGracefulShutdownHandler {
+            for channel in channels { try? await channel.closeFuture.get() }
+        } onCancelOrGracefulShutdown: {
+            for channel in channels { channel.close(promise: nil) }
+        }
+        // Closes the TCP connections still open; their handlers add their counts as they go.
+        try? await group.shutdownGracefully()
+        let statistics = totals.snapshot
+        logger.info("STUN binding service stopped", metadata: statistics.metadata)
+    }
+
+    // MARK: binding
+
+    private func bindAll(on group: MultiThreadedEventLoopGroup) async throws -> ([BoundSocket], [any Channel]) {
+        let loops = Array(group.makeIterator())
+        var sockets: [BoundSocket] = []
+        var channels: [any Channel] = []
+        let rfc5780Index = configuration.behaviorDiscoveryPrimaryIndex
+
+        for (index, listen) in configuration.listenAddresses.enumerated() {
+            var udpPort: UInt16?
+            if configuration.udp {
+                let alternate = index == rfc5780Index ? configuration.alternateAddress : nil
+                let server = try await bindUDPServer(listen, alternate: alternate, on: loops)
+                for socket in server.sockets { log(socket) }
+                sockets += server.sockets
+                channels += server.channels
+                udpPort = server.sockets.first?.address.port
+            }
+            if configuration.tcp {
+                let server: (channel: any Channel, address: TransportAddress)
+                if listen.port == 0, let udpPort {
+                    // Same port number as UDP when it is free, like a fixed-port server.
+                    do {
+                        server = try await bindTCP(TransportAddress(ip: listen.ip, port: udpPort), group: group)
+                    } catch {
+                        server = try await bindTCP(listen, group: group)
+                    }
+                } else {
+                    server = try await bindTCP(listen, group: group)
+                }
+                channels.append(server.channel)
+                sockets.append(BoundSocket(kind: .tcp, address: server.address))
+                log(sockets[sockets.count - 1])
+            }
+        }
+        return (sockets, channels)
+    }
+
+    /// Binds the UDP sockets of one listen address, and with `alternate` the
+    /// other three RFC 5780 addresses (ports of 0 resolved as they are bound),
+    /// then starts answering on all of them.
+    private func bindUDPServer(
+        _ listen: TransportAddress, alternate: TransportAddress?, on loops: [any EventLoop]
+    ) async throws -> (sockets: [BoundSocket], channels: [any Channel]) {
+        let primary = try await bindUDP(listen, on: loops)
+        let core: BindingServer
+        let lanesByOrigin: [BindingServer.Origin: [any Channel]]
+        let sockets: [BoundSocket]
+        if let alternate {
+            let otherPort = try await bindUDP(TransportAddress(ip: listen.ip, port: alternate.port), on: loops)
+            let otherIP = try await bindUDP(TransportAddress(ip: alternate.ip, port: primary.address.port), on: loops)
+            let otherBoth = try await bindUDP(
+                TransportAddress(ip: alternate.ip, port: otherPort.address.port), on: loops)
+            core = BindingServer(
+                configuration: .init(
+                    primary: primary.address, alternate: otherBoth.address, software: configuration.software))
+            lanesByOrigin = [
+                .primary: primary.lanes,
+                BindingServer.Origin(alternateIP: false, alternatePort: true): otherPort.lanes,
+                BindingServer.Origin(alternateIP: true, alternatePort: false): otherIP.lanes,
+                BindingServer.Origin(alternateIP: true, alternatePort: true): otherBoth.lanes,
+            ]
+            sockets = BindingServer.Origin.all.map { origin in
+                BoundSocket(kind: .udp, address: core.address(of: origin) ?? primary.address, origin: origin)
+            }
+        } else {
+            core = BindingServer(configuration: .init(primary: primary.address, software: configuration.software))
+            lanesByOrigin = [.primary: primary.lanes]
+            sockets = [BoundSocket(kind: .udp, address: primary.address)]
+        }
+
+        let routes = UDPRoutes(channels: lanesByOrigin)
+        var channels: [any Channel] = []
+        for origin in BindingServer.Origin.all {
+            for (lane, channel) in (lanesByOrigin[origin] ?? []).enumerated() {
+                try await startServing(channel, core: core, origin: origin, routes: routes, lane: lane)
+                channels.append(channel)
+            }
+        }
+        return (sockets, channels)
+    }
+
+    private func log(_ socket: BoundSocket) {
+        var metadata: Logger.Metadata = ["transport": "\(socket.kind.rawValue)", "address": "\(socket.address)"]
+        if configuration.alternateAddress != nil && socket.kind == .udp { metadata["origin"] = "\(socket.origin)" }
+        logger.info("listening", metadata: metadata)
+    }
+
+    /// Binds one UDP socket per event loop on `address` (one without
+    /// SO_REUSEPORT when there is a single loop, so a port in use is an error).
+    /// Reading stays off until ``startServing(_:core:origin:routes:lane:)``.
+    private func bindUDP(_ address: TransportAddress, on loops: [any EventLoop]) async throws
+        -> (lanes: [any Channel], address: TransportAddress)
+    {
+        var lanes: [any Channel] = []
+        var target = address
+        do {
+            for loop in loops {
+                var bootstrap = DatagramBootstrap(group: loop)
+                    .channelOption(.autoRead, value: false)
+                    .channelOption(.datagramVectorReadMessageCount, value: Self.datagramsPerRead)
+                    .channelOption(
+                        .recvAllocator,
+                        value: FixedSizeRecvByteBufferAllocator(capacity: Self.datagramsPerRead * Self.datagramSlotSize))
+                if loops.count > 1 { bootstrap = bootstrap.channelOption(Self.reusePort, value: 1) }
+                if !target.ip.isIPv4 { bootstrap = bootstrap.channelOption(Self.ipv6Only, value: 1) }
+                let channel = try await bootstrap.bind(to: SocketAddress(target)).get()
+                lanes.append(channel)
+                if target.port == 0, let actual = channel.localAddress.flatMap(TransportAddress.init) {
+                    target.port = actual.port
+                }
+            }
+        } catch {
+            for channel in lanes { channel.close(promise: nil) }
+            throw BindingServiceError.bindFailed("udp", address, error)
+        }
+        return (lanes, target)
+    }
+
+    private func startServing(
+        _ channel: any Channel, core: BindingServer, origin: BindingServer.Origin, routes: UDPRoutes, lane: Int
+    ) async throws {
+        let totals = self.totals
+        let logger = self.logger
+        try await channel.eventLoop.submit {
+            try channel.pipeline.syncOperations.addHandler(
+                UDPBindingHandler(
+                    core: core, origin: origin, routes: routes, lane: lane, totals: totals, logger: logger))
+        }.get()
+        try await channel.setOption(.autoRead, value: true).get()
+    }
+
+    private func bindTCP(_ address: TransportAddress, group: MultiThreadedEventLoopGroup) async throws
+        -> (channel: any Channel, address: TransportAddress)
+    {
+        let totals = self.totals
+        let logger = self.logger
+        let idleTimeout = configuration.tcpIdleTimeout
+        // Over TCP there is no RFC 5780 behaviour discovery, so the core needs no addresses.
+        let core = BindingServer(configuration: .init(software: configuration.software))
+        var bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers([
+                        BackPressureHandler(),
+                        IdleStateHandler(readTimeout: idleTimeout),
+                        TCPBindingHandler(core: core, totals: totals, logger: logger),
+                    ])
+                }
+            }
+        if !address.ip.isIPv4 { bootstrap = bootstrap.serverChannelOption(Self.ipv6Only, value: 1) }
+        let channel: any Channel
+        do {
+            channel = try await bootstrap.bind(to: SocketAddress(address)).get()
+        } catch {
+            throw BindingServiceError.bindFailed("tcp", address, error)
+        }
+        return (channel, channel.localAddress.flatMap(TransportAddress.init) ?? address)
+    }
+
+    /// Datagrams taken per recvmmsg call, and the room for each.
+    static let datagramsPerRead = 64
+    static let datagramSlotSize = 2048
+    static let ipv6Only = ChannelOptions.Types.SocketOption(level: .ipv6, name: .ipv6_v6only)
+    static let reusePort = ChannelOptions.Types.SocketOption(level: .socket, name: NIOBSDSocket.Option(rawValue: SO_REUSEPORT))
+}
+
+/// One socket the service listens on.
+public struct BoundSocket: Hashable, Sendable, CustomStringConvertible {
+    public enum Kind: String, Hashable, Sendable {
+        case udp, tcp
+    }
+
+    public var kind: Kind
+    /// The local address, with the real port when port 0 was asked for.
+    public var address: TransportAddress
+    /// Which RFC 5780 server address this is; `.primary` for ordinary listen addresses.
+    public var origin: BindingServer.Origin
+
+    public init(kind: Kind, address: TransportAddress, origin: BindingServer.Origin = .primary) {
+        self.kind = kind
+        self.address = address
+        self.origin = origin
+    }
+
+    /// `udp 127.0.0.1:3478`, `tcp [::1]:3478`.
+    public var description: String { "\(kind.rawValue) \(address)" }
+}
+
+/// Why the binding service could not start.
+public struct BindingServiceError: Error, Hashable, Sendable, CustomStringConvertible {
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        public let name: String
+        public init(_ name: String) { self.name = name }
+        public var description: String { name }
+
+        /// The configuration cannot be served (see ``BindingService/Configuration/validate()``).
+        public static let invalidConfiguration = Code("invalidConfiguration")
+        /// A socket could not be bound (address in use, not on this host, …).
+        public static let bindFailed = Code("bindFailed")
+        /// `run()` was called a second time.
+        public static let alreadyRunning = Code("alreadyRunning")
+    }
+
+    public var code: Code
+    /// One line for a person.
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
+
+    @inline(never)
+    static func invalid(_ message: String) -> Self { Self(.invalidConfiguration, message) }
+
+    @inline(never)
+    static func bindFailed(_ transport: String, _ address: TransportAddress, _ error: any Error) -> Self {
+        let reason: String
+        if let io = error as? IOError {
+            reason = String(cString: strerror(io.errnoCode))
+        } else {
+            reason = "\(error)"
+        }
+        return Self(.bindFailed, "cannot listen on \(transport) \(address): \(reason)")
+    }
+}
+
+/// Counts of what the service answered and dropped.
+public struct BindingStatistics: Hashable, Sendable, CustomStringConvertible {
+    /// Responses sent (success and error responses).
+    public var responses = 0
+    /// Datagrams and TCP frames that got no answer, by reason.
+    public var drops: [BindingServer.DropReason: Int] = [:]
+    /// Responses that had no socket to leave from (should stay 0).
+    public var unroutable = 0
+    /// TCP connections closed because the stream was neither STUN nor ChannelData.
+    public var badStreams = 0
+    /// TCP connections closed for saying nothing.
+    public var idleTimeouts = 0
+
+    public init() {}
+
+    public var totalDrops: Int { drops.values.reduce(0, +) }
+
+    /// `responses 12, drops 3 (not-stun 2, malformed 1), tcp closed: 1 bad stream, 0 idle`
+    public var description: String {
+        let reasons = BindingServer.DropReason.allCases.compactMap { reason in
+            drops[reason].flatMap { $0 > 0 ? "\(reason.rawValue) \($0)" : nil }
+        }
+        var text = "responses \(responses), drops \(totalDrops)"
+        if !reasons.isEmpty { text += " (\(reasons.joined(separator: ", ")))" }
+        if unroutable > 0 { text += ", unroutable \(unroutable)" }
+        text += ", tcp closed: \(badStreams) bad stream, \(idleTimeouts) idle"
+        return text
+    }
+
+    var metadata: Logger.Metadata {
+        var metadata: Logger.Metadata = [
+            "responses": "\(responses)", "drops": "\(totalDrops)", "tcp-bad-streams": "\(badStreams)",
+            "tcp-idle-timeouts": "\(idleTimeouts)",
+        ]
+        for (reason, count) in drops where count > 0 { metadata["drops-\(reason.rawValue)"] = "\(count)" }
+        if unroutable > 0 { metadata["unroutable"] = "\(unroutable)" }
+        return metadata
+    }
+}
+
+// MARK: - Counting without a lock per packet
+
+/// One handler's counts since it last reported; touched only on its event loop.
+struct BindingCounters {
+    var responses = 0
+    var unroutable = 0
+    var badStreams = 0
+    var idleTimeouts = 0
+    /// Indexed like ``reasons``.
+    var drops = [Int](repeating: 0, count: Self.reasons.count)
+
+    /// `allCases` builds a new array on every use; this one is built once.
+    static let reasons = BindingServer.DropReason.allCases
+
+    mutating func drop(_ reason: BindingServer.DropReason) {
+        if let index = Self.reasons.firstIndex(of: reason) { drops[index] += 1 }
+    }
+
+    var isZero: Bool {
+        responses == 0 && unroutable == 0 && badStreams == 0 && idleTimeouts == 0 && !drops.contains { $0 != 0 }
+    }
+
+    /// Zeroes the counts in place (keeps the array's storage).
+    mutating func reset() {
+        responses = 0
+        unroutable = 0
+        badStreams = 0
+        idleTimeouts = 0
+        for index in drops.indices { drops[index] = 0 }
+    }
+}
+
+/// The service-wide totals. Handlers add to it once per read batch and when
+/// they are removed, never per packet.
+final class StatisticsBox: Sendable {
+    private let totals = NIOLockedValueBox(BindingStatistics())
+
+    func merge(_ counters: inout BindingCounters) {
+        guard !counters.isZero else { return }
+        let add = counters
+        totals.withLockedValue { totals in
+            totals.responses += add.responses
+            totals.unroutable += add.unroutable
+            totals.badStreams += add.badStreams
+            totals.idleTimeouts += add.idleTimeouts
+            for (index, reason) in BindingCounters.reasons.enumerated() where add.drops[index] != 0 {
+                totals.drops[reason, default: 0] += add.drops[index]
+            }
+        }
+        counters.reset()
+    }
+
+    var snapshot: BindingStatistics { totals.withLockedValue { $0 } }
+}
+
+// MARK: - Waiting for the bound addresses
+
+/// Hands the bound sockets (or the bind error) to every caller of
+/// ``BindingService/boundSockets()``, now or later; a waiter can be cancelled.
+final class BoundSocketsRendezvous: Sendable {
+    private typealias Waiter = CheckedContinuation<[BoundSocket], any Error>
+
+    private struct State {
+        var result: Result<[BoundSocket], any Error>?
+        var waiters: [Int: Waiter] = [:]
+        var nextID = 0
+    }
+
+    private let state = NIOLockedValueBox(State())
+
+    /// The first result wins; later ones are ignored.
+    func resolve(_ result: Result<[BoundSocket], any Error>) {
+        let waiters = state.withLockedValue { state -> [Waiter] in
+            guard state.result == nil else { return [] }
+            state.result = result
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume(with: result) }
+    }
+
+    func wait() async throws -> [BoundSocket] {
+        let id = state.withLockedValue { state in
+            defer { state.nextID += 1 }
+            return state.nextID
+        }
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (waiter: Waiter) in
+                let ready = state.withLockedValue { state -> Result<[BoundSocket], any Error>? in
+                    if let result = state.result { return result }
+                    if Task.isCancelled { return .failure(CancellationError()) }
+                    state.waiters[id] = waiter
+                    return nil
+                }
+                if let ready { waiter.resume(with: ready) }
+            }
+        } onCancel: {
+            let waiter = state.withLockedValue { $0.waiters.removeValue(forKey: id) }
+            waiter?.resume(throwing: CancellationError())
+        }
+    }
+}

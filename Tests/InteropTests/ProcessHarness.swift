@@ -1,0 +1,216 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Runs real programs (tusa, coturn's tools, tshark, aioice) for the interop
+/// tests: every wait is bounded, every process is stopped at the end.
+enum Harness {
+    static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent()
+
+    /// The built `tusa`: $TUSA_BIN, else .build/debug/tusa.
+    static var tusa: String? {
+        if let p = ProcessInfo.processInfo.environment["TUSA_BIN"], FileManager.default.isExecutableFile(atPath: p) { return p }
+        let p = packageRoot.appendingPathComponent(".build/debug/tusa").path
+        return FileManager.default.isExecutableFile(atPath: p) ? p : nil
+    }
+
+    static var python: String? {
+        let p = packageRoot.appendingPathComponent(".venv/bin/python").path
+        return FileManager.default.isExecutableFile(atPath: p) ? p : nil
+    }
+
+    /// The full path of a program on PATH (also /usr/sbin, where Debian puts some).
+    static func which(_ name: String) -> String? {
+        let path = (ProcessInfo.processInfo.environment["PATH"] ?? "") + ":/usr/sbin:/usr/bin:/sbin:/bin"
+        for dir in path.split(separator: ":") {
+            let candidate = "\(dir)/\(name)"
+            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
+        }
+        return nil
+    }
+
+    static var isRoot: Bool { getuid() == 0 }
+
+    /// A free loopback UDP port (bound and released; good enough for tests that start at once).
+    static func freePort(ip: String = "127.0.0.1", udp: Bool = true) -> UInt16 {
+        let fd = socket(AF_INET, Int32(udp ? SOCK_DGRAM.rawValue : SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = 0
+        inet_pton(AF_INET, ip, &addr.sin_addr)
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
+        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
+        return UInt16(bigEndian: addr.sin_port)
+    }
+
+    /// Two consecutive free ports p, p+1 on both 127.0.0.1 and 127.0.0.2 (for RFC 5780 setups).
+    static func freePortPair() -> UInt16 {
+        for _ in 0..<50 {
+            let p = freePort()
+            guard p < 65000 else { continue }
+            if [("127.0.0.1", p + 1), ("127.0.0.2", p), ("127.0.0.2", p + 1)].allSatisfy({ isFree(ip: $0.0, port: $0.1) }) {
+                return p
+            }
+        }
+        return 40_000 + UInt16.random(in: 0..<10_000)
+    }
+
+    static func isFree(ip: String, port: UInt16) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = port.bigEndian
+        inet_pton(AF_INET, ip, &addr.sin_addr)
+        return withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        } == 0
+    }
+
+    struct Result {
+        var status: Int32
+        var stdout: String
+        var stderr: String
+        var timedOut: Bool
+    }
+
+    /// Runs a program to completion, killing it after `timeout` seconds.
+    static func run(_ executable: String, _ arguments: [String], timeout: Double = 20) throws -> Result {
+        let p = try Background(executable, arguments)
+        let finished = p.waitForExit(timeout: timeout)
+        if !finished { p.stop() }
+        return Result(status: p.status, stdout: p.stdout, stderr: p.stderr, timedOut: !finished)
+    }
+
+    /// A program running in the background, its output collected.
+    final class Background: @unchecked Sendable {
+        let process = Process()
+        private let lock = NSLock()
+        private var out = Data()
+        private var err = Data()
+
+        /// The test runner's threads block SIGINT and SIGTERM, and Process hands
+        /// that mask to its children, which then cannot be stopped gracefully.
+        /// Children start through this exec wrapper, which unblocks them and
+        /// restores their default handlers.
+        static let unblockSignals = """
+            import os, signal, sys
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE): signal.signal(s, signal.SIG_DFL)
+            os.execv(sys.argv[1], sys.argv[1:])
+            """
+
+        init(_ executable: String, _ arguments: [String]) throws {
+            if let python = Harness.which("python3") {
+                process.executableURL = URL(fileURLWithPath: python)
+                process.arguments = ["-c", Self.unblockSignals, executable] + arguments
+            } else {
+                process.executableURL = URL(fileURLWithPath: executable)
+                process.arguments = arguments
+            }
+            let o = Pipe()
+            let e = Pipe()
+            process.standardOutput = o
+            process.standardError = e
+            process.standardInput = FileHandle.nullDevice
+            o.fileHandleForReading.readabilityHandler = { [weak self] h in
+                let d = h.availableData
+                self?.lock.withLock { self?.out.append(d) }
+            }
+            e.fileHandleForReading.readabilityHandler = { [weak self] h in
+                let d = h.availableData
+                self?.lock.withLock { self?.err.append(d) }
+            }
+            try process.run()
+        }
+
+        var stdout: String { lock.withLock { String(decoding: out, as: UTF8.self) } }
+        var stderr: String { lock.withLock { String(decoding: err, as: UTF8.self) } }
+        var status: Int32 { process.isRunning ? -1 : process.terminationStatus }
+
+        /// Polls until `condition` holds on stdout+stderr, the process ends, or time runs out.
+        func waitFor(timeout: Double, _ condition: (String, String) -> Bool) -> Bool {
+            let end = Date().addingTimeInterval(timeout)
+            while Date() < end {
+                if condition(stdout, stderr) { return true }
+                if !process.isRunning { return condition(stdout, stderr) }
+                usleep(20_000)
+            }
+            return false
+        }
+
+        /// The first capture of `pattern` in stdout, waiting for it.
+        func waitForMatch(_ pattern: String, timeout: Double = 10) -> String? {
+            var found: String?
+            _ = waitFor(timeout: timeout) { out, _ in
+                guard let r = out.range(of: pattern, options: .regularExpression) else { return false }
+                found = String(out[r])
+                return true
+            }
+            return found
+        }
+
+        func waitForExit(timeout: Double) -> Bool {
+            let end = Date().addingTimeInterval(timeout)
+            while process.isRunning && Date() < end { usleep(10_000) }
+            if !process.isRunning { usleep(50_000) }  // let the readers drain
+            return !process.isRunning
+        }
+
+        /// SIGTERM (or `signal`), then SIGKILL after `grace` seconds. Returns the exit status.
+        @discardableResult
+        func stop(signal: Int32 = SIGTERM, grace: Double = 5) -> Int32 {
+            if process.isRunning { kill(process.processIdentifier, signal) }
+            if !waitForExit(timeout: grace) {
+                kill(process.processIdentifier, SIGKILL)
+                _ = waitForExit(timeout: 2)
+            }
+            return status
+        }
+
+        deinit {
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+    }
+
+    /// Starts `tusa relay` with the given arguments and returns it with its UDP port.
+    static func startRelay(_ arguments: [String]) throws -> (Background, UInt16)? {
+        guard let tusa else { return nil }
+        let relay = try Background(tusa, ["relay"] + arguments)
+        guard let line = relay.waitForMatch(#"listening udp 127\.0\.0\.1:[0-9]+"#),
+            let port = line.split(separator: ":").last.flatMap({ UInt16($0) })
+        else {
+            relay.stop(signal: SIGKILL)
+            return nil
+        }
+        return (relay, port)
+    }
+
+    /// Starts coturn's turnserver on loopback with no config file (`-n`), as a
+    /// STUN-only server (`-z -S`) unless other flags are given; waits until it answers.
+    static func startTurnserver(port: UInt16, listen: [String] = ["127.0.0.1"], extra: [String] = ["-z", "-S"]) throws -> Background? {
+        guard let turnserver = which("turnserver"), let stunclient = which("turnutils_stunclient") else { return nil }
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-turn-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        var args = ["-n", "-p", "\(port)", "-m", "0", "--no-tls", "--no-dtls", "--no-cli", "--log-file", "\(dir)/turn.log",
+                    "--simple-log", "--no-stdout-log", "-b", "\(dir)/turndb", "--pidfile", "\(dir)/turn.pid"]
+        for l in listen { args += ["-L", l] }
+        let server = try Background(turnserver, args + extra)
+        // Ready when a probe gets an answer.
+        for _ in 0..<50 {
+            if let r = try? run("/usr/bin/timeout", ["0.3", stunclient, "-p", "\(port)", "127.0.0.1"], timeout: 2),
+                r.status == 0, r.stdout.contains("reflexive addr")
+            {
+                return server
+            }
+            usleep(100_000)
+        }
+        server.stop(signal: SIGKILL)
+        return nil
+    }
+}

@@ -1,0 +1,676 @@
+import Dispatch
+import Foundation
+import Logging
+import STUN
+import ServiceLifecycle
+import Testing
+import Transport
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+// The binding service over real loopback sockets, in process and as the
+// `tusa relay` binary. Every wait is bounded; every socket is loopback.
+
+private let loopbackV4 = IPAddress.v4(0x7F00_0001)
+private let loopbackV6 = IPAddress.v6(high: 0, low: 1)
+private let secondLoopbackV4 = IPAddress.v4(0x7F00_0002)
+
+private let ipv6LoopbackAvailable: Bool = (try? TestSocket.udp(bindingTo: loopbackV6)) != nil
+
+private let quietLogger: Logger = {
+    var logger = Logger(label: "tusa.test.relay")
+    logger.logLevel = .warning
+    return logger
+}()
+
+@Suite("RelayService: the binding service on loopback sockets", .serialized)
+struct RelayServiceTests {
+    // MARK: UDP and TCP answers
+
+    @Test("UDP and TCP over IPv4 answer with the client's own address")
+    func bindingOverIPv4() async throws {
+        try await checkBinding(on: loopbackV4)
+    }
+
+    @Test("UDP and TCP over IPv6 answer with the client's own address",
+        .enabled(if: ipv6LoopbackAvailable, "::1 is unavailable: IPv6 binding test skipped"))
+    func bindingOverIPv6() async throws {
+        try await checkBinding(on: loopbackV6)
+    }
+
+    private func checkBinding(on ip: IPAddress) async throws {
+        let configuration = BindingService.Configuration(
+            listenAddresses: [TransportAddress(ip: ip, port: 0)], software: "tusa-test")
+        try await withBindingService(configuration) { service, sockets in
+            #expect(sockets.map(\.kind) == [.udp, .tcp])
+            let udp = try #require(sockets.first { $0.kind == .udp }).address
+            let tcp = try #require(sockets.first { $0.kind == .tcp }).address
+            #expect(udp.ip == ip && udp.port != 0)
+            #expect(tcp.ip == ip && tcp.port != 0)
+
+            let client = try TestSocket.udp(bindingTo: ip)
+            let request = Message(type: .bindingRequest)
+            let (bytes, from) = try await offload { try client.exchange(request.encode(), with: udp) }
+            #expect(from == udp)
+            let response = try Message(decoding: bytes)
+            #expect(response.type == .bindingSuccess)
+            #expect(response.transactionID == request.transactionID)
+            #expect(try address(in: response, .xorMappedAddress) == client.localAddress)
+            #expect(try response.value(.software) == .software("tusa-test"))
+
+            let connection = try await offload { try TestSocket.tcp(connectingTo: tcp) }
+            let tcpRequest = Message(type: .bindingRequest)
+            let tcpResponse = try await offload { () throws -> [UInt8]? in
+                try connection.sendAll(tcpRequest.encode())
+                return try connection.readFrame(timeout: 2)
+            }
+            let decoded = try Message(decoding: try #require(tcpResponse, "no TCP answer"))
+            #expect(decoded.transactionID == tcpRequest.transactionID)
+            #expect(try address(in: decoded, .xorMappedAddress) == connection.localAddress)
+
+            // Garbage on UDP is counted, not answered.
+            try client.sendDatagram(Array("hello, not STUN".utf8), to: udp)
+            #expect(try await offload { try client.receive(timeout: 0.2) } == nil)
+            try await eventually { service.statistics.drops[.notSTUN] == 1 && service.statistics.responses == 2 }
+        }
+    }
+
+    @Test("TCP: two requests split at odd boundaries get both answers")
+    func tcpReassemblesSplitRequests() async throws {
+        let configuration = BindingService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false)
+        try await withBindingService(configuration) { _, sockets in
+            let server = try #require(sockets.first { $0.kind == .tcp }).address
+            let first = Message(type: .bindingRequest)
+            var second = Message(type: .bindingRequest)
+            second.append(.padding([UInt8](repeating: 0, count: 12)))
+            let stream = first.encode() + second.encode()
+            let connection = try await offload { try TestSocket.tcp(connectingTo: server) }
+            let answers = try await offload { () throws -> [[UInt8]] in
+                var offset = 0
+                for cut in [1, 3, 7, 2, 11, 19, 5] where offset < stream.count {
+                    let end = min(stream.count, offset + cut)
+                    try connection.sendAll(Array(stream[offset..<end]))
+                    offset = end
+                    usleep(5_000)
+                }
+                try connection.sendAll(Array(stream[offset...]))
+                var answers: [[UInt8]] = []
+                while answers.count < 2, let frame = try connection.readFrame(timeout: 2) { answers.append(frame) }
+                return answers
+            }
+            #expect(answers.count == 2)
+            let decoded = try answers.map { try Message(decoding: $0) }
+            #expect(decoded.map(\.transactionID) == [first.transactionID, second.transactionID])
+            #expect(decoded.allSatisfy { $0.type == .bindingSuccess })
+            #expect(try decoded.allSatisfy { try address(in: $0, .xorMappedAddress) == connection.localAddress })
+        }
+    }
+
+    @Test(
+        "TCP: a stream that is neither STUN nor ChannelData is closed",
+        arguments: [
+            [UInt8](repeating: 0xFF, count: 24),
+            // A STUN header without the magic cookie.
+            [0x00, 0x01, 0x00, 0x00, 0xDE, 0xAD, 0xBE, 0xEF] + [UInt8](repeating: 7, count: 12),
+        ])
+    func tcpGarbageIsClosed(_ garbage: [UInt8]) async throws {
+        let configuration = BindingService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false)
+        try await withBindingService(configuration) { service, sockets in
+            let server = try #require(sockets.first { $0.kind == .tcp }).address
+            let connection = try await offload { try TestSocket.tcp(connectingTo: server) }
+            let closed = try await offload { () throws -> Bool in
+                try connection.sendAll(garbage)
+                return connection.waitForClose(timeout: 3)
+            }
+            #expect(closed, "the server kept a garbage stream open")
+            try await eventually { service.statistics.badStreams >= 1 }
+        }
+    }
+
+    @Test("TCP: a silent connection is closed after the idle timeout")
+    func tcpIdleConnectionIsClosed() async throws {
+        let configuration = BindingService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false,
+            tcpIdleTimeout: .milliseconds(300))
+        try await withBindingService(configuration) { service, sockets in
+            let server = try #require(sockets.first { $0.kind == .tcp }).address
+            let connection = try await offload { try TestSocket.tcp(connectingTo: server) }
+            let clock = ContinuousClock()
+            let start = clock.now
+            #expect(try await offload { connection.waitForClose(timeout: 3) })
+            #expect(start.duration(to: clock.now) < .seconds(2))
+            try await eventually { service.statistics.idleTimeouts == 1 }
+        }
+    }
+
+    // MARK: RFC 5780
+
+    @Test("RFC 5780: CHANGE-REQUEST is answered from the asked-for address")
+    func changeRequestIsAnsweredFromTheOtherAddress() async throws {
+        let (primaryPort, alternatePort) = try freeUDPPorts()
+        let primary = TransportAddress(ip: loopbackV4, port: primaryPort)
+        let alternate = TransportAddress(ip: secondLoopbackV4, port: alternatePort)
+        let configuration = BindingService.Configuration(listenAddresses: [primary], alternateAddress: alternate)
+        try await withBindingService(configuration) { service, sockets in
+            #expect(sockets.filter { $0.kind == .udp }.map(\.address) == [
+                primary, TransportAddress(ip: loopbackV4, port: alternatePort),
+                TransportAddress(ip: secondLoopbackV4, port: primaryPort), alternate,
+            ])
+            #expect(sockets.filter { $0.kind == .tcp }.map(\.address) == [primary])
+
+            let client = try TestSocket.udp(bindingTo: loopbackV4)
+            let cases: [(ChangeRequest, TransportAddress)] = [
+                ([.changeIP, .changePort], alternate),
+                ([.changePort], TransportAddress(ip: loopbackV4, port: alternatePort)),
+                ([.changeIP], TransportAddress(ip: secondLoopbackV4, port: primaryPort)),
+                ([], primary),
+            ]
+            for (change, expectedSource) in cases {
+                let request = Message(type: .bindingRequest, attributes: [.changeRequest(change)])
+                let (bytes, from) = try await offload { try client.exchange(request.encode(), with: primary) }
+                #expect(from == expectedSource, "CHANGE-REQUEST \(change.rawValue)")
+                let response = try Message(decoding: bytes)
+                #expect(response.type == .bindingSuccess)
+                #expect(try address(in: response, .xorMappedAddress) == client.localAddress)
+                #expect(try address(in: response, .responseOrigin) == expectedSource)
+                #expect(try address(in: response, .otherAddress) == alternate)
+            }
+            try await eventually { service.statistics.responses == cases.count }
+        }
+    }
+
+    @Test("RFC 5780 works with ephemeral ports and several threads too")
+    func behaviorDiscoveryOnEphemeralPorts() async throws {
+        let configuration = BindingService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)],
+            alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 0), tcp: false, threads: 2)
+        try await withBindingService(configuration) { _, sockets in
+            #expect(sockets.count == 4)
+            let addresses = Dictionary(uniqueKeysWithValues: sockets.map { ($0.origin, $0.address) })
+            let primary = try #require(addresses[.primary])
+            let alternate = try #require(addresses[BindingServer.Origin(alternateIP: true, alternatePort: true)])
+            #expect(primary.port != 0 && alternate.port != 0 && primary.port != alternate.port)
+            let client = try TestSocket.udp(bindingTo: loopbackV4)
+            let request = Message(type: .bindingRequest, attributes: [.changeRequest([.changeIP, .changePort])])
+            let (bytes, from) = try await offload { try client.exchange(request.encode(), with: primary) }
+            #expect(from == alternate)
+            #expect(try address(in: try Message(decoding: bytes), .otherAddress) == alternate)
+        }
+    }
+
+    // MARK: lifecycle and configuration
+
+    @Test("several threads: the reuse-port sockets answer")
+    func severalThreads() async throws {
+        let configuration = BindingService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], tcp: false, threads: 2)
+        try await withBindingService(configuration) { service, sockets in
+            #expect(sockets.count == 1)
+            let server = try #require(sockets.first).address
+            let clients = try (0..<8).map { _ in try TestSocket.udp(bindingTo: loopbackV4) }
+            for client in clients {
+                let (bytes, _) = try await offload { try client.exchange(Message(type: .bindingRequest).encode(), with: server) }
+                #expect(try address(in: try Message(decoding: bytes), .xorMappedAddress) == client.localAddress)
+            }
+            try await eventually { service.statistics.responses == clients.count }
+        }
+    }
+
+    @Test("graceful shutdown closes open connections and returns promptly")
+    func gracefulShutdownWithOpenConnection() async throws {
+        let configuration = BindingService.Configuration(listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)])
+        var connection: TestSocket?
+        try await withBindingService(configuration) { _, sockets in
+            let server = try #require(sockets.first { $0.kind == .tcp }).address
+            connection = try await offload { try TestSocket.tcp(connectingTo: server) }
+        }
+        let open = try #require(connection)
+        #expect(try await offload { open.waitForClose(timeout: 2) })
+    }
+
+    @Test("a port in use is a bind error, for run() and boundSockets() alike")
+    func portInUse() async throws {
+        let taken = try TestSocket.udp(bindingTo: loopbackV4)
+        let service = BindingService(
+            configuration: .init(listenAddresses: [taken.localAddress], tcp: false), logger: quietLogger)
+        async let bound = service.boundSockets()
+        await #expect(throws: BindingServiceError.self) { try await withTimeout(5) { try await service.run() } }
+        do {
+            _ = try await bound
+            Issue.record("boundSockets() returned for a service that could not bind")
+        } catch let error as BindingServiceError {
+            #expect(error.code == .bindFailed)
+            #expect(error.message.contains("\(taken.localAddress)"))
+        }
+    }
+
+    @Test(
+        "configurations that cannot be served say why",
+        arguments: [
+            BindingService.Configuration(listenAddresses: []),
+            BindingService.Configuration(udp: false, tcp: false),
+            BindingService.Configuration(threads: 0),
+            BindingService.Configuration(
+                listenAddresses: [TransportAddress(ip: loopbackV6, port: 3478)],
+                alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 3479)),
+            BindingService.Configuration(
+                listenAddresses: [TransportAddress(ip: .v4(0), port: 3478)],
+                alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 3479)),
+            BindingService.Configuration(
+                listenAddresses: [TransportAddress(ip: loopbackV4, port: 3478)],
+                alternateAddress: TransportAddress(ip: loopbackV4, port: 3479)),
+            BindingService.Configuration(
+                listenAddresses: [TransportAddress(ip: loopbackV4, port: 3478)],
+                alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 3479), udp: false),
+        ])
+    func invalidConfiguration(_ configuration: BindingService.Configuration) throws {
+        #expect(throws: BindingServiceError.self) { try configuration.validate() }
+        #expect(BindingService.Configuration().listenAddresses.map(\.description) == ["0.0.0.0:3478", "[::]:3478"])
+    }
+
+    // MARK: the binary
+
+    @Test("tusa relay prints its ports, answers, and exits 0 on SIGTERM",
+        .enabled(if: tusaBinary != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func binaryAnswersAndStopsOnSIGTERM() async throws {
+        let binary = try #require(tusaBinary)
+        let relay = try RelayProcess(binary: binary, arguments: ["relay", "--listen", "127.0.0.1:0", "--no-tcp"])
+        defer { relay.terminate() }
+        let line = try #require(try await offload { relay.readLine(timeout: 10) }, "no output from tusa relay")
+        #expect(line.hasPrefix("listening udp 127.0.0.1:"))
+        let server = try #require(TransportAddress(String(line.dropFirst("listening udp ".count))))
+
+        let client = try TestSocket.udp(bindingTo: loopbackV4)
+        let (bytes, _) = try await offload { try client.exchange(Message(type: .bindingRequest).encode(), with: server) }
+        #expect(try address(in: try Message(decoding: bytes), .xorMappedAddress) == client.localAddress)
+
+        relay.deliver(SIGTERM)
+        let status = try await offload { relay.waitForExit(timeout: 5) }
+        #expect(status == 0, "tusa relay did not exit 0 within 5 s after SIGTERM")
+        let summary = try await offload { relay.readLine(timeout: 1) }
+        #expect(summary?.hasPrefix("stopped: responses 1") == true, "\(summary ?? "no summary")")
+    }
+
+    @Test(
+        "tusa relay refuses bad flags with one line and status 1",
+        .enabled(if: tusaBinary != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
+        arguments: [
+            ["--listen", "127.0.0.1:notaport"],
+            ["--listen", "[::1]:0", "--alt-address", "127.0.0.2:3479"],
+            ["--listen", "127.0.0.1:0", "--alt-address", "localhost"],
+            ["--listen", "127.0.0.1:0", "--no-udp", "--no-tcp"],
+        ])
+    func binaryRefusesBadFlags(_ flags: [String]) async throws {
+        let binary = try #require(tusaBinary)
+        let relay = try RelayProcess(binary: binary, arguments: ["relay"] + flags)
+        defer { relay.terminate() }
+        let status = try await offload { relay.waitForExit(timeout: 10) }
+        #expect(status == 1)
+        let errorOutput = relay.standardError()
+        #expect(errorOutput.hasPrefix("tusa relay: error: "), "\(errorOutput)")
+        #expect(errorOutput.split(separator: "\n").count == 1, "\(errorOutput)")
+    }
+
+    @Test("tusa relay reports a port in use and exits 1",
+        .enabled(if: tusaBinary != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func binaryReportsPortInUse() async throws {
+        let binary = try #require(tusaBinary)
+        let taken = try TestSocket.udp(bindingTo: loopbackV4)
+        let relay = try RelayProcess(
+            binary: binary, arguments: ["relay", "--listen", "\(taken.localAddress)", "--no-tcp", "--log-level", "critical"])
+        defer { relay.terminate() }
+        let status = try await offload { relay.waitForExit(timeout: 10) }
+        #expect(status == 1)
+        let errorOutput = relay.standardError()
+        #expect(errorOutput.contains("cannot listen on udp \(taken.localAddress)"), "\(errorOutput)")
+    }
+}
+
+// MARK: - Running the service
+
+/// Runs `configuration` in a ServiceGroup, hands the bound sockets to `body`,
+/// then shuts the group down gracefully and expects it to be done within 2 s.
+private func withBindingService(
+    _ configuration: BindingService.Configuration,
+    _ body: (BindingService, [BoundSocket]) async throws -> Void
+) async throws {
+    let service = BindingService(configuration: configuration, logger: quietLogger)
+    let group = ServiceGroup(configuration: .init(services: [service], logger: quietLogger))
+    let running = Task { try await group.run() }
+    do {
+        let sockets = try await withTimeout(5) { try await service.boundSockets() }
+        try await body(service, sockets)
+    } catch {
+        running.cancel()
+        _ = try? await withTimeout(5) { try await running.value }
+        throw error
+    }
+    let clock = ContinuousClock()
+    let start = clock.now
+    await group.triggerGracefulShutdown()
+    try await withTimeout(5) { try await running.value }
+    #expect(start.duration(to: clock.now) < .seconds(2), "graceful shutdown took too long")
+}
+
+private struct TimedOut: Error, CustomStringConvertible {
+    var description: String { "timed out" }
+}
+
+private func withTimeout<T: Sendable>(
+    _ seconds: Double, _ body: @escaping @Sendable () async throws -> T
+) async throws -> T {
+    try await withThrowingTaskGroup(of: T.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: .seconds(seconds))
+            throw TimedOut()
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next() else { throw TimedOut() }
+        return first
+    }
+}
+
+/// Polls `condition` for up to 2 s (the service adds its counts after each read batch).
+private func eventually(_ condition: @Sendable () -> Bool) async throws {
+    let clock = ContinuousClock()
+    let deadline = clock.now.advanced(by: .seconds(2))
+    while !condition() {
+        guard clock.now < deadline else {
+            Issue.record("condition not met within 2 s")
+            return
+        }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+}
+
+/// Runs blocking socket calls (each bounded by its own timeout) off the cooperative pool.
+private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
+    }
+}
+
+private func address(in message: Message, _ type: AttributeType) throws -> TransportAddress? {
+    switch try message.value(type) {
+    case .xorMappedAddress(let a), .responseOrigin(let a), .otherAddress(let a), .mappedAddress(let a): a
+    default: nil
+    }
+}
+
+/// Two UDP ports free on both 127.0.0.1 and 127.0.0.2 right now.
+private func freeUDPPorts() throws -> (UInt16, UInt16) {
+    for _ in 0..<20 {
+        let a = try TestSocket.udp(bindingTo: loopbackV4)
+        let b = try TestSocket.udp(bindingTo: loopbackV4)
+        let ports = (a.localAddress.port, b.localAddress.port)
+        let onSecond = [ports.0, ports.1].allSatisfy { port in
+            (try? TestSocket.udp(bindingTo: secondLoopbackV4, port: port)) != nil
+        }
+        if onSecond { return ports }
+    }
+    throw TestSocketError("no two free UDP ports on 127.0.0.1 and 127.0.0.2")
+}
+
+// MARK: - Plain sockets
+
+private struct TestSocketError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+    static func failed(_ call: String) -> Self { Self("\(call): \(String(cString: strerror(errno)))") }
+}
+
+/// A blocking BSD socket for tests; every read waits with poll() and a timeout.
+private final class TestSocket: @unchecked Sendable {
+    let fd: Int32
+    let localAddress: TransportAddress
+
+    private init(fd: Int32) throws {
+        self.fd = fd
+        var storage = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let ok = withUnsafeMutablePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) == 0 }
+        }
+        guard ok, let local = transportAddress(storage) else {
+            close(fd)
+            throw TestSocketError.failed("getsockname")
+        }
+        self.localAddress = local
+    }
+
+    deinit { close(fd) }
+
+    static func udp(bindingTo ip: IPAddress, port: UInt16 = 0) throws -> TestSocket {
+        let fd = socket(ip.isIPv4 ? AF_INET : AF_INET6, Int32(SOCK_DGRAM.rawValue), 0)
+        guard fd >= 0 else { throw TestSocketError.failed("socket") }
+        let bound = withSockaddr(TransportAddress(ip: ip, port: port)) { bind(fd, $0, $1) == 0 }
+        guard bound else {
+            let error = TestSocketError.failed("bind")
+            close(fd)
+            throw error
+        }
+        return try TestSocket(fd: fd)
+    }
+
+    static func tcp(connectingTo server: TransportAddress) throws -> TestSocket {
+        let fd = socket(server.ip.isIPv4 ? AF_INET : AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestSocketError.failed("socket") }
+        var one: Int32 = 1
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        var timeout = timeval(tv_sec: 2, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        let connected = withSockaddr(server) { connect(fd, $0, $1) == 0 }
+        guard connected else {
+            let error = TestSocketError.failed("connect")
+            close(fd)
+            throw error
+        }
+        return try TestSocket(fd: fd)
+    }
+
+    func sendDatagram(_ bytes: [UInt8], to destination: TransportAddress) throws {
+        let sent = withSockaddr(destination) { address, length in
+            bytes.withUnsafeBytes { sendto(fd, $0.baseAddress, $0.count, 0, address, length) }
+        }
+        guard sent == bytes.count else { throw TestSocketError.failed("sendto") }
+    }
+
+    /// A datagram and where it came from, or nil after `timeout` seconds.
+    func receive(timeout: Double) throws -> ([UInt8], TransportAddress)? {
+        guard wait(timeout: timeout) else { return nil }
+        var buffer = [UInt8](repeating: 0, count: 2048)
+        var storage = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let count = buffer.withUnsafeMutableBytes { bytes in
+            withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    recvfrom(fd, bytes.baseAddress, bytes.count, 0, $0, &length)
+                }
+            }
+        }
+        guard count >= 0, let from = transportAddress(storage) else { throw TestSocketError.failed("recvfrom") }
+        return (Array(buffer.prefix(count)), from)
+    }
+
+    /// Sends a request and waits up to 2 s for the answer (retrying once: UDP).
+    func exchange(_ request: [UInt8], with server: TransportAddress) throws -> ([UInt8], TransportAddress) {
+        for _ in 0..<2 {
+            try sendDatagram(request, to: server)
+            if let answer = try receive(timeout: 1) { return answer }
+        }
+        throw TestSocketError("no answer from \(server)")
+    }
+
+    func sendAll(_ bytes: [UInt8]) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let sent = bytes[offset...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard sent > 0 else { throw TestSocketError.failed("send") }
+            offset += sent
+        }
+    }
+
+    /// One STUN message off the stream, nil on EOF or after `timeout` seconds.
+    func readFrame(timeout: Double) throws -> [UInt8]? {
+        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
+        guard let header = try read(exactly: 20, deadline: deadline) else { return nil }
+        let length = Int(header[2]) << 8 | Int(header[3])
+        guard let body = try read(exactly: length, deadline: deadline) else { return nil }
+        return header + body
+    }
+
+    private func read(exactly count: Int, deadline: UInt64) throws -> [UInt8]? {
+        var out: [UInt8] = []
+        while out.count < count {
+            let now = DispatchTime.now().uptimeNanoseconds
+            guard now < deadline, wait(timeout: Double(deadline - now) / 1e9) else { return nil }
+            var chunk = [UInt8](repeating: 0, count: count - out.count)
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard n > 0 else { return nil }
+            out += chunk.prefix(n)
+        }
+        return out
+    }
+
+    /// True once the peer closes (EOF or reset) within `timeout` seconds.
+    func waitForClose(timeout: Double) -> Bool {
+        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
+        var scratch = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let now = DispatchTime.now().uptimeNanoseconds
+            guard now < deadline, wait(timeout: Double(deadline - now) / 1e9) else { return false }
+            let n = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { return true }
+        }
+    }
+
+    private func wait(timeout: Double) -> Bool {
+        var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        return poll(&descriptor, 1, Int32(max(1, timeout * 1000))) > 0
+    }
+}
+
+private func withSockaddr<T>(_ address: TransportAddress, _ body: (UnsafePointer<sockaddr>, socklen_t) -> T) -> T {
+    switch address.ip {
+    case .v4(let ip):
+        var raw = sockaddr_in()
+        raw.sin_family = sa_family_t(AF_INET)
+        raw.sin_port = address.port.bigEndian
+        raw.sin_addr.s_addr = ip.bigEndian
+        return withUnsafePointer(to: &raw) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+    case .v6:
+        var raw = sockaddr_in6()
+        raw.sin6_family = sa_family_t(AF_INET6)
+        raw.sin6_port = address.port.bigEndian
+        withUnsafeMutableBytes(of: &raw.sin6_addr) { $0.copyBytes(from: address.ip.bytes) }
+        return withUnsafePointer(to: &raw) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
+        }
+    }
+}
+
+private func transportAddress(_ storage: sockaddr_storage) -> TransportAddress? {
+    withUnsafeBytes(of: storage) { raw in
+        switch Int32(storage.ss_family) {
+        case AF_INET:
+            let address = raw.load(as: sockaddr_in.self)
+            return TransportAddress(
+                ip: .v4(UInt32(bigEndian: address.sin_addr.s_addr)), port: UInt16(bigEndian: address.sin_port))
+        case AF_INET6:
+            let address = raw.load(as: sockaddr_in6.self)
+            let bytes = withUnsafeBytes(of: address.sin6_addr) { Array($0) }
+            guard let ip = IPAddress(bytes: bytes) else { return nil }
+            return TransportAddress(ip: ip, port: UInt16(bigEndian: address.sin6_port))
+        default:
+            return nil
+        }
+    }
+}
+
+// MARK: - The tusa binary
+
+/// `TUSA_BIN`, else the `tusa` built beside this test bundle, else `<package root>/.build/debug/tusa`.
+private let tusaBinary: String? = {
+    var candidates: [String] = []
+    if let path = ProcessInfo.processInfo.environment["TUSA_BIN"] { candidates.append(path) }
+    let selfExe = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+    candidates.append(selfExe.deletingLastPathComponent().appendingPathComponent("tusa").path)
+    let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent()
+    candidates.append(packageRoot.appendingPathComponent(".build/debug/tusa").path)
+    return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
+}()
+
+/// `tusa` as a child process with its standard output read line by line.
+private final class RelayProcess: @unchecked Sendable {
+    private let process = Process()
+    private let output = Pipe()
+    private let errors = Pipe()
+    private var pending: [UInt8] = []
+
+    init(binary: String, arguments: [String]) throws {
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = arguments
+        process.standardOutput = output
+        process.standardError = errors
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+    }
+
+    /// The next line of standard output, or nil on EOF or after `timeout` seconds.
+    func readLine(timeout: Double) -> String? {
+        let fd = output.fileHandleForReading.fileDescriptor
+        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
+        while true {
+            if let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                let line = String(decoding: pending[..<newline], as: UTF8.self)
+                pending.removeSubrange(...newline)
+                return line
+            }
+            let now = DispatchTime.now().uptimeNanoseconds
+            guard now < deadline else { return nil }
+            var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&descriptor, 1, Int32(max(1, (deadline - now) / 1_000_000))) > 0 else { return nil }
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            guard n > 0 else { return nil }
+            pending += chunk.prefix(n)
+        }
+    }
+
+    func deliver(_ signalNumber: Int32) {
+        if process.isRunning { kill(process.processIdentifier, signalNumber) }
+    }
+
+    /// The exit status, or nil if it is still running after `timeout` seconds (or died of a signal).
+    func waitForExit(timeout: Double) -> Int32? {
+        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
+        while process.isRunning {
+            guard DispatchTime.now().uptimeNanoseconds < deadline else { return nil }
+            usleep(10_000)
+        }
+        return process.terminationReason == .exit ? process.terminationStatus : nil
+    }
+
+    /// Everything written to standard error (after exit).
+    func standardError() -> String {
+        String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    }
+
+    func terminate() {
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `make demo` (until calls exist): start `tusa relay` on loopback, ask it for
+# the mapped address with `tusa stun`, classify the (absent) NAT with RFC 5780
+# discovery against a relay with an alternate address, check the shared interop
+# corpus with `tusa interop check`, and stop every relay cleanly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TUSA=${TUSA:-.build/debug/tusa}
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# start_relay NAME ARGS... : starts a relay, waits for its "listening udp" line, sets PORT.
+start_relay() {
+  local name=$1; shift
+  "$TUSA" relay "$@" >"$work/$name.out" 2>"$work/$name.log" &
+  pids+=($!)
+  for _ in $(seq 100); do
+    PORT=$(sed -n 's/^listening udp 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$work/$name.out" | head -1)
+    [ -n "$PORT" ] && return 0
+    kill -0 "${pids[-1]}" 2>/dev/null || { cat "$work/$name.log"; echo "demo: relay failed to start"; exit 1; }
+    sleep 0.05
+  done
+  echo "demo: relay did not report its port"; exit 1
+}
+
+echo "== tusa relay on loopback"
+start_relay plain --listen 127.0.0.1:0
+echo "   listening on 127.0.0.1:$PORT (UDP and TCP)"
+echo "== tusa stun 127.0.0.1:$PORT"
+echo "   mapped address: $("$TUSA" stun "127.0.0.1:$PORT")"
+
+# RFC 5780 needs a second IP: all of 127/8 is loopback on Linux.
+alt_port=$(( (RANDOM % 20000) + 30000 ))
+main_port=$(( alt_port + 1 ))
+echo "== tusa relay with an alternate address (RFC 5780), and tusa stun --behavior"
+start_relay rfc5780 --listen "127.0.0.1:$main_port" --alt-address "127.0.0.2:$alt_port" --no-tcp
+"$TUSA" stun --behavior "127.0.0.1:$main_port" | sed 's/^/   /'
+
+echo "== tusa interop check: ../shared/interop (coturn, aioice, browsers, RFC vectors) and Interop/ (Tusa's own captures)"
+TUSA=$TUSA bash scripts/interop-check.sh --quiet | sed 's/^/   /'
+
+echo "== stopping relays (SIGTERM)"
+for p in "${pids[@]}"; do kill -TERM "$p"; done
+for p in "${pids[@]}"; do wait "$p"; done
+pids=()
+echo "demo: done"
