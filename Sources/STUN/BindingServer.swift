@@ -77,8 +77,15 @@ public struct BindingServer: Sendable {
         .reservationToken, .connectionID,
     ].reduce(into: Set<UInt16>()) { $0.insert($1.rawValue) }
 
-    /// Room a caller should give ``handle(_:from:arrivedOn:into:)`` beyond the request size.
-    public static let responseHeadroom = 1024
+    /// The exact upper bound of a response to a request of `requestLength`
+    /// bytes with this configuration: header, three IPv6 address attributes,
+    /// SOFTWARE, a mirrored PADDING (never longer than the request) and
+    /// FINGERPRINT; error responses are smaller. Small answers stay in
+    /// malloc's fast per-thread cache.
+    public func responseCapacity(requestLength: Int) -> Int {
+        let software = softwareBytes.isEmpty ? 0 : 4 + padded4(softwareBytes.count)
+        return 20 + 3 * 24 + software + 4 + padded4(requestLength) + 8
+    }
 
     public init(configuration: Configuration = Configuration()) {
         self.configuration = configuration
@@ -219,7 +226,7 @@ public struct BindingServer: Sendable {
     public func handle(_ request: [UInt8], from source: TransportAddress, arrivedOn: Origin = .primary)
         -> (response: [UInt8], destination: TransportAddress, origin: Origin)?
     {
-        var out = [UInt8](repeating: 0, count: request.count + Self.responseHeadroom)
+        var out = [UInt8](repeating: 0, count: responseCapacity(requestLength: request.count))
         let outcome = request.withUnsafeBytes { req in
             out.withUnsafeMutableBytes { handle(req, from: source, arrivedOn: arrivedOn, into: $0) }
         }

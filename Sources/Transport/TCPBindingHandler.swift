@@ -68,7 +68,7 @@ final class TCPBindingHandler: ChannelInboundHandler {
 
     private func answer(_ request: [UInt8], context: ChannelHandlerContext) {
         guard let peer else { return }
-        let capacity = request.count + BindingServer.responseHeadroom
+        let capacity = core.responseCapacity(requestLength: request.count)
         var response = context.channel.allocator.buffer(capacity: capacity)
         var outcome = BindingServer.Outcome.drop(.noRoom)
         response.writeWithUnsafeMutableBytes(minimumWritableBytes: capacity) { out in

@@ -76,7 +76,7 @@ final class UDPBindingHandler: ChannelInboundHandler {
         let envelope = unwrapInboundIn(data)
         guard let source = TransportAddress(envelope.remoteAddress) else { return }
         let request = envelope.data
-        let capacity = request.readableBytes + BindingServer.responseHeadroom
+        let capacity = core.responseCapacity(requestLength: request.readableBytes)
         var response = allocator.buffer(capacity: capacity)
         var outcome = BindingServer.Outcome.drop(.noRoom)
         response.writeWithUnsafeMutableBytes(minimumWritableBytes: capacity) { out in

@@ -125,4 +125,29 @@ struct BindingServerTests {
             #expect(m.type == .bindingSuccess)
         }
     }
+
+    @Test func responseCapacityIsAlwaysEnough() throws {
+        let longSoftware = String(repeating: "x", count: 700)
+        let servers = [Self.plain, Self.rfc5780, BindingServer(configuration: .init(primary: Self.primary, alternate: Self.alternate, software: longSoftware))]
+        let requests: [Message] = [
+            Message(type: .bindingRequest),
+            Message(type: .bindingRequest, attributes: [.padding([UInt8](repeating: 0, count: 1500)), .responsePort(9)]),
+            Message(type: .bindingRequest, attributes: [.changeRequest([.changeIP, .changePort]), .padding([0])]),
+            Message(type: .bindingRequest, attributes: [.legacyAddress(.responseAddress, Self.client4), .changeRequest([])]),
+            Message(type: MessageType(method: .allocate, class: .request)),
+        ]
+        for server in servers {
+            for request in requests {
+                for client in [Self.client4, Self.client6] {
+                    let bytes = request.encode(fingerprint: true)
+                    var out = [UInt8](repeating: 0, count: server.responseCapacity(requestLength: bytes.count))
+                    let outcome = bytes.withUnsafeBytes { b in out.withUnsafeMutableBytes { server.handle(b, from: client, into: $0) } }
+                    guard case .reply = outcome else {
+                        Issue.record("\(request): \(outcome)")
+                        continue
+                    }
+                }
+            }
+        }
+    }
 }
