@@ -86,6 +86,8 @@ let package = Package(
             name: "InteropTests",
             dependencies: [
                 "STUN", "TusaInterop", "Transport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],

@@ -397,6 +397,9 @@ public struct BindingStatistics: Hashable, Sendable, CustomStringConvertible {
     public var badStreams = 0
     /// TCP connections closed for saying nothing.
     public var idleTimeouts = 0
+    /// UDP GSO writes, and the answers they carried (included in ``responses``).
+    public var gsoWrites = 0
+    public var gsoSegments = 0
 
     public init() {}
 
@@ -410,6 +413,7 @@ public struct BindingStatistics: Hashable, Sendable, CustomStringConvertible {
         var text = "responses \(responses), drops \(totalDrops)"
         if !reasons.isEmpty { text += " (\(reasons.joined(separator: ", ")))" }
         if unroutable > 0 { text += ", unroutable \(unroutable)" }
+        if gsoWrites > 0 { text += ", \(gsoSegments) answers in \(gsoWrites) GSO writes" }
         text += ", tcp closed: \(badStreams) bad stream, \(idleTimeouts) idle"
         return text
     }
@@ -433,6 +437,8 @@ struct BindingCounters {
     var unroutable = 0
     var badStreams = 0
     var idleTimeouts = 0
+    var gsoWrites = 0
+    var gsoSegments = 0
     /// Indexed like ``reasons``.
     var drops = [Int](repeating: 0, count: Self.reasons.count)
 
@@ -444,7 +450,8 @@ struct BindingCounters {
     }
 
     var isZero: Bool {
-        responses == 0 && unroutable == 0 && badStreams == 0 && idleTimeouts == 0 && !drops.contains { $0 != 0 }
+        responses == 0 && unroutable == 0 && badStreams == 0 && idleTimeouts == 0 && gsoWrites == 0
+            && !drops.contains { $0 != 0 }
     }
 
     /// Zeroes the counts in place (keeps the array's storage).
@@ -453,6 +460,8 @@ struct BindingCounters {
         unroutable = 0
         badStreams = 0
         idleTimeouts = 0
+        gsoWrites = 0
+        gsoSegments = 0
         for index in drops.indices { drops[index] = 0 }
     }
 }
@@ -470,6 +479,8 @@ final class StatisticsBox: Sendable {
             totals.unroutable += add.unroutable
             totals.badStreams += add.badStreams
             totals.idleTimeouts += add.idleTimeouts
+            totals.gsoWrites += add.gsoWrites
+            totals.gsoSegments += add.gsoSegments
             for (index, reason) in BindingCounters.reasons.enumerated() where add.drops[index] != 0 {
                 totals.drops[reason, default: 0] += add.drops[index]
             }

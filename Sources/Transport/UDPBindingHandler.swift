@@ -1,5 +1,6 @@
 import Logging
 import NIOCore
+import NIOPosix
 import STUN
 
 /// The UDP channels of one STUN server address set, by ``BindingServer/Origin``
@@ -33,11 +34,15 @@ extension BindingServer.Origin {
 
 /// Hosts the sans-IO ``BindingServer`` on a UDP socket.
 ///
-/// Stateless per request: each datagram is answered straight from the read
-/// buffer into a new outbound buffer. Responses are written without flushing
-/// and flushed once per read batch, so a vector read (recvmmsg) turns into a
-/// vector write (sendmmsg). A response that RFC 5780 sends from another server
-/// address goes out on that address's channel.
+/// Stateless per request: each datagram is answered from the read buffer into
+/// a reused scratch buffer. Answers that leave from this socket are collected
+/// for the read burst by destination and size, and at the end of the burst
+/// each group goes out as one UDP GSO write (`UDP_SEGMENT`, per-message
+/// segment size) that the kernel splits into datagrams; a lone answer is a
+/// plain datagram, and all of them leave in one flush (sendmmsg). Where GSO is
+/// not available, or the first GSO write fails, every answer is its own
+/// datagram. A response that RFC 5780 sends from another server address goes
+/// out on that address's channel.
 final class UDPBindingHandler: ChannelInboundHandler {
     typealias InboundIn = AddressedEnvelope<ByteBuffer>
     typealias OutboundOut = AddressedEnvelope<ByteBuffer>
@@ -53,6 +58,24 @@ final class UDPBindingHandler: ChannelInboundHandler {
 
     private var counters = BindingCounters()
     private var allocator = ByteBufferAllocator()
+    /// Where the core writes each answer before it is copied out.
+    private var scratch = [UInt8](repeating: 0, count: 512)
+
+    /// Answers of this burst for one destination, all of one size.
+    private struct Group {
+        var destination: TransportAddress
+        var remote: SocketAddress
+        var length: Int
+        var buffer: ByteBuffer
+        var count: Int
+    }
+
+    private var groups: [Group] = []
+    /// Segments per GSO write: the kernel's UDP_MAX_SEGMENTS (64 on Linux 6.1).
+    static let maxSegments = 64
+    private var gso = System.supportsUDPSegmentationOffload
+    /// Until one GSO write has succeeded, failures switch GSO off.
+    private var gsoConfirmed = false
     /// Bit `routeIndex` set: that origin's channel (on this event loop) has unflushed writes.
     private var unflushedRoutes: UInt8 = 0
 
@@ -77,20 +100,24 @@ final class UDPBindingHandler: ChannelInboundHandler {
         guard let source = TransportAddress(envelope.remoteAddress) else { return }
         let request = envelope.data
         let capacity = core.responseCapacity(requestLength: request.readableBytes)
-        var response = allocator.buffer(capacity: capacity)
-        var outcome = BindingServer.Outcome.drop(.noRoom)
-        response.writeWithUnsafeMutableBytes(minimumWritableBytes: capacity) { out in
-            outcome = request.withUnsafeReadableBytes { core.handle($0, from: source, arrivedOn: origin, into: out) }
-            guard case .reply(let length, _, _) = outcome else { return 0 }
-            return length
+        if scratch.count < capacity { scratch = [UInt8](repeating: 0, count: capacity) }
+        let outcome = request.withUnsafeReadableBytes { req in
+            scratch.withUnsafeMutableBytes { core.handle(req, from: source, arrivedOn: origin, into: $0) }
         }
 
         switch outcome {
         case .drop(let reason):
             counters.drop(reason)
-        case .reply(_, let destination, let responseOrigin):
+        case .reply(let length, let destination, let responseOrigin):
             // The usual answer goes back to the sender: reuse its address as read.
             let remote = destination == source ? envelope.remoteAddress : SocketAddress(destination)
+            if responseOrigin == origin && gso {
+                collect(length: length, destination: destination, remote: remote)
+                counters.responses += 1
+                return
+            }
+            var response = allocator.buffer(capacity: length)
+            response.writeBytes(scratch[0..<length])
             let reply = AddressedEnvelope(remoteAddress: remote, data: response)
             if responseOrigin == origin {
                 context.write(wrapOutboundOut(reply), promise: nil)
@@ -109,7 +136,61 @@ final class UDPBindingHandler: ChannelInboundHandler {
         }
     }
 
+    /// Appends the answer in `scratch` to the group for its destination and size.
+    private func collect(length: Int, destination: TransportAddress, remote: SocketAddress) {
+        let index = groups.firstIndex {
+            $0.length == length && $0.count < Self.maxSegments && $0.destination == destination
+        }
+        scratch.withUnsafeBytes { bytes in
+            let answer = UnsafeRawBufferPointer(rebasing: bytes[0..<length])
+            if let index {
+                groups[index].buffer.writeBytes(answer)
+                groups[index].count += 1
+            } else {
+                var buffer = allocator.buffer(capacity: length * 8)
+                buffer.writeBytes(answer)
+                groups.append(Group(destination: destination, remote: remote, length: length, buffer: buffer, count: 1))
+            }
+        }
+    }
+
+    /// Writes the collected answers: one GSO write per group of two or more.
+    private func writeGroups(context: ChannelHandlerContext) {
+        for group in groups {
+            if group.count == 1 {
+                context.write(wrapOutboundOut(AddressedEnvelope(remoteAddress: group.remote, data: group.buffer)), promise: nil)
+                continue
+            }
+            counters.gsoWrites += 1
+            counters.gsoSegments += group.count
+            let envelope = AddressedEnvelope(
+                remoteAddress: group.remote, data: group.buffer,
+                metadata: .init(ecnState: .transportNotCapable, packetInfo: nil, segmentSize: group.length))
+            if gsoConfirmed {
+                context.write(wrapOutboundOut(envelope), promise: nil)
+            } else {
+                let promise = context.eventLoop.makePromise(of: Void.self)
+                let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+                promise.futureResult.whenComplete { result in
+                    switch result {
+                    case .success: handler.value.gsoConfirmed = true
+                    case .failure(let error): handler.value.disableGSO(error)
+                    }
+                }
+                context.write(wrapOutboundOut(envelope), promise: promise)
+            }
+        }
+        groups.removeAll(keepingCapacity: true)
+    }
+
+    private func disableGSO(_ error: any Error) {
+        guard gso else { return }
+        gso = false
+        logger.notice("UDP GSO write failed; answering one datagram at a time", metadata: ["error": "\(error)"])
+    }
+
     func channelReadComplete(context: ChannelHandlerContext) {
+        if !groups.isEmpty { writeGroups(context: context) }
         context.flush()
         if unflushedRoutes != 0 {
             for origin in BindingServer.Origin.all where unflushedRoutes & (1 << UInt8(origin.routeIndex)) != 0 {
