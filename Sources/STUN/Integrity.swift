@@ -55,10 +55,10 @@ public enum IntegrityCheck: Hashable, Sendable, CustomStringConvertible {
 /// The XOR constant of FINGERPRINT (RFC 8489 §14.7).
 let fingerprintXOR: UInt32 = 0x5354_554E
 
-/// CRC-32 (ISO HDLC, as in zlib) of a byte range.
-func crc32(_ bytes: ArraySlice<UInt8>) -> UInt32 {
+/// CRC-32 (ISO HDLC, as in zlib) of a byte range, continuing from `crc`.
+func crc32(_ bytes: ArraySlice<UInt8>, after crc: UInt32 = 0) -> UInt32 {
     bytes.withUnsafeBufferPointer { p in
-        UInt32(truncatingIfNeeded: CZlib.crc32(0, p.baseAddress, uInt(p.count)))
+        UInt32(truncatingIfNeeded: CZlib.crc32(uLong(crc), p.baseAddress, uInt(p.count)))
     }
 }
 
@@ -110,42 +110,49 @@ extension Message {
         out.appendUInt32(crc)
     }
 
-    /// The wire bytes before the counted attribute of `type`, with the header's
-    /// length field rewritten to end just after that attribute — the input of
-    /// its HMAC or CRC — and the attribute's value.
-    private func coveredBytes(for type: AttributeType) -> (covered: [UInt8], value: [UInt8])? {
-        guard var wire else { return nil }
-        guard let index = effectiveAttributes.firstIndex(where: { $0.type == type }),
+    /// What the HMAC or CRC of the counted attribute of `type` covers, without
+    /// copying the message: the first four header bytes with the length field
+    /// rewritten to end just after that attribute, and the wire bytes from
+    /// offset 4 up to the attribute; plus the attribute's value.
+    private func covered(for type: AttributeType) -> (prefix: [UInt8], rest: ArraySlice<UInt8>, value: [UInt8])? {
+        guard let wire,
+            let index = effectiveAttributes.firstIndex(where: { $0.type == type }),
             let offset = wireOffset(of: index)
         else { return nil }
         let value = attributes[index].value
-        let end = offset + 4 + padded4(value.count)
-        wire.writeUInt16(UInt16(truncatingIfNeeded: end - Self.headerSize), at: 2)
-        wire.removeSubrange(offset...)
-        return (wire, value)
+        let length = UInt16(truncatingIfNeeded: offset + 4 + padded4(value.count) - Self.headerSize)
+        let prefix = [wire[0], wire[1], UInt8(length >> 8), UInt8(truncatingIfNeeded: length)]
+        return (prefix, wire[4..<offset], value)
     }
 
     /// Checks FINGERPRINT against the wire bytes.
     public func checkFingerprint() -> IntegrityCheck {
         guard wire != nil else { return .notDecoded }
-        guard let (covered, value) = coveredBytes(for: .fingerprint) else { return .absent }
+        guard let (prefix, rest, value) = covered(for: .fingerprint) else { return .absent }
         guard value.count == 4 else { return .invalid }
-        return crc32(covered[...]) ^ fingerprintXOR == value.readUInt32(at: 0) ? .valid : .invalid
+        return crc32(rest, after: crc32(prefix[...])) ^ fingerprintXOR == value.readUInt32(at: 0) ? .valid : .invalid
     }
 
     /// Checks MESSAGE-INTEGRITY (HMAC-SHA1) with a key.
     public func checkMessageIntegrity(key: IntegrityKey) -> IntegrityCheck {
         guard wire != nil else { return .notDecoded }
-        guard let (covered, value) = coveredBytes(for: .messageIntegrity) else { return .absent }
+        guard let (prefix, rest, value) = covered(for: .messageIntegrity) else { return .absent }
         guard value.count == 20 else { return .invalid }
-        return constantTimeEqual(hmacSHA1(key: key.bytes, covered[...]), value) ? .valid : .invalid
+        var mac = HMAC<Insecure.SHA1>(key: SymmetricKey(data: key.bytes))
+        mac.update(data: prefix)
+        mac.update(data: rest)
+        // swift-crypto compares a MAC with bytes in constant time.
+        return mac.finalize() == value ? .valid : .invalid
     }
 
     /// Checks MESSAGE-INTEGRITY-SHA256 (HMAC-SHA256, possibly truncated) with a key.
     public func checkMessageIntegritySHA256(key: IntegrityKey) -> IntegrityCheck {
         guard wire != nil else { return .notDecoded }
-        guard let (covered, value) = coveredBytes(for: .messageIntegritySHA256) else { return .absent }
+        guard let (prefix, rest, value) = covered(for: .messageIntegritySHA256) else { return .absent }
         guard value.count >= 16, value.count <= 32, value.count % 4 == 0 else { return .invalid }
-        return constantTimeEqual(hmacSHA256(key: key.bytes, covered[...]).prefix(value.count), value) ? .valid : .invalid
+        var mac = HMAC<SHA256>(key: SymmetricKey(data: key.bytes))
+        mac.update(data: prefix)
+        mac.update(data: rest)
+        return constantTimeEqual(Array(mac.finalize()).prefix(value.count), value) ? .valid : .invalid
     }
 }
