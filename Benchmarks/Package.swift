@@ -1,0 +1,45 @@
+// swift-tools-version: 6.1
+// Benchmark tools for Tusa. A separate package on purpose: building it never touches
+// the main package's build directory. The load tools talk to Glibc directly; the codec
+// benchmarks (Benchmarks/STUNCodec, ordo-one/benchmark) use the root package's STUN.
+import PackageDescription
+
+let strict: [SwiftSetting] = [.swiftLanguageMode(.v6)]
+
+let package = Package(
+    name: "TusaBenchmarks",
+    products: [
+        .executable(name: "binding-load", targets: ["binding-load"]),
+        .executable(name: "udp-echo", targets: ["udp-echo"]),
+    ],
+    dependencies: [
+        // MallocInterposer only: the default RuntimeInterposer trait needs a package not available here.
+        .package(url: "https://github.com/ordo-one/benchmark.git", from: "1.38.1", traits: ["MallocInterposer"]),
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
+        .package(name: "Tusa", path: ".."),
+    ],
+    targets: [
+        // Address parsing, loopback check, clock and tiny argument helpers shared by the tools.
+        // sendmmsg/recvmmsg forwarders: Glibc hides them behind _GNU_SOURCE.
+        .target(name: "CMultiMsg"),
+        .target(name: "BenchSupport", dependencies: ["CMultiMsg"], swiftSettings: strict),
+        // STUN Binding load generator (sendmmsg/recvmmsg, N sockets, bounded window).
+        .executableTarget(name: "binding-load", dependencies: ["BenchSupport", "CMultiMsg"], swiftSettings: strict),
+        // Trivial reference server: answers each Binding request with a bare success header.
+        .executableTarget(name: "udp-echo", dependencies: ["BenchSupport", "CMultiMsg"], swiftSettings: strict),
+        // zlib for the bare-CRC baseline (the root package's CZlib is not a product).
+        .systemLibrary(name: "BenchZlib", pkgConfig: "zlib"),
+        // STUN codec per message against the bare HMAC / CRC calls: `swift package benchmark`.
+        .executableTarget(
+            name: "STUNCodec",
+            dependencies: [
+                "BenchZlib",
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "STUN", package: "Tusa"),
+            ],
+            path: "Benchmarks/STUNCodec",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
+    ]
+)
