@@ -5,29 +5,7 @@
 # corpus with `tusa interop check`, and stop every relay cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TUSA=${TUSA:-.build/debug/tusa}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-# start_relay NAME ARGS... : starts a relay, waits for its "listening udp" line, sets PORT.
-start_relay() {
-  local name=$1; shift
-  "$TUSA" relay "$@" >"$work/$name.out" 2>"$work/$name.log" &
-  pids+=($!)
-  for _ in $(seq 100); do
-    PORT=$(sed -n 's/^listening udp 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$work/$name.out" | head -1)
-    [ -n "$PORT" ] && return 0
-    kill -0 "${pids[-1]}" 2>/dev/null || { cat "$work/$name.log"; echo "demo: relay failed to start"; exit 1; }
-    sleep 0.05
-  done
-  echo "demo: relay did not report its port"; exit 1
-}
+source scripts/lib.sh
 
 echo "== tusa relay on loopback"
 start_relay plain --listen 127.0.0.1:0

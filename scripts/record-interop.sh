@@ -4,18 +4,10 @@
 # `tusa interop check`. Everything on loopback, every process stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TUSA=${TUSA:-.build/debug/tusa}
 PY=.venv/bin/python
 out=Interop
 mkdir -p "$out"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/lib.sh
 
 pick_port() { echo $(( (RANDOM % 15000) + 40000 )); }
 
@@ -34,10 +26,7 @@ stop_capture() { # file
 }
 start_tusa() { # port args...
   local port=$1; shift
-  "$TUSA" relay --listen "127.0.0.1:$port" "$@" >"$work/relay.out" 2>"$work/relay.log" &
-  pids+=($!)
-  for _ in $(seq 100); do grep -q "^listening udp" "$work/relay.out" && return 0; sleep 0.05; done
-  echo "record: tusa relay did not start"; cat "$work/relay.log"; exit 1
+  start_relay relay --listen "127.0.0.1:$port" "$@"
 }
 start_coturn() { # port
   turnserver -n -p "$1" -L 127.0.0.1 -L 127.0.0.2 -m 0 --no-tls --no-dtls --no-cli -z -S \

@@ -10,12 +10,16 @@ enum Harness {
     static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .deletingLastPathComponent().deletingLastPathComponent()
 
-    /// The built `tusa`: $TUSA_BIN, else .build/debug/tusa.
-    static var tusa: String? {
-        if let p = ProcessInfo.processInfo.environment["TUSA_BIN"], FileManager.default.isExecutableFile(atPath: p) { return p }
-        let p = packageRoot.appendingPathComponent(".build/debug/tusa").path
-        return FileManager.default.isExecutableFile(atPath: p) ? p : nil
-    }
+    /// The built `tusa`: $TUSA_BIN, else the one beside this test bundle (as
+    /// fresh as the tests), else .build/debug/tusa.
+    static let tusa: String? = {
+        var candidates: [String] = []
+        if let p = ProcessInfo.processInfo.environment["TUSA_BIN"] { candidates.append(p) }
+        let selfExe = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        candidates.append(selfExe.deletingLastPathComponent().appendingPathComponent("tusa").path)
+        candidates.append(packageRoot.appendingPathComponent(".build/debug/tusa").path)
+        return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
+    }()
 
     static var python: String? {
         let p = packageRoot.appendingPathComponent(".venv/bin/python").path

@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Logging
+import NIOCore
 import STUN
 import ServiceLifecycle
 import Testing
@@ -279,29 +280,26 @@ struct RelayServiceTests {
     // MARK: the binary
 
     @Test("tusa relay prints its ports, answers, and exits 0 on SIGTERM",
-        .enabled(if: tusaBinary != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func binaryAnswersAndStopsOnSIGTERM() async throws {
-        let binary = try #require(tusaBinary)
-        let relay = try RelayProcess(binary: binary, arguments: ["relay", "--listen", "127.0.0.1:0", "--no-tcp"])
-        defer { relay.terminate() }
-        let line = try #require(try await offload { relay.readLine(timeout: 10) }, "no output from tusa relay")
-        #expect(line.hasPrefix("listening udp 127.0.0.1:"))
+        let binary = try #require(Harness.tusa)
+        let relay = try Harness.Background(binary, ["relay", "--listen", "127.0.0.1:0", "--no-tcp"])
+        defer { relay.stop(signal: SIGKILL) }
+        let line = try #require(try await offload { relay.waitForMatch(#"listening udp 127\.0\.0\.1:[0-9]+"#) }, "no output from tusa relay")
         let server = try #require(TransportAddress(String(line.dropFirst("listening udp ".count))))
 
         let client = try TestSocket.udp(bindingTo: loopbackV4)
         let (bytes, _) = try await offload { try client.exchange(Message(type: .bindingRequest).encode(), with: server) }
         #expect(try address(in: try Message(decoding: bytes), .xorMappedAddress) == client.localAddress)
 
-        relay.deliver(SIGTERM)
-        let status = try await offload { relay.waitForExit(timeout: 5) }
-        #expect(status == 0, "tusa relay did not exit 0 within 5 s after SIGTERM")
-        let summary = try await offload { relay.readLine(timeout: 1) }
-        #expect(summary?.hasPrefix("stopped: responses 1") == true, "\(summary ?? "no summary")")
+        let status = try await offload { relay.stop() }
+        #expect(status == 0, "tusa relay did not exit 0 after SIGTERM")
+        #expect(relay.stdout.contains("stopped: responses 1"), "\(relay.stdout)")
     }
 
     @Test(
         "tusa relay refuses bad flags with one line and status 1",
-        .enabled(if: tusaBinary != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
         arguments: [
             ["--listen", "127.0.0.1:notaport"],
             ["--listen", "[::1]:0", "--alt-address", "127.0.0.2:3479"],
@@ -309,28 +307,23 @@ struct RelayServiceTests {
             ["--listen", "127.0.0.1:0", "--no-udp", "--no-tcp"],
         ])
     func binaryRefusesBadFlags(_ flags: [String]) async throws {
-        let binary = try #require(tusaBinary)
-        let relay = try RelayProcess(binary: binary, arguments: ["relay"] + flags)
-        defer { relay.terminate() }
-        let status = try await offload { relay.waitForExit(timeout: 10) }
-        #expect(status == 1)
-        let errorOutput = relay.standardError()
-        #expect(errorOutput.hasPrefix("tusa relay: error: "), "\(errorOutput)")
-        #expect(errorOutput.split(separator: "\n").count == 1, "\(errorOutput)")
+        let binary = try #require(Harness.tusa)
+        let r = try await offload { try Harness.run(binary, ["relay"] + flags, timeout: 10) }
+        #expect(r.status == 1)
+        #expect(r.stderr.hasPrefix("tusa relay: error: "), "\(r.stderr)")
+        #expect(r.stderr.split(separator: "\n").count == 1, "\(r.stderr)")
     }
 
     @Test("tusa relay reports a port in use and exits 1",
-        .enabled(if: tusaBinary != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func binaryReportsPortInUse() async throws {
-        let binary = try #require(tusaBinary)
+        let binary = try #require(Harness.tusa)
         let taken = try TestSocket.udp(bindingTo: loopbackV4)
-        let relay = try RelayProcess(
-            binary: binary, arguments: ["relay", "--listen", "\(taken.localAddress)", "--no-tcp", "--log-level", "critical"])
-        defer { relay.terminate() }
-        let status = try await offload { relay.waitForExit(timeout: 10) }
-        #expect(status == 1)
-        let errorOutput = relay.standardError()
-        #expect(errorOutput.contains("cannot listen on udp \(taken.localAddress)"), "\(errorOutput)")
+        let r = try await offload {
+            try Harness.run(binary, ["relay", "--listen", "\(taken.localAddress)", "--no-tcp", "--log-level", "critical"], timeout: 10)
+        }
+        #expect(r.status == 1)
+        #expect(r.stderr.contains("cannot listen on udp \(taken.localAddress)"), "\(r.stderr)")
     }
 }
 
@@ -560,24 +553,7 @@ private final class TestSocket: @unchecked Sendable {
 }
 
 private func withSockaddr<T>(_ address: TransportAddress, _ body: (UnsafePointer<sockaddr>, socklen_t) -> T) -> T {
-    switch address.ip {
-    case .v4(let ip):
-        var raw = sockaddr_in()
-        raw.sin_family = sa_family_t(AF_INET)
-        raw.sin_port = address.port.bigEndian
-        raw.sin_addr.s_addr = ip.bigEndian
-        return withUnsafePointer(to: &raw) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-    case .v6:
-        var raw = sockaddr_in6()
-        raw.sin6_family = sa_family_t(AF_INET6)
-        raw.sin6_port = address.port.bigEndian
-        withUnsafeMutableBytes(of: &raw.sin6_addr) { $0.copyBytes(from: address.ip.bytes) }
-        return withUnsafePointer(to: &raw) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
-        }
-    }
+    SocketAddress(address).withSockAddr { body($0, socklen_t($1)) }
 }
 
 private func transportAddress(_ storage: sockaddr_storage) -> TransportAddress? {
@@ -595,82 +571,5 @@ private func transportAddress(_ storage: sockaddr_storage) -> TransportAddress? 
         default:
             return nil
         }
-    }
-}
-
-// MARK: - The tusa binary
-
-/// `TUSA_BIN`, else the `tusa` built beside this test bundle, else `<package root>/.build/debug/tusa`.
-private let tusaBinary: String? = {
-    var candidates: [String] = []
-    if let path = ProcessInfo.processInfo.environment["TUSA_BIN"] { candidates.append(path) }
-    let selfExe = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-    candidates.append(selfExe.deletingLastPathComponent().appendingPathComponent("tusa").path)
-    let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent()
-    candidates.append(packageRoot.appendingPathComponent(".build/debug/tusa").path)
-    return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
-}()
-
-/// `tusa` as a child process with its standard output read line by line.
-private final class RelayProcess: @unchecked Sendable {
-    private let process = Process()
-    private let output = Pipe()
-    private let errors = Pipe()
-    private var pending: [UInt8] = []
-
-    init(binary: String, arguments: [String]) throws {
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = arguments
-        process.standardOutput = output
-        process.standardError = errors
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-    }
-
-    /// The next line of standard output, or nil on EOF or after `timeout` seconds.
-    func readLine(timeout: Double) -> String? {
-        let fd = output.fileHandleForReading.fileDescriptor
-        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
-        while true {
-            if let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                let line = String(decoding: pending[..<newline], as: UTF8.self)
-                pending.removeSubrange(...newline)
-                return line
-            }
-            let now = DispatchTime.now().uptimeNanoseconds
-            guard now < deadline else { return nil }
-            var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            guard poll(&descriptor, 1, Int32(max(1, (deadline - now) / 1_000_000))) > 0 else { return nil }
-            var chunk = [UInt8](repeating: 0, count: 4096)
-            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            guard n > 0 else { return nil }
-            pending += chunk.prefix(n)
-        }
-    }
-
-    func deliver(_ signalNumber: Int32) {
-        if process.isRunning { kill(process.processIdentifier, signalNumber) }
-    }
-
-    /// The exit status, or nil if it is still running after `timeout` seconds (or died of a signal).
-    func waitForExit(timeout: Double) -> Int32? {
-        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
-        while process.isRunning {
-            guard DispatchTime.now().uptimeNanoseconds < deadline else { return nil }
-            usleep(10_000)
-        }
-        return process.terminationReason == .exit ? process.terminationStatus : nil
-    }
-
-    /// Everything written to standard error (after exit).
-    func standardError() -> String {
-        String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    }
-
-    func terminate() {
-        guard process.isRunning else { return }
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
     }
 }
