@@ -4,8 +4,16 @@ import Crypto
 /// The key for MESSAGE-INTEGRITY / MESSAGE-INTEGRITY-SHA256 (RFC 8489 §9).
 public struct IntegrityKey: Hashable, Sendable {
     public let bytes: [UInt8]
+    /// Prepared once, so that checking a message does not set up the key again.
+    let symmetric: SymmetricKey
 
-    public init(bytes: [UInt8]) { self.bytes = bytes }
+    public init(bytes: [UInt8]) {
+        self.bytes = bytes
+        self.symmetric = SymmetricKey(data: bytes)
+    }
+
+    public static func == (a: IntegrityKey, b: IntegrityKey) -> Bool { a.bytes == b.bytes }
+    public func hash(into hasher: inout Hasher) { hasher.combine(bytes) }
 
     /// Short-term credentials (ICE): the OpaqueString-prepared password itself.
     public static func shortTerm(password: String) throws(STUNError) -> IntegrityKey {
@@ -62,12 +70,12 @@ func crc32(_ bytes: ArraySlice<UInt8>, after crc: UInt32 = 0) -> UInt32 {
     }
 }
 
-func hmacSHA1(key: [UInt8], _ data: ArraySlice<UInt8>) -> [UInt8] {
-    Array(HMAC<Insecure.SHA1>.authenticationCode(for: data, using: SymmetricKey(data: key)))
+func hmacSHA1(key: IntegrityKey, _ data: ArraySlice<UInt8>) -> [UInt8] {
+    Array(HMAC<Insecure.SHA1>.authenticationCode(for: data, using: key.symmetric))
 }
 
-func hmacSHA256(key: [UInt8], _ data: ArraySlice<UInt8>) -> [UInt8] {
-    Array(HMAC<SHA256>.authenticationCode(for: data, using: SymmetricKey(data: key)))
+func hmacSHA256(key: IntegrityKey, _ data: ArraySlice<UInt8>) -> [UInt8] {
+    Array(HMAC<SHA256>.authenticationCode(for: data, using: key.symmetric))
 }
 
 /// Compares without leaking the position of the first difference.
@@ -87,12 +95,12 @@ extension Message {
         var out = encode()
         if let integrity {
             out.writeUInt16(UInt16(truncatingIfNeeded: out.count - Self.headerSize + 24), at: 2)
-            let mac = hmacSHA1(key: integrity.bytes, out[...])
+            let mac = hmacSHA1(key: integrity, out[...])
             Self.appendAttribute(RawAttribute(type: .messageIntegrity, value: mac), to: &out)
         }
         if let integritySHA256 {
             out.writeUInt16(UInt16(truncatingIfNeeded: out.count - Self.headerSize + 36), at: 2)
-            let mac = hmacSHA256(key: integritySHA256.bytes, out[...])
+            let mac = hmacSHA256(key: integritySHA256, out[...])
             Self.appendAttribute(RawAttribute(type: .messageIntegritySHA256, value: mac), to: &out)
         }
         if fingerprint {
@@ -110,49 +118,55 @@ extension Message {
         out.appendUInt32(crc)
     }
 
-    /// What the HMAC or CRC of the counted attribute of `type` covers, without
-    /// copying the message: the first four header bytes with the length field
-    /// rewritten to end just after that attribute, and the wire bytes from
-    /// offset 4 up to the attribute; plus the attribute's value.
-    private func covered(for type: AttributeType) -> (prefix: [UInt8], rest: ArraySlice<UInt8>, value: [UInt8])? {
+    /// Runs `body` on what the HMAC or CRC of the counted attribute of `type`
+    /// covers, without copying the message: the first four header bytes with
+    /// the length field rewritten to end just after that attribute, and the
+    /// wire bytes from offset 4 up to the attribute; and the attribute's value.
+    private func withCovered<R>(
+        _ type: AttributeType, _ body: (UnsafeRawBufferPointer, ArraySlice<UInt8>, [UInt8]) -> R
+    ) -> R? {
         guard let wire,
             let index = effectiveAttributes.firstIndex(where: { $0.type == type }),
             let offset = wireOffset(of: index)
         else { return nil }
         let value = attributes[index].value
         let length = UInt16(truncatingIfNeeded: offset + 4 + padded4(value.count) - Self.headerSize)
-        let prefix = [wire[0], wire[1], UInt8(length >> 8), UInt8(truncatingIfNeeded: length)]
-        return (prefix, wire[4..<offset], value)
+        var prefix = (wire[0], wire[1], UInt8(length >> 8), UInt8(truncatingIfNeeded: length))
+        return withUnsafeBytes(of: &prefix) { body($0, wire[4..<offset], value) }
     }
 
     /// Checks FINGERPRINT against the wire bytes.
     public func checkFingerprint() -> IntegrityCheck {
         guard wire != nil else { return .notDecoded }
-        guard let (prefix, rest, value) = covered(for: .fingerprint) else { return .absent }
-        guard value.count == 4 else { return .invalid }
-        return crc32(rest, after: crc32(prefix[...])) ^ fingerprintXOR == value.readUInt32(at: 0) ? .valid : .invalid
+        return withCovered(.fingerprint) { (prefix, rest, value) -> IntegrityCheck in
+            guard value.count == 4 else { return .invalid }
+            let head = UInt32(truncatingIfNeeded: CZlib.crc32(0, prefix.baseAddress?.assumingMemoryBound(to: UInt8.self), 4))
+            return crc32(rest, after: head) ^ fingerprintXOR == value.readUInt32(at: 0) ? .valid : .invalid
+        } ?? .absent
     }
 
     /// Checks MESSAGE-INTEGRITY (HMAC-SHA1) with a key.
     public func checkMessageIntegrity(key: IntegrityKey) -> IntegrityCheck {
         guard wire != nil else { return .notDecoded }
-        guard let (prefix, rest, value) = covered(for: .messageIntegrity) else { return .absent }
-        guard value.count == 20 else { return .invalid }
-        var mac = HMAC<Insecure.SHA1>(key: SymmetricKey(data: key.bytes))
-        mac.update(data: prefix)
-        mac.update(data: rest)
-        // swift-crypto compares a MAC with bytes in constant time.
-        return mac.finalize() == value ? .valid : .invalid
+        return withCovered(.messageIntegrity) { (prefix, rest, value) -> IntegrityCheck in
+            guard value.count == 20 else { return .invalid }
+            var mac = HMAC<Insecure.SHA1>(key: key.symmetric)
+            mac.update(data: prefix)
+            mac.update(data: rest)
+            // swift-crypto compares a MAC with bytes in constant time.
+            return mac.finalize() == value ? .valid : .invalid
+        } ?? .absent
     }
 
     /// Checks MESSAGE-INTEGRITY-SHA256 (HMAC-SHA256, possibly truncated) with a key.
     public func checkMessageIntegritySHA256(key: IntegrityKey) -> IntegrityCheck {
         guard wire != nil else { return .notDecoded }
-        guard let (prefix, rest, value) = covered(for: .messageIntegritySHA256) else { return .absent }
-        guard value.count >= 16, value.count <= 32, value.count % 4 == 0 else { return .invalid }
-        var mac = HMAC<SHA256>(key: SymmetricKey(data: key.bytes))
-        mac.update(data: prefix)
-        mac.update(data: rest)
-        return constantTimeEqual(Array(mac.finalize()).prefix(value.count), value) ? .valid : .invalid
+        return withCovered(.messageIntegritySHA256) { (prefix, rest, value) -> IntegrityCheck in
+            guard value.count >= 16, value.count <= 32, value.count % 4 == 0 else { return .invalid }
+            var mac = HMAC<SHA256>(key: key.symmetric)
+            mac.update(data: prefix)
+            mac.update(data: rest)
+            return constantTimeEqual(Array(mac.finalize()).prefix(value.count), value) ? .valid : .invalid
+        } ?? .absent
     }
 }

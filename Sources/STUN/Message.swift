@@ -89,14 +89,15 @@ public struct Message: Hashable, Sendable {
     /// only MESSAGE-INTEGRITY-SHA256 and FINGERPRINT may follow (RFC 8489 §14.5,
     /// §14.6, §14.7); anything after them is ignored.
     public var effectiveAttributeCount: Int {
-        var allowed: Set<AttributeType>? = nil
+        // 0: anything may come; 1: after MESSAGE-INTEGRITY; 2: after
+        // MESSAGE-INTEGRITY-SHA256; 3: after FINGERPRINT.
+        var stage = 0
         for (index, a) in attributes.enumerated() {
-            if let set = allowed, !set.contains(a.type) { return index }
             switch a.type {
-            case .messageIntegrity: allowed = [.messageIntegritySHA256, .fingerprint]
-            case .messageIntegritySHA256: allowed = [.fingerprint]
-            case .fingerprint: allowed = []
-            default: break
+            case .messageIntegrity where stage == 0: stage = 1
+            case .messageIntegritySHA256 where stage <= 1: stage = 2
+            case .fingerprint where stage <= 2: stage = 3
+            default: if stage != 0 { return index }
             }
         }
         return attributes.count
