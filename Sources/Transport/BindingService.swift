@@ -41,6 +41,10 @@ public final class BindingService: Service, Sendable {
         public var threads: Int
         /// A TCP connection that sends nothing for this long is closed.
         public var tcpIdleTimeout: TimeAmount
+        /// Send a read burst's answers to one client as UDP GSO writes (when the
+        /// kernel supports it). Turn off for a NIC without TX checksum offload
+        /// or an IPsec path, where Linux refuses GSO writes.
+        public var gso: Bool
 
         /// `0.0.0.0:3478` and `[::]:3478`.
         public static let defaultListenAddresses = [
@@ -50,7 +54,7 @@ public final class BindingService: Service, Sendable {
         public init(
             listenAddresses: [TransportAddress] = Configuration.defaultListenAddresses,
             alternateAddress: TransportAddress? = nil, software: String? = nil, udp: Bool = true, tcp: Bool = true,
-            threads: Int = 1, tcpIdleTimeout: TimeAmount = .seconds(30)
+            threads: Int = 1, tcpIdleTimeout: TimeAmount = .seconds(30), gso: Bool = true
         ) {
             self.listenAddresses = listenAddresses
             self.alternateAddress = alternateAddress
@@ -59,6 +63,7 @@ public final class BindingService: Service, Sendable {
             self.tcp = tcp
             self.threads = threads
             self.tcpIdleTimeout = tcpIdleTimeout
+            self.gso = gso
         }
 
         /// The listen address the RFC 5780 sockets are built on: the first of the alternate's family.
@@ -141,14 +146,39 @@ public final class BindingService: Service, Sendable {
             throw error
         }
 
-        await withTaskCancellationOrGracefulShutdownHandler {
-            for channel in channels { try? await channel.closeFuture.get() }
+        // Serve until shutdown. A socket that closes on its own (an
+        // unrecoverable socket error) fails the whole service, so that the
+        // process exits and its supervisor restarts it, rather than half-serve.
+        let stopping = NIOLockedValueBox(false)
+        let lost: (any Channel)? = await withTaskCancellationOrGracefulShutdownHandler {
+            await withTaskGroup(of: (any Channel)?.self) { tasks in
+                for channel in channels {
+                    tasks.addTask {
+                        try? await channel.closeFuture.get()
+                        return stopping.withLockedValue { $0 } ? nil : channel
+                    }
+                }
+                var lost: (any Channel)?
+                for await closed in tasks {
+                    if let closed, lost == nil {
+                        lost = closed
+                        for channel in channels { channel.close(promise: nil) }
+                    }
+                }
+                return lost
+            }
         } onCancelOrGracefulShutdown: {
+            stopping.withLockedValue { $0 = true }
             for channel in channels { channel.close(promise: nil) }
         }
         // Closes the TCP connections still open; their handlers add their counts as they go.
         try? await group.shutdownGracefully()
         let statistics = totals.snapshot
+        if let lost {
+            let what = lost.localAddress.map { "\($0)" } ?? "a socket"
+            logger.error("socket closed unexpectedly; stopping the service", metadata: ["socket": "\(what)"])
+            throw BindingServiceError(.socketClosed, "\(what) closed unexpectedly (a socket error); the service stopped")
+        }
         logger.info("STUN binding service stopped", metadata: statistics.metadata)
     }
 
@@ -276,10 +306,12 @@ public final class BindingService: Service, Sendable {
     ) async throws {
         let totals = self.totals
         let logger = self.logger
+        let gso = configuration.gso
         try await channel.eventLoop.submit {
             try channel.pipeline.syncOperations.addHandler(
                 UDPBindingHandler(
-                    core: core, origin: origin, routes: routes, lane: lane, totals: totals, logger: logger))
+                    core: core, origin: origin, routes: routes, lane: lane, totals: totals, logger: logger,
+                    gso: gso))
         }.get()
         try await channel.setOption(.autoRead, value: true).get()
     }
@@ -357,6 +389,8 @@ public struct BindingServiceError: Error, Hashable, Sendable, CustomStringConver
         public static let bindFailed = Code("bindFailed")
         /// `run()` was called a second time.
         public static let alreadyRunning = Code("alreadyRunning")
+        /// A listening socket closed while serving (an unrecoverable socket error).
+        public static let socketClosed = Code("socketClosed")
     }
 
     public var code: Code

@@ -73,7 +73,14 @@ final class UDPBindingHandler: ChannelInboundHandler {
     private var groups: [Group] = []
     /// Segments per GSO write: the kernel's UDP_MAX_SEGMENTS (64 on Linux 6.1).
     static let maxSegments = 64
-    private var gso = System.supportsUDPSegmentationOffload
+    /// Only answers this small are segmented: Linux refuses (EINVAL) a GSO
+    /// segment larger than the path MTU less headers, and NIO closes the socket
+    /// on that error. 1200 bytes fits every MTU IPv6 allows. Larger answers
+    /// (a mirrored PADDING) go out one by one.
+    static let maxSegmentSize = 1200
+    /// A GSO write stays under the 64 KiB UDP limit.
+    static let maxGSOBytes = 65_000
+    private var gso: Bool
     /// Until one GSO write has succeeded, failures switch GSO off.
     private var gsoConfirmed = false
     /// Bit `routeIndex` set: that origin's channel (on this event loop) has unflushed writes.
@@ -81,8 +88,9 @@ final class UDPBindingHandler: ChannelInboundHandler {
 
     init(
         core: BindingServer, origin: BindingServer.Origin, routes: UDPRoutes, lane: Int, totals: StatisticsBox,
-        logger: Logger
+        logger: Logger, gso: Bool = true
     ) {
+        self.gso = gso && System.supportsUDPSegmentationOffload
         self.core = core
         self.origin = origin
         self.routes = routes
@@ -111,7 +119,7 @@ final class UDPBindingHandler: ChannelInboundHandler {
         case .reply(let length, let destination, let responseOrigin):
             // The usual answer goes back to the sender: reuse its address as read.
             let remote = destination == source ? envelope.remoteAddress : SocketAddress(destination)
-            if responseOrigin == origin && gso {
+            if responseOrigin == origin && gso && length <= Self.maxSegmentSize {
                 collect(length: length, destination: destination, remote: remote)
                 counters.responses += 1
                 return
@@ -138,8 +146,9 @@ final class UDPBindingHandler: ChannelInboundHandler {
 
     /// Appends the answer in `scratch` to the group for its destination and size.
     private func collect(length: Int, destination: TransportAddress, remote: SocketAddress) {
+        let limit = min(Self.maxSegments, Self.maxGSOBytes / length)
         let index = groups.firstIndex {
-            $0.length == length && $0.count < Self.maxSegments && $0.destination == destination
+            $0.length == length && $0.count < limit && $0.destination == destination
         }
         scratch.withUnsafeBytes { bytes in
             let answer = UnsafeRawBufferPointer(rebasing: bytes[0..<length])

@@ -65,6 +65,9 @@ struct Relay: AsyncParsableCommand {
     @Flag(name: .customLong("no-udp"), help: "Do not listen on UDP.")
     var noUDP = false
 
+    @Flag(name: .customLong("no-gso"), help: "Send every UDP answer on its own, without GSO (for NICs without TX checksum offload, or IPsec paths).")
+    var noGSO = false
+
     @Option(help: "Event-loop threads; above 1, one SO_REUSEPORT UDP socket per thread and address.")
     var threads = 1
 
@@ -132,7 +135,7 @@ struct Relay: AsyncParsableCommand {
         }
         let configuration = BindingService.Configuration(
             listenAddresses: listenAddresses.isEmpty ? BindingService.Configuration.defaultListenAddresses : listenAddresses,
-            alternateAddress: alternate, software: software, udp: !noUDP, tcp: !noTCP, threads: threads)
+            alternateAddress: alternate, software: software, udp: !noUDP, tcp: !noTCP, threads: threads, gso: !noGSO)
         do {
             try configuration.validate()
         } catch {

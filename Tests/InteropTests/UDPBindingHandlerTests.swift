@@ -18,12 +18,12 @@ struct UDPBindingHandlerTests {
     }
 
     /// Feeds a burst of requests and returns every outbound envelope after read-complete.
-    static func burst(_ requests: [(SocketAddress, ByteBuffer)]) throws -> (outbound: [AddressedEnvelope<ByteBuffer>], stats: BindingStatistics) {
+    static func burst(_ requests: [(SocketAddress, ByteBuffer)], gso: Bool = true) throws -> (outbound: [AddressedEnvelope<ByteBuffer>], stats: BindingStatistics) {
         let channel = EmbeddedChannel()
         let totals = StatisticsBox()
         let handler = UDPBindingHandler(
             core: BindingServer(), origin: .primary, routes: UDPRoutes(channels: [:]), lane: 0, totals: totals,
-            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), gso: gso)
         try channel.pipeline.syncOperations.addHandler(handler)
         for (from, data) in requests {
             channel.pipeline.syncOperations.fireChannelRead(NIOAny(AddressedEnvelope(remoteAddress: from, data: data)))
@@ -77,12 +77,30 @@ struct UDPBindingHandlerTests {
         for (from, m) in sent { #expect(answered[m.transactionID] == from) }
     }
 
-    @Test func moreThanTheSegmentLimitSplitsIntoSeveralWrites() throws {
+    @Test(.enabled(if: System.supportsUDPSegmentationOffload, "no UDP GSO on this system"))
+    func moreThanTheSegmentLimitSplitsIntoSeveralWrites() throws {
         let n = UDPBindingHandler.maxSegments * 2 + 5
         let (out, stats) = try Self.burst((0..<n).map { _ in (Self.a, Self.request().1) })
         #expect(out.reduce(0) { $0 + Self.datagrams($1).count } == n)
         #expect(out.allSatisfy { Self.datagrams($0).count <= UDPBindingHandler.maxSegments })
-        #expect(stats.responses == n)
+        #expect(stats.responses == n && stats.gsoWrites == 3 && stats.gsoSegments == n)
+    }
+
+    /// Answers too large for every path MTU (a mirrored PADDING) are never
+    /// segmented: Linux would refuse the write and NIO close the socket.
+    @Test func largeAnswersAreSentOneByOne() throws {
+        let big = [UInt8](repeating: 0, count: UDPBindingHandler.maxSegmentSize)
+        let (out, stats) = try Self.burst((0..<5).map { _ in (Self.a, Self.request([.padding(big)]).1) })
+        #expect(out.count == 5)
+        #expect(out.allSatisfy { $0.metadata?.segmentSize == nil })
+        #expect(stats.responses == 5 && stats.gsoWrites == 0)
+    }
+
+    @Test func withoutGSOEveryAnswerIsItsOwnDatagram() throws {
+        let (out, stats) = try Self.burst((0..<10).map { _ in (Self.a, Self.request().1) }, gso: false)
+        #expect(out.count == 10)
+        #expect(out.allSatisfy { $0.metadata?.segmentSize == nil })
+        #expect(stats.responses == 10 && stats.gsoWrites == 0)
     }
 
     @Test func aSingleAnswerIsAPlainDatagram() throws {
