@@ -20,9 +20,9 @@ extension Attribute {
         case .responseAddress, .sourceAddress, .changedAddress, .reflectedFrom:
             self = .legacyAddress(t, try Self.address(v, t, xor: nil))
         case .username: self = .username(try Self.text(v, t, limit: 509))
-        case .realm: self = .realm(try Self.text(v, t, limit: 763))
-        case .nonce: self = .nonce(try Self.text(v, t, limit: 763))
-        case .software: self = .software(try Self.text(v, t, limit: 763))
+        case .realm: self = .realm(try Self.text(v, t, limit: 764))
+        case .nonce: self = .nonce(try Self.text(v, t, limit: 764))
+        case .software: self = .software(try Self.text(v, t, limit: 764))
         case .alternateDomain: self = .alternateDomain(try Self.text(v, t, limit: 255))
         case .userhash:
             try Self.length(v, t, is: 32)
@@ -174,6 +174,8 @@ extension Attribute {
         guard v.count == n else { throw .badAttribute(t, "length \(v.count), must be \(n)") }
     }
 
+    /// UTF-8 text of fewer than `limit` bytes (REALM, NONCE, SOFTWARE and reason
+    /// phrases may be up to 763 bytes: 128 characters; USERNAME fewer than 509).
     private static func text(_ v: [UInt8], _ t: AttributeType, limit: Int) throws(STUNError) -> String {
         guard v.count < limit else { throw .badAttribute(t, "\(v.count) bytes, must be fewer than \(limit)") }
         guard let s = String(validating: v, as: UTF8.self) else { throw .badAttribute(t, "not valid UTF-8") }
@@ -228,7 +230,7 @@ extension Attribute {
         guard (3...6).contains(cls), number < 100 else {
             throw .badAttribute(t, "class \(cls) number \(number) is not a code in 300–699")
         }
-        let reason = try text(Array(v[4...]), t, limit: 763)
+        let reason = try text(Array(v[4...]), t, limit: 764)
         return ErrorCodeValue(code: cls * 100 + number, reason: reason)
     }
 

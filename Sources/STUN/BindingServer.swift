@@ -89,7 +89,10 @@ public struct BindingServer: Sendable {
 
     public init(configuration: Configuration = Configuration()) {
         self.configuration = configuration
-        self.softwareBytes = Array((configuration.software ?? "").utf8.prefix(762))
+        // At most 763 bytes, cut between characters so the value stays UTF-8.
+        var software = Substring(configuration.software ?? "")
+        while software.utf8.count > 763 { software = software.dropLast() }
+        self.softwareBytes = Array(software.utf8)
     }
 
     public var supportsBehaviorDiscovery: Bool { configuration.alternate != nil && configuration.primary != nil }
@@ -125,20 +128,26 @@ public struct BindingServer: Sendable {
         var paddingLength = 0
         var unknown: (UInt16, UInt16, UInt16, UInt16) = (0, 0, 0, 0)
         var unknownCount = 0
-        var afterIntegrity = false
+        // As in Message.effectiveAttributeCount: after MESSAGE-INTEGRITY only
+        // MESSAGE-INTEGRITY-SHA256 and FINGERPRINT count; anything else ends the walk.
+        var stage = 0
         var i = 20
         while i < n {
             guard i + 4 <= n else { return .drop(.malformed) }
             let t = r.u16(i)
             let l = Int(r.u16(i + 2))
             guard i + 4 + padded4(l) <= n else { return .drop(.malformed) }
-            if t == AttributeType.fingerprint.rawValue {
+            if t == AttributeType.fingerprint.rawValue && stage <= 2 {
                 guard l == 4, Self.fingerprintMatches(request, at: i) else { return .drop(.badFingerprint) }
                 break
             }
-            if t == AttributeType.messageIntegrity.rawValue || t == AttributeType.messageIntegritySHA256.rawValue {
-                afterIntegrity = true
-            } else if !afterIntegrity {
+            if t == AttributeType.messageIntegrity.rawValue && stage == 0 {
+                stage = 1
+            } else if t == AttributeType.messageIntegritySHA256.rawValue && stage <= 1 {
+                stage = 2
+            } else if stage != 0 {
+                break
+            } else {
                 switch t {
                 case AttributeType.changeRequest.rawValue:
                     guard l == 4 else { return .drop(.malformed) }

@@ -50,6 +50,11 @@ public enum FuzzChecks {
         // The Binding server: any answer it gives is a valid STUN message
         // with a valid FINGERPRINT.
         for origin in BindingServer.Origin.all {
+            var out = [UInt8](repeating: 0, count: server.responseCapacity(requestLength: bytes.count))
+            let outcome = bytes.withUnsafeBytes { b in
+                out.withUnsafeMutableBytes { server.handle(b, from: TransportAddress(ip: .v4(1), port: 1), arrivedOn: origin, into: $0) }
+            }
+            precondition(outcome != .drop(.noRoom), "responseCapacity was too small")
             if let reply = server.handle(bytes, from: TransportAddress(ip: .v6(high: 1, low: 2), port: 9), arrivedOn: origin) {
                 guard let m = try? Message(decoding: reply.response) else { preconditionFailure("server reply does not decode") }
                 precondition(m.checkFingerprint() == .valid, "server reply has a bad FINGERPRINT")

@@ -33,9 +33,11 @@ public struct IntegrityKey: Hashable, Sendable {
         }
     }
 
-    /// The USERHASH value for a username and realm (RFC 8489 §14.4).
+    /// The USERHASH value for a username and realm (RFC 8489 §14.4): both
+    /// OpaqueString-prepared, then SHA-256 of `username ":" realm`.
     public static func userhash(username: String, realm: String) throws(STUNError) -> [UInt8] {
-        Array(SHA256.hash(data: Array("\(username):\(try OpaqueString.prepare(realm))".utf8)))
+        let input = "\(try OpaqueString.prepare(username)):\(try OpaqueString.prepare(realm))"
+        return Array(SHA256.hash(data: Array(input.utf8)))
     }
 }
 

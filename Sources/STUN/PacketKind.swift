@@ -12,7 +12,8 @@ public enum PacketKind: Hashable, Sendable {
     /// 128–191: RTP or RTCP (tell them apart with ``isRTCP(_:)``).
     case rtp
     /// 4–15, 80–127 and 192–255: left unassigned by those RFCs. Tusa's own
-    /// handshake messages take their first byte from here.
+    /// handshake messages take their first byte from 4–15: 80–127 carries
+    /// RFC 5766 channels 0x5000–0x7FFF, which coturn still binds.
     case unassigned
     /// An empty datagram.
     case empty

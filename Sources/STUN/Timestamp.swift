@@ -15,7 +15,7 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
             let (sum, overflow) = t.nanoseconds.addingReportingOverflow(UInt64(ns))
             return Timestamp(nanoseconds: overflow ? .max : sum)
         }
-        let magnitude = UInt64(-ns)
+        let magnitude = ns.magnitude
         return Timestamp(nanoseconds: t.nanoseconds > magnitude ? t.nanoseconds - magnitude : 0)
     }
 

@@ -158,6 +158,10 @@ final class ClientHandler: ChannelInboundHandler {
         _ transaction: ClientTransaction, to destination: TransportAddress, timeout: Duration,
         promise: EventLoopPromise<(Message, TransportAddress, Duration)>, channel: Channel
     ) {
+        guard pending[transaction.transactionID] == nil else {
+            promise.fail(STUNClientError(.badResponse, "transaction \(transaction.transactionID) is already under way"))
+            return
+        }
         let now = Self.now()
         var tx = transaction
         let action = tx.start(now: now)

@@ -32,11 +32,15 @@ public struct InteropCredentials: Sendable {
         if case .passwordAlgorithm(let a)? = try? m.value(.passwordAlgorithm) { algorithm = a } else { algorithm = .md5 }
         var messageRealm: String?
         if case .realm(let r)? = try? m.value(.realm) { messageRealm = r }
-        let realm = self.realm ?? messageRealm
         var username: String?
         if case .username(let u)? = try? m.value(.username) { username = u }
+        let hasUserhash = m.attribute(.userhash) != nil
+        // Long-term when the message names a realm (or carries USERHASH);
+        // `--realm` only replaces the realm's value. Otherwise ICE short-term.
+        let longTerm = messageRealm != nil || hasUserhash
+        let realm = self.realm ?? messageRealm
 
-        if let realm {
+        if longTerm, let realm {
             var candidates: [(String, String)] = []
             if let username {
                 if let p = users[username] { candidates.append((username, p)) }

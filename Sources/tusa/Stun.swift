@@ -73,11 +73,19 @@ struct Stun: AsyncParsableCommand {
                 mapping = MappingBehavior.classify(local: ownAddress, x1: first.mapped, x2: second.mapped, x3: third.mapped)
             }
         }
-        // Filtering: test II (change IP and port), test III (change port).
+        // Filtering: test II (change IP and port), test III (change port), on a
+        // fresh socket: the mapping tests above sent to the alternate IP, which
+        // an address-dependent filter would now let through.
+        await client.close()
+        let filterClient = try await STUNClient.open(local: local)
+        defer { Task { await filterClient.close() } }
+        _ = try await filterClient.binding(to: server, timeout: wait)
         let filterWait = min(wait, .seconds(3))
-        let changedBoth = await answered { try await client.binding(to: server, change: [.changeIP, .changePort], timeout: filterWait) }
-        let changedPort = changedBoth ? true : await answered {
-            try await client.binding(to: server, change: [.changePort], timeout: filterWait)
+        let changedBoth = try await answered {
+            try await filterClient.binding(to: server, change: [.changeIP, .changePort], timeout: filterWait)
+        }
+        let changedPort = try await changedBoth ? true : answered {
+            try await filterClient.binding(to: server, change: [.changePort], timeout: filterWait)
         }
         let filtering = FilteringBehavior.classify(changedIPAndPortAnswered: changedBoth, changedPortAnswered: changedPort)
         guard let mapping else { Self.fail("mapping tests gave no answer") }
@@ -87,12 +95,13 @@ struct Stun: AsyncParsableCommand {
         print("NAT type: \(nat.classicName)")
     }
 
-    /// Whether a request got an answer; a timeout is an answer of "no", other errors propagate.
-    func answered(_ body: () async throws -> BindingResult) async -> Bool {
+    /// Whether a request got an answer: a timeout means "no"; any other error
+    /// (an error response, an unreachable server) propagates.
+    func answered(_ body: () async throws -> BindingResult) async throws -> Bool {
         do {
             _ = try await body()
             return true
-        } catch {
+        } catch let error as STUNClientError where error.code == .timeout {
             return false
         }
     }

@@ -59,6 +59,16 @@ struct InteropCheckerTests {
         #expect(first.reason.contains("MESSAGE-INTEGRITY invalid"))
     }
 
+    /// --realm replaces the realm of long-term keys; it must not stop ICE
+    /// short-term checks from being verified.
+    @Test func realmOptionKeepsICEChecksVerified() {
+        var c = Self.readmeCredentials
+        c.realm = "example.org"
+        let r = InteropChecker(credentials: c).check(path: InteropCorpus.path("captures", "aioice-ice-host.pcapng"))
+        #expect(r.passed && r.notes.isEmpty, "\(r.failures) \(r.notes)")
+        #expect(r.verified == r.packets)
+    }
+
     @Test func missingCredentialsAreNotesNotFailures() {
         let r = InteropChecker().check(path: InteropCorpus.path("captures", "coturn-udp-channels.pcapng"))
         #expect(r.failures.isEmpty)

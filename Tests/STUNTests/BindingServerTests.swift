@@ -115,15 +115,42 @@ struct BindingServerTests {
         #expect(o == .drop(.noRoom))
     }
 
-    @Test func decodedRequestsFromTheCorpusAreAnswered() throws {
+    @Test(.enabled(if: SharedCorpus.isPresent, SharedCorpus.absentMessage))
+    func decodedRequestsFromTheCorpusAreAnswered() throws {
         // Real browser requests carry ICE attributes and MESSAGE-INTEGRITY: still answered.
-        guard SharedCorpus.isPresent else { return }
         for url in SharedCorpus.files("messages") where url.lastPathComponent.hasPrefix("browser-") {
             let bytes = try SharedCorpus.bytes("messages", url.lastPathComponent)
             let reply = try #require(Self.plain.handle(bytes, from: Self.client4), "\(url.lastPathComponent)")
             let m = try Message(decoding: reply.response)
             #expect(m.type == .bindingSuccess)
         }
+    }
+
+    /// Like Message: a FINGERPRINT after an attribute that follows
+    /// MESSAGE-INTEGRITY is ignored, not checked.
+    @Test func fingerprintAfterIgnoredAttributesIsNotChecked() throws {
+        var m = Message(type: .bindingRequest)
+        m.append(.messageIntegrity([UInt8](repeating: 0, count: 20)))
+        m.append(.software("ignored"))
+        m.append(.fingerprint(0xBAD))  // wrong on purpose
+        let bytes = m.encode()
+        #expect(try Message(decoding: bytes).checkFingerprint() == .absent)
+        #expect(Self.plain.handle(bytes, from: Self.client4) != nil)
+        // Directly after MESSAGE-INTEGRITY it counts, and a wrong one drops the request.
+        var n = Message(type: .bindingRequest)
+        n.append(.messageIntegrity([UInt8](repeating: 0, count: 20)))
+        n.append(.fingerprint(0xBAD))
+        #expect(Self.plain.handle(n.encode(), from: Self.client4) == nil)
+    }
+
+    @Test func softwareIsCutBetweenCharacters() throws {
+        let server = BindingServer(configuration: .init(software: String(repeating: "é", count: 500)))
+        let reply = try #require(server.handle(Message(type: .bindingRequest).encode(), from: Self.client4))
+        guard case .software(let text)? = try Message(decoding: reply.response).value(.software) else {
+            Issue.record("no SOFTWARE")
+            return
+        }
+        #expect(text.utf8.count <= 763 && text.allSatisfy { $0 == "é" })
     }
 
     @Test func responseCapacityIsAlwaysEnough() throws {

@@ -160,7 +160,7 @@ struct MessageDecodingTests {
         #expect(d.checkMessageIntegrity(key: key) == .valid)
         #expect(d.checkMessageIntegritySHA256(key: key256) == .valid)
         #expect(d.checkFingerprint() == .valid)
-        // Flip one bit anywhere before the fingerprint: every check notices.
+        // Flip one bit anywhere before the fingerprint: FINGERPRINT notices.
         for i in 20..<(bytes.count - 8) {
             var bad = bytes
             bad[i] ^= 0x01

@@ -27,6 +27,7 @@ struct FuzzRegressionTests {
         for n in 0...full.count {
             var cut = Array(full.prefix(n))
             FuzzChecks.exercise(cut)
+            if n < full.count { #expect(throws: STUNError.self) { try Message(decoding: cut) } }
             // And with the length field claiming the full size.
             if cut.count >= 4 {
                 cut.writeUInt16(UInt16(max(0, cut.count - 20)), at: 2)
