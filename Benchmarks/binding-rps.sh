@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Binding responses per second on one core: the trivial echo (ceiling), `tusa relay` and
+# Binding responses per second on one core: the trivial echo (reference), `tusa relay` and
 # coturn `turnserver -m 0`, side by side with the same load generator (binding-load).
 # Every server is pinned to one CPU, the load generator to another; the rounds are
 # interleaved (echo, tusa, coturn, echo, ...) and the median per server is reported.
-# A last run drives the echo with a larger window (CEILING_WINDOW, default 64) so the
-# generator never waits: its send rate there is its own ceiling. Loopback and random high ports only; every process started here is stopped on exit.
+# Whether the generator out-runs a server shows in each run: the server at ~100 % CPU
+# while the generator still sits idle part of the time (waiting for answers). The
+# generator sends each batch as one UDP GSO write (binding-load --no-gso to compare).
+# Loopback and random high ports only; every process started here is stopped on exit.
 #
 # usage: Benchmarks/binding-rps.sh [--rounds N] [--duration S] [--warmup S]
 #                                  [--servers "echo tusa coturn"] [--quiet-wait S]
@@ -13,7 +15,7 @@
 #        to leave the CPUs alone; runs disturbed anyway are flagged with '!'.
 # env:   TUSA (default <repo>/.build/release/tusa), SERVER_CPU (1), LOAD_CPU (0),
 #        ROUNDS, DURATION, WARMUP, SERVERS, QUIET_WAIT (same as the options),
-#        CEILING_WINDOW (64), SWIFT (swift binary used to build this package).
+#        SWIFT (swift binary used to build this package).
 # exit:  0 if every server started and answered, 1 if one did not (a missing tusa binary
 #        only prints 'tusa: not built' and is skipped), 2 on a usage error.
 set -euo pipefail
@@ -253,12 +255,6 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-# The generator flat out: against the echo with a window large enough that it never waits
-# (the echo's socket overflows, lost > 0). Its send rate then is its own ceiling.
-CEILING_WINDOW=${CEILING_WINDOW:-64}
-if [[ " ${ACTIVE[*]} " == *" echo "* ]]; then
-  run_one "ceiling" ceiling echo "${LOAD_ARGS[@]}" --window "$CEILING_WINDOW" || FAILED=1
-fi
 
 # --- summary ---
 # rows NAME: that server's result rows, without the disturbed runs unless all were.
@@ -313,16 +309,15 @@ paired() {
 }
 echo "tusa/coturn = $(ratio tusa coturn)$(paired tusa coturn) (target >= 1.5)"
 echo "echo/coturn = $(ratio echo coturn)$(paired echo coturn)"
-if [[ -s $TMP/results.ceiling ]]; then
-  read -r csend _ < <(stats ceiling 2)
-  read -r cidle _ < <(stats ceiling 4)
-  echo "load generator ceiling: ${csend} requests/s sent flat out (window $CEILING_WINDOW vs the echo," \
-    "generator idle ${cidle}%)"
-  for name in coturn tusa; do
-    [[ -n ${MED[$name]:-} ]] || continue
-    echo "  = $(awk -v a="$csend" -v b="${MED[$name]}" 'BEGIN {printf "%.2f", a / b}') x $name's median rps"
-  done
-fi
+# The generator out-runs a server when, in the median run, the server is busy (>= 90 %
+# CPU) and the generator still waits for it (idle >= 5 %): the server sets the rate.
+for name in "${ACTIVE[@]}"; do
+  [[ -s $TMP/results.$name ]] || continue
+  read -r idle _ < <(stats "$name" 4)
+  read -r cpu _ < <(stats "$name" 5)
+  verdict=$(awk -v i="${idle%\%}" -v c="${cpu%\%}" 'BEGIN {print (i >= 5 && c >= 90) ? "yes" : "NO"}')
+  echo "generator out-runs $name: $verdict (generator idle ${idle}%, $name CPU ${cpu}%)"
+done
 echo "took $(($(date +%s) - T_START))s, of which ${WAITED:-0}s waiting for other processes to go quiet"
 ((DISTURBED)) && echo "warning: $DISTURBED run(s) marked '!' shared the CPUs with other processes" \
   "(other_cpu > 15%); rerun on an idle machine for trustworthy numbers"
