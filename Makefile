@@ -6,7 +6,7 @@ FUZZ_SECONDS ?= 600
 SMOKE_FUZZ_SECONDS ?= 30
 SHARED      ?= ../shared/interop
 
-.PHONY: all setup build release demo test unit interop fuzz fuzz-smoke bench record clean
+.PHONY: all setup build release demo test unit interop fuzz fuzz-smoke bench bench-smoke record clean
 
 all: build
 
@@ -23,10 +23,11 @@ release: setup
 demo: build
 	@bash scripts/demo.sh
 
-# Every test: unit, interop against coturn/aioice/tshark, and a short fuzz run.
-# The fuzz smoke runs first so that swift test's summary closes the output.
+# Every test: unit, interop against coturn/aioice/tshark, and short fuzz and
+# bench runs. The smoke runs come first so that swift test's summary closes the output.
 test: setup fuzz-smoke
 	$(SWIFT) build --build-tests
+	@bash scripts/bench-smoke.sh
 	$(SWIFT) test --skip-build
 
 unit: setup
@@ -45,6 +46,9 @@ fuzz-smoke: setup
 
 bench: release
 	@bash scripts/bench.sh
+
+bench-smoke: build
+	@bash scripts/bench-smoke.sh
 
 # Re-record Tusa's own captures against real peers into Interop/.
 record: build

@@ -283,6 +283,8 @@ public final class BindingService: Service, Sendable {
                 var bootstrap = DatagramBootstrap(group: loop)
                     .channelOption(.autoRead, value: false)
                     .channelOption(.datagramVectorReadMessageCount, value: Self.datagramsPerRead)
+                    .channelOption(.socketOption(.so_rcvbuf), value: Self.socketBufferBytes)
+                    .channelOption(.socketOption(.so_sndbuf), value: Self.socketBufferBytes)
                     .channelOption(
                         .recvAllocator,
                         value: FixedSizeRecvByteBufferAllocator(capacity: Self.datagramsPerRead * Self.datagramSlotSize))
@@ -349,6 +351,9 @@ public final class BindingService: Service, Sendable {
 
     /// Datagrams taken per recvmmsg call, and the room for each.
     static let datagramsPerRead = 64
+    /// UDP socket buffers: the kernel's 208 KiB default overflows under bursts
+    /// (RcvbufErrors). Linux caps the request at net.core.rmem_max / wmem_max.
+    static let socketBufferBytes: SocketOptionValue = 4 << 20
     static let datagramSlotSize = 2048
     static let ipv6Only = ChannelOptions.Types.SocketOption(level: .ipv6, name: .ipv6_v6only)
     static let reusePort = ChannelOptions.Types.SocketOption(level: .socket, name: NIOBSDSocket.Option(rawValue: SO_REUSEPORT))

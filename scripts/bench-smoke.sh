@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The short, bounded bench run inside `make test`: the Binding load generator
+# against a debug `tusa relay` on loopback for one second. Passes when answers
+# came back, none invalid, and at most 0.1 % lost (a kernel whose
+# net.core.rmem_max caps the relay's 4 MiB socket buffer may drop a few under
+# bursts); the full side-by-side run is `make bench`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+swift build --package-path Benchmarks --product binding-load >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+load=$(swift build --package-path Benchmarks --show-bin-path)/binding-load
+start_relay smoke --listen 127.0.0.1:0 --no-tcp
+line=$("$load" --target "127.0.0.1:$PORT" --duration 1 --warmup 0.2)
+echo "bench-smoke: $line"
+received=$(sed -n 's/.*received=\([0-9]*\).*/\1/p' <<<"$line")
+invalid=$(sed -n 's/.*invalid=\([0-9]*\).*/\1/p' <<<"$line")
+lost=$(sed -n 's/.*lost=\([0-9]*\).*/\1/p' <<<"$line")
+sent=$(sed -n 's/^sent=\([0-9]*\).*/\1/p' <<<"$line")
+if [ "${received:-0}" -gt 0 ] && [ "${invalid:-1}" -eq 0 ] && [ $((${lost:-1} * 1000)) -le "${sent:-0}" ]; then
+  echo "bench-smoke: ok"
+else
+  echo "bench-smoke: FAILED (received=$received invalid=$invalid lost=$lost)"; exit 1
+fi
