@@ -126,8 +126,7 @@ public struct BindingServer: Sendable {
         var sawChangeRequest = false
         var responsePort: UInt16?
         var paddingLength = 0
-        var unknown: (UInt16, UInt16, UInt16, UInt16) = (0, 0, 0, 0)
-        var unknownCount = 0
+        var unknown = UnknownTypes()
         // As in Message.effectiveAttributeCount: after MESSAGE-INTEGRITY only
         // MESSAGE-INTEGRITY-SHA256 and FINGERPRINT count; anything else ends the walk.
         var stage = 0
@@ -159,42 +158,19 @@ public struct BindingServer: Sendable {
                 case AttributeType.padding.rawValue:
                     paddingLength = l
                 default:
-                    if t < 0x8000 && !Self.understood.contains(t) {
-                        switch unknownCount {
-                        case 0: unknown.0 = t
-                        case 1: unknown.1 = t
-                        case 2: unknown.2 = t
-                        case 3: unknown.3 = t
-                        default: break
-                        }
-                        unknownCount += 1
-                    }
+                    if t < 0x8000 && !Self.understood.contains(t) { unknown.add(t) }
                 }
             }
             i += 4 + padded4(l)
         }
-        if sawChangeRequest && !supportsBehaviorDiscovery {
-            switch unknownCount {
-            case 0: unknown.0 = AttributeType.changeRequest.rawValue
-            case 1: unknown.1 = AttributeType.changeRequest.rawValue
-            case 2: unknown.2 = AttributeType.changeRequest.rawValue
-            case 3: unknown.3 = AttributeType.changeRequest.rawValue
-            default: break
-            }
-            unknownCount += 1
-        }
+        if sawChangeRequest && !supportsBehaviorDiscovery { unknown.add(AttributeType.changeRequest.rawValue) }
 
         var w = RawWriter(out)
         let tid = UnsafeRawBufferPointer(rebasing: request[8..<20])
-        if unknownCount > 0 {
-            let listed = min(unknownCount, 4)
+        if unknown.count > 0 {
             writeHeader(&w, MessageType(method: type.method, class: .errorResponse), tid)
             writeErrorCode(&w, 420, "Unknown Attribute")
-            w.u16(AttributeType.unknownAttributes.rawValue)
-            w.u16(UInt16(listed * 2))
-            let list = [unknown.0, unknown.1, unknown.2, unknown.3]
-            for k in 0..<listed { w.u16(list[k]) }
-            if listed % 2 == 1 { w.u16(0) }
+            unknown.write(&w)
             return finish(&w, to: source, origin: arrivedOn)
         }
         guard type.method == .binding else {
@@ -241,6 +217,36 @@ public struct BindingServer: Sendable {
         }
         guard case .reply(let length, let destination, let origin) = outcome else { return nil }
         return (Array(out.prefix(length)), destination, origin)
+    }
+
+    /// The comprehension-required types a request carried that are not
+    /// served, for a 420: the first four are kept, without allocating.
+    private struct UnknownTypes {
+        private var types: (UInt16, UInt16, UInt16, UInt16) = (0, 0, 0, 0)
+        private(set) var count = 0
+
+        mutating func add(_ type: UInt16) {
+            switch count {
+            case 0: types.0 = type
+            case 1: types.1 = type
+            case 2: types.2 = type
+            case 3: types.3 = type
+            default: break
+            }
+            count += 1
+        }
+
+        /// UNKNOWN-ATTRIBUTES listing the kept types, padded to four bytes.
+        func write(_ w: inout RawWriter) {
+            let listed = min(count, 4)
+            w.u16(AttributeType.unknownAttributes.rawValue)
+            w.u16(UInt16(listed * 2))
+            if listed > 0 { w.u16(types.0) }
+            if listed > 1 { w.u16(types.1) }
+            if listed > 2 { w.u16(types.2) }
+            if listed > 3 { w.u16(types.3) }
+            if listed % 2 == 1 { w.u16(0) }
+        }
     }
 
     // MARK: writing
