@@ -63,9 +63,9 @@ struct Stun: AsyncParsableCommand {
         }
         print("other address: \(other)")
         let ownAddress = client.localAddress.flatMap { $0.ip == .v4(0) ? nil : $0 }
-        // Mapping: tests II and III.
-        var mapping = MappingBehavior.classify(local: ownAddress, x1: first.mapped, x2: first.mapped, x3: nil)
-        if mapping != .noNAT {
+        // Mapping: tests II and III, unless the server sees our own address.
+        var mapping: MappingBehavior? = .noNAT
+        if ownAddress != first.mapped {
             let second = try await client.binding(to: TransportAddress(ip: other.ip, port: server.port), timeout: wait)
             mapping = MappingBehavior.classify(local: ownAddress, x1: first.mapped, x2: second.mapped, x3: nil)
             if mapping == nil {
