@@ -1,4 +1,5 @@
 import Foundation
+import STUN
 
 #if canImport(Glibc)
 import Glibc
@@ -39,17 +40,8 @@ enum Harness {
     static var isRoot: Bool { getuid() == 0 }
 
     /// A free loopback UDP port (bound and released; good enough for tests that start at once).
-    static func freePort(ip: String = "127.0.0.1", udp: Bool = true) -> UInt16 {
-        let fd = socket(AF_INET, Int32(udp ? SOCK_DGRAM.rawValue : SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = 0
-        inet_pton(AF_INET, ip, &addr.sin_addr)
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
-        return UInt16(bigEndian: addr.sin_port)
+    static func freePort() -> UInt16 {
+        (try? TestSocket.udp(bindingTo: .v4(0x7F00_0001)).localAddress.port) ?? 40_000 + UInt16.random(in: 0..<10_000)
     }
 
     /// Two consecutive free ports p, p+1 on both 127.0.0.1 and 127.0.0.2 (for RFC 5780 setups).
@@ -65,15 +57,8 @@ enum Harness {
     }
 
     static func isFree(ip: String, port: UInt16) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = port.bigEndian
-        inet_pton(AF_INET, ip, &addr.sin_addr)
-        return withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        } == 0
+        guard let address = IPAddress(ip) else { return false }
+        return (try? TestSocket.udp(bindingTo: address, port: port)) != nil
     }
 
     struct Result {

@@ -86,15 +86,9 @@ struct RealPeerTests {
         #expect(r.stderr.hasPrefix("tusa stun: "), "\(r.stderr)")
         #expect(r.stderr.split(separator: "\n").count == 1, "\(r.stderr)")
         // A server that never answers: a timeout.
-        let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr)
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
-        let silent = UInt16(bigEndian: addr.sin_port)
+        let silentServer = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
+        let silent = silentServer.localAddress.port
+        defer { withExtendedLifetime(silentServer) {} }  // it must stay bound, and silent, through the run
         let t = try Harness.run(tusa, ["stun", "--timeout", "1", "127.0.0.1:\(silent)"], timeout: 10)
         #expect(t.status == 1)
         #expect(t.stderr.contains("no response"), "\(t.stderr)")
