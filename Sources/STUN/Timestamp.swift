@@ -7,6 +7,9 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
 
     public static let zero = Timestamp(nanoseconds: 0)
 
+    /// `s` seconds after zero (for virtual clocks).
+    public static func seconds(_ s: UInt64) -> Timestamp { Timestamp(nanoseconds: s * 1_000_000_000) }
+
     public static func < (a: Timestamp, b: Timestamp) -> Bool { a.nanoseconds < b.nanoseconds }
 
     public static func + (t: Timestamp, d: Duration) -> Timestamp {

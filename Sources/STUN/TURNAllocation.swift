@@ -1,0 +1,132 @@
+/// One TURN allocation (RFC 8656 §2.2): a relayed transport address (two with
+/// ADDITIONAL-ADDRESS-FAMILY), its client's 5-tuple, credentials, lifetime,
+/// permissions and channels. Owned by ``TURNServer``; drivers keep a reference
+/// to it per relay socket so the hot path needs no lookup.
+public final class TURNAllocation {
+    public let tuple: FiveTuple
+    public let username: String
+    /// The relayed transport addresses as bound (IPv4 and/or IPv6).
+    public let relays: [TransportAddress]
+    /// Whether the client asked for DONT-FRAGMENT.
+    public let dontFragment: Bool
+    public internal(set) var expiry: Timestamp
+    /// False once deleted or expired: drivers drop what arrives after that.
+    public internal(set) var isAlive = true
+
+    let key: IntegrityKey?
+    let allocateTransaction: TransactionID
+    let allocateResponse: [UInt8]
+
+    var permissions: [IPAddress: Timestamp] = [:]
+    var channels: [UInt16: (peer: TransportAddress, expiry: Timestamp)] = [:]
+    var channelByPeer: [TransportAddress: UInt16] = [:]
+    var bucket: TokenBucket?
+
+    public internal(set) var packetsToPeer = 0
+    public internal(set) var bytesToPeer = 0
+    public internal(set) var packetsToClient = 0
+    public internal(set) var bytesToClient = 0
+
+    init(
+        tuple: FiveTuple, username: String, relays: [TransportAddress], dontFragment: Bool, expiry: Timestamp,
+        key: IntegrityKey?, allocateTransaction: TransactionID, allocateResponse: [UInt8], bandwidth: Int, now: Timestamp
+    ) {
+        self.tuple = tuple
+        self.username = username
+        self.relays = relays
+        self.dontFragment = dontFragment
+        self.expiry = expiry
+        self.key = key
+        self.allocateTransaction = allocateTransaction
+        self.allocateResponse = allocateResponse
+        self.bucket = bandwidth > 0 ? TokenBucket(rate: Double(bandwidth), burst: Double(bandwidth), now: now) : nil
+    }
+
+    /// Whether the allocation has a relay of this address family.
+    public func serves(family: UInt8) -> Bool { relays.contains { $0.ip.family == family } }
+
+    public var permissionCount: Int { permissions.count }
+    public var channelCount: Int { channels.count }
+
+    func hasPermission(_ ip: IPAddress, now: Timestamp) -> Bool {
+        if let t = permissions[ip] { return t > now }
+        // An IPv4-mapped peer is the same peer as its IPv4 address.
+        if let v4 = ip.embeddedIPv4, let t = permissions[v4] { return t > now }
+        return false
+    }
+
+    func channel(for peer: TransportAddress, now: Timestamp) -> UInt16? {
+        guard let number = channelByPeer[peer], let binding = channels[number], binding.expiry > now else { return nil }
+        return number
+    }
+
+    /// Removes what has expired; returns how many permissions and channels went.
+    func sweep(now: Timestamp) -> (permissions: Int, channels: Int) {
+        let p = permissions.count
+        permissions = permissions.filter { $0.value > now }
+        var c = 0
+        for (number, binding) in channels where binding.expiry <= now {
+            channels[number] = nil
+            channelByPeer[binding.peer] = nil
+            c += 1
+        }
+        return (p - permissions.count, c)
+    }
+
+    func admit(_ bytes: Int, now: Timestamp) -> Bool {
+        guard var b = bucket else { return true }
+        let ok = b.take(Double(bytes), now: now)
+        bucket = b
+        return ok
+    }
+}
+
+/// A token bucket: `rate` tokens per second, at most `burst` saved.
+struct TokenBucket: Sendable {
+    var rate: Double
+    var burst: Double
+    var tokens: Double
+    var last: Timestamp
+
+    init(rate: Double, burst: Double, now: Timestamp) {
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.last = now
+    }
+
+    mutating func take(_ n: Double, now: Timestamp) -> Bool {
+        if now > last {
+            tokens = min(burst, tokens + Double(now.nanoseconds - last.nanoseconds) / 1e9 * rate)
+            last = now
+        }
+        guard tokens >= n else { return false }
+        tokens -= n
+        return true
+    }
+}
+
+/// Per-source rate limits in a fixed table: sources hash into 4096 buckets, so
+/// strangers cannot make the table grow (two sources sharing a bucket share its budget).
+struct SourceLimiter: Sendable {
+    private var buckets: [TokenBucket?]
+    let rate: Double
+    let burst: Double
+
+    init(rate: Double, burst: Double, slots: Int = 4096) {
+        self.rate = rate
+        self.burst = burst
+        self.buckets = Array(repeating: nil, count: slots)
+    }
+
+    mutating func allow(_ source: IPAddress, now: Timestamp) -> Bool {
+        guard rate > 0 else { return true }
+        var h = Hasher()
+        h.combine(source)
+        let slot = Int(UInt(bitPattern: h.finalize()) % UInt(buckets.count))
+        var bucket = buckets[slot] ?? TokenBucket(rate: rate, burst: burst, now: now)
+        let ok = bucket.take(1, now: now)
+        buckets[slot] = bucket
+        return ok
+    }
+}

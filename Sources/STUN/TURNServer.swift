@@ -1,0 +1,276 @@
+/// Relay sockets, as the driver provides them. The core calls these
+/// synchronously while handling an Allocate: binding a UDP socket is immediate,
+/// so the driver binds it here and starts reading from it afterwards.
+public protocol TURNRelayPorts: AnyObject {
+    /// Whether relays of this address family (0x01 IPv4, 0x02 IPv6) can be opened at all.
+    func serves(family: UInt8) -> Bool
+    /// Opens a relay socket of `family`; with `even`, on an even port; with
+    /// `reserveNext`, also holds port+1 and returns it. Nil when no port is free.
+    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)?
+    /// Turns a held port (from `reserveNext`) into a relay socket.
+    func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool
+    /// Tells the driver which allocation a relay socket now serves.
+    func attach(_ relay: TransportAddress, to allocation: TURNAllocation)
+    /// Closes a relay socket, or releases a held port.
+    func closeRelay(_ address: TransportAddress)
+}
+
+/// Why the TURN core dropped a packet without answering.
+public enum TURNDropReason: Int, Hashable, Sendable, CaseIterable, CustomStringConvertible {
+    case malformed, badFingerprint, notARequest, noAllocation, noChannel, noPermission, peerFamily
+    case bandwidth, challengeRateLimited, amplification, unknownIndication
+
+    public var description: String {
+        switch self {
+        case .malformed: "malformed"
+        case .badFingerprint: "bad_fingerprint"
+        case .notARequest: "not_a_request"
+        case .noAllocation: "no_allocation"
+        case .noChannel: "no_channel"
+        case .noPermission: "no_permission"
+        case .peerFamily: "peer_family"
+        case .bandwidth: "bandwidth"
+        case .challengeRateLimited: "challenge_rate_limited"
+        case .amplification: "amplification"
+        case .unknownIndication: "unknown_indication"
+        }
+    }
+}
+
+/// Counters a TURN server keeps (exported as metrics by the service).
+public struct TURNStatistics: Sendable {
+    public var allocationsActive = 0
+    public var allocationsCreated = 0
+    public var allocationsExpired = 0
+    public var allocationsDeleted = 0
+    public var permissionsExpired = 0
+    public var channelsExpired = 0
+    public var packetsToPeer = 0
+    public var bytesToPeer = 0
+    public var packetsToClient = 0
+    public var bytesToClient = 0
+    /// 401 answers to requests that carried credentials which did not check out.
+    public var authFailures = 0
+    /// 401/438 challenges sent.
+    public var challenges = 0
+    /// Error responses sent, by code.
+    public var errors: [Int: Int] = [:]
+    public var drops = [Int](repeating: 0, count: TURNDropReason.allCases.count)
+
+    public func dropped(_ reason: TURNDropReason) -> Int { drops[reason.rawValue] }
+    public var totalDrops: Int { drops.reduce(0, +) }
+}
+
+/// What happens to a packet from a client.
+public enum TURNClientOutcome {
+    /// Send these bytes back to the client on its 5-tuple.
+    case reply([UInt8])
+    /// Send the input's bytes in `payload` from the allocation's relay to `peer`.
+    case relay(TURNAllocation, to: TransportAddress, payload: Range<Int>)
+    /// Nothing to send.
+    case drop(TURNDropReason)
+}
+
+/// What happens to a datagram from a peer, arriving on a relay socket.
+public enum TURNPeerOutcome {
+    /// Send a ChannelData header for `channel` and the payload to the client
+    /// (on streams, padded to a multiple of 4).
+    case channel(UInt16, to: FiveTuple)
+    /// Send this Data indication to the client.
+    case indication([UInt8], to: FiveTuple)
+    case drop(TURNDropReason)
+}
+
+/// Things worth a log line.
+public enum TURNEvent: Sendable {
+    case allocated(FiveTuple, username: String, relays: [TransportAddress], lifetime: UInt32)
+    case deleted(FiveTuple, relays: [TransportAddress], reason: String, packetsToPeer: Int, packetsToClient: Int)
+    case authFailed(FiveTuple, username: String)
+}
+
+/// The TURN server (RFC 8656 over UDP/TCP, UDP relays) as a sans-IO core: the
+/// driver hands it packets with the time and performs what it returns; relay
+/// sockets are opened through ``TURNRelayPorts``. Confine one instance to one
+/// thread (the service runs one per event loop).
+public final class TURNServer {
+    public let configuration: TURNServerConfiguration
+    let nonces: StatelessNonce
+    let ports: any TURNRelayPorts
+    public internal(set) var statistics = TURNStatistics()
+    /// Called for events worth logging.
+    public var onEvent: ((TURNEvent) -> Void)?
+
+    var allocations: [FiveTuple: TURNAllocation] = [:]
+    var byRelay: [TransportAddress: TURNAllocation] = [:]
+    var perUser: [String: Int] = [:]
+    var reservations: [UInt64: (address: TransportAddress, expiry: Timestamp)] = [:]
+    var challengeLimiter: SourceLimiter
+
+    /// Attributes this server understands in requests and indications.
+    static let known: Set<AttributeType> = [
+        .username, .realm, .nonce, .userhash, .messageIntegrity, .messageIntegritySHA256, .passwordAlgorithm,
+        .passwordAlgorithms, .fingerprint, .lifetime, .requestedTransport, .requestedAddressFamily,
+        .additionalAddressFamily, .evenPort, .reservationToken, .dontFragment, .xorPeerAddress, .channelNumber, .data,
+    ]
+
+    public init(configuration: TURNServerConfiguration, relayPorts: any TURNRelayPorts) {
+        self.configuration = configuration
+        self.nonces = StatelessNonce(secret: configuration.nonceSecret, lifetime: configuration.nonceLifetime)
+        self.ports = relayPorts
+        self.challengeLimiter = SourceLimiter(rate: configuration.challengeRate, burst: configuration.challengeBurst)
+    }
+
+    public var allocationCount: Int { allocations.count }
+
+    /// The allocation of a 5-tuple, if any.
+    public func allocation(for tuple: FiveTuple) -> TURNAllocation? { allocations[tuple] }
+
+    /// The allocation a relay address serves, if any.
+    public func allocation(relay: TransportAddress) -> TURNAllocation? { byRelay[relay] }
+
+    // MARK: - From clients
+
+    /// Handles a STUN message or ChannelData frame from a client. `bytes` is one
+    /// datagram, or one frame cut from a stream.
+    public func handleClient(_ bytes: UnsafeRawBufferPointer, from tuple: FiveTuple, now: Timestamp) -> TURNClientOutcome {
+        guard let first = bytes.first else { return drop(.malformed) }
+        if first & 0xC0 == 0x40 { return channelData(bytes, from: tuple, now: now) }
+        guard first & 0xC0 == 0 else { return drop(.malformed) }
+        let wire = [UInt8](bytes)
+        let message: Message
+        do { message = try Message(decoding: wire) } catch { return drop(.malformed) }
+        if message.checkFingerprint() == .invalid { return drop(.badFingerprint) }
+        switch message.type.messageClass {
+        case .request: return request(message, size: wire.count, from: tuple, now: now)
+        case .indication: return indication(message, from: tuple, now: now)
+        default: return drop(.notARequest)
+        }
+    }
+
+    /// Convenience for tests and tools: the same on an array.
+    public func handleClient(_ bytes: [UInt8], from tuple: FiveTuple, now: Timestamp) -> TURNClientOutcome {
+        bytes.withUnsafeBytes { handleClient($0, from: tuple, now: now) }
+    }
+
+    private func channelData(_ bytes: UnsafeRawBufferPointer, from tuple: FiveTuple, now: Timestamp) -> TURNClientOutcome {
+        guard bytes.count >= 4 else { return drop(.malformed) }
+        let number = UInt16(bytes[0]) << 8 | UInt16(bytes[1])
+        let length = Int(UInt16(bytes[2]) << 8 | UInt16(bytes[3]))
+        guard bytes.count >= 4 + length else { return drop(.malformed) }
+        guard let a = allocations[tuple], a.expiry > now else { return drop(.noAllocation) }
+        guard let binding = a.channels[number], binding.expiry > now else { return drop(.noChannel) }
+        guard a.hasPermission(binding.peer.ip, now: now) else { return drop(.noPermission) }
+        guard a.admit(length, now: now) else { return drop(.bandwidth) }
+        count(a, toPeer: length)
+        return .relay(a, to: binding.peer, payload: 4..<(4 + length))
+    }
+
+    private func indication(_ m: Message, from tuple: FiveTuple, now: Timestamp) -> TURNClientOutcome {
+        guard m.type.method == .send else { return drop(.unknownIndication) }
+        guard let a = allocations[tuple], a.expiry > now else { return drop(.noAllocation) }
+        guard m.unknownComprehensionRequired(known: Self.known).isEmpty,
+            case .xorPeerAddress(let peer)? = try? m.value(.xorPeerAddress),
+            let index = m.effectiveAttributes.firstIndex(where: { $0.type == .data }),
+            let offset = m.wireOffset(of: index)
+        else { return drop(.malformed) }
+        guard a.serves(family: peer.ip.family) else { return drop(.peerFamily) }
+        guard a.hasPermission(peer.ip, now: now) else { return drop(.noPermission) }
+        let length = m.attributes[index].value.count
+        guard a.admit(length, now: now) else { return drop(.bandwidth) }
+        count(a, toPeer: length)
+        return .relay(a, to: peer, payload: (offset + 4)..<(offset + 4 + length))
+    }
+
+    private func count(_ a: TURNAllocation, toPeer length: Int) {
+        a.packetsToPeer += 1
+        a.bytesToPeer += length
+        statistics.packetsToPeer += 1
+        statistics.bytesToPeer += length
+    }
+
+    // MARK: - From peers
+
+    /// Handles a datagram from `peer` that arrived on one of `allocation`'s relays.
+    public func handlePeer(
+        _ payload: UnsafeRawBufferPointer, from peer: TransportAddress, allocation a: TURNAllocation, now: Timestamp
+    ) -> TURNPeerOutcome {
+        guard a.isAlive, a.expiry > now else { return drop(.noAllocation) }
+        guard a.hasPermission(peer.ip, now: now) else { return drop(.noPermission) }
+        guard a.admit(payload.count, now: now) else { return drop(.bandwidth) }
+        a.packetsToClient += 1
+        a.bytesToClient += payload.count
+        statistics.packetsToClient += 1
+        statistics.bytesToClient += payload.count
+        if let number = a.channel(for: peer, now: now) {
+            return .channel(number, to: a.tuple)
+        }
+        var m = Message(type: MessageType(method: .data, class: .indication))
+        m.append(.xorPeerAddress(peer))
+        m.append(.data([UInt8](payload)))
+        return .indication(m.encode(), to: a.tuple)
+    }
+
+    public func handlePeer(_ payload: [UInt8], from peer: TransportAddress, allocation: TURNAllocation, now: Timestamp) -> TURNPeerOutcome {
+        payload.withUnsafeBytes { handlePeer($0, from: peer, allocation: allocation, now: now) }
+    }
+
+    // MARK: - Time and connections
+
+    /// Frees every expired allocation, permission, channel and reservation.
+    /// Call about once a second.
+    public func expire(now: Timestamp) {
+        for (tuple, a) in allocations {
+            if a.expiry <= now {
+                delete(tuple, reason: "expired", now: now)
+                statistics.allocationsExpired += 1
+            } else {
+                let gone = a.sweep(now: now)
+                statistics.permissionsExpired += gone.permissions
+                statistics.channelsExpired += gone.channels
+            }
+        }
+        for (token, r) in reservations where r.expiry <= now {
+            reservations[token] = nil
+            ports.closeRelay(r.address)
+        }
+    }
+
+    /// A client's TCP/TLS connection closed: its allocation goes with it (RFC 8656 §3.1).
+    public func connectionClosed(_ tuple: FiveTuple, now: Timestamp) {
+        if allocations[tuple] != nil { delete(tuple, reason: "connection closed", now: now) }
+    }
+
+    /// Deletes every allocation (shutdown).
+    public func deleteAll(now: Timestamp) {
+        for tuple in Array(allocations.keys) { delete(tuple, reason: "shutdown", now: now) }
+        for (_, r) in reservations { ports.closeRelay(r.address) }
+        reservations = [:]
+    }
+
+    func delete(_ tuple: FiveTuple, reason: String, now: Timestamp) {
+        guard let a = allocations.removeValue(forKey: tuple) else { return }
+        a.isAlive = false
+        for r in a.relays {
+            byRelay[r] = nil
+            ports.closeRelay(r)
+        }
+        if let n = perUser[a.username] { perUser[a.username] = n > 1 ? n - 1 : nil }
+        statistics.allocationsActive = allocations.count
+        if reason != "expired" { statistics.allocationsDeleted += 1 }
+        onEvent?(.deleted(tuple, relays: a.relays, reason: reason, packetsToPeer: a.packetsToPeer, packetsToClient: a.packetsToClient))
+    }
+
+    func drop<T>(_ reason: TURNDropReason) -> T where T: DropConvertible {
+        statistics.drops[reason.rawValue] += 1
+        return T.dropped(reason)
+    }
+
+    var unixNow: (Timestamp) -> UInt64 {
+        let base = configuration.unixTimeAtZero
+        return { base + $0.nanoseconds / 1_000_000_000 }
+    }
+}
+
+protocol DropConvertible { static func dropped(_ reason: TURNDropReason) -> Self }
+extension TURNClientOutcome: DropConvertible { static func dropped(_ r: TURNDropReason) -> Self { .drop(r) } }
+extension TURNPeerOutcome: DropConvertible { static func dropped(_ r: TURNDropReason) -> Self { .drop(r) } }
