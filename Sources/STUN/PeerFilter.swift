@@ -24,6 +24,32 @@ public struct IPRange: Hashable, Sendable, CustomStringConvertible {
         }
     }
 
+    /// Parses `ADDR`, `ADDR/LEN`, or coturn's `FIRST-LAST` (split into the
+    /// CIDR blocks that cover exactly that range).
+    public static func parseList(_ text: String) -> [IPRange]? {
+        let parts = text.split(separator: "-", maxSplits: 1).map(String.init)
+        guard parts.count == 2, !text.contains("/") else { return IPRange(text).map { [$0] } }
+        guard let first = IPAddress(parts[0]), let last = IPAddress(parts[1]),
+            case .v4(var lo) = first, case .v4(let hi) = last, lo <= hi
+        else { return nil }
+        var out: [IPRange] = []
+        while true {
+            // The largest block starting at lo that stays within hi.
+            var length = 32
+            while length > 0 {
+                let size = UInt64(1) << UInt64(32 - (length - 1))
+                guard UInt64(lo) % size == 0, UInt64(lo) + size - 1 <= UInt64(hi) else { break }
+                length -= 1
+            }
+            guard let block = IPRange(network: .v4(lo), prefixLength: length) else { return nil }
+            out.append(block)
+            let next = UInt64(lo) + (UInt64(1) << UInt64(32 - length))
+            if next > UInt64(hi) { break }
+            lo = UInt32(next)
+        }
+        return out
+    }
+
     public func contains(_ address: IPAddress) -> Bool {
         guard address.isIPv4 == network.isIPv4 else { return false }
         return IPRange.mask(address, prefixLength) == network

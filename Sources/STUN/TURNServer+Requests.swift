@@ -303,7 +303,7 @@ extension TURNServer {
         guard case .channelNumber(let number)? = try? m.value(.channelNumber),
             case .xorPeerAddress(let peer)? = try? m.value(.xorPeerAddress)
         else { return error(400, "Missing CHANNEL-NUMBER or XOR-PEER-ADDRESS", reply) }
-        guard ChannelNumber.validRange.contains(number) else { return error(400, "Channel number out of range", reply) }
+        guard configuration.channelNumbers.contains(number) else { return error(400, "Channel number out of range", reply) }
         guard a.serves(family: peer.ip.family) else { return error(443, nil, reply) }
         guard configuration.peerFilter.permits(peer.ip) else { return error(403, "Peer address not allowed", reply) }
         if let bound = a.channels[number], bound.peer != peer, bound.expiry > now {

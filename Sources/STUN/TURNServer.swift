@@ -57,6 +57,8 @@ public struct TURNStatistics: Sendable {
     public var errors: [Int: Int] = [:]
     public var drops = [Int](repeating: 0, count: TURNDropReason.allCases.count)
 
+    public init() {}
+
     public func dropped(_ reason: TURNDropReason) -> Int { drops[reason.rawValue] }
     public var totalDrops: Int { drops.reduce(0, +) }
 }

@@ -30,8 +30,8 @@ public struct FiveTuple: Hashable, Sendable, CustomStringConvertible {
 }
 
 /// Long-term and REST-API credentials a TURN server accepts.
-public struct TURNCredentials: Sendable {
-    struct User: Sendable {
+public struct TURNCredentials: Hashable, Sendable {
+    struct User: Hashable, Sendable {
         var md5: IntegrityKey
         /// Nil when the user was given as a precomputed MD5 key (coturn's `0x…` form).
         var sha256: IntegrityKey?
@@ -106,7 +106,7 @@ public struct TURNCredentials: Sendable {
 
 /// What a TURN server allows and how long things live. Defaults follow RFC
 /// 8656 and coturn where they are safe, and are stricter where coturn's are not.
-public struct TURNServerConfiguration: Sendable {
+public struct TURNServerConfiguration: Hashable, Sendable {
     public var realm: String
     /// SOFTWARE in authenticated responses (never in unauthenticated ones, to keep them small).
     public var software: String?
@@ -133,11 +133,17 @@ public struct TURNServerConfiguration: Sendable {
     public var totalQuota = 100_000
     /// Bytes per second each allocation may relay, each direction (0: no limit).
     public var maxBandwidth = 0
+    /// Channel numbers ChannelBind accepts. RFC 8656 allows 0x4000–0x4FFF;
+    /// RFC 5766 allowed up to 0x7FFF and clients still pick from there
+    /// (coturn's own turnutils_uclient does), so that is the default. On the
+    /// server's sockets only TURN arrives, so the wider range costs no demultiplexing.
+    public var channelNumbers: ClosedRange<UInt16> = 0x4000...0x7FFF
     /// Permissions one allocation may hold.
     public var maxPermissionsPerAllocation = 256
-    /// 401 answers per second one source IP may get, and the burst above that.
-    public var challengeRate: Double = 10
-    public var challengeBurst: Double = 20
+    /// 401/438 answers per second one source IP may get, and the burst above
+    /// that: enough for a hundred clients behind one NAT starting at once.
+    public var challengeRate: Double = 100
+    public var challengeBurst: Double = 200
     /// When true, a 401/438 challenge larger than its request is dropped instead
     /// of sent (no amplification at all; breaks clients that send tiny
     /// requests, such as aioice's 36-byte Allocate).

@@ -45,6 +45,10 @@ public final class BindingService: Service, Sendable {
         /// kernel supports it). Turn off for a NIC without TX checksum offload
         /// or an IPsec path, where Linux refuses GSO writes.
         public var gso: Bool
+        /// TURN (RFC 8656) on the primary UDP and the TCP sockets; nil serves STUN only.
+        public var turn: TURNServerConfiguration?
+        /// Where relay sockets are bound; nil derives it from the listen addresses.
+        public var relayPlan: RelayAddressPlan?
 
         /// `0.0.0.0:3478` and `[::]:3478`.
         public static let defaultListenAddresses = [
@@ -54,8 +58,11 @@ public final class BindingService: Service, Sendable {
         public init(
             listenAddresses: [TransportAddress] = Configuration.defaultListenAddresses,
             alternateAddress: TransportAddress? = nil, software: String? = nil, udp: Bool = true, tcp: Bool = true,
-            threads: Int = 1, tcpIdleTimeout: TimeAmount = .seconds(30), gso: Bool = true
+            threads: Int = 1, tcpIdleTimeout: TimeAmount = .seconds(30), gso: Bool = true,
+            turn: TURNServerConfiguration? = nil, relayPlan: RelayAddressPlan? = nil
         ) {
+            self.turn = turn
+            self.relayPlan = relayPlan
             self.listenAddresses = listenAddresses
             self.alternateAddress = alternateAddress
             self.software = software
@@ -80,6 +87,19 @@ public final class BindingService: Service, Sendable {
             guard tcpIdleTimeout > .zero else { throw .invalid("TCP idle timeout must be positive") }
             for (i, address) in listenAddresses.enumerated() where listenAddresses[..<i].contains(address) {
                 throw .invalid("listen address \(address) is given twice")
+            }
+            if let turn {
+                if !turn.anonymous && turn.credentials.isEmpty {
+                    throw .invalid("TURN needs users or an auth secret (or anonymous access, asked for explicitly)")
+                }
+                if let plan = relayPlan {
+                    guard plan.minPort <= plan.maxPort, plan.minPort > 0 else {
+                        throw .invalid("relay port range \(plan.minPort)-\(plan.maxPort) is empty")
+                    }
+                    guard !plan.ips.isEmpty, !plan.ips.contains(where: \.isUnspecified) else {
+                        throw .invalid("relay IPs must be specific addresses")
+                    }
+                }
             }
             guard let alternate = alternateAddress else { return }
             let family = alternate.ip.isIPv4 ? "IPv4" : "IPv6"
@@ -109,6 +129,19 @@ public final class BindingService: Service, Sendable {
     private let totals = StatisticsBox()
     private let bound = BoundSocketsRendezvous()
     private let started = NIOLockedValueBox(false)
+    private let turnLanes = NIOLockedValueBox<TURNLanes?>(nil)
+    private let finalTURN = NIOLockedValueBox(TURNStatistics())
+
+    /// The TURN counters of every event loop added up (while serving), or the
+    /// final ones once `run()` has returned.
+    public func turnStatistics() async -> TURNStatistics {
+        guard let lanes = turnLanes.withLockedValue({ $0 }) else { return finalTURN.withLockedValue { $0 } }
+        var total = TURNStatistics()
+        for lane in lanes.all {
+            if let s = try? await lane.eventLoop.submit({ lane.value.core.statistics }).get() { total.merge(s) }
+        }
+        return total
+    }
 
     public init(configuration: Configuration, logger: Logger) {
         self.configuration = configuration
@@ -137,6 +170,24 @@ public final class BindingService: Service, Sendable {
         let channels: [any Channel]
         do {
             try configuration.validate()
+            turnLanes.withLockedValue { $0 = nil }
+            if let turn = configuration.turn {
+                let plan = configuration.relayPlan ?? RelayAddressPlan.derived(from: configuration.listenAddresses)
+                var lanes: [NIOLoopBound<TURNLane>] = []
+                for loop in group.makeIterator() {
+                    let logger = self.logger
+                    lanes.append(try await loop.submit {
+                        let lane = TURNLane(loop: loop, configuration: turn, plan: plan, logger: logger)
+                        lane.start()
+                        return NIOLoopBound(lane, eventLoop: loop)
+                    }.get())
+                }
+                turnLanes.withLockedValue { $0 = TURNLanes(lanes) }
+                logger.info("TURN relay", metadata: [
+                    "realm": "\(turn.realm)", "relay-ips": "\(plan.ips.map(\.description))",
+                    "ports": "\(plan.minPort)-\(plan.maxPort)", "anonymous": "\(turn.anonymous)",
+                ])
+            }
             let (sockets, bound) = try await bindAll(on: group)
             channels = bound
             self.bound.resolve(.success(sockets))
@@ -171,7 +222,17 @@ public final class BindingService: Service, Sendable {
             stopping.withLockedValue { $0 = true }
             for channel in channels { channel.close(promise: nil) }
         }
-        // Closes the TCP connections still open; their handlers add their counts as they go.
+        // Frees every allocation and its relay socket, then closes the TCP
+        // connections still open; their handlers add their counts as they go.
+        if let lanes = turnLanes.withLockedValue({ lanes in defer { lanes = nil }; return lanes }) {
+            for lane in lanes.all {
+                let statistics = try? await lane.eventLoop.submit {
+                    lane.value.stop()
+                    return lane.value.core.statistics
+                }.get()
+                if let statistics { finalTURN.withLockedValue { $0.merge(statistics) } }
+            }
+        }
         try? await group.shutdownGracefully()
         let statistics = totals.snapshot
         if let lost {
@@ -309,11 +370,12 @@ public final class BindingService: Service, Sendable {
         let totals = self.totals
         let logger = self.logger
         let gso = configuration.gso
+        let turn = turnLanes.withLockedValue { $0 }
         try await channel.eventLoop.submit {
             try channel.pipeline.syncOperations.addHandler(
                 UDPBindingHandler(
                     core: core, origin: origin, routes: routes, lane: lane, totals: totals, logger: logger,
-                    gso: gso))
+                    gso: gso, turn: turn))
         }.get()
         try await channel.setOption(.autoRead, value: true).get()
     }
@@ -324,6 +386,7 @@ public final class BindingService: Service, Sendable {
         let totals = self.totals
         let logger = self.logger
         let idleTimeout = configuration.tcpIdleTimeout
+        let turn = turnLanes.withLockedValue { $0 }
         // Over TCP there is no RFC 5780 behaviour discovery, so the core needs no addresses.
         let core = BindingServer(configuration: .init(software: configuration.software))
         var bootstrap = ServerBootstrap(group: group)
@@ -335,7 +398,7 @@ public final class BindingService: Service, Sendable {
                     try channel.pipeline.syncOperations.addHandlers([
                         BackPressureHandler(),
                         IdleStateHandler(readTimeout: idleTimeout),
-                        TCPBindingHandler(core: core, totals: totals, logger: logger),
+                        TCPBindingHandler(core: core, totals: totals, logger: logger, turn: turn),
                     ])
                 }
             }

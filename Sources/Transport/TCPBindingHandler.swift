@@ -7,7 +7,9 @@ import STUN
 ///
 /// A ``StreamFramer`` cuts the byte stream into messages whatever the segment
 /// boundaries; each STUN request is answered on the same connection.
-/// ChannelData frames are ignored until the TURN allocation core lands. A
+/// When the service relays, TURN requests and ChannelData go to the event
+/// loop's ``TURNLane`` (the connection is the allocation's 5-tuple, and its
+/// allocation dies with it). A
 /// stream that is neither STUN nor ChannelData cannot be resynchronised and is
 /// closed, and so is one that says nothing for ``BindingService/Configuration/tcpIdleTimeout``
 /// (the pipeline puts an `IdleStateHandler` in front of this handler).
@@ -28,8 +30,12 @@ final class TCPBindingHandler: ChannelInboundHandler {
     private var counters = BindingCounters()
     private var unflushed = false
     private var closing = false
+    private let turn: TURNLanes?
+    private var lane: TURNLane?
+    private var tuple: FiveTuple?
 
-    init(core: BindingServer, totals: StatisticsBox, logger: Logger) {
+    init(core: BindingServer, totals: StatisticsBox, logger: Logger, turn: TURNLanes? = nil) {
+        self.turn = turn
         self.core = core
         self.totals = totals
         self.logger = logger
@@ -41,7 +47,44 @@ final class TCPBindingHandler: ChannelInboundHandler {
 
     func channelActive(context: ChannelHandlerContext) {
         if peer == nil { peer = context.channel.remoteAddress.flatMap(TransportAddress.init) }
+        if let turn, let peer, let lane = turn.current(on: context.eventLoop),
+            let local = context.channel.localAddress.flatMap(TransportAddress.init)
+        {
+            let tuple = FiveTuple(client: peer, server: local, transport: .tcp)
+            self.lane = lane
+            self.tuple = tuple
+            lane.connections[tuple] = context.channel
+        }
         context.fireChannelActive()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        leaveLane()
+        context.fireChannelInactive()
+    }
+
+    /// The connection is gone: so is its allocation (RFC 8656 §3.1).
+    private func leaveLane() {
+        guard let lane, let tuple else { return }
+        lane.connections[tuple] = nil
+        lane.core.connectionClosed(tuple, now: TURNLane.now)
+        self.lane = nil
+    }
+
+    /// Hands a TURN frame (ChannelData, or STUN other than Binding) to the lane.
+    private func relay(_ frame: [UInt8], context: ChannelHandlerContext) -> Bool {
+        guard let lane, let tuple else { return false }
+        if frame.count >= 2 {
+            let type = UInt16(frame[0]) << 8 | UInt16(frame[1])
+            if frame[0] & 0xC0 == 0, type & 0x3EEF == 0x0001 { return false }
+        }
+        let buffer = ByteBuffer(bytes: frame)
+        if let answer = lane.handleClient(buffer, from: tuple) {
+            context.write(wrapOutboundOut(ByteBuffer(bytes: answer)), promise: nil)
+            unflushed = true
+            counters.responses += 1
+        }
+        return true
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -58,7 +101,12 @@ final class TCPBindingHandler: ChannelInboundHandler {
                 return
             }
             guard let frame else { break }
-            if case .stun(let message) = frame { answer(message, context: context) }
+            switch frame {
+            case .stun(let message):
+                if !relay(message, context: context) { answer(message, context: context) }
+            case .channelData(let data):
+                _ = relay(data, context: context)
+            }
         }
         if framer.bufferedByteCount > Self.maximumBufferedBytes {
             counters.badStreams += 1
@@ -89,6 +137,7 @@ final class TCPBindingHandler: ChannelInboundHandler {
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
+        lane?.flushRelays()
         if unflushed {
             unflushed = false
             context.flush()
@@ -99,6 +148,8 @@ final class TCPBindingHandler: ChannelInboundHandler {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read {
+            // A TURN control connection may rest between refreshes while its allocation lives.
+            if let lane, let tuple, lane.core.allocation(for: tuple) != nil { return }
             counters.idleTimeouts += 1
             close(context, because: "idle")
             return
@@ -107,6 +158,7 @@ final class TCPBindingHandler: ChannelInboundHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
+        leaveLane()
         totals.merge(&counters)
     }
 

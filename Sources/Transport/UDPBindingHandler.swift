@@ -85,11 +85,16 @@ final class UDPBindingHandler: ChannelInboundHandler {
     private var gsoConfirmed = false
     /// Bit `routeIndex` set: that origin's channel (on this event loop) has unflushed writes.
     private var unflushedRoutes: UInt8 = 0
+    /// The TURN lanes when the service relays; TURN is served on primary sockets only.
+    private let turn: TURNLanes?
+    private var turnLane: TURNLane?
+    private var serverAddress: TransportAddress?
 
     init(
         core: BindingServer, origin: BindingServer.Origin, routes: UDPRoutes, lane: Int, totals: StatisticsBox,
-        logger: Logger, gso: Bool = true
+        logger: Logger, gso: Bool = true, turn: TURNLanes? = nil
     ) {
+        self.turn = origin == .primary ? turn : nil
         self.gso = gso && System.supportsUDPSegmentationOffload
         self.core = core
         self.origin = origin
@@ -101,12 +106,37 @@ final class UDPBindingHandler: ChannelInboundHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         allocator = context.channel.allocator
+        if let turn, let lane = turn.current(on: context.eventLoop),
+            let local = context.channel.localAddress.flatMap(TransportAddress.init)
+        {
+            turnLane = lane
+            serverAddress = local
+            lane.listeners[local] = context.channel
+        }
+    }
+
+    /// Whether a datagram is for TURN: ChannelData, or STUN of a method other than Binding.
+    static func isTURN(_ buffer: ByteBuffer) -> Bool {
+        guard let type = buffer.getInteger(at: buffer.readerIndex, as: UInt16.self) else { return false }
+        let first = UInt8(truncatingIfNeeded: type >> 8)
+        if first & 0xC0 == 0x40 { return true }
+        return first & 0xC0 == 0 && type & 0x3EEF != 0x0001
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let envelope = unwrapInboundIn(data)
         guard let source = TransportAddress(envelope.remoteAddress) else { return }
         let request = envelope.data
+        if let lane = turnLane, let serverAddress, Self.isTURN(request) {
+            let tuple = FiveTuple(client: source, server: serverAddress, transport: .udp)
+            if let answer = lane.handleClient(request, from: tuple) {
+                var response = allocator.buffer(capacity: answer.count)
+                response.writeBytes(answer)
+                context.write(wrapOutboundOut(AddressedEnvelope(remoteAddress: envelope.remoteAddress, data: response)), promise: nil)
+                counters.responses += 1
+            }
+            return
+        }
         let capacity = core.responseCapacity(requestLength: request.readableBytes)
         if scratch.count < capacity { scratch = [UInt8](repeating: 0, count: capacity) }
         let outcome = request.withUnsafeReadableBytes { req in
@@ -199,6 +229,7 @@ final class UDPBindingHandler: ChannelInboundHandler {
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
+        turnLane?.flushRelays()
         if !groups.isEmpty { writeGroups(context: context) }
         context.flush()
         if unflushedRoutes != 0 {

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import Logging
 import STUN
 import ServiceLifecycle
@@ -74,6 +75,71 @@ struct Relay: AsyncParsableCommand {
     @Option(name: .customLong("log-level"), help: "Log level on standard error.")
     var logLevel: LogLevel = .info
 
+    // TURN (RFC 8656). Option names follow coturn's where they overlap.
+
+    @Option(name: [.customShort("u"), .customLong("user")], help: ArgumentHelp("A TURN user, NAME:PASSWORD or NAME:0xMD5KEY (coturn's form); repeatable.", valueName: "name:password"))
+    var users: [String] = []
+
+    @Option(name: .customLong("user-file"), help: ArgumentHelp("A file of TURN users, one NAME:PASSWORD per line (# comments).", valueName: "file"))
+    var userFile: String?
+
+    @Option(name: [.customShort("r"), .customLong("realm")], help: "The TURN realm.")
+    var realm = "tusa"
+
+    @Flag(name: .customLong("use-auth-secret"), help: "Accept coturn REST-API ephemeral credentials (username EXPIRY[:USER], password base64(HMAC-SHA1(secret, username))).")
+    var useAuthSecret = false
+
+    @Option(name: .customLong("static-auth-secret"), help: ArgumentHelp("A REST-API shared secret; repeatable (rotation).", valueName: "secret"))
+    var staticAuthSecrets: [String] = []
+
+    @Flag(name: [.customShort("a"), .customLong("lt-cred-mech")], help: "Long-term credentials (the default whenever users or secrets are given; accepted for coturn compatibility).")
+    var longTermCredentials = false
+
+    @Flag(name: [.customShort("z"), .customLong("no-auth")], help: "Serve TURN without authentication. Anyone can relay through you: only for closed networks.")
+    var noAuth = false
+
+    @Option(name: .customLong("relay-ip"), help: ArgumentHelp("IP to bind relay sockets on (one per family); default: the listen address, or the host's first address when listening on a wildcard.", valueName: "ip"))
+    var relayIPs: [String] = []
+
+    @Option(name: [.customShort("X"), .customLong("external-ip")], help: ArgumentHelp("Public IP to advertise for relays behind 1:1 NAT: PUBLIC or PUBLIC/PRIVATE; repeatable (one per family).", valueName: "ip"))
+    var externalIPs: [String] = []
+
+    @Option(name: .customLong("min-port"), help: "Lowest relay port.")
+    var minPort: UInt16 = 49152
+
+    @Option(name: .customLong("max-port"), help: "Highest relay port.")
+    var maxPort: UInt16 = 65535
+
+    @Flag(name: .customLong("allow-loopback-peers"), help: "Let clients relay to loopback peers (refused by default).")
+    var allowLoopbackPeers = false
+
+    @Option(name: .customLong("allowed-peer-ip"), help: ArgumentHelp("Peer range to allow even if denied by default: IP, IP/LEN or FIRST-LAST; repeatable.", valueName: "range"))
+    var allowedPeerIPs: [String] = []
+
+    @Option(name: .customLong("denied-peer-ip"), help: ArgumentHelp("Peer range to refuse: IP, IP/LEN or FIRST-LAST; repeatable.", valueName: "range"))
+    var deniedPeerIPs: [String] = []
+
+    @Option(name: .customLong("user-quota"), help: "Allocations one user may hold at once (0: no limit).")
+    var userQuota = 1000
+
+    @Option(name: .customLong("total-quota"), help: "Allocations the server holds at once (0: no limit).")
+    var totalQuota = 100_000
+
+    @Option(name: .customLong("max-bps"), help: "Bytes per second each allocation may relay each way (0: no limit).")
+    var maxBPS = 0
+
+    @Option(name: .customLong("max-allocate-lifetime"), help: "Longest allocation lifetime granted, seconds.")
+    var maxAllocateLifetime: UInt32 = 3600
+
+    @Option(name: .customLong("stale-nonce"), help: "Seconds a nonce stays valid.")
+    var staleNonce = 600
+
+    @Flag(name: .customLong("strict-channel-numbers"), help: "Accept only RFC 8656 channel numbers 0x4000-0x4FFF (default: RFC 5766's 0x4000-0x7FFF, which older clients such as coturn's use).")
+    var strictChannelNumbers = false
+
+    @Flag(name: .customLong("strict-amplification"), help: "Drop 401/438 challenges larger than their request (no amplification at all; breaks clients with tiny requests).")
+    var strictAmplification = false
+
     func run() async throws {
         let configuration: BindingService.Configuration
         do {
@@ -107,6 +173,10 @@ struct Relay: AsyncParsableCommand {
         } catch {
             throw failure("\(error)")
         }
+        let turn = await service.turnStatistics()
+        if configuration.turn != nil {
+            print("turn: \(turn.allocationsCreated) allocations, \(turn.packetsToPeer) packets to peers, \(turn.packetsToClient) to clients, \(turn.authFailures) auth failures, \(turn.totalDrops) drops")
+        }
         print("stopped: \(service.statistics)")
         fflush(nil)
     }
@@ -133,15 +203,96 @@ struct Relay: AsyncParsableCommand {
         guard (1...1024).contains(threads) else {
             throw ConfigurationProblem(message: "--threads must be between 1 and 1024, not \(threads)")
         }
-        let configuration = BindingService.Configuration(
-            listenAddresses: listenAddresses.isEmpty ? BindingService.Configuration.defaultListenAddresses : listenAddresses,
+        let addresses = listenAddresses.isEmpty ? BindingService.Configuration.defaultListenAddresses : listenAddresses
+        var configuration = BindingService.Configuration(
+            listenAddresses: addresses,
             alternateAddress: alternate, software: software, udp: !noUDP, tcp: !noTCP, threads: threads, gso: !noGSO)
+        if let turn = try makeTURN() {
+            configuration.turn = turn
+            var plan = RelayAddressPlan.derived(from: addresses, minPort: minPort, maxPort: maxPort)
+            if !relayIPs.isEmpty {
+                plan.ips = []
+                for text in relayIPs {
+                    guard let ip = IPAddress(text) else { throw ConfigurationProblem(message: "--relay-ip '\(text)' is not an IP address") }
+                    plan.ips.removeAll { $0.family == ip.family }
+                    plan.ips.append(ip)
+                }
+            }
+            guard minPort > 0, minPort <= maxPort else {
+                throw ConfigurationProblem(message: "--min-port \(minPort) and --max-port \(maxPort) leave no relay ports")
+            }
+            if plan.ips.isEmpty { throw ConfigurationProblem(message: "no relay IP: give --relay-ip") }
+            configuration.relayPlan = plan
+        }
         do {
             try configuration.validate()
         } catch {
             throw ConfigurationProblem(message: error.message)
         }
         return configuration
+    }
+
+    /// The TURN configuration, or nil when no credentials (and no --no-auth) were given: STUN only.
+    private func makeTURN() throws(ConfigurationProblem) -> TURNServerConfiguration? {
+        var fileUsers: [String] = []
+        if let userFile {
+            guard let text = try? String(contentsOfFile: userFile, encoding: .utf8) else {
+                throw ConfigurationProblem(message: "--user-file '\(userFile)' cannot be read")
+            }
+            for line in text.split(whereSeparator: \.isNewline) {
+                let entry = line.trimmingCharacters(in: .whitespaces)
+                if !entry.isEmpty && !entry.hasPrefix("#") { fileUsers.append(entry) }
+            }
+        }
+        if useAuthSecret && staticAuthSecrets.isEmpty {
+            throw ConfigurationProblem(message: "--use-auth-secret needs --static-auth-secret")
+        }
+        let secrets = useAuthSecret || !staticAuthSecrets.isEmpty ? staticAuthSecrets : []
+        guard noAuth || !users.isEmpty || !fileUsers.isEmpty || !secrets.isEmpty else { return nil }
+        var turn = TURNServerConfiguration(realm: realm)
+        turn.software = software
+        turn.anonymous = noAuth
+        do {
+            for spec in users + fileUsers { try turn.credentials.addUser(spec: spec) }
+        } catch {
+            throw ConfigurationProblem(message: error.message)
+        }
+        turn.credentials.restSecrets = secrets
+        var allowed: [IPRange] = []
+        var denied: [IPRange] = []
+        for (texts, name) in [(allowedPeerIPs, "--allowed-peer-ip"), (deniedPeerIPs, "--denied-peer-ip")] {
+            for text in texts {
+                guard let ranges = IPRange.parseList(text) else {
+                    throw ConfigurationProblem(message: "\(name) '\(text)' is not IP, IP/LEN or FIRST-LAST")
+                }
+                if name == "--allowed-peer-ip" { allowed += ranges } else { denied += ranges }
+            }
+        }
+        turn.peerFilter = PeerFilter(allowLoopback: allowLoopbackPeers, allowed: allowed, denied: denied)
+        for text in externalIPs {
+            let publicPart = String(text.split(separator: "/", maxSplits: 1).first ?? "")
+            guard let ip = IPAddress(publicPart) else {
+                throw ConfigurationProblem(message: "--external-ip '\(text)' is not PUBLIC or PUBLIC/PRIVATE")
+            }
+            turn.externalIP[ip.family] = ip
+        }
+        guard userQuota >= 0, totalQuota >= 0, maxBPS >= 0 else {
+            throw ConfigurationProblem(message: "quotas and --max-bps cannot be negative")
+        }
+        turn.userQuota = userQuota
+        turn.totalQuota = totalQuota
+        turn.maxBandwidth = maxBPS
+        guard maxAllocateLifetime >= 600 else {
+            throw ConfigurationProblem(message: "--max-allocate-lifetime must be at least the default 600 s")
+        }
+        turn.maxLifetime = maxAllocateLifetime
+        guard (1...86_400).contains(staleNonce) else {
+            throw ConfigurationProblem(message: "--stale-nonce must be between 1 and 86400 seconds")
+        }
+        turn.nonceLifetime = .seconds(staleNonce)
+        turn.strictAmplification = strictAmplification
+        if strictChannelNumbers { turn.channelNumbers = ChannelNumber.validRange }
+        return turn
     }
 
     /// Says what was wrong in one line on standard error; throw the result to exit with status 1.

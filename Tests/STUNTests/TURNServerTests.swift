@@ -482,7 +482,7 @@ struct TURNServerTests {
         }
         let other = TransportAddress("198.51.100.7:7")!
         #expect(try bind(0x3FFF, Self.peer) == 400)
-        #expect(try bind(0x5000, Self.peer) == 400)
+        #expect(try bind(0x8000, Self.peer) == 400)
         #expect(try bind(0x4000, Self.peer) == nil)
         #expect(try bind(0x4000, Self.peer, at: .seconds(100)) == nil)  // the same pair refreshes
         #expect(try bind(0x4000, other) == 400)  // the channel is taken
@@ -493,6 +493,14 @@ struct TURNServerTests {
         #expect(a.hasPermission(Self.peer.ip, now: .seconds(1)))
         // After the binding lapses, the number can go to another peer.
         #expect(try bind(0x4000, other, at: .seconds(701)) == nil)
+    }
+
+    @Test func strictChannelRangeOnRequest() throws {
+        let (server, client, _) = try Self.allocated { $0.channelNumbers = ChannelNumber.validRange }
+        let m = try Self.reply(server.handleClient(client.request(.channelBind, [.channelNumber(0x5000), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero))
+        #expect(Self.errorCode(m) == 400)
+        let ok = try Self.reply(server.handleClient(client.request(.channelBind, [.channelNumber(0x4FFF), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero))
+        #expect(ok.type.messageClass == .successResponse)
     }
 
     @Test func sendIndicationNeedsAPermission() throws {

@@ -1,0 +1,399 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import STUN
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// Where relay sockets are bound: the IPs per family and the port range.
+public struct RelayAddressPlan: Hashable, Sendable {
+    /// One relay IP per family at most (IPv4, IPv6).
+    public var ips: [IPAddress]
+    public var minPort: UInt16
+    public var maxPort: UInt16
+
+    public init(ips: [IPAddress], minPort: UInt16 = 49152, maxPort: UInt16 = 65535) {
+        self.ips = ips
+        self.minPort = minPort
+        self.maxPort = maxPort
+    }
+
+    func ip(for family: UInt8) -> IPAddress? { ips.first { $0.family == family } }
+}
+
+/// The TURN side of one event loop: the sans-IO ``TURNServer`` core, the relay
+/// sockets it opened, and the client-facing channels its answers leave on.
+/// Everything here is touched on that event loop only.
+final class TURNLane: TURNRelayPorts {
+    let loop: any EventLoop
+    let core: TURNServer
+    let plan: RelayAddressPlan
+    let logger: Logger
+    /// Seconds between expiry sweeps.
+    static let sweepInterval = TimeAmount.seconds(1)
+
+    /// The UDP listener channel of each server address, on this loop.
+    var listeners: [TransportAddress: any Channel] = [:]
+    /// TCP control connections by 5-tuple.
+    var connections: [FiveTuple: any Channel] = [:]
+    private var relays: [TransportAddress: RelaySocket] = [:]
+    /// Relay channels written to during the current read burst, to flush at its end.
+    private var unflushed: [any Channel] = []
+    private var listenersUnflushed: [any Channel] = []
+    private var sweep: RepeatedTask?
+    private var nextPort: [UInt8: UInt16] = [:]
+    var relayDrops = 0
+
+    init(loop: any EventLoop, configuration: TURNServerConfiguration, plan: RelayAddressPlan, logger: Logger) {
+        self.loop = loop
+        self.plan = plan
+        self.logger = logger
+        var configuration = configuration
+        let uptime = NIODeadline.now().uptimeNanoseconds / 1_000_000_000
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        configuration.unixTimeAtZero = UInt64(max(0, ts.tv_sec)) &- uptime
+        // The core needs its ports before it exists; `self` is complete once `core` is set.
+        let placeholder = PortsTrampoline()
+        self.core = TURNServer(configuration: configuration, relayPorts: placeholder)
+        placeholder.target = self
+        let log = logger
+        core.onEvent = { event in
+            switch event {
+            case .allocated(let tuple, let user, let relays, let lifetime):
+                log.info("allocation", metadata: [
+                    "client": "\(tuple)", "user": "\(user)", "relays": "\(relays.map(\.description))", "lifetime": "\(lifetime)",
+                ])
+            case .deleted(let tuple, let relays, let reason, let toPeer, let toClient):
+                log.info("allocation deleted", metadata: [
+                    "client": "\(tuple)", "relays": "\(relays.map(\.description))", "reason": "\(reason)",
+                    "packets-to-peer": "\(toPeer)", "packets-to-client": "\(toClient)",
+                ])
+            case .authFailed(let tuple, let user):
+                log.notice("authentication failed", metadata: ["client": "\(tuple)", "user": "\(user)"])
+            }
+        }
+    }
+
+    static var now: Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
+
+    func start() {
+        sweep = loop.scheduleRepeatedTask(initialDelay: Self.sweepInterval, delay: Self.sweepInterval) { [self] _ in
+            core.expire(now: Self.now)
+        }
+    }
+
+    func stop() {
+        sweep?.cancel()
+        core.deleteAll(now: Self.now)
+    }
+
+    // MARK: - Client packets
+
+    /// Handles a non-Binding packet from a client; returns bytes to answer with, if any.
+    func handleClient(_ bytes: ByteBuffer, from tuple: FiveTuple) -> [UInt8]? {
+        let outcome = bytes.withUnsafeReadableBytes { core.handleClient($0, from: tuple, now: Self.now) }
+        switch outcome {
+        case .reply(let answer): return answer
+        case .drop: return nil
+        case .relay(let allocation, let peer, let range):
+            guard let relay = allocation.relays.first(where: { $0.ip.family == peer.ip.family }) ?? allocation.relays.first,
+                let channel = relays[relay]?.channel
+            else {
+                relayDrops += 1
+                return nil
+            }
+            let payload = bytes.getSlice(at: bytes.readerIndex + range.lowerBound, length: range.count)
+                ?? ByteBuffer()
+            channel.write(AddressedEnvelope(remoteAddress: SocketAddress(peer), data: payload), promise: nil)
+            if !unflushed.contains(where: { $0 === channel }) { unflushed.append(channel) }
+            return nil
+        }
+    }
+
+    /// Flushes relay sockets written during a read burst.
+    func flushRelays() {
+        for channel in unflushed { channel.flush() }
+        unflushed.removeAll(keepingCapacity: true)
+    }
+
+    // MARK: - Peer packets
+
+    fileprivate func handlePeer(_ envelope: AddressedEnvelope<ByteBuffer>, socket: RelaySocket) {
+        guard let allocation = socket.allocation, let peer = TransportAddress(envelope.remoteAddress) else { return }
+        let data = envelope.data
+        let outcome = data.withUnsafeReadableBytes { core.handlePeer($0, from: peer, allocation: allocation, now: Self.now) }
+        switch outcome {
+        case .drop: return
+        case .channel(let number, let tuple):
+            let length = data.readableBytes
+            let padding = tuple.transport.isStream ? (4 - length % 4) % 4 : 0
+            guard let channel = clientChannel(tuple) else { return }
+            var frame = channel.allocator.buffer(capacity: 4 + length + padding)
+            frame.writeInteger(number)
+            frame.writeInteger(UInt16(truncatingIfNeeded: length))
+            frame.writeImmutableBuffer(data)
+            if padding > 0 { frame.writeRepeatingByte(0, count: padding) }
+            write(frame, to: tuple, on: channel)
+        case .indication(let bytes, let tuple):
+            guard let channel = clientChannel(tuple) else { return }
+            var buffer = channel.allocator.buffer(capacity: bytes.count)
+            buffer.writeBytes(bytes)
+            write(buffer, to: tuple, on: channel)
+        }
+    }
+
+    private func clientChannel(_ tuple: FiveTuple) -> (any Channel)? {
+        tuple.transport == .udp ? listeners[tuple.server] : connections[tuple]
+    }
+
+    private func write(_ buffer: ByteBuffer, to tuple: FiveTuple, on channel: any Channel) {
+        if tuple.transport == .udp {
+            channel.write(AddressedEnvelope(remoteAddress: SocketAddress(tuple.client), data: buffer), promise: nil)
+        } else {
+            channel.write(buffer, promise: nil)
+        }
+        if !listenersUnflushed.contains(where: { $0 === channel }) { listenersUnflushed.append(channel) }
+    }
+
+    fileprivate func peerBurstEnded() {
+        for channel in listenersUnflushed { channel.flush() }
+        listenersUnflushed.removeAll(keepingCapacity: true)
+    }
+
+    // MARK: - TURNRelayPorts
+
+    func serves(family: UInt8) -> Bool { plan.ip(for: family) != nil }
+
+    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
+        guard let ip = plan.ip(for: family), plan.minPort <= plan.maxPort else { return nil }
+        let span = Int(plan.maxPort) - Int(plan.minPort) + 1
+        var port = nextPort[family] ?? plan.minPort &+ UInt16(Int.random(in: 0..<span))
+        for _ in 0..<min(span, 4096) {
+            if port < plan.minPort || port > plan.maxPort { port = plan.minPort }
+            if even && port % 2 == 1 { port = port == plan.maxPort ? plan.minPort : port + 1 }
+            let candidate = port
+            port = candidate == plan.maxPort ? plan.minPort : candidate + 1
+            guard !(reserveNext && candidate == plan.maxPort) else { continue }
+            guard let fd = Self.bindSocket(TransportAddress(ip: ip, port: candidate), dontFragment: dontFragment) else { continue }
+            var reserved: TransportAddress?
+            if reserveNext {
+                let next = TransportAddress(ip: ip, port: candidate + 1)
+                guard let fd2 = Self.bindSocket(next, dontFragment: dontFragment) else {
+                    close(fd)
+                    continue
+                }
+                relays[next] = RelaySocket(address: next, fd: fd2)
+                reserved = next
+                port = candidate + 2 > plan.maxPort ? plan.minPort : candidate + 2
+            }
+            nextPort[family] = port
+            let address = TransportAddress(ip: ip, port: candidate)
+            let socket = RelaySocket(address: address, fd: fd)
+            relays[address] = socket
+            register(socket)
+            return (address, reserved)
+        }
+        return nil
+    }
+
+    func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool {
+        guard let socket = relays[address], socket.channel == nil, !socket.registering else { return false }
+        register(socket)
+        return true
+    }
+
+    func attach(_ relay: TransportAddress, to allocation: TURNAllocation) {
+        relays[relay]?.allocation = allocation
+    }
+
+    func closeRelay(_ address: TransportAddress) {
+        guard let socket = relays.removeValue(forKey: address) else { return }
+        socket.allocation = nil
+        socket.closed = true
+        if let channel = socket.channel {
+            channel.close(promise: nil)
+        } else if !socket.registering, socket.fd >= 0 {
+            close(socket.fd)
+            socket.fd = -1
+        }
+    }
+
+    var relaySocketCount: Int { relays.count }
+
+    private func register(_ socket: RelaySocket) {
+        socket.registering = true
+        let fd = socket.fd
+        let lane = NIOLoopBound(self, eventLoop: loop)
+        let boxed = NIOLoopBound(socket, eventLoop: loop)
+        DatagramBootstrap(group: loop)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(RelayHandler(lane: lane.value, socket: boxed.value))
+                }
+            }
+            .withBoundSocket(fd)
+            .whenComplete { result in
+                let socket = boxed.value
+                socket.registering = false
+                switch result {
+                case .success(let channel):
+                    socket.fd = -1  // NIO owns it now.
+                    if socket.closed { channel.close(promise: nil) } else { socket.channel = channel }
+                case .failure(let error):
+                    lane.value.logger.warning("relay socket registration failed", metadata: ["relay": "\(socket.address)", "error": "\(error)"])
+                    if socket.fd >= 0 { close(socket.fd) }
+                    socket.fd = -1
+                }
+            }
+    }
+
+    /// A non-blocking UDP socket bound to `address`, or nil when the port is taken.
+    static func bindSocket(_ address: TransportAddress, dontFragment: Bool) -> Int32? {
+        let family = address.ip.isIPv4 ? AF_INET : AF_INET6
+        let fd = socket(family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return nil }
+        var one: Int32 = 1
+        if !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, socklen_t(MemoryLayout<Int32>.size)) }
+        if dontFragment {
+            var mode = IP_PMTUDISC_DO
+            if address.ip.isIPv4 {
+                setsockopt(fd, Int32(IPPROTO_IP), IP_MTU_DISCOVER, &mode, socklen_t(MemoryLayout<Int32>.size))
+            } else {
+                setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MTU_DISCOVER, &mode, socklen_t(MemoryLayout<Int32>.size))
+            }
+        }
+        let ok = SocketAddress(address).withSockAddr { sa, len in bind(fd, sa, socklen_t(len)) == 0 }
+        guard ok else {
+            close(fd)
+            return nil
+        }
+        return fd
+    }
+}
+
+/// The core holds its ports strongly and the lane holds the core; this breaks the cycle.
+private final class PortsTrampoline: TURNRelayPorts {
+    weak var target: TURNLane?
+    func serves(family: UInt8) -> Bool { target?.serves(family: family) ?? false }
+    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
+        target?.openRelay(family: family, even: even, reserveNext: reserveNext, dontFragment: dontFragment)
+    }
+    func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool { target?.openReserved(address, dontFragment: dontFragment) ?? false }
+    func attach(_ relay: TransportAddress, to allocation: TURNAllocation) { target?.attach(relay, to: allocation) }
+    func closeRelay(_ address: TransportAddress) { target?.closeRelay(address) }
+}
+
+/// One relay socket: bound at once, registered with NIO shortly after.
+final class RelaySocket {
+    let address: TransportAddress
+    var fd: Int32
+    var channel: (any Channel)?
+    var allocation: TURNAllocation?
+    var registering = false
+    var closed = false
+
+    init(address: TransportAddress, fd: Int32) {
+        self.address = address
+        self.fd = fd
+    }
+}
+
+/// Reads datagrams from peers on a relay socket and hands them to the lane.
+private final class RelayHandler: ChannelInboundHandler {
+    typealias InboundIn = AddressedEnvelope<ByteBuffer>
+
+    private let lane: TURNLane
+    private let socket: RelaySocket
+
+    init(lane: TURNLane, socket: RelaySocket) {
+        self.lane = lane
+        self.socket = socket
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        lane.handlePeer(unwrapInboundIn(data), socket: socket)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        lane.peerBurstEnded()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // ICMP port unreachable from a peer surfaces here; the socket stays open.
+    }
+}
+
+/// The TURN lanes of a service, one per event loop, found from the loop a handler runs on.
+struct TURNLanes: Sendable {
+    private let lanes: [NIOLoopBound<TURNLane>]
+
+    init(_ lanes: [NIOLoopBound<TURNLane>]) { self.lanes = lanes }
+
+    /// The lane of the calling event loop (call on an event loop of the service).
+    func current(on loop: any EventLoop) -> TURNLane? {
+        for lane in lanes where lane.eventLoop === loop { return lane.value }
+        return nil
+    }
+
+    var all: [NIOLoopBound<TURNLane>] { lanes }
+}
+
+extension RelayAddressPlan {
+    /// Relay IPs from the listen addresses: each family's first specific
+    /// address, else (wildcard listening) the host's first non-loopback
+    /// address of that family, else loopback.
+    public static func derived(from listen: [TransportAddress], minPort: UInt16 = 49152, maxPort: UInt16 = 65535) -> RelayAddressPlan {
+        var ips: [IPAddress] = []
+        for family: UInt8 in [0x01, 0x02] {
+            let mine = listen.filter { $0.ip.family == family }
+            guard !mine.isEmpty else { continue }
+            if let specific = mine.first(where: { !$0.ip.isUnspecified }) {
+                ips.append(specific.ip)
+            } else if let host = hostAddress(family: family) {
+                ips.append(host)
+            }
+        }
+        return RelayAddressPlan(ips: ips, minPort: minPort, maxPort: maxPort)
+    }
+
+    /// The first up, non-loopback interface address of a family; loopback when there is none.
+    static func hostAddress(family: UInt8) -> IPAddress? {
+        guard let interfaces = try? System.enumerateDevices() else { return nil }
+        var loopback: IPAddress?
+        for device in interfaces {
+            guard let address = device.address.flatMap(TransportAddress.init), address.ip.family == family else { continue }
+            if case .v6(let high, _) = address.ip, high >> 54 == 0x3FA { continue }  // fe80::/10 needs a scope
+            if address.ip == .v4(0x7F00_0001) || address.ip == .v6(high: 0, low: 1) {
+                loopback = address.ip
+            } else {
+                return address.ip
+            }
+        }
+        return loopback
+    }
+}
+
+extension TURNStatistics {
+    mutating func merge(_ o: TURNStatistics) {
+        allocationsActive += o.allocationsActive
+        allocationsCreated += o.allocationsCreated
+        allocationsExpired += o.allocationsExpired
+        allocationsDeleted += o.allocationsDeleted
+        permissionsExpired += o.permissionsExpired
+        channelsExpired += o.channelsExpired
+        packetsToPeer += o.packetsToPeer
+        bytesToPeer += o.bytesToPeer
+        packetsToClient += o.packetsToClient
+        bytesToClient += o.bytesToClient
+        authFailures += o.authFailures
+        challenges += o.challenges
+        for (code, n) in o.errors { errors[code, default: 0] += n }
+        for i in drops.indices where i < o.drops.count { drops[i] += o.drops[i] }
+    }
+}
