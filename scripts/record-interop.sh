@@ -62,4 +62,32 @@ start_coturn "$p"
 "$TUSA" stun --behavior --timeout 1 "127.0.0.1:$p" >/dev/null
 stop_capture tusa-stun-vs-coturn.pcapng
 
-"$TUSA" interop check "$out"
+# 4. coturn's turnutils_uclient and aioice's TURN client relaying through tusa
+#    relay to turnutils_peer (credentials as in ../shared/interop: alice /
+#    wonderland / example.org, REST secret northwind).
+turn_auth=(-r example.org -u alice:wonderland --use-auth-secret --static-auth-secret northwind --allow-loopback-peers)
+peer=$(pick_port)
+turnutils_peer -L 127.0.0.1 -p "$peer" >/dev/null 2>&1 &
+pids+=($!)
+uclient() { timeout 30 turnutils_uclient "$@" -p "$p" -e 127.0.0.1 -r "$peer" -n 5 -m 1 -l 120 127.0.0.1 >/dev/null; }
+for run in channels send-indications tcp-control rest-credentials dont-fragment-padding aioice-udp aioice-tcp; do
+  p=$(pick_port)
+  start_capture "host 127.0.0.1 and (port $p or port $peer)"
+  start_tusa "$p" "${turn_auth[@]}"
+  case $run in
+    channels) uclient -u alice -w wonderland ;;
+    send-indications) uclient -s -u alice -w wonderland ;;
+    tcp-control) uclient -t -u alice -w wonderland ;;
+    rest-credentials) uclient -W northwind -u bob ;;
+    dont-fragment-padding) uclient -g -D -u alice -w wonderland ;;
+    aioice-*) "$PY" Tests/InteropTests/peers/aioice_turn.py --turn "127.0.0.1:$p" --user alice --password wonderland \
+                --peer "127.0.0.1:$peer" --transport "${run#aioice-}" --count 5 >/dev/null ;;
+  esac
+  case $run in
+    aioice-*) stop_capture "$run-turn-vs-tusa-relay.pcapng" ;;
+    *) stop_capture "uclient-$run-vs-tusa-relay.pcapng" ;;
+  esac
+  kill -TERM "${pids[-1]}" 2>/dev/null || true
+done
+
+"$TUSA" interop check --user alice:wonderland --secret northwind "$out"

@@ -151,7 +151,7 @@ struct RealPeerTests {
         let files = ((try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []).filter { $0.hasSuffix(".pcapng") }.sorted()
         try #require(!files.isEmpty, "Interop/ has no captures: run `make record`")
         for f in files {
-            let report = InteropChecker().check(path: "\(dir)/\(f)")
+            let report = InteropChecker(credentials: TURNRelayPeerTests.interopCredentials).check(path: "\(dir)/\(f)")
             #expect(report.passed, "\(f): \(report.failures)")
             #expect(report.packets > 0 && report.decoded == report.packets && report.roundTrip == report.packets, "\(f): \(report.summary)")
             #expect(report.verified > 0, "\(f): \(report.summary)")
