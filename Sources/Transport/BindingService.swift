@@ -2,6 +2,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import NIOSSL
 import STUN
 import ServiceLifecycle
 
@@ -49,6 +50,8 @@ public final class BindingService: Service, Sendable {
         public var turn: TURNServerConfiguration?
         /// Where relay sockets are bound; nil derives it from the listen addresses.
         public var relayPlan: RelayAddressPlan?
+        /// STUN/TURN over TLS (RFC 8656 §3.1) on a second port of every listen address.
+        public var tls: TLSSettings?
 
         /// `0.0.0.0:3478` and `[::]:3478`.
         public static let defaultListenAddresses = [
@@ -87,6 +90,12 @@ public final class BindingService: Service, Sendable {
             guard tcpIdleTimeout > .zero else { throw .invalid("TCP idle timeout must be positive") }
             for (i, address) in listenAddresses.enumerated() where listenAddresses[..<i].contains(address) {
                 throw .invalid("listen address \(address) is given twice")
+            }
+            if let tls {
+                guard tcp else { throw .invalid("TLS needs TCP, which is disabled") }
+                if tls.port != 0, listenAddresses.contains(where: { $0.port == tls.port }) {
+                    throw .invalid("the TLS port \(tls.port) is also a listen port")
+                }
             }
             if let turn {
                 if !turn.anonymous && turn.credentials.isEmpty {
@@ -130,6 +139,7 @@ public final class BindingService: Service, Sendable {
     private let bound = BoundSocketsRendezvous()
     private let started = NIOLockedValueBox(false)
     private let turnLanes = NIOLockedValueBox<TURNLanes?>(nil)
+    private let tlsContext = NIOLockedValueBox<NIOSSLContext?>(nil)
     private let finalTURN = NIOLockedValueBox(TURNStatistics())
 
     /// The TURN counters of every event loop added up (while serving), or the
@@ -170,6 +180,7 @@ public final class BindingService: Service, Sendable {
         let channels: [any Channel]
         do {
             try configuration.validate()
+            if let tls = configuration.tls { tlsContext.withLockedValue { $0 = nil }; try loadTLS(tls) }
             turnLanes.withLockedValue { $0 = nil }
             if let turn = configuration.turn {
                 let plan = configuration.relayPlan ?? RelayAddressPlan.derived(from: configuration.listenAddresses)
@@ -277,6 +288,12 @@ public final class BindingService: Service, Sendable {
                 sockets.append(BoundSocket(kind: .tcp, address: server.address))
                 log(sockets[sockets.count - 1])
             }
+            if let tls = configuration.tls, let context = tlsContext.withLockedValue({ $0 }) {
+                let server = try await bindTCP(TransportAddress(ip: listen.ip, port: tls.port), group: group, tls: context)
+                channels.append(server.channel)
+                sockets.append(BoundSocket(kind: .tls, address: server.address))
+                log(sockets[sockets.count - 1])
+            }
         }
         return (sockets, channels)
     }
@@ -380,7 +397,21 @@ public final class BindingService: Service, Sendable {
         try await channel.setOption(.autoRead, value: true).get()
     }
 
-    private func bindTCP(_ address: TransportAddress, group: MultiThreadedEventLoopGroup) async throws
+    /// Reads the certificate chain and key once, so that a bad file fails the start.
+    private func loadTLS(_ tls: TLSSettings) throws {
+        do {
+            let chain = try NIOSSLCertificate.fromPEMFile(tls.certificateFile)
+            let key = try NIOSSLPrivateKey(file: tls.privateKeyFile, format: .pem)
+            var config = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
+            config.minimumTLSVersion = .tlsv12
+            let context = try NIOSSLContext(configuration: config)
+            tlsContext.withLockedValue { $0 = context }
+        } catch {
+            throw BindingServiceError(.invalidConfiguration, "TLS certificate \(tls.certificateFile) or key \(tls.privateKeyFile) unusable: \(error)")
+        }
+    }
+
+    private func bindTCP(_ address: TransportAddress, group: MultiThreadedEventLoopGroup, tls: NIOSSLContext? = nil) async throws
         -> (channel: any Channel, address: TransportAddress)
     {
         let totals = self.totals
@@ -395,10 +426,13 @@ public final class BindingService: Service, Sendable {
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if let tls {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
+                    }
                     try channel.pipeline.syncOperations.addHandlers([
                         BackPressureHandler(),
                         IdleStateHandler(readTimeout: idleTimeout),
-                        TCPBindingHandler(core: core, totals: totals, logger: logger, turn: turn),
+                        TCPBindingHandler(core: core, totals: totals, logger: logger, turn: turn, transport: tls == nil ? .tcp : .tls),
                     ])
                 }
             }
@@ -407,7 +441,7 @@ public final class BindingService: Service, Sendable {
         do {
             channel = try await bootstrap.bind(to: SocketAddress(address)).get()
         } catch {
-            throw BindingServiceError.bindFailed("tcp", address, error)
+            throw BindingServiceError.bindFailed(tls == nil ? "tcp" : "tls", address, error)
         }
         return (channel, channel.localAddress.flatMap(TransportAddress.init) ?? address)
     }
@@ -422,10 +456,26 @@ public final class BindingService: Service, Sendable {
     static let reusePort = ChannelOptions.Types.SocketOption(level: .socket, name: NIOBSDSocket.Option(rawValue: SO_REUSEPORT))
 }
 
+/// Where the TLS certificate and key are, and the port to serve TLS on.
+public struct TLSSettings: Hashable, Sendable {
+    /// PEM certificate chain (leaf first).
+    public var certificateFile: String
+    /// PEM private key.
+    public var privateKeyFile: String
+    /// The TLS port on every listen address (coturn's default: 5349).
+    public var port: UInt16
+
+    public init(certificateFile: String, privateKeyFile: String, port: UInt16 = 5349) {
+        self.certificateFile = certificateFile
+        self.privateKeyFile = privateKeyFile
+        self.port = port
+    }
+}
+
 /// One socket the service listens on.
 public struct BoundSocket: Hashable, Sendable, CustomStringConvertible {
     public enum Kind: String, Hashable, Sendable {
-        case udp, tcp
+        case udp, tcp, tls
     }
 
     public var kind: Kind

@@ -34,8 +34,12 @@ final class TCPBindingHandler: ChannelInboundHandler {
     private var lane: TURNLane?
     private var tuple: FiveTuple?
 
-    init(core: BindingServer, totals: StatisticsBox, logger: Logger, turn: TURNLanes? = nil) {
+    /// `.tcp`, or `.tls` behind a TLS handler: names the allocation's transport.
+    private let transport: TURNTransport
+
+    init(core: BindingServer, totals: StatisticsBox, logger: Logger, turn: TURNLanes? = nil, transport: TURNTransport = .tcp) {
         self.turn = turn
+        self.transport = transport
         self.core = core
         self.totals = totals
         self.logger = logger
@@ -50,7 +54,7 @@ final class TCPBindingHandler: ChannelInboundHandler {
         if let turn, let peer, let lane = turn.current(on: context.eventLoop),
             let local = context.channel.localAddress.flatMap(TransportAddress.init)
         {
-            let tuple = FiveTuple(client: peer, server: local, transport: .tcp)
+            let tuple = FiveTuple(client: peer, server: local, transport: transport)
             self.lane = lane
             self.tuple = tuple
             lane.connections[tuple] = context.channel

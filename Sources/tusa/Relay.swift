@@ -134,6 +134,18 @@ struct Relay: AsyncParsableCommand {
     @Option(name: .customLong("stale-nonce"), help: "Seconds a nonce stays valid.")
     var staleNonce = 600
 
+    @Option(name: .customLong("cert"), help: ArgumentHelp("PEM certificate chain: serve STUN/TURN over TLS too (with --pkey).", valueName: "file"))
+    var certificate: String?
+
+    @Option(name: .customLong("pkey"), help: ArgumentHelp("PEM private key of --cert.", valueName: "file"))
+    var privateKey: String?
+
+    @Option(name: .customLong("tls-listening-port"), help: "TLS port on every listen address.")
+    var tlsPort: UInt16 = 5349
+
+    @Flag(name: .customLong("no-tls"), help: "Do not serve TLS even with --cert.")
+    var noTLS = false
+
     @Flag(name: .customLong("strict-channel-numbers"), help: "Accept only RFC 8656 channel numbers 0x4000-0x4FFF (default: RFC 5766's 0x4000-0x7FFF, which older clients such as coturn's use).")
     var strictChannelNumbers = false
 
@@ -207,6 +219,12 @@ struct Relay: AsyncParsableCommand {
         var configuration = BindingService.Configuration(
             listenAddresses: addresses,
             alternateAddress: alternate, software: software, udp: !noUDP, tcp: !noTCP, threads: threads, gso: !noGSO)
+        switch (certificate, privateKey) {
+        case (let cert?, let key?) where !noTLS:
+            configuration.tls = TLSSettings(certificateFile: cert, privateKeyFile: key, port: tlsPort)
+        case (nil, nil), (_, _) where noTLS: break
+        default: throw ConfigurationProblem(message: "--cert and --pkey go together")
+        }
         if let turn = try makeTURN() {
             configuration.turn = turn
             var plan = RelayAddressPlan.derived(from: addresses, minPort: minPort, maxPort: maxPort)

@@ -143,6 +143,43 @@ struct TURNRelayPeerTests {
         #expect(r.stdout.contains(#""received": 20"#), "\(r.stdout)")
     }
 
+    /// A self-signed certificate and key for the TLS tests, made with openssl.
+    static func makeCertificate() throws -> (cert: String, key: String)? {
+        guard let openssl = Harness.which("openssl") else { return nil }
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-tls-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let r = try Harness.run(openssl, ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(dir)/key.pem",
+                                          "-out", "\(dir)/cert.pem", "-days", "2", "-subj", "/CN=localhost"], timeout: 30)
+        guard r.status == 0 else { return nil }
+        return ("\(dir)/cert.pem", "\(dir)/key.pem")
+    }
+
+    @Test(.enabled(if: haveTusa && haveUclient && Harness.python != nil && Harness.which("openssl") != nil,
+                   "needs tusa, coturn's tools, aioice and openssl"))
+    func turnOverTLS() throws {
+        let (cert, key) = try #require(try Self.makeCertificate())
+        let (peer, peerPort) = try #require(try Self.startPeer())
+        defer { peer.stop() }
+        let tlsPort = Harness.freePort()
+        let (relay, _) = try #require(try Harness.startRelay(
+            ["--listen", "127.0.0.1:0", "--cert", cert, "--pkey", key, "--tls-listening-port", "\(tlsPort)"] + Self.relayAuth))
+        defer { relay.stop() }
+        #expect(relay.waitForMatch("listening tls 127.0.0.1:\(tlsPort)") != nil, "\(relay.stdout)")
+        // coturn's client over TLS (-t -S).
+        let r = try Self.uclient(["-t", "-S", "-u", "alice", "-w", "wonderland"], server: tlsPort, peer: peerPort, messages: 10, clients: 2)
+        #expect(r.sent > 0 && r.sent == r.received && r.lost == 0, "sent \(r.sent), received \(r.received)\n\(r.output.suffix(1200))")
+        // aioice's TURN client over TLS.
+        let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_turn.py").path
+        let a = try Harness.run(try #require(Harness.python), [
+            script, "--turn", "127.0.0.1:\(tlsPort)", "--user", "alice", "--password", "wonderland",
+            "--peer", "127.0.0.1:\(peerPort)", "--transport", "tls", "--count", "10",
+        ], timeout: 30)
+        #expect(a.status == 0, "aioice over TLS: \(a.stdout) \(a.stderr)")
+        // A bad key file is a one-line start error.
+        let bad = try Harness.run(try #require(Harness.tusa), ["relay", "--listen", "127.0.0.1:0", "--cert", cert, "--pkey", "/nonexistent"] + Self.relayAuth, timeout: 20)
+        #expect(bad.status == 1 && bad.stderr.hasPrefix("tusa relay: error:"), "\(bad.stderr)")
+    }
+
     /// A live capture of uclient (UDP channels, Send indications, TCP) and
     /// aioice through tusa relay verifies with `tusa interop check`.
     @Test(.enabled(if: haveTusa && haveUclient && Harness.which("tshark") != nil && Harness.isRoot,

@@ -3,11 +3,13 @@
 
 Usage:
     aioice_turn.py --turn HOST:PORT --user NAME --password PW --peer HOST:PORT
-                   [--transport udp|tcp] [--count N] [--timeout SECONDS]
+                   [--transport udp|tcp|tls] [--count N] [--timeout SECONDS]
 
 Allocates with aioice.turn.create_turn_endpoint, sends N numbered datagrams
 to the peer (an echo server, such as coturn's turnutils_peer) through the
 relay, and waits for the echoes. aioice binds a channel on first send.
+With --transport tls the control connection is TCP inside TLS; the server's
+certificate is not verified (tests use a self-signed one).
 
 Prints exactly one JSON line on stdout:
     {"relayed": "127.0.0.1:50000", "sent": 20, "received": 20}
@@ -18,6 +20,7 @@ Exit status: 0 if every datagram came back, 1 otherwise (reason on stderr),
 import argparse
 import asyncio
 import json
+import ssl
 import sys
 
 import aioice.turn
@@ -43,9 +46,14 @@ class Echoes(asyncio.DatagramProtocol):
 
 
 async def run(args) -> dict:
+    context = None
+    if args.transport == "tls":
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
     transport, protocol = await aioice.turn.create_turn_endpoint(
         Echoes, server_addr=args.turn, username=args.user, password=args.password,
-        transport=args.transport)
+        transport="udp" if args.transport == "udp" else "tcp", ssl=context)
     protocol.expected = args.count
     try:
         relayed = transport.get_extra_info("sockname")
@@ -68,7 +76,7 @@ def main() -> int:
     ap.add_argument("--user", required=True)
     ap.add_argument("--password", required=True)
     ap.add_argument("--peer", required=True, type=parse_hostport)
-    ap.add_argument("--transport", choices=["udp", "tcp"], default="udp")
+    ap.add_argument("--transport", choices=["udp", "tcp", "tls"], default="udp")
     ap.add_argument("--count", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=15.0)
     args = ap.parse_args()
