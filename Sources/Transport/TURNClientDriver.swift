@@ -112,7 +112,7 @@ public final class TURNClientConnection: Sendable {
             }
         } catch {
             continuation.finish()
-            throw .transport("cannot connect to \(server) over \(transport.rawValue): \(Self.describe(error))")
+            throw .transport("cannot connect over \(transport.rawValue): \(Self.describe(error))")
         }
         do {
             let engine = try await channel.eventLoop.submit {
