@@ -61,5 +61,6 @@ public enum FuzzChecks {
             }
         }
         _ = PacketKind.classify(bytes)
+        exerciseTURNClient(bytes)
     }
 }

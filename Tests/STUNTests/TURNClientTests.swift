@@ -568,4 +568,37 @@ struct TURNClientTests {
         #expect(try f.sent().isEmpty)
         #expect(f.events() == [.failed(a, .closed), .deallocated(op)])
     }
+
+    // MARK: hostile input
+
+    @Test func theFuzzFixtureBuildsAndCorruptedAnswersNeverTrap() throws {
+        let fixture = try #require(FuzzChecks.turnFixture)
+        #expect(fixture.client.phase == .allocated)
+        // A challenge with every attribute the client parses, as an answer to
+        // the waiting request, corrupted at every byte (FuzzChecks patches the
+        // transaction ID in).
+        let challenge = Message(type: MessageType(method: .createPermission, class: .errorResponse), transactionID: fixture.pending, attributes: [
+            .errorCode(ErrorCodeValue(code: 438, reason: "Stale Nonce")), .realm("fuzz"), .nonce("obMatJos2gAAAnonce"),
+            .passwordAlgorithms([.sha256, .md5]), .unknownAttributes([.dontFragment]),
+        ]).encode(fingerprint: true)
+        let data = Message(type: MessageType(method: .data, class: .indication), attributes: [
+            .xorPeerAddress(fixture.peer), .data([1, 2, 3]),
+        ]).encode(fingerprint: true)
+        for original in [challenge, data, ChannelData(channel: 0x4000, data: [1, 2, 3]).encode(padded: true)] {
+            FuzzChecks.exerciseTURNClient(original)
+            for i in original.indices {
+                var bad = original
+                bad[i] ^= 0x5A
+                FuzzChecks.exerciseTURNClient(bad)
+                FuzzChecks.exerciseTURNClient(Array(original.prefix(i)))
+            }
+        }
+        // The unmodified stale-nonce answer is taken: the request goes again with the new nonce.
+        var client = fixture.client
+        _ = client.receive(challenge, now: .zero)
+        let sent = client.pollTransmit()
+        let retry = try Message(decoding: try #require(sent))
+        #expect(try retry.value(.nonce) == .nonce("obMatJos2gAAAnonce"))
+        #expect(try retry.value(.passwordAlgorithm) == .passwordAlgorithm(.sha256))
+    }
 }
