@@ -19,13 +19,15 @@ struct TURNClientPeerTests {
 
     /// coturn with long-term credentials alice:wonderland in realm example.org,
     /// and an echo peer; both stopped when `body` returns.
-    static func withServerAndPeer(_ body: (_ server: UInt16, _ peer: UInt16) async throws -> Void) async throws {
+    static func withServerAndPeer(
+        extra: [String] = [], _ body: (_ server: UInt16, _ peer: UInt16) async throws -> Void
+    ) async throws {
         let port = Harness.freePortPair()
         let server = try #require(
             try await blocking {
                 try Harness.startTurnserver(port: port, extra: [
                     "-a", "-u", "alice:wonderland", "-r", "example.org", "--allow-loopback-peers",
-                ])
+                ] + extra)
             }, "turnserver did not start")
         defer { server.stop(signal: SIGKILL) }
         // turnutils_peer binds PORT and PORT+1.
@@ -171,6 +173,34 @@ struct TURNClientPeerTests {
         var after = 0
         for await _ in turn.received { after += 1 }
         #expect(after == 0)
+    }
+
+    /// coturn with permission and channel lifetimes of seconds and nonces that
+    /// go stale every 2 s: the permission and the channel live only if the
+    /// driver's timers refresh them, and the refreshes meet 438s on the way.
+    /// (coturn grants no allocation under 600 s: allocation refresh timing is
+    /// covered by the core's virtual-clock tests.)
+    @Test(.enabled(if: haveCoturn, "\(needs)"), arguments: [TURNClientConnection.TransportProtocol.udp, .tcp])
+    func refreshesKeepEverythingAliveThroughStaleNonces(transport: TURNClientConnection.TransportProtocol) async throws {
+        let extra = ["--permission-lifetime", "4", "--channel-lifetime", "5", "--stale-nonce=2"]
+        try await Self.withServerAndPeer(extra: extra) { port, peerPort in
+            let peer = TransportAddress(ip: .v4(0x7F00_0001), port: peerPort)
+            var configuration = TURNClient.Configuration(username: "alice", password: "wonderland")
+            configuration.permissionRefreshInterval = .seconds(2)
+            configuration.channelRefreshInterval = .seconds(2)
+            let turn = try await TURNClientConnection.connect(
+                to: TransportAddress(ip: .v4(0x7F00_0001), port: port), over: transport, configuration: configuration)
+            _ = try await turn.allocate(timeout: .seconds(5))
+            try await turn.bindChannel(to: peer, timeout: .seconds(5))
+            // 10 s: twice the channel's lifetime, with a stale nonce at every refresh.
+            for n in 0..<20 {
+                try await turn.send([UInt8(n)], to: peer)
+                let echo = try await Self.collect(1, from: turn, within: .seconds(3))
+                #expect(echo == [TURNClient.Datagram(peer: peer, payload: [UInt8(n)], channel: 0x4000)], "packet \(n)")
+                try await Task.sleep(for: .milliseconds(500))
+            }
+            try await turn.close(timeout: .seconds(2))
+        }
     }
 
     static func collect(
