@@ -62,6 +62,7 @@ public enum FuzzChecks {
         }
         _ = PacketKind.classify(bytes)
         TURNFuzz.exercise(bytes)
+        exerciseTURNClient(bytes)
     }
 }
 

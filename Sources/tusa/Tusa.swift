@@ -1,12 +1,12 @@
 import ArgumentParser
 
-/// `tusa`: the relay service, the STUN client, and the interop checker.
+/// `tusa`: the relay service, the STUN and TURN clients, and the interop checker.
 @main
 struct Tusa: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tusa",
         abstract: "Encrypted voice over UDP that gets through NATs.",
         version: TusaVersion.string,
-        subcommands: [Relay.self, Stun.self, Interop.self, Version.self]
+        subcommands: [Relay.self, Stun.self, Turn.self, Interop.self, Version.self]
     )
 }
