@@ -71,6 +71,8 @@ public enum RelayConfigFile {
         // Limits.
         "user-quota": .value, "total-quota": .value, "max-bps": .value, "max-allocate-lifetime": .value,
         "stale-nonce": .optionalValue, "strict-channel-numbers": .flag, "strict-amplification": .flag,
+        // Metrics.
+        "prometheus": .flag, "prometheus-port": .value, "prometheus-address": .value,
     ]
 
     /// coturn's `turnserver` options (4.6 and later) that `tusa relay` does not
@@ -88,7 +90,7 @@ public enum RelayConfigFile {
         "no-dynamic-realms", "no-loopback-peers", "no-multicast-peers", "no-rfc5780", "no-software-attribute",
         "no-stdout-log", "no-stun", "no-stun-backward-compatibility", "no-tcp-relay", "no-tls", "no-tlsv1",
         "no-tlsv1_1", "no-tlsv1_2", "no-udp-relay", "oauth", "permission-lifetime", "pidfile", "pkey", "pkey-pwd",
-        "proc-group", "proc-user", "prod", "prometheus", "prometheus-address", "prometheus-cert", "prometheus-key", "prometheus-path", "prometheus-port",
+        "proc-group", "proc-user", "prod", "prometheus-cert", "prometheus-key", "prometheus-path",
         "prometheus-tls", "prometheus-username-labels", "psql-userdb", "raw-public-keys", "redis-statsdb",
         "redis-userdb", "relay-device", "relay-threads", "respond-http-unsupported",
         "response-origin-only-with-rfc5780", "rest-api-separator", "rfc3489-compatibility",

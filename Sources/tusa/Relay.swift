@@ -19,13 +19,15 @@ import Darwin
 /// standard output once every socket is bound, so a script can start it on
 /// port 0 and read the real port; logs go to standard error. With
 /// `--config FILE` the options of a coturn-format file come first, as if given
-/// before the command line's (``RelayConfigFile``).
+/// before the command line's (``RelayConfigFile``); with `--prometheus` a
+/// ``MetricsEndpoint`` serves the relay's metrics.
 struct Relay: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Serve STUN Binding requests (RFC 8489) on UDP and TCP, with RFC 5780 behaviour discovery.",
         discussion: """
-            Prints one 'listening udp|tcp ADDRESS' line per bound socket to standard output, \
-            then serves until SIGTERM or SIGINT and prints a one-line summary.
+            Prints one 'listening udp|tcp ADDRESS' line per bound socket to standard output \
+            (and 'metrics http://ADDRESS/metrics' with --prometheus), then serves until SIGTERM \
+            or SIGINT and prints a one-line summary.
             """
     )
 
@@ -161,6 +163,17 @@ struct Relay: AsyncParsableCommand {
     @Flag(name: .customLong("strict-amplification"), help: "Drop 401/438 challenges larger than their request (no amplification at all; breaks clients with tiny requests).")
     var strictAmplification = false
 
+    // Metrics (coturn's flag names).
+
+    @Flag(name: .customLong("prometheus"), help: "Serve Prometheus metrics over HTTP at /metrics.")
+    var prometheus = false
+
+    @Option(name: .customLong("prometheus-port"), help: "Port of the metrics endpoint (0: any free port).")
+    var prometheusPort: UInt16 = 9641
+
+    @Option(name: .customLong("prometheus-address"), help: ArgumentHelp("IP of the metrics endpoint.", valueName: "ip"))
+    var prometheusAddress = "127.0.0.1"
+
     func run() async throws {
         var relay = self
         if let config {
@@ -213,8 +226,10 @@ struct Relay: AsyncParsableCommand {
 
     private func serve() async throws {
         let configuration: BindingService.Configuration
+        let metricsAddress: TransportAddress?
         do {
             configuration = try makeConfiguration()
+            metricsAddress = try makeMetricsAddress()
         } catch {
             throw failure(error.message)
         }
@@ -228,13 +243,19 @@ struct Relay: AsyncParsableCommand {
         let logger = Logger(label: "tusa.relay")
 
         let service = BindingService(configuration: configuration, logger: logger)
+        let metrics = metricsAddress.map { MetricsEndpoint.serving(service, on: $0, logger: logger) }
+        let services: [any Service] = [service] + (metrics.map { [$0] } ?? [])
         let group = ServiceGroup(
-            configuration: .init(services: [service], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+            configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         do {
             try await withThrowingTaskGroup(of: Void.self) { tasks in
                 tasks.addTask { try await group.run() }
                 tasks.addTask {
                     for socket in try await service.boundSockets() { print("listening \(socket)") }
+                    if let metrics {
+                        let address = try await metrics.boundAddress()
+                        print("metrics http://\(address)/metrics")
+                    }
                     fflush(nil)  // every line out before anyone waits on it
                 }
                 try await tasks.waitForAll()
@@ -316,6 +337,15 @@ struct Relay: AsyncParsableCommand {
             throw ConfigurationProblem(message: error.message)
         }
         return configuration
+    }
+
+    /// Where to serve metrics; nil without --prometheus.
+    private func makeMetricsAddress() throws(ConfigurationProblem) -> TransportAddress? {
+        guard prometheus else { return nil }
+        guard let ip = IPAddress(prometheusAddress) else {
+            throw ConfigurationProblem(message: "--prometheus-address '\(prometheusAddress)' is not an IP address")
+        }
+        return TransportAddress(ip: ip, port: prometheusPort)
     }
 
     /// The TURN configuration, or nil when no credentials (and no --no-auth) were given: STUN only.

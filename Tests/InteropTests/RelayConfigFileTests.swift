@@ -38,6 +38,8 @@ struct RelayConfigFileTests {
             max-allocate-lifetime=1800
             stale-nonce=300
             no-tcp
+            prometheus
+            prometheus-port=9642
             """)
         #expect(result.arguments == [
             "--realm=example.org", "--user=alice:wonderland", "--user=bob:0x0123456789abcdef0123456789abcdef",
@@ -45,9 +47,9 @@ struct RelayConfigFileTests {
             "--max-port=50100", "--relay-ip=192.0.2.10", "--external-ip=203.0.113.7/192.0.2.10",
             "--allow-loopback-peers", "--allowed-peer-ip=10.0.0.1-10.0.0.9", "--denied-peer-ip=172.16.0.0/12",
             "--user-quota=10", "--total-quota=100", "--max-bps=64000", "--max-allocate-lifetime=1800",
-            "--stale-nonce=300", "--no-tcp",
+            "--stale-nonce=300", "--no-tcp", "--prometheus", "--prometheus-port=9642",
         ])
-        #expect(result.lines == Array(1...19))
+        #expect(result.lines == Array(1...21))
         #expect(result.notices.isEmpty)
     }
 
