@@ -136,7 +136,7 @@ public final class BindingService: Service, Sendable {
     public let configuration: Configuration
     private let logger: Logger
     private let totals = StatisticsBox()
-    private let bound = BoundSocketsRendezvous()
+    private let bound = Rendezvous<[BoundSocket]>()
     private let started = NIOLockedValueBox(false)
     private let turnLanes = NIOLockedValueBox<TURNLanes?>(nil)
     private let tlsContext = NIOLockedValueBox<NIOSSLContext?>(nil)
@@ -527,13 +527,13 @@ public struct BindingServiceError: Error, Hashable, Sendable, CustomStringConver
 
     @inline(never)
     static func bindFailed(_ transport: String, _ address: TransportAddress, _ error: any Error) -> Self {
-        let reason: String
-        if let io = error as? IOError {
-            reason = String(cString: strerror(io.errnoCode))
-        } else {
-            reason = "\(error)"
-        }
-        return Self(.bindFailed, "cannot listen on \(transport) \(address): \(reason)")
+        Self(.bindFailed, "cannot listen on \(transport) \(address): \(reason(error))")
+    }
+
+    /// `Address already in use` for a socket error, else the error as text.
+    static func reason(_ error: any Error) -> String {
+        if let io = error as? IOError { return String(cString: strerror(io.errnoCode)) }
+        return "\(error)"
     }
 }
 
@@ -645,13 +645,13 @@ final class StatisticsBox: Sendable {
 
 // MARK: - Waiting for the bound addresses
 
-/// Hands the bound sockets (or the bind error) to every caller of
-/// ``BindingService/boundSockets()``, now or later; a waiter can be cancelled.
-final class BoundSocketsRendezvous: Sendable {
-    private typealias Waiter = CheckedContinuation<[BoundSocket], any Error>
+/// Hands one result (the bound sockets, or the bind error) to every caller of
+/// ``wait()``, now or later; a waiter can be cancelled.
+final class Rendezvous<Value: Sendable>: Sendable {
+    private typealias Waiter = CheckedContinuation<Value, any Error>
 
     private struct State {
-        var result: Result<[BoundSocket], any Error>?
+        var result: Result<Value, any Error>?
         var waiters: [Int: Waiter] = [:]
         var nextID = 0
     }
@@ -659,7 +659,7 @@ final class BoundSocketsRendezvous: Sendable {
     private let state = NIOLockedValueBox(State())
 
     /// The first result wins; later ones are ignored.
-    func resolve(_ result: Result<[BoundSocket], any Error>) {
+    func resolve(_ result: Result<Value, any Error>) {
         let waiters = state.withLockedValue { state -> [Waiter] in
             guard state.result == nil else { return [] }
             state.result = result
@@ -669,14 +669,14 @@ final class BoundSocketsRendezvous: Sendable {
         for waiter in waiters { waiter.resume(with: result) }
     }
 
-    func wait() async throws -> [BoundSocket] {
+    func wait() async throws -> Value {
         let id = state.withLockedValue { state in
             defer { state.nextID += 1 }
             return state.nextID
         }
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (waiter: Waiter) in
-                let ready = state.withLockedValue { state -> Result<[BoundSocket], any Error>? in
+                let ready = state.withLockedValue { state -> Result<Value, any Error>? in
                     if let result = state.result { return result }
                     if Task.isCancelled { return .failure(CancellationError()) }
                     state.waiters[id] = waiter

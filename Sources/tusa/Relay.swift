@@ -17,13 +17,17 @@ import Darwin
 ///
 /// Prints `listening udp 127.0.0.1:3478` (one line per socket, flushed) to
 /// standard output once every socket is bound, so a script can start it on
-/// port 0 and read the real port; logs go to standard error.
+/// port 0 and read the real port; logs go to standard error. With
+/// `--config FILE` the options of a coturn-format file come first, as if given
+/// before the command line's (``RelayConfigFile``); with `--prometheus` a
+/// ``MetricsEndpoint`` serves the relay's metrics.
 struct Relay: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Serve STUN Binding requests (RFC 8489) on UDP and TCP, with RFC 5780 behaviour discovery.",
         discussion: """
-            Prints one 'listening udp|tcp ADDRESS' line per bound socket to standard output, \
-            then serves until SIGTERM or SIGINT and prints a one-line summary.
+            Prints one 'listening udp|tcp ADDRESS' line per bound socket to standard output \
+            (and 'metrics http://ADDRESS/metrics' with --prometheus), then serves until SIGTERM \
+            or SIGINT and prints a one-line summary.
             """
     )
 
@@ -44,11 +48,30 @@ struct Relay: AsyncParsableCommand {
     }
 
     @Option(
+        name: [.customShort("c"), .customLong("config")],
+        help: ArgumentHelp(
+            "A coturn-format config file (turnserver.conf: name=value or bare flag per line, # comments). Flags given here override its single-valued options; repeatable ones add up.",
+            valueName: "file"))
+    var config: String?
+
+    @Option(
         name: .customLong("listen"),
         help: ArgumentHelp(
             "Address to listen on, IP:PORT or [IPv6]:PORT (port 3478 if left out); repeatable. Default: 0.0.0.0:3478 and [::]:3478.",
             valueName: "addr:port"))
     var listen: [String] = []
+
+    @Option(
+        name: .customLong("listening-ip"),
+        help: ArgumentHelp("IP to listen on at --listening-port (coturn's form); repeatable.", valueName: "ip"))
+    var listeningIPs: [String] = []
+
+    @Option(
+        name: .customLong("listening-port"),
+        help: ArgumentHelp(
+            "Port for the --listening-ip addresses (default 3478); without --listening-ip and --listen, the port of the default wildcard addresses.",
+            valueName: "port"))
+    var listeningPort: UInt16?
 
     @Option(
         name: .customLong("alt-address"),
@@ -152,10 +175,73 @@ struct Relay: AsyncParsableCommand {
     @Flag(name: .customLong("strict-amplification"), help: "Drop 401/438 challenges larger than their request (no amplification at all; breaks clients with tiny requests).")
     var strictAmplification = false
 
+    // Metrics (coturn's flag names).
+
+    @Flag(name: .customLong("prometheus"), help: "Serve Prometheus metrics over HTTP at /metrics.")
+    var prometheus = false
+
+    @Option(name: .customLong("prometheus-port"), help: "Port of the metrics endpoint (0: any free port).")
+    var prometheusPort: UInt16 = 9641
+
+    @Option(name: .customLong("prometheus-address"), help: ArgumentHelp("IP of the metrics endpoint.", valueName: "ip"))
+    var prometheusAddress = "127.0.0.1"
+
     func run() async throws {
+        var relay = self
+        if let config {
+            do {
+                relay = try withConfigFile(config)
+            } catch {
+                throw failure(error.message)
+            }
+        }
+        try await relay.serve()
+    }
+
+    /// This command as if the file's options came first on its command line.
+    private func withConfigFile(_ path: String) throws(ConfigurationProblem) -> Relay {
+        let text: String
+        do {
+            text = try String(contentsOfFile: path, encoding: .utf8)
+        } catch {
+            throw ConfigurationProblem(message: "cannot read config file '\(path)'")
+        }
+        let file: RelayConfigFile.Result
+        do {
+            file = try RelayConfigFile.arguments(from: text, file: path)
+        } catch {
+            throw ConfigurationProblem(message: error.description)
+        }
+        for notice in file.notices { standardError("tusa relay: notice: \(notice)") }
+
+        // The command line as given, after `tusa relay`.
+        let given = Array(CommandLine.arguments.dropFirst())
+        guard given.first == "relay" else {
+            throw ConfigurationProblem(message: "--config works only as 'tusa relay --config FILE ...'")
+        }
+        do {
+            var relay = try Relay.parse(file.arguments + given.dropFirst())
+            relay.config = nil
+            return relay
+        } catch {
+            // Blame the file's line when that option alone does not parse.
+            for (argument, line) in zip(file.arguments, file.lines) {
+                do {
+                    _ = try Relay.parse([argument])
+                } catch {
+                    throw ConfigurationProblem(message: "\(path):\(line): \(Relay.message(for: error))")
+                }
+            }
+            throw ConfigurationProblem(message: Relay.message(for: error))
+        }
+    }
+
+    private func serve() async throws {
         let configuration: BindingService.Configuration
+        let metricsAddress: TransportAddress?
         do {
             configuration = try makeConfiguration()
+            metricsAddress = try makeMetricsAddress()
         } catch {
             throw failure(error.message)
         }
@@ -169,13 +255,19 @@ struct Relay: AsyncParsableCommand {
         let logger = Logger(label: "tusa.relay")
 
         let service = BindingService(configuration: configuration, logger: logger)
+        let metrics = metricsAddress.map { MetricsEndpoint.serving(service, on: $0, logger: logger) }
+        let services: [any Service] = [service] + (metrics.map { [$0] } ?? [])
         let group = ServiceGroup(
-            configuration: .init(services: [service], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+            configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         do {
             try await withThrowingTaskGroup(of: Void.self) { tasks in
                 tasks.addTask { try await group.run() }
                 tasks.addTask {
                     for socket in try await service.boundSockets() { print("listening \(socket)") }
+                    if let metrics {
+                        let address = try await metrics.boundAddress()
+                        print("metrics http://\(address)/metrics")
+                    }
                     fflush(nil)  // every line out before anyone waits on it
                 }
                 try await tasks.waitForAll()
@@ -204,6 +296,21 @@ struct Relay: AsyncParsableCommand {
                 throw ConfigurationProblem(message: "--listen '\(text)' is not IP:PORT or [IPv6]:PORT")
             }
             listenAddresses.append(address)
+        }
+        for text in listeningIPs {
+            guard let ip = IPAddress(text) else {
+                throw ConfigurationProblem(message: "--listening-ip '\(text)' is not an IP address")
+            }
+            listenAddresses.append(TransportAddress(ip: ip, port: listeningPort ?? 3478))
+        }
+        if let listeningPort, listeningIPs.isEmpty {
+            // coturn's listening-port alone: every address, on that port.
+            guard listen.isEmpty else {
+                throw ConfigurationProblem(message: "--listening-port applies to --listening-ip addresses, not to --listen (which has its own port)")
+            }
+            listenAddresses = BindingService.Configuration.defaultListenAddresses.map {
+                TransportAddress(ip: $0.ip, port: listeningPort)
+            }
         }
         var alternate: TransportAddress?
         if let text = alternateAddress {
@@ -248,6 +355,15 @@ struct Relay: AsyncParsableCommand {
             throw ConfigurationProblem(message: error.message)
         }
         return configuration
+    }
+
+    /// Where to serve metrics; nil without --prometheus.
+    private func makeMetricsAddress() throws(ConfigurationProblem) -> TransportAddress? {
+        guard prometheus else { return nil }
+        guard let ip = IPAddress(prometheusAddress) else {
+            throw ConfigurationProblem(message: "--prometheus-address '\(prometheusAddress)' is not an IP address")
+        }
+        return TransportAddress(ip: ip, port: prometheusPort)
     }
 
     /// The TURN configuration, or nil when no credentials (and no --no-auth) were given: STUN only.
@@ -315,8 +431,13 @@ struct Relay: AsyncParsableCommand {
 
     /// Says what was wrong in one line on standard error; throw the result to exit with status 1.
     private func failure(_ message: String) -> ExitCode {
-        let line = Array("tusa relay: error: \(message)\n".utf8)
-        _ = line.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
+        standardError("tusa relay: error: \(message)")
         return ExitCode(1)
+    }
+
+    /// One line on standard error, unbuffered.
+    private func standardError(_ text: String) {
+        let line = Array("\(text)\n".utf8)
+        _ = line.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
     }
 }

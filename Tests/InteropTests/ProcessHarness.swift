@@ -203,3 +203,16 @@ enum Harness {
         return nil
     }
 }
+
+/// A file in the temporary directory (a config file for `tusa relay -c`),
+/// removed when this goes away.
+final class TemporaryFile: Sendable {
+    let path: String
+
+    init(_ text: String, suffix: String = ".conf") throws {
+        path = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-\(UUID())\(suffix)").path
+        try text.write(toFile: path, atomically: true, encoding: .utf8)
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+}

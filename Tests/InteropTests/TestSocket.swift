@@ -169,3 +169,21 @@ func transportAddress(_ storage: sockaddr_storage) -> TransportAddress? {
         }
     }
 }
+
+extension TestSocket {
+    /// Everything the peer sends until it closes, or nil after `timeout` seconds.
+    func readToEnd(timeout: Double) -> [UInt8]? {
+        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
+        var out: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16_384)
+        while true {
+            let now = DispatchTime.now().uptimeNanoseconds
+            guard now < deadline else { return nil }
+            var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&descriptor, 1, Int32(max(1, Double(deadline - now) / 1e6))) > 0 else { return nil }
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { return out }
+            out += chunk.prefix(n)
+        }
+    }
+}

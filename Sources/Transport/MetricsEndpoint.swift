@@ -1,0 +1,168 @@
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import Prometheus
+import STUN
+import ServiceLifecycle
+
+/// A small HTTP server for Prometheus: `GET /metrics` answers with a
+/// registry's metrics in the text exposition format; other paths are 404,
+/// other methods 405. A swift-service-lifecycle `Service`.
+///
+/// `run()` binds the address, then calls `refresh` every `refreshInterval`
+/// (and once before serving) until graceful shutdown or cancellation, then
+/// closes the listening socket and every connection.
+public final class MetricsEndpoint: Service, Sendable {
+    public let address: TransportAddress
+    public let registry: PrometheusCollectorRegistry
+    public let refreshInterval: Duration
+    private let refresh: @Sendable () async -> Void
+    private let logger: Logger
+    private let bound = Rendezvous<TransportAddress>()
+
+    /// Connections that say nothing for this long are closed.
+    static let idleTimeout: TimeAmount = .seconds(30)
+
+    public init(
+        address: TransportAddress, registry: PrometheusCollectorRegistry, refreshInterval: Duration = .seconds(1),
+        logger: Logger, refresh: @escaping @Sendable () async -> Void = {}
+    ) {
+        self.address = address
+        self.registry = registry
+        self.refreshInterval = refreshInterval
+        self.refresh = refresh
+        self.logger = logger
+    }
+
+    /// An endpoint that serves `service`'s ``RelayMetrics``, refreshed from
+    /// its statistics about once a second.
+    public static func serving(
+        _ service: BindingService, on address: TransportAddress, logger: Logger
+    ) -> MetricsEndpoint {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = RelayMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        return MetricsEndpoint(address: address, registry: registry, logger: logger) {
+            await metrics.update(from: service)
+        }
+    }
+
+    /// The bound address (the real port when port 0 was asked for) once
+    /// `run()` has bound it; throws its bind error, or `CancellationError`
+    /// if the caller is cancelled first.
+    public func boundAddress() async throws -> TransportAddress {
+        try await bound.wait()
+    }
+
+    public func run() async throws {
+        let registry = self.registry
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let channel: any Channel
+        do {
+            let bootstrap = ServerBootstrap(group: group)
+                .serverChannelOption(.backlog, value: 64)
+                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                .childChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                        try channel.pipeline.syncOperations.addHandlers([
+                            IdleStateHandler(readTimeout: Self.idleTimeout),
+                            MetricsHTTPHandler(registry: registry),
+                        ])
+                    }
+                }
+            channel = try await bootstrap.bind(to: SocketAddress(address)).get()
+        } catch {
+            let failure = BindingServiceError(
+                .bindFailed, "cannot serve metrics on tcp \(address): \(BindingServiceError.reason(error))")
+            bound.resolve(.failure(failure))
+            try? await group.shutdownGracefully()
+            throw failure
+        }
+        let local = channel.localAddress.flatMap(TransportAddress.init) ?? address
+        logger.info("serving metrics", metadata: ["address": "http://\(local)/metrics"])
+        await refresh()
+        bound.resolve(.success(local))
+
+        // Refresh until graceful shutdown or cancellation, then stop serving.
+        let interval = refreshInterval
+        let refresh = self.refresh
+        try? await cancelWhenGracefulShutdown {
+            while true {
+                try await Task.sleep(for: interval)
+                await refresh()
+            }
+        }
+        try? await channel.close()
+        try? await group.shutdownGracefully()
+    }
+}
+
+/// Answers each HTTP request on one connection.
+final class MetricsHTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let registry: PrometheusCollectorRegistry
+    private var request: HTTPRequestHead?
+
+    init(registry: PrometheusCollectorRegistry) {
+        self.registry = registry
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            request = head
+        case .body:
+            break
+        case .end:
+            guard let head = request else { return }
+            request = nil
+            respond(to: head, context: context)
+        }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is IdleStateHandler.IdleStateEvent {
+            context.close(promise: nil)
+        } else {
+            context.fireUserInboundEventTriggered(event)
+        }
+    }
+
+    private func respond(to head: HTTPRequestHead, context: ChannelHandlerContext) {
+        let path = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+        let status: HTTPResponseStatus
+        var body: [UInt8]
+        var headers = HTTPHeaders()
+        if path != "/metrics" {
+            status = .notFound
+            body = Array("not found: metrics are at /metrics\n".utf8)
+            headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
+        } else if head.method != .GET && head.method != .HEAD {
+            status = .methodNotAllowed
+            body = Array("only GET and HEAD\n".utf8)
+            headers.add(name: "Allow", value: "GET, HEAD")
+            headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
+        } else {
+            status = .ok
+            body = registry.emitToBuffer()
+            headers.add(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")
+        }
+        headers.add(name: "Content-Length", value: "\(body.count)")
+        if head.method == .HEAD { body = [] }
+        let keepAlive = head.isKeepAlive
+        if !keepAlive { headers.add(name: "Connection", value: "close") }
+
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
+        if !body.isEmpty {
+            context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
+        }
+        let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
+        if !keepAlive {
+            let channel = context.channel
+            done.whenComplete { _ in channel.close(promise: nil) }
+        }
+    }
+}

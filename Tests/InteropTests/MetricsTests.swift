@@ -1,0 +1,318 @@
+import Dispatch
+import Foundation
+import Logging
+import Prometheus
+import STUN
+import ServiceLifecycle
+import Testing
+import Transport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// The relay's Prometheus metrics: RelayMetrics on a registry, the HTTP
+// endpoint over real loopback TCP, and `tusa relay --config --prometheus`
+// as a binary under coturn's TURN client. Every wait is bounded.
+
+private let loopback = IPAddress.v4(0x7F00_0001)
+
+private let quietLogger: Logger = {
+    var logger = Logger(label: "tusa.test.metrics")
+    logger.logLevel = .critical
+    return logger
+}()
+
+@Suite("Metrics: RelayMetrics and the /metrics endpoint", .serialized)
+struct MetricsTests {
+    // MARK: RelayMetrics
+
+    @Test("every metric is registered up front; updates add what each total gained")
+    func relayMetricsFollowTotals() throws {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = RelayMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        let fresh = Exposition(registry.emitToString())
+        #expect(fresh["tusa_allocations_created_total"] == 0)
+        #expect(fresh["tusa_allocations_active"] == 0)
+        #expect(fresh["tusa_relayed_bytes_total{direction=\"to_peer\"}"] == 0)
+        #expect(fresh["tusa_turn_drops_total{reason=\"no_permission\"}"] == 0)
+        #expect(fresh["tusa_stun_drops_total{reason=\"not_stun\"}"] == 0)
+        #expect(fresh.types["tusa_allocations_active"] == "gauge")
+        #expect(fresh.types["tusa_allocations_created_total"] == "counter")
+
+        var turn = TURNStatistics()
+        turn.allocationsActive = 2
+        turn.allocationsCreated = 3
+        turn.allocationsDeleted = 1
+        turn.packetsToPeer = 10
+        turn.bytesToPeer = 1000
+        turn.packetsToClient = 9
+        turn.bytesToClient = 900
+        turn.authFailures = 1
+        turn.challenges = 4
+        turn.errors = [401: 5, 486: 1]
+        turn.drops[TURNDropReason.noPermission.rawValue] = 7
+        var stun = BindingStatistics()
+        stun.responses = 12
+        stun.drops = [.notSTUN: 2]
+        metrics.update(stun: stun, turn: turn)
+
+        var text = Exposition(registry.emitToString())
+        #expect(text["tusa_allocations_active"] == 2)
+        #expect(text["tusa_allocations_created_total"] == 3)
+        #expect(text["tusa_allocations_deleted_total"] == 1)
+        #expect(text["tusa_relayed_packets_total{direction=\"to_peer\"}"] == 10)
+        #expect(text["tusa_relayed_packets_total{direction=\"to_client\"}"] == 9)
+        #expect(text["tusa_relayed_bytes_total{direction=\"to_peer\"}"] == 1000)
+        #expect(text["tusa_relayed_bytes_total{direction=\"to_client\"}"] == 900)
+        #expect(text["tusa_auth_failures_total"] == 1)
+        #expect(text["tusa_challenges_total"] == 4)
+        #expect(text["tusa_error_responses_total{code=\"401\"}"] == 5)
+        #expect(text["tusa_error_responses_total{code=\"486\"}"] == 1)
+        #expect(text["tusa_turn_drops_total{reason=\"no_permission\"}"] == 7)
+        #expect(text["tusa_stun_responses_total"] == 12)
+        #expect(text["tusa_stun_drops_total{reason=\"not_stun\"}"] == 2)
+
+        // Totals that rise add the difference; the gauge follows; nothing counts twice.
+        turn.allocationsActive = 0
+        turn.allocationsCreated = 5
+        turn.errors[401] = 6
+        metrics.update(stun: stun, turn: turn)
+        metrics.update(stun: stun, turn: turn)
+        text = Exposition(registry.emitToString())
+        #expect(text["tusa_allocations_active"] == 0)
+        #expect(text["tusa_allocations_created_total"] == 5)
+        #expect(text["tusa_error_responses_total{code=\"401\"}"] == 6)
+        #expect(text["tusa_stun_responses_total"] == 12)
+    }
+
+    // MARK: the endpoint
+
+    @Test("GET /metrics answers in the text format, refreshed; other paths 404, other methods 405")
+    func endpointServesMetrics() async throws {
+        let registry = PrometheusCollectorRegistry()
+        let refreshes = registry.makeCounter(
+            descriptor: MetricNameDescriptor(metricName: "test_refreshes", unitName: "total", helpText: "Refreshes so far."))
+        let endpoint = MetricsEndpoint(
+            address: TransportAddress(ip: loopback, port: 0), registry: registry,
+            refreshInterval: .milliseconds(50), logger: quietLogger
+        ) { refreshes.increment() }
+        try await withService(endpoint) {
+            let address = try await endpoint.boundAddress()
+            #expect(address.ip == loopback && address.port != 0)
+
+            let ok = try await offload { try httpGet(address, "/metrics") }
+            #expect(ok.status == 200, "\(ok.head)")
+            #expect(ok.head.contains("Content-Type: text/plain; version=0.0.4"), "\(ok.head)")
+            let first = try #require(Exposition(ok.body)["test_refreshes_total"])
+            #expect(first >= 1, "refreshed once before serving")
+            try await Task.sleep(for: .milliseconds(300))
+            let later = try await offload { try httpGet(address, "/metrics?x=1") }
+            #expect(try #require(Exposition(later.body)["test_refreshes_total"]) > first, "refreshed while serving")
+
+            #expect(try await offload { try httpGet(address, "/") }.status == 404)
+            #expect(try await offload { try httpGet(address, "/metrics", method: "POST") }.status == 405)
+            let head = try await offload { try httpGet(address, "/metrics", method: "HEAD") }
+            #expect(head.status == 200 && head.body.isEmpty)
+        }
+    }
+
+    @Test("a port in use is a one-line bind error from run() and boundAddress()")
+    func endpointPortInUse() async throws {
+        let first = MetricsEndpoint(
+            address: TransportAddress(ip: loopback, port: 0), registry: PrometheusCollectorRegistry(),
+            logger: quietLogger)
+        try await withService(first) {
+            let taken = try await first.boundAddress()
+            let second = MetricsEndpoint(address: taken, registry: PrometheusCollectorRegistry(), logger: quietLogger)
+            do {
+                try await second.run()
+                Issue.record("a second endpoint bound \(taken)")
+            } catch let error as BindingServiceError {
+                #expect(error.code == .bindFailed)
+                #expect(error.message == "cannot serve metrics on tcp \(taken): Address already in use", "\(error)")
+            }
+            await #expect(throws: BindingServiceError.self) { try await second.boundAddress() }
+        }
+    }
+
+    // MARK: the binary
+
+    @Test("tusa relay -c FILE --prometheus: file options apply, ignored ones are noted, /metrics serves the names",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func binaryServesMetricsFromConfigFile() async throws {
+        let config = try TemporaryFile("""
+            # a coturn-style file
+            listening-ip=127.0.0.1
+            listening-port=0
+            realm=example.org
+            user=alice:wonderland
+            fingerprint
+            no-cli
+            prometheus
+            """)
+        let relay = try #require(try Harness.startRelay(["-c", config.path, "--prometheus-port", "0", "--no-tcp"])?.0)
+        defer { relay.stop(signal: SIGKILL) }
+        let url = try #require(try await offload { relay.waitForMatch(#"metrics http://127\.0\.0\.1:[0-9]+/metrics"#) })
+        let address = try #require(metricsAddress(url))
+        let response = try await offload { try httpGet(address, "/metrics") }
+        #expect(response.status == 200)
+        let names = Set(response.body.split(separator: "\n").filter { !$0.hasPrefix("#") }.compactMap {
+            $0.split(whereSeparator: { $0 == "{" || $0 == " " }).first.map(String.init)
+        })
+        for name in [
+            "tusa_allocations_active", "tusa_allocations_created_total", "tusa_allocations_expired_total",
+            "tusa_allocations_deleted_total", "tusa_relayed_packets_total", "tusa_relayed_bytes_total",
+            "tusa_auth_failures_total", "tusa_challenges_total", "tusa_turn_drops_total",
+            "tusa_stun_responses_total", "tusa_stun_drops_total",
+        ] {
+            #expect(names.contains(name), "\(name) missing from /metrics")
+        }
+        #expect(!relay.stdout.contains("listening tcp"), "--no-tcp from the command line")
+        #expect(relay.stderr.contains("tusa relay: notice: \(config.path):6: ignoring coturn option 'fingerprint'"), "\(relay.stderr)")
+        #expect(relay.stderr.contains("tusa relay: notice: \(config.path):7: ignoring coturn option 'no-cli'"), "\(relay.stderr)")
+        #expect(relay.stderr.contains("realm=example.org"), "the file's realm is in the TURN log line: \(relay.stderr)")
+        #expect(try await offload { relay.stop() } == 0)
+    }
+
+    @Test("turnutils_uclient's allocations through tusa relay raise tusa_allocations_created_total",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN)"),
+        .enabled(if: Harness.which("turnutils_uclient") != nil && Harness.which("turnutils_peer") != nil,
+            "coturn's turnutils_uclient/turnutils_peer not installed (make test installs coturn): skipped"))
+    func allocationsRaiseTheCounter() async throws {
+        let uclient = try #require(Harness.which("turnutils_uclient"))
+        let peerTool = try #require(Harness.which("turnutils_peer"))
+        let config = try TemporaryFile("realm=example.org\nuser=alice:wonderland\nallow-loopback-peers\n")
+        let (relay, port) = try #require(try Harness.startRelay([
+            "--config", config.path, "--listen", "127.0.0.1:0", "--prometheus", "--prometheus-port", "0",
+        ]))
+        defer { relay.stop(signal: SIGKILL) }
+        let url = try #require(try await offload { relay.waitForMatch(#"metrics http://127\.0\.0\.1:[0-9]+/metrics"#) })
+        let address = try #require(metricsAddress(url))
+        let before = Exposition(try await offload { try httpGet(address, "/metrics") }.body)
+        #expect(before["tusa_allocations_created_total"] == 0)
+
+        let peerPort = Harness.freePort()
+        let peer = try Harness.Background(peerTool, ["-L", "127.0.0.1", "-p", "\(peerPort)"])
+        defer { peer.stop(signal: SIGKILL) }
+        try await Task.sleep(for: .milliseconds(300))
+        let run = try await offload {
+            try Harness.run(uclient, [
+                "-u", "alice", "-w", "wonderland", "-p", "\(port)", "-e", "127.0.0.1", "-r", "\(peerPort)",
+                "-n", "3", "-m", "1", "127.0.0.1",
+            ], timeout: 30)
+        }
+        #expect(!run.timedOut && run.status == 0, "turnutils_uclient: \(run.stdout.suffix(800)) \(run.stderr.suffix(800))")
+
+        // The endpoint refreshes about once a second.
+        var after = before
+        let deadline = ContinuousClock.now.advanced(by: .seconds(5))
+        while ContinuousClock.now < deadline {
+            after = Exposition(try await offload { try httpGet(address, "/metrics") }.body)
+            if (after["tusa_allocations_created_total"] ?? 0) >= 1 && (after["tusa_relayed_packets_total{direction=\"to_peer\"}"] ?? 0) >= 1 { break }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        #expect((after["tusa_allocations_created_total"] ?? 0) >= 1, "\(after.text)")
+        #expect((after["tusa_relayed_packets_total{direction=\"to_peer\"}"] ?? 0) >= 1, "\(after.text)")
+        #expect((after["tusa_challenges_total"] ?? 0) >= 1, "uclient is challenged before it authenticates")
+        #expect((after["tusa_auth_failures_total"] ?? -1) == 0)
+        #expect(try await offload { relay.stop() } == 0)
+    }
+
+    @Test("a metrics port in use is a one-line error, status 1",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func binaryReportsMetricsPortInUse() async throws {
+        let binary = try #require(Harness.tusa)
+        let holder = MetricsEndpoint(
+            address: TransportAddress(ip: loopback, port: 0), registry: PrometheusCollectorRegistry(),
+            logger: quietLogger)
+        try await withService(holder) {
+            let taken = try await holder.boundAddress()
+            let r = try await offload {
+                try Harness.run(binary, [
+                    "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--prometheus", "--prometheus-port", "\(taken.port)",
+                    "--log-level", "critical",
+                ], timeout: 10)
+            }
+            #expect(r.status == 1)
+            #expect(r.stderr == "tusa relay: error: cannot serve metrics on tcp \(taken): Address already in use\n", "\(r.stderr)")
+        }
+    }
+}
+
+// MARK: - Helpers
+
+/// A parsed Prometheus text exposition: sample values by `name{labels}`, types by name.
+private struct Exposition {
+    var text: String
+    var samples: [String: Double] = [:]
+    var types: [String: String] = [:]
+
+    init(_ text: String) {
+        self.text = text
+        for line in text.split(separator: "\n") {
+            if line.hasPrefix("# TYPE ") {
+                let parts = line.split(separator: " ")
+                if parts.count == 4 { types[String(parts[2])] = String(parts[3]) }
+            } else if !line.hasPrefix("#"), let space = line.lastIndex(of: " ") {
+                samples[String(line[..<space])] = Double(line[line.index(after: space)...])
+            }
+        }
+    }
+
+    subscript(_ key: String) -> Double? { samples[key] }
+}
+
+private struct HTTPResponse: Sendable {
+    var status: Int
+    var head: String
+    var body: String
+}
+
+/// One HTTP/1.1 request with `Connection: close`, read to the end (5 s at most).
+private func httpGet(_ server: TransportAddress, _ path: String, method: String = "GET") throws -> HTTPResponse {
+    let socket = try TestSocket.tcp(connectingTo: server)
+    try socket.sendAll(Array("\(method) \(path) HTTP/1.1\r\nHost: \(server)\r\nConnection: close\r\n\r\n".utf8))
+    guard let bytes = socket.readToEnd(timeout: 5) else { throw TestSocketError("no complete answer from \(server)") }
+    let text = String(decoding: bytes, as: UTF8.self)
+    guard let split = text.range(of: "\r\n\r\n") else { throw TestSocketError("not HTTP: \(text.prefix(200))") }
+    let head = String(text[..<split.lowerBound])
+    let statusLine = head.split(separator: "\r\n").first ?? ""
+    let status = statusLine.split(separator: " ").dropFirst().first.flatMap { Int($0) } ?? 0
+    return HTTPResponse(status: status, head: head, body: String(text[split.upperBound...]))
+}
+
+/// `127.0.0.1:PORT` out of `metrics http://127.0.0.1:PORT/metrics`.
+private func metricsAddress(_ line: String) -> TransportAddress? {
+    guard let start = line.range(of: "http://"), let end = line.range(of: "/metrics", range: start.upperBound..<line.endIndex) else {
+        return nil
+    }
+    return TransportAddress(String(line[start.upperBound..<end.lowerBound]))
+}
+
+/// Runs `service` in a ServiceGroup around `body`, then shuts it down (5 s at most).
+private func withService(_ service: some Service, _ body: () async throws -> Void) async throws {
+    let group = ServiceGroup(configuration: .init(services: [service], logger: quietLogger))
+    let running = Task { try await group.run() }
+    do {
+        try await body()
+    } catch {
+        running.cancel()
+        _ = try? await running.value
+        throw error
+    }
+    await group.triggerGracefulShutdown()
+    let stopped = Task {
+        try await Task.sleep(for: .seconds(5))
+        running.cancel()
+    }
+    try await running.value
+    stopped.cancel()
+}
+
+/// Runs blocking socket and process calls off the cooperative pool.
+private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
+    }
+}

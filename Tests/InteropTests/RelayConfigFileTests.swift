@@ -1,0 +1,221 @@
+import Dispatch
+import Foundation
+import Testing
+import Transport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// `tusa relay --config FILE`: coturn's turnserver.conf format turned into
+// `tusa relay` arguments (a pure function), then the binary reading such files.
+
+@Suite("Relay config file: coturn's turnserver.conf as tusa relay arguments")
+struct RelayConfigFileTests {
+    private func parse(_ text: String) throws -> RelayConfigFile.Result {
+        try RelayConfigFile.arguments(from: text, file: "turnserver.conf")
+    }
+
+    @Test("options map to tusa relay's long flags, in file order, with their lines")
+    func mapping() throws {
+        let result = try parse("""
+            realm=example.org
+            user=alice:wonderland
+            user=bob:0x0123456789abcdef0123456789abcdef
+            use-auth-secret
+            static-auth-secret=north=wind
+            lt-cred-mech
+            min-port=50000
+            max-port=50100
+            relay-ip=192.0.2.10
+            external-ip=203.0.113.7/192.0.2.10
+            allow-loopback-peers
+            allowed-peer-ip=10.0.0.1-10.0.0.9
+            denied-peer-ip=172.16.0.0/12
+            user-quota=10
+            total-quota=100
+            max-bps=64000
+            max-allocate-lifetime=1800
+            stale-nonce=300
+            no-tcp
+            prometheus
+            prometheus-port=9642
+            """)
+        #expect(result.arguments == [
+            "--realm=example.org", "--user=alice:wonderland", "--user=bob:0x0123456789abcdef0123456789abcdef",
+            "--use-auth-secret", "--static-auth-secret=north=wind", "--lt-cred-mech", "--min-port=50000",
+            "--max-port=50100", "--relay-ip=192.0.2.10", "--external-ip=203.0.113.7/192.0.2.10",
+            "--allow-loopback-peers", "--allowed-peer-ip=10.0.0.1-10.0.0.9", "--denied-peer-ip=172.16.0.0/12",
+            "--user-quota=10", "--total-quota=100", "--max-bps=64000", "--max-allocate-lifetime=1800",
+            "--stale-nonce=300", "--no-tcp", "--prometheus", "--prometheus-port=9642",
+        ])
+        #expect(result.lines == Array(1...21))
+        #expect(result.notices.isEmpty)
+    }
+
+    @Test("comments, blank lines, indentation, CRLF and trailing blanks are skipped")
+    func commentsAndBlanks() throws {
+        let result = try parse("# turnserver.conf\r\n\r\n   # indented comment\n\trealm=example.org   \r\n\n  no-auth\n")
+        #expect(result.arguments == ["--realm=example.org", "--no-auth"])
+        #expect(result.lines == [4, 6])
+    }
+
+    @Test("a space, a tab or '=' with blanks around it separates name and value, as in coturn")
+    func separators() throws {
+        let result = try parse("realm example.org\nuser\talice:wonderland\nmin-port = 50000\nmax-port==50100")
+        #expect(result.arguments == [
+            "--realm=example.org", "--user=alice:wonderland", "--min-port=50000", "--max-port=50100",
+        ])
+    }
+
+    @Test("double quotes around a value are removed; a value may begin with a dash")
+    func quotesAndDashes() throws {
+        let result = try parse("realm=\"example.org\"\nstatic-auth-secret=-starts-with-a-dash\nsoftware=\"tusa relay\"")
+        #expect(result.arguments == [
+            "--realm=example.org", "--static-auth-secret=-starts-with-a-dash", "--software=tusa relay",
+        ])
+    }
+
+    @Test("flags take coturn's booleans: off, no, false and 0 leave them unset")
+    func booleanFlags() throws {
+        let result = try parse("no-tcp=true\nno-udp=off\nno-auth yes\nallow-loopback-peers=0\nlt-cred-mech=1")
+        #expect(result.arguments == ["--no-tcp", "--no-auth", "--lt-cred-mech"])
+        #expect(throws: RelayConfigFile.Problem.self) { try parse("no-tcp=maybe") }
+    }
+
+    @Test("listening-ip (repeatable) and listening-port become their own flags")
+    func listening() throws {
+        let result = try parse("listening-ip=127.0.0.1\nlistening-ip=::1\nlistening-port=3479")
+        #expect(result.arguments == ["--listening-ip=127.0.0.1", "--listening-ip=::1", "--listening-port=3479"])
+    }
+
+    @Test("bare stale-nonce keeps the default, as coturn's optional value does")
+    func bareStaleNonce() throws {
+        #expect(try parse("stale-nonce").arguments.isEmpty)
+    }
+
+    @Test("coturn options tusa does not use are skipped with one notice each")
+    func ignoredCoturnOptions() throws {
+        let result = try parse("""
+            fingerprint
+            realm=example.org
+            no-cli
+            no-tls
+            no-dtls
+            verbose
+            log-file=/var/log/turn.log
+            simple-log
+            no-stdout-log
+            pidfile="/var/run/turnserver.pid"
+            no-multicast-peers
+            mobility
+            """)
+        #expect(result.arguments == ["--realm=example.org"])
+        #expect(result.notices.count == 11)
+        #expect(result.notices.first == "turnserver.conf:1: ignoring coturn option 'fingerprint' (not used by tusa)")
+        #expect(result.notices.last == "turnserver.conf:12: ignoring coturn option 'mobility' (not used by tusa)")
+    }
+
+    @Test(
+        "anything else is an error naming the file and line",
+        arguments: [
+            ("realm=example.org\n\nbogus-option=1", 3, "unknown option 'bogus-option'"),
+            ("# comment\nrealm", 2, "'realm' needs a value"),
+            ("realm=\"\"", 1, "'realm' needs a value"),
+            ("no-tcp=perhaps", 1, "'no-tcp' takes no value or a boolean"),
+            ("--realm=example.org", 1, "write option names without dashes, e.g. 'realm'"),
+            ("config=/etc/other.conf", 1, "unknown option 'config'"),
+            ("help", 1, "unknown option 'help'"),
+        ])
+    func errors(_ text: String, _ line: Int, _ message: String) {
+        do {
+            _ = try RelayConfigFile.arguments(from: text, file: "/etc/turnserver.conf")
+            Issue.record("no error for \(text)")
+        } catch {
+            #expect(error.line == line)
+            #expect(error.description.hasPrefix("/etc/turnserver.conf:\(line): "), "\(error)")
+            #expect(error.message.contains(message), "\(error)")
+        }
+    }
+
+    @Test("coturn's own shipped turnserver.conf loads (every option in it is known or ignored)",
+        .enabled(if: FileManager.default.fileExists(atPath: "/etc/turnserver.conf"), "coturn not installed"))
+    func coturnsOwnSampleLoads() throws {
+        // Debian's coturn ships a file of commented-out examples; uncomment each
+        // `#name` and `#name=value` line and every one must parse.
+        let text = try String(contentsOfFile: "/etc/turnserver.conf", encoding: .utf8)
+        var uncommented: [String] = []
+        for line in text.split(whereSeparator: \.isNewline) where line.hasPrefix("#") {
+            let body = line.dropFirst()
+            guard let first = body.first, first.isLetter, first.isLowercase else { continue }
+            let name = body.prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" }
+            let rest = body.dropFirst(name.count)
+            guard rest.isEmpty || rest.first == "=" else { continue }  // prose, not an option
+            uncommented.append(String(body))
+        }
+        #expect(uncommented.count > 50, "too few example options found: \(uncommented.count)")
+        let result = try RelayConfigFile.arguments(from: uncommented.joined(separator: "\n"), file: "sample")
+        #expect(!result.arguments.isEmpty && !result.notices.isEmpty)
+    }
+
+    // MARK: the binary
+
+    @Test("the command line overrides the file's single-valued options; flags may repeat",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func commandLineOverridesTheFile() async throws {
+        let config = try TemporaryFile("listening-ip=127.0.0.1\nlistening-port=0\nrealm=from-file\nuser=alice:wonderland\nno-tcp\n")
+        let (relay, _) = try #require(try Harness.startRelay(["-c", config.path, "--realm", "from-command-line", "--no-tcp"]))
+        defer { relay.stop(signal: SIGKILL) }
+        #expect(relay.waitFor(timeout: 5) { _, err in err.contains("realm=") }, "\(relay.stderr)")
+        #expect(relay.stderr.contains("realm=from-command-line"), "\(relay.stderr)")
+        #expect(!relay.stdout.contains("listening tcp"))
+        #expect(try await offload { relay.stop() } == 0)
+    }
+
+    @Test(
+        "config-file mistakes are one line naming FILE:LINE, status 1",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
+        arguments: [
+            ("realm=example.org\nbogus-option=1\n", ":2: unknown option 'bogus-option'"),
+            ("# users\nuser=alice:wonderland\nmin-port=lots\n", ":3: The value 'lots' is invalid for '--min-port"),
+            ("\n\nno-udp=sometimes\n", ":3: 'no-udp' takes no value or a boolean"),
+        ])
+    func binaryRefusesBadConfigFiles(_ text: String, _ expected: String) async throws {
+        let binary = try #require(Harness.tusa)
+        let config = try TemporaryFile(text)
+        let r = try await offload { try Harness.run(binary, ["relay", "-c", config.path, "--listen", "127.0.0.1:0"], timeout: 10) }
+        #expect(r.status == 1)
+        #expect(r.stderr.hasPrefix("tusa relay: error: \(config.path)\(expected)"), "\(r.stderr)")
+        #expect(r.stderr.split(separator: "\n").count == 1, "\(r.stderr)")
+    }
+
+    @Test("a missing config file is a one-line error, status 1",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func binaryReportsMissingFile() async throws {
+        let binary = try #require(Harness.tusa)
+        let missing = try await offload {
+            try Harness.run(binary, ["relay", "--config", "/nonexistent/turnserver.conf", "--listen", "127.0.0.1:0"], timeout: 10)
+        }
+        #expect(missing.status == 1)
+        #expect(missing.stderr == "tusa relay: error: cannot read config file '/nonexistent/turnserver.conf'\n", "\(missing.stderr)")
+    }
+
+    @Test("every config-file option of tusa relay is one of its long flags",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func configOptionsAreRealFlags() async throws {
+        let binary = try #require(Harness.tusa)
+        let help = try await offload { try Harness.run(binary, ["relay", "--help"], timeout: 10) }
+        for name in RelayConfigFile.relayOptions.keys.sorted() {
+            #expect(help.stdout.contains("--\(name) ") || help.stdout.contains("--\(name)\n") || help.stdout.contains("--\(name),") || help.stdout.contains("--\(name) <"),
+                "--\(name) is not in tusa relay --help")
+        }
+        #expect(RelayConfigFile.ignoredCoturnOptions.isDisjoint(with: RelayConfigFile.relayOptions.keys))
+    }
+}
+
+/// Runs blocking process calls off the cooperative pool.
+private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
+    }
+}
