@@ -83,8 +83,9 @@ final class TURNLane: TURNRelayPorts {
     static var now: Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
 
     func start() {
-        sweep = loop.scheduleRepeatedTask(initialDelay: Self.sweepInterval, delay: Self.sweepInterval) { [self] _ in
-            core.expire(now: Self.now)
+        let lane = NIOLoopBound(self, eventLoop: loop)
+        sweep = loop.scheduleRepeatedTask(initialDelay: Self.sweepInterval, delay: Self.sweepInterval) { _ in
+            lane.value.core.expire(now: Self.now)
         }
     }
 
