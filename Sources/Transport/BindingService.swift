@@ -42,6 +42,8 @@ public final class BindingService: Service, Sendable {
         public var threads: Int
         /// A TCP connection that sends nothing for this long is closed.
         public var tcpIdleTimeout: TimeAmount
+        /// TCP and TLS connections open at once, at most; more are closed on accept.
+        public var maxTCPConnections = 10_000
         /// Send a read burst's answers to one client as UDP GSO writes (when the
         /// kernel supports it). Turn off for a NIC without TX checksum offload
         /// or an IPsec path, where Linux refuses GSO writes.
@@ -140,6 +142,7 @@ public final class BindingService: Service, Sendable {
     private let started = NIOLockedValueBox(false)
     private let turnLanes = NIOLockedValueBox<TURNLanes?>(nil)
     private let tlsContext = NIOLockedValueBox<NIOSSLContext?>(nil)
+    private let tcpConnections = NIOLockedValueBox(0)
     private let finalTURN = NIOLockedValueBox(TURNStatistics())
 
     /// The TURN counters of every event loop added up (while serving), or the
@@ -417,6 +420,8 @@ public final class BindingService: Service, Sendable {
         let totals = self.totals
         let logger = self.logger
         let idleTimeout = configuration.tcpIdleTimeout
+        let open = tcpConnections
+        let limit = configuration.maxTCPConnections
         let turn = turnLanes.withLockedValue { $0 }
         // Over TCP there is no RFC 5780 behaviour discovery, so the core needs no addresses.
         let core = BindingServer(configuration: .init(software: configuration.software))
@@ -425,14 +430,26 @@ public final class BindingService: Service, Sendable {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
+                let admitted = open.withLockedValue { count -> Bool in
+                    guard count < limit else { return false }
+                    count += 1
+                    return true
+                }
+                guard admitted else {
+                    totals.refuseConnection()
+                    return channel.close()
+                }
+                channel.closeFuture.whenComplete { _ in open.withLockedValue { $0 -= 1 } }
+                return channel.eventLoop.makeCompletedFuture {
                     if let tls {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
                     }
                     try channel.pipeline.syncOperations.addHandlers([
                         BackPressureHandler(),
                         IdleStateHandler(readTimeout: idleTimeout),
-                        TCPBindingHandler(core: core, totals: totals, logger: logger, turn: turn, transport: tls == nil ? .tcp : .tls),
+                        TCPBindingHandler(
+                            core: core, totals: totals, logger: logger, turn: turn, transport: tls == nil ? .tcp : .tls,
+                            frameTimeout: idleTimeout),
                     ])
                 }
             }
@@ -547,8 +564,10 @@ public struct BindingStatistics: Hashable, Sendable, CustomStringConvertible {
     public var unroutable = 0
     /// TCP connections closed because the stream was neither STUN nor ChannelData.
     public var badStreams = 0
-    /// TCP connections closed for saying nothing.
+    /// TCP connections closed for saying nothing, or for a frame that never completed.
     public var idleTimeouts = 0
+    /// TCP/TLS connections closed on accept because ``BindingService/Configuration/maxTCPConnections`` were open.
+    public var refusedConnections = 0
     /// UDP GSO writes, and the answers they carried (included in ``responses``).
     public var gsoWrites = 0
     public var gsoSegments = 0
@@ -567,6 +586,7 @@ public struct BindingStatistics: Hashable, Sendable, CustomStringConvertible {
         if unroutable > 0 { text += ", unroutable \(unroutable)" }
         if gsoWrites > 0 { text += ", \(gsoSegments) answers in \(gsoWrites) GSO writes" }
         text += ", tcp closed: \(badStreams) bad stream, \(idleTimeouts) idle"
+        if refusedConnections > 0 { text += ", \(refusedConnections) refused (limit)" }
         return text
     }
 
@@ -641,6 +661,8 @@ final class StatisticsBox: Sendable {
     }
 
     var snapshot: BindingStatistics { totals.withLockedValue { $0 } }
+
+    func refuseConnection() { totals.withLockedValue { $0.refusedConnections += 1 } }
 }
 
 // MARK: - Waiting for the bound addresses

@@ -37,7 +37,16 @@ final class TCPBindingHandler: ChannelInboundHandler {
     /// `.tcp`, or `.tls` behind a TLS handler: names the allocation's transport.
     private let transport: TURNTransport
 
-    init(core: BindingServer, totals: StatisticsBox, logger: Logger, turn: TURNLanes? = nil, transport: TURNTransport = .tcp) {
+    /// A frame begun must be complete within this long (slowloris: one byte
+    /// now and then would otherwise keep a connection forever).
+    private let frameTimeout: TimeAmount
+    private var partialSince: NIODeadline?
+
+    init(
+        core: BindingServer, totals: StatisticsBox, logger: Logger, turn: TURNLanes? = nil, transport: TURNTransport = .tcp,
+        frameTimeout: TimeAmount = .seconds(30)
+    ) {
+        self.frameTimeout = frameTimeout
         self.turn = turn
         self.transport = transport
         self.core = core
@@ -115,6 +124,17 @@ final class TCPBindingHandler: ChannelInboundHandler {
         if framer.bufferedByteCount > Self.maximumBufferedBytes {
             counters.badStreams += 1
             close(context, because: "\(framer.bufferedByteCount) bytes buffered without a complete frame")
+            return
+        }
+        if framer.bufferedByteCount == 0 {
+            partialSince = nil
+        } else if let since = partialSince {
+            if NIODeadline.now() - since > frameTimeout {
+                counters.idleTimeouts += 1
+                close(context, because: "a frame took longer than \(frameTimeout) to arrive")
+            }
+        } else {
+            partialSince = .now()
         }
     }
 

@@ -169,6 +169,9 @@ struct Relay: AsyncParsableCommand {
     @Flag(name: .customLong("no-tls"), help: "Do not serve TLS even with --cert.")
     var noTLS = false
 
+    @Option(name: .customLong("max-tcp-connections"), help: "TCP and TLS connections open at once; more are closed on accept.")
+    var maxTCPConnections = 10_000
+
     @Flag(name: .customLong("strict-channel-numbers"), help: "Accept only RFC 8656 channel numbers 0x4000-0x4FFF (default: RFC 5766's 0x4000-0x7FFF, which older clients such as coturn's use).")
     var strictChannelNumbers = false
 
@@ -326,12 +329,15 @@ struct Relay: AsyncParsableCommand {
         var configuration = BindingService.Configuration(
             listenAddresses: addresses,
             alternateAddress: alternate, software: software, udp: !noUDP, tcp: !noTCP, threads: threads, gso: !noGSO)
-        switch (certificate, privateKey) {
-        case (let cert?, let key?) where !noTLS:
-            configuration.tls = TLSSettings(certificateFile: cert, privateKeyFile: key, port: tlsPort)
-        case (nil, nil), (_, _) where noTLS: break
-        default: throw ConfigurationProblem(message: "--cert and --pkey go together")
+        if !noTLS {
+            switch (certificate, privateKey) {
+            case (let cert?, let key?): configuration.tls = TLSSettings(certificateFile: cert, privateKeyFile: key, port: tlsPort)
+            case (nil, nil): break
+            default: throw ConfigurationProblem(message: "--cert and --pkey go together")
+            }
         }
+        guard maxTCPConnections >= 1 else { throw ConfigurationProblem(message: "--max-tcp-connections must be at least 1") }
+        configuration.maxTCPConnections = maxTCPConnections
         if let turn = try makeTURN() {
             configuration.turn = turn
             var plan = RelayAddressPlan.derived(from: addresses, minPort: minPort, maxPort: maxPort)

@@ -152,6 +152,46 @@ struct RelayServiceTests {
         }
     }
 
+    @Test("TCP: a frame dribbled a byte at a time is cut off after the timeout (slowloris)")
+    func tcpSlowFrameIsClosed() async throws {
+        var configuration = BindingService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false,
+            tcpIdleTimeout: .milliseconds(600))
+        configuration.maxTCPConnections = 4
+        try await withBindingService(configuration) { service, sockets in
+            let server = try #require(sockets.first { $0.kind == .tcp }).address
+            let connection = try await offload { try TestSocket.tcp(connectingTo: server) }
+            let request = Message(type: .bindingRequest).encode()
+            // One byte every 200 ms never lets the idle timer fire, but the frame never completes in time.
+            var closed = false
+            for byte in request.prefix(15) where !closed {
+                try? await offload { try connection.sendAll([byte]) }
+                closed = try await offload { connection.waitForClose(timeout: 0.2) }
+            }
+            #expect(closed, "a frame dribbled over 3 s was not cut off")
+            try await eventually { service.statistics.idleTimeouts == 1 }
+        }
+    }
+
+    @Test("TCP: connections over the limit are closed on accept and counted")
+    func tcpConnectionLimit() async throws {
+        var configuration = BindingService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false)
+        configuration.maxTCPConnections = 2
+        try await withBindingService(configuration) { service, sockets in
+            let server = try #require(sockets.first { $0.kind == .tcp }).address
+            let first = try await offload { try TestSocket.tcp(connectingTo: server) }
+            let second = try await offload { try TestSocket.tcp(connectingTo: server) }
+            let third = try await offload { try TestSocket.tcp(connectingTo: server) }
+            #expect(try await offload { third.waitForClose(timeout: 3) })
+            // The admitted ones still answer.
+            try await offload { try first.sendAll(Message(type: .bindingRequest).encode()) }
+            #expect(try await offload { try first.readFrame(timeout: 3) } != nil)
+            try await eventually { service.statistics.refusedConnections == 1 }
+            _ = second
+        }
+    }
+
     // MARK: RFC 5780
 
     @Test("RFC 5780: CHANGE-REQUEST is answered from the asked-for address")
