@@ -11,6 +11,7 @@ let package = Package(
     products: [
         .executable(name: "binding-load", targets: ["binding-load"]),
         .executable(name: "udp-echo", targets: ["udp-echo"]),
+        .executable(name: "turn-load", targets: ["turn-load"]),
     ],
     dependencies: [
         // MallocInterposer only: the default RuntimeInterposer trait needs a package not available here.
@@ -27,6 +28,12 @@ let package = Package(
         .executableTarget(name: "binding-load", dependencies: ["BenchSupport", "CMultiMsg"], swiftSettings: strict),
         // Trivial reference server: answers each Binding request with a bare success header.
         .executableTarget(name: "udp-echo", dependencies: ["BenchSupport", "CMultiMsg"], swiftSettings: strict),
+        // TURN load generator: allocations (401 challenge + long-term credentials) and relayed
+        // ChannelData both ways, requests built with the root package's STUN module.
+        .executableTarget(
+            name: "turn-load",
+            dependencies: ["BenchSupport", "CMultiMsg", .product(name: "STUN", package: "Tusa")],
+            swiftSettings: strict),
         // zlib for the bare-CRC baseline (the root package's CZlib is not a product).
         .systemLibrary(name: "BenchZlib", pkgConfig: "zlib"),
         // STUN codec per message against the bare HMAC / CRC calls: `swift package benchmark`.
