@@ -145,6 +145,13 @@ now() { date +%s.%N; }
 HZ=$(getconf CLK_TCK)
 MIN_PORT=20000
 MAX_PORT=65000
+# Pinning needs two CPUs; on one, everything shares it (the smoke check still works).
+if (($(nproc) >= 2)); then
+  SERVER_PIN=(taskset -c "$SERVER_CPU") LOAD_PIN=(taskset -c "$LOAD_CPU")
+else
+  echo "turn-bench: one CPU only; not pinning (rates mean nothing here)"
+  SERVER_PIN=() LOAD_PIN=()
+fi
 
 # start_server NAME PORT: starts it pinned to SERVER_CPU, sets SPID.
 start_server() {
@@ -153,7 +160,7 @@ start_server() {
     tusa)
       # Quotas off (coturn's defaults are unlimited); loopback peers allowed (the
       # generator's peers live on 127.0.0.1). Logs (one line per allocation) go to a file.
-      taskset -c "$SERVER_CPU" "$TUSA" relay --listen "127.0.0.1:$port" \
+      "${SERVER_PIN[@]}" "$TUSA" relay --listen "127.0.0.1:$port" \
         -u alice:wonderland -r example.org --allow-loopback-peers \
         --min-port "$MIN_PORT" --max-port "$MAX_PORT" --user-quota 0 --total-quota 0 \
         >"$log.out" 2>"$log.err" &
@@ -161,7 +168,7 @@ start_server() {
     coturn)
       # -n: no config file; -m 0: listener and relay in one thread; TLS/DTLS/CLI off;
       # long-term credentials; the log (one line per allocation event) goes to a file.
-      taskset -c "$SERVER_CPU" turnserver -n -m "$COTURN_THREADS" \
+      "${SERVER_PIN[@]}" turnserver -n -m "$COTURN_THREADS" \
         -L 127.0.0.1 -p "$port" --relay-ip 127.0.0.1 \
         --no-tls --no-dtls --no-cli \
         --log-file "$log.turn.log" --simple-log --no-stdout-log \
@@ -268,7 +275,7 @@ run_one() {
     args+=(--mode allocate --clients "$ALLOCATIONS")
   fi
   # In the background + wait, so that a SIGTERM to this script is handled at once.
-  taskset -c "$LOAD_CPU" "$LOAD" "${args[@]}" >"$TMP/load.out" 2>"$TMP/load.err" &
+  "${LOAD_PIN[@]}" "$LOAD" "${args[@]}" >"$TMP/load.out" 2>"$TMP/load.err" &
   lpid=$!
   PIDS+=("$lpid")
   rc=0
