@@ -71,10 +71,24 @@ public struct IPRange: Hashable, Sendable, CustomStringConvertible {
 }
 
 extension IPAddress {
-    /// The IPv4 address inside an IPv4-mapped (`::ffff:a.b.c.d`) or
-    /// IPv4-compatible (`::a.b.c.d`) IPv6 address, if it is one.
+    /// `0.0.0.0` or `::`: a listen address that means every interface.
+    public var isUnspecified: Bool {
+        switch self {
+        case .v4(let v): v == 0
+        case .v6(let high, let low): high == 0 && low == 0
+        }
+    }
+
+    /// The IPv4 address inside an IPv4-mapped (`::ffff:a.b.c.d`),
+    /// IPv4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`) or 6to4
+    /// (`2002:AABB:CCDD::`) IPv6 address, if it is one.
     public var embeddedIPv4: IPAddress? {
-        guard case .v6(let h, let l) = self, h == 0 else { return nil }
+        guard case .v6(let h, let l) = self else { return nil }
+        // NAT64 well-known prefix 64:ff9b::/96 (RFC 6052): reaches the IPv4 address through a translator.
+        if h == 0x0064_FF9B_0000_0000 && l >> 32 == 0 { return .v4(UInt32(truncatingIfNeeded: l)) }
+        // 6to4 2002:V4ADDR::/48 (RFC 3056).
+        if h >> 48 == 0x2002 { return .v4(UInt32(truncatingIfNeeded: h >> 16)) }
+        guard h == 0 else { return nil }
         let top = l >> 32
         guard top == 0xFFFF || (top == 0 && l > 1) else { return nil }
         return .v4(UInt32(truncatingIfNeeded: l))
@@ -98,7 +112,7 @@ public struct PeerFilter: Hashable, Sendable {
     public static let defaultDenied: [IPRange] = [
         "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
         "172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
-        "::/128", "::1/128", "fe80::/10", "fc00::/7", "ff00::/8",
+        "::/128", "::1/128", "fe80::/10", "fc00::/7", "ff00::/8", "64:ff9b:1::/48",
     ].compactMap(IPRange.init)
 
     /// The safe default, optionally with loopback peers allowed (for tests and

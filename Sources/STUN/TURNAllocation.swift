@@ -20,7 +20,9 @@ public final class TURNAllocation {
     var permissions: [IPAddress: Timestamp] = [:]
     var channels: [UInt16: (peer: TransportAddress, expiry: Timestamp)] = [:]
     var channelByPeer: [TransportAddress: UInt16] = [:]
-    var bucket: TokenBucket?
+    /// Bandwidth budgets, one per direction.
+    var toPeerBucket: TokenBucket?
+    var toClientBucket: TokenBucket?
 
     public internal(set) var packetsToPeer = 0
     public internal(set) var bytesToPeer = 0
@@ -39,7 +41,9 @@ public final class TURNAllocation {
         self.key = key
         self.allocateTransaction = allocateTransaction
         self.allocateResponse = allocateResponse
-        self.bucket = bandwidth > 0 ? TokenBucket(rate: Double(bandwidth), burst: Double(bandwidth), now: now) : nil
+        let bucket = bandwidth > 0 ? TokenBucket(rate: Double(bandwidth), burst: Double(bandwidth), now: now) : nil
+        self.toPeerBucket = bucket
+        self.toClientBucket = bucket
     }
 
     /// Whether the allocation has a relay of this address family.
@@ -63,7 +67,7 @@ public final class TURNAllocation {
     /// Removes what has expired; returns how many permissions and channels went.
     func sweep(now: Timestamp) -> (permissions: Int, channels: Int) {
         let p = permissions.count
-        permissions = permissions.filter { $0.value > now }
+        if permissions.values.contains(where: { $0 <= now }) { permissions = permissions.filter { $0.value > now } }
         var c = 0
         for (number, binding) in channels where binding.expiry <= now {
             channels[number] = nil
@@ -73,11 +77,16 @@ public final class TURNAllocation {
         return (p - permissions.count, c)
     }
 
-    func admit(_ bytes: Int, now: Timestamp) -> Bool {
-        guard var b = bucket else { return true }
-        let ok = b.take(Double(bytes), now: now)
-        bucket = b
-        return ok
+    func admit(_ bytes: Int, toPeer: Bool, now: Timestamp) -> Bool {
+        if toPeer {
+            guard var b = toPeerBucket else { return true }
+            defer { toPeerBucket = b }
+            return b.take(Double(bytes), now: now)
+        } else {
+            guard var b = toClientBucket else { return true }
+            defer { toClientBucket = b }
+            return b.take(Double(bytes), now: now)
+        }
     }
 }
 

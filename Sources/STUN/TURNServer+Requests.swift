@@ -100,8 +100,19 @@ extension TURNServer {
 
     private func authFailed(_ reply: Reply, _ tuple: FiveTuple, _ username: String, _ now: Timestamp) -> TURNClientOutcome {
         statistics.authFailures += 1
-        onEvent?(.authFailed(tuple, username: username))
-        return challenge(401, reply, tuple, now)
+        let outcome = challenge(401, reply, tuple, now)
+        // Reported only when answered, so the per-source challenge limit bounds the log too.
+        if case .reply = outcome { onEvent?(.authFailed(tuple, username: Self.printable(username))) }
+        return outcome
+    }
+
+    /// A username as a log may show it: control characters escaped, at most 64 characters.
+    static func printable(_ s: String) -> String {
+        var out = ""
+        for scalar in s.unicodeScalars.prefix(64) {
+            if scalar.value < 0x20 || scalar.value == 0x7F { out += "\\u{\(String(scalar.value, radix: 16))}" } else { out.unicodeScalars.append(scalar) }
+        }
+        return s.unicodeScalars.count > 64 ? out + "…" : out
     }
 
     /// A 401 or 438 with REALM, a fresh NONCE and PASSWORD-ALGORITHMS, kept small:
@@ -183,22 +194,27 @@ extension TURNServer {
         }
         guard let transport else { return error(400, "Missing REQUESTED-TRANSPORT", reply) }
         guard transport == 17 else { return error(442, nil, reply) }
-        if token != nil && (even != nil || family != nil) { return error(400, "RESERVATION-TOKEN with EVEN-PORT or address family", reply) }
+        if token != nil && (even != nil || family != nil || additional != nil) {
+            return error(400, "RESERVATION-TOKEN with EVEN-PORT or an address family", reply)
+        }
         if family != nil && additional != nil { return error(400, "Both address family attributes", reply) }
         if let additional, additional != 0x02 { return error(400, "ADDITIONAL-ADDRESS-FAMILY must be IPv6", reply) }
         if let family, family != 0x01 && family != 0x02 { return error(440, nil, reply) }
 
         let username = reply.auth?.username ?? ""
         if configuration.userQuota > 0, perUser[username, default: 0] >= configuration.userQuota { return error(486, nil, reply) }
-        if configuration.totalQuota > 0, allocations.count >= configuration.totalQuota { return error(508, nil, reply) }
+        if configuration.totalQuota > 0, allocations.count + reservations.count >= configuration.totalQuota { return error(508, nil, reply) }
 
         var relays: [TransportAddress] = []
         var reserved: UInt64?
         var addressError: ErrorCodeValue?
         if let token {
-            guard let r = reservations.removeValue(forKey: token), r.expiry > now,
-                ports.openReserved(r.address, dontFragment: dontFragment)
-            else { return error(508, "Reservation unknown or expired", reply) }
+            guard let r = reservations.removeValue(forKey: token) else { return error(508, "Reservation unknown or expired", reply) }
+            release(reservationOf: r.owner)
+            guard r.expiry > now, ports.openReserved(r.address, dontFragment: dontFragment) else {
+                ports.closeRelay(r.address)
+                return error(508, "Reservation unknown or expired", reply)
+            }
             relays.append(r.address)
         } else {
             let primary = family ?? 0x01
@@ -210,7 +226,9 @@ extension TURNServer {
             if let next = opened.reserved {
                 var t = UInt64.random(in: 1...UInt64.max)
                 while reservations[t] != nil { t = UInt64.random(in: 1...UInt64.max) }
-                reservations[t] = (next, now + configuration.reservationLifetime)
+                reservations[t] = (next, now + configuration.reservationLifetime, username)
+                // A held port counts against the quotas like an allocation.
+                perUser[username, default: 0] += 1
                 reserved = t
             }
             if additional == 0x02 {
@@ -305,7 +323,10 @@ extension TURNServer {
         else { return error(400, "Missing CHANNEL-NUMBER or XOR-PEER-ADDRESS", reply) }
         guard configuration.channelNumbers.contains(number) else { return error(400, "Channel number out of range", reply) }
         guard a.serves(family: peer.ip.family) else { return error(443, nil, reply) }
-        guard configuration.peerFilter.permits(peer.ip) else { return error(403, "Peer address not allowed", reply) }
+        guard configuration.peerFilter.permits(peer.ip), !isOwn(peer) else { return error(403, "Peer address not allowed", reply) }
+        if a.channels[number] == nil, a.channels.count >= configuration.maxChannelsPerAllocation {
+            return error(508, "Too many channels", reply)
+        }
         if let bound = a.channels[number], bound.peer != peer, bound.expiry > now {
             return error(400, "Channel bound to another peer", reply)
         }

@@ -19,6 +19,14 @@ public protocol TURNRelayPorts: AnyObject {
 public enum TURNDropReason: Int, Hashable, Sendable, CaseIterable, CustomStringConvertible {
     case malformed, badFingerprint, notARequest, noAllocation, noChannel, noPermission, peerFamily
     case bandwidth, challengeRateLimited, amplification, unknownIndication
+    /// Drivers: the relay socket is not (or no longer) open.
+    case noRelaySocket
+    /// Drivers: the socket toward the client or peer cannot take more now.
+    case backpressure
+    /// A peer datagram too large to fit a Data indication.
+    case tooLarge
+    /// A peer address that is one of the server's own (TURN inside TURN).
+    case ownAddress
 
     public var description: String {
         switch self {
@@ -33,6 +41,10 @@ public enum TURNDropReason: Int, Hashable, Sendable, CaseIterable, CustomStringC
         case .challengeRateLimited: "challenge_rate_limited"
         case .amplification: "amplification"
         case .unknownIndication: "unknown_indication"
+        case .noRelaySocket: "no_relay_socket"
+        case .backpressure: "backpressure"
+        case .tooLarge: "too_large"
+        case .ownAddress: "own_address"
         }
     }
 }
@@ -105,7 +117,7 @@ public final class TURNServer {
     var allocations: [FiveTuple: TURNAllocation] = [:]
     var byRelay: [TransportAddress: TURNAllocation] = [:]
     var perUser: [String: Int] = [:]
-    var reservations: [UInt64: (address: TransportAddress, expiry: Timestamp)] = [:]
+    var reservations: [UInt64: (address: TransportAddress, expiry: Timestamp, owner: String)] = [:]
     var challengeLimiter: SourceLimiter
 
     /// Attributes this server understands in requests and indications.
@@ -162,7 +174,7 @@ public final class TURNServer {
         guard let a = allocations[tuple], a.expiry > now else { return drop(.noAllocation) }
         guard let binding = a.channels[number], binding.expiry > now else { return drop(.noChannel) }
         guard a.hasPermission(binding.peer.ip, now: now) else { return drop(.noPermission) }
-        guard a.admit(length, now: now) else { return drop(.bandwidth) }
+        guard a.admit(length, toPeer: true, now: now) else { return drop(.bandwidth) }
         count(a, toPeer: length)
         return .relay(a, to: binding.peer, payload: 4..<(4 + length))
     }
@@ -177,8 +189,9 @@ public final class TURNServer {
         else { return drop(.malformed) }
         guard a.serves(family: peer.ip.family) else { return drop(.peerFamily) }
         guard a.hasPermission(peer.ip, now: now) else { return drop(.noPermission) }
+        guard !isOwn(peer) else { return drop(.ownAddress) }
         let length = m.attributes[index].value.count
-        guard a.admit(length, now: now) else { return drop(.bandwidth) }
+        guard a.admit(length, toPeer: true, now: now) else { return drop(.bandwidth) }
         count(a, toPeer: length)
         return .relay(a, to: peer, payload: (offset + 4)..<(offset + 4 + length))
     }
@@ -198,7 +211,7 @@ public final class TURNServer {
     ) -> TURNPeerOutcome {
         guard a.isAlive, a.expiry > now else { return drop(.noAllocation) }
         guard a.hasPermission(peer.ip, now: now) else { return drop(.noPermission) }
-        guard a.admit(payload.count, now: now) else { return drop(.bandwidth) }
+        guard a.admit(payload.count, toPeer: false, now: now) else { return drop(.bandwidth) }
         a.packetsToClient += 1
         a.bytesToClient += payload.count
         statistics.packetsToClient += 1
@@ -206,6 +219,8 @@ public final class TURNServer {
         if let number = a.channel(for: peer, now: now) {
             return .channel(number, to: a.tuple)
         }
+        // XOR-PEER-ADDRESS (≤ 24 bytes) and the DATA header must fit the 16-bit length.
+        guard payload.count <= 65_535 - 32 else { return drop(.tooLarge) }
         var m = Message(type: MessageType(method: .data, class: .indication))
         m.append(.xorPeerAddress(peer))
         m.append(.data([UInt8](payload)))
@@ -233,8 +248,34 @@ public final class TURNServer {
         }
         for (token, r) in reservations where r.expiry <= now {
             reservations[token] = nil
+            release(reservationOf: r.owner)
             ports.closeRelay(r.address)
         }
+    }
+
+    /// Counts a drop the driver decided on (no relay socket, backpressure).
+    public func recordDrop(_ reason: TURNDropReason) {
+        statistics.drops[reason.rawValue] += 1
+    }
+
+    /// A relay socket could not be opened after all: the allocation it served goes.
+    public func relayFailed(_ relay: TransportAddress, now: Timestamp) {
+        if let a = byRelay[relay] { delete(a.tuple, reason: "relay socket failed", now: now) }
+    }
+
+    /// Server endpoints (listening sockets) a peer may not be: relaying to
+    /// them would nest TURN in TURN and hide the real client. An unspecified
+    /// IP matches any address of its family on that port.
+    public var ownEndpoints: Set<TransportAddress> = []
+
+    /// Whether a peer transport address is the server itself: a listening
+    /// socket or one of this core's relays.
+    func isOwn(_ peer: TransportAddress) -> Bool {
+        if byRelay[peer] != nil || ownEndpoints.contains(peer) { return true }
+        for e in ownEndpoints where e.port == peer.port && e.ip.isUnspecified && e.ip.family == peer.ip.family {
+            return true
+        }
+        return false
     }
 
     /// A client's TCP/TLS connection closed: its allocation goes with it (RFC 8656 §3.1).
@@ -245,7 +286,10 @@ public final class TURNServer {
     /// Deletes every allocation (shutdown).
     public func deleteAll(now: Timestamp) {
         for tuple in Array(allocations.keys) { delete(tuple, reason: "shutdown", now: now) }
-        for (_, r) in reservations { ports.closeRelay(r.address) }
+        for (_, r) in reservations {
+            release(reservationOf: r.owner)
+            ports.closeRelay(r.address)
+        }
         reservations = [:]
     }
 
@@ -256,10 +300,15 @@ public final class TURNServer {
             byRelay[r] = nil
             ports.closeRelay(r)
         }
-        if let n = perUser[a.username] { perUser[a.username] = n > 1 ? n - 1 : nil }
+        release(reservationOf: a.username)
         statistics.allocationsActive = allocations.count
         if reason != "expired" { statistics.allocationsDeleted += 1 }
         onEvent?(.deleted(tuple, relays: a.relays, reason: reason, packetsToPeer: a.packetsToPeer, packetsToClient: a.packetsToClient))
+    }
+
+    /// One fewer allocation or held port for a user's quota.
+    func release(reservationOf user: String) {
+        if let n = perUser[user] { perUser[user] = n > 1 ? n - 1 : nil }
     }
 
     func drop<T>(_ reason: TURNDropReason) -> T where T: DropConvertible {

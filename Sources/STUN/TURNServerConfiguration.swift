@@ -131,13 +131,15 @@ public struct TURNServerConfiguration: Hashable, Sendable {
     public var userQuota = 1000
     /// Allocations the whole server holds at once (0: no limit).
     public var totalQuota = 100_000
-    /// Bytes per second each allocation may relay, each direction (0: no limit).
+    /// Bytes per second each allocation may relay in each direction (0: no limit).
     public var maxBandwidth = 0
     /// Channel numbers ChannelBind accepts. RFC 8656 allows 0x4000–0x4FFF;
     /// RFC 5766 allowed up to 0x7FFF and clients still pick from there
     /// (coturn's own turnutils_uclient does), so that is the default. On the
     /// server's sockets only TURN arrives, so the wider range costs no demultiplexing.
     public var channelNumbers: ClosedRange<UInt16> = 0x4000...0x7FFF
+    /// Channels one allocation may bind.
+    public var maxChannelsPerAllocation = 256
     /// Permissions one allocation may hold.
     public var maxPermissionsPerAllocation = 256
     /// 401/438 answers per second one source IP may get, and the burst above

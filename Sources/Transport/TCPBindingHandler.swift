@@ -67,6 +67,7 @@ final class TCPBindingHandler: ChannelInboundHandler {
             self.lane = lane
             self.tuple = tuple
             lane.connections[tuple] = context.channel
+            lane.core.ownEndpoints.insert(local)
         }
         context.fireChannelActive()
     }

@@ -41,13 +41,14 @@ final class TURNLane: TURNRelayPorts {
     var listeners: [TransportAddress: any Channel] = [:]
     /// TCP control connections by 5-tuple.
     var connections: [FiveTuple: any Channel] = [:]
-    private var relays: [TransportAddress: RelaySocket] = [:]
+    fileprivate var relays: [TransportAddress: RelaySocket] = [:]
     /// Relay channels written to during the current read burst, to flush at its end.
     private var unflushed: [any Channel] = []
     private var listenersUnflushed: [any Channel] = []
     private var sweep: RepeatedTask?
-    private var nextPort: [UInt8: UInt16] = [:]
-    var relayDrops = 0
+    private var nextPort: [UInt8: Int] = [:]
+    /// Set by `stop()`: nothing new is allocated while the service drains.
+    private var stopped = false
 
     init(loop: any EventLoop, configuration: TURNServerConfiguration, plan: RelayAddressPlan, logger: Logger) {
         self.loop = loop
@@ -90,6 +91,7 @@ final class TURNLane: TURNRelayPorts {
     }
 
     func stop() {
+        stopped = true
         sweep?.cancel()
         core.deleteAll(now: Self.now)
     }
@@ -98,6 +100,7 @@ final class TURNLane: TURNRelayPorts {
 
     /// Handles a non-Binding packet from a client; returns bytes to answer with, if any.
     func handleClient(_ bytes: ByteBuffer, from tuple: FiveTuple) -> [UInt8]? {
+        guard !stopped else { return nil }
         let outcome = bytes.withUnsafeReadableBytes { core.handleClient($0, from: tuple, now: Self.now) }
         switch outcome {
         case .reply(let answer): return answer
@@ -106,7 +109,12 @@ final class TURNLane: TURNRelayPorts {
             guard let relay = allocation.relays.first(where: { $0.ip.family == peer.ip.family }) ?? allocation.relays.first,
                 let channel = relays[relay]?.channel
             else {
-                relayDrops += 1
+                core.recordDrop(.noRelaySocket)
+                return nil
+            }
+            // A relay socket whose kernel buffer is full queues in NIO: drop instead of growing without bound.
+            guard channel.isWritable else {
+                core.recordDrop(.backpressure)
                 return nil
             }
             let payload = bytes.getSlice(at: bytes.readerIndex + range.lowerBound, length: range.count)
@@ -154,6 +162,11 @@ final class TURNLane: TURNRelayPorts {
     }
 
     private func write(_ buffer: ByteBuffer, to tuple: FiveTuple, on channel: any Channel) {
+        // A TCP client that stops reading must not make the server buffer its peer's flood.
+        guard channel.isWritable else {
+            core.recordDrop(.backpressure)
+            return
+        }
         if tuple.transport == .udp {
             channel.write(AddressedEnvelope(remoteAddress: SocketAddress(tuple.client), data: buffer), promise: nil)
         } else {
@@ -173,28 +186,32 @@ final class TURNLane: TURNRelayPorts {
 
     func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
         guard let ip = plan.ip(for: family), plan.minPort <= plan.maxPort else { return nil }
-        let span = Int(plan.maxPort) - Int(plan.minPort) + 1
-        var port = nextPort[family] ?? plan.minPort &+ UInt16(Int.random(in: 0..<span))
+        // Port arithmetic in Int: the range may end at 65535.
+        let lo = Int(plan.minPort), hi = Int(plan.maxPort)
+        let span = hi - lo + 1
+        var port = nextPort[family] ?? lo + Int.random(in: 0..<span)
         for _ in 0..<min(span, 4096) {
-            if port < plan.minPort || port > plan.maxPort { port = plan.minPort }
-            if even && port % 2 == 1 { port = port == plan.maxPort ? plan.minPort : port + 1 }
+            if port < lo || port > hi { port = lo }
+            if even && port % 2 == 1 { port += 1 }
+            if port > hi { port = lo + lo % 2 }  // wrap to the first even port
+            guard port <= hi else { return nil }  // a one-port odd range has no even port
             let candidate = port
-            port = candidate == plan.maxPort ? plan.minPort : candidate + 1
-            guard !(reserveNext && candidate == plan.maxPort) else { continue }
-            guard let fd = Self.bindSocket(TransportAddress(ip: ip, port: candidate), dontFragment: dontFragment) else { continue }
+            port = candidate + 1
+            if reserveNext && candidate + 1 > hi { continue }
+            let address = TransportAddress(ip: ip, port: UInt16(candidate))
+            guard let fd = Self.bindSocket(address, dontFragment: dontFragment) else { continue }
             var reserved: TransportAddress?
             if reserveNext {
-                let next = TransportAddress(ip: ip, port: candidate + 1)
+                let next = TransportAddress(ip: ip, port: UInt16(candidate + 1))
                 guard let fd2 = Self.bindSocket(next, dontFragment: dontFragment) else {
                     close(fd)
                     continue
                 }
                 relays[next] = RelaySocket(address: next, fd: fd2)
                 reserved = next
-                port = candidate + 2 > plan.maxPort ? plan.minPort : candidate + 2
+                port = candidate + 2
             }
             nextPort[family] = port
-            let address = TransportAddress(ip: ip, port: candidate)
             let socket = RelaySocket(address: address, fd: fd)
             relays[address] = socket
             register(socket)
@@ -230,9 +247,12 @@ final class TURNLane: TURNRelayPorts {
     private func register(_ socket: RelaySocket) {
         socket.registering = true
         let fd = socket.fd
+        socket.fd = -1  // NIO owns it from here, and closes it itself if registration fails.
         let lane = NIOLoopBound(self, eventLoop: loop)
         let boxed = NIOLoopBound(socket, eventLoop: loop)
         DatagramBootstrap(group: loop)
+            // Peers may send up to 64 KiB; the default 2048-byte read would cut them short silently.
+            .channelOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 65_536))
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(RelayHandler(lane: lane.value, socket: boxed.value))
@@ -244,12 +264,11 @@ final class TURNLane: TURNRelayPorts {
                 socket.registering = false
                 switch result {
                 case .success(let channel):
-                    socket.fd = -1  // NIO owns it now.
                     if socket.closed { channel.close(promise: nil) } else { socket.channel = channel }
                 case .failure(let error):
                     lane.value.logger.warning("relay socket registration failed", metadata: ["relay": "\(socket.address)", "error": "\(error)"])
-                    if socket.fd >= 0 { close(socket.fd) }
-                    socket.fd = -1
+                    lane.value.relays[socket.address] = nil
+                    if !socket.closed { lane.value.core.relayFailed(socket.address, now: Self.now) }
                 }
             }
     }

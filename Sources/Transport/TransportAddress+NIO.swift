@@ -58,13 +58,3 @@ extension SocketAddress {
         }
     }
 }
-
-extension IPAddress {
-    /// `0.0.0.0` or `::`: a listen address that means every interface.
-    public var isUnspecified: Bool {
-        switch self {
-        case .v4(let v): v == 0
-        case .v6(let high, let low): high == 0 && low == 0
-        }
-    }
-}

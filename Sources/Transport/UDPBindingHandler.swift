@@ -112,6 +112,7 @@ final class UDPBindingHandler: ChannelInboundHandler {
             turnLane = lane
             serverAddress = local
             lane.listeners[local] = context.channel
+            lane.core.ownEndpoints.insert(local)
         }
     }
 

@@ -308,6 +308,7 @@ struct TURNServerTests {
             ([.requestedTransport(17), .requestedAddressFamily(0x01), .additionalAddressFamily(0x02)], 400),
             ([.requestedTransport(17), .additionalAddressFamily(0x01)], 400),
             ([.requestedTransport(17), .reservationToken(42)], 508),
+            ([.requestedTransport(17), .reservationToken(42), .additionalAddressFamily(0x02)], 400),
         ]
         for (attrs, code) in cases {
             let (server, ports) = Self.makeServer()
@@ -348,6 +349,29 @@ struct TURNServerTests {
         #expect(ports.held.count == 1)
         server.expire(now: .seconds(31))
         #expect(ports.held.isEmpty)
+    }
+
+    @Test func aLapsedReservationIsReleasedWhenRedeemedLate() throws {
+        let (server, ports) = Self.makeServer()
+        var a = TestClient()
+        let first = try Self.allocate(server, &a, [.requestedTransport(17), .evenPort(reserveNext: true)])
+        guard case .reservationToken(let token)? = try first.value(.reservationToken) else { Issue.record("no token"); return }
+        let held = try #require(ports.held.first)
+        var b = TestClient("203.0.113.6:40000")
+        // Redeemed after its 30 s but before a sweep: 508, and the held port is closed, not leaked.
+        #expect(Self.errorCode(try Self.allocate(server, &b, [.requestedTransport(17), .reservationToken(token)], now: .seconds(31))) == 508)
+        #expect(ports.held.isEmpty && ports.closed.contains(held))
+    }
+
+    @Test func heldPortsCountAgainstTheUserQuota() throws {
+        let (server, _) = Self.makeServer { $0.userQuota = 2 }
+        var a = TestClient("203.0.113.5:1")
+        #expect(try Self.allocate(server, &a, [.requestedTransport(17), .evenPort(reserveNext: true)]).type.messageClass == .successResponse)
+        var b = TestClient("203.0.113.5:2")
+        #expect(Self.errorCode(try Self.allocate(server, &b)) == 486)
+        // Once the reservation lapses the slot is free again.
+        server.expire(now: .seconds(31))
+        #expect(try Self.allocate(server, &b, now: .seconds(31)).type.messageClass == .successResponse)
     }
 
     @Test func dualStackAllocationAndAddressErrorCode() throws {
@@ -503,6 +527,46 @@ struct TURNServerTests {
         #expect(ok.type.messageClass == .successResponse)
     }
 
+    @Test func channelCapIs508() throws {
+        let (server, client, _) = try Self.allocated { $0.maxChannelsPerAllocation = 2 }
+        var codes: [Int?] = []
+        for i in 0..<3 {
+            let m = try Self.reply(server.handleClient(client.request(.channelBind, [.channelNumber(0x4000 + UInt16(i)), .xorPeerAddress(TransportAddress("198.51.100.9:\(1000 + i)")!)]), from: client.tuple, now: .zero))
+            codes.append(Self.errorCode(m))
+        }
+        #expect(codes == [nil, nil, 508])
+    }
+
+    @Test func theServerItselfIsNoPeer() throws {
+        let (server, client, a) = try Self.allocated { $0.peerFilter = .permitAll }
+        server.ownEndpoints = [TransportAddress("198.51.100.1:3478")!, TransportAddress("0.0.0.0:5349")!]
+        let relay = try #require(a.relays.first)
+        for peer in [relay, TransportAddress("198.51.100.1:3478")!, TransportAddress("203.0.113.200:5349")!] {
+            let m = try Self.reply(server.handleClient(client.request(.channelBind, [.channelNumber(0x4000), .xorPeerAddress(peer)]), from: client.tuple, now: .zero))
+            #expect(Self.errorCode(m) == 403, "\(peer)")
+        }
+        _ = server.handleClient(client.request(.createPermission, [.xorPeerAddress(relay)]), from: client.tuple, now: .zero)
+        let send = Message(type: MessageType(method: .send, class: .indication), attributes: [.xorPeerAddress(relay), .data([1])]).encode()
+        if case .drop(.ownAddress) = server.handleClient(send, from: client.tuple, now: .zero) {} else { Issue.record("relayed to its own relay") }
+    }
+
+    @Test func oversizedPeerDatagramIsDroppedNotTruncated() throws {
+        let (server, client, a) = try Self.allocated()
+        _ = server.handleClient(client.request(.createPermission, [.xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
+        let big = [UInt8](repeating: 7, count: 65_535 - 20)
+        if case .drop(.tooLarge) = server.handlePeer(big, from: Self.peer, allocation: a, now: .zero) {} else { Issue.record("oversized Data indication built") }
+        guard case .indication(let bytes, _) = server.handlePeer([UInt8](repeating: 7, count: 3000), from: Self.peer, allocation: a, now: .zero) else {
+            Issue.record("no indication"); return
+        }
+        #expect(try Message(decoding: bytes).value(.data) == .data([UInt8](repeating: 7, count: 3000)))
+    }
+
+    @Test func loggedUsernamesAreEscapedAndShort() {
+        #expect(TURNServer.printable("alice") == "alice")
+        #expect(TURNServer.printable("a\nb\u{7F}") == "a\\u{a}b\\u{7f}")
+        #expect(TURNServer.printable(String(repeating: "x", count: 100)).count == 65)
+    }
+
     @Test func sendIndicationNeedsAPermission() throws {
         let (server, client, a) = try Self.allocated()
         let payload: [UInt8] = Array(0..<100)
@@ -577,6 +641,9 @@ struct TURNServerTests {
         for _ in 0..<5 { if case .relay = server.handleClient(frame, from: client.tuple, now: .zero) { relayed += 1 } }
         #expect(relayed == 2)
         #expect(server.statistics.dropped(.bandwidth) == 3)
+        // The other direction has its own budget.
+        if case .channel = server.handlePeer([UInt8](repeating: 0, count: 400), from: Self.peer, allocation: a, now: .zero) {
+        } else { Issue.record("to-client budget spent by to-peer traffic") }
         if case .relay = server.handleClient(frame, from: client.tuple, now: .seconds(1)) {} else { Issue.record("no budget after a second") }
         _ = a
     }
@@ -607,10 +674,11 @@ struct TURNServerTests {
         let f = PeerFilter()
         for denied in ["127.0.0.1", "10.9.8.7", "172.16.0.1", "192.168.1.1", "100.64.0.1", "169.254.1.1", "0.1.2.3",
                        "224.0.0.1", "255.255.255.255", "::", "::1", "fe80::1", "fc00::1", "fd12::1", "ff02::1",
-                       "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::ffff:192.168.0.1"] {
+                       "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::ffff:192.168.0.1", "64:ff9b::10.0.0.1", "64:ff9b::127.0.0.1",
+                       "2002:0a00:0001::1", "2002:7f00:0001::", "64:ff9b:1::8.8.8.8"] {
             #expect(!f.permits(IPAddress(denied)!), "\(denied)")
         }
-        for allowed in ["8.8.8.8", "203.0.113.5", "2001:db8::1", "::ffff:8.8.8.8"] {
+        for allowed in ["8.8.8.8", "203.0.113.5", "2001:db8::1", "::ffff:8.8.8.8", "64:ff9b::8.8.8.8", "2002:0808:0808::1"] {
             #expect(f.permits(IPAddress(allowed)!), "\(allowed)")
         }
         let loop = PeerFilter(allowLoopback: true, allowed: [IPRange("10.1.0.0/16")!], denied: [IPRange("8.8.8.0/24")!])

@@ -1,0 +1,54 @@
+import Logging
+import NIOCore
+import NIOPosix
+import STUN
+import Testing
+
+@testable import Transport
+
+/// The lane's relay-port picking on real sockets, at the edges of the port range.
+struct TURNLaneTests {
+    static func withLane<T: Sendable>(min: UInt16, max: UInt16, _ body: @escaping @Sendable (TURNLane) throws -> T) async throws -> T {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let loop = group.next()
+        var config = TURNServerConfiguration(realm: "t")
+        config.anonymous = true
+        let plan = RelayAddressPlan(ips: [IPAddress("127.0.0.1")!], minPort: min, maxPort: max)
+        let result: Result<T, any Error>
+        do {
+            result = .success(try await loop.submit {
+                let lane = TURNLane(loop: loop, configuration: config, plan: plan, logger: Logger(label: "test"))
+                defer { lane.stop() }
+                return try body(lane)
+            }.get())
+        } catch {
+            result = .failure(error)
+        }
+        try await group.shutdownGracefully()
+        return try result.get()
+    }
+
+    @Test("EVEN-PORT with a reservation at the top of the range (65535) neither traps nor leaves the range")
+    func evenPortsAtTheTopOfTheRange() async throws {
+        let ports = try await Self.withLane(min: 65_526, max: 65_535) { lane -> [UInt16] in
+            var got: [UInt16] = []
+            for _ in 0..<8 {
+                guard let r = lane.openRelay(family: 0x01, even: true, reserveNext: true, dontFragment: false) else { continue }
+                got.append(r.relay.port)
+                #expect(r.reserved?.port == r.relay.port + 1)
+            }
+            return got
+        }
+        // Ports the machine has free in 65526-65535 come in even/odd pairs; none outside.
+        #expect(ports.allSatisfy { $0 % 2 == 0 && $0 >= 65_526 && $0 <= 65_534 })
+        #expect(Set(ports).count == ports.count)
+    }
+
+    @Test("an odd lower bound still gives even ports")
+    func oddLowerBound() async throws {
+        let ports = try await Self.withLane(min: 50_001, max: 50_007) { lane -> [UInt16] in
+            (0..<6).compactMap { _ in lane.openRelay(family: 0x01, even: true, reserveNext: false, dontFragment: false)?.relay.port }
+        }
+        #expect(ports.allSatisfy { $0 % 2 == 0 && (50_002...50_006).contains($0) })
+    }
+}
