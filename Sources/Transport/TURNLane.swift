@@ -45,6 +45,7 @@ final class TURNLane: TURNRelayPorts {
     /// Relay channels written to during the current read burst, to flush at its end.
     private var unflushed: [any Channel] = []
     private var listenersUnflushed: [any Channel] = []
+    private var flushScheduled = false
     private var sweep: RepeatedTask?
     private var nextPort: [UInt8: Int] = [:]
     /// Set by `stop()`: nothing new is allocated while the service drains.
@@ -142,18 +143,18 @@ final class TURNLane: TURNRelayPorts {
         case .channel(let number, let tuple):
             let length = data.readableBytes
             let padding = tuple.transport.isStream ? (4 - length % 4) % 4 : 0
-            guard let channel = clientChannel(tuple) else { return }
+            guard let channel = socket.client ?? clientChannel(tuple) else { return }
             var frame = channel.allocator.buffer(capacity: 4 + length + padding)
             frame.writeInteger(number)
             frame.writeInteger(UInt16(truncatingIfNeeded: length))
             frame.writeImmutableBuffer(data)
             if padding > 0 { frame.writeRepeatingByte(0, count: padding) }
-            write(frame, to: tuple, on: channel)
+            write(frame, to: tuple, on: channel, socket: socket)
         case .indication(let bytes, let tuple):
-            guard let channel = clientChannel(tuple) else { return }
+            guard let channel = socket.client ?? clientChannel(tuple) else { return }
             var buffer = channel.allocator.buffer(capacity: bytes.count)
             buffer.writeBytes(bytes)
-            write(buffer, to: tuple, on: channel)
+            write(buffer, to: tuple, on: channel, socket: socket)
         }
     }
 
@@ -161,23 +162,34 @@ final class TURNLane: TURNRelayPorts {
         tuple.transport == .udp ? listeners[tuple.server] : connections[tuple]
     }
 
-    private func write(_ buffer: ByteBuffer, to tuple: FiveTuple, on channel: any Channel) {
+    private func write(_ buffer: ByteBuffer, to tuple: FiveTuple, on channel: any Channel, socket: RelaySocket) {
         // A TCP client that stops reading must not make the server buffer its peer's flood.
         guard channel.isWritable else {
             core.recordDrop(.backpressure)
             return
         }
         if tuple.transport == .udp {
-            channel.write(AddressedEnvelope(remoteAddress: SocketAddress(tuple.client), data: buffer), promise: nil)
+            let remote = socket.clientRemote ?? SocketAddress(tuple.client)
+            channel.write(AddressedEnvelope(remoteAddress: remote, data: buffer), promise: nil)
         } else {
             channel.write(buffer, promise: nil)
         }
         if !listenersUnflushed.contains(where: { $0 === channel }) { listenersUnflushed.append(channel) }
     }
 
+    /// A relay socket's read burst ended. The flush toward clients waits for the
+    /// end of this event-loop tick, so that what every relay socket read in one
+    /// wakeup leaves in as few sendmmsg calls as possible.
     fileprivate func peerBurstEnded() {
-        for channel in listenersUnflushed { channel.flush() }
-        listenersUnflushed.removeAll(keepingCapacity: true)
+        guard !flushScheduled, !listenersUnflushed.isEmpty else { return }
+        flushScheduled = true
+        let lane = NIOLoopBound(self, eventLoop: loop)
+        loop.execute {
+            let lane = lane.value
+            lane.flushScheduled = false
+            for channel in lane.listenersUnflushed { channel.flush() }
+            lane.listenersUnflushed.removeAll(keepingCapacity: true)
+        }
     }
 
     // MARK: - TURNRelayPorts
@@ -227,12 +239,17 @@ final class TURNLane: TURNRelayPorts {
     }
 
     func attach(_ relay: TransportAddress, to allocation: TURNAllocation) {
-        relays[relay]?.allocation = allocation
+        guard let socket = relays[relay] else { return }
+        socket.allocation = allocation
+        // Resolved once, not per datagram: where this relay's traffic to the client leaves.
+        socket.client = clientChannel(allocation.tuple)
+        if allocation.tuple.transport == .udp { socket.clientRemote = SocketAddress(allocation.tuple.client) }
     }
 
     func closeRelay(_ address: TransportAddress) {
         guard let socket = relays.removeValue(forKey: address) else { return }
         socket.allocation = nil
+        socket.client = nil
         socket.closed = true
         if let channel = socket.channel {
             channel.close(promise: nil)
@@ -315,6 +332,9 @@ final class RelaySocket {
     var fd: Int32
     var channel: (any Channel)?
     var allocation: TURNAllocation?
+    /// The channel toward the allocation's client, and its address (UDP).
+    var client: (any Channel)?
+    var clientRemote: SocketAddress?
     var registering = false
     var closed = false
 

@@ -175,6 +175,9 @@ struct Relay: AsyncParsableCommand {
     @Flag(name: .customLong("strict-channel-numbers"), help: "Accept only RFC 8656 channel numbers 0x4000-0x4FFF (default: RFC 5766's 0x4000-0x7FFF, which older clients such as coturn's use).")
     var strictChannelNumbers = false
 
+    @Option(name: .customLong("challenge-rate"), help: "401/438 answers per second to one source IP, bursts of twice that (0: no limit); raise it for many clients behind one NAT.")
+    var challengeRate: Double = 100
+
     @Flag(name: .customLong("strict-amplification"), help: "Drop 401/438 challenges larger than their request (no amplification at all; breaks clients with tiny requests).")
     var strictAmplification = false
 
@@ -431,6 +434,9 @@ struct Relay: AsyncParsableCommand {
         }
         turn.nonceLifetime = .seconds(staleNonce)
         turn.strictAmplification = strictAmplification
+        guard challengeRate >= 0, challengeRate.isFinite else { throw ConfigurationProblem(message: "--challenge-rate cannot be negative") }
+        turn.challengeRate = challengeRate
+        turn.challengeBurst = challengeRate * 2
         if strictChannelNumbers { turn.channelNumbers = ChannelNumber.validRange }
         return turn
     }
