@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The short, bounded bench run inside `make test`: the Binding load generator
-# against a debug `tusa relay` on loopback for one second. Passes when answers
+# The short, bounded bench runs inside `make test`: the Binding load generator
+# against a debug `tusa relay` on loopback for one second, then the TURN one. Passes when answers
 # came back, none invalid, and at most 0.1 % lost (a kernel whose
 # net.core.rmem_max caps the relay's 4 MiB socket buffer may drop a few under
 # bursts); the full side-by-side run is `make bench`.
@@ -21,3 +21,8 @@ if [ "${received:-0}" -gt 0 ] && [ "${invalid:-1}" -eq 0 ] && [ $((${lost:-1} * 
 else
   echo "bench-smoke: FAILED (received=$received invalid=$invalid lost=$lost)"; exit 1
 fi
+
+# TURN: a debug tusa relay relays ChannelData both ways for a fraction of a second
+# (turn-bench.sh --smoke: tusa only, every allocation and channel must work, <1 % loss).
+swift build --package-path Benchmarks --product turn-load >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+TUSA="$TUSA" bash Benchmarks/turn-bench.sh --smoke --no-build
