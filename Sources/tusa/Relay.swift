@@ -23,7 +23,7 @@ import Darwin
 /// ``MetricsEndpoint`` serves the relay's metrics.
 struct Relay: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Serve STUN Binding requests (RFC 8489) on UDP and TCP, with RFC 5780 behaviour discovery.",
+        abstract: "Serve STUN (RFC 8489, RFC 5780 behaviour discovery) and, given credentials, TURN (RFC 8656) on UDP, TCP and TLS.",
         discussion: """
             Prints one 'listening udp|tcp ADDRESS' line per bound socket to standard output \
             (and 'metrics http://ADDRESS/metrics' with --prometheus), then serves until SIGTERM \
@@ -142,10 +142,10 @@ struct Relay: AsyncParsableCommand {
     @Option(name: .customLong("denied-peer-ip"), help: ArgumentHelp("Peer range to refuse: IP, IP/LEN or FIRST-LAST; repeatable.", valueName: "range"))
     var deniedPeerIPs: [String] = []
 
-    @Option(name: .customLong("user-quota"), help: "Allocations one user may hold at once (0: no limit).")
+    @Option(name: .customLong("user-quota"), help: "Allocations (and held EVEN-PORT reservations) one user may hold at once, per --threads thread (0: no limit).")
     var userQuota = 1000
 
-    @Option(name: .customLong("total-quota"), help: "Allocations the server holds at once (0: no limit).")
+    @Option(name: .customLong("total-quota"), help: "Allocations the server holds at once, per --threads thread (0: no limit).")
     var totalQuota = 100_000
 
     @Option(name: .customLong("max-bps"), help: "Bytes per second each allocation may relay each way (0: no limit).")
