@@ -147,7 +147,7 @@ struct RelayServiceTests {
             let clock = ContinuousClock()
             let start = clock.now
             #expect(try await offload { connection.waitForClose(timeout: 3) })
-            #expect(start.duration(to: clock.now) < .seconds(2))
+            #expect(start.duration(to: clock.now) < .seconds(10))
             try await eventually { service.statistics.idleTimeouts == 1 }
         }
     }
@@ -370,7 +370,10 @@ struct RelayServiceTests {
 // MARK: - Running the service
 
 /// Runs `configuration` in a ServiceGroup, hands the bound sockets to `body`,
-/// then shuts the group down gracefully and expects it to be done within 2 s.
+/// then shuts the group down gracefully and expects it to be done well before
+/// the 30 s TCP idle timeout could have closed anything (10 s: a bound that
+/// tells "closes its connections" from "waits for them", not a speed test;
+/// under a loaded CI machine shutdown has taken 3 s).
 private func withBindingService(
     _ configuration: BindingService.Configuration,
     _ body: (BindingService, [BoundSocket]) async throws -> Void
@@ -390,7 +393,7 @@ private func withBindingService(
     let start = clock.now
     await group.triggerGracefulShutdown()
     try await withTimeout(5) { try await running.value }
-    #expect(start.duration(to: clock.now) < .seconds(2), "graceful shutdown took too long")
+    #expect(start.duration(to: clock.now) < .seconds(10), "graceful shutdown took too long")
 }
 
 private struct TimedOut: Error, CustomStringConvertible {
@@ -412,13 +415,13 @@ private func withTimeout<T: Sendable>(
     }
 }
 
-/// Polls `condition` for up to 2 s (the service adds its counts after each read batch).
+/// Polls `condition` for up to 10 s (the service adds its counts after each read batch).
 private func eventually(_ condition: @Sendable () -> Bool) async throws {
     let clock = ContinuousClock()
-    let deadline = clock.now.advanced(by: .seconds(2))
+    let deadline = clock.now.advanced(by: .seconds(10))
     while !condition() {
         guard clock.now < deadline else {
-            Issue.record("condition not met within 2 s")
+            Issue.record("condition not met within 10 s")
             return
         }
         try await Task.sleep(for: .milliseconds(10))
