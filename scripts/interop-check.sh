@@ -17,6 +17,6 @@ else
   echo "interop-check: ../shared/interop is absent: shared corpus skipped"
 fi
 if ls Interop/*.pcapng >/dev/null 2>&1; then
-  "$TUSA" interop check Interop | $filter || status=1
+  "$TUSA" interop check --user alice:wonderland --secret northwind Interop | $filter || status=1
 fi
 exit $status
