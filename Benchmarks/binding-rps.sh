@@ -62,49 +62,11 @@ BIN=$HERE/.build/release
 LOAD=$BIN/binding-load
 ECHO=$BIN/udp-echo
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/binding-rps.XXXXXX")
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  sleep 0.2
-  for pid in "${PIDS[@]}"; do
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+source "$HERE/bench-lib.sh"
+bench_setup binding-rps
 
-# forget PID: drop a reaped process from the cleanup list (its number may be reused).
-forget() {
-  local keep=() p
-  for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
-  PIDS=("${keep[@]}")
-}
-
-# A random port in 20000-59999 that nothing listens on (UDP or TCP).
-free_port() {
-  local p _
-  for _ in $(seq 100); do
-    p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
-    if [[ -z $(ss -Hlnu "sport = :$p" 2>/dev/null) && -z $(ss -Hlnt "sport = :$p" 2>/dev/null) ]]; then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 1
-}
-
-# CPU time (clock ticks) used so far by a process and all its threads.
-proc_ticks() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}'; }
 # Busy ticks (user+nice+system) of every CPU, summed.
 busy_ticks() { awk '/^cpu[0-9]/ {s += $2 + $3 + $4} END {print s}' /proc/stat; }
-now() { date +%s.%N; }
-HZ=$(getconf CLK_TCK)
 
 # start_server NAME PORT: starts it pinned to SERVER_CPU, sets SPID.
 start_server() {
@@ -134,21 +96,6 @@ start_server() {
   PIDS+=("$SPID")
 }
 
-# stop_server PID: SIGTERM, then SIGKILL after 3 s.
-stop_server() {
-  local pid=$1 i
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 30); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  forget "$pid"
-}
-
-field() { sed -n "s/.*\\b$1=\\([0-9.]*\\).*/\\1/p" <<<"$2"; }
-
 FAILED=0
 ACTIVE=()
 for s in $SERVERS; do
@@ -167,25 +114,6 @@ for s in $SERVERS; do
   esac
 done
 ((${#ACTIVE[@]})) || { echo "binding-rps: nothing to run" >&2; exit 1; }
-
-# Busy share of one CPU over the last half second, from everything on the machine.
-machine_busy() {
-  local a b
-  a=$(busy_ticks); sleep 0.5; b=$(busy_ticks)
-  awk -v a="$a" -v b="$b" -v hz="$HZ" 'BEGIN {printf "%.0f", 100 * (b - a) / hz / 0.5}'
-}
-# Waits up to QUIET_WAIT seconds for the machine to be idle (< 15% of a CPU busy).
-wait_quiet() {
-  local start busy
-  start=$(now)
-  while busy=$(machine_busy); ((busy > 15)); do
-    if awk -v t="$(now)" -v s="$start" -v w="$QUIET_WAIT" 'BEGIN {exit !(t - s >= w)}'; then
-      echo "  warning: machine still busy (${busy}% of a CPU) after waiting ${QUIET_WAIT}s"
-      return
-    fi
-  done
-  WAITED=$(awk -v t="$(now)" -v s="$start" -v w="${WAITED:-0}" 'BEGIN {printf "%.1f", w + t - s - 0.5}')
-}
 
 echo "binding-rps: ${ACTIVE[*]}; $ROUNDS round(s) x ${DURATION}s (+${WARMUP}s warmup);" \
   "servers on CPU $SERVER_CPU, load generator on CPU $LOAD_CPU"
@@ -213,7 +141,7 @@ run_one() {
   if ! wait_ready "$SPID" "$port"; then
     echo "$prefix $name: FAILED to start or answer on 127.0.0.1:$port"
     sed 's/^/  | /' "$TMP/$name.$port.log" "$TMP/probe.err" 2>/dev/null | tail -n 15
-    stop_server "$SPID"
+    stop_server "$SPID" 30  # SIGKILL after 3 s
     return 1
   fi
   t0=$(now) s0=$(proc_ticks "$SPID") b0=$(busy_ticks)
@@ -228,7 +156,7 @@ run_one() {
   t1=$(now) s1=$(proc_ticks "$SPID") b1=$(busy_ticks)
   alive=1
   kill -0 "$SPID" 2>/dev/null || alive=0
-  stop_server "$SPID"
+  stop_server "$SPID" 30  # SIGKILL after 3 s
   if [[ -z $out || $alive == 0 ]]; then
     echo "$prefix $name: FAILED (server exited or load generator failed)"
     sed 's/^/  | /' "$TMP/$name.$port.log" "$TMP/load.err" 2>/dev/null | tail -n 15
@@ -254,7 +182,6 @@ for round in $(seq "$ROUNDS"); do
     run_one "round $round" "$name" "$name" "${LOAD_ARGS[@]}" || FAILED=1
   done
 done
-
 
 # --- summary ---
 # rows NAME: that server's result rows, without the disturbed runs unless all were.

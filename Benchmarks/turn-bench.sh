@@ -105,44 +105,10 @@ if (($(ulimit -n) < need)); then
   ALLOCATIONS=$fit
 fi
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/turn-bench.XXXXXX")
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  sleep 0.2
-  for pid in "${PIDS[@]}"; do
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+source "$HERE/bench-lib.sh"
+bench_setup turn-bench
 
-forget() {
-  local keep=() p
-  for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
-  PIDS=("${keep[@]}")
-}
-
-# A random port in 20000-59999 that nothing listens on (UDP or TCP).
-free_port() {
-  local p _
-  for _ in $(seq 100); do
-    p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
-    if [[ -z $(ss -Hlnu "sport = :$p" 2>/dev/null) && -z $(ss -Hlnt "sport = :$p" 2>/dev/null) ]]; then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 1
-}
-
-proc_ticks() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}'; }
 busy_ticks() { awk '/^cpu[0-9]/ {s += $2 + $3 + $4 + $7 + $8} END {print s}' /proc/stat; }
-now() { date +%s.%N; }
-HZ=$(getconf CLK_TCK)
 MIN_PORT=20000
 MAX_PORT=65000
 # Pinning needs two CPUs; on one, everything shares it (the smoke check still works).
@@ -181,20 +147,6 @@ start_server() {
   PIDS+=("$SPID")
 }
 
-# stop_server PID: SIGTERM, then SIGKILL after 5 s (a server with 10,000 allocations
-# takes a moment to delete them).
-stop_server() {
-  local pid=$1 i
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 50); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  forget "$pid"
-}
-
 # wait_ready PID PORT: up to 5 s for the server to grant one allocation.
 wait_ready() {
   local i
@@ -204,8 +156,6 @@ wait_ready() {
   done
   return 1
 }
-
-field() { sed -n "s/.*\\b$1=\\([0-9.]*\\).*/\\1/p" <<<"$2" | head -1; }
 
 FAILED=0
 ACTIVE=()
@@ -228,25 +178,6 @@ for s in $SERVERS; do
 done
 ((${#ACTIVE[@]})) || { echo "turn-bench: nothing to run" >&2; exit 1; }
 
-machine_busy() {
-  local a b
-  a=$(busy_ticks); sleep 0.5; b=$(busy_ticks)
-  awk -v a="$a" -v b="$b" -v hz="$HZ" 'BEGIN {printf "%.0f", 100 * (b - a) / hz / 0.5}'
-}
-# Waits up to QUIET_WAIT seconds for the machine to be idle (< 15% of a CPU busy).
-wait_quiet() {
-  local start busy
-  ((QUIET_WAIT > 0)) || return 0
-  start=$(now)
-  while busy=$(machine_busy); ((busy > 15)); do
-    if awk -v t="$(now)" -v s="$start" -v w="$QUIET_WAIT" 'BEGIN {exit !(t - s >= w)}'; then
-      echo "  warning: machine still busy (${busy}% of a CPU) after waiting ${QUIET_WAIT}s"
-      return
-    fi
-  done
-  WAITED=$(awk -v t="$(now)" -v s="$start" -v w="${WAITED:-0}" 'BEGIN {printf "%.1f", w + t - s - 0.5}')
-}
-
 echo "turn-bench: ${ACTIVE[*]}; $ROUNDS round(s); relay: $CLIENTS clients, ${DURATION}s per phase" \
   "(+${WARMUP}s warmup); allocate: $ALLOCATIONS; servers on CPU $SERVER_CPU, generator on CPU $LOAD_CPU"
 [[ " ${ACTIVE[*]} " == *" tusa "* ]] && echo "tusa: $TUSA"
@@ -258,13 +189,13 @@ DISTURBED=0
 # generator's lines, prefixed with "ROUND OTHER_CPU", to $TMP/KIND.NAME. Returns 1 on failure.
 run_one() {
   local kind=$1 name=$2 round=$3 port lpid t0 t1 s0 s1 b0 b1 alive out rc other mark gcpu summary
-  wait_quiet
+  if ((QUIET_WAIT > 0)); then wait_quiet; fi
   port=$(free_port) || { echo "turn-bench: no free port" >&2; exit 1; }
   start_server "$name" "$port"
   if ! wait_ready "$SPID" "$port"; then
     echo "round $round $kind $name: FAILED to start or grant an allocation on 127.0.0.1:$port"
     sed 's/^/  | /' "$TMP/$name.$port.err" "$TMP/$name.$port.out" "$TMP/probe.err" 2>/dev/null | tail -n 15
-    stop_server "$SPID"
+    stop_server "$SPID" 50  # SIGKILL after 5 s: 10,000 allocations take a moment to delete
     return 1
   fi
   t0=$(now) s0=$(proc_ticks "$SPID") b0=$(busy_ticks)
@@ -285,7 +216,7 @@ run_one() {
   out=$(cat "$TMP/load.out")
   alive=1
   kill -0 "$SPID" 2>/dev/null || alive=0
-  stop_server "$SPID"
+  stop_server "$SPID" 50  # SIGKILL after 5 s: 10,000 allocations take a moment to delete
   summary=$(grep -h '^turn:' "$TMP/$name.$port.out" 2>/dev/null || true)
   if ((rc != 0)) || [[ $alive == 0 ]] || ! grep -q '^done' <<<"$out"; then
     echo "round $round $kind $name: FAILED (server exited, or the generator failed: exit $rc)"

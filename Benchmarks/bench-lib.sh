@@ -1,0 +1,87 @@
+# Shared by binding-rps.sh and turn-bench.sh (sourced, not run): a scratch folder
+# $TMP, the started processes $PIDS stopped on exit, free ports, CPU accounting,
+# and waiting for a quiet machine. Each script defines busy_ticks (which CPU
+# states count as busy) and sets QUIET_WAIT; bench_setup NAME starts it all.
+
+# bench_setup NAME: makes $TMP (NAME.XXXXXX) and installs the cleanup traps.
+bench_setup() {
+  TMP=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
+  PIDS=()
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  sleep 0.2
+  for pid in "${PIDS[@]}"; do
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$TMP"
+}
+
+# forget PID: drop a reaped process from the cleanup list (its number may be reused).
+forget() {
+  local keep=() p
+  for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
+  PIDS=("${keep[@]}")
+}
+
+# stop_server PID GRACE: SIGTERM, then SIGKILL after GRACE tenths of a second.
+stop_server() {
+  local pid=$1 i
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq "$2"); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  forget "$pid"
+}
+
+# A random port in 20000-59999 that nothing listens on (UDP or TCP).
+free_port() {
+  local p _
+  for _ in $(seq 100); do
+    p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    if [[ -z $(ss -Hlnu "sport = :$p" 2>/dev/null) && -z $(ss -Hlnt "sport = :$p" 2>/dev/null) ]]; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# CPU time (clock ticks) used so far by a process and all its threads.
+proc_ticks() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}'; }
+now() { date +%s.%N; }
+HZ=$(getconf CLK_TCK)
+
+# field NAME LINE: the number after NAME= in a generator's output line.
+field() { sed -n "s/.*\\b$1=\\([0-9.]*\\).*/\\1/p" <<<"$2" | head -1; }
+
+# Busy share of one CPU over the last half second, from everything on the machine.
+machine_busy() {
+  local a b
+  a=$(busy_ticks); sleep 0.5; b=$(busy_ticks)
+  awk -v a="$a" -v b="$b" -v hz="$HZ" 'BEGIN {printf "%.0f", 100 * (b - a) / hz / 0.5}'
+}
+
+# Waits up to QUIET_WAIT seconds for the machine to be idle (< 15% of a CPU busy);
+# adds the time waited to WAITED.
+wait_quiet() {
+  local start busy
+  start=$(now)
+  while busy=$(machine_busy); ((busy > 15)); do
+    if awk -v t="$(now)" -v s="$start" -v w="$QUIET_WAIT" 'BEGIN {exit !(t - s >= w)}'; then
+      echo "  warning: machine still busy (${busy}% of a CPU) after waiting ${QUIET_WAIT}s"
+      return
+    fi
+  done
+  WAITED=$(awk -v t="$(now)" -v s="$start" -v w="${WAITED:-0}" 'BEGIN {printf "%.1f", w + t - s - 0.5}')
+}
