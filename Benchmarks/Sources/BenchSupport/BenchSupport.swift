@@ -1,4 +1,5 @@
 #if canImport(Glibc)
+import CMultiMsg
 import Glibc
 #else
 #error("The benchmark tools use Linux socket calls (sendmmsg/recvmmsg) and build on Linux only.")
@@ -118,6 +119,24 @@ public func udpSocket(family: Int32, nonBlocking: Bool) -> Int32 {
     let fd = socket(family, type, 0)
     if fd < 0 { fail("socket: \(errnoText())") }
     return fd
+}
+
+/// recvmmsg slots, set up once: `count` buffers of `size` bytes in one block, an
+/// iovec and an mmsghdr for each.
+public func makeReceiveSlots(count: Int, size: Int)
+    -> (buffers: UnsafeMutableRawPointer, iov: UnsafeMutablePointer<iovec>, msgs: UnsafeMutablePointer<bench_mmsghdr>)
+{
+    let buffers = UnsafeMutableRawPointer.allocate(byteCount: count * size, alignment: 16)
+    let iov = UnsafeMutablePointer<iovec>.allocate(capacity: count)
+    let msgs = UnsafeMutablePointer<bench_mmsghdr>.allocate(capacity: count)
+    for i in 0..<count {
+        iov[i] = iovec(iov_base: buffers + i * size, iov_len: size)
+        var m = bench_mmsghdr()
+        m.msg_hdr.msg_iov = iov + i
+        m.msg_hdr.msg_iovlen = 1
+        msgs[i] = m
+    }
+    return (buffers, iov, msgs)
 }
 
 public func setSocketBuffer(_ fd: Int32, option: Int32, bytes: Int32) {

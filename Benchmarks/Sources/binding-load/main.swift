@@ -114,16 +114,7 @@ struct Vectors {
             m.msg_hdr.msg_iovlen = 1
             sendMsgs[i] = m
         }
-        recvBuffers = .allocate(byteCount: recvBatch * recvBufferSize, alignment: 16)
-        recvIov = .allocate(capacity: recvBatch)
-        recvMsgs = .allocate(capacity: recvBatch)
-        for i in 0..<recvBatch {
-            recvIov[i] = iovec(iov_base: recvBuffers + i * recvBufferSize, iov_len: recvBufferSize)
-            var m = bench_mmsghdr()
-            m.msg_hdr.msg_iov = recvIov + i
-            m.msg_hdr.msg_iovlen = 1
-            recvMsgs[i] = m
-        }
+        (recvBuffers, recvIov, recvMsgs) = makeReceiveSlots(count: recvBatch, size: recvBufferSize)
     }
 }
 

@@ -518,16 +518,7 @@ final class Traffic {
         self.gso = useGSO
         pfds = clients.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
             + peers.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
-        recvBuffers = .allocate(byteCount: recvBatch * recvSize, alignment: 16)
-        recvIov = .allocate(capacity: recvBatch)
-        recvMsgs = .allocate(capacity: recvBatch)
-        for i in 0..<recvBatch {
-            recvIov[i] = iovec(iov_base: recvBuffers + i * recvSize, iov_len: recvSize)
-            var m = bench_mmsghdr()
-            m.msg_hdr.msg_iov = recvIov + i
-            m.msg_hdr.msg_iovlen = 1
-            recvMsgs[i] = m
-        }
+        (recvBuffers, recvIov, recvMsgs) = makeReceiveSlots(count: recvBatch, size: recvSize)
         sendIov = .allocate(capacity: batch)
         sendMsgs = .allocate(capacity: batch)
     }
