@@ -136,6 +136,15 @@ public final class TURNServer {
 
     public var allocationCount: Int { allocations.count }
 
+    /// Whether a packet that starts with these two bytes (big-endian) is for
+    /// TURN: ChannelData, or STUN of any method but Binding (which drivers
+    /// answer on their stateless fast path).
+    public static func isTURN(leadingBytes type: UInt16) -> Bool {
+        let first = UInt8(truncatingIfNeeded: type >> 8)
+        if first & 0xC0 == 0x40 { return true }
+        return first & 0xC0 == 0 && type & 0x3EEF != 0x0001
+    }
+
     /// The allocation of a 5-tuple, if any.
     public func allocation(for tuple: FiveTuple) -> TURNAllocation? { allocations[tuple] }
 

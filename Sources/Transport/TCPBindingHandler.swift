@@ -88,10 +88,8 @@ final class TCPBindingHandler: ChannelInboundHandler {
     /// Hands a TURN frame (ChannelData, or STUN other than Binding) to the lane.
     private func relay(_ frame: [UInt8], context: ChannelHandlerContext) -> Bool {
         guard let lane, let tuple else { return false }
-        if frame.count >= 2 {
-            let type = UInt16(frame[0]) << 8 | UInt16(frame[1])
-            if frame[0] & 0xC0 == 0, type & 0x3EEF == 0x0001 { return false }
-        }
+        // The framer yields only whole STUN messages and ChannelData frames (at least 4 bytes).
+        if frame.count >= 2, !TURNServer.isTURN(leadingBytes: UInt16(frame[0]) << 8 | UInt16(frame[1])) { return false }
         let buffer = ByteBuffer(bytes: frame)
         if let answer = lane.handleClient(buffer, from: tuple) {
             context.write(wrapOutboundOut(ByteBuffer(bytes: answer)), promise: nil)

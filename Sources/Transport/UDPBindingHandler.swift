@@ -119,9 +119,7 @@ final class UDPBindingHandler: ChannelInboundHandler {
     /// Whether a datagram is for TURN: ChannelData, or STUN of a method other than Binding.
     static func isTURN(_ buffer: ByteBuffer) -> Bool {
         guard let type = buffer.getInteger(at: buffer.readerIndex, as: UInt16.self) else { return false }
-        let first = UInt8(truncatingIfNeeded: type >> 8)
-        if first & 0xC0 == 0x40 { return true }
-        return first & 0xC0 == 0 && type & 0x3EEF != 0x0001
+        return TURNServer.isTURN(leadingBytes: type)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
