@@ -15,16 +15,18 @@ extension TURNServer {
         var size: Int
         var auth: Auth?
         var fingerprint: Bool { request.attribute(.fingerprint) != nil }
+
+        /// An answer of `messageClass` to the request: same method and transaction.
+        func answer(_ messageClass: MessageClass, _ attributes: [Attribute] = []) -> Message {
+            Message(type: MessageType(method: request.type.method, class: messageClass), transactionID: request.transactionID, attributes: attributes)
+        }
     }
 
     func request(_ m: Message, size: Int, from tuple: FiveTuple, now: Timestamp) -> TURNClientOutcome {
         var reply = Reply(request: m, size: size, auth: nil)
         let unknown = m.unknownComprehensionRequired(known: Self.known)
         if !unknown.isEmpty {
-            var e = Message(type: MessageType(method: m.type.method, class: .errorResponse), transactionID: m.transactionID)
-            e.append(.errorCode(ErrorCodeValue(code: 420, reason: ErrorCodeValue.defaultReason(420))))
-            e.append(.unknownAttributes(unknown))
-            return send(e, reply, code: 420)
+            return error(420, nil, reply, [.unknownAttributes(unknown)])
         }
         switch m.type.method {
         case .allocate, .refresh, .createPermission, .channelBind: break
@@ -119,11 +121,10 @@ extension TURNServer {
     /// no SOFTWARE, FINGERPRINT only when the request had one; rate-limited per source.
     private func challenge(_ code: Int, _ reply: Reply, _ tuple: FiveTuple, _ now: Timestamp) -> TURNClientOutcome {
         guard challengeLimiter.allow(tuple.client.ip, now: now) else { return drop(.challengeRateLimited) }
-        var e = Message(type: MessageType(method: reply.request.type.method, class: .errorResponse), transactionID: reply.request.transactionID)
-        e.append(.errorCode(ErrorCodeValue(code: code, reason: ErrorCodeValue.defaultReason(code))))
-        e.append(.realm(configuration.realm))
-        e.append(.nonce(nonces.mint(for: tuple.client, now: now)))
-        e.append(.passwordAlgorithms([.md5, .sha256]))
+        let e = reply.answer(.errorResponse, [
+            .errorCode(ErrorCodeValue(code: code, reason: ErrorCodeValue.defaultReason(code))),
+            .realm(configuration.realm), .nonce(nonces.mint(for: tuple.client, now: now)), .passwordAlgorithms([.md5, .sha256]),
+        ])
         let bytes = e.encode(fingerprint: reply.fingerprint)
         if configuration.strictAmplification && bytes.count > reply.size { return drop(.amplification) }
         statistics.challenges += 1
@@ -133,15 +134,13 @@ extension TURNServer {
 
     // MARK: - Answers
 
-    func error(_ code: Int, _ reason: String?, _ reply: Reply) -> TURNClientOutcome {
-        var e = Message(type: MessageType(method: reply.request.type.method, class: .errorResponse), transactionID: reply.request.transactionID)
-        e.append(.errorCode(ErrorCodeValue(code: code, reason: reason ?? ErrorCodeValue.defaultReason(code))))
+    func error(_ code: Int, _ reason: String?, _ reply: Reply, _ extra: [Attribute] = []) -> TURNClientOutcome {
+        let e = reply.answer(.errorResponse, [.errorCode(ErrorCodeValue(code: code, reason: reason ?? ErrorCodeValue.defaultReason(code)))] + extra)
         return send(e, reply, code: code)
     }
 
     func success(_ attributes: [Attribute], _ reply: Reply) -> TURNClientOutcome {
-        let m = Message(type: MessageType(method: reply.request.type.method, class: .successResponse), transactionID: reply.request.transactionID, attributes: attributes)
-        return send(m, reply, code: nil)
+        send(reply.answer(.successResponse, attributes), reply, code: nil)
     }
 
     /// Signs and encodes an answer. An unauthenticated answer larger than its
@@ -247,7 +246,7 @@ extension TURNServer {
         if let addressError { answer.append(.addressErrorCode(family: 0x02, addressError)) }
         answer.append(.xorMappedAddress(tuple.client))
         // Authenticated (or anonymous by the operator's choice), so never capped.
-        let bytes = encode(Message(type: MessageType(method: .allocate, class: .successResponse), transactionID: m.transactionID, attributes: answer), reply)
+        let bytes = encode(reply.answer(.successResponse, answer), reply)
 
         let a = TURNAllocation(
             tuple: tuple, username: username, relays: relays, dontFragment: dontFragment,
