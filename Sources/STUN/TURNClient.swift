@@ -426,6 +426,17 @@ public struct TURNClient: Sendable {
         }
     }
 
+    /// Takes a 401/438 challenge's REALM and NONCE and sends the request again.
+    private mutating func retry(_ p: Pending, meeting challenge: Message, staleNonces: Int, now: Timestamp) {
+        do {
+            auth = try TURNClientAuth.meet(challenge, previous: auth, username: username, configuration: configuration)
+        } catch {
+            fail(p, error, now: now)
+            return
+        }
+        start(p.purpose, operation: p.operation, staleNonces: staleNonces, now: now)
+    }
+
     private mutating func errorResponse(_ p: Pending, _ message: Message, now: Timestamp) {
         guard case .errorCode(let error)? = try? message.value(.errorCode) else { return }
         switch error.code {
@@ -435,25 +446,13 @@ public struct TURNClient: Sendable {
                 fail(p, .authenticationFailed("\(error.code) \(error.reason) for user '\(username)'" + (auth.map { " in realm '\($0.realm)'" } ?? "")), now: now)
                 return
             }
-            do {
-                auth = try TURNClientAuth.meet(message, previous: auth, username: username, configuration: configuration)
-            } catch {
-                fail(p, error, now: now)
-                return
-            }
-            start(p.purpose, operation: p.operation, staleNonces: p.staleNonces, now: now)
+            retry(p, meeting: message, staleNonces: p.staleNonces, now: now)
         case ErrorCodeValue.staleNonce:
             guard p.staleNonces < configuration.staleNonceRetries else {
                 fail(p, .authenticationFailed("\(p.staleNonces + 1) stale nonces in a row"), now: now)
                 return
             }
-            do {
-                auth = try TURNClientAuth.meet(message, previous: auth, username: username, configuration: configuration)
-            } catch {
-                fail(p, error, now: now)
-                return
-            }
-            start(p.purpose, operation: p.operation, staleNonces: p.staleNonces + 1, now: now)
+            retry(p, meeting: message, staleNonces: p.staleNonces + 1, now: now)
         case ErrorCodeValue.unknownAttribute:
             if case .allocate(dontFragment: true) = p.purpose,
                 case .unknownAttributes(let types)? = try? message.value(.unknownAttributes),
