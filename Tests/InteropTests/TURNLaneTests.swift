@@ -11,8 +11,11 @@ struct TURNLaneTests {
     static func withLane<T: Sendable>(min: UInt16, max: UInt16, _ body: @escaping @Sendable (TURNLane) throws -> T) async throws -> T {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let loop = group.next()
-        var config = TURNServerConfiguration(realm: "t")
-        config.anonymous = true
+        let config: TURNServerConfiguration = {
+            var c = TURNServerConfiguration(realm: "t")
+            c.anonymous = true
+            return c
+        }()
         let plan = RelayAddressPlan(ips: [IPAddress("127.0.0.1")!], minPort: min, maxPort: max)
         let result: Result<T, any Error>
         do {
