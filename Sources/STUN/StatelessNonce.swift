@@ -63,11 +63,6 @@ public struct StatelessNonce: Sendable {
         return age <= limit && age < 1 << 31 ? .fresh : .stale
     }
 
-    /// Whether a nonce carries the password-algorithms feature bit.
-    public static func offersPasswordAlgorithms(_ nonce: String) -> Bool {
-        nonce.hasPrefix(cookie + passwordAlgorithmsFeatures)
-    }
-
     private func mac(_ client: TransportAddress, _ seconds: UInt32) -> String {
         var input = client.ip.bytes
         input.appendUInt16(client.port)

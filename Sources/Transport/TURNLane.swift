@@ -259,8 +259,6 @@ final class TURNLane: TURNRelayPorts {
         }
     }
 
-    var relaySocketCount: Int { relays.count }
-
     private func register(_ socket: RelaySocket) {
         socket.registering = true
         let fd = socket.fd
