@@ -8,7 +8,7 @@ let package = Package(
     platforms: [.macOS(.v14)],
     products: [
         .library(name: "STUN", targets: ["STUN"]),
-        .library(name: "Transport", targets: ["Transport"]),
+        .library(name: "Transport", targets: ["Transport", "Secure"]),
         .library(name: "TusaInterop", targets: ["TusaInterop"]),
         .executable(name: "tusa", targets: ["tusa"]),
     ],
@@ -40,12 +40,20 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Sans-IO cryptographic core of the encrypted transport (libsodium): keys,
+        // AEAD, BLAKE2b, the Noise framework (IK for the product), RTP media and
+        // RTCP-style control packet protection with replay windows.
+        .target(
+            name: "Secure",
+            dependencies: ["CSodium"],
+            swiftSettings: strict
+        ),
         // SwiftNIO drivers hosting the sans-IO cores; the relay service, its
         // metrics endpoint and its config-file reader.
         .target(
             name: "Transport",
             dependencies: [
-                "STUN",
+                "STUN", "Secure",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -67,7 +75,7 @@ let package = Package(
         .executableTarget(
             name: "tusa",
             dependencies: [
-                "STUN", "Transport", "TusaInterop",
+                "STUN", "Transport", "TusaInterop", "Secure",
                 "CSodium", "COpus", "CSpeex", "CSpeexDSP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -82,6 +90,19 @@ let package = Package(
         .executableTarget(
             name: "STUNFuzz",
             dependencies: ["STUN"],
+            swiftSettings: strict
+        ),
+        // libFuzzer entry point for the media/control packet openers and the Noise
+        // responder (SecureFuzzChecks); same build modes as STUNFuzz.
+        .executableTarget(
+            name: "SecureFuzz",
+            dependencies: ["Secure"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "SecureTests",
+            dependencies: ["Secure"],
+            exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
         .testTarget(
