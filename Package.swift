@@ -45,7 +45,7 @@ let package = Package(
         // RTCP-style control packet protection with replay windows.
         .target(
             name: "Secure",
-            dependencies: ["CSodium"],
+            dependencies: ["CSodium", "STUN"],
             swiftSettings: strict
         ),
         // SwiftNIO drivers hosting the sans-IO cores; the relay service, its
@@ -101,7 +101,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SecureTests",
-            dependencies: ["Secure"],
+            dependencies: ["Secure", "STUN"],
             exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
@@ -114,7 +114,7 @@ let package = Package(
         .testTarget(
             name: "InteropTests",
             dependencies: [
-                "STUN", "TusaInterop", "Transport",
+                "STUN", "TusaInterop", "Transport", "Secure",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
