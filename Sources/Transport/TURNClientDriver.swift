@@ -36,6 +36,9 @@ public final class TURNClientConnection: Sendable {
 
     private let channel: Channel
     private let engine: NIOLoopBound<TURNClientEngine>
+    /// False when the socket belongs to another handler (``attached(to:server:configuration:deliver:logger:)``):
+    /// `close()` then releases the allocation and leaves the socket open.
+    private let ownsChannel: Bool
     /// The server's address.
     public let server: TransportAddress
     public let transport: TransportProtocol
@@ -47,10 +50,11 @@ public final class TURNClientConnection: Sendable {
 
     private init(
         channel: Channel, engine: NIOLoopBound<TURNClientEngine>, server: TransportAddress, transport: TransportProtocol,
-        received: AsyncStream<TURNClient.Datagram>
+        received: AsyncStream<TURNClient.Datagram>, ownsChannel: Bool = true
     ) {
         self.channel = channel
         self.engine = engine
+        self.ownsChannel = ownsChannel
         self.server = server
         self.transport = transport
         self.localAddress = channel.localAddress.flatMap { TransportAddress($0) }
@@ -205,8 +209,32 @@ public final class TURNClientConnection: Sendable {
         }
         let engine = self.engine
         try? await channel.eventLoop.submit { engine.value.shutDown(.closed) }.get()
-        try? await channel.close()
+        if ownsChannel { try? await channel.close() }
         if let failure, failure != .closed { throw failure }
+    }
+
+    /// A TURN client sharing a UDP socket that another handler reads (the
+    /// secure endpoint's): that handler passes every datagram from `server`
+    /// to the returned engine's `received(_:)`, and data the server relays
+    /// from peers comes out of `deliver` instead of ``received`` (which ends at
+    /// once). Call on the channel's event loop.
+    static func attached(
+        to channel: Channel, server: TransportAddress, configuration: TURNClient.Configuration,
+        deliver: @escaping (TURNClient.Datagram) -> Void, logger: Logger
+    ) throws(TURNClientError) -> (TURNClientConnection, TURNClientEngine) {
+        var configuration = configuration
+        if case .reliable = configuration.reliability { configuration.reliability = .unreliable() }
+        let core = try TURNClient(configuration: configuration)
+        let (stream, continuation) = AsyncStream.makeStream(of: TURNClient.Datagram.self)
+        continuation.finish()
+        let engine = TURNClientEngine(
+            core: core, server: server, stream: false, eventLoop: channel.eventLoop,
+            continuation: continuation, logger: logger, deliver: deliver)
+        engine.attach(channel)
+        let connection = TURNClientConnection(
+            channel: channel, engine: NIOLoopBound(engine, eventLoop: channel.eventLoop), server: server,
+            transport: .udp, received: stream, ownsChannel: false)
+        return (connection, engine)
     }
 
     private func operation<T: Sendable>(
@@ -254,6 +282,8 @@ final class TURNClientEngine {
     private let stream: Bool
     private let eventLoop: EventLoop
     private let continuation: AsyncStream<TURNClient.Datagram>.Continuation
+    /// Where relayed peer data goes when the socket is shared; nil: `continuation`.
+    private let deliver: ((TURNClient.Datagram) -> Void)?
     private let logger: Logger
     private var channel: Channel?
     private var waiters: [TURNClient.OperationID: Waiter] = [:]
@@ -264,8 +294,10 @@ final class TURNClientEngine {
 
     init(
         core: TURNClient, server: TransportAddress, stream: Bool, eventLoop: EventLoop,
-        continuation: AsyncStream<TURNClient.Datagram>.Continuation, logger: Logger
+        continuation: AsyncStream<TURNClient.Datagram>.Continuation, logger: Logger,
+        deliver: ((TURNClient.Datagram) -> Void)? = nil
     ) {
+        self.deliver = deliver
         self.core = core
         self.server = server
         self.destination = SocketAddress(server)
@@ -326,7 +358,9 @@ final class TURNClientEngine {
     // MARK: calls from the network and the clock
 
     func received(_ bytes: [UInt8]) {
-        if let datagram = core.receive(bytes, now: Self.now()) { continuation.yield(datagram) }
+        if let datagram = core.receive(bytes, now: Self.now()) {
+            if let deliver { deliver(datagram) } else { continuation.yield(datagram) }
+        }
         pump()
     }
 

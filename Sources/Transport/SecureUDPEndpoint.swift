@@ -1,0 +1,528 @@
+import Logging
+import NIOCore
+import NIOPosix
+import STUN
+import Secure
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// What a `SecureUDPEndpoint` reports.
+public enum SecureUDPEvent: Sendable, Equatable {
+    case established(PeerID, key: PublicKey, rekey: Bool)
+    case handshakeFailed(PeerID)
+    case peerMoved(PeerID, from: TransportAddress, to: TransportAddress)
+    case peerGone(PeerID)
+    case control(PeerID, ControlReport)
+    /// An authenticated media packet (when no media handler was given).
+    case media(PeerID, RTPHeader, payload: [UInt8])
+}
+
+/// Errors of the secure UDP driver.
+public enum SecureTransportError: Error, Equatable, Sendable, CustomStringConvertible {
+    case bind(String)
+    case closed
+    case timeout
+    case handshakeFailed
+    case send(SecureSendError)
+    case relay(TURNClientError)
+    case keyLog(String)
+
+    public var description: String {
+        switch self {
+        case .bind(let s): "cannot bind: \(s)"
+        case .closed: "the endpoint is closed"
+        case .timeout: "timed out"
+        case .handshakeFailed: "the peer did not answer the handshake"
+        case .send(let e): "cannot send: \(e)"
+        case .relay(let e): "relay: \(e)"
+        case .keyLog(let s): "key log: \(s)"
+        }
+    }
+}
+
+/// A SwiftNIO UDP driver for a `SecureEndpoint`: one socket carries the
+/// handshake, sealed RTP media and control, STUN Binding answers, and TURN
+/// traffic to a relay when a peer is reached through one — demultiplexed by
+/// the first byte (RFC 7983). Reads are batched (recvmmsg), writes are flushed
+/// once per read burst or call.
+///
+/// ```swift
+/// let me = try await SecureUDPEndpoint.bind(identity: id)
+/// let peer = try await me.connect(to: theirKey, at: theirAddress)
+/// me.send(frame, to: peer, payloadType: 111, timestamp: ts)
+/// for await event in me.events { … }
+/// ```
+///
+/// Through a relay: `try await me.useRelay(server, configuration:)` allocates
+/// on a TURN server over this same socket; `try await me.reach(peerAddress,
+/// viaRelay: true)` binds a channel, after which everything to that address
+/// rides in ChannelData, still end-to-end sealed: the relay holds no keys.
+public final class SecureUDPEndpoint: Sendable {
+    private let channel: Channel
+    private let engine: NIOLoopBound<SecureEngine>
+    public let localAddress: TransportAddress
+    public let publicKey: PublicKey
+    /// Events, in order (the newest 8,192 kept if the reader falls behind).
+    public let events: AsyncStream<SecureUDPEvent>
+
+    /// Called on the event loop for each authenticated media packet, with the
+    /// plaintext payload valid only during the call (no copy, no allocation).
+    public typealias MediaHandler = @Sendable (PeerID, RTPHeader, UnsafeRawBufferPointer) -> Void
+
+    private init(channel: Channel, engine: NIOLoopBound<SecureEngine>, localAddress: TransportAddress, publicKey: PublicKey, events: AsyncStream<SecureUDPEvent>) {
+        self.channel = channel
+        self.engine = engine
+        self.localAddress = localAddress
+        self.publicKey = publicKey
+        self.events = events
+    }
+
+    /// Binds a UDP socket (port 0: any) and starts the endpoint.
+    ///
+    /// - Parameter keyLogPath: append media keys to this file (mode 0600), for `tusa interop decrypt`.
+    public static func bind(
+        host: String = "0.0.0.0", port: Int = 0, identity: Identity, configuration: SecureConfiguration = .init(),
+        keyLogPath: String? = nil, mediaHandler: MediaHandler? = nil,
+        group: EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+        logger: Logger = Logger(label: "tusa.secure")
+    ) async throws(SecureTransportError) -> SecureUDPEndpoint {
+        var configuration = configuration
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        let uptime = NIODeadline.now().uptimeNanoseconds
+        configuration.unixNanosecondsAtZero = UInt64(max(0, ts.tv_sec)) * 1_000_000_000 + UInt64(max(0, ts.tv_nsec)) &- uptime
+        var keyLog: KeyLogFile?
+        if let keyLogPath {
+            do { keyLog = try KeyLogFile(path: keyLogPath) } catch { throw .keyLog("\(error)") }
+            configuration.keyLog = true
+        }
+        let (stream, continuation) = AsyncStream.makeStream(of: SecureUDPEvent.self, bufferingPolicy: .bufferingNewest(8192))
+        let config = configuration
+        let log = keyLog
+        let channel: Channel
+        do {
+            channel = try await DatagramBootstrap(group: group)
+                .channelOption(.datagramVectorReadMessageCount, value: 32)
+                .channelOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 32 * 2048))
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        let core = SecureEndpoint(identity: identity, configuration: config, now: SecureEngine.now())
+                        let engine = SecureEngine(
+                            core: core, channel: channel, continuation: continuation, mediaHandler: mediaHandler,
+                            keyLog: log, logger: logger)
+                        try channel.pipeline.syncOperations.addHandler(SecureDatagramHandler(engine: engine))
+                    }
+                }
+                .bind(host: host, port: port)
+                .get()
+        } catch {
+            continuation.finish()
+            throw .bind("\(host):\(port): \(TURNClientConnection.describe(error))")
+        }
+        do {
+            let engine = try await channel.eventLoop.submit {
+                NIOLoopBound(try channel.pipeline.syncOperations.handler(type: SecureDatagramHandler.self).engine, eventLoop: channel.eventLoop)
+            }.get()
+            guard let local = channel.localAddress.flatMap({ TransportAddress($0) }) else { throw SecureTransportError.bind("no local address") }
+            return SecureUDPEndpoint(channel: channel, engine: engine, localAddress: local, publicKey: identity.publicKey, events: stream)
+        } catch {
+            try? await channel.close()
+            continuation.finish()
+            throw .bind("\(error)")
+        }
+    }
+
+    private func onLoop<T: Sendable>(_ body: @escaping @Sendable (SecureEngine) throws -> T) async throws(SecureTransportError) -> T {
+        let engine = self.engine
+        do {
+            return try await channel.eventLoop.submit { try body(engine.value) }.get()
+        } catch let e as SecureTransportError {
+            throw e
+        } catch {
+            throw .closed
+        }
+    }
+
+    /// Adds a peer by key (and address, if known); returns its id.
+    public func addPeer(_ key: PublicKey, at address: TransportAddress? = nil) async throws(SecureTransportError) -> PeerID {
+        try await onLoop { $0.core.addPeer(key, address: address) }
+    }
+
+    /// Handshakes with the peer with `key` at `address` and waits until keys are in place both ways.
+    @discardableResult
+    public func connect(to key: PublicKey, at address: TransportAddress, timeout: Duration = .seconds(10)) async throws(SecureTransportError) -> PeerID {
+        let promise = channel.eventLoop.makePromise(of: PeerID.self)
+        let engine = self.engine
+        channel.eventLoop.execute {
+            let e = engine.value
+            let id = e.core.addPeer(key, address: address)
+            e.core.setAddress(address, of: id)
+            e.waitEstablished(id, promise: promise, timeout: timeout)
+            e.core.connect(id, now: SecureEngine.now())
+            e.pump()
+        }
+        do { return try await promise.futureResult.get() } catch let e as SecureTransportError { throw e } catch { throw .closed }
+    }
+
+    /// Waits until the peer with `key` has handshaken with us (as responder).
+    public func waitForPeer(_ key: PublicKey, timeout: Duration = .seconds(10)) async throws(SecureTransportError) -> PeerID {
+        let promise = channel.eventLoop.makePromise(of: PeerID.self)
+        let engine = self.engine
+        channel.eventLoop.execute {
+            let e = engine.value
+            let id = e.core.addPeer(key)
+            e.waitEstablished(id, promise: promise, timeout: timeout)
+        }
+        do { return try await promise.futureResult.get() } catch let e as SecureTransportError { throw e } catch { throw .closed }
+    }
+
+    /// Seals and sends one media payload (fire and forget: a packet that cannot
+    /// be sent yet is counted in `statistics()` and dropped, as UDP would).
+    public func send(_ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, marker: Bool = false) {
+        let engine = self.engine
+        channel.eventLoop.execute {
+            engine.value.sendMedia(payload, to: peer, payloadType: payloadType, timestamp: timestamp, marker: marker)
+            engine.value.flush()
+        }
+    }
+
+    /// Sends several media payloads in one hop to the event loop and one flush
+    /// (timestamps advance by `timestampStep` from `timestamp`).
+    public func send(batch payloads: [[UInt8]], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, timestampStep: UInt32) {
+        let engine = self.engine
+        channel.eventLoop.execute {
+            var ts = timestamp
+            for p in payloads {
+                engine.value.sendMedia(p, to: peer, payloadType: payloadType, timestamp: ts, marker: false)
+                ts &+= timestampStep
+            }
+            engine.value.flush()
+        }
+    }
+
+    /// Seals and sends a control report.
+    public func sendControl(_ report: ControlReport, to peer: PeerID) async throws(SecureTransportError) {
+        try await onLoop { e in
+            do { try e.core.sendControl(report, to: peer, now: SecureEngine.now()) } catch let s as SecureSendError { throw SecureTransportError.send(s) }
+            e.pump()
+        }
+    }
+
+    /// Allocates on a TURN server over this socket. Peers reached with
+    /// `reach(_:viaRelay: true)` then go through it.
+    @discardableResult
+    public func useRelay(_ server: TransportAddress, configuration: TURNClient.Configuration) async throws(SecureTransportError) -> TURNClientAllocation {
+        let turn = try await onLoop { e in try e.attachRelay(server: server, configuration: configuration) }
+        do { return try await turn.allocate(timeout: .seconds(10)) } catch { throw .relay(error) }
+    }
+
+    /// Sends everything for `address` through the relay (a channel is bound to it).
+    public func reach(_ address: TransportAddress, viaRelay: Bool) async throws(SecureTransportError) {
+        guard viaRelay else {
+            _ = try await onLoop { $0.relayed.remove(address) }
+            return
+        }
+        let turn = try await onLoop { e -> TURNClientConnection in
+            guard let t = e.turn else { throw SecureTransportError.relay(.notAllocated) }
+            return t
+        }
+        do { try await turn.bindChannel(to: address, timeout: .seconds(10)) } catch { throw .relay(error) }
+        _ = try await onLoop { $0.relayed.insert(address) }
+    }
+
+    public func statistics() async throws(SecureTransportError) -> SecureStatistics {
+        try await onLoop { $0.core.statistics }
+    }
+
+    /// The peer's current address and our and its SSRCs.
+    public func describe(_ peer: PeerID) async throws(SecureTransportError) -> (address: TransportAddress?, local: UInt32, remote: UInt32?)? {
+        try await onLoop { e in
+            guard let s = e.core.ssrcs(of: peer) else { return nil }
+            return (e.core.address(of: peer), s.local, s.remote)
+        }
+    }
+
+    /// Releases the relay allocation, if any, and closes the socket.
+    public func close() async {
+        let engine = self.engine
+        if let turn = try? await channel.eventLoop.submit({ engine.value.turn }).get() {
+            try? await turn.close(timeout: .seconds(1))
+        }
+        try? await channel.eventLoop.submit { engine.value.shutDown() }.get()
+        try? await channel.close()
+    }
+}
+
+/// The endpoint's state, confined to the channel's event loop.
+final class SecureEngine {
+    let core: SecureEndpoint
+    private let channel: Channel
+    private let continuation: AsyncStream<SecureUDPEvent>.Continuation
+    private let mediaHandler: SecureUDPEndpoint.MediaHandler?
+    private let keyLog: KeyLogFile?
+    private let logger: Logger
+    private var binding = BindingServer()
+    private var timer: Scheduled<Void>?
+    private var timerAt: Timestamp?
+    private var waiters: [PeerID: [EventLoopPromise<PeerID>]] = [:]
+    private var closed = false
+    /// Reused for every datagram: opened in place here, never allocated per packet.
+    private var scratch = [UInt8](repeating: 0, count: 65_536)
+    private var sealBuffer = [UInt8](repeating: 0, count: 65_536)
+    private(set) var pendingWrites = 0
+
+    // The relay, when one is in use.
+    var turn: TURNClientConnection?
+    private var turnEngine: TURNClientEngine?
+    private var turnServer: TransportAddress?
+    /// Peer addresses reached through the relay.
+    var relayed: Set<TransportAddress> = []
+
+    init(
+        core: SecureEndpoint, channel: Channel, continuation: AsyncStream<SecureUDPEvent>.Continuation,
+        mediaHandler: SecureUDPEndpoint.MediaHandler?, keyLog: KeyLogFile?, logger: Logger
+    ) {
+        self.core = core
+        self.channel = channel
+        self.continuation = continuation
+        self.mediaHandler = mediaHandler
+        self.keyLog = keyLog
+        self.logger = logger
+    }
+
+    static func now() -> Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
+
+    // MARK: input
+
+    func received(_ buffer: ByteBuffer, from source: TransportAddress) {
+        guard !closed else { return }
+        if let turnServer, source == turnServer, let turnEngine {
+            turnEngine.received(Array(buffer.readableBytesView))
+            return
+        }
+        let n = buffer.readableBytes
+        guard n > 0, n <= scratch.count, let first = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self) else { return }
+        switch first {
+        case 0...3:
+            answerBinding(buffer, from: source)
+        default:
+            scratch.withUnsafeMutableBytes { raw in
+                buffer.withUnsafeReadableBytes { raw.copyMemory(from: $0) }
+                openDatagram(UnsafeMutableRawBufferPointer(rebasing: raw[0..<n]), from: source)
+            }
+        }
+    }
+
+    /// Datagrams a relay delivered from a peer.
+    private func receivedRelayed(_ d: TURNClient.Datagram) {
+        guard !d.payload.isEmpty, d.payload.count <= scratch.count else { return }
+        scratch.withUnsafeMutableBytes { raw in
+            d.payload.withUnsafeBytes { raw.copyMemory(from: $0) }
+            openDatagram(UnsafeMutableRawBufferPointer(rebasing: raw[0..<d.payload.count]), from: d.peer)
+        }
+    }
+
+    private func openDatagram(_ bytes: UnsafeMutableRawBufferPointer, from source: TransportAddress) {
+        switch core.receive(bytes, from: source, now: Self.now()) {
+        case .media(let peer, let header, let range):
+            let payload = UnsafeRawBufferPointer(rebasing: bytes[range])
+            if let mediaHandler {
+                mediaHandler(peer, header, payload)
+            } else {
+                continuation.yield(.media(peer, header, payload: Array(payload)))
+            }
+        case .handled:
+            pump()
+        case .dropped, .droppedHandshake:
+            pump()
+        }
+    }
+
+    private func answerBinding(_ buffer: ByteBuffer, from source: TransportAddress) {
+        let request = Array(buffer.readableBytesView)
+        guard let (response, destination, _) = binding.handle(request, from: source) else { return }
+        write(response, to: destination)
+    }
+
+    // MARK: output
+
+    func sendMedia(_ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, marker: Bool) {
+        guard !closed else { return }
+        let now = Self.now()
+        do {
+            let (n, to) = try payload.withUnsafeBytes { p in
+                try sealBuffer.withUnsafeMutableBytes { out in
+                    try core.sealMedia(to: peer, payloadType: payloadType, marker: marker, timestamp: timestamp, payload: p, into: out, now: now)
+                }
+            }
+            sealBuffer.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0[0..<n]), to: to) }
+        } catch {
+            unsent += 1
+        }
+        pump(flush: false)
+    }
+
+    /// Media that could not be sealed (no keys yet, unknown peer).
+    private(set) var unsent: UInt64 = 0
+
+    private func write(_ bytes: [UInt8], to address: TransportAddress) {
+        bytes.withUnsafeBytes { write($0, to: address) }
+    }
+
+    private func write(_ bytes: UnsafeRawBufferPointer, to address: TransportAddress) {
+        if relayed.contains(address), let turnEngine {
+            do { try turnEngine.send(Array(bytes), to: address) } catch { unsent += 1 }
+            return
+        }
+        var buffer = channel.allocator.buffer(capacity: bytes.count)
+        buffer.writeBytes(bytes)
+        channel.write(AddressedEnvelope(remoteAddress: SocketAddress(address), data: buffer), promise: nil)
+        pendingWrites += 1
+    }
+
+    func flush() {
+        if pendingWrites > 0 {
+            pendingWrites = 0
+            channel.flush()
+        }
+    }
+
+    /// Sends what the core queued, reports its events, re-arms the timer.
+    func pump(flush: Bool = true) {
+        for out in core.outputs() {
+            switch out {
+            case .send(let bytes, let to): write(bytes, to: to)
+            case .event(let event): report(event)
+            }
+        }
+        if flush { self.flush() }
+        armTimer()
+    }
+
+    private func report(_ event: SecureEvent) {
+        switch event {
+        case .established(let id, let key, let rekey):
+            for w in waiters.removeValue(forKey: id) ?? [] { w.succeed(id) }
+            continuation.yield(.established(id, key: key, rekey: rekey))
+        case .handshakeFailed(let id):
+            for w in waiters.removeValue(forKey: id) ?? [] { w.fail(SecureTransportError.handshakeFailed) }
+            continuation.yield(.handshakeFailed(id))
+        case .peerMoved(let id, let from, let to):
+            continuation.yield(.peerMoved(id, from: from, to: to))
+        case .peerGone(let id):
+            continuation.yield(.peerGone(id))
+        case .control(let id, let report):
+            continuation.yield(.control(id, report))
+        case .keyLog(let line):
+            keyLog?.append(line)
+        }
+    }
+
+    private func armTimer() {
+        let next = core.nextDeadline
+        guard next != timerAt, !closed else { return }
+        timer?.cancel()
+        timer = nil
+        timerAt = next
+        guard let next else { return }
+        let bound = NIOLoopBound(self, eventLoop: channel.eventLoop)
+        timer = channel.eventLoop.scheduleTask(deadline: .uptimeNanoseconds(next.nanoseconds)) {
+            let e = bound.value
+            e.timer = nil
+            e.timerAt = nil
+            e.core.poll(now: Self.now())
+            e.pump()
+        }
+    }
+
+    func waitEstablished(_ id: PeerID, promise: EventLoopPromise<PeerID>, timeout: Duration) {
+        if core.isEstablished(id) {
+            promise.succeed(id)
+            return
+        }
+        waiters[id, default: []].append(promise)
+        let bound = NIOLoopBound(self, eventLoop: channel.eventLoop)
+        channel.eventLoop.scheduleTask(in: .nanoseconds(max(0, timeout.nanoseconds))) {
+            promise.fail(SecureTransportError.timeout)
+            bound.value.waiters[id]?.removeAll { $0.futureResult === promise.futureResult }
+        }
+    }
+
+    func attachRelay(server: TransportAddress, configuration: TURNClient.Configuration) throws -> TURNClientConnection {
+        if let turn { return turn }
+        let bound = NIOLoopBound(self, eventLoop: channel.eventLoop)
+        do {
+            let (connection, engine) = try TURNClientConnection.attached(
+                to: channel, server: server, configuration: configuration,
+                deliver: { bound.value.receivedRelayed($0) }, logger: logger)
+            turn = connection
+            turnEngine = engine
+            turnServer = server
+            return connection
+        } catch {
+            throw SecureTransportError.relay(error)
+        }
+    }
+
+    func shutDown() {
+        closed = true
+        timer?.cancel()
+        timer = nil
+        for (_, ws) in waiters { for w in ws { w.fail(SecureTransportError.closed) } }
+        waiters.removeAll()
+        turnEngine?.shutDown(.closed)
+        continuation.finish()
+    }
+}
+
+/// Routes every datagram to the engine; flushes once per read burst.
+final class SecureDatagramHandler: ChannelInboundHandler {
+    typealias InboundIn = AddressedEnvelope<ByteBuffer>
+    let engine: SecureEngine
+
+    init(engine: SecureEngine) { self.engine = engine }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let envelope = unwrapInboundIn(data)
+        guard let source = TransportAddress(envelope.remoteAddress) else { return }
+        engine.received(envelope.data, from: source)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        engine.flush()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        // ICMP errors on an unconnected UDP socket (e.g. ECONNREFUSED) are not fatal.
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        engine.shutDown()
+        context.fireChannelInactive()
+    }
+}
+
+/// The opt-in key log file: created 0600, lines appended and flushed at once.
+final class KeyLogFile: Sendable {
+    private let fd: Int32
+
+    init(path: String) throws {
+        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw SecureTransportError.keyLog("cannot open \(path): \(String(cString: strerror(errno)))") }
+        self.fd = fd
+    }
+
+    func append(_ line: String) {
+        var bytes = Array((line + "\n").utf8)
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        for i in bytes.indices { bytes[i] = 0 }
+    }
+
+    deinit { close(fd) }
+}

@@ -1,0 +1,198 @@
+import Foundation
+import NIOCore
+import NIOPosix
+import STUN
+import Secure
+import Testing
+import Transport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// The secure UDP driver on real loopback sockets: direct, and through a real
+// `tusa relay`. Every wait is bounded; every socket is loopback.
+
+private let loopback = TransportAddress(ip: .v4(0x7F00_0001), port: 0)
+
+/// Collects media and events from an endpoint's stream in the background.
+private final class Collector: @unchecked Sendable {
+    // Guarded by `lock`.
+    private let lock = NSLock()
+    private var _media: [(PeerID, RTPHeader, [UInt8])] = []
+    private var _events: [SecureUDPEvent] = []
+    private var task: Task<Void, Never>?
+
+    init(_ endpoint: SecureUDPEndpoint) {
+        task = Task { [weak self] in
+            for await e in endpoint.events {
+                guard let self else { return }
+                self.lock.withLock {
+                    if case .media(let p, let h, let payload) = e { self._media.append((p, h, payload)) } else { self._events.append(e) }
+                }
+            }
+        }
+    }
+
+    var media: [(PeerID, RTPHeader, [UInt8])] { lock.withLock { _media } }
+    var events: [SecureUDPEvent] { lock.withLock { _events } }
+
+    /// Waits up to `seconds` for `count` media packets.
+    func waitForMedia(_ count: Int, seconds: Double = 10) async -> Bool {
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while ContinuousClock.now < deadline {
+            if media.count >= count { return true }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return media.count >= count
+    }
+}
+
+private func frame(_ i: Int) -> [UInt8] { (0..<160).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ i) } }
+
+@Suite("Secure transport on loopback sockets", .serialized)
+struct SecureTransportTests {
+    @Test("handshake and media both ways, direct")
+    func directCall() async throws {
+        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let ca = Collector(a), cb = Collector(b)
+        async let waiting = b.waitForPeer(a.publicKey)
+        let bAtA = try await a.connect(to: b.publicKey, at: b.localAddress)
+        let aAtB = try await waiting
+        for i in 0..<100 {
+            a.send(frame(i), to: bAtA, payloadType: 111, timestamp: UInt32(i * 160))
+            b.send(frame(1000 + i), to: aAtB, payloadType: 111, timestamp: UInt32(i * 160))
+        }
+        let gotB = await cb.waitForMedia(100), gotA = await ca.waitForMedia(100)
+        #expect(gotB && gotA)
+        #expect(cb.media.map(\.2) == (0..<100).map(frame), "in order and intact on loopback")
+        #expect(ca.media.map(\.2) == (0..<100).map { frame(1000 + $0) })
+        let stats = try await b.statistics()
+        #expect(stats.dropped.isEmpty, "\(stats.dropped)")
+        #expect(cb.events.contains { if case .established = $0 { true } else { false } })
+        await a.close()
+        await b.close()
+    }
+
+    @Test("a third endpoint's packets and replays are refused on real sockets")
+    func strangersAreRefused() async throws {
+        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let cb = Collector(b)
+        async let waiting = b.waitForPeer(a.publicKey)
+        let bAtA = try await a.connect(to: b.publicKey, at: b.localAddress)
+        _ = try await waiting
+        a.send(frame(1), to: bAtA, payloadType: 111, timestamp: 0)
+        #expect(await cb.waitForMedia(1))
+        // Mallory: a plain UDP socket sending garbage, RTP-shaped forgeries and handshake noise.
+        let mallory = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
+        var rtp: [UInt8] = [0x80, 111, 0, 1, 0, 0, 0, 0] + [0, 0, 0, 0] + [UInt8](repeating: 0xAA, count: 176)
+        if let (_, local, _) = try await a.describe(bAtA) {
+            rtp[8] = UInt8(local >> 24); rtp[9] = UInt8(local >> 16 & 0xFF); rtp[10] = UInt8(local >> 8 & 0xFF); rtp[11] = UInt8(local & 0xFF)
+        }
+        for _ in 0..<20 {
+            try mallory.sendDatagram(rtp, to: b.localAddress)
+            try mallory.sendDatagram([4, 0, 0, 0] + [UInt8](repeating: 4, count: 148), to: b.localAddress)
+            try mallory.sendDatagram([0xFF, 0x00], to: b.localAddress)
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(cb.media.count == 1)
+        let stats = try await b.statistics()
+        // The forged media fails authentication, or the replay window first if its sequence number is far behind.
+        #expect(stats.dropped[.authenticationFailed, default: 0] + stats.dropped[.tooOld, default: 0] == 20, "\(stats.dropped)")
+        #expect(stats.dropped[.malformed, default: 0] == 20, "\(stats.dropped)")
+        #expect(stats.handshakeDrops[.badMAC, default: 0] == 20, "\(stats.handshakeDrops)")
+        await a.close()
+        await b.close()
+    }
+
+    @Test("media rides TURN ChannelData through a real tusa relay, end to end sealed",
+        .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
+    func throughTusaRelay() async throws {
+        let (relay, port) = try #require(try Harness.startRelay([
+            "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
+        ]))
+        defer { relay.stop() }
+        let server = TransportAddress(ip: .v4(0x7F00_0001), port: port)
+        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let ca = Collector(a), cb = Collector(b)
+        // A sits behind the relay: B only ever talks to A's relayed address.
+        let allocation = try await a.useRelay(server, configuration: .init(username: "alice", password: "wonderland"))
+        try await a.reach(b.localAddress, viaRelay: true)
+        async let waiting = a.waitForPeer(b.publicKey)
+        let aAtB = try await b.connect(to: a.publicKey, at: allocation.relayed)
+        let bAtA = try await waiting
+        for i in 0..<50 {
+            b.send(frame(i), to: aAtB, payloadType: 0, timestamp: UInt32(i * 160))
+            a.send(frame(500 + i), to: bAtA, payloadType: 0, timestamp: UInt32(i * 160))
+        }
+        let gotA = await ca.waitForMedia(50), gotB = await cb.waitForMedia(50)
+        #expect(gotA && gotB)
+        #expect(ca.media.map(\.2) == (0..<50).map(frame))
+        #expect(cb.media.map(\.2) == (0..<50).map { frame(500 + $0) })
+        #expect(try await b.describe(aAtB)?.address == allocation.relayed, "B sees A only at the relay")
+        await a.close()
+        await b.close()
+        #expect(relay.stop() == 0)
+        #expect(relay.stdout.contains("turn: "), "\(relay.stdout)")
+    }
+
+    @Test("tshark reads the sealed media as RTP without keys; tusa interop decrypt opens it with the key log",
+        .enabled(if: Harness.tusa != nil && Harness.which("tshark") != nil && Harness.isRoot,
+                 "needs tusa, tshark and root to capture on lo"))
+    func captureDecodesAsRTPAndDecryptsWithTheKeyLog() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-secure-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let keylog = dir + "/keys.log", capture = dir + "/call.pcapng", dump = dir + "/call.rtpdump"
+        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), keyLogPath: keylog)
+        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let cb = Collector(b)
+        let port = b.localAddress.port
+        let tshark = try Harness.Background(try #require(Harness.which("tshark")), [
+            "-i", "lo", "-f", "udp port \(port)", "-w", capture, "-q", "-a", "duration:60",
+        ])
+        defer { tshark.stop() }
+        #expect(tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
+        try await Task.sleep(for: .seconds(1))  // "Capturing on" comes a moment before the filter is live
+        async let waiting = b.waitForPeer(a.publicKey)
+        let bAtA = try await a.connect(to: b.publicKey, at: b.localAddress)
+        _ = try await waiting
+        for i in 0..<40 {
+            a.send(frame(i), to: bAtA, payloadType: 0, timestamp: UInt32(i * 160))
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        #expect(await cb.waitForMedia(40))
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(tshark.stop() == 0, "tshark: \(tshark.stderr)")
+        await a.close()
+        await b.close()
+        let ssrc = try #require(cb.media.first?.1.ssrc)
+
+        // Without keys: RTP fields (SSRC, sequence numbers) as Wireshark shows them.
+        let fields = try Harness.run(try #require(Harness.which("tshark")), [
+            "-r", capture, "-d", "udp.port==\(port),rtp", "-Y", "rtp && rtp.p_type == 0", "-T", "fields", "-e", "rtp.ssrc", "-e", "rtp.seq",
+        ])
+        let rows = fields.stdout.split(separator: "\n").map { $0.split(separator: "\t") }
+        #expect(rows.count == 40, "\(fields.stdout) \(fields.stderr)")
+        #expect(rows.allSatisfy { $0.first.map { UInt32($0.dropFirst(2), radix: 16) } == ssrc })
+        let seqs = rows.compactMap { $0.last.flatMap { Int($0) } }
+        #expect(zip(seqs, seqs.dropFirst()).allSatisfy { ($1 - $0 + 65536) % 65536 == 1 })
+
+        // With the key log: every media packet opens; the rtpdump holds the plaintext.
+        let decrypt = try Harness.run(try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", keylog, "--out", dump])
+        #expect(decrypt.status == 0, "\(decrypt.stdout) \(decrypt.stderr)")
+        #expect(decrypt.stdout.contains("SSRC 0x\(String(ssrc, radix: 16)): 40 media"), "\(decrypt.stdout)")
+        let written = try [UInt8](Data(contentsOf: URL(fileURLWithPath: dump)))
+        #expect(written.starts(with: Array("#!rtpplay1.0".utf8)))
+        for i in [0, 17, 39] {
+            #expect(written.firstRange(of: frame(i)) != nil, "frame \(i) in the clear in the rtpdump")
+        }
+        // A wrong key log opens nothing and says so.
+        try "TUSA_MEDIA_KEY \(String(format: "%08x", ssrc)) \(String(repeating: "ab", count: 32))\n".write(toFile: keylog, atomically: true, encoding: .utf8)
+        let wrong = try Harness.run(try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", keylog])
+        #expect(wrong.status == 1, "\(wrong.stdout)")
+    }
+}
