@@ -6,8 +6,8 @@ import TusaInterop
 /// `tusa interop`: tools for checking Tusa against other implementations.
 struct Interop: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Check captured STUN/TURN/ICE traffic.",
-        subcommands: [Check.self]
+        abstract: "Check captured STUN/TURN/ICE traffic; decrypt captured media with a key log.",
+        subcommands: [Check.self, Decrypt.self]
     )
 
     struct Check: ParsableCommand {

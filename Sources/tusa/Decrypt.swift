@@ -1,0 +1,116 @@
+import ArgumentParser
+import Foundation
+import STUN
+import Secure
+import TusaInterop
+
+extension Interop {
+    /// `tusa interop decrypt`: opens the sealed media in a capture with a key log.
+    struct Decrypt: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Decrypt Tusa media in a capture with a key log (TUSA_KEYLOG).",
+            discussion: """
+                Reads every UDP datagram of CAPTURE (pcap/pcapng), unwraps TURN ChannelData, \
+                and opens the RTP media and control packets whose SSRC has keys in the key log \
+                (written by an endpoint started with a key log, e.g. TUSA_KEYLOG=FILE). Prints \
+                one line per stream; with --out, writes the decrypted RTP packets (header and \
+                plaintext payload) as an rtpdump file, which Wireshark and rtptools read. \
+                Exits 1 if a packet of a logged stream does not open, or nothing was decrypted.
+                """
+        )
+
+        @Argument(help: "The capture file.")
+        var capture: String
+
+        @Option(help: "The key log file.")
+        var keylog: String
+
+        @Option(help: "Write the decrypted RTP packets to this rtpdump file.")
+        var out: String?
+
+        func run() throws {
+            let keys: [UInt32: [SecretKey]]
+            do {
+                keys = try KeyLog.parse(try String(contentsOfFile: keylog, encoding: .utf8))
+            } catch let e as KeyLog.ParseError {
+                fail("\(keylog): \(e)")
+            } catch {
+                fail("cannot read \(keylog): \(error.localizedDescription)")
+            }
+            let cap: Capture
+            do { cap = try Capture.read(path: capture) } catch { fail("\(capture): \(error)") }
+            let decryptor = MediaDecryptor(keys: keys)
+            var streams: [UInt32: (media: Int, control: Int, failed: Int)] = [:]
+            var noKey: Set<UInt32> = []
+            var dump = RTPDump()
+            for d in cap.udp {
+                var bytes = d.payload
+                if let first = bytes.first, (64...79).contains(first) {
+                    guard let frame = try? ChannelData(decoding: bytes) else { continue }
+                    bytes = frame.data
+                }
+                switch decryptor.open(&bytes) {
+                case .media(let header, let range):
+                    streams[header.ssrc, default: (0, 0, 0)].media += 1
+                    dump.add(Array(bytes[..<header.headerLength]) + Array(bytes[range]), at: d.timestamp)
+                case .control(let ssrc, _):
+                    streams[ssrc, default: (0, 0, 0)].control += 1
+                case .failed(let ssrc):
+                    streams[ssrc, default: (0, 0, 0)].failed += 1
+                case .noKey(let ssrc):
+                    noKey.insert(ssrc)
+                case .notRTP:
+                    continue
+                }
+            }
+            for (ssrc, s) in streams.sorted(by: { $0.key < $1.key }) {
+                print("SSRC 0x\(String(ssrc, radix: 16)): \(s.media) media and \(s.control) control packets decrypted, \(s.failed) failed")
+            }
+            if !noKey.isEmpty {
+                print("no key for \(noKey.count) SSRC(s): \(noKey.sorted().map { "0x" + String($0, radix: 16) }.joined(separator: " "))")
+            }
+            if let out {
+                do { try Data(dump.bytes).write(to: URL(fileURLWithPath: out)) } catch {
+                    fail("cannot write \(out): \(error.localizedDescription)")
+                }
+                print("wrote \(dump.count) RTP packets to \(out)")
+            }
+            let decrypted = streams.values.reduce(0) { $0 + $1.media + $1.control }
+            if decrypted == 0 { fail("nothing in \(capture) opened with the keys in \(keylog)") }
+            if streams.values.contains(where: { $0.failed > 0 }) { throw ExitCode(1) }
+        }
+
+        private func fail(_ message: String) -> Never {
+            FileHandle.standardError.write(Data("tusa interop decrypt: \(message)\n".utf8))
+            Foundation.exit(1)
+        }
+    }
+}
+
+/// The rtptools rtpdump format ("#!rtpplay1.0 address/port"), which Wireshark reads.
+struct RTPDump {
+    private(set) var bytes: [UInt8] = []
+    private(set) var count = 0
+    private var start: Double?
+
+    mutating func add(_ packet: [UInt8], at time: Double) {
+        if start == nil {
+            start = time
+            bytes += Array("#!rtpplay1.0 0.0.0.0/0\n".utf8)
+            let sec = UInt32(clamping: Int(time))
+            let usec = UInt32(clamping: Int((time - Double(Int(time))) * 1e6))
+            bytes.appendUInt32(sec)
+            bytes.appendUInt32(usec)
+            bytes.appendUInt32(0)  // source address
+            bytes.appendUInt16(0)  // port
+            bytes.appendUInt16(0)  // padding
+        }
+        guard packet.count <= 65_535 - 8 else { return }
+        let offset = UInt32(clamping: Int(((time - (start ?? time)) * 1000).rounded()))
+        bytes.appendUInt16(UInt16(packet.count + 8))
+        bytes.appendUInt16(UInt16(packet.count))
+        bytes.appendUInt32(offset)
+        bytes += packet
+        count += 1
+    }
+}
