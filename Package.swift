@@ -87,16 +87,21 @@ let package = Package(
         ),
         // libFuzzer entry point for the STUN decoders. Built by `make fuzz` with
         // -sanitize=fuzzer -DFUZZING; without FUZZING it replays files given as arguments.
+        // The libFuzzer entry and replay mode shared by the fuzz executables.
+        .target(
+            name: "FuzzDriver",
+            swiftSettings: strict
+        ),
         .executableTarget(
             name: "STUNFuzz",
-            dependencies: ["STUN"],
+            dependencies: ["STUN", "FuzzDriver"],
             swiftSettings: strict
         ),
         // libFuzzer entry point for the media/control packet openers and the Noise
         // responder (SecureFuzzChecks); same build modes as STUNFuzz.
         .executableTarget(
             name: "SecureFuzz",
-            dependencies: ["Secure"],
+            dependencies: ["Secure", "FuzzDriver"],
             swiftSettings: strict
         ),
         .testTarget(

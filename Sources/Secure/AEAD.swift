@@ -43,13 +43,14 @@ enum AEADConstruction: Sendable {
         }
     }
 
-    /// Verifies the tag, then decrypts (in place allowed). On failure the
-    /// output is left untouched (libsodium checks before it decrypts).
+    /// Verifies the tag, then decrypts (in place allowed). On failure
+    /// libsodium zeroes the output (so an in-place open destroys the
+    /// ciphertext); `plaintext == nil` only verifies and writes nothing.
     @inline(__always)
     func openDetached(key: UnsafeRawPointer, nonce: UnsafeRawPointer, ad: UnsafeRawBufferPointer,
                       ciphertext: UnsafeRawBufferPointer, tag: UnsafeRawPointer,
-                      plaintext: UnsafeMutableRawPointer) -> Bool {
-        let m = plaintext.assumingMemoryBound(to: UInt8.self), t = tag.assumingMemoryBound(to: UInt8.self)
+                      plaintext: UnsafeMutableRawPointer?) -> Bool {
+        let m = plaintext?.assumingMemoryBound(to: UInt8.self), t = tag.assumingMemoryBound(to: UInt8.self)
         let n = nonce.assumingMemoryBound(to: UInt8.self), k = key.assumingMemoryBound(to: UInt8.self)
         switch self {
         case .chaCha20Poly1305IETF:
@@ -131,7 +132,7 @@ public enum AEAD {
     }
 
     /// Checks the tag of ciphertext ‖ tag and writes the plaintext to `out`;
-    /// returns its length. `.authenticationFailed` leaves `out` untouched.
+    /// returns its length. On `.authenticationFailed` `out` is zeroed.
     public static func open(key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
                             ciphertext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws -> Int {
         try AEADConstruction.chaCha20Poly1305IETF.open(key: key, nonce: nonce, ad: ad, ciphertext: ciphertext, into: out)

@@ -1,0 +1,110 @@
+/// The body of an encrypted control packet: receiver statistics in the
+/// spirit of an RTCP receiver report block (RFC 3550 6.4.1), plus a loss hint
+/// for the peer's encoder and the packet's purpose.
+///
+/// Encoding, version 1, 28 bytes, big-endian:
+/// version(1) kind(1) fractionLost(1) lossHint(1) highestSequence(8)
+/// cumulativeLost(4) jitter(4) lastReportTimestamp(4) delaySinceLastReport(4)
+public struct ControlReport: Sendable, Equatable {
+    public enum Kind: UInt8, Sendable, CaseIterable {
+        case report = 0
+        case keepalive = 1
+        case bye = 2
+    }
+
+    public static let version: UInt8 = 1
+    public static let encodedLength = 28
+
+    public var kind: Kind
+    /// Highest extended sequence number received from the peer.
+    public var highestSequence: UInt64
+    /// Packets lost since the stream began (expected − received).
+    public var cumulativeLost: UInt32
+    /// Fraction lost since the previous report, in 1/256 (RFC 3550).
+    public var fractionLost: UInt8
+    /// Interarrival jitter in RTP timestamp units (RFC 3550 A.8).
+    public var jitter: UInt32
+    /// The compact timestamp (see `compactTimestamp`) of the last report
+    /// received from the peer; 0 when none.
+    public var lastReportTimestamp: UInt32
+    /// Time since that report was received, in 1/65536 s; 0 when none.
+    public var delaySinceLastReport: UInt32
+    /// Suggested loss resilience for the peer's encoder, 0…100 %.
+    public var lossHint: UInt8
+
+    public init(kind: Kind = .report, highestSequence: UInt64 = 0, cumulativeLost: UInt32 = 0,
+                fractionLost: UInt8 = 0, jitter: UInt32 = 0, lastReportTimestamp: UInt32 = 0,
+                delaySinceLastReport: UInt32 = 0, lossHint: UInt8 = 0) {
+        self.kind = kind
+        self.highestSequence = highestSequence
+        self.cumulativeLost = cumulativeLost
+        self.fractionLost = fractionLost
+        self.jitter = jitter
+        self.lastReportTimestamp = lastReportTimestamp
+        self.delaySinceLastReport = delaySinceLastReport
+        self.lossHint = min(lossHint, 100)
+    }
+
+    /// The middle 32 bits of a 32.32 fixed-point seconds clock (RFC 3550's
+    /// LSR/DLSR unit, 1/65536 s), from any monotonic nanosecond clock.
+    public static func compactTimestamp(nanoseconds: UInt64) -> UInt32 {
+        let seconds = nanoseconds / 1_000_000_000
+        let fraction = (nanoseconds % 1_000_000_000) << 16 / 1_000_000_000
+        return UInt32(truncatingIfNeeded: seconds << 16 | fraction)
+    }
+
+    /// Round-trip time from a report that echoes our timestamp: now − LSR − DLSR
+    /// (all compact timestamps). `nil` when the report echoes nothing or the
+    /// result would be negative.
+    public static func roundTrip(now: UInt32, lastReportTimestamp: UInt32, delaySinceLastReport: UInt32) -> Duration? {
+        guard lastReportTimestamp != 0 else { return nil }
+        let elapsed = now &- lastReportTimestamp
+        guard elapsed >= delaySinceLastReport, elapsed < 0x8000_0000 else { return nil }
+        let units = UInt64(elapsed - delaySinceLastReport)
+        return .nanoseconds(Int64(units * 1_000_000_000 >> 16))
+    }
+
+    /// Writes the 28-byte encoding; returns 28.
+    public func encode(into out: UnsafeMutableRawBufferPointer) throws -> Int {
+        guard out.count >= Self.encodedLength else {
+            throw SecureError.bufferTooSmall(needed: Self.encodedLength, have: out.count)
+        }
+        out[0] = Self.version
+        out[1] = kind.rawValue
+        out[2] = fractionLost
+        out[3] = min(lossHint, 100)
+        out.storeBigEndian(highestSequence, at: 4)
+        out.storeBigEndian(cumulativeLost, at: 12)
+        out.storeBigEndian(jitter, at: 16)
+        out.storeBigEndian(lastReportTimestamp, at: 20)
+        out.storeBigEndian(delaySinceLastReport, at: 24)
+        return Self.encodedLength
+    }
+
+    /// Decodes exactly one version-1 encoding.
+    public static func decode(_ bytes: UnsafeRawBufferPointer) throws -> ControlReport {
+        guard bytes.count >= 1 else { throw SecureError.truncated }
+        guard bytes[0] == version else { throw SecureError.unsupportedVersion(bytes[0]) }
+        guard bytes.count == encodedLength else {
+            throw bytes.count < encodedLength
+                ? SecureError.truncated : SecureError.malformed("control report of \(bytes.count) bytes, expected 28")
+        }
+        guard let kind = Kind(rawValue: bytes[1]) else { throw SecureError.malformed("unknown control kind \(bytes[1])") }
+        guard bytes[3] <= 100 else { throw SecureError.malformed("loss hint \(bytes[3]) above 100") }
+        return ControlReport(
+            kind: kind, highestSequence: bytes.loadBigEndianUInt64(at: 4),
+            cumulativeLost: bytes.loadBigEndianUInt32(at: 12), fractionLost: bytes[2],
+            jitter: bytes.loadBigEndianUInt32(at: 16), lastReportTimestamp: bytes.loadBigEndianUInt32(at: 20),
+            delaySinceLastReport: bytes.loadBigEndianUInt32(at: 24), lossHint: bytes[3])
+    }
+
+    public func encoded() -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: Self.encodedLength)
+        _ = out.withUnsafeMutableBytes { try? encode(into: $0) }
+        return out
+    }
+
+    public static func decode(_ bytes: [UInt8]) throws -> ControlReport {
+        try bytes.withUnsafeBytes { try decode($0) }
+    }
+}
