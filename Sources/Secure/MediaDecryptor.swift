@@ -30,12 +30,16 @@ public final class MediaDecryptor {
     public func open(_ packet: inout [UInt8]) -> Result {
         guard packet.count >= 8, (128...191).contains(packet[0]) else { return .notRTP }
         let ssrc = UInt32(packet[4]) << 24 | UInt32(packet[5]) << 16 | UInt32(packet[6]) << 8 | UInt32(packet[7])
-        if (192...223).contains(packet[1]) {
+        if packet.withUnsafeBytes({ SecurePacketKind.classify($0) }) == .control {
             guard let s = streams[ssrc] else { return .noKey(ssrc: ssrc) }
             for i in order(s) {
-                if let report = try? packet.withUnsafeMutableBytes({ try s.ciphers[i].openControl(packet: $0) }) {
+                let opened = packet.withUnsafeMutableBytes { p -> ReceivedControl? in
+                    guard (try? s.ciphers[i].decryptControl(packet: p, verifyOnly: true)) != nil else { return nil }
+                    return try? s.ciphers[i].openControl(packet: p)
+                }
+                if let opened {
                     s.preferred = i
-                    return .control(ssrc: ssrc, report)
+                    return .control(ssrc: ssrc, opened.report)
                 }
             }
             return .failed(ssrc: ssrc)
@@ -45,6 +49,10 @@ public final class MediaDecryptor {
         guard let s = streams[header.ssrc] else { return .noKey(ssrc: header.ssrc) }
         let ext = ExtendedSequence.estimate(header.sequenceNumber, highest: s.highest)
         for i in order(s) {
+            let verified = packet.withUnsafeBytes {
+                (try? s.ciphers[i].authenticatesMedia(packet: $0, headerLength: header.headerLength, extendedSequence: ext)) == true
+            }
+            guard verified else { continue }
             if let range = try? packet.withUnsafeMutableBytes({
                 try s.ciphers[i].openMedia(packet: $0, headerLength: header.headerLength, extendedSequence: ext)
             }) {

@@ -189,7 +189,7 @@ public final class SecureEndpoint {
         guard let p = peers[id] else { throw SecureSendError.unknownPeer }
         guard let address = p.address else { throw SecureSendError.noAddress }
         guard let keys = p.sendKeys(now: now, configuration) else { throw SecureSendError.notEstablished }
-        var buffer = [UInt8](repeating: 0, count: ControlReport.maximumSealedLength)
+        var buffer = [UInt8](repeating: 0, count: ControlPacket.length)
         let n = try buffer.withUnsafeMutableBytes {
             try keys.send.sealControl(report, ssrc: p.localSSRC, index: p.nextControlIndex, into: $0)
         }
@@ -207,11 +207,11 @@ public final class SecureEndpoint {
         if HandshakeWire.isHandshake(firstByte: first) {
             return receiveHandshake(Array(datagram), from: source, now: now)
         }
-        guard (128...191).contains(first) else { return drop(.malformed) }
-        if datagram.count >= 2, (192...223).contains(datagram[1]) {
-            return receiveControl(datagram, from: source, now: now)
+        switch SecurePacketKind.classify(UnsafeRawBufferPointer(datagram)) {
+        case .control: return receiveControl(datagram, from: source, now: now)
+        case .media: return receiveMedia(datagram, from: source, now: now)
+        case .other: return drop(datagram.count < 2 ? .truncated : .malformed)
         }
-        return receiveMedia(datagram, from: source, now: now)
     }
 
     /// `[UInt8]` convenience for tests: on success the array holds the plaintext at `payload`.
@@ -241,7 +241,15 @@ public final class SecureEndpoint {
         case .tooOld: return drop(.tooOld)
         }
         if let floor = p.retiredBelow, ext < floor { return drop(.wrongEpoch) }
-        for keys in p.keypairs where keys.usable(now: now, configuration) {
+        let candidates = p.keypairs.filter { $0.usable(now: now, configuration) }
+        for (i, keys) in candidates.enumerated() {
+            // A failed open zeroes the payload: with another key still to try, verify first.
+            if i < candidates.count - 1,
+                (try? keys.receive.authenticatesMedia(
+                    packet: UnsafeRawBufferPointer(packet), headerLength: header.headerLength, extendedSequence: ext)) != true
+            {
+                continue
+            }
             if let range = try? keys.receive.openMedia(packet: packet, headerLength: header.headerLength, extendedSequence: ext) {
                 p.replay.accept(ext)
                 if p.highestReceived.map({ ext > $0 }) ?? true { p.highestReceived = ext }
@@ -255,23 +263,24 @@ public final class SecureEndpoint {
     }
 
     private func receiveControl(_ packet: UnsafeMutableRawBufferPointer, from source: TransportAddress, now: Timestamp) -> SecureReceive {
-        guard packet.count >= 8 else { return drop(.truncated) }
-        let ssrc = UInt32(packet[4]) << 24 | UInt32(packet[5]) << 16 | UInt32(packet[6]) << 8 | UInt32(packet[7])
+        let ssrc: UInt32, index: UInt32
+        do { (ssrc, index) = try ControlPacket.peek(UnsafeRawBufferPointer(packet)) } catch let e as SecureError {
+            return drop(PacketDropReason(e))
+        } catch { return drop(.malformed) }
         guard let id = peerBySSRC[ssrc], let p = peers[id] else { return drop(.unknownSession) }
-        let index: UInt32
-        do { index = try ControlReport.index(ofSealed: UnsafeRawBufferPointer(packet)) } catch { return drop(.malformed) }
         switch p.controlReplay.check(UInt64(index)) {
         case .fresh: break
         case .replayed: return drop(.replayed)
         case .tooOld: return drop(.tooOld)
         }
         for keys in p.keypairs where keys.usable(now: now, configuration) {
-            if let opened = try? keys.receive.openControl(packet: packet) {
-                p.controlReplay.accept(UInt64(index))
-                authenticated(p, keys: keys, from: source, newest: true, now: now)
-                if opened.kind != .keepalive { outbox.append(.event(.control(id, opened))) }
-                return .handled
-            }
+            guard (try? keys.receive.decryptControl(packet: packet, verifyOnly: true)) != nil,
+                let opened = try? keys.receive.openControl(packet: packet)
+            else { continue }
+            p.controlReplay.accept(UInt64(index))
+            authenticated(p, keys: keys, from: source, newest: true, now: now)
+            if opened.report.kind != .keepalive { outbox.append(.event(.control(id, opened.report))) }
+            return .handled
         }
         return drop(.authenticationFailed)
     }
@@ -420,7 +429,7 @@ public final class SecureEndpoint {
         outbox.append(.event(.established(p.id, key: p.key, rekey: p.everEstablished)))
         p.everEstablished = true
         // Confirm the keys to the responder at once (it may not send before).
-        try? sendControl(ControlReport.keepalive, to: id, now: now)
+        try? sendControl(ControlReport(kind: .keepalive), to: id, now: now)
         return .handled
     }
 
@@ -551,7 +560,7 @@ public final class SecureEndpoint {
                 maybeRekey(p, keys: keys, now: now)
                 if now - max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) >= configuration.keepaliveInterval {
                     p.lastKeepaliveAttempt = now
-                    try? sendControl(ControlReport.keepalive, to: p.id, now: now)
+                    try? sendControl(ControlReport(kind: .keepalive), to: p.id, now: now)
                 }
             }
         }
