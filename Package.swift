@@ -9,6 +9,8 @@ let package = Package(
     products: [
         .library(name: "STUN", targets: ["STUN"]),
         .library(name: "Transport", targets: ["Transport", "Secure"]),
+        // The crypto core alone, for users (and the benchmarks) that need no NIO.
+        .library(name: "Secure", targets: ["Secure"]),
         .library(name: "TusaInterop", targets: ["TusaInterop"]),
         .executable(name: "tusa", targets: ["tusa"]),
     ],

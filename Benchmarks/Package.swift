@@ -36,6 +36,20 @@ let package = Package(
             swiftSettings: strict),
         // zlib for the bare-CRC baseline (the root package's CZlib is not a product).
         .systemLibrary(name: "BenchZlib", pkgConfig: "zlib"),
+        // libsodium for the bare AEAD baseline (the root package's CSodium is not a product).
+        .systemLibrary(name: "BenchSodium", pkgConfig: "libsodium"),
+        // Media packet seal+open against the bare libsodium AEAD calls, and Noise IK
+        // handshakes: `swift package benchmark --target SecureMedia`.
+        .executableTarget(
+            name: "SecureMedia",
+            dependencies: [
+                "BenchSodium",
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "Secure", package: "Tusa"),
+            ],
+            path: "Benchmarks/SecureMedia",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
         // STUN codec per message against the bare HMAC / CRC calls: `swift package benchmark`.
         .executableTarget(
             name: "STUNCodec",
