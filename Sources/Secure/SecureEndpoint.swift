@@ -241,10 +241,17 @@ public final class SecureEndpoint {
         case .tooOld: return drop(.tooOld)
         }
         if let floor = p.retiredBelow, ext < floor { return drop(.wrongEpoch) }
-        let candidates = p.keypairs.filter { $0.usable(now: now, configuration) }
-        for (i, keys) in candidates.enumerated() {
+        // Newest first; no array is built per packet.
+        let keypairs = p.keypairs
+        var last = keypairs.count - 1
+        while last >= 0, !keypairs[last].usable(now: now, configuration) { last -= 1 }
+        var i = 0
+        while i <= last {
+            let keys = keypairs[i]
+            i += 1
+            guard keys.usable(now: now, configuration) else { continue }
             // A failed open zeroes the payload: with another key still to try, verify first.
-            if i < candidates.count - 1,
+            if i <= last,
                 (try? keys.receive.authenticatesMedia(
                     packet: UnsafeRawBufferPointer(packet), headerLength: header.headerLength, extendedSequence: ext)) != true
             {

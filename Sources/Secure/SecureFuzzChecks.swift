@@ -1,3 +1,5 @@
+import STUN
+
 /// What the SecureFuzz target (and the pinned crash inputs' test) runs on
 /// each input: every parser and opener that sees network bytes, with fixed
 /// keys. Raw inputs must never trap; valid packets and handshake messages
@@ -14,6 +16,26 @@ public enum SecureFuzzChecks {
         mutatedMedia(bytes, cipher)
         mutatedControl(bytes, cipher)
         handshake(bytes)
+        endpoint(bytes)
+    }
+
+    /// The input as a datagram to a whole `SecureEndpoint` (a responder that
+    /// accepts anyone), as is and with each first byte the endpoint owns:
+    /// nothing traps, nothing unauthenticated comes out as media.
+    private static func endpoint(_ bytes: [UInt8]) {
+        let now = Timestamp.seconds(1)
+        var config = SecureConfiguration()
+        config.acceptUnknownPeers = true
+        let e = SecureEndpoint(identity: Identity(privateKey: responderStatic), configuration: config, now: now)
+        let from = TransportAddress(ip: .v4(0x0A00_0001), port: 5000)
+        for first in [nil, 4, 5, 6, 0x80] as [UInt8?] {
+            var d = bytes
+            if let first, !d.isEmpty { d[0] = first }
+            if case .media = e.receive(&d, from: from, now: now) { preconditionFailure("unauthenticated media accepted") }
+            _ = e.outputs()
+        }
+        e.poll(now: now + .seconds(60))
+        _ = e.outputs()
     }
 
     /// The input as it would come off the socket.

@@ -356,12 +356,28 @@ final class SecureEngine {
         guard !closed else { return }
         let now = Self.now()
         do {
-            let (n, to) = try payload.withUnsafeBytes { p in
-                try sealBuffer.withUnsafeMutableBytes { out in
-                    try core.sealMedia(to: peer, payloadType: payloadType, marker: marker, timestamp: timestamp, payload: p, into: out, now: now)
+            if let destination = core.address(of: peer), !relayed.contains(destination) {
+                // Direct: sealed straight into the datagram's buffer.
+                var buffer = channel.allocator.buffer(capacity: payload.count + 28)
+                var sentTo = destination
+                try payload.withUnsafeBytes { p in
+                    _ = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: payload.count + 28) { out in
+                        let (n, to) = try core.sealMedia(
+                            to: peer, payloadType: payloadType, marker: marker, timestamp: timestamp, payload: p, into: out, now: now)
+                        sentTo = to
+                        return n
+                    }
                 }
+                channel.write(AddressedEnvelope(remoteAddress: SocketAddress(sentTo), data: buffer), promise: nil)
+                pendingWrites += 1
+            } else {
+                let (n, to) = try payload.withUnsafeBytes { p in
+                    try sealBuffer.withUnsafeMutableBytes { out in
+                        try core.sealMedia(to: peer, payloadType: payloadType, marker: marker, timestamp: timestamp, payload: p, into: out, now: now)
+                    }
+                }
+                sealBuffer.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0[0..<n]), to: to) }
             }
-            sealBuffer.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0[0..<n]), to: to) }
         } catch {
             unsent += 1
         }
