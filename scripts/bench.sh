@@ -6,6 +6,9 @@
 #     turnserver -m 0, same load generator, each server on one core.
 #  3. TURN: relayed ChannelData packets/s each way, allocations/s and memory per
 #     live allocation, tusa relay against coturn turnserver.
+#  4. Encrypted transport: seal+open per voice packet against the bare libsodium
+#     calls (SecureMedia); handshakes/s, the responder's cost under a flood, and
+#     sealed packets/s through the NIO driver against plain NIO UDP (secure-bench).
 # Results go to standard output and out/bench/; BENCHMARKS.md keeps the latest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,3 +23,12 @@ bash Benchmarks/binding-rps.sh "$@" 2>&1 | tee out/bench/binding-rps.md
 echo
 echo "== TURN relay: tusa relay vs coturn turnserver (Benchmarks/turn-bench.sh)"
 bash Benchmarks/turn-bench.sh 2>&1 | tee out/bench/turn.md
+echo
+echo "== Encrypted transport: seal+open vs bare libsodium (swift package --package-path Benchmarks benchmark --target SecureMedia)"
+swift package --package-path Benchmarks --disable-sandbox benchmark --target SecureMedia \
+  --format markdown --no-progress 2>&1 | tee out/bench/secure-media.md
+echo
+echo "== Encrypted transport: handshakes, flood, NIO driver (Benchmarks/Sources/secure-bench)"
+swift build -c release --package-path Benchmarks --product secure-bench >out/bench/secure-build.log 2>&1 \
+  || { cat out/bench/secure-build.log; exit 1; }
+"$(swift build -c release --package-path Benchmarks --show-bin-path)/secure-bench" --seconds 5 2>&1 | tee out/bench/secure.md
