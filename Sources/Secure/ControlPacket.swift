@@ -2,7 +2,7 @@
 /// 6.7) protected SRTCP-style:
 ///
 ///     0x80 (V=2, P=0, subtype 0) ‖ 204 (APP) ‖ length ‖ sender SSRC ‖ "TUSA"
-///     ‖ ciphertext of the ControlReport (28) ‖ E=1 ‖ 31-bit index ‖ tag (16)
+///     ‖ ciphertext of the ControlReport (32) ‖ E=1 ‖ 31-bit index ‖ tag (16)
 ///
 /// `length` counts the RTCP part (header to ciphertext) in 32-bit words − 1,
 /// as RFC 3550; the index and tag trail it as in SRTCP (RFC 3711 3.4).
@@ -45,7 +45,7 @@ public enum SecurePacketKind: Sendable, Equatable {
 }
 
 extension MediaCipher {
-    /// Seals `report` as a control packet (`ControlPacket.length` = 60 bytes)
+    /// Seals `report` as a control packet (`ControlPacket.length` = 64 bytes)
     /// into `out`; returns its length. `index` must be ≤ 2^31 − 1 and never
     /// repeat under this key.
     public func sealControl(_ report: ControlReport, ssrc: UInt32, index: UInt32,

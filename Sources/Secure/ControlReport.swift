@@ -2,9 +2,14 @@
 /// spirit of an RTCP receiver report block (RFC 3550 6.4.1), plus a loss hint
 /// for the peer's encoder and the packet's purpose.
 ///
-/// Encoding, version 1, 28 bytes, big-endian:
+/// Encoding, version 1, 32 bytes, big-endian:
 /// version(1) kind(1) fractionLost(1) lossHint(1) highestSequence(8)
 /// cumulativeLost(4) jitter(4) lastReportTimestamp(4) delaySinceLastReport(4)
+/// timestamp(4)
+///
+/// Round-trip time works as RFC 3550's LSR/DLSR: each report carries the
+/// sender's compact clock (`timestamp`); the peer echoes the last one it got
+/// (`lastReportTimestamp`) with the time it held it (`delaySinceLastReport`).
 public struct ControlReport: Sendable, Equatable {
     public enum Kind: UInt8, Sendable, CaseIterable {
         case report = 0
@@ -13,7 +18,7 @@ public struct ControlReport: Sendable, Equatable {
     }
 
     public static let version: UInt8 = 1
-    public static let encodedLength = 28
+    public static let encodedLength = 32
 
     public var kind: Kind
     /// Highest extended sequence number received from the peer.
@@ -31,10 +36,12 @@ public struct ControlReport: Sendable, Equatable {
     public var delaySinceLastReport: UInt32
     /// Suggested loss resilience for the peer's encoder, 0…100 %.
     public var lossHint: UInt8
+    /// The sender's compact clock when it sent this report (`compactTimestamp`), for the peer to echo.
+    public var timestamp: UInt32
 
     public init(kind: Kind = .report, highestSequence: UInt64 = 0, cumulativeLost: UInt32 = 0,
                 fractionLost: UInt8 = 0, jitter: UInt32 = 0, lastReportTimestamp: UInt32 = 0,
-                delaySinceLastReport: UInt32 = 0, lossHint: UInt8 = 0) {
+                delaySinceLastReport: UInt32 = 0, lossHint: UInt8 = 0, timestamp: UInt32 = 0) {
         self.kind = kind
         self.highestSequence = highestSequence
         self.cumulativeLost = cumulativeLost
@@ -43,6 +50,7 @@ public struct ControlReport: Sendable, Equatable {
         self.lastReportTimestamp = lastReportTimestamp
         self.delaySinceLastReport = delaySinceLastReport
         self.lossHint = min(lossHint, 100)
+        self.timestamp = timestamp
     }
 
     /// The middle 32 bits of a 32.32 fixed-point seconds clock (RFC 3550's
@@ -64,7 +72,7 @@ public struct ControlReport: Sendable, Equatable {
         return .nanoseconds(Int64(units * 1_000_000_000 >> 16))
     }
 
-    /// Writes the 28-byte encoding; returns 28.
+    /// Writes the 32-byte encoding; returns 32.
     public func encode(into out: UnsafeMutableRawBufferPointer) throws -> Int {
         guard out.count >= Self.encodedLength else {
             throw SecureError.bufferTooSmall(needed: Self.encodedLength, have: out.count)
@@ -78,6 +86,7 @@ public struct ControlReport: Sendable, Equatable {
         out.storeBigEndian(jitter, at: 16)
         out.storeBigEndian(lastReportTimestamp, at: 20)
         out.storeBigEndian(delaySinceLastReport, at: 24)
+        out.storeBigEndian(timestamp, at: 28)
         return Self.encodedLength
     }
 
@@ -87,7 +96,7 @@ public struct ControlReport: Sendable, Equatable {
         guard bytes[0] == version else { throw SecureError.unsupportedVersion(bytes[0]) }
         guard bytes.count == encodedLength else {
             throw bytes.count < encodedLength
-                ? SecureError.truncated : SecureError.malformed("control report of \(bytes.count) bytes, expected 28")
+                ? SecureError.truncated : SecureError.malformed("control report of \(bytes.count) bytes, expected \(encodedLength)")
         }
         guard let kind = Kind(rawValue: bytes[1]) else { throw SecureError.malformed("unknown control kind \(bytes[1])") }
         guard bytes[3] <= 100 else { throw SecureError.malformed("loss hint \(bytes[3]) above 100") }
@@ -95,7 +104,8 @@ public struct ControlReport: Sendable, Equatable {
             kind: kind, highestSequence: bytes.loadBigEndianUInt64(at: 4),
             cumulativeLost: bytes.loadBigEndianUInt32(at: 12), fractionLost: bytes[2],
             jitter: bytes.loadBigEndianUInt32(at: 16), lastReportTimestamp: bytes.loadBigEndianUInt32(at: 20),
-            delaySinceLastReport: bytes.loadBigEndianUInt32(at: 24), lossHint: bytes[3])
+            delaySinceLastReport: bytes.loadBigEndianUInt32(at: 24), lossHint: bytes[3],
+            timestamp: bytes.loadBigEndianUInt32(at: 28))
     }
 
     public func encoded() -> [UInt8] {

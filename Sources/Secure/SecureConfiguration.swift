@@ -33,6 +33,12 @@ public struct SecureConfiguration: Sendable {
     public var acceptUnknownPeers: Bool = false
     /// Wall-clock time at `Timestamp.zero`, in nanoseconds since 1970 (initiation timestamps).
     public var unixNanosecondsAtZero: UInt64 = 0
+    /// An encrypted receiver report (loss, jitter, round-trip time, a loss hint
+    /// for the peer's encoder) goes to each established peer this often; zero: never.
+    public var reportInterval: Duration = .seconds(5)
+    /// The RTP clock rate of incoming media, for the jitter in reports
+    /// (8000: Speex narrowband and the 8 kHz pipeline; Opus streams use 48000).
+    public var mediaClockRate: UInt32 = 8000
     /// Emit `.keyLog` events with every media key (for `tusa interop decrypt`); off by default.
     public var keyLog: Bool = false
 

@@ -115,7 +115,7 @@ public final class SecureEndpoint {
         }
         let id = PeerID(rawValue: nextPeerID)
         nextPeerID += 1
-        let p = PeerState(id: id, key: key, address: address)
+        let p = PeerState(id: id, key: key, address: address, clockRate: configuration.mediaClockRate)
         peers[id] = p
         peerByKey[key] = id
         return id
@@ -138,6 +138,13 @@ public final class SecureEndpoint {
     public func ssrcs(of id: PeerID) -> (local: UInt32, remote: UInt32?)? {
         peers[id].map { ($0.localSSRC, $0.remoteSSRC) }
     }
+
+    /// The round-trip time from the latest report that echoed one of ours.
+    public func roundTripTime(of id: PeerID) -> Duration? { peers[id]?.roundTrip }
+    /// What we received from the peer so far.
+    public func reception(of id: PeerID) -> ReceptionStatistics? { peers[id]?.reception }
+    /// The latest report the peer sent us (its view of our media).
+    public func lastReport(from id: PeerID) -> ControlReport? { peers[id]?.lastPeerReport?.report }
 
     /// Points a peer at a new address (e.g. after ICE picks a path).
     public func setAddress(_ address: TransportAddress, of id: PeerID) { peers[id]?.address = address }
@@ -261,6 +268,7 @@ public final class SecureEndpoint {
                 p.replay.accept(ext)
                 if p.highestReceived.map({ ext > $0 }) ?? true { p.highestReceived = ext }
                 keys.lowestReceived = min(keys.lowestReceived ?? ext, ext)
+                p.reception.record(extendedSequence: ext, rtpTimestamp: header.timestamp, arrival: now)
                 authenticated(p, keys: keys, from: source, newest: ext == p.highestReceived, now: now)
                 statistics.mediaOpened += 1
                 return .media(id, header, payload: range)
@@ -286,7 +294,17 @@ public final class SecureEndpoint {
             else { continue }
             p.controlReplay.accept(UInt64(index))
             authenticated(p, keys: keys, from: source, newest: true, now: now)
-            if opened.report.kind != .keepalive { outbox.append(.event(.control(id, opened.report))) }
+            let report = opened.report
+            if report.kind == .report {
+                p.lastPeerReport = (report, now)
+                if let rtt = ControlReport.roundTrip(
+                    now: ControlReport.compactTimestamp(nanoseconds: now.nanoseconds),
+                    lastReportTimestamp: report.lastReportTimestamp, delaySinceLastReport: report.delaySinceLastReport)
+                {
+                    p.roundTrip = rtt
+                }
+            }
+            if report.kind != .keepalive { outbox.append(.event(.control(id, report))) }
             return .handled
         }
         return drop(.authenticationFailed)
@@ -300,6 +318,7 @@ public final class SecureEndpoint {
             promote(p, keys: keys, now: now)
             outbox.append(.event(.established(p.id, key: p.key, rekey: p.everEstablished)))
             p.everEstablished = true
+            p.lastReportSent = p.lastReportSent ?? now
         }
         if newest, source != p.address {
             if let last = p.lastRoam, now - last < configuration.roamInterval { return }
@@ -435,6 +454,7 @@ public final class SecureEndpoint {
         if p.address != source { p.address = source }
         outbox.append(.event(.established(p.id, key: p.key, rekey: p.everEstablished)))
         p.everEstablished = true
+        p.lastReportSent = p.lastReportSent ?? now
         // Confirm the keys to the responder at once (it may not send before).
         try? sendControl(ControlReport(kind: .keepalive), to: id, now: now)
         return .handled
@@ -462,6 +482,7 @@ public final class SecureEndpoint {
             p.controlReplay = ReplayWindow()
             p.highestReceived = nil
             p.retiredBelow = nil
+            p.reception = ReceptionStatistics(clockRate: configuration.mediaClockRate)
         }
         peerBySSRC[ssrc] = p.id
     }
@@ -531,6 +552,25 @@ public final class SecureEndpoint {
         if due { startHandshake(p, now: now, rekey: true) }
     }
 
+    /// A receiver report for `p`: what we saw of its media since the last one,
+    /// and the echo of its latest report for its round-trip time.
+    private func makeReport(_ p: PeerState, now: Timestamp) -> ControlReport {
+        let fraction = p.reception.takeFractionLost()
+        // The loss hint follows the reported loss, smoothed so one bad interval does not swing the encoder.
+        p.smoothedLoss = 0.7 * p.smoothedLoss + 0.3 * Double(fraction) / 256
+        var echo: UInt32 = 0, held: UInt32 = 0
+        if let (report, at) = p.lastPeerReport, report.timestamp != 0 {
+            echo = report.timestamp
+            held = UInt32(truncatingIfNeeded: (now.nanoseconds &- at.nanoseconds) << 16 / 1_000_000_000)
+        }
+        let stamp = ControlReport.compactTimestamp(nanoseconds: now.nanoseconds)
+        return ControlReport(
+            kind: .report, highestSequence: p.reception.highestSequence,
+            cumulativeLost: UInt32(clamping: p.reception.cumulativeLost), fractionLost: fraction,
+            jitter: p.reception.jitter, lastReportTimestamp: echo, delaySinceLastReport: held,
+            lossHint: UInt8(min(100, (p.smoothedLoss * 100).rounded(.up))), timestamp: stamp == 0 ? 1 : stamp)
+    }
+
     // MARK: Timers
 
     /// Runs every timer due at `now`; drain `outputs()` afterwards.
@@ -565,6 +605,10 @@ public final class SecureEndpoint {
             }
             if let keys = p.current {
                 maybeRekey(p, keys: keys, now: now)
+                if configuration.reportInterval > .zero, now - (p.lastReportSent ?? .zero) >= configuration.reportInterval {
+                    p.lastReportSent = now
+                    try? sendControl(makeReport(p, now: now), to: p.id, now: now)
+                }
                 if now - max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) >= configuration.keepaliveInterval {
                     p.lastKeepaliveAttempt = now
                     try? sendControl(ControlReport(kind: .keepalive), to: p.id, now: now)
@@ -587,6 +631,7 @@ public final class SecureEndpoint {
             consider(last + configuration.peerTimeout)
             if p.pending == nil { consider(last + configuration.rehandshakeAfterSilence) }
             if let keys = p.current {
+                if configuration.reportInterval > .zero { consider((p.lastReportSent ?? .zero) + configuration.reportInterval) }
                 consider(max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) + configuration.keepaliveInterval)
                 if p.pending == nil {
                     consider(keys.createdAt + configuration.rekeyAfter + (keys.initiator ? .zero : configuration.handshakeTimeout))
@@ -662,8 +707,14 @@ final class PeerState {
     var lastSent: Timestamp?
     var lastReceived: Timestamp?
     var lastKeepaliveAttempt: Timestamp?
+    var reception: ReceptionStatistics
+    var lastReportSent: Timestamp?
+    var lastPeerReport: (report: ControlReport, at: Timestamp)?
+    var roundTrip: Duration?
+    var smoothedLoss = 0.0
 
-    init(id: PeerID, key: PublicKey, address: TransportAddress?) {
+    init(id: PeerID, key: PublicKey, address: TransportAddress?, clockRate: UInt32) {
+        reception = ReceptionStatistics(clockRate: clockRate)
         self.id = id
         self.key = key
         self.address = address

@@ -193,16 +193,16 @@ struct ControlTests {
     let cipher = MediaCipher(key: SecretKey.random())
     let report = ControlReport(kind: .report, highestSequence: 0x1_2345, cumulativeLost: 17, fractionLost: 12,
                                jitter: 480, lastReportTimestamp: 0xABCD_0001, delaySinceLastReport: 0x8000,
-                               lossHint: 5)
+                               lossHint: 5, timestamp: 0x1234_5678)
 
     @Test func reportEncodingRoundTripsAndIsVersioned() throws {
         let bytes = report.encoded()
-        #expect(bytes.count == 28 && bytes[0] == 1)
+        #expect(bytes.count == 32 && bytes[0] == 1)
         #expect(try ControlReport.decode(bytes) == report)
         var v2 = bytes
         v2[0] = 2
         #expect(throws: SecureError.unsupportedVersion(2)) { try ControlReport.decode(v2) }
-        #expect(throws: SecureError.truncated) { try ControlReport.decode(Array(bytes.prefix(27))) }
+        #expect(throws: SecureError.truncated) { try ControlReport.decode(Array(bytes.prefix(31))) }
         #expect(throws: SecureError.truncated) { try ControlReport.decode([]) }
         #expect(throws: SecureError.self) { try ControlReport.decode(bytes + [0]) }
         var kind = bytes
@@ -215,11 +215,11 @@ struct ControlTests {
 
     @Test func wireLayout() throws {
         let p = try cipher.sealControl(report, ssrc: 0xDEAD_BEEF, index: 5)
-        #expect(p.count == 60)
-        // V=2 P=0 subtype 0, PT 204, length = (40 / 4) − 1 = 9, SSRC, "TUSA".
-        #expect(Hex.encode(p.prefix(12)) == "80cc0009deadbeef" + Hex.encode(Array("TUSA".utf8)))
-        #expect(Hex.encode(p[40..<44]) == "80000005")
-        #expect(Array(p[12..<40]) != report.encoded())
+        #expect(p.count == 64)
+        // V=2 P=0 subtype 0, PT 204, length = (44 / 4) − 1 = 10, SSRC, "TUSA".
+        #expect(Hex.encode(p.prefix(12)) == "80cc000adeadbeef" + Hex.encode(Array("TUSA".utf8)))
+        #expect(Hex.encode(p[44..<48]) == "80000005")
+        #expect(Array(p[12..<44]) != report.encoded())
         let got = try cipher.openControl(p)
         #expect(got == ReceivedControl(ssrc: 0xDEAD_BEEF, index: 5, report: report))
     }
