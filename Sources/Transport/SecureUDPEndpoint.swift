@@ -14,11 +14,8 @@ import Darwin
 
 /// What a `SecureUDPEndpoint` reports.
 public enum SecureUDPEvent: Sendable, Equatable {
-    case established(PeerID, key: PublicKey, rekey: Bool)
-    case handshakeFailed(PeerID)
-    case peerMoved(PeerID, from: TransportAddress, to: TransportAddress)
-    case peerGone(PeerID)
-    case control(PeerID, ControlReport)
+    /// What the session core reported (key-log lines go to the key log file instead).
+    case session(SecureEvent)
     /// An authenticated media packet (when no media handler was given).
     case media(PeerID, RTPHeader, payload: [UInt8])
 }
@@ -423,21 +420,17 @@ final class SecureEngine {
 
     private func report(_ event: SecureEvent) {
         switch event {
-        case .established(let id, let key, let rekey):
+        case .established(let id, _, _):
             for w in waiters.removeValue(forKey: id) ?? [] { w.succeed(id) }
-            continuation.yield(.established(id, key: key, rekey: rekey))
         case .handshakeFailed(let id):
             for w in waiters.removeValue(forKey: id) ?? [] { w.fail(SecureTransportError.handshakeFailed) }
-            continuation.yield(.handshakeFailed(id))
-        case .peerMoved(let id, let from, let to):
-            continuation.yield(.peerMoved(id, from: from, to: to))
-        case .peerGone(let id):
-            continuation.yield(.peerGone(id))
-        case .control(let id, let report):
-            continuation.yield(.control(id, report))
         case .keyLog(let line):
             keyLog?.append(line)
+            return
+        case .peerMoved, .peerGone, .control:
+            break
         }
+        continuation.yield(.session(event))
     }
 
     private func armTimer() {

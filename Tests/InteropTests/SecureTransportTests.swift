@@ -70,7 +70,7 @@ struct SecureTransportTests {
         #expect(ca.media.map(\.2) == (0..<100).map { frame(1000 + $0) })
         let stats = try await b.statistics()
         #expect(stats.dropped.isEmpty, "\(stats.dropped)")
-        #expect(cb.events.contains { if case .established = $0 { true } else { false } })
+        #expect(cb.events.contains { if case .session(.established) = $0 { true } else { false } })
         await a.close()
         await b.close()
     }
