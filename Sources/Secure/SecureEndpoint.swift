@@ -468,8 +468,11 @@ public final class SecureEndpoint {
             return dropHandshake(.badMAC)
         }
         p.cookie = (cookie, now)
-        // Try again at once with mac2, once per cookie.
-        startHandshake(p, now: now, rekey: pending.rekey, firstAttempt: pending.firstAttempt)
+        // Try again at once with mac2 — once per handshake attempt, so a stream of
+        // cookie replies (anyone who sees our mac1 can make one) cannot make us
+        // send an initiation (and do its Diffie-Hellman work) per reply.
+        guard !pending.cookieRetry else { return .handled }
+        startHandshake(p, now: now, rekey: pending.rekey, firstAttempt: pending.firstAttempt, cookieRetry: true)
         return .handled
     }
 
@@ -494,7 +497,9 @@ public final class SecureEndpoint {
         }
     }
 
-    private func startHandshake(_ p: PeerState, now: Timestamp, rekey: Bool, firstAttempt: Timestamp? = nil) {
+    private func startHandshake(
+        _ p: PeerState, now: Timestamp, rekey: Bool, firstAttempt: Timestamp? = nil, cookieRetry: Bool = false
+    ) {
         guard let address = p.address else { return }
         if let old = p.pending { pendingByIndex[old.localIndex] = nil }
         p.pending = nil
@@ -519,7 +524,8 @@ public final class SecureEndpoint {
             m.replaceSubrange(HandshakeWire.initiationMAC2, with: MAC.mac(m[..<HandshakeWire.initiationMAC2.lowerBound], key: cookie))
         }
         p.pending = PendingHandshake(
-            noise: noise, localIndex: index, firstAttempt: firstAttempt ?? now, lastSent: now, lastMAC1: mac1, rekey: rekey)
+            noise: noise, localIndex: index, firstAttempt: firstAttempt ?? now, lastSent: now, lastMAC1: mac1, rekey: rekey,
+            cookieRetry: cookieRetry)
         pendingByIndex[index] = p.id
         outbox.append(.send(m, to: address))
     }
@@ -680,6 +686,8 @@ struct PendingHandshake {
     let lastSent: Timestamp
     let lastMAC1: [UInt8]
     let rekey: Bool
+    /// This attempt was sent at once on a cookie reply (the next one waits for the retry timer).
+    let cookieRetry: Bool
 }
 
 final class PeerState {

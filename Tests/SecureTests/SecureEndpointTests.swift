@@ -265,6 +265,26 @@ import Testing
         #expect(b.endpoint.statistics.cookieRepliesSent > 0)
     }
 
+    @Test func aStreamOfCookieRepliesCausesOneImmediateRetryNotOnePerReply() throws {
+        let (net, a, b, bAtA, _) = SimulatedNetwork.pair(connect: false)
+        a.endpoint.connect(bAtA, now: net.now)
+        var latest = try #require(a.endpoint.outputs().compactMap { if case .send(let x, _) = $0 { x } else { nil } }.first)
+        // Whoever sees an initiation's mac1 can seal a valid cookie reply to it (the cookie key
+        // derives from B's public key): forge one for each initiation A sends.
+        var forger = CookieChecker(responder: b.endpoint.identity.publicKey, now: net.now)
+        var sent = 0
+        for _ in 0..<50 {
+            var reply = forger.reply(
+                receiverIndex: latest.readUInt32(at: 4), mac1: latest[HandshakeWire.initiationMAC1], to: a.address, now: net.now)
+            #expect(a.endpoint.receive(&reply, from: b.address, now: net.now) == .handled)
+            for case .send(let bytes, _) in a.endpoint.outputs() {
+                sent += 1
+                latest = bytes
+            }
+        }
+        #expect(sent == 1, "one initiation with mac2 at once, later ones on the retry timer: \(sent)")
+    }
+
     @Test func roamingFollowsTheNewestAuthenticatedPacket() throws {
         var config = SecureConfiguration()
         config.roamInterval = .seconds(1)
