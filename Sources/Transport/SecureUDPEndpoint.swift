@@ -82,7 +82,9 @@ public final class SecureUDPEndpoint: Sendable {
 
     /// Binds a UDP socket (port 0: any) and starts the endpoint.
     ///
-    /// - Parameter keyLogPath: append media keys to this file (mode 0600), for `tusa interop decrypt`.
+    /// - Parameter keyLogPath: append media keys to this file (mode 0600), for
+    ///   `tusa interop decrypt`; when nil, the `TUSA_KEYLOG` environment variable
+    ///   names the file, like SSLKEYLOGFILE for TLS. Off when neither is set.
     public static func bind(
         host: String = "0.0.0.0", port: Int = 0, identity: Identity, configuration: SecureConfiguration = .init(),
         keyLogPath: String? = nil, mediaHandler: MediaHandler? = nil,
@@ -95,7 +97,10 @@ public final class SecureUDPEndpoint: Sendable {
         let uptime = NIODeadline.now().uptimeNanoseconds
         configuration.unixNanosecondsAtZero = UInt64(max(0, ts.tv_sec)) * 1_000_000_000 + UInt64(max(0, ts.tv_nsec)) &- uptime
         var keyLog: KeyLogFile?
+        let keyLogPath = keyLogPath ?? getenv("TUSA_KEYLOG").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
         if let keyLogPath {
+            logger.warning("media keys are logged (TUSA_KEYLOG / keyLogPath): whoever reads the file can decrypt these calls",
+                           metadata: ["file": "\(keyLogPath)"])
             do { keyLog = try KeyLogFile(path: keyLogPath) } catch { throw .keyLog("\(error)") }
             configuration.keyLog = true
         }

@@ -75,6 +75,26 @@ struct SecureTransportTests {
         await b.close()
     }
 
+    @Test("TUSA_KEYLOG in the environment turns the key log on, mode 0600")
+    func keyLogFromTheEnvironment() async throws {
+        let path = "/tmp/tusa-keylog-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).log"
+        defer { unlink(path) }
+        setenv("TUSA_KEYLOG", path, 1)
+        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        unsetenv("TUSA_KEYLOG")
+        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        async let waiting = b.waitForPeer(a.publicKey)
+        _ = try await a.connect(to: b.publicKey, at: b.localAddress)
+        _ = try await waiting
+        await a.close()
+        await b.close()
+        let text = try String(contentsOfFile: path, encoding: .utf8)
+        let keys = try KeyLog.parse(text)
+        #expect(keys.count == 2, "one key per direction: \(text)")
+        var st = stat()
+        #expect(stat(path, &st) == 0 && st.st_mode & 0o777 == 0o600)
+    }
+
     @Test("a third endpoint's packets and replays are refused on real sockets")
     func strangersAreRefused() async throws {
         let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
