@@ -19,7 +19,7 @@ import STUN
 import Secure
 import Transport
 
-let args = Arguments(Array(CommandLine.arguments.dropFirst()))
+let args = Arguments(Array(CommandLine.arguments.dropFirst()), options: ["seconds", "part"], usage: "secure-bench [--seconds S] [--part handshakes|driver|all]")
 let seconds = args.double("seconds", default: 3, range: 0.2...120)
 let part = args.string("part") ?? "all"
 
