@@ -112,6 +112,19 @@ let package = Package(
             exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
+        // The encrypted transport's costs (handshakes, flood, the NIO driver against
+        // plain NIO UDP). Lives here, not in Benchmarks/, so make test's smoke run
+        // reuses this package's build of SwiftNIO.
+        .executableTarget(
+            name: "secure-bench",
+            dependencies: [
+                "STUN", "Secure", "Transport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "STUNTests",
             dependencies: ["STUN"],

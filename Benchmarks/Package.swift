@@ -12,14 +12,12 @@ let package = Package(
         .executable(name: "binding-load", targets: ["binding-load"]),
         .executable(name: "udp-echo", targets: ["udp-echo"]),
         .executable(name: "turn-load", targets: ["turn-load"]),
-        .executable(name: "secure-bench", targets: ["secure-bench"]),
     ],
     dependencies: [
         // MallocInterposer only: the default RuntimeInterposer trait needs a package not available here.
         .package(url: "https://github.com/ordo-one/benchmark.git", from: "1.38.1", traits: ["MallocInterposer"]),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
         .package(name: "Tusa", path: ".."),
-        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
     ],
     targets: [
         // Address parsing, loopback check, clock and tiny argument helpers shared by the tools.
@@ -35,19 +33,6 @@ let package = Package(
         .executableTarget(
             name: "turn-load",
             dependencies: ["BenchSupport", "CMultiMsg", .product(name: "STUN", package: "Tusa")],
-            swiftSettings: strict),
-        // The encrypted transport: handshakes/s and flood cost (sans-IO), and sealed media
-        // packets/s through the NIO driver against plain NIO UDP.
-        .executableTarget(
-            name: "secure-bench",
-            dependencies: [
-                "BenchSupport",
-                .product(name: "STUN", package: "Tusa"),
-                .product(name: "Transport", package: "Tusa"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-            ],
             swiftSettings: strict),
         // zlib for the bare-CRC baseline (the root package's CZlib is not a product).
         .systemLibrary(name: "BenchZlib", pkgConfig: "zlib"),

@@ -30,7 +30,7 @@ TUSA="$TUSA" bash Benchmarks/turn-bench.sh --smoke --no-build
 # The encrypted transport: a fraction of a second of handshakes, the flood paths
 # and sealed media through the NIO driver (secure-bench exits non-zero if a
 # handshake fails or a flood packet is handled unexpectedly).
-swift build --package-path Benchmarks --product secure-bench >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
-line=$("$(swift build --package-path Benchmarks --show-bin-path)/secure-bench" --seconds 0.3)
+swift build --product secure-bench >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+line=$("$(swift build --show-bin-path)/secure-bench" --seconds 0.3)
 echo "$line" | sed 's/^/bench-smoke: /'
 grep -q "secure / plain" <<<"$line" && ! grep -q "payloads: 0 packets/s" <<<"$line" || { echo "bench-smoke: secure-bench FAILED"; exit 1; }

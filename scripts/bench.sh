@@ -28,7 +28,7 @@ echo "== Encrypted transport: seal+open vs bare libsodium (swift package --packa
 swift package --package-path Benchmarks --disable-sandbox benchmark --target SecureMedia \
   --format markdown --no-progress 2>&1 | tee out/bench/secure-media.md
 echo
-echo "== Encrypted transport: handshakes, flood, NIO driver (Benchmarks/Sources/secure-bench)"
-swift build -c release --package-path Benchmarks --product secure-bench >out/bench/secure-build.log 2>&1 \
+echo "== Encrypted transport: handshakes, flood, NIO driver (Sources/secure-bench)"
+swift build -c release --product secure-bench >out/bench/secure-build.log 2>&1 \
   || { cat out/bench/secure-build.log; exit 1; }
-"$(swift build -c release --package-path Benchmarks --show-bin-path)/secure-bench" --seconds 5 2>&1 | tee out/bench/secure.md
+"$(swift build -c release --show-bin-path)/secure-bench" --seconds 5 2>&1 | tee out/bench/secure.md

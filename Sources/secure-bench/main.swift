@@ -10,7 +10,9 @@
 //                against plain NIO UDP moving the same datagrams unsealed, same batching.
 //
 // Usage: secure-bench [--seconds S] [--part handshakes|driver|all]
-import BenchSupport
+//
+// A target of the main package (not of Benchmarks/) so that `make test`'s
+// smoke run reuses the package's build instead of compiling SwiftNIO again.
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
@@ -19,9 +21,37 @@ import STUN
 import Secure
 import Transport
 
-let args = Arguments(Array(CommandLine.arguments.dropFirst()), options: ["seconds", "part"], usage: "secure-bench [--seconds S] [--part handshakes|driver|all]")
-let seconds = args.double("seconds", default: 3, range: 0.2...120)
-let part = args.string("part") ?? "all"
+func fail(_ message: String) -> Never {
+    FileHandle.standardError.write(Data("secure-bench: \(message)\n".utf8))
+    exit(1)
+}
+
+func monotonicSeconds() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}
+
+let usage = "usage: secure-bench [--seconds S (0.2-120, default 3)] [--part handshakes|driver|all]"
+func parseArguments() -> (seconds: Double, part: String) {
+    var seconds = 3.0
+    var part = "all"
+    var argv = CommandLine.arguments.dropFirst()
+    while let flag = argv.popFirst() {
+        guard let value = argv.popFirst() else { fail(usage) }
+        switch flag {
+        case "--seconds":
+            guard let s = Double(value), (0.2...120).contains(s) else { fail(usage) }
+            seconds = s
+        case "--part":
+            guard ["handshakes", "driver", "all"].contains(value) else { fail(usage) }
+            part = value
+        default: fail(usage)
+        }
+    }
+    return (seconds, part)
+}
+let (seconds, part) = parseArguments()
 
 func sendBytes(_ outputs: [SecureOutput]) -> [[UInt8]] {
     outputs.compactMap { if case .send(let b, _) = $0 { b } else { nil } }
