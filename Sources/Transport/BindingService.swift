@@ -188,10 +188,11 @@ public final class BindingService: Service, Sendable {
             if let turn = configuration.turn {
                 let plan = configuration.relayPlan ?? RelayAddressPlan.derived(from: configuration.listenAddresses)
                 var lanes: [NIOLoopBound<TURNLane>] = []
+                let gso = configuration.gso
                 for loop in group.makeIterator() {
                     let logger = self.logger
                     lanes.append(try await loop.submit {
-                        let lane = TURNLane(loop: loop, configuration: turn, plan: plan, logger: logger)
+                        let lane = TURNLane(loop: loop, configuration: turn, plan: plan, logger: logger, gso: gso)
                         lane.start()
                         return NIOLoopBound(lane, eventLoop: loop)
                     }.get())
