@@ -293,7 +293,7 @@ final class PeerOutbox {
                 }
                 if messages[sent].segment > 0 && !gso.confirmed {
                     // GSO refused before it ever worked: off, and this run again one by one.
-                    gso.disable(error: error, logger: logger, what: "relayed datagrams toward peers")
+                    gso.disable(String(cString: strerror(error)), logger: logger, what: "relayed datagrams toward peers")
                     cursor = firstEntry[sent]
                     break
                 }
@@ -313,13 +313,7 @@ struct GSOState {
 
     init(enabled: Bool) { self.enabled = enabled && System.supportsUDPSegmentationOffload }
 
-    mutating func disable(error: Int32, logger: Logger, what: String) {
-        guard enabled else { return }
-        enabled = false
-        logger.notice("UDP GSO write failed; sending one datagram at a time", metadata: ["what": "\(what)", "errno": "\(error)"])
-    }
-
-    mutating func disable(error: any Error, logger: Logger, what: String) {
+    mutating func disable(_ error: String, logger: Logger, what: String) {
         guard enabled else { return }
         enabled = false
         logger.notice("UDP GSO write failed; sending one datagram at a time", metadata: ["what": "\(what)", "error": "\(error)"])

@@ -78,8 +78,8 @@ final class TURNLane: TURNRelayPorts {
     /// Channels toward clients written to since the last flush.
     private var unflushed: [any Channel] = []
     private var toClients: GSOState
-    /// Gathered ChannelData is written out when it reaches this size, so that a
-    /// large drain does not push a listener past its write-buffer watermark.
+    /// Gathered ChannelData is written out and flushed when it reaches this size,
+    /// so that a large drain does not push a listener past its write-buffer watermark.
     static let groupedBytesLimit = 32 * 1024
 
     private var sweep: RepeatedTask?
@@ -149,9 +149,6 @@ final class TURNLane: TURNRelayPorts {
         if relaySet >= 0 { close(relaySet) }
     }
 
-    /// Relay sockets open or held (tests: nothing left after deletes and expiry).
-    var relaySocketCount: Int { relays.count }
-
     // MARK: - Client packets
 
     /// Handles a non-Binding packet from a client; returns bytes to answer with, if any.
@@ -193,12 +190,17 @@ final class TURNLane: TURNRelayPorts {
             let fd = Int(truncatingIfNeeded: ready[i])
             guard fd >= 0, fd < socketsByFD.count, let socket = socketsByFD[fd] else { continue }
             read(socket)
-            if groupedBytes >= Self.groupedBytesLimit { writeGroups() }
+            if groupedBytes >= Self.groupedBytesLimit { writeToClients() }
         }
+        writeToClients()
+        poller?.rearm()
+    }
+
+    /// Writes the gathered ChannelData and flushes every channel toward clients written to.
+    private func writeToClients() {
         writeGroups()
         for channel in unflushed { channel.flush() }
         unflushed.removeAll(keepingCapacity: true)
-        poller?.rearm()
     }
 
     private func read(_ socket: RelaySocket) {
@@ -314,7 +316,7 @@ final class TURNLane: TURNRelayPorts {
                     promise.futureResult.whenComplete { result in
                         switch result {
                         case .success: lane.value.toClients.confirmed = true
-                        case .failure(let error): lane.value.toClients.disable(error: error, logger: log, what: "ChannelData toward clients")
+                        case .failure(let error): lane.value.toClients.disable("\(error)", logger: log, what: "ChannelData toward clients")
                         }
                     }
                     group.channel.write(envelope, promise: promise)
@@ -338,7 +340,7 @@ final class TURNLane: TURNRelayPorts {
     func serves(family: UInt8) -> Bool { plan.ip(for: family) != nil }
 
     func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
-        guard relaySet >= 0, let ip = plan.ip(for: family), plan.minPort <= plan.maxPort else { return nil }
+        guard !stopped, relaySet >= 0, let ip = plan.ip(for: family), plan.minPort <= plan.maxPort else { return nil }
         // Port arithmetic in Int: the range may end at 65535.
         let lo = Int(plan.minPort), hi = Int(plan.maxPort)
         let span = hi - lo + 1
@@ -378,7 +380,7 @@ final class TURNLane: TURNRelayPorts {
     }
 
     func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool {
-        guard let socket = relays[address], socket.fd >= 0, !socket.reading else { return false }
+        guard !stopped, let socket = relays[address], socket.fd >= 0, !socket.reading else { return false }
         return startReading(socket)
     }
 
