@@ -337,9 +337,10 @@ final class RelayInbox {
         datagrams.deallocate()
     }
 
-    /// Reads up to ``slots`` datagrams from `fd`; returns how many (0 on EAGAIN or an error).
-    func receive(from fd: Int32) -> Int {
-        let n = relay_recv_batch(fd, buffer.assumingMemoryBound(to: UInt8.self), Self.slotSize, Int32(Self.slots), datagrams)
+    /// Reads up to `limit` (at most ``slots``) datagrams from `fd`; returns how many (0 on EAGAIN or an error).
+    func receive(from fd: Int32, atMost limit: Int) -> Int {
+        let count = Int32(max(0, min(limit, Self.slots)))
+        let n = relay_recv_batch(fd, buffer.assumingMemoryBound(to: UInt8.self), Self.slotSize, count, datagrams)
         return n > 0 ? Int(n) : 0
     }
 

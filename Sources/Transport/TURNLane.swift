@@ -62,6 +62,12 @@ final class TURNLane: TURNRelayPorts {
     private var ready = [UInt64](repeating: 0, count: 256)
     /// At most this many datagrams are read from one relay socket per drain, so that one flood cannot starve the rest.
     static let readsPerDrain = 2 * RelayInbox.slots
+    /// At most this many datagrams per drain, all relay sockets together: about
+    /// what one read of the listener takes (NIO's 4 reads of 64), so that under
+    /// load the loop alternates between the two directions instead of starving
+    /// the listener (whose buffer then overflows). Sockets left readable are
+    /// reported again at once (the relay set is level-triggered).
+    static let datagramsPerDrain = 256
 
     /// ChannelData toward UDP clients gathered during a drain: one per relay socket and frame size.
     private struct ClientGroup {
@@ -186,10 +192,11 @@ final class TURNLane: TURNRelayPorts {
     func drainRelays() {
         guard !stopped, relaySet >= 0 else { return }
         let n = ready.withUnsafeMutableBufferPointer { relay_epoll_wait(relaySet, $0.baseAddress, Int32($0.count), 0) }
-        for i in 0..<max(0, Int(n)) {
+        var budget = Self.datagramsPerDrain
+        for i in 0..<max(0, Int(n)) where budget > 0 {
             let fd = Int(truncatingIfNeeded: ready[i])
             guard fd >= 0, fd < socketsByFD.count, let socket = socketsByFD[fd] else { continue }
-            read(socket)
+            budget -= read(socket, atMost: min(budget, Self.readsPerDrain))
             if groupedBytes >= Self.groupedBytesLimit { writeToClients() }
         }
         writeToClients()
@@ -203,10 +210,11 @@ final class TURNLane: TURNRelayPorts {
         unflushed.removeAll(keepingCapacity: true)
     }
 
-    private func read(_ socket: RelaySocket) {
+    /// Reads up to `limit` datagrams from a relay socket; returns how many.
+    private func read(_ socket: RelaySocket, atMost limit: Int) -> Int {
         var total = 0
-        while total < Self.readsPerDrain, socket.fd >= 0 {
-            let count = inbox.receive(from: socket.fd)
+        while total < limit, socket.fd >= 0 {
+            let count = inbox.receive(from: socket.fd, atMost: limit - total)
             total += count
             let now = Self.now
             for i in 0..<count {
@@ -218,8 +226,9 @@ final class TURNLane: TURNRelayPorts {
                 }
                 handlePeer(payload, from: from, socket: socket, now: now)
             }
-            if count < RelayInbox.slots { return }
+            if count < RelayInbox.slots { break }
         }
+        return total
     }
 
     private func handlePeer(_ payload: UnsafeRawBufferPointer, from peer: TransportAddress, socket: RelaySocket, now: Timestamp) {
