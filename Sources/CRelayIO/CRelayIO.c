@@ -1,5 +1,6 @@
 #define _GNU_SOURCE 1
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <stdint.h>
@@ -103,6 +104,16 @@ int relay_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 int relay_eventfd_signal(int fd) {
     uint64_t one = 1;
     return write(fd, &one, sizeof(one)) == sizeof(one) ? 0 : -1;
+}
+
+int relay_pipe(int fds[2]) { return pipe2(fds, O_NONBLOCK | O_CLOEXEC); }
+
+void relay_pipe_signal(int fd) {
+    char one = 1;
+    ssize_t n;
+    do {
+        n = write(fd, &one, 1);
+    } while (n < 0 && errno == EINTR);
 }
 
 void relay_name_thread(const char *name) {

@@ -70,38 +70,50 @@ extension TransportAddress {
 /// Wakes a lane's event loop when its relay sockets have datagrams.
 ///
 /// The lane's relay sockets sit in one epoll set (`relaySet`, read by the
-/// loop). That set sits, one-shot, in the poller's own epoll set beside an
-/// eventfd that stops it. A thread of its own blocks on the poller's set; when
-/// the relay set turns readable it asks the loop once to drain it
-/// (`EventLoop.execute`) and blocks again. The registration stays disarmed
-/// until the loop, having drained, calls ``rearm()``; so at most one drain is
-/// queued at a time, the datagrams that arrive meanwhile are read in the same
-/// batch, and the thread never touches a relay socket or the lane.
+/// loop). NIO has no public way to watch such a descriptor, so a thread of
+/// its own does: the relay set sits, one-shot, in the poller's own epoll set
+/// beside an eventfd that stops it, and when the relay set turns readable the
+/// thread writes a byte to a pipe whose read end is a NIO pipe channel on the
+/// loop (``wakeDescriptor``). The loop then drains the relay set in its I/O
+/// phase, taking turns with the listeners (an `execute` task would not: NIO
+/// runs tasks until none is left, so drains re-armed one after another would
+/// starve the listeners). The registration stays disarmed until the loop,
+/// having drained, calls ``rearm()``: at most one wake-up is pending, and
+/// what arrives meanwhile is read in the same batch. The thread never touches
+/// a relay socket or the lane.
 final class RelayPoller: Sendable {
-    /// The poller's epoll set and its stop eventfd. Both are created in `init`
-    /// and closed in ``stop()`` after the thread has been joined, so the thread
-    /// never sees them closed.
+    /// The poller's epoll set, its stop eventfd and the pipe's write end: made
+    /// in `init`, closed in ``stop()`` once the thread has been joined, so the
+    /// thread never sees them closed.
     private let pollSet: Int32
     private let stopEvent: Int32
+    private let wakeWrite: Int32
     private let relaySet: Int32
     private let thread: pthread_t
+    /// The pipe's read end, for `NIOPipeBootstrap.takingOwnershipOfDescriptor(input:)`;
+    /// whoever takes it closes it (NIO, or the lane if NIO refuses it).
+    let wakeDescriptor: Int32
 
     private static let stopToken: UInt64 = 0
     private static let relayToken: UInt64 = 1
 
-    /// Starts the thread; `wake` is called on it each time the relay set turns readable.
-    init?(relaySet: Int32, name: String, wake: @escaping @Sendable () -> Void) {
+    /// Starts the thread; nil (nothing left open) if a descriptor or the thread cannot be made.
+    init?(relaySet: Int32, name: String) {
+        var pipe: [Int32] = [-1, -1]
         let pollSet = relay_epoll_create()
-        guard pollSet >= 0 else { return nil }
         let stopEvent = relay_eventfd()
-        guard stopEvent >= 0,
+        let piped = pipe.withUnsafeMutableBufferPointer { relay_pipe($0.baseAddress) } == 0
+        func closeAll() {
+            for fd in [pollSet, stopEvent] + pipe where fd >= 0 { close(fd) }
+        }
+        guard pollSet >= 0, stopEvent >= 0, piped,
             relay_epoll_add(pollSet, stopEvent, Self.stopToken, 0) == 0,
             relay_epoll_add(pollSet, relaySet, Self.relayToken, 1) == 0
         else {
-            if stopEvent >= 0 { close(stopEvent) }
-            close(pollSet)
+            closeAll()
             return nil
         }
+        let wakeWrite = pipe[1]
         let body = ThreadBody(name: name) {
             var tokens = [UInt64](repeating: 0, count: 2)
             while true {
@@ -111,7 +123,7 @@ final class RelayPoller: Sendable {
                     return
                 }
                 if tokens[0..<Int(n)].contains(Self.stopToken) { return }
-                if n > 0 { wake() }
+                if n > 0 { relay_pipe_signal(wakeWrite) }
             }
         }
         var thread = pthread_t()
@@ -124,12 +136,13 @@ final class RelayPoller: Sendable {
         }, box)
         guard started == 0 else {
             Unmanaged<ThreadBody>.fromOpaque(box).release()
-            close(stopEvent)
-            close(pollSet)
+            closeAll()
             return nil
         }
         self.pollSet = pollSet
         self.stopEvent = stopEvent
+        self.wakeWrite = wakeWrite
+        self.wakeDescriptor = pipe[0]
         self.relaySet = relaySet
         self.thread = thread
     }
@@ -140,12 +153,14 @@ final class RelayPoller: Sendable {
     }
 
     /// Stops and joins the thread (it wakes at once), then closes the poller's
-    /// fds. Call once, from the lane's loop; the relay set stays the caller's.
+    /// own fds. Call once, from the lane's loop; the relay set and the pipe's
+    /// read end are not the poller's to close.
     func stop() {
         _ = relay_eventfd_signal(stopEvent)
         pthread_join(thread, nil)
         close(stopEvent)
         close(pollSet)
+        close(wakeWrite)
     }
 }
 

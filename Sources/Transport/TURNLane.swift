@@ -56,6 +56,8 @@ final class TURNLane: TURNRelayPorts {
     /// The epoll set of the relay sockets that are read (held ports are not); -1 when it could not be made.
     private let relaySet: Int32
     private var poller: RelayPoller?
+    /// The NIO pipe channel the poller wakes the loop through.
+    private var wakeChannel: (any Channel)?
     private let inbox = RelayInbox()
     private let outbox: PeerOutbox
     /// Tokens of one drain's ready relay sockets.
@@ -137,10 +139,30 @@ final class TURNLane: TURNRelayPorts {
             lane.value.core.expire(now: Self.now)
         }
         guard relaySet >= 0, poller == nil else { return }
-        poller = RelayPoller(relaySet: relaySet, name: "tusa-relay-poll") {
-            lane.eventLoop.execute { lane.value.drainRelays() }
+        guard let poller = RelayPoller(relaySet: relaySet, name: "tusa-relay-poll") else {
+            logger.error("cannot start the relay poller thread; peers' datagrams will not be read")
+            return
         }
-        if poller == nil { logger.error("cannot start the relay poller thread; peers' datagrams will not be read") }
+        self.poller = poller
+        let wake = poller.wakeDescriptor
+        NIOPipeBootstrap(group: loop)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(RelayWakeHandler(lane: lane.value))
+                }
+            }
+            .takingOwnershipOfDescriptor(input: wake)
+            .whenComplete { result in
+                let lane = lane.value
+                switch result {
+                case .success(let channel):
+                    if lane.stopped { channel.close(promise: nil) } else { lane.wakeChannel = channel }
+                case .failure(let error):
+                    // Still ours to close when NIO refuses it.
+                    close(wake)
+                    lane.logger.error("cannot watch the relay poller's pipe; peers' datagrams will not be read", metadata: ["error": "\(error)"])
+                }
+            }
     }
 
     /// Deletes every allocation, closes every relay socket, stops the poller. Idempotent.
@@ -152,6 +174,8 @@ final class TURNLane: TURNRelayPorts {
         for address in Array(relays.keys) { closeRelay(address) }
         poller?.stop()
         poller = nil
+        wakeChannel?.close(promise: nil)
+        wakeChannel = nil
         if relaySet >= 0 { close(relaySet) }
     }
 
@@ -188,8 +212,8 @@ final class TURNLane: TURNRelayPorts {
 
     // MARK: - Peer packets
 
-    /// Reads the relay sockets that have datagrams (called on the loop when the poller wakes it).
-    func drainRelays() {
+    /// Reads the relay sockets that have datagrams (on the loop, when the poller wakes it).
+    fileprivate func drainRelays() {
         guard !stopped, relaySet >= 0 else { return }
         let n = ready.withUnsafeMutableBufferPointer { relay_epoll_wait(relaySet, $0.baseAddress, Int32($0.count), 0) }
         var budget = Self.datagramsPerDrain
@@ -486,6 +510,25 @@ final class RelaySocket {
     init(address: TransportAddress, fd: Int32) {
         self.address = address
         self.fd = fd
+    }
+}
+
+/// Reads the poller's wake-up bytes; each read burst drains the relay sockets once.
+private final class RelayWakeHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+
+    private let lane: TURNLane
+
+    init(lane: TURNLane) { self.lane = lane }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        lane.drainRelays()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        lane.logger.warning("relay poller pipe error", metadata: ["error": "\(error)"])
     }
 }
 

@@ -51,6 +51,11 @@ int relay_epoll_wait(int epfd, uint64_t *tokens, int max, int timeout_ms);
 int relay_eventfd(void);
 int relay_eventfd_signal(int fd);
 
+/// A pipe, both ends non-blocking and close-on-exec: fds[0] reads, fds[1] writes. 0 or -1.
+int relay_pipe(int fds[2]);
+/// Writes one byte to a pipe (a full pipe is readable already: EAGAIN is fine).
+void relay_pipe_signal(int fd);
+
 /// Names the calling thread (at most 15 bytes are kept).
 void relay_name_thread(const char *name);
 
