@@ -359,8 +359,9 @@ final class RelayInbox {
         return n > 0 ? Int(n) : 0
     }
 
-    /// Datagram `i` of the last ``receive(from:)``: its bytes (nil if truncated) and sender.
+    /// Datagram `i` of the last ``receive(from:atMost:)``: its bytes (nil if truncated) and sender.
     func datagram(_ i: Int) -> (payload: UnsafeRawBufferPointer?, from: TransportAddress?) {
+        guard i >= 0, i < Self.slots else { return (nil, nil) }
         let d = datagrams + i
         let from = withUnsafePointer(to: &d.pointee.from) { TransportAddress($0) }
         guard d.pointee.truncated == 0, d.pointee.length >= 0, Int(d.pointee.length) <= Self.slotSize else { return (nil, from) }

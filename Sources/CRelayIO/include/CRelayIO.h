@@ -1,7 +1,8 @@
 // Batched UDP I/O for the TURN relay sockets: recvmmsg/sendmmsg (hidden behind
-// _GNU_SOURCE in the Swift Glibc module), UDP GSO (UDP_SEGMENT), and the epoll
-// and eventfd calls (epoll_event is packed on x86-64). Only marshalling lives
-// here; what is sent and read is decided in Swift (Transport/RelayIO.swift).
+// _GNU_SOURCE in the Swift Glibc module), UDP GSO (UDP_SEGMENT), and the epoll,
+// eventfd, pipe and thread-name calls of the relay poller (epoll_event is packed
+// on x86-64). Only marshalling lives here; what is sent and read is decided in
+// Swift (Transport/RelayIO.swift).
 #ifndef CRELAYIO_H
 #define CRELAYIO_H
 
@@ -58,6 +59,5 @@ void relay_pipe_signal(int fd);
 
 /// Names the calling thread (at most 15 bytes are kept).
 void relay_name_thread(const char *name);
-
 
 #endif
