@@ -106,6 +106,47 @@ struct RelaySocketTests {
         }
     }
 
+    @Test("a held EVEN-PORT port becomes a relay that reads and writes (RESERVATION-TOKEN)")
+    func reservedPortRelays() async throws {
+        try await withService(Self.configuration()) { _, server in
+            try await offload {
+                let first = try Flow(server: server, family: 0x01, evenPort: true)
+                let token = try #require(first.reservationToken)
+                let second = try Flow(server: server, family: 0x01, token: token)
+                #expect(second.relay == TransportAddress(ip: first.relay.ip, port: first.relay.port + 1))
+                for flow in [first, second] {
+                    try flow.sendUp(5, size: 100)
+                    try flow.expectAtPeer(5, size: 100)
+                    try flow.sendDown(5, size: 100)
+                    try flow.expectAtClient(5, size: 100)
+                }
+            }
+        }
+    }
+
+    @Test("a dual allocation (ADDITIONAL-ADDRESS-FAMILY) relays over both its relays", .enabled(if: ipv6Available, "no IPv6 loopback"))
+    func dualAllocation() async throws {
+        try await withService(Self.configuration()) { _, server in
+            try await offload {
+                let flow = try Flow(server: server, family: 0x01, additionalFamily: 0x02)
+                #expect(flow.relays.count == 2)
+                let relay6 = try #require(flow.relays.first { !$0.ip.isIPv4 })
+                let peer6 = try TestSocket.udp(bindingTo: loopback6)
+                _ = try Flow.request(
+                    .channelBind, [.channelNumber(0x4001), .xorPeerAddress(peer6.localAddress)], client: flow.client, server: server)
+                try flow.client.sendDatagram([0x40, 0x01, 0x00, 0x03, 7, 8, 9], to: server)
+                let (up, from) = try #require(try peer6.receive(timeout: 2))
+                #expect(up == [7, 8, 9] && from == relay6)
+                try peer6.sendDatagram([4, 5], to: relay6)
+                let (down, _) = try #require(try flow.client.receive(timeout: 2))
+                #expect(down == [0x40, 0x01, 0x00, 0x02, 4, 5])
+                // The IPv4 relay still works beside it.
+                try flow.sendUp(3, size: 100)
+                try flow.expectAtPeer(3, size: 100)
+            }
+        }
+    }
+
     @Test("expiry, Refresh 0, held EVEN-PORT ports and shutdown close the relay sockets")
     func socketsAreClosed() async throws {
         var relays: [TransportAddress] = []
@@ -182,19 +223,31 @@ private final class Flow {
     let peer: TestSocket
     let server: TransportAddress
     let relay: TransportAddress
+    /// The RESERVATION-TOKEN of an EVEN-PORT allocation that holds the next port.
+    let reservationToken: UInt64?
 
-    init(server: TransportAddress, family: UInt8, channel: Bool = true, evenPort: Bool = false) throws {
+    /// Every XOR-RELAYED-ADDRESS of the answer (two for a dual allocation).
+    let relays: [TransportAddress]
+
+    init(
+        server: TransportAddress, family: UInt8, channel: Bool = true, evenPort: Bool = false, token: UInt64? = nil,
+        additionalFamily: UInt8? = nil
+    ) throws {
         self.server = server
         client = try TestSocket.udp(bindingTo: loopback)
         peer = try TestSocket.udp(bindingTo: family == 0x01 ? loopback : loopback6)
         var attributes: [Attribute] = [.requestedTransport(17)]
         if family != 0x01 { attributes.append(.requestedAddressFamily(family)) }
         if evenPort { attributes.append(.evenPort(reserveNext: true)) }
+        if let token { attributes.append(.reservationToken(token)) }
+        if let additionalFamily { attributes.append(.additionalAddressFamily(additionalFamily)) }
         let answer = try Self.request(.allocate, attributes, client: client, server: server)
         guard case .xorRelayedAddress(let relayed)? = try answer.value(.xorRelayedAddress) else {
             throw TestSocketError("no relayed address in \(answer)")
         }
         relay = relayed
+        relays = try answer.typedAttributes().compactMap { if case .xorRelayedAddress(let a) = $0 { a } else { nil } }
+        if case .reservationToken(let t)? = try answer.value(.reservationToken) { reservationToken = t } else { reservationToken = nil }
         if channel {
             _ = try Self.request(.channelBind, [.channelNumber(0x4000), .xorPeerAddress(peer.localAddress)], client: client, server: server)
         }
