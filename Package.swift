@@ -33,6 +33,10 @@ let package = Package(
         .systemLibrary(name: "CPcap", pkgConfig: "libpcap", providers: [.apt(["libpcap-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
 
+        // recvmmsg/sendmmsg, UDP GSO, epoll and eventfd for the relay sockets (Glibc hides
+        // the multi-message calls behind _GNU_SOURCE; epoll_event is packed).
+        .target(name: "CRelayIO"),
+
         // STUN/TURN/ICE wire formats and sans-IO state machines.
         .target(
             name: "STUN",
@@ -55,7 +59,7 @@ let package = Package(
         .target(
             name: "Transport",
             dependencies: [
-                "STUN", "Secure",
+                "STUN", "Secure", "CRelayIO",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -188,10 +188,11 @@ public final class BindingService: Service, Sendable {
             if let turn = configuration.turn {
                 let plan = configuration.relayPlan ?? RelayAddressPlan.derived(from: configuration.listenAddresses)
                 var lanes: [NIOLoopBound<TURNLane>] = []
+                let gso = configuration.gso
                 for loop in group.makeIterator() {
                     let logger = self.logger
                     lanes.append(try await loop.submit {
-                        let lane = TURNLane(loop: loop, configuration: turn, plan: plan, logger: logger)
+                        let lane = TURNLane(loop: loop, configuration: turn, plan: plan, logger: logger, gso: gso)
                         lane.start()
                         return NIOLoopBound(lane, eventLoop: loop)
                     }.get())
@@ -207,6 +208,7 @@ public final class BindingService: Service, Sendable {
             self.bound.resolve(.success(sockets))
         } catch {
             self.bound.resolve(.failure(error))
+            await stopTURNLanes()
             try? await group.shutdownGracefully()
             throw error
         }
@@ -238,15 +240,7 @@ public final class BindingService: Service, Sendable {
         }
         // Frees every allocation and its relay socket, then closes the TCP
         // connections still open; their handlers add their counts as they go.
-        if let lanes = turnLanes.withLockedValue({ lanes in defer { lanes = nil }; return lanes }) {
-            for lane in lanes.all {
-                let statistics = try? await lane.eventLoop.submit {
-                    lane.value.stop()
-                    return lane.value.core.statistics
-                }.get()
-                if let statistics { finalTURN.withLockedValue { $0.merge(statistics) } }
-            }
-        }
+        await stopTURNLanes()
         try? await group.shutdownGracefully()
         let statistics = totals.snapshot
         if let lost {
@@ -255,6 +249,19 @@ public final class BindingService: Service, Sendable {
             throw BindingServiceError(.socketClosed, "\(what) closed unexpectedly (a socket error); the service stopped")
         }
         logger.info("STUN binding service stopped", metadata: statistics.metadata)
+    }
+
+    /// Stops every TURN lane (allocations, relay sockets, poller threads) before
+    /// the event loops go, and keeps their final counters.
+    private func stopTURNLanes() async {
+        guard let lanes = turnLanes.withLockedValue({ lanes in defer { lanes = nil }; return lanes }) else { return }
+        for lane in lanes.all {
+            let statistics = try? await lane.eventLoop.submit {
+                lane.value.stop()
+                return lane.value.core.statistics
+            }.get()
+            if let statistics { finalTURN.withLockedValue { $0.merge(statistics) } }
+        }
     }
 
     // MARK: binding

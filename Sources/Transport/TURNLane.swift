@@ -1,3 +1,4 @@
+import CRelayIO
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -28,7 +29,15 @@ public struct RelayAddressPlan: Hashable, Sendable {
 
 /// The TURN side of one event loop: the sans-IO ``TURNServer`` core, the relay
 /// sockets it opened, and the client-facing channels its answers leave on.
-/// Everything here is touched on that event loop only.
+/// Everything here is touched on that event loop only (the poller thread only
+/// asks the loop to drain; see ``RelayPoller``).
+///
+/// Relay sockets are raw non-blocking UDP fds, not NIO channels (a channel
+/// costs ~2.6 KB per allocation). Toward peers, payloads are queued while the
+/// listener's read burst lasts and leave per relay socket in sendmmsg/GSO
+/// batches (``PeerOutbox``). From peers, the relay sockets sit in one epoll set
+/// the loop drains with recvmmsg; the ChannelData toward each client is
+/// gathered per relay socket and size into UDP GSO writes on the listener.
 final class TURNLane: TURNRelayPorts {
     let loop: any EventLoop
     let core: TURNServer
@@ -42,19 +51,58 @@ final class TURNLane: TURNRelayPorts {
     /// TCP control connections by 5-tuple.
     var connections: [FiveTuple: any Channel] = [:]
     fileprivate var relays: [TransportAddress: RelaySocket] = [:]
-    /// Relay channels written to during the current read burst, to flush at its end.
+    /// Open (readable) relay sockets by fd: what the relay set's events name.
+    private var socketsByFD: [RelaySocket?] = []
+    /// The epoll set of the relay sockets that are read (held ports are not); -1 when it could not be made.
+    private let relaySet: Int32
+    private var poller: RelayPoller?
+    /// The NIO pipe channel the poller wakes the loop through.
+    private var wakeChannel: (any Channel)?
+    private let inbox = RelayInbox()
+    private let outbox: PeerOutbox
+    /// Tokens of one drain's ready relay sockets.
+    private var ready = [UInt64](repeating: 0, count: 256)
+    /// At most this many datagrams are read from one relay socket per drain, so that one flood cannot starve the rest.
+    static let readsPerDrain = 2 * RelayInbox.slots
+    /// At most this many datagrams per drain, all relay sockets together: about
+    /// what one read of the listener takes (NIO's 4 reads of 64), so that under
+    /// load the loop alternates between the two directions instead of starving
+    /// the listener (whose buffer then overflows). Sockets left readable are
+    /// reported again at once (the relay set is level-triggered).
+    static let datagramsPerDrain = 256
+
+    /// ChannelData toward UDP clients gathered during a drain: one per relay socket and frame size.
+    private struct ClientGroup {
+        var channel: any Channel
+        var client: TransportAddress
+        var length: Int
+        var buffer: ByteBuffer
+        var count: Int
+    }
+    private var groups: [ClientGroup] = []
+    private var groupedBytes = 0
+    /// Bumped at every write-out of `groups`: a socket's `groupIndex` counts only with the current value.
+    private var generation: UInt64 = 1
+    /// Channels toward clients written to since the last flush.
     private var unflushed: [any Channel] = []
-    private var listenersUnflushed: [any Channel] = []
-    private var flushScheduled = false
+    private var toClients: GSOState
+    /// Gathered ChannelData is written out and flushed when it reaches this size,
+    /// so that a large drain does not push a listener past its write-buffer watermark.
+    static let groupedBytesLimit = 32 * 1024
+
     private var sweep: RepeatedTask?
     private var nextPort: [UInt8: Int] = [:]
     /// Set by `stop()`: nothing new is allocated while the service drains.
     private var stopped = false
 
-    init(loop: any EventLoop, configuration: TURNServerConfiguration, plan: RelayAddressPlan, logger: Logger) {
+    init(loop: any EventLoop, configuration: TURNServerConfiguration, plan: RelayAddressPlan, logger: Logger, gso: Bool = true) {
         self.loop = loop
         self.plan = plan
         self.logger = logger
+        self.relaySet = relay_epoll_create()
+        self.outbox = PeerOutbox(gso: gso)
+        self.toClients = GSOState(enabled: gso)
+        if relaySet < 0 { logger.error("cannot create the relay sockets' epoll set; no relays", metadata: ["errno": "\(errno)"]) }
         var configuration = configuration
         let uptime = NIODeadline.now().uptimeNanoseconds / 1_000_000_000
         var ts = timespec()
@@ -84,112 +132,240 @@ final class TURNLane: TURNRelayPorts {
 
     static var now: Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
 
+    /// Starts the expiry sweep and the poller thread that wakes the loop for peer datagrams.
     func start() {
         let lane = NIOLoopBound(self, eventLoop: loop)
         sweep = loop.scheduleRepeatedTask(initialDelay: Self.sweepInterval, delay: Self.sweepInterval) { _ in
             lane.value.core.expire(now: Self.now)
         }
+        guard relaySet >= 0, poller == nil else { return }
+        guard let poller = RelayPoller(relaySet: relaySet, name: "tusa-relay-poll") else {
+            logger.error("cannot start the relay poller thread; peers' datagrams will not be read")
+            return
+        }
+        self.poller = poller
+        let wake = poller.wakeDescriptor
+        NIOPipeBootstrap(group: loop)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(RelayWakeHandler(lane: lane.value))
+                }
+            }
+            .takingOwnershipOfDescriptor(input: wake)
+            .whenComplete { result in
+                let lane = lane.value
+                switch result {
+                case .success(let channel):
+                    if lane.stopped { channel.close(promise: nil) } else { lane.wakeChannel = channel }
+                case .failure(let error):
+                    // Still ours to close when NIO refuses it.
+                    close(wake)
+                    lane.logger.error("cannot watch the relay poller's pipe; peers' datagrams will not be read", metadata: ["error": "\(error)"])
+                }
+            }
     }
 
+    /// Deletes every allocation, closes every relay socket, stops the poller. Idempotent.
     func stop() {
+        guard !stopped else { return }
         stopped = true
         sweep?.cancel()
         core.deleteAll(now: Self.now)
+        for address in Array(relays.keys) { closeRelay(address) }
+        poller?.stop()
+        poller = nil
+        wakeChannel?.close(promise: nil)
+        wakeChannel = nil
+        if relaySet >= 0 { close(relaySet) }
     }
 
     // MARK: - Client packets
 
     /// Handles a non-Binding packet from a client; returns bytes to answer with, if any.
+    /// Relayed payloads are queued until ``flushRelays()``.
     func handleClient(_ bytes: ByteBuffer, from tuple: FiveTuple) -> [UInt8]? {
         guard !stopped else { return nil }
-        let outcome = bytes.withUnsafeReadableBytes { core.handleClient($0, from: tuple, now: Self.now) }
-        switch outcome {
-        case .reply(let answer): return answer
-        case .drop: return nil
-        case .relay(let allocation, let peer, let range):
-            guard let relay = allocation.relays.first(where: { $0.ip.family == peer.ip.family }) ?? allocation.relays.first,
-                let channel = relays[relay]?.channel
-            else {
-                core.recordDrop(.noRelaySocket)
+        return bytes.withUnsafeReadableBytes { raw -> [UInt8]? in
+            switch core.handleClient(raw, from: tuple, now: Self.now) {
+            case .reply(let answer): return answer
+            case .drop: return nil
+            case .relay(let allocation, let peer, let range):
+                guard let relay = allocation.relays.first(where: { $0.ip.family == peer.ip.family }) ?? allocation.relays.first,
+                    let socket = relays[relay], socket.fd >= 0, range.lowerBound >= 0, range.upperBound <= raw.count
+                else {
+                    core.recordDrop(.noRelaySocket)
+                    return nil
+                }
+                outbox.append(UnsafeRawBufferPointer(rebasing: raw[range]), to: peer, on: socket)
                 return nil
             }
-            // A relay socket whose kernel buffer is full queues in NIO: drop instead of growing without bound.
-            guard channel.isWritable else {
-                core.recordDrop(.backpressure)
-                return nil
-            }
-            let payload = bytes.getSlice(at: bytes.readerIndex + range.lowerBound, length: range.count)
-                ?? ByteBuffer()
-            channel.write(AddressedEnvelope(remoteAddress: SocketAddress(peer), data: payload), promise: nil)
-            if !unflushed.contains(where: { $0 === channel }) { unflushed.append(channel) }
-            return nil
         }
     }
 
-    /// Flushes relay sockets written during a read burst.
+    /// Sends what the read burst queued toward peers. A relay socket whose
+    /// kernel buffer is full drops the rest of its queue (counted as backpressure).
     func flushRelays() {
-        for channel in unflushed { channel.flush() }
-        unflushed.removeAll(keepingCapacity: true)
+        guard !outbox.isEmpty else { return }
+        let dropped = outbox.flush(logger: logger)
+        for _ in 0..<dropped { core.recordDrop(.backpressure) }
     }
 
     // MARK: - Peer packets
 
-    fileprivate func handlePeer(_ envelope: AddressedEnvelope<ByteBuffer>, socket: RelaySocket) {
-        guard let allocation = socket.allocation, let peer = TransportAddress(envelope.remoteAddress) else { return }
-        let data = envelope.data
-        let outcome = data.withUnsafeReadableBytes { core.handlePeer($0, from: peer, allocation: allocation, now: Self.now) }
-        switch outcome {
+    /// Reads the relay sockets that have datagrams (on the loop, when the poller wakes it).
+    fileprivate func drainRelays() {
+        guard !stopped, relaySet >= 0 else { return }
+        let n = ready.withUnsafeMutableBufferPointer { relay_epoll_wait(relaySet, $0.baseAddress, Int32($0.count), 0) }
+        var budget = Self.datagramsPerDrain
+        for i in 0..<max(0, Int(n)) where budget > 0 {
+            let fd = Int(truncatingIfNeeded: ready[i])
+            guard fd >= 0, fd < socketsByFD.count, let socket = socketsByFD[fd] else { continue }
+            budget -= read(socket, atMost: min(budget, Self.readsPerDrain))
+            if groupedBytes >= Self.groupedBytesLimit { writeToClients() }
+        }
+        writeToClients()
+        poller?.rearm()
+    }
+
+    /// Writes the gathered ChannelData and flushes every channel toward clients written to.
+    private func writeToClients() {
+        writeGroups()
+        for channel in unflushed { channel.flush() }
+        unflushed.removeAll(keepingCapacity: true)
+    }
+
+    /// Reads up to `limit` datagrams from a relay socket; returns how many.
+    private func read(_ socket: RelaySocket, atMost limit: Int) -> Int {
+        var total = 0
+        while total < limit, socket.fd >= 0 {
+            let count = inbox.receive(from: socket.fd, atMost: limit - total)
+            total += count
+            let now = Self.now
+            for i in 0..<count {
+                let (payload, from) = inbox.datagram(i)
+                guard let from else { continue }
+                guard let payload else {
+                    core.recordDrop(.tooLarge)
+                    continue
+                }
+                handlePeer(payload, from: from, socket: socket, now: now)
+            }
+            if count < RelayInbox.slots { break }
+        }
+        return total
+    }
+
+    private func handlePeer(_ payload: UnsafeRawBufferPointer, from peer: TransportAddress, socket: RelaySocket, now: Timestamp) {
+        guard let allocation = socket.allocation else { return }
+        switch core.handlePeer(payload, from: peer, allocation: allocation, now: now) {
         case .drop: return
         case .channel(let number, let tuple):
-            let length = data.readableBytes
-            let padding = tuple.transport.isStream ? (4 - length % 4) % 4 : 0
             guard let channel = socket.client ?? clientChannel(tuple) else { return }
+            let length = payload.count
+            if tuple.transport == .udp {
+                appendChannelData(number, payload, to: tuple.client, on: channel, socket: socket)
+                return
+            }
+            // A TCP client that stops reading must not make the server buffer its peer's flood.
+            guard channel.isWritable else {
+                core.recordDrop(.backpressure)
+                return
+            }
+            let padding = (4 - length % 4) % 4
             var frame = channel.allocator.buffer(capacity: 4 + length + padding)
             frame.writeInteger(number)
             frame.writeInteger(UInt16(truncatingIfNeeded: length))
-            frame.writeImmutableBuffer(data)
+            frame.writeBytes(payload)
             if padding > 0 { frame.writeRepeatingByte(0, count: padding) }
-            write(frame, to: tuple, on: channel, socket: socket)
+            channel.write(frame, promise: nil)
+            markUnflushed(channel)
         case .indication(let bytes, let tuple):
             guard let channel = socket.client ?? clientChannel(tuple) else { return }
+            guard channel.isWritable else {
+                core.recordDrop(.backpressure)
+                return
+            }
             var buffer = channel.allocator.buffer(capacity: bytes.count)
             buffer.writeBytes(bytes)
-            write(buffer, to: tuple, on: channel, socket: socket)
+            if tuple.transport == .udp {
+                channel.write(AddressedEnvelope(remoteAddress: SocketAddress(tuple.client), data: buffer), promise: nil)
+            } else {
+                channel.write(buffer, promise: nil)
+            }
+            markUnflushed(channel)
         }
+    }
+
+    /// Adds a ChannelData frame (UDP: no padding) to this relay socket's group of its size.
+    private func appendChannelData(
+        _ number: UInt16, _ payload: UnsafeRawBufferPointer, to client: TransportAddress, on channel: any Channel, socket: RelaySocket
+    ) {
+        let length = 4 + payload.count
+        let segmentable = toClients.enabled && length <= UDPBindingHandler.maxSegmentSize
+        let limit = segmentable ? min(UDPBindingHandler.maxSegments, UDPBindingHandler.maxGSOBytes / length) : 1
+        let index: Int
+        if socket.groupGeneration == generation, socket.groupIndex < groups.count,
+            groups[socket.groupIndex].length == length, groups[socket.groupIndex].count < limit
+        {
+            index = socket.groupIndex
+            groups[index].count += 1
+        } else {
+            index = groups.count
+            let buffer = channel.allocator.buffer(capacity: length * min(limit, 8))
+            groups.append(ClientGroup(channel: channel, client: client, length: length, buffer: buffer, count: 1))
+            socket.groupIndex = index
+            socket.groupGeneration = generation
+        }
+        groups[index].buffer.writeInteger(number)
+        groups[index].buffer.writeInteger(UInt16(truncatingIfNeeded: payload.count))
+        groups[index].buffer.writeBytes(payload)
+        groupedBytes += length
+    }
+
+    /// Writes the gathered ChannelData: one GSO write per group of two or more.
+    private func writeGroups() {
+        generation &+= 1
+        groupedBytes = 0
+        guard !groups.isEmpty else { return }
+        for group in groups {
+            // A listener that cannot take more drops rather than queueing without bound.
+            guard group.channel.isWritable else {
+                for _ in 0..<group.count { core.recordDrop(.backpressure) }
+                continue
+            }
+            let remote = SocketAddress(group.client)
+            if group.count == 1 {
+                group.channel.write(AddressedEnvelope(remoteAddress: remote, data: group.buffer), promise: nil)
+            } else {
+                let envelope = AddressedEnvelope(
+                    remoteAddress: remote, data: group.buffer,
+                    metadata: .init(ecnState: .transportNotCapable, packetInfo: nil, segmentSize: group.length))
+                if toClients.confirmed {
+                    group.channel.write(envelope, promise: nil)
+                } else {
+                    let promise = loop.makePromise(of: Void.self)
+                    let lane = NIOLoopBound(self, eventLoop: loop)
+                    let log = logger
+                    promise.futureResult.whenComplete { result in
+                        switch result {
+                        case .success: lane.value.toClients.confirmed = true
+                        case .failure(let error): lane.value.toClients.disable("\(error)", logger: log, what: "ChannelData toward clients")
+                        }
+                    }
+                    group.channel.write(envelope, promise: promise)
+                }
+            }
+            markUnflushed(group.channel)
+        }
+        groups.removeAll(keepingCapacity: true)
+    }
+
+    private func markUnflushed(_ channel: any Channel) {
+        if !unflushed.contains(where: { $0 === channel }) { unflushed.append(channel) }
     }
 
     private func clientChannel(_ tuple: FiveTuple) -> (any Channel)? {
         tuple.transport == .udp ? listeners[tuple.server] : connections[tuple]
-    }
-
-    private func write(_ buffer: ByteBuffer, to tuple: FiveTuple, on channel: any Channel, socket: RelaySocket) {
-        // A TCP client that stops reading must not make the server buffer its peer's flood.
-        guard channel.isWritable else {
-            core.recordDrop(.backpressure)
-            return
-        }
-        if tuple.transport == .udp {
-            let remote = socket.clientRemote ?? SocketAddress(tuple.client)
-            channel.write(AddressedEnvelope(remoteAddress: remote, data: buffer), promise: nil)
-        } else {
-            channel.write(buffer, promise: nil)
-        }
-        if !listenersUnflushed.contains(where: { $0 === channel }) { listenersUnflushed.append(channel) }
-    }
-
-    /// A relay socket's read burst ended. The flush toward clients waits for the
-    /// end of this event-loop tick, so that what every relay socket read in one
-    /// wakeup leaves in as few sendmmsg calls as possible.
-    fileprivate func peerBurstEnded() {
-        guard !flushScheduled, !listenersUnflushed.isEmpty else { return }
-        flushScheduled = true
-        let lane = NIOLoopBound(self, eventLoop: loop)
-        loop.execute {
-            let lane = lane.value
-            lane.flushScheduled = false
-            for channel in lane.listenersUnflushed { channel.flush() }
-            lane.listenersUnflushed.removeAll(keepingCapacity: true)
-        }
     }
 
     // MARK: - TURNRelayPorts
@@ -197,7 +373,7 @@ final class TURNLane: TURNRelayPorts {
     func serves(family: UInt8) -> Bool { plan.ip(for: family) != nil }
 
     func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
-        guard let ip = plan.ip(for: family), plan.minPort <= plan.maxPort else { return nil }
+        guard !stopped, relaySet >= 0, let ip = plan.ip(for: family), plan.minPort <= plan.maxPort else { return nil }
         // Port arithmetic in Int: the range may end at 65535.
         let lo = Int(plan.minPort), hi = Int(plan.maxPort)
         let span = hi - lo + 1
@@ -226,16 +402,19 @@ final class TURNLane: TURNRelayPorts {
             nextPort[family] = port
             let socket = RelaySocket(address: address, fd: fd)
             relays[address] = socket
-            register(socket)
+            guard startReading(socket) else {
+                closeRelay(address)
+                if let reserved { closeRelay(reserved) }
+                return nil
+            }
             return (address, reserved)
         }
         return nil
     }
 
     func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool {
-        guard let socket = relays[address], socket.channel == nil, !socket.registering else { return false }
-        register(socket)
-        return true
+        guard !stopped, let socket = relays[address], socket.fd >= 0, !socket.reading else { return false }
+        return startReading(socket)
     }
 
     func attach(_ relay: TransportAddress, to allocation: TURNAllocation) {
@@ -243,49 +422,32 @@ final class TURNLane: TURNRelayPorts {
         socket.allocation = allocation
         // Resolved once, not per datagram: where this relay's traffic to the client leaves.
         socket.client = clientChannel(allocation.tuple)
-        if allocation.tuple.transport == .udp { socket.clientRemote = SocketAddress(allocation.tuple.client) }
     }
 
     func closeRelay(_ address: TransportAddress) {
         guard let socket = relays.removeValue(forKey: address) else { return }
         socket.allocation = nil
         socket.client = nil
-        socket.closed = true
-        if let channel = socket.channel {
-            channel.close(promise: nil)
-        } else if !socket.registering, socket.fd >= 0 {
-            close(socket.fd)
-            socket.fd = -1
-        }
+        guard socket.fd >= 0 else { return }
+        let fd = Int(socket.fd)
+        if fd < socketsByFD.count, socketsByFD[fd] === socket { socketsByFD[fd] = nil }
+        // Closing also takes it out of the relay set.
+        close(socket.fd)
+        socket.fd = -1
+        socket.reading = false
     }
 
-    private func register(_ socket: RelaySocket) {
-        socket.registering = true
-        let fd = socket.fd
-        socket.fd = -1  // NIO owns it from here, and closes it itself if registration fails.
-        let lane = NIOLoopBound(self, eventLoop: loop)
-        let boxed = NIOLoopBound(socket, eventLoop: loop)
-        DatagramBootstrap(group: loop)
-            // Peers may send up to 64 KiB; the default 2048-byte read would cut them short silently.
-            .channelOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 65_536))
-            .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(RelayHandler(lane: lane.value, socket: boxed.value))
-                }
-            }
-            .withBoundSocket(fd)
-            .whenComplete { result in
-                let socket = boxed.value
-                socket.registering = false
-                switch result {
-                case .success(let channel):
-                    if socket.closed { channel.close(promise: nil) } else { socket.channel = channel }
-                case .failure(let error):
-                    lane.value.logger.warning("relay socket registration failed", metadata: ["relay": "\(socket.address)", "error": "\(error)"])
-                    lane.value.relays[socket.address] = nil
-                    if !socket.closed { lane.value.core.relayFailed(socket.address, now: Self.now) }
-                }
-            }
+    /// Puts a bound relay socket in the relay set; false (the socket stays as it was) if epoll refuses.
+    private func startReading(_ socket: RelaySocket) -> Bool {
+        guard socket.fd >= 0, relay_epoll_add(relaySet, socket.fd, UInt64(socket.fd), 0) == 0 else {
+            logger.warning("relay socket registration failed", metadata: ["relay": "\(socket.address)", "errno": "\(errno)"])
+            return false
+        }
+        let fd = Int(socket.fd)
+        if fd >= socketsByFD.count { socketsByFD.append(contentsOf: repeatElement(nil, count: fd + 1 - socketsByFD.count)) }
+        socketsByFD[fd] = socket
+        socket.reading = true
+        return true
     }
 
     /// A non-blocking UDP socket bound to `address`, or nil when the port is taken.
@@ -303,7 +465,11 @@ final class TURNLane: TURNRelayPorts {
                 setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MTU_DISCOVER, &mode, socklen_t(MemoryLayout<Int32>.size))
             }
         }
-        let ok = SocketAddress(address).withSockAddr { sa, len in bind(fd, sa, socklen_t(len)) == 0 }
+        var storage = sockaddr_storage()
+        let length = address.store(into: &storage)
+        let ok = withUnsafePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(length)) == 0 }
+        }
         guard ok else {
             close(fd)
             return nil
@@ -324,17 +490,22 @@ private final class PortsTrampoline: TURNRelayPorts {
     func closeRelay(_ address: TransportAddress) { target?.closeRelay(address) }
 }
 
-/// One relay socket: bound at once, registered with NIO shortly after.
+/// One relay socket: a bound non-blocking UDP fd, read once it is in the lane's relay set.
 final class RelaySocket {
     let address: TransportAddress
+    /// -1 once closed.
     var fd: Int32
-    var channel: (any Channel)?
+    /// In the relay set (a held EVEN-PORT reservation is bound but not read).
+    var reading = false
     var allocation: TURNAllocation?
-    /// The channel toward the allocation's client, and its address (UDP).
+    /// The channel toward the allocation's client.
     var client: (any Channel)?
-    var clientRemote: SocketAddress?
-    var registering = false
-    var closed = false
+    /// This socket's queue in the lane's ``PeerOutbox`` (entry indices, -1: empty).
+    var outHead = -1
+    var outTail = -1
+    /// Its ChannelData group of the current drain, valid while `groupGeneration` is the lane's.
+    var groupIndex = 0
+    var groupGeneration: UInt64 = 0
 
     init(address: TransportAddress, fd: Int32) {
         self.address = address
@@ -342,28 +513,22 @@ final class RelaySocket {
     }
 }
 
-/// Reads datagrams from peers on a relay socket and hands them to the lane.
-private final class RelayHandler: ChannelInboundHandler {
-    typealias InboundIn = AddressedEnvelope<ByteBuffer>
+/// Reads the poller's wake-up bytes; each read burst drains the relay sockets once.
+private final class RelayWakeHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
 
     private let lane: TURNLane
-    private let socket: RelaySocket
 
-    init(lane: TURNLane, socket: RelaySocket) {
-        self.lane = lane
-        self.socket = socket
-    }
+    init(lane: TURNLane) { self.lane = lane }
 
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        lane.handlePeer(unwrapInboundIn(data), socket: socket)
-    }
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
 
     func channelReadComplete(context: ChannelHandlerContext) {
-        lane.peerBurstEnded()
+        lane.drainRelays()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        // ICMP port unreachable from a peer surfaces here; the socket stays open.
+        lane.logger.warning("relay poller pipe error", metadata: ["error": "\(error)"])
     }
 }
 

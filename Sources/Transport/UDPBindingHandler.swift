@@ -80,9 +80,8 @@ final class UDPBindingHandler: ChannelInboundHandler {
     static let maxSegmentSize = 1200
     /// A GSO write stays under the 64 KiB UDP limit.
     static let maxGSOBytes = 65_000
-    private var gso: Bool
     /// Until one GSO write has succeeded, failures switch GSO off.
-    private var gsoConfirmed = false
+    private var gso: GSOState
     /// Bit `routeIndex` set: that origin's channel (on this event loop) has unflushed writes.
     private var unflushedRoutes: UInt8 = 0
     /// The TURN lanes when the service relays; TURN is served on primary sockets only.
@@ -95,7 +94,7 @@ final class UDPBindingHandler: ChannelInboundHandler {
         logger: Logger, gso: Bool = true, turn: TURNLanes? = nil
     ) {
         self.turn = origin == .primary ? turn : nil
-        self.gso = gso && System.supportsUDPSegmentationOffload
+        self.gso = GSOState(enabled: gso)
         self.core = core
         self.origin = origin
         self.routes = routes
@@ -148,7 +147,7 @@ final class UDPBindingHandler: ChannelInboundHandler {
         case .reply(let length, let destination, let responseOrigin):
             // The usual answer goes back to the sender: reuse its address as read.
             let remote = destination == source ? envelope.remoteAddress : SocketAddress(destination)
-            if responseOrigin == origin && gso && length <= Self.maxSegmentSize {
+            if responseOrigin == origin && gso.enabled && length <= Self.maxSegmentSize {
                 collect(length: length, destination: destination, remote: remote)
                 counters.responses += 1
                 return
@@ -204,27 +203,21 @@ final class UDPBindingHandler: ChannelInboundHandler {
             let envelope = AddressedEnvelope(
                 remoteAddress: group.remote, data: group.buffer,
                 metadata: .init(ecnState: .transportNotCapable, packetInfo: nil, segmentSize: group.length))
-            if gsoConfirmed {
+            if gso.confirmed {
                 context.write(wrapOutboundOut(envelope), promise: nil)
             } else {
                 let promise = context.eventLoop.makePromise(of: Void.self)
                 let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
                 promise.futureResult.whenComplete { result in
                     switch result {
-                    case .success: handler.value.gsoConfirmed = true
-                    case .failure(let error): handler.value.disableGSO(error)
+                    case .success: handler.value.gso.confirmed = true
+                    case .failure(let error): handler.value.gso.disable("\(error)", logger: handler.value.logger, what: "Binding answers")
                     }
                 }
                 context.write(wrapOutboundOut(envelope), promise: promise)
             }
         }
         groups.removeAll(keepingCapacity: true)
-    }
-
-    private func disableGSO(_ error: any Error) {
-        guard gso else { return }
-        gso = false
-        logger.notice("UDP GSO write failed; answering one datagram at a time", metadata: ["error": "\(error)"])
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {

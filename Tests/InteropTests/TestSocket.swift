@@ -74,9 +74,9 @@ final class TestSocket: @unchecked Sendable {
     }
 
     /// A datagram and where it came from, or nil after `timeout` seconds.
-    func receive(timeout: Double) throws -> ([UInt8], TransportAddress)? {
+    func receive(timeout: Double, capacity: Int = 2048) throws -> ([UInt8], TransportAddress)? {
         guard wait(timeout: timeout) else { return nil }
-        var buffer = [UInt8](repeating: 0, count: 2048)
+        var buffer = [UInt8](repeating: 0, count: capacity)
         var storage = sockaddr_storage()
         var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
         let count = buffer.withUnsafeMutableBytes { bytes in
