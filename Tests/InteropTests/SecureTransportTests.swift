@@ -50,6 +50,22 @@ private final class Collector: @unchecked Sendable {
 
 private func frame(_ i: Int) -> [UInt8] { (0..<160).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ i) } }
 
+/// Sends `count` frames each way (x's numbered from 0, y's from `offset`) and
+/// checks that each side got the other's, intact and in order.
+private func exchange(
+    _ x: SecureUDPEndpoint, _ xToY: PeerID, _ cx: Collector, _ y: SecureUDPEndpoint, _ yToX: PeerID, _ cy: Collector,
+    count: Int, offset: Int, payloadType: UInt8
+) async {
+    for i in 0..<count {
+        x.send(frame(i), to: xToY, payloadType: payloadType, timestamp: UInt32(i * 160))
+        y.send(frame(offset + i), to: yToX, payloadType: payloadType, timestamp: UInt32(i * 160))
+    }
+    let gotY = await cy.waitForMedia(count), gotX = await cx.waitForMedia(count)
+    #expect(gotY && gotX)
+    #expect(cy.media.map(\.2) == (0..<count).map(frame), "in order and intact on loopback")
+    #expect(cx.media.map(\.2) == (0..<count).map { frame(offset + $0) })
+}
+
 @Suite("Secure transport on loopback sockets", .serialized)
 struct SecureTransportTests {
     @Test("handshake and media both ways, direct")
@@ -60,14 +76,7 @@ struct SecureTransportTests {
         async let waiting = b.waitForPeer(a.publicKey)
         let bAtA = try await a.connect(to: b.publicKey, at: b.localAddress)
         let aAtB = try await waiting
-        for i in 0..<100 {
-            a.send(frame(i), to: bAtA, payloadType: 111, timestamp: UInt32(i * 160))
-            b.send(frame(1000 + i), to: aAtB, payloadType: 111, timestamp: UInt32(i * 160))
-        }
-        let gotB = await cb.waitForMedia(100), gotA = await ca.waitForMedia(100)
-        #expect(gotB && gotA)
-        #expect(cb.media.map(\.2) == (0..<100).map(frame), "in order and intact on loopback")
-        #expect(ca.media.map(\.2) == (0..<100).map { frame(1000 + $0) })
+        await exchange(a, bAtA, ca, b, aAtB, cb, count: 100, offset: 1000, payloadType: 111)
         let stats = try await b.statistics()
         #expect(stats.dropped.isEmpty, "\(stats.dropped)")
         #expect(cb.events.contains { if case .session(.established) = $0 { true } else { false } })
@@ -144,14 +153,7 @@ struct SecureTransportTests {
         async let waiting = a.waitForPeer(b.publicKey)
         let aAtB = try await b.connect(to: a.publicKey, at: allocation.relayed)
         let bAtA = try await waiting
-        for i in 0..<50 {
-            b.send(frame(i), to: aAtB, payloadType: 0, timestamp: UInt32(i * 160))
-            a.send(frame(500 + i), to: bAtA, payloadType: 0, timestamp: UInt32(i * 160))
-        }
-        let gotA = await ca.waitForMedia(50), gotB = await cb.waitForMedia(50)
-        #expect(gotA && gotB)
-        #expect(ca.media.map(\.2) == (0..<50).map(frame))
-        #expect(cb.media.map(\.2) == (0..<50).map { frame(500 + $0) })
+        await exchange(b, aAtB, cb, a, bAtA, ca, count: 50, offset: 500, payloadType: 0)
         #expect(try await b.describe(aAtB)?.address == allocation.relayed, "B sees A only at the relay")
         await a.close()
         await b.close()
