@@ -89,6 +89,20 @@ extension MediaCipher {
         return (ssrc, index)
     }
 
+    /// Decrypts a control packet in place if this key authenticates it; nil,
+    /// the packet untouched, if it does not (`verifyFirst`: as for
+    /// `openMediaIfAuthentic`; a retired key authenticates nothing). Throws for
+    /// a packet that is not a control packet.
+    func decryptControlIfAuthentic(packet: UnsafeMutableRawBufferPointer, verifyFirst: Bool) throws -> (ssrc: UInt32, index: UInt32)? {
+        if isRetired { return nil }
+        do {
+            if verifyFirst { _ = try decryptControl(packet: packet, verifyOnly: true) }
+            return try decryptControl(packet: packet)
+        } catch SecureError.authenticationFailed {
+            return nil
+        }
+    }
+
     static func decodeControlBody(_ packet: UnsafeMutableRawBufferPointer) throws -> ControlReport {
         let body = ControlPacket.prefixLength
         return try ControlReport.decode(
@@ -142,11 +156,13 @@ public struct ControlReceiver: Sendable {
             (ssrc, index) = try ControlPacket.peek(UnsafeRawBufferPointer(packet))
             let verdict = window.check(UInt64(index))
             guard verdict == .fresh else { return .failure(PacketDropReason(verdict)) }
-            if let fallback, (try? cipher.decryptControl(packet: packet, verifyOnly: true)) == nil {
-                _ = try fallback.decryptControl(packet: packet)
-            } else {
-                _ = try cipher.decryptControl(packet: packet)
+            var tried = cipher
+            var opened = try cipher.decryptControlIfAuthentic(packet: packet, verifyFirst: fallback != nil) != nil
+            if !opened, let fallback {
+                tried = fallback
+                opened = try fallback.decryptControlIfAuthentic(packet: packet, verifyFirst: false) != nil
             }
+            guard opened else { return .failure(tried.isRetired ? .wrongEpoch : .authenticationFailed) }
         } catch let e as SecureError {
             return .failure(PacketDropReason(e))
         } catch {

@@ -146,6 +146,25 @@ public final class MediaCipher {
         }
     }
 
+    /// Opens a media packet in place if this key authenticates it; nil, the
+    /// packet untouched, if it does not. `verifyFirst` checks the tag without
+    /// writing before decrypting: needed whenever another key may still be
+    /// tried, since a failed in-place open zeroes the payload. A retired key
+    /// authenticates nothing (nil). Throws only for a packet too short to hold a tag.
+    public func openMediaIfAuthentic(packet: UnsafeMutableRawBufferPointer, headerLength: Int,
+                                     extendedSequence: UInt64, verifyFirst: Bool) throws -> Range<Int>? {
+        if isRetired { return nil }
+        if verifyFirst, try !authenticatesMedia(packet: UnsafeRawBufferPointer(packet), headerLength: headerLength,
+                                                 extendedSequence: extendedSequence) {
+            return nil
+        }
+        do {
+            return try openMedia(packet: packet, headerLength: headerLength, extendedSequence: extendedSequence)
+        } catch SecureError.authenticationFailed {
+            return nil
+        }
+    }
+
     /// The ciphertext range of a media packet, between header and tag.
     private static func mediaBody(_ packet: UnsafeRawBufferPointer, headerLength: Int) throws -> Range<Int> {
         guard headerLength >= RTPHeader.fixedLength, packet.count >= headerLength + tagLength else {

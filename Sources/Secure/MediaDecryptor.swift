@@ -32,14 +32,16 @@ public final class MediaDecryptor {
         let ssrc = UInt32(packet[4]) << 24 | UInt32(packet[5]) << 16 | UInt32(packet[6]) << 8 | UInt32(packet[7])
         if packet.withUnsafeBytes({ SecurePacketKind.classify($0) }) == .control {
             guard let s = streams[ssrc] else { return .noKey(ssrc: ssrc) }
-            for i in order(s) {
-                let opened = packet.withUnsafeMutableBytes { p -> ReceivedControl? in
-                    guard (try? s.ciphers[i].decryptControl(packet: p, verifyOnly: true)) != nil else { return nil }
-                    return try? s.ciphers[i].openControl(packet: p)
+            let candidates = order(s)
+            for (n, i) in candidates.enumerated() {
+                let report = packet.withUnsafeMutableBytes { p -> ControlReport? in
+                    guard (try? s.ciphers[i].decryptControlIfAuthentic(packet: p, verifyFirst: n < candidates.count - 1)) != nil
+                    else { return nil }
+                    return try? MediaCipher.decodeControlBody(p)
                 }
-                if let opened {
+                if let report {
                     s.preferred = i
-                    return .control(ssrc: ssrc, opened.report)
+                    return .control(ssrc: ssrc, report)
                 }
             }
             return .failed(ssrc: ssrc)
@@ -48,13 +50,11 @@ public final class MediaDecryptor {
         do { header = try packet.withUnsafeBytes { try RTPHeader.parse($0) } } catch { return .notRTP }
         guard let s = streams[header.ssrc] else { return .noKey(ssrc: header.ssrc) }
         let ext = ExtendedSequence.estimate(header.sequenceNumber, highest: s.highest)
-        for i in order(s) {
-            let verified = packet.withUnsafeBytes {
-                (try? s.ciphers[i].authenticatesMedia(packet: $0, headerLength: header.headerLength, extendedSequence: ext)) == true
-            }
-            guard verified else { continue }
+        let candidates = order(s)
+        for (n, i) in candidates.enumerated() {
             if let range = try? packet.withUnsafeMutableBytes({
-                try s.ciphers[i].openMedia(packet: $0, headerLength: header.headerLength, extendedSequence: ext)
+                try s.ciphers[i].openMediaIfAuthentic(
+                    packet: $0, headerLength: header.headerLength, extendedSequence: ext, verifyFirst: n < candidates.count - 1)
             }) {
                 s.preferred = i
                 if s.highest.map({ ext > $0 }) ?? true { s.highest = ext }

@@ -48,17 +48,21 @@ public struct MediaReceiver: Sendable {
                               with cipher: MediaCipher, orElse fallback: MediaCipher? = nil)
         -> Result<ReceivedMedia, PacketDropReason> {
         let headerLength = inbound.header.headerLength, ext = inbound.extendedSequence
-        var chosen = cipher
-        if let fallback,
-           (try? cipher.authenticatesMedia(packet: UnsafeRawBufferPointer(packet), headerLength: headerLength,
-                                           extendedSequence: ext)) != true {
-            chosen = fallback
+        func attempt(_ c: MediaCipher, verifyFirst: Bool) throws -> Range<Int>? {
+            try c.openMediaIfAuthentic(packet: packet, headerLength: headerLength, extendedSequence: ext, verifyFirst: verifyFirst)
         }
         do {
-            let payload = try chosen.openMedia(packet: packet, headerLength: headerLength, extendedSequence: ext)
+            var tried = cipher
+            var payload = try attempt(cipher, verifyFirst: fallback != nil)
+            if payload == nil, let fallback {
+                tried = fallback
+                payload = try attempt(fallback, verifyFirst: false)
+            }
+            guard let payload else { return .failure(tried.isRetired ? .wrongEpoch : .authenticationFailed) }
+            let usedFallback = tried !== cipher
             window.accept(ext)
             return .success(ReceivedMedia(header: inbound.header, extendedSequence: ext, payload: payload,
-                                          openedWithFallback: chosen !== cipher))
+                                          openedWithFallback: usedFallback))
         } catch let e as SecureError {
             return .failure(PacketDropReason(e))
         } catch {

@@ -248,23 +248,13 @@ public final class SecureEndpoint {
         case .tooOld: return drop(.tooOld)
         }
         if let floor = p.retiredBelow, ext < floor { return drop(.wrongEpoch) }
-        // Newest first; no array is built per packet.
-        let keypairs = p.keypairs
-        var last = keypairs.count - 1
-        while last >= 0, !keypairs[last].usable(now: now, configuration) { last -= 1 }
-        var i = 0
-        while i <= last {
-            let keys = keypairs[i]
-            i += 1
-            guard keys.usable(now: now, configuration) else { continue }
-            // A failed open zeroes the payload: with another key still to try, verify first.
-            if i <= last,
-                (try? keys.receive.authenticatesMedia(
-                    packet: UnsafeRawBufferPointer(packet), headerLength: header.headerLength, extendedSequence: ext)) != true
+        // Newest first; all but the last usable key are verified before opening in place.
+        let last = p.keypairs.lastIndex { $0.usable(now: now, configuration) }
+        for (i, keys) in p.keypairs.enumerated() where keys.usable(now: now, configuration) {
+            // `try?` flattens: nil when the key does not authenticate it (or cannot be used).
+            if let range = try? keys.receive.openMediaIfAuthentic(
+                packet: packet, headerLength: header.headerLength, extendedSequence: ext, verifyFirst: i != last)
             {
-                continue
-            }
-            if let range = try? keys.receive.openMedia(packet: packet, headerLength: header.headerLength, extendedSequence: ext) {
                 p.replay.accept(ext)
                 if p.highestReceived.map({ ext > $0 }) ?? true { p.highestReceived = ext }
                 keys.lowestReceived = min(keys.lowestReceived ?? ext, ext)
@@ -288,13 +278,13 @@ public final class SecureEndpoint {
         case .replayed: return drop(.replayed)
         case .tooOld: return drop(.tooOld)
         }
-        for keys in p.keypairs where keys.usable(now: now, configuration) {
-            guard (try? keys.receive.decryptControl(packet: packet, verifyOnly: true)) != nil,
-                let opened = try? keys.receive.openControl(packet: packet)
+        let last = p.keypairs.lastIndex { $0.usable(now: now, configuration) }
+        for (i, keys) in p.keypairs.enumerated() where keys.usable(now: now, configuration) {
+            guard (try? keys.receive.decryptControlIfAuthentic(packet: packet, verifyFirst: i != last)) != nil,
+                let report = try? MediaCipher.decodeControlBody(packet)
             else { continue }
             p.controlReplay.accept(UInt64(index))
             authenticated(p, keys: keys, from: source, newest: true, now: now)
-            let report = opened.report
             if report.kind == .report {
                 p.lastPeerReport = (report, now)
                 if let rtt = ControlReport.roundTrip(
