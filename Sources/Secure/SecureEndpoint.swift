@@ -155,6 +155,9 @@ public final class SecureEndpoint {
         startHandshake(p, now: now, rekey: p.hasKeys)
     }
 
+    /// Whether `outputs()` has anything (cheap: for drivers that drain only then).
+    public var hasOutputs: Bool { !outbox.isEmpty }
+
     /// What to send and what happened since the last call.
     public func outputs() -> [SecureOutput] {
         defer { outbox.removeAll(keepingCapacity: true) }

@@ -276,7 +276,6 @@ final class SecureEngine {
     private var closed = false
     /// Reused for every datagram: opened in place here, never allocated per packet.
     private var scratch = [UInt8](repeating: 0, count: 65_536)
-    private var sealBuffer = [UInt8](repeating: 0, count: 65_536)
     private(set) var pendingWrites = 0
 
     // The relay, when one is in use.
@@ -339,10 +338,13 @@ final class SecureEngine {
             } else {
                 continuation.yield(.media(peer, header, payload: Array(payload)))
             }
+            // A media packet can confirm new keys or move the peer: report that at once.
+            if core.hasOutputs { pump(flush: false) }
         case .handled:
             pump()
         case .dropped, .droppedHandshake:
-            pump()
+            // A drop changes nothing but may answer (a cookie reply under load).
+            if core.hasOutputs { pump(flush: false) }
         }
     }
 
@@ -357,33 +359,24 @@ final class SecureEngine {
     func sendMedia(_ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, marker: Bool) {
         guard !closed else { return }
         let now = Self.now()
+        // Sealed straight into the datagram's buffer.
+        var buffer = channel.allocator.buffer(capacity: payload.count + 28)
+        var destination: TransportAddress?
         do {
-            if let destination = core.address(of: peer), !relayed.contains(destination) {
-                // Direct: sealed straight into the datagram's buffer.
-                var buffer = channel.allocator.buffer(capacity: payload.count + 28)
-                var sentTo = destination
-                try payload.withUnsafeBytes { p in
-                    _ = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: payload.count + 28) { out in
-                        let (n, to) = try core.sealMedia(
-                            to: peer, payloadType: payloadType, marker: marker, timestamp: timestamp, payload: p, into: out, now: now)
-                        sentTo = to
-                        return n
-                    }
+            try payload.withUnsafeBytes { p in
+                _ = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: payload.count + 28) { out in
+                    let (n, to) = try core.sealMedia(
+                        to: peer, payloadType: payloadType, marker: marker, timestamp: timestamp, payload: p, into: out, now: now)
+                    destination = to
+                    return n
                 }
-                channel.write(AddressedEnvelope(remoteAddress: SocketAddress(sentTo), data: buffer), promise: nil)
-                pendingWrites += 1
-            } else {
-                let (n, to) = try payload.withUnsafeBytes { p in
-                    try sealBuffer.withUnsafeMutableBytes { out in
-                        try core.sealMedia(to: peer, payloadType: payloadType, marker: marker, timestamp: timestamp, payload: p, into: out, now: now)
-                    }
-                }
-                sealBuffer.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0[0..<n]), to: to) }
             }
         } catch {
             unsent += 1
         }
-        pump(flush: false)
+        if let destination { write(buffer, to: destination) }
+        // Sealing may have started a handshake (no keys yet, or a rekey due): send it, arm its timer.
+        if core.hasOutputs { pump(flush: false) }
     }
 
     /// Media that could not be sealed (no keys yet, unknown peer).
@@ -394,12 +387,17 @@ final class SecureEngine {
     }
 
     private func write(_ bytes: UnsafeRawBufferPointer, to address: TransportAddress) {
-        if relayed.contains(address), let turnEngine {
-            do { try turnEngine.send(Array(bytes), to: address) } catch { unsent += 1 }
-            return
-        }
         var buffer = channel.allocator.buffer(capacity: bytes.count)
         buffer.writeBytes(bytes)
+        write(buffer, to: address)
+    }
+
+    /// Straight to the socket, or wrapped for the relay when the address is reached through one.
+    private func write(_ buffer: ByteBuffer, to address: TransportAddress) {
+        if relayed.contains(address), let turnEngine {
+            do { try turnEngine.send(Array(buffer.readableBytesView), to: address) } catch { unsent += 1 }
+            return
+        }
         channel.write(AddressedEnvelope(remoteAddress: SocketAddress(address), data: buffer), promise: nil)
         pendingWrites += 1
     }
