@@ -6,7 +6,7 @@ FUZZ_SECONDS ?= 600
 SMOKE_FUZZ_SECONDS ?= 30
 SHARED      ?= ../shared/interop
 
-.PHONY: all setup build release demo test unit interop fuzz fuzz-smoke bench bench-smoke record clean
+.PHONY: all setup build release demo test unit interop fuzz fuzz-smoke bench bench-smoke quality record clean
 
 all: build
 
@@ -49,6 +49,10 @@ bench: release
 
 bench-smoke: build
 	@bash scripts/bench-smoke.sh
+
+# Voice quality: PESQ of real speech under loss, Tusa against a speexdsp baseline.
+quality: release
+	@bash scripts/quality.sh
 
 # Re-record Tusa's own captures against real peers into Interop/.
 record: build

@@ -12,6 +12,7 @@ let package = Package(
         // The crypto core alone, for users (and the benchmarks) that need no NIO.
         .library(name: "Secure", targets: ["Secure"]),
         .library(name: "TusaInterop", targets: ["TusaInterop"]),
+        .library(name: "Voice", targets: ["Voice"]),
         .executable(name: "tusa", targets: ["tusa"]),
     ],
     dependencies: [
@@ -32,6 +33,7 @@ let package = Package(
         .systemLibrary(name: "CSpeexDSP", pkgConfig: "speexdsp", providers: [.apt(["libspeexdsp-dev"])]),
         .systemLibrary(name: "CPcap", pkgConfig: "libpcap", providers: [.apt(["libpcap-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        .systemLibrary(name: "CSndfile", pkgConfig: "sndfile", providers: [.apt(["libsndfile1-dev"])]),
 
         // recvmmsg/sendmmsg, UDP GSO, epoll and eventfd for the relay sockets (Glibc hides
         // the multi-message calls behind _GNU_SOURCE; epoll_event is packed).
@@ -72,6 +74,15 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // The voice engine: codecs (Opus, Speex), the 8 kHz DSP chain (speexdsp), the
+        // adaptive jitter buffer with concealment and time-stretch, mixer, audio
+        // devices (WAV via libsndfile, generators, PortAudio loaded at run time), PCM taps.
+        // Knows nothing about sockets.
+        .target(
+            name: "Voice",
+            dependencies: ["COpus", "CSpeex", "CSpeexDSP", "CSndfile"],
+            swiftSettings: strict
+        ),
         // Capture reading (libpcap) and the interop checker behind `tusa interop`.
         .target(
             name: "TusaInterop",
@@ -81,7 +92,7 @@ let package = Package(
         .executableTarget(
             name: "tusa",
             dependencies: [
-                "STUN", "Transport", "TusaInterop", "Secure",
+                "STUN", "Transport", "TusaInterop", "Secure", "Voice",
                 "CSodium", "COpus", "CSpeex", "CSpeexDSP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -129,6 +140,21 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Voice benchmarks that need no timing harness: the jitter buffer's delay
+        // against speexdsp's and the hindsight best, echo return loss, CPU per call-second.
+        .executableTarget(
+            name: "voice-bench",
+            dependencies: [
+                "Voice", "CSpeexDSP", "COpus", "CSpeex",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "VoiceTests",
+            dependencies: ["Voice", "COpus", "CSpeex", "CSpeexDSP"],
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "STUNTests",
             dependencies: ["STUN"],
@@ -138,7 +164,7 @@ let package = Package(
         .testTarget(
             name: "InteropTests",
             dependencies: [
-                "STUN", "TusaInterop", "Transport", "Secure",
+                "STUN", "TusaInterop", "Transport", "Secure", "Voice",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

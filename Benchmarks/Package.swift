@@ -50,6 +50,17 @@ let package = Package(
             path: "Benchmarks/SecureMedia",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
+        // Allocations and time per voice frame through VoiceSender and VoiceReceiver:
+        // `swift package benchmark --target VoiceFrame`.
+        .executableTarget(
+            name: "VoiceFrame",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "Voice", package: "Tusa"),
+            ],
+            path: "Benchmarks/VoiceFrame",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
         // STUN codec per message against the bare HMAC / CRC calls: `swift package benchmark`.
         .executableTarget(
             name: "STUNCodec",

@@ -1,0 +1,20 @@
+/// A small deterministic generator (SplitMix64): generated noise, traces, rooms, tests.
+public struct SplitMix64: RandomNumberGenerator, Sendable {
+    public var state: UInt64
+
+    public init(seed: UInt64) { state = seed }
+    public init(state: UInt64) { self.state = state }
+
+    @inline(__always)
+    public mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    @inline(__always)
+    public mutating func uniform() -> Double { Double(next() >> 11) / Double(1 << 53) }
+}

@@ -1,0 +1,321 @@
+import Foundation
+import Testing
+@testable import Voice
+
+/// A decoder whose redundancy decode is recognisable (all samples 1234), for the FEC path.
+final class FakeFECDecoder: VoiceDecoder {
+    let inner: L16Decoder
+    var configuration: CodecConfiguration { inner.configuration }
+    var recoversFromNextPacket: Bool { true }
+    init(_ c: CodecConfiguration) { inner = L16Decoder(c) }
+    func decode(_ packet: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int { try inner.decode(packet, into: pcm) }
+    func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
+        for i in 0..<configuration.samplesPerFrame { pcm[i] = 1234 }
+        return configuration.samplesPerFrame
+    }
+    func conceal(into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int { try inner.conceal(into: pcm) }
+    func reset() { inner.reset() }
+}
+
+struct Harness {
+    static let codec = CodecConfiguration(sampleRate: 8000, frameDuration: .ms20)
+    static let spf = 160
+    let signal: [Int16]
+    let packets: [[UInt8]]
+
+    /// A 400 Hz tone, amplitude 8000 (never silent).
+    init(frames: Int, frequency: Double = 400) {
+        var s = [Int16](repeating: 0, count: frames * Self.spf)
+        for n in 0..<s.count { s[n] = Int16(8000 * sin(2 * Double.pi * frequency * Double(n) / 8000)) }
+        signal = s
+        let enc = L16Encoder(Self.codec)
+        var ps: [[UInt8]] = []
+        for i in 0..<frames {
+            var p = [UInt8](repeating: 0, count: 320)
+            s.withUnsafeBufferPointer { src in
+                p.withUnsafeMutableBytes { dst in
+                    _ = try? enc.encode(UnsafeBufferPointer(rebasing: src[(i * Self.spf)..<((i + 1) * Self.spf)]), into: dst)
+                }
+            }
+            ps.append(p)
+        }
+        packets = ps
+    }
+
+    /// Runs a schedule of (frame index, arrival ms) on a 20 ms pull clock for `ms` milliseconds.
+    func run(_ playout: any PlayoutBuffer, arrivals: [(Int, Double)], ms: Double, seq0: UInt16 = 0, ts0: UInt32 = 0, start: Double = 0) -> [Int16] {
+        let sorted = arrivals.sorted { $0.1 < $1.1 }
+        var out = [Int16](repeating: 0, count: Int(ms / 20) * Self.spf)
+        var next = 0
+        for k in 0..<Int(ms / 20) {
+            let t = start + Double(k) * 20
+            while next < sorted.count && sorted[next].1 <= t {
+                let (i, a) = sorted[next]
+                packets[i].withUnsafeBytes { raw in
+                    playout.insert(sequence: seq0 &+ UInt16(truncatingIfNeeded: i), timestamp: ts0 &+ UInt32(i * Self.spf),
+                                   payload: raw, arrivalNanoseconds: Int64(a * 1e6))
+                }
+                next += 1
+            }
+            out.withUnsafeMutableBufferPointer { o in
+                playout.pull(nowNanoseconds: Int64(t * 1e6), into: UnsafeMutableBufferPointer(rebasing: o[(k * Self.spf)..<((k + 1) * Self.spf)]))
+            }
+        }
+        return out
+    }
+
+    /// The offset at which `signal[range]` appears exactly in `out`, if any.
+    func find(_ out: [Int16], frames: Range<Int>) -> Int? {
+        let needle = Array(signal[(frames.lowerBound * Self.spf)..<(frames.upperBound * Self.spf)])
+        guard out.count >= needle.count else { return nil }
+        for off in 0...(out.count - needle.count) where out[off] == needle[0] && Array(out[off..<(off + needle.count)]) == needle { return off }
+        return nil
+    }
+}
+
+/// Frame i arriving 25 ms after its send time plus `extra`.
+func on(_ i: Int, _ extra: Double = 0) -> (Int, Double) {
+    let send: Double = Double(i) * 20
+    return (i, send + 25 + extra)
+}
+
+func maxJump(_ x: ArraySlice<Int16>) -> Int {
+    var m = 0
+    var prev: Int16? = nil
+    for v in x { if let p = prev { m = max(m, abs(Int(v) - Int(p))) }; prev = v }
+    return m
+}
+
+@Suite("Playout")
+struct PlayoutTests {
+    let h = Harness(frames: 200)
+    var noStretch: PlayoutConfiguration { PlayoutConfiguration(maximumStretch: 0) }
+
+    @Test func inOrderPlaysBitExact() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        let out = h.run(p, arrivals: (0..<200).map { on($0) }, ms: 4400)
+        #expect(h.find(out, frames: 0..<200) != nil)
+        let s = p.statistics
+        #expect(s.packetsPlayed == 200)
+        #expect(s.framesConcealed == 0 || s.concealedByCause.lost == 0)
+        #expect(s.latePackets == 0)
+    }
+
+    @Test func reorderWithinDelayPlaysInOrder() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(minimumDelayMilliseconds: 60, maximumStretch: 0))
+        let arrivals = (0..<200).map { i in on(i, i % 2 == 0 ? 25.0 : 0.0) }   // even frames after the odd ones
+        let out = h.run(p, arrivals: arrivals, ms: 4600)
+        #expect(h.find(out, frames: 0..<200) != nil)
+        #expect(p.statistics.latePackets == 0)
+    }
+
+    @Test func duplicatesIgnoredAndCounted() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        let arrivals = (0..<200).flatMap { i in [on(i), on(i, 2)] }
+        let out = h.run(p, arrivals: arrivals, ms: 4400)
+        #expect(h.find(out, frames: 0..<200) != nil)
+        #expect(p.statistics.duplicates == 200)
+    }
+
+    @Test func sequenceAndTimestampWrap() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        let out = h.run(p, arrivals: (0..<200).map { on($0) }, ms: 4400,
+                        seq0: 65530, ts0: UInt32.max - 160 * 5 + 1)
+        #expect(h.find(out, frames: 0..<200) != nil)
+        #expect(p.statistics.packetsPlayed == 200)
+    }
+
+    @Test func gapConcealsThenCrossFades() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        let out = h.run(p, arrivals: (0..<200).filter { $0 != 50 }.map { on($0) }, ms: 4400)
+        let s = p.statistics
+        #expect(s.framesConcealed >= 1)
+        #expect(s.lostPackets >= 1)
+        #expect(h.find(out, frames: 52..<200) != nil)   // frame 51's first half is cross-faded
+        let natural = maxJump(h.signal[...])
+        #expect(maxJump(out[...]) <= natural * 3)
+    }
+
+    @Test func fecUsedWhenDecoderRecovers() throws {
+        // A jittery path (every fourth packet 15 ms late): the missing packet is waited
+        // for, the next one arrives first, and the frame is rebuilt from its redundancy.
+        let p = try Playout(decoder: FakeFECDecoder(Harness.codec), configuration: noStretch)
+        let out = h.run(p, arrivals: (0..<200).filter { $0 != 50 }.map { on($0, $0 % 4 == 0 ? 15 : 0) }, ms: 4400)
+        #expect(p.statistics.framesRecoveredByFEC == 1)
+        #expect(out.indices.contains { i in i + 160 <= out.count && out[i..<(i + 160)].allSatisfy { $0 == 1234 } })
+    }
+
+    @Test func burstsOnASteadyPathAreConcealedOnceAndAddNoDelay() throws {
+        // Every packet 25 ms after its send time, bursts of 3 and 4 lost: the frames
+        // concealed while waiting stand in for the lost ones (not concealed twice), and
+        // what follows each burst plays at the same delay as what came before it.
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        let lost: Set<Int> = [60, 61, 62, 120, 121, 122, 123]
+        nonisolated(unsafe) var delays: [Int: Int64] = [:]   // frame -> play time minus send time (ns)
+        p.onPacketPlayed = { ts, playNs in delays[Int(ts) / Harness.spf] = playNs - Int64(ts) / 8 * 1_000_000 }
+        _ = h.run(p, arrivals: (0..<200).filter { !lost.contains($0) }.map { on($0) }, ms: 4400)
+        let s = p.statistics
+        #expect(s.concealedByCause.lost == lost.count, "\(s)")
+        #expect(s.lostPackets == lost.count, "\(s)")
+        #expect(delays.count == 200 - lost.count)
+        let first = try #require(delays[10])
+        #expect(delays.values.allSatisfy { $0 == first }, "delays: \(Set(delays.values).sorted())")
+    }
+
+    @Test(arguments: [(40, 5.0), (160, 20.0)])
+    func theFloorIsOnePullNotOneFrame(pull: Int, floor: Double) throws {
+        // Packets every 20 ms, 25 ms after sending, pulled `pull` samples at a time at an
+        // arbitrary phase: on a steady path each packet plays one pull after it arrives
+        // (not a frame), and nothing is concealed once playing.
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        nonisolated(unsafe) var waits: [Double] = []
+        p.onPacketPlayed = { ts, playNs in waits.append(Double(playNs) / 1e6 - (Double(ts) / 8 + 25)) }
+        var out = [Int16](repeating: 0, count: pull)
+        var next = 0
+        let step = Double(pull) / 8   // ms
+        var t = 3.7
+        while t < 4000 {
+            while next < 190 && Double(next) * 20 + 25 <= t {
+                h.packets[next].withUnsafeBytes { p.insert(sequence: UInt16(next), timestamp: UInt32(next * 160), payload: $0, arrivalNanoseconds: Int64((Double(next) * 20 + 25) * 1e6)) }
+                next += 1
+            }
+            out.withUnsafeMutableBufferPointer { p.pull(nowNanoseconds: Int64(t * 1e6), into: $0) }
+            t += step
+        }
+        let steady = Array(waits.dropFirst(5).prefix(150))
+        #expect(steady.count == 150)
+        #expect(steady.allSatisfy { $0 >= floor - 0.01 && $0 < floor + step + 0.01 }, "\(Set(steady.map { ($0 * 10).rounded() / 10 }))")
+        #expect(p.statistics.lostPackets == 0 && p.statistics.concealedByCause.lost == 0, "\(p.statistics)")
+    }
+
+    @Test func longOutageFadesToComfortNoise() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        _ = h.run(p, arrivals: (0..<200).filter { $0 < 50 || $0 >= 100 }.map { on($0) }, ms: 4400)
+        let s = p.statistics
+        #expect(s.framesComfortNoise >= 40)
+        #expect(s.interruptions == 1)
+        #expect(s.interruptionMilliseconds >= 900)
+    }
+
+    @Test func latePacketDiscardedAndCounted() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        _ = h.run(p, arrivals: (0..<200).map { on($0, $0 == 50 ? 500.0 : 0.0) }, ms: 4400)
+        #expect(p.statistics.latePackets == 1)
+        #expect(p.statistics.lateLossRate > 0)
+    }
+
+    @Test func singleSpikeDoesNotRaiseTargetForLong() throws {
+        let h = Harness(frames: 2000)
+        var rng = SplitMix64(seed: 7)
+        var arrivals: [(Int, Double)] = []
+        for i in 0..<2000 {
+            let send = Double(i) * 20
+            var a = send + 20 + rng.uniform() * 10
+            if send >= 10_000 && send < 10_300 { a = max(a, 10_300 + 20) }
+            arrivals.append((i, a))
+        }
+        let p = try Playout(decoder: L16Decoder(Harness.codec))
+        _ = h.run(p, arrivals: Array(arrivals.prefix(450)), ms: 9000)
+        let before = p.statistics.targetDelayMilliseconds
+        _ = h.run(p, arrivals: arrivals.filter { $0.1 > 9000 }, ms: 0)   // no-op helper call keeps types simple
+        let p2 = try Playout(decoder: L16Decoder(Harness.codec))
+        _ = h.run(p2, arrivals: Array(arrivals.prefix(1250)), ms: 25_000)   // 15 s after the spike
+        let after = p2.statistics.targetDelayMilliseconds
+        #expect(after <= before + 10, "target \(after) ms 15 s after one spike, \(before) ms before")
+    }
+
+    @Test func hardMaximumTriggersCatchUp() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(maximumDelayMilliseconds: 200))
+        // The path gets 300 ms faster after 2 s (a route change): measured against the new
+        // minimum transit, everything buffered is suddenly 300 ms late, above the maximum.
+        let arrivals = (0..<200).map { i -> (Int, Double) in
+            let send = Double(i) * 20
+            return (i, send < 2000 ? send + 325 : max(send + 25, 2325))
+        }
+        _ = h.run(p, arrivals: arrivals, ms: 4400)
+        let s = p.statistics
+        #expect(s.catchUps >= 1)
+        #expect(s.framesDroppedInCatchUp >= 5)
+        #expect(s.delayP95Milliseconds < 400)
+    }
+
+    /// Replays 3 minutes of a 5 ms-jitter trace with the given sender clock drift.
+    func driftRun(_ ppm: Double) throws -> TraceReplayResult {
+        let frames = 9000
+        let trace = NetworkTrace.generate(NetworkModel(baseDelayMilliseconds: 20, jitterMilliseconds: 5, clockDriftPPM: ppm),
+                                          packets: frames, frameMilliseconds: 20, seed: 3)
+        let packets = (0..<frames).map { i in h.packets[i % h.packets.count] }
+        let p = try Playout(decoder: L16Decoder(Harness.codec))
+        return TraceReplay.run(trace: trace, packets: packets, playout: p, samplesPerFrame: 160, sampleRate: 8000)
+    }
+
+    @Test func clockDriftStaysBounded() throws {
+        let base = try driftRun(0).statistics
+        for ppm in [1000.0, -1000.0] {
+            let r = try driftRun(ppm)
+            let s = r.statistics
+            // 1000 ppm is 180 ms over the run: the delay must not follow it.
+            #expect(s.delayP95Milliseconds < base.delayP95Milliseconds + 30, "\(ppm) ppm: \(s)")
+            // (End-to-end delay above minimum transit includes the drift itself, ~90 ms on average here: not asserted.)
+            // No constant underrun: concealment stays near the drift-free run's (the 0.95 quantile allows a few %).
+            #expect(s.framesConcealed <= base.framesConcealed * 3 / 2 + 20, "\(ppm) ppm: \(s.framesConcealed) vs \(base.framesConcealed) without drift")
+            #expect(s.framesConcealed < 9000 / 20, "\(ppm) ppm: \(s)")
+        }
+    }
+
+    @Test func rejectsBadConfiguration() {
+        #expect(throws: VoiceError.self) { try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(capacity: 1)) }
+        #expect(throws: VoiceError.self) { try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(frameDuration: .ms10)) }
+    }
+
+    @Test func speexBaselinePlaysInOrderStream() throws {
+        let p = try SpeexJitterPlayout(decoder: L16Decoder(Harness.codec))
+        let out = h.run(p, arrivals: (0..<200).map { on($0) }, ms: 4400)
+        #expect(h.find(out, frames: 10..<190) != nil)
+    }
+}
+
+@Suite("L16")
+struct L16Tests {
+    @Test func roundTripIsExactAndBigEndian() throws {
+        let c = CodecConfiguration(frameDuration: .ms20)
+        let pcm: [Int16] = (0..<160).map { Int16(truncatingIfNeeded: $0 * 397 - 30000) }
+        var packet = [UInt8](repeating: 0, count: 320)
+        let n = try pcm.withUnsafeBufferPointer { src in
+            try packet.withUnsafeMutableBytes { dst in try L16Encoder(c).encode(src, into: dst) }
+        }
+        #expect(n == 320)
+        #expect(packet[0] == UInt8(UInt16(bitPattern: pcm[0]) >> 8))
+        var back = [Int16](repeating: 0, count: 160)
+        let d = L16Decoder(c)
+        _ = try packet.withUnsafeBytes { raw in
+            try back.withUnsafeMutableBufferPointer { o in try d.decode(raw, into: o) }
+        }
+        #expect(back == pcm)
+        #expect(throws: VoiceError.self) {
+            try [UInt8](repeating: 0, count: 3).withUnsafeBytes { raw in
+                try back.withUnsafeMutableBufferPointer { o in try d.decode(raw, into: o) }
+            }
+        }
+    }
+
+    @Test func theFactoryRefusesRatesL16CannotCarry() {
+        #expect(throws: VoiceError.self) { _ = try makeEncoder(CodecConfiguration(kind: .l16, sampleRate: 0)) }
+        #expect(throws: VoiceError.self) { _ = try makeDecoder(CodecConfiguration(kind: .l16, sampleRate: 1_000_000)) }
+        #expect((try? makeDecoder(CodecConfiguration(kind: .l16, sampleRate: 16_000))) != nil)
+    }
+}
+
+@Suite("Playout resync")
+struct PlayoutResyncTests {
+    @Test func timestampJumpAfterSilenceResyncs() throws {
+        let h = Harness(frames: 200)
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(maximumStretch: 0))
+        // Frames 0..<100 with their own timestamps, then frames 100..<200 with timestamps 10 minutes later.
+        var out = h.run(p, arrivals: (0..<100).map { on($0) }, ms: 2400)
+        let jump = UInt32(8000 * 600)
+        out += h.run(p, arrivals: (100..<200).map { i in (i, Double(i) * 20 + 25 + 1000) }, ms: 4000, ts0: jump, start: 2400)
+        #expect(h.find(out, frames: 110..<190) != nil)
+        #expect(p.statistics.packetsPlayed >= 190)
+    }
+}
