@@ -13,6 +13,8 @@ let package = Package(
         .library(name: "Secure", targets: ["Secure"]),
         .library(name: "TusaInterop", targets: ["TusaInterop"]),
         .library(name: "Voice", targets: ["Voice"]),
+        .library(name: "Rendezvous", targets: ["Rendezvous"]),
+        .library(name: "Call", targets: ["Call"]),
         .executable(name: "tusa", targets: ["tusa"]),
     ],
     dependencies: [
@@ -56,12 +58,26 @@ let package = Package(
             dependencies: ["CSodium", "STUN"],
             swiftSettings: strict
         ),
+        // Sans-IO rendezvous (signaling): registration by public key, lookups, payloads
+        // sealed end to end between peers, TURN REST credentials for registered peers.
+        .target(
+            name: "Rendezvous",
+            dependencies: ["Secure", "STUN"],
+            swiftSettings: strict
+        ),
+        // The call layer: signaling through the rendezvous + path + secure session +
+        // the voice pipeline on a real-time clock; statistics and the quality report.
+        .target(
+            name: "Call",
+            dependencies: ["Transport", "Secure", "Voice", "Rendezvous", "STUN"],
+            swiftSettings: strict
+        ),
         // SwiftNIO drivers hosting the sans-IO cores; the relay service, its
         // metrics endpoint and its config-file reader.
         .target(
             name: "Transport",
             dependencies: [
-                "STUN", "Secure", "CRelayIO",
+                "STUN", "Secure", "CRelayIO", "Rendezvous",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -92,7 +108,7 @@ let package = Package(
         .executableTarget(
             name: "tusa",
             dependencies: [
-                "STUN", "Transport", "TusaInterop", "Secure", "Voice",
+                "STUN", "Transport", "TusaInterop", "Secure", "Voice", "Rendezvous", "Call",
                 "CSodium", "COpus", "CSpeex", "CSpeexDSP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -140,6 +156,17 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Calls on loopback: dial to first audio and mouth-to-ear delay over a real
+        // rendezvous and secure UDP, against the voice pipeline's own floor.
+        .executableTarget(
+            name: "call-bench",
+            dependencies: [
+                "Call", "Transport", "Rendezvous", "Secure", "STUN", "Voice",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict
+        ),
         // Voice benchmarks that need no timing harness: the jitter buffer's delay
         // against speexdsp's and the hindsight best, echo return loss, CPU per call-second.
         .executableTarget(
@@ -156,6 +183,11 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(
+            name: "RendezvousTests",
+            dependencies: ["Rendezvous", "Secure", "STUN"],
+            swiftSettings: strict
+        ),
+        .testTarget(
             name: "STUNTests",
             dependencies: ["STUN"],
             exclude: ["FuzzCrashes"],
@@ -164,7 +196,7 @@ let package = Package(
         .testTarget(
             name: "InteropTests",
             dependencies: [
-                "STUN", "TusaInterop", "Transport", "Secure", "Voice",
+                "STUN", "TusaInterop", "Transport", "Secure", "Rendezvous", "Call", "Voice",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

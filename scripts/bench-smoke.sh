@@ -36,3 +36,26 @@ swift build --product secure-bench >"$work/build.log" 2>&1 || { cat "$work/build
 line=$("$(swift build --show-bin-path)/secure-bench" --seconds 0.3)
 echo "$line" | sed 's/^/bench-smoke: /'
 grep -q "secure / plain" <<<"$line" && ! grep -q "payloads: 0 packets/s" <<<"$line" || { echo "bench-smoke: secure-bench FAILED"; exit 1; }
+
+# The voice engine: a few seconds of each voice benchmark in a debug build (the
+# figures mean nothing here; the runs must complete and report), and make
+# quality's tooling on two utterances.
+swift build --product voice-bench >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+vb="$(swift build --show-bin-path)/voice-bench"
+"$vb" jitter --seeds 1 --seconds 10 >"$work/jitter.md" && grep -q "^- spiky" "$work/jitter.md" \
+  || { cat "$work/jitter.md"; echo "bench-smoke: voice-bench jitter FAILED"; exit 1; }
+"$vb" echo --seconds 6 >"$work/echo.md" && grep -q "ERLE" "$work/echo.md" \
+  || { cat "$work/echo.md"; echo "bench-smoke: voice-bench echo FAILED"; exit 1; }
+"$vb" cpu --seconds 2 --rounds 1 >"$work/cpu.md" && grep -q "calls per core" "$work/cpu.md" \
+  || { cat "$work/cpu.md"; echo "bench-smoke: voice-bench cpu FAILED"; exit 1; }
+echo "bench-smoke: voice-bench jitter, echo and cpu ran"
+TUSA="$TUSA" bash scripts/quality.sh --quick | sed 's/^/bench-smoke: /'
+
+# Calls: two short real calls on loopback in one process (20 and 10 ms frames);
+# call-bench exits non-zero if a call fails (its delay verdicts mean little in a
+# debug build on a busy machine, so only completion and the report are checked).
+swift build --product call-bench >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+"$(swift build --show-bin-path)/call-bench" 2 >"$work/call.md" 2>/dev/null || true
+grep -q "^| 20 ms | [0-9]" "$work/call.md" && grep -q "^| 10 ms | [0-9]" "$work/call.md" \
+  || { cat "$work/call.md"; echo "bench-smoke: call-bench FAILED"; exit 1; }
+sed 's/^/bench-smoke: /' "$work/call.md"

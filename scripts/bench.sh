@@ -9,6 +9,11 @@
 #  4. Encrypted transport: seal+open per voice packet against the bare libsodium
 #     calls (SecureMedia); handshakes/s, the responder's cost under a flood, and
 #     sealed packets/s through the NIO driver against plain NIO UDP (secure-bench).
+#  5. Voice: the jitter buffer's delay against speexdsp's and the hindsight best,
+#     echo return loss, CPU per call-second against the bare library calls
+#     (voice-bench), and PESQ under loss against a speexdsp baseline (quality.sh).
+#  6. Calls: dial to first audio and stack-added mouth-to-ear delay through real
+#     calls on loopback (call-bench).
 # Results go to standard output and out/bench/; BENCHMARKS.md keeps the latest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,3 +37,23 @@ echo "== Encrypted transport: handshakes, flood, NIO driver (Sources/secure-benc
 swift build -c release --product secure-bench >out/bench/secure-build.log 2>&1 \
   || { cat out/bench/secure-build.log; exit 1; }
 "$(swift build -c release --show-bin-path)/secure-bench" --seconds 5 2>&1 | tee out/bench/secure.md
+echo
+echo "== Voice: jitter-buffer delay, echo canceller, CPU per call-second (Sources/voice-bench)"
+swift build -c release --product voice-bench >out/bench/voice-build.log 2>&1 \
+  || { cat out/bench/voice-build.log; exit 1; }
+vb="$(swift build -c release --show-bin-path)/voice-bench"
+"$vb" jitter 2>&1 | tee out/bench/voice-jitter.md
+"$vb" echo 2>&1 | tee out/bench/voice-echo.md
+"$vb" cpu 2>&1 | tee out/bench/voice-cpu.md
+echo "== Voice: allocations per frame through VoiceSender and VoiceReceiver (swift package --package-path Benchmarks benchmark --target VoiceFrame)"
+swift package --package-path Benchmarks --disable-sandbox benchmark --target VoiceFrame \
+  --format markdown --no-progress 2>&1 | tee out/bench/voice-frame.md
+echo
+echo "== Voice quality: PESQ under loss (scripts/quality.sh, also make quality)"
+TUSA="$TUSA" bash scripts/quality.sh
+echo
+echo "== Calls: dial to first audio, mouth-to-ear (Sources/call-bench)"
+swift build -c release --product call-bench >out/bench/call-build.log 2>&1 \
+  || { cat out/bench/call-build.log; exit 1; }
+# (a missed target is reported in the table, not a reason to stop the other benchmarks)
+"$(swift build -c release --show-bin-path)/call-bench" 10 2>/dev/null | tee out/bench/call.md || true

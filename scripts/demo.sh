@@ -1,14 +1,69 @@
 #!/usr/bin/env bash
-# `make demo` (until calls exist): start `tusa relay` on loopback, ask it for
-# the mapped address with `tusa stun`, classify the (absent) NAT with RFC 5780
-# discovery against a relay with an alternate address, relay packets through a
-# TURN allocation with `tusa turn`, check the shared interop
-# corpus with `tusa interop check`, and stop every relay cleanly.
+# `make demo`: an end-to-end encrypted call on loopback. Starts `tusa relay`
+# with its rendezvous, `tusa answer` writing what it hears to a WAV file, and
+# `tusa call` playing real speech (Debian's pocketsphinx-testdata) to it;
+# prints both call reports, the PESQ score of the received speech (when the
+# .venv has pesq) and where the files are. IMPAIR="loss=10%,jitter=30ms" runs
+# the same call over the project's own network impairment layer (both ways).
+# Then the relay's other jobs: `tusa stun`, RFC 5780 behaviour discovery, a
+# TURN allocation with `tusa turn`, and `tusa interop check` of the shared
+# corpus. Every process started is stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-echo "== tusa relay on loopback"
+SPEECH=${SPEECH:-/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav}
+IMPAIR=${IMPAIR:-}
+out=out/demo
+mkdir -p "$out"
+impair=()
+[ -n "$IMPAIR" ] && impair=(--impair "$IMPAIR")
+
+echo "== an encrypted call on loopback: tusa relay (rendezvous), tusa answer, tusa call${IMPAIR:+ (impaired: $IMPAIR)}"
+start_relay call --listen 127.0.0.1:0 --rendezvous-port 0
+rendezvous=$(sed -n 's/^rendezvous tcp \(.*\)$/\1/p' "$work/call.out" | head -1)
+for _ in $(seq 100); do
+  [ -n "$rendezvous" ] && break
+  sleep 0.05
+  rendezvous=$(sed -n 's/^rendezvous tcp \(.*\)$/\1/p' "$work/call.out" | head -1)
+done
+[ -n "$rendezvous" ] || { echo "tusa relay did not report its rendezvous" >&2; exit 1; }
+echo "   relay on 127.0.0.1:$PORT, rendezvous on $rendezvous"
+"$TUSA" answer --rendezvous "$rendezvous" --out "$out/heard.wav" --timeout 30 --quiet "${impair[@]}" \
+  >"$out/answer.txt" 2>"$work/answer.log" &
+answer_pid=$!
+pids+=($answer_pid)
+key=""
+for _ in $(seq 200); do
+  key=$(sed -n 's/^answering as \(.*\)$/\1/p' "$out/answer.txt" | head -1)
+  [ -n "$key" ] && break
+  kill -0 "$answer_pid" 2>/dev/null || { cat "$work/answer.log"; exit 1; }
+  sleep 0.05
+done
+[ -n "$key" ] || { echo "tusa answer did not register" >&2; exit 1; }
+echo "   callee registered as $key"
+echo "   calling it with $(basename "$SPEECH") ..."
+"$TUSA" call "$key" --rendezvous "$rendezvous" --in "$SPEECH" --quiet "${impair[@]}" >"$out/call.txt"
+wait "$answer_pid"
+rest=(); for p in "${pids[@]}"; do [ "$p" != "$answer_pid" ] && rest+=("$p"); done; pids=("${rest[@]}")
+echo "-- caller's report"
+sed 's/^/   /' "$out/call.txt"
+echo "-- callee's report"
+sed -n '/^call with/,$p' "$out/answer.txt" | sed 's/^/   /'
+"$TUSA" voice simulate --in "$SPEECH" --out "$out/sent-8k.wav" --codec l16 --playout ideal >/dev/null
+if [ -x .venv/bin/python ] && .venv/bin/python -c "import pesq, numpy" 2>/dev/null; then
+  .venv/bin/python - "$out/sent-8k.wav" "$out/heard.wav" <<'PY'
+import sys
+sys.path.insert(0, "scripts")
+from quality import score
+print(f"   PESQ (P.862 narrowband) of what the callee heard against what was sent: {score(sys.argv[1], sys.argv[2]):.2f}")
+PY
+else
+  echo "   (PESQ skipped: .venv with pesq not installed; make test installs it)"
+fi
+echo "   files: $out/heard.wav (what the callee heard), $out/sent-8k.wav (what was sent, 8 kHz), $out/call.txt, $out/answer.txt"
+
+echo "== tusa relay on loopback: STUN, behaviour discovery, TURN, interop"
 start_relay plain --listen 127.0.0.1:0
 echo "   listening on 127.0.0.1:$PORT (UDP and TCP)"
 echo "== tusa stun 127.0.0.1:$PORT"

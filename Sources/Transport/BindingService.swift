@@ -138,7 +138,7 @@ public final class BindingService: Service, Sendable {
     public let configuration: Configuration
     private let logger: Logger
     private let totals = StatisticsBox()
-    private let bound = Rendezvous<[BoundSocket]>()
+    private let bound = BoundResult<[BoundSocket]>()
     private let started = NIOLockedValueBox(false)
     private let turnLanes = NIOLockedValueBox<TURNLanes?>(nil)
     private let tlsContext = NIOLockedValueBox<NIOSSLContext?>(nil)
@@ -676,7 +676,7 @@ final class StatisticsBox: Sendable {
 
 /// Hands one result (the bound sockets, or the bind error) to every caller of
 /// ``wait()``, now or later; a waiter can be cancelled.
-final class Rendezvous<Value: Sendable>: Sendable {
+final class BoundResult<Value: Sendable>: Sendable {
     private typealias Waiter = CheckedContinuation<Value, any Error>
 
     private struct State {

@@ -19,7 +19,7 @@ public final class MetricsEndpoint: Service, Sendable {
     public let refreshInterval: Duration
     private let refresh: @Sendable () async -> Void
     private let logger: Logger
-    private let bound = Rendezvous<TransportAddress>()
+    private let bound = BoundResult<TransportAddress>()
 
     /// Connections that say nothing for this long are closed.
     static let idleTimeout: TimeAmount = .seconds(30)

@@ -238,6 +238,18 @@ public final class SecureUDPEndpoint: Sendable {
         _ = try await onLoop { $0.relayed.insert(address) }
     }
 
+    /// Impairs outgoing media from now on (tests and demos; the CI kernel has no netem):
+    /// `decide` is called once per sealed media datagram and returns nil to drop it or
+    /// the delay to add (packets may then overtake each other, as jitter does).
+    public func impairMedia(_ decide: @escaping @Sendable () -> Duration?) async {
+        _ = try? await onLoop { $0.mediaImpairment = decide }
+    }
+
+    /// The round-trip time to the peer, from its control reports' echoes (nil until known).
+    public func roundTripTime(of peer: PeerID) async -> Duration? {
+        (try? await onLoop { $0.core.roundTripTime(of: peer) }) ?? nil
+    }
+
     public func statistics() async throws(SecureTransportError) -> SecureStatistics {
         try await onLoop { $0.core.statistics }
     }
@@ -284,6 +296,8 @@ final class SecureEngine {
     private var turnServer: TransportAddress?
     /// Peer addresses reached through the relay.
     var relayed: Set<TransportAddress> = []
+    /// Decides the fate of each outgoing media datagram: nil drops it, else its added delay.
+    var mediaImpairment: (@Sendable () -> Duration?)?
 
     init(
         core: SecureEndpoint, channel: Channel, continuation: AsyncStream<SecureUDPEvent>.Continuation,
@@ -374,7 +388,24 @@ final class SecureEngine {
         } catch {
             unsent += 1
         }
-        if let destination { write(buffer, to: destination) }
+        if let destination {
+            if let impair = mediaImpairment {
+                // The project's impairment layer: after sealing (the sequence number is
+                // spent, so the receiver sees the loss), before the socket.
+                guard let delay = impair() else { return }   // dropped
+                if delay > .zero {
+                    let engine = NIOLoopBound(self, eventLoop: channel.eventLoop), late = buffer
+                    channel.eventLoop.scheduleTask(in: .nanoseconds(delay.nanoseconds)) {
+                        engine.value.write(late, to: destination)
+                        engine.value.flush()
+                    }
+                } else {
+                    write(buffer, to: destination)
+                }
+            } else {
+                write(buffer, to: destination)
+            }
+        }
         // Sealing may have started a handshake (no keys yet, or a rekey due): send it, arm its timer.
         if core.hasOutputs { pump(flush: false) }
     }

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import STUN
 import ServiceLifecycle
+import Rendezvous
 import Transport
 
 #if canImport(Glibc)
@@ -192,6 +193,11 @@ struct Relay: AsyncParsableCommand {
     @Option(name: .customLong("prometheus-address"), help: ArgumentHelp("IP of the metrics endpoint.", valueName: "ip"))
     var prometheusAddress = "127.0.0.1"
 
+    // Rendezvous (signaling for `tusa call`).
+
+    @Option(name: .customLong("rendezvous-port"), help: "Serve the rendezvous (peers register by public key and exchange sealed call offers) on this TCP port of the first listen address (0: any free port). Registered peers get TURN REST-API credentials when --static-auth-secret is set. Off unless given.")
+    var rendezvousPort: UInt16?
+
     func run() async throws {
         var relay = self
         if let config {
@@ -262,7 +268,10 @@ struct Relay: AsyncParsableCommand {
 
         let service = BindingService(configuration: configuration, logger: logger)
         let metrics = metricsAddress.map { MetricsEndpoint.serving(service, on: $0, logger: logger) }
-        let services: [any Service] = [service] + (metrics.map { [$0] } ?? [])
+        let rendezvous = rendezvousPort.map { port in
+            makeRendezvous(port: port, configuration: configuration, service: service, logger: logger)
+        }
+        let services: [any Service] = [service] + (metrics.map { [$0] } ?? []) + (rendezvous.map { [$0] } ?? [])
         let group = ServiceGroup(
             configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         do {
@@ -273,6 +282,9 @@ struct Relay: AsyncParsableCommand {
                     if let metrics {
                         let address = try await metrics.boundAddress()
                         print("metrics http://\(address)/metrics")
+                    }
+                    if let rendezvous {
+                        print("rendezvous tcp \(try await rendezvous.boundAddress())")
                     }
                     fflush(nil)  // every line out before anyone waits on it
                 }
@@ -289,6 +301,31 @@ struct Relay: AsyncParsableCommand {
         }
         print("stopped: \(service.statistics)")
         fflush(nil)
+    }
+
+    /// The rendezvous on the first listen address; with REST secrets, registered peers
+    /// get credentials (the first secret) for the relay's own TURN sockets.
+    private func makeRendezvous(port: UInt16, configuration: BindingService.Configuration, service: BindingService,
+                                logger: Logger) -> RendezvousService {
+        let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
+        var core = RendezvousServerConfiguration()
+        if let turn = configuration.turn, let secret = turn.credentials.restSecrets.first {
+            core.turn = TURNIssuer(secret: secret, uris: [])
+        }
+        let external = configuration.turn?.externalIP ?? [:]
+        return RendezvousService(address: TransportAddress(ip: ip, port: port), configuration: core, turnURIs: {
+            try await service.boundSockets().compactMap { socket -> String? in
+                let kind: String
+                switch socket.kind {
+                case .udp: kind = "udp"
+                case .tcp: kind = "tcp"
+                default: return nil
+                }
+                var address = socket.address
+                if let advertised = external[address.ip.family] { address = TransportAddress(ip: advertised, port: address.port) }
+                return "turn:\(address)?transport=\(kind)"
+            }
+        }, logger: logger)
     }
 
     private struct ConfigurationProblem: Error {

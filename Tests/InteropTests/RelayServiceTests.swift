@@ -373,7 +373,9 @@ struct RelayServiceTests {
 /// then shuts the group down gracefully and expects it to be done well before
 /// the 30 s TCP idle timeout could have closed anything (10 s: a bound that
 /// tells "closes its connections" from "waits for them", not a speed test;
-/// under a loaded CI machine shutdown has taken 3 s).
+/// under a loaded CI machine shutdown has taken 3 s). The hard timeouts around
+/// start and stop are wider (20 s) so that a stalled machine reads as a failed
+/// expectation with its duration, not as a bare "timed out".
 private func withBindingService(
     _ configuration: BindingService.Configuration,
     _ body: (BindingService, [BoundSocket]) async throws -> Void
@@ -382,7 +384,7 @@ private func withBindingService(
     let group = ServiceGroup(configuration: .init(services: [service], logger: quietLogger))
     let running = Task { try await group.run() }
     do {
-        let sockets = try await withTimeout(5) { try await service.boundSockets() }
+        let sockets = try await withTimeout(20) { try await service.boundSockets() }
         try await body(service, sockets)
     } catch {
         running.cancel()
@@ -392,7 +394,7 @@ private func withBindingService(
     let clock = ContinuousClock()
     let start = clock.now
     await group.triggerGracefulShutdown()
-    try await withTimeout(5) { try await running.value }
+    try await withTimeout(20) { try await running.value }
     #expect(start.duration(to: clock.now) < .seconds(10), "graceful shutdown took too long")
 }
 

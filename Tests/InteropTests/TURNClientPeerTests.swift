@@ -30,18 +30,27 @@ struct TURNClientPeerTests {
                 ] + extra)
             }, "turnserver did not start")
         defer { server.stop(signal: SIGKILL) }
-        // turnutils_peer binds PORT and PORT+1.
-        let peerPort = Harness.freePortPair()
-        let peer = try Harness.Background(try #require(Harness.which("turnutils_peer")), ["-L", "127.0.0.1", "-p", "\(peerPort)"])
-        defer { peer.stop(signal: SIGKILL) }
-        let bound = try await blocking { () -> Bool in
-            for _ in 0..<100 {
-                if !Harness.isFree(ip: "127.0.0.1", port: peerPort) { return true }
-                usleep(20_000)
+        // turnutils_peer binds PORT and PORT+1. A port found free can be taken by another
+        // test's ephemeral socket before the peer binds it: then it exits at once, and
+        // another pair is tried.
+        let tool = try #require(Harness.which("turnutils_peer"))
+        var started: (Harness.Background, UInt16)?
+        var failures: [String] = []
+        for _ in 0..<5 where started == nil {
+            let peerPort = Harness.freePortPair()
+            let peer = try Harness.Background(tool, ["-L", "127.0.0.1", "-p", "\(peerPort)"])
+            let bound = try await blocking { () -> Bool in
+                for _ in 0..<100 {
+                    if !peer.process.isRunning { return false }
+                    if !Harness.isFree(ip: "127.0.0.1", port: peerPort) { usleep(50_000); return peer.process.isRunning }
+                    usleep(20_000)
+                }
+                return false
             }
-            return false
+            if bound { started = (peer, peerPort) } else { failures.append("\(peerPort): \(peer.stderr)"); peer.stop(signal: SIGKILL) }
         }
-        try #require(bound, "turnutils_peer did not bind \(peerPort): \(peer.stderr)")
+        let (peer, peerPort) = try #require(started, "turnutils_peer did not bind: \(failures)")
+        defer { peer.stop(signal: SIGKILL) }
         try await body(port, peerPort)
     }
 

@@ -108,6 +108,13 @@ final class TestSocket: @unchecked Sendable {
         }
     }
 
+    /// One rendezvous frame (2-byte length, body) off the stream, nil on EOF or after `timeout` seconds.
+    func readLengthPrefixed(timeout: Double) throws -> [UInt8]? {
+        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
+        guard let header = try read(exactly: 2, deadline: deadline) else { return nil }
+        return try read(exactly: Int(header[0]) << 8 | Int(header[1]), deadline: deadline)
+    }
+
     /// One STUN message off the stream, nil on EOF or after `timeout` seconds.
     func readFrame(timeout: Double) throws -> [UInt8]? {
         let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)

@@ -1,0 +1,59 @@
+import Synchronization
+import Voice
+
+/// The project's own network impairment for live calls (the CI kernel has no
+/// netem): outgoing media packets are dropped and delayed by a generated trace
+/// (`NetworkModel`: Gilbert–Elliott loss, jitter, spikes), so `make demo
+/// IMPAIR="loss=10%,jitter=30ms"` runs a real call over a bad network.
+public struct Impairment: Sendable, Equatable {
+    public var model: NetworkModel
+    public var seed: UInt64
+
+    /// Parses `loss=10%,burst=3,jitter=30ms,delay=20ms,spike=300ms/10s,seed=7` (any subset, any order).
+    public init(parsing text: String) throws(CallError) {
+        var model = NetworkModel(baseDelayMilliseconds: 0)
+        var seed: UInt64 = 1
+        for part in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) where !part.isEmpty {
+            let kv = part.split(separator: "=", maxSplits: 1).map(String.init)
+            guard kv.count == 2 else { throw .malformed("impairment '\(part)' is not NAME=VALUE") }
+            let (name, value) = (kv[0].lowercased(), kv[1].lowercased())
+            func number(_ v: String, _ suffix: String) throws(CallError) -> Double {
+                let digits = v.hasSuffix(suffix) ? String(v.dropLast(suffix.count)) : v
+                guard let d = Double(digits), d.isFinite, d >= 0 else { throw .malformed("impairment \(name)=\(value): not a number") }
+                return d
+            }
+            switch name {
+            case "loss":
+                let p = try number(value, "%")
+                guard p <= 100 else { throw .malformed("impairment loss=\(value): at most 100%") }
+                model.lossRate = p / 100
+            case "burst": model.meanBurstLength = max(1, try number(value, ""))
+            case "jitter": model.jitterMilliseconds = try number(value, "ms")
+            case "delay": model.baseDelayMilliseconds = try number(value, "ms")
+            case "spike":
+                let sides = value.split(separator: "/").map(String.init)
+                guard sides.count == 2 else { throw .malformed("impairment spike=\(value): use SIZEms/INTERVALs") }
+                model.spikeMilliseconds = try number(sides[0], "ms")
+                model.spikeIntervalSeconds = try number(sides[1], "s")
+            case "seed": seed = UInt64(try number(value, ""))
+            default: throw .malformed("unknown impairment '\(name)' (loss, burst, jitter, delay, spike, seed)")
+            }
+        }
+        self.model = model
+        self.seed = seed
+    }
+
+    /// The per-datagram decision for `SecureUDPEndpoint.impairMedia`: walks a generated
+    /// trace (10 minutes of frames, then again), nil for a lost packet, else its delay.
+    public func decider(frameMilliseconds: Int) -> @Sendable () -> Duration? {
+        let trace = NetworkTrace.generate(model, packets: 600_000 / frameMilliseconds, frameMilliseconds: frameMilliseconds, seed: seed)
+        let entries = trace.entries
+        let index = Mutex(0)
+        return {
+            guard !entries.isEmpty else { return .zero }
+            let e = entries[index.withLock { i in defer { i += 1 }; return i % entries.count }]
+            guard let arrival = e.arrivalMilliseconds else { return nil }
+            return .microseconds(Int64(max(0, arrival - e.sendMilliseconds) * 1000))
+        }
+    }
+}

@@ -1,0 +1,195 @@
+import Foundation
+import Secure
+
+/// TURN credentials the rendezvous hands a registered peer: coturn's REST-API
+/// scheme (username `EXPIRY:KEYID`, password base64(HMAC-SHA1(secret, username))),
+/// valid until `expiry` (Unix seconds) on the relay's TURN service.
+public struct TURNGrant: Codable, Equatable, Sendable {
+    public var username: String
+    public var password: String
+    /// Unix seconds after which the relay refuses them.
+    public var expiry: UInt64
+    /// Where to use them, e.g. `turn:198.51.100.7:3478?transport=udp`.
+    public var uris: [String]
+
+    public init(username: String, password: String, expiry: UInt64, uris: [String]) {
+        self.username = username; self.password = password; self.expiry = expiry; self.uris = uris
+    }
+}
+
+/// Why the rendezvous refused something. The raw values travel on the wire.
+public enum RendezvousErrorCode: String, Codable, Sendable, CaseIterable {
+    /// The frame is not a rendezvous message (bad JSON, missing or wrong fields).
+    case malformed
+    /// The frame is longer than `RendezvousFrame.maximumLength`.
+    case tooLarge = "too-large"
+    /// The request needs a registration first.
+    case notRegistered = "not-registered"
+    /// The registration proof does not match the key.
+    case badProof = "bad-proof"
+    /// This connection already registered.
+    case alreadyRegistered = "already-registered"
+    /// A newer connection registered the same key; this one is closed.
+    case replaced
+    /// The peer was registered lately but is not now.
+    case offline
+    /// No peer with this key has registered lately.
+    case unknownPeer = "unknown-peer"
+    /// Too many requests from this connection; it is closed.
+    case rateLimited = "rate-limited"
+    /// Registration took too long, or the connection idled out.
+    case timeout
+    /// The server holds too many connections.
+    case full
+}
+
+/// One rendezvous message. Binary fields travel as base64 in JSON objects, one per
+/// frame (`RendezvousFrame`): `{"type":"hello","challenge":"…","key":"…"}`.
+public enum RendezvousMessage: Equatable, Sendable {
+    /// Server → client, first: a registration challenge and the server's per-connection key.
+    case hello(challenge: [UInt8], serverKey: PublicKey)
+    /// Client → server: register under `key`; `proof` shows the client holds its private half.
+    case register(key: PublicKey, proof: [UInt8])
+    /// Server → client: registered; TURN credentials when the relay serves TURN with a secret.
+    case registered(turn: TURNGrant?)
+    /// Client → server: is this peer online? (`id` comes back in the answer.)
+    case lookup(id: UInt32, key: PublicKey)
+    /// Server → client: the answer to `lookup`.
+    case lookupResult(id: UInt32, key: PublicKey, online: Bool)
+    /// Client → server: deliver a sealed payload to `to`.
+    case send(id: UInt32, to: PublicKey, sealed: [UInt8])
+    /// Server → client: delivered (the answer to `send`).
+    case sent(id: UInt32)
+    /// Server → client: a sealed payload from `from`.
+    case deliver(from: PublicKey, sealed: [UInt8])
+    /// Server → client: a refusal; `id` names the request when there was one.
+    case error(code: RendezvousErrorCode, detail: String, id: UInt32?)
+    /// Keepalive, either way; answered with `pong`.
+    case ping
+    case pong
+
+    private struct Wire: Codable {
+        var type: String
+        var id: UInt32?
+        var key: String?
+        var challenge: String?
+        var proof: String?
+        var to: String?
+        var from: String?
+        var sealed: String?
+        var online: Bool?
+        var code: String?
+        var detail: String?
+        var turn: TURNGrant?
+    }
+
+    public func encode() -> [UInt8] {
+        var w = Wire(type: "")
+        switch self {
+        case .hello(let c, let k): w.type = "hello"; w.challenge = b64(c); w.key = k.base64
+        case .register(let k, let p): w.type = "register"; w.key = k.base64; w.proof = b64(p)
+        case .registered(let t): w.type = "registered"; w.turn = t
+        case .lookup(let id, let k): w.type = "lookup"; w.id = id; w.key = k.base64
+        case .lookupResult(let id, let k, let o): w.type = "lookup-result"; w.id = id; w.key = k.base64; w.online = o
+        case .send(let id, let to, let s): w.type = "send"; w.id = id; w.to = to.base64; w.sealed = b64(s)
+        case .sent(let id): w.type = "sent"; w.id = id
+        case .deliver(let f, let s): w.type = "deliver"; w.from = f.base64; w.sealed = b64(s)
+        case .error(let c, let d, let id): w.type = "error"; w.code = c.rawValue; w.detail = d; w.id = id
+        case .ping: w.type = "ping"
+        case .pong: w.type = "pong"
+        }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return (try? Array(encoder.encode(w))) ?? []   // encoding plain strings and numbers cannot fail
+    }
+
+    public init(decoding frame: [UInt8]) throws(RendezvousError) {
+        let w: Wire
+        do { w = try JSONDecoder().decode(Wire.self, from: Data(frame)) } catch {
+            throw .malformed("not a rendezvous message (JSON object with a \"type\")")
+        }
+        func need<T>(_ v: T?, _ name: String) throws(RendezvousError) -> T {
+            guard let v else { throw .malformed("\(w.type): missing \"\(name)\"") }
+            return v
+        }
+        func key(_ s: String?, _ name: String) throws(RendezvousError) -> PublicKey {
+            let s = try need(s, name)
+            guard let k = PublicKey(base64: s) else { throw .malformed("\(w.type): \"\(name)\" is not a 32-byte base64 key") }
+            return k
+        }
+        func bytes(_ s: String?, _ name: String) throws(RendezvousError) -> [UInt8] {
+            let s = try need(s, name)
+            guard let d = Data(base64Encoded: s) else { throw .malformed("\(w.type): \"\(name)\" is not base64") }
+            return Array(d)
+        }
+        switch w.type {
+        case "hello": self = .hello(challenge: try bytes(w.challenge, "challenge"), serverKey: try key(w.key, "key"))
+        case "register": self = .register(key: try key(w.key, "key"), proof: try bytes(w.proof, "proof"))
+        case "registered": self = .registered(turn: w.turn)
+        case "lookup": self = .lookup(id: try need(w.id, "id"), key: try key(w.key, "key"))
+        case "lookup-result": self = .lookupResult(id: try need(w.id, "id"), key: try key(w.key, "key"), online: try need(w.online, "online"))
+        case "send": self = .send(id: try need(w.id, "id"), to: try key(w.to, "to"), sealed: try bytes(w.sealed, "sealed"))
+        case "sent": self = .sent(id: try need(w.id, "id"))
+        case "deliver": self = .deliver(from: try key(w.from, "from"), sealed: try bytes(w.sealed, "sealed"))
+        case "error":
+            let raw = try need(w.code, "code")
+            guard let code = RendezvousErrorCode(rawValue: raw) else { throw .malformed("error: unknown code \"\(raw)\"") }
+            self = .error(code: code, detail: w.detail ?? "", id: w.id)
+        case "ping": self = .ping
+        case "pong": self = .pong
+        default: throw .malformed("unknown message type \"\(w.type)\"")
+        }
+    }
+}
+
+private func b64(_ bytes: [UInt8]) -> String { Data(bytes).base64EncodedString() }
+
+/// Errors of the rendezvous cores. Nothing from the network traps: every bad input is one of these.
+public enum RendezvousError: Error, Equatable, Sendable, CustomStringConvertible {
+    case malformed(String)
+    case tooLarge(Int)
+    /// A sealed payload that does not open: tampered, or not for this key.
+    case unsealable
+    /// A refusal from the server.
+    case refused(RendezvousErrorCode, String)
+
+    public var description: String {
+        switch self {
+        case .malformed(let why): "malformed rendezvous message: \(why)"
+        case .tooLarge(let n): "rendezvous frame of \(n) bytes (at most \(RendezvousFrame.maximumLength))"
+        case .unsealable: "a sealed payload that does not open (tampered, or not for this key)"
+        case .refused(let code, let detail): "rendezvous refused (\(code.rawValue)): \(detail)"
+        }
+    }
+}
+
+/// Frames on the rendezvous TCP stream: a 2-byte big-endian length, then that many
+/// bytes of one JSON message. At most `maximumLength` bytes a frame.
+public struct RendezvousFrame: Sendable {
+    public static let maximumLength = 16_384
+    private var buffer: [UInt8] = []
+
+    public init() {}
+
+    public static func frame(_ message: RendezvousMessage) -> [UInt8] {
+        let body = message.encode()
+        return [UInt8(truncatingIfNeeded: body.count >> 8), UInt8(truncatingIfNeeded: body.count)] + body
+    }
+
+    /// Adds stream bytes; returns the complete frames so far. A frame announced longer
+    /// than `maximumLength` is an error (the stream cannot be resynchronised after it).
+    public mutating func append(_ bytes: some Collection<UInt8>) throws(RendezvousError) -> [[UInt8]] {
+        buffer.append(contentsOf: bytes)
+        var frames: [[UInt8]] = []
+        var offset = 0
+        while buffer.count - offset >= 2 {
+            let length = Int(buffer[offset]) << 8 | Int(buffer[offset + 1])
+            guard length <= Self.maximumLength else { buffer = []; throw .tooLarge(length) }
+            guard buffer.count - offset - 2 >= length else { break }
+            frames.append(Array(buffer[(offset + 2)..<(offset + 2 + length)]))
+            offset += 2 + length
+        }
+        if offset > 0 { buffer.removeFirst(offset) }
+        return frames
+    }
+}

@@ -1,0 +1,239 @@
+import STUN
+import Secure
+
+/// A connection to the rendezvous, numbered by its driver.
+public struct ConnectionID: Hashable, Sendable, CustomStringConvertible {
+    public let raw: UInt64
+    public init(_ raw: UInt64) { self.raw = raw }
+    public var description: String { "#\(raw)" }
+}
+
+/// What the server core asks its driver to do.
+public enum RendezvousAction: Equatable, Sendable {
+    /// Write these bytes (one or more frames) to the connection.
+    case send(ConnectionID, [UInt8])
+    /// Close the connection (after writing what was queued for it).
+    case close(ConnectionID)
+}
+
+public struct RendezvousServerConfiguration: Sendable {
+    /// How long a new connection has to register.
+    public var registrationTimeout: Duration = .seconds(10)
+    /// A registered connection silent this long is closed (clients ping every 30 s).
+    public var idleTimeout: Duration = .seconds(90)
+    public var maximumConnections = 10_000
+    /// Requests a connection may make per second on average, and in a burst.
+    public var requestsPerSecond = 20.0
+    public var requestBurst = 100.0
+    /// How long a key that was registered is remembered, so that a lookup or send can
+    /// tell "offline" from "unknown"; at most `rememberedKeys` keys are kept.
+    public var rememberFor: Duration = .seconds(24 * 3600)
+    public var rememberedKeys = 100_000
+    /// TURN REST-API credentials for registered peers (nil: none handed out).
+    public var turn: TURNIssuer?
+
+    public init() {}
+}
+
+/// Issues coturn REST-API credentials (`--use-auth-secret` on the relay).
+public struct TURNIssuer: Sendable {
+    public var secret: String
+    public var lifetime: Duration
+    public var uris: [String]
+    public init(secret: String, lifetime: Duration = .seconds(3600), uris: [String]) {
+        self.secret = secret; self.lifetime = lifetime; self.uris = uris
+    }
+
+    /// Credentials for `key` valid from `unixSeconds` for `lifetime`. The username's
+    /// user part is a short key id, not the key: the relay's logs need not name callers.
+    public func grant(for key: PublicKey, unixSeconds: UInt64) -> TURNGrant {
+        let expiry = unixSeconds + UInt64(max(0, lifetime.components.seconds))
+        let id = Blake2b.hash(key.bytes, outputLength: 16).prefix(6).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+        let (user, password) = RESTCredentials.make(secret: secret, user: id, expiry: expiry)
+        return TURNGrant(username: user, password: password, expiry: expiry, uris: uris)
+    }
+}
+
+public struct RendezvousStatistics: Sendable, Equatable {
+    public var connections = 0
+    public var registered = 0
+    public var delivered = 0
+    public var refused: [RendezvousErrorCode: Int] = [:]
+    public init() {}
+}
+
+/// The rendezvous server, sans-IO: peers register under their public key (proving
+/// they hold it), look each other up and exchange sealed payloads (call offers,
+/// answers, hang-ups) it forwards without being able to read them.
+///
+/// The driver feeds it connection events, bytes and time and carries out the
+/// returned actions. Every refusal is an `error` message naming the request; a
+/// malformed or oversized frame, a failed proof, a flood or a timeout also closes
+/// the connection. Closed connections leave nothing behind but the memory of a
+/// registered key (bounded in time and count) for "offline" answers.
+public struct RendezvousServer: Sendable {
+    private struct Connection {
+        var framer = RendezvousFrame()
+        var serverKey: PrivateKey
+        var challenge: [UInt8]
+        var key: PublicKey?
+        var lastHeard: Timestamp
+        let opened: Timestamp
+        var tokens: Double
+        var tokensAt: Timestamp
+    }
+
+    public let configuration: RendezvousServerConfiguration
+    private var connections: [ConnectionID: Connection] = [:]
+    private var registry: [PublicKey: ConnectionID] = [:]
+    private var seen: [PublicKey: Timestamp] = [:]
+    public private(set) var statistics = RendezvousStatistics()
+
+    public init(configuration: RendezvousServerConfiguration = .init()) {
+        self.configuration = configuration
+    }
+
+    /// A new connection: the server greets it with a challenge.
+    public mutating func accept(_ id: ConnectionID, now: Timestamp) -> [RendezvousAction] {
+        guard connections.count < configuration.maximumConnections else {
+            count(.full)
+            return [.send(id, RendezvousFrame.frame(.error(code: .full, detail: "the rendezvous holds \(connections.count) connections", id: nil))), .close(id)]
+        }
+        var challenge = [UInt8](repeating: 0, count: 32)
+        challenge.withUnsafeMutableBytes { Sodium.randomBytes($0) }
+        let c = Connection(serverKey: .generate(), challenge: challenge, lastHeard: now, opened: now,
+                           tokens: configuration.requestBurst, tokensAt: now)
+        connections[id] = c
+        statistics.connections = connections.count
+        return [.send(id, RendezvousFrame.frame(.hello(challenge: challenge, serverKey: c.serverKey.publicKey)))]
+    }
+
+    /// Bytes from a connection. `unixSeconds` dates TURN credentials.
+    public mutating func receive(_ id: ConnectionID, _ bytes: some Collection<UInt8>, now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
+        guard var c = connections[id] else { return [] }
+        let frames: [[UInt8]]
+        do { frames = try c.framer.append(bytes) } catch {
+            return refuse(id, .tooLarge, "\(error)", requestID: nil, close: true)
+        }
+        c.lastHeard = now
+        connections[id] = c
+        var actions: [RendezvousAction] = []
+        for frame in frames {
+            guard connections[id] != nil else { break }   // closed by an earlier frame
+            actions += handle(id, frame, now: now, unixSeconds: unixSeconds)
+        }
+        return actions
+    }
+
+    /// The driver saw the connection close.
+    public mutating func closed(_ id: ConnectionID, now: Timestamp) {
+        guard let c = connections.removeValue(forKey: id) else { return }
+        if let key = c.key, registry[key] == id {
+            registry[key] = nil
+            remember(key, now)
+        }
+        statistics.connections = connections.count
+        statistics.registered = registry.count
+    }
+
+    /// Time passes: connections that did not register in time or went silent are closed.
+    public mutating func poll(now: Timestamp) -> [RendezvousAction] {
+        var actions: [RendezvousAction] = []
+        for (id, c) in connections {
+            if c.key == nil, now - c.opened >= configuration.registrationTimeout {
+                actions += refuse(id, .timeout, "no registration within \(configuration.registrationTimeout)", requestID: nil, close: true)
+            } else if c.key != nil, now - c.lastHeard >= configuration.idleTimeout {
+                actions += refuse(id, .timeout, "silent for \(configuration.idleTimeout)", requestID: nil, close: true)
+            }
+        }
+        seen = seen.filter { now - $0.value < configuration.rememberFor }
+        return actions
+    }
+
+    /// When `poll` next has something to do.
+    public var nextWakeup: Timestamp? {
+        connections.values.map { $0.key == nil ? $0.opened + configuration.registrationTimeout : $0.lastHeard + configuration.idleTimeout }.min()
+    }
+
+    /// Whether a key is registered now.
+    public func isOnline(_ key: PublicKey) -> Bool { registry[key] != nil }
+
+    private mutating func handle(_ id: ConnectionID, _ frame: [UInt8], now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
+        guard var c = connections[id] else { return [] }
+        let elapsed = Double((now - c.tokensAt).components.seconds) + Double((now - c.tokensAt).components.attoseconds) / 1e18
+        c.tokens = min(configuration.requestBurst, c.tokens + max(0, elapsed) * configuration.requestsPerSecond)
+        c.tokensAt = now
+        guard c.tokens >= 1 else {
+            connections[id] = c
+            return refuse(id, .rateLimited, "more than \(Int(configuration.requestsPerSecond)) requests a second", requestID: nil, close: true)
+        }
+        c.tokens -= 1
+        connections[id] = c
+        let message: RendezvousMessage
+        do { message = try RendezvousMessage(decoding: frame) } catch {
+            return refuse(id, .malformed, error.description, requestID: nil, close: true)
+        }
+        switch message {
+        case .register(let key, let proof):
+            if c.key != nil { return refuse(id, .alreadyRegistered, "this connection is registered already", requestID: nil, close: false) }
+            guard RegistrationProof.verify(proof, key: key, server: c.serverKey, challenge: c.challenge) else {
+                return refuse(id, .badProof, "the proof does not match \(key)", requestID: nil, close: true)
+            }
+            var actions: [RendezvousAction] = []
+            if let old = registry[key], old != id {
+                // The same key on a new connection (a client that moved or restarted) wins.
+                actions += refuse(old, .replaced, "\(key) registered again on a newer connection", requestID: nil, close: true)
+            }
+            c.key = key
+            connections[id] = c
+            registry[key] = id
+            seen[key] = nil
+            statistics.registered = registry.count
+            let grant = configuration.turn?.grant(for: key, unixSeconds: unixSeconds)
+            return actions + [.send(id, RendezvousFrame.frame(.registered(turn: grant)))]
+        case .lookup(let requestID, let key):
+            guard c.key != nil else { return refuse(id, .notRegistered, "register before lookup", requestID: requestID, close: false) }
+            return [.send(id, RendezvousFrame.frame(.lookupResult(id: requestID, key: key, online: registry[key] != nil)))]
+        case .send(let requestID, let to, let sealed):
+            guard let from = c.key else { return refuse(id, .notRegistered, "register before send", requestID: requestID, close: false) }
+            guard let target = registry[to] else {
+                let known = seen[to].map { now - $0 < configuration.rememberFor } ?? false
+                return known
+                    ? refuse(id, .offline, "\(to) is offline", requestID: requestID, close: false)
+                    : refuse(id, .unknownPeer, "no peer registered under \(to)", requestID: requestID, close: false)
+            }
+            statistics.delivered += 1
+            return [.send(target, RendezvousFrame.frame(.deliver(from: from, sealed: sealed))),
+                    .send(id, RendezvousFrame.frame(.sent(id: requestID)))]
+        case .ping:
+            return [.send(id, RendezvousFrame.frame(.pong))]
+        case .pong:
+            return []
+        case .hello, .registered, .lookupResult, .sent, .deliver, .error:
+            return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
+        }
+    }
+
+    private mutating func refuse(_ id: ConnectionID, _ code: RendezvousErrorCode, _ detail: String, requestID: UInt32?, close: Bool) -> [RendezvousAction] {
+        count(code)
+        var actions: [RendezvousAction] = [.send(id, RendezvousFrame.frame(.error(code: code, detail: detail, id: requestID)))]
+        if close {
+            actions.append(.close(id))
+            // Forget it now: nothing more from it is handled, whatever the driver still delivers.
+            if let c = connections.removeValue(forKey: id), let key = c.key, registry[key] == id {
+                registry[key] = nil
+                remember(key, c.lastHeard)
+            }
+            statistics.connections = connections.count
+            statistics.registered = registry.count
+        }
+        return actions
+    }
+
+    private mutating func remember(_ key: PublicKey, _ now: Timestamp) {
+        if seen.count >= configuration.rememberedKeys, let oldest = seen.min(by: { $0.value < $1.value })?.key { seen[oldest] = nil }
+        seen[key] = now
+    }
+
+    private mutating func count(_ code: RendezvousErrorCode) { statistics.refused[code, default: 0] += 1 }
+}

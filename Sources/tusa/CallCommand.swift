@@ -1,0 +1,202 @@
+import ArgumentParser
+import Call
+import Foundation
+import Logging
+import Rendezvous
+import STUN
+import Secure
+import Transport
+import Voice
+
+/// What `tusa call` and `tusa answer` share: the rendezvous, the identity, audio and codec.
+struct CallOptions: ParsableArguments {
+    @Option(name: .customLong("rendezvous"), help: ArgumentHelp("The relay's rendezvous, HOST:PORT (tusa relay --rendezvous-port).", valueName: "host:port"))
+    var rendezvous: String
+
+    @Option(name: .customLong("identity"), help: ArgumentHelp("Identity key file (tusa keygen); default ~/.config/tusa/identity.key, or a fresh key for this call when that is missing.", valueName: "file"))
+    var identity: String?
+
+    @Option(name: .customLong("in"), help: ArgumentHelp("What to send: a WAV file, 'device' (the default input), 'tone' or 'silence'.", valueName: "file.wav|device"))
+    var input = "silence"
+
+    @Option(name: .customLong("out"), help: ArgumentHelp("Where what you hear goes: a WAV file (8 kHz), 'device' or 'none'.", valueName: "file.wav|device"))
+    var output = "none"
+
+    @Option(help: "opus, speex or l16.")
+    var codec = "opus"
+
+    @Option(help: "Frame duration in ms: 10 or 20.")
+    var frame = 20
+
+    @Option(help: "Codec bitrate in bits per second.")
+    var bitrate = 24_000
+
+    @Option(help: "Hang up after this many seconds (default: when the input ends, or the peer hangs up).")
+    var duration: Double?
+
+    @Option(help: ArgumentHelp("Impair outgoing media: loss=10%,burst=3,jitter=30ms,delay=20ms,spike=300ms/10s,seed=N (any subset).", valueName: "spec"))
+    var impair: String?
+
+    @Flag(help: "Print the final report as JSON on standard output.")
+    var json = false
+
+    @Flag(help: "No live status line on standard error.")
+    var quiet = false
+
+    func loadIdentity() throws -> Identity {
+        if let identity { return try Identity.read(from: identity) }
+        if FileManager.default.fileExists(atPath: Keygen.defaultPath) { return try Identity.read(from: Keygen.defaultPath) }
+        return Identity.generate()
+    }
+
+    func codecConfiguration() throws -> CodecConfiguration {
+        guard let kind = CodecKind(rawValue: codec) else { throw ValidationError("--codec must be opus, speex or l16") }
+        guard let duration = FrameDuration(rawValue: frame) else { throw ValidationError("--frame must be 10 or 20") }
+        guard (6_000...128_000).contains(bitrate) else { throw ValidationError("--bitrate must be 6000-128000") }
+        var c = CodecConfiguration(kind: kind, frameDuration: duration, bitrate: bitrate)
+        if kind == .l16 { c.inbandFEC = false }
+        _ = try makeEncoder(c)   // a configuration the codec refuses fails here, with its reason
+        return c
+    }
+
+    func source() throws -> AudioSource? {
+        switch input {
+        case "silence", "none": return NullSource(sampleRate: voiceSampleRate)
+        case "tone": return ToneSource(frequency: 440, amplitude: 8000, sampleRate: voiceSampleRate)
+        case "device": return try PortAudioDevice(sampleRate: voiceSampleRate, framesPerBuffer: 160, capture: true, render: false)
+        default: return try WAVFileSource(path: input)
+        }
+    }
+
+    func sink() throws -> AudioSink? {
+        switch output {
+        case "none": return nil
+        case "device": return try PortAudioDevice(sampleRate: voiceSampleRate, framesPerBuffer: 160, capture: false, render: true)
+        default: return try WAVFileSink(path: output, sampleRate: voiceSampleRate)
+        }
+    }
+
+    func server() throws -> TransportAddress {
+        guard let address = TransportAddress(rendezvous, defaultPort: 3480) else {
+            throw ValidationError("--rendezvous '\(rendezvous)' is not HOST:PORT")
+        }
+        return address
+    }
+
+    func agentOptions() throws -> CallAgent.Options {
+        var o = CallAgent.Options()
+        o.codec = try codecConfiguration()
+        if let duration { guard duration > 0, duration.isFinite else { throw ValidationError("--duration must be positive") } }
+        o.maximumDuration = duration.map { .milliseconds(Int64($0 * 1000)) }
+        if let impair {
+            do { o.impairment = try Impairment(parsing: impair) } catch { throw ValidationError("--impair: \(error)") }
+        }
+        if !quiet {
+            o.onStatus = { report in
+                FileHandle.standardError.write(Data(("\r" + report.statusLine + "   ").utf8))
+            }
+        }
+        return o
+    }
+
+    func finish(_ report: CallReport) {
+        if !quiet { FileHandle.standardError.write(Data("\n".utf8)) }
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            if let data = try? encoder.encode(report) { print(String(decoding: data, as: UTF8.self)) }
+        } else {
+            print(report.humanReadable)
+        }
+        fflush(nil)
+    }
+}
+
+func quietLogger() -> Logger {
+    var logger = Logger(label: "tusa.call")
+    logger.logLevel = .error
+    return logger
+}
+
+/// `tusa call PEER`: calls a peer registered at the rendezvous.
+struct CallCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "call",
+        abstract: "Place an end-to-end encrypted call to PEER (its public key) through a relay's rendezvous.",
+        discussion: "Exit status: 0 when the call ran and ended normally, 64 on bad usage, 2 when the call could not be placed or failed.")
+
+    @Argument(help: "The peer's public key (base64, as tusa keygen prints it).")
+    var peer: String
+
+    @OptionGroup var options: CallOptions
+
+    func run() async throws {
+        guard let key = PublicKey(base64: peer) else { throw ValidationError("PEER '\(peer)' is not a 32-byte base64 public key") }
+        let (identity, server, agentOptions, source, sink) = try prepare(options)
+        do {
+            let rendezvous = try await RendezvousConnection.connect(to: server, identity: identity.privateKey)
+            let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
+            let report = try await agent.call(key, source: source, sink: sink)
+            await rendezvous.close()
+            options.finish(report)
+        } catch {
+            sink?.close()
+            FileHandle.standardError.write(Data("tusa call: \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+    }
+}
+
+/// `tusa answer`: waits for a call and answers it.
+struct AnswerCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "answer",
+        abstract: "Register at a relay's rendezvous, wait for a call and answer it.",
+        discussion: "Prints 'answering as KEY' once registered. Exit status: 0 when a call ran and ended normally, 64 on bad usage, 2 when no call came or it failed.")
+
+    @Option(help: ArgumentHelp("Answer only this caller (public key).", valueName: "key"))
+    var from: String?
+
+    @Option(help: "Seconds to wait for a call.")
+    var timeout: Double = 60
+
+    @OptionGroup var options: CallOptions
+
+    func run() async throws {
+        let only = try from.map { text -> PublicKey in
+            guard let k = PublicKey(base64: text) else { throw ValidationError("--from '\(text)' is not a 32-byte base64 public key") }
+            return k
+        }
+        guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
+        var (identity, server, agentOptions, source, sink) = try prepare(options)
+        agentOptions.ringTimeout = .milliseconds(Int64(timeout * 1000))
+        do {
+            let rendezvous = try await RendezvousConnection.connect(to: server, identity: identity.privateKey)
+            print("answering as \(identity.publicKey.base64)")
+            fflush(nil)
+            let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
+            let report = try await agent.answer(only: only, source: source, sink: sink)
+            await rendezvous.close()
+            options.finish(report)
+        } catch {
+            sink?.close()
+            FileHandle.standardError.write(Data("tusa answer: \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+    }
+}
+
+private func prepare(_ options: CallOptions) throws -> (Identity, TransportAddress, CallAgent.Options, AudioSource?, AudioSink?) {
+    let identity: Identity
+    do { identity = try options.loadIdentity() } catch { throw ValidationError("\(error)") }
+    let server = try options.server()
+    let agentOptions = try options.agentOptions()
+    let source: AudioSource?, sink: AudioSink?
+    do {
+        source = try options.source()
+        sink = try options.sink()
+    } catch {
+        throw ValidationError("\(error)")
+    }
+    return (identity, server, agentOptions, source, sink)
+}

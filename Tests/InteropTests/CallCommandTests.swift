@@ -1,0 +1,144 @@
+import Foundation
+import Testing
+import Voice
+
+/// `tusa call` and `tusa answer` as users run them: a relay with its rendezvous, two
+/// processes, real speech in, a WAV of what the other side heard, reports, exit codes.
+@Suite(.serialized) struct CallCommandTests {
+    static let speech = "/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav"
+    static let ready = Harness.tusa != nil && FileManager.default.fileExists(atPath: speech)
+    static let needs = "needs .build/debug/tusa and Debian's pocketsphinx-testdata (make test installs it)"
+
+    /// A relay with its rendezvous on loopback: (process, rendezvous port).
+    static func relay() throws -> (Harness.Background, UInt16) {
+        let (relay, _) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0"]))
+        let line = try #require(relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+        return (relay, try #require(line.split(separator: ":").last.flatMap { UInt16($0) }))
+    }
+
+    /// `tusa answer` in the background, and the key it answers as.
+    static func answer(_ port: UInt16, _ extra: [String]) throws -> (Harness.Background, String) {
+        let tusa = try #require(Harness.tusa)
+        let a = try Harness.Background(tusa, ["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "20", "--json", "--quiet"] + extra)
+        let line = try #require(a.waitForMatch(#"answering as [A-Za-z0-9+/=]{44}"#), "\(a.stdout) \(a.stderr)")
+        return (a, String(line.dropFirst("answering as ".count)))
+    }
+
+    static func json(_ text: String) -> [String: Any]? {
+        guard let start = text.firstIndex(of: "{") else { return nil }
+        return try? JSONSerialization.jsonObject(with: Data(text[start...].utf8)) as? [String: Any]
+    }
+
+    /// Per-20 ms RMS envelope at 8 kHz.
+    static func envelope(_ s: [Int16]) -> [Double] {
+        stride(from: 0, to: s.count - 160, by: 160).map { i in
+            (s[i..<(i + 160)].reduce(0.0) { $0 + Double($1) * Double($1) } / 160).squareRoot()
+        }
+    }
+
+    /// The best correlation of two envelopes over shifts of 0...maxShift frames of `b`.
+    static func envelopeCorrelation(_ a: [Double], _ b: [Double], maxShift: Int) -> Double {
+        var best = -1.0
+        for shift in 0...maxShift {
+            let n = min(a.count, b.count - shift)
+            guard n > 50 else { continue }
+            let x = Array(a[0..<n]), y = Array(b[shift..<(shift + n)])
+            let mx = x.reduce(0, +) / Double(n), my = y.reduce(0, +) / Double(n)
+            var sxy = 0.0, sxx = 0.0, syy = 0.0
+            for i in 0..<n { sxy += (x[i] - mx) * (y[i] - my); sxx += (x[i] - mx) * (x[i] - mx); syy += (y[i] - my) * (y[i] - my) }
+            if sxx > 0, syy > 0 { best = max(best, sxy / (sxx * syy).squareRoot()) }
+        }
+        return best
+    }
+
+    @Test(.enabled(if: ready, "\(needs)"))
+    func aCallCarriesSpeechAndBothSidesReport() async throws {
+        let (relay, port) = try await TURNClientPeerTests.blocking { try Self.relay() }
+        defer { relay.stop(signal: SIGKILL) }
+        let heard = NSTemporaryDirectory() + "tusa-call-\(getpid())-heard.wav"
+        defer { unlink(heard) }
+        let (answerer, key) = try await TURNClientPeerTests.blocking { try Self.answer(port, ["--out", heard]) }
+        defer { answerer.stop(signal: SIGKILL) }
+        let caller = try await TURNClientPeerTests.tusa([
+            "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--json", "--quiet",
+        ], timeout: 40)
+        #expect(caller.status == 0, "\(caller.stdout) \(caller.stderr)")
+        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
+        #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
+
+        let c = try #require(Self.json(caller.stdout), "\(caller.stdout)")
+        let a = try #require(Self.json(answerer.stdout), "\(answerer.stdout)")
+        #expect(c["ended"] as? String == "local-hangup")
+        #expect(a["ended"] as? String == "remote-hangup")
+        #expect(c["path"] as? String == "direct" && a["path"] as? String == "direct")
+        let sent = try #require(c["packetsSent"] as? Int)
+        #expect(sent > 300)   // 7.1 s of speech in 20 ms frames
+        #expect(try #require(a["packetsReceived"] as? Int) >= sent - 5)
+        #expect(try #require(a["dialToFirstAudioMilliseconds"] as? Double) > 0)
+        #expect(try #require(a["estimatedMOS"] as? Double) > 3.5)
+
+        // What the callee heard is the caller's speech (envelopes line up).
+        let input = try WAVFile.read(path: Self.speech)
+        let reference = try Resampler.resampleAll(input.samples, from: input.sampleRate, to: 8000)
+        let out = try WAVFile.read(path: heard)
+        #expect(out.sampleRate == 8000)
+        let r = Self.envelopeCorrelation(Self.envelope(reference), Self.envelope(out.samples), maxShift: 150)
+        #expect(r > 0.85, "envelope correlation \(r)")
+    }
+
+    @Test(.enabled(if: ready, "\(needs)"))
+    func theCalleeHangsUpAndTheCallerSeesIt() async throws {
+        let (relay, port) = try await TURNClientPeerTests.blocking { try Self.relay() }
+        defer { relay.stop(signal: SIGKILL) }
+        let (answerer, key) = try await TURNClientPeerTests.blocking { try Self.answer(port, ["--duration", "1.5", "--in", "tone"]) }
+        defer { answerer.stop(signal: SIGKILL) }
+        let caller = try await TURNClientPeerTests.tusa(["call", key, "--rendezvous", "127.0.0.1:\(port)", "--json", "--quiet"], timeout: 30)
+        #expect(caller.status == 0, "\(caller.stderr)")
+        #expect(Self.json(caller.stdout)?["ended"] as? String == "remote-hangup", "\(caller.stdout)")
+        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
+        #expect(Self.json(answerer.stdout)?["ended"] as? String == "time-limit", "\(answerer.stdout)")
+    }
+
+    @Test(.enabled(if: ready, "\(needs)"))
+    func theImpairmentLayerLosesWhatItSaysAndFECRecovers() async throws {
+        let (relay, port) = try await TURNClientPeerTests.blocking { try Self.relay() }
+        defer { relay.stop(signal: SIGKILL) }
+        let (answerer, key) = try await TURNClientPeerTests.blocking { try Self.answer(port, []) }
+        defer { answerer.stop(signal: SIGKILL) }
+        let caller = try await TURNClientPeerTests.tusa([
+            "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--impair", "loss=20%,seed=3", "--json", "--quiet",
+        ], timeout: 40)
+        #expect(caller.status == 0, "\(caller.stderr)")
+        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
+        let c = try #require(Self.json(caller.stdout), "\(caller.stdout)")
+        let a = try #require(Self.json(answerer.stdout), "\(answerer.stdout)")
+        // The callee's reports carry the loss back to the caller; the callee rebuilt frames from FEC.
+        let seen = try #require(c["remoteLossPercent"] as? Double)
+        #expect(seen > 8 && seen < 35, "peer saw \(seen) %")
+        #expect(try #require(a["framesRecoveredByFEC"] as? Int) > 0)
+        #expect(try #require(a["lossPercent"] as? Double) > 8)
+        // Bad specifications are refused before anything starts.
+        let bad = try await TURNClientPeerTests.tusa(["call", key, "--rendezvous", "127.0.0.1:\(port)", "--impair", "loss=150%"])
+        #expect(bad.status == 64 && bad.stderr.contains("at most 100%"), "\(bad.stderr)")
+    }
+
+    @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
+    func badInputAndUnreachablePeersGetClearErrors() async throws {
+        let (relay, port) = try await TURNClientPeerTests.blocking { try Self.relay() }
+        defer { relay.stop(signal: SIGKILL) }
+        let key = "pff0qqk+bzRQowAbetno+hYsaE+bCVScYebJTtIJDBg="
+        let cases: [([String], Int32, String)] = [
+            (["call", "not-a-key", "--rendezvous", "127.0.0.1:\(port)"], 64, "not a 32-byte base64 public key"),
+            (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--codec", "mp3"], 64, "--codec must be opus, speex or l16"),
+            (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "/nonexistent.wav"], 64, "/nonexistent.wav"),
+            (["call", key, "--rendezvous", "127.0.0.1:9"], 2, "cannot reach the rendezvous"),
+            (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--quiet"], 2, "no peer registered under"),
+            (["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "0.5", "--quiet"], 2, "no call within"),
+        ]
+        for (arguments, status, message) in cases {
+            let r = try await TURNClientPeerTests.tusa(arguments, timeout: 20)
+            #expect(r.status == status, "\(arguments): \(r.status) \(r.stderr)")
+            #expect(r.stderr.contains(message), "\(arguments): \(r.stderr)")
+        }
+    }
+}

@@ -1,0 +1,175 @@
+import Dispatch
+import Foundation
+import Logging
+import Rendezvous
+import STUN
+import Secure
+import ServiceLifecycle
+import Testing
+import Transport
+
+// The rendezvous over real loopback TCP: the service in process with the NIO
+// client, raw sockets for bad input, and `tusa relay --rendezvous-port` whose
+// TURN grants the relay's own TURN service accepts.
+
+private let quiet: Logger = {
+    var logger = Logger(label: "tusa.test.rendezvous")
+    logger.logLevel = .warning
+    return logger
+}()
+
+private func withRendezvous(_ body: (TransportAddress) async throws -> Void) async throws {
+    let service = RendezvousService(address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), logger: quiet)
+    let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
+    let running = Task { try await group.run() }
+    defer { running.cancel() }
+    let address = try await service.boundAddress()
+    do { try await body(address) } catch {
+        await group.triggerGracefulShutdown()
+        throw error
+    }
+    await group.triggerGracefulShutdown()
+    _ = try? await running.value
+}
+
+private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { c in DispatchQueue.global().async { c.resume(with: Result { try body() }) } }
+}
+
+/// The next payload from `connection`, within `seconds`.
+private func next(_ connection: RendezvousConnection, within seconds: Double = 20) async -> (from: PublicKey, payload: [UInt8])? {
+    await withTaskGroup(of: (from: PublicKey, payload: [UInt8])?.self) { group in
+        group.addTask { var it = connection.incoming.makeAsyncIterator(); return await it.next() }
+        group.addTask { try? await Task.sleep(for: .seconds(seconds)); return nil }
+        defer { group.cancelAll() }
+        return await group.next() ?? nil
+    }
+}
+
+@Suite("Rendezvous over loopback TCP", .serialized)
+struct RendezvousServiceTests {
+    @Test func peersRegisterLookUpAndExchangeSealedOffers() async throws {
+        try await withRendezvous { server in
+            let alice = PrivateKey.generate(), bob = PrivateKey.generate()
+            let a = try await RendezvousConnection.connect(to: server, identity: alice, timeout: .seconds(30))
+            let b = try await RendezvousConnection.connect(to: server, identity: bob, timeout: .seconds(30))
+            #expect(a.turn == nil)   // no TURN secret configured here
+            #expect(try await a.lookup(bob.publicKey))
+            #expect(try await !a.lookup(PrivateKey.generate().publicKey))
+            let offer = Array("{\"ufrag\":\"x\",\"candidates\":[]}".utf8)
+            try await a.send(offer, to: bob.publicKey)
+            let got = await next(b)
+            #expect(got?.from == alice.publicKey && got?.payload == offer)
+            try await b.send([7, 7, 7], to: alice.publicKey)
+            #expect(await next(a)?.payload == [7, 7, 7])
+
+            // Offline and unknown callees are told apart.
+            await b.close()
+            for _ in 0..<100 {   // until the server has seen bob's connection close
+                if try await !a.lookup(bob.publicKey) { break }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            await #expect(throws: RendezvousConnectionError.refused(.offline, "\(bob.publicKey) is offline")) {
+                try await a.send([1], to: bob.publicKey)
+            }
+            let stranger = PrivateKey.generate().publicKey
+            await #expect(throws: RendezvousConnectionError.refused(.unknownPeer, "no peer registered under \(stranger)")) {
+                try await a.send([1], to: stranger)
+            }
+            // A second registration of alice's key replaces the first connection.
+            let again = try await RendezvousConnection.connect(to: server, identity: alice, timeout: .seconds(30))
+            // The old connection is closed by the server (within seconds on a loaded machine).
+            var closedError: RendezvousConnectionError?
+            for _ in 0..<80 {
+                do { _ = try await a.lookup(bob.publicKey) } catch let e as RendezvousConnectionError {
+                    if case .closed = e { closedError = e; break }
+                }
+                try await Task.sleep(for: .milliseconds(250))
+            }
+            #expect(closedError != nil)
+            #expect(try await !again.lookup(bob.publicKey))
+            await again.close()
+        }
+    }
+
+    @Test func aFloodingClientIsCutOffAndItsRequestsFailPromptly() async throws {
+        try await withRendezvous { server in
+            let a = try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30))
+            let key = PrivateKey.generate().publicKey
+            let clock = ContinuousClock(), start = clock.now
+            var answered = 0, closed = 0, other: [String] = []
+            await withTaskGroup(of: Result<Bool, any Error>.self) { group in
+                for _ in 0..<150 { group.addTask { do { return .success(try await a.lookup(key)) } catch { return .failure(error) } } }
+                for await r in group {
+                    switch r {
+                    case .success: answered += 1
+                    case .failure(RendezvousConnectionError.closed): closed += 1
+                    case .failure(let e): other.append("\(e)")
+                    }
+                }
+            }
+            #expect(answered <= 101 && closed > 0, "answered \(answered), closed \(closed), other \(other)")
+            #expect(other.isEmpty, "\(other)")
+            #expect(start.duration(to: clock.now) < .seconds(9), "requests waited for the timeout instead of failing on the close")
+        }
+    }
+
+    @Test func badInputGetsATypedErrorAndTheConnectionCloses() async throws {
+        try await withRendezvous { server in
+            let cases: [([UInt8], RendezvousErrorCode)] = [
+                ([0, 8] + Array("not json".utf8), .malformed),
+                ([0xFF, 0xFF, 0x7B], .tooLarge),
+                (RendezvousFrame.frame(.send(id: 1, to: PrivateKey.generate().publicKey, sealed: [1])), .notRegistered),
+            ]
+            for (bytes, code) in cases {
+                let reply = try await blocking { () -> ([RendezvousMessage], Bool) in
+                    let socket = try TestSocket.tcp(connectingTo: server)
+                    guard let hello = try socket.readLengthPrefixed(timeout: 5) else { return ([], false) }
+                    try socket.sendAll(bytes)
+                    var messages = [try RendezvousMessage(decoding: hello)]
+                    while let frame = try socket.readLengthPrefixed(timeout: 2) { messages.append(try RendezvousMessage(decoding: frame)) }
+                    let eof = try socket.readLengthPrefixed(timeout: 0.2) == nil
+                    return (messages, eof)
+                }
+                guard case .hello = reply.0.first else { Issue.record("no hello: \(reply.0)"); continue }
+                guard case .error(let got, _, _)? = reply.0.dropFirst().first else { Issue.record("\(code): \(reply.0)"); continue }
+                #expect(got == code)
+                #expect(reply.1)
+            }
+            // A rendezvous that is not there is a typed error, not a hang.
+            await #expect(throws: RendezvousConnectionError.self) {
+                _ = try await RendezvousConnection.connect(to: TransportAddress(ip: .v4(0x7F00_0001), port: 9), identity: .generate(), timeout: .seconds(1))
+            }
+        }
+    }
+
+    @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
+    func tusaRelayServesTheRendezvousAndItsTURNGrantsWork() async throws {
+        let (relay, port) = try #require(try await blocking { try Harness.startRelay([
+            "--listen", "127.0.0.1:0", "--use-auth-secret", "--static-auth-secret", "s3cret",
+            "--allow-loopback-peers", "--rendezvous-port", "0",
+        ]) })
+        defer { relay.stop(signal: SIGKILL) }
+        let line = try #require(try await blocking { relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#) }, "\(relay.stdout) \(relay.stderr)")
+        let rendezvousPort = try #require(line.split(separator: ":").last.flatMap { UInt16($0) })
+        let alice = PrivateKey.generate()
+        let a = try await RendezvousConnection.connect(to: TransportAddress(ip: .v4(0x7F00_0001), port: rendezvousPort), identity: alice, timeout: .seconds(30))
+        let grant = try #require(a.turn)
+        #expect(grant.uris.contains("turn:127.0.0.1:\(port)?transport=udp"), "\(grant.uris)")
+        // The relay's own TURN service takes the grant.
+        let tusa = try #require(Harness.tusa)
+        let peer = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
+        let run = try await blocking { try Harness.run(tusa, [
+            "turn", "127.0.0.1:\(port)", "--user", "\(grant.username):\(grant.password)",
+            "--peer", "127.0.0.1:\(peer.localAddress.port)", "--count", "3", "--timeout", "3",
+        ], timeout: 20) }
+        #expect(run.stdout.contains("relayed address: 127.0.0.1:"), "\(run.stdout) \(run.stderr)")
+        // A forged password is refused.
+        let bad = try await blocking { try Harness.run(tusa, [
+            "turn", "127.0.0.1:\(port)", "--user", "\(grant.username):AAAA", "--peer", "127.0.0.1:9", "--count", "1", "--timeout", "3",
+        ], timeout: 20) }
+        #expect(bad.status != 0 && !bad.stdout.contains("relayed address"), "\(bad.stdout) \(bad.stderr)")
+        await a.close()
+        #expect(relay.stop() == 0, "\(relay.stderr)")
+    }
+}

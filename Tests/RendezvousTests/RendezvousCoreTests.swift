@@ -1,0 +1,258 @@
+import Secure
+import STUN
+import Testing
+@testable import Rendezvous
+
+/// The rendezvous cores on a virtual clock: a server and clients wired by hand.
+private struct Net {
+    var server: RendezvousServer
+    var now = Timestamp.seconds(1000)
+    let unix: UInt64 = 1_800_000_000
+    /// What the server sent each connection, unframed, and which connections it closed.
+    var inbox: [ConnectionID: [UInt8]] = [:]
+    var closed: Set<ConnectionID> = []
+
+    init(_ configuration: RendezvousServerConfiguration = .init()) { server = RendezvousServer(configuration: configuration) }
+
+    mutating func apply(_ actions: [RendezvousAction]) {
+        for a in actions {
+            switch a {
+            case .send(let id, let bytes): inbox[id, default: []] += bytes
+            case .close(let id): closed.insert(id)
+            }
+        }
+    }
+    mutating func take(_ id: ConnectionID) -> [UInt8] { defer { inbox[id] = [] }; return inbox[id] ?? [] }
+
+    /// Client `client` on connection `id`: exchanges until quiet, returns the client's events.
+    mutating func pump(_ id: ConnectionID, _ client: inout RendezvousClient) throws -> [RendezvousClient.Event] {
+        var events: [RendezvousClient.Event] = []
+        for _ in 0..<10 {
+            let bytes = take(id)
+            if bytes.isEmpty { break }
+            let (e, reply) = try client.receive(bytes)
+            events += e
+            if !reply.isEmpty { apply(server.receive(id, reply, now: now, unixSeconds: unix)) }
+        }
+        return events
+    }
+
+    mutating func connect(_ id: ConnectionID, _ client: inout RendezvousClient) throws -> [RendezvousClient.Event] {
+        apply(server.accept(id, now: now))
+        return try pump(id, &client)
+    }
+
+    mutating func request(_ id: ConnectionID, _ bytes: [UInt8], _ client: inout RendezvousClient) throws -> [RendezvousClient.Event] {
+        apply(server.receive(id, bytes, now: now, unixSeconds: unix))
+        return try pump(id, &client)
+    }
+
+    /// Decoded messages sent to a connection that has no client core (raw tests).
+    mutating func messages(_ id: ConnectionID) throws -> [RendezvousMessage] {
+        var framer = RendezvousFrame()
+        return try framer.append(take(id)).map { try RendezvousMessage(decoding: $0) }
+    }
+}
+
+@Suite("Rendezvous core") struct RendezvousCoreTests {
+    let alice = PrivateKey.generate(), bob = PrivateKey.generate()
+    let a = ConnectionID(1), b = ConnectionID(2)
+
+    @Test func registerLookupAndSealedDeliveryBothWays() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.turn = TURNIssuer(secret: "s3cret", lifetime: .seconds(600), uris: ["turn:127.0.0.1:3478?transport=udp"])
+        var net = Net(configuration)
+        var ca = RendezvousClient(identity: alice), cb = RendezvousClient(identity: bob)
+        let ea = try net.connect(a, &ca)
+        guard case .registered(let grant?) = ea.first else { Issue.record("\(ea)"); return }
+        #expect(ca.isRegistered)
+        // The relay's REST-API check accepts what the rendezvous issued.
+        #expect(grant.expiry == net.unix + 600)
+        #expect(RESTCredentials.password(secret: "s3cret", username: grant.username) == grant.password)
+        #expect(!grant.username.contains(alice.publicKey.base64))
+        _ = try net.connect(b, &cb)
+
+        let (lookupID, lookup) = ca.lookup(bob.publicKey)
+        #expect(try net.request(a, lookup, &ca) == [.lookup(id: lookupID, key: bob.publicKey, online: true)])
+
+        let offer = Array("offer: candidates and codec".utf8)
+        let (sendID, send) = try ca.send(offer, to: bob.publicKey)
+        #expect(try net.request(a, send, &ca) == [.sent(id: sendID)])
+        #expect(try net.pump(b, &cb) == [.received(from: alice.publicKey, payload: offer)])
+        let answer = Array("answer".utf8)
+        let (_, back) = try cb.send(answer, to: alice.publicKey)
+        _ = try net.request(b, back, &cb)
+        #expect(try net.pump(a, &ca) == [.received(from: bob.publicKey, payload: answer)])
+        #expect(net.server.statistics.delivered == 2)
+        #expect(net.closed.isEmpty)
+    }
+
+    @Test func theServerCannotReadOrForgeWhatPeersSeal() throws {
+        let offer = Array("secret offer".utf8)
+        let sealed = try Sealing.seal(offer, from: alice, to: bob.publicKey)
+        #expect(!sealed.windowContainsSubsequence(offer))
+        #expect(try Sealing.open(sealed, from: alice.publicKey, to: bob) == offer)
+        // A server claiming another sender, a third party, or a flipped bit: nothing opens.
+        let mallory = PrivateKey.generate()
+        #expect(throws: RendezvousError.unsealable) { try Sealing.open(sealed, from: mallory.publicKey, to: bob) }
+        #expect(throws: RendezvousError.unsealable) { try Sealing.open(sealed, from: alice.publicKey, to: mallory) }
+        for i in stride(from: 0, to: sealed.count, by: 7) {
+            var t = sealed; t[i] ^= 0x40
+            #expect(throws: RendezvousError.unsealable) { try Sealing.open(t, from: alice.publicKey, to: bob) }
+        }
+        #expect(throws: RendezvousError.unsealable) { try Sealing.open(Array(sealed.prefix(40)), from: alice.publicKey, to: bob) }
+    }
+
+    @Test func aWrongProofIsRefusedAndClosed() throws {
+        var net = Net()
+        net.apply(net.server.accept(a, now: net.now))
+        guard case .hello(let challenge, let serverKey) = try net.messages(a).first else { Issue.record("no hello"); return }
+        // Proof made with another private key for alice's public key.
+        let proof = try RegistrationProof.make(identity: bob, serverKey: serverKey, challenge: challenge)
+        net.apply(net.server.receive(a, RendezvousFrame.frame(.register(key: alice.publicKey, proof: proof)), now: net.now, unixSeconds: net.unix))
+        #expect(try net.messages(a).first == .error(code: .badProof, detail: "the proof does not match \(alice.publicKey)", id: nil))
+        #expect(net.closed.contains(a))
+        #expect(!net.server.isOnline(alice.publicKey))
+        #expect(net.server.statistics.connections == 0)
+    }
+
+    @Test func offlineAndUnknownCalleesAreToldApart() throws {
+        var net = Net()
+        var ca = RendezvousClient(identity: alice), cb = RendezvousClient(identity: bob)
+        _ = try net.connect(a, &ca)
+        let stranger = PrivateKey.generate().publicKey
+        let (id1, s1) = try ca.send([1, 2, 3], to: stranger)
+        guard case .refused(.unknownPeer, _, id1)? = try net.request(a, s1, &ca).first else { Issue.record("not unknownPeer"); return }
+        _ = try net.connect(b, &cb)
+        net.server.closed(b, now: net.now)   // bob hangs up his connection
+        let (id2, s2) = try ca.send([1, 2, 3], to: bob.publicKey)
+        guard case .refused(.offline, _, id2)? = try net.request(a, s2, &ca).first else { Issue.record("not offline"); return }
+        let (id3, l) = ca.lookup(bob.publicKey)
+        #expect(try net.request(a, l, &ca) == [.lookup(id: id3, key: bob.publicKey, online: false)])
+        // Forgotten after rememberFor.
+        net.now = net.now + .seconds(24 * 3600 + 1)
+        net.apply(net.server.poll(now: net.now))   // also closes alice's silent connection
+        #expect(net.closed.contains(a))
+        var later = RendezvousClient(identity: alice)
+        _ = try net.connect(ConnectionID(3), &later)
+        let (id4, s4) = try later.send([1], to: bob.publicKey)
+        guard case .refused(.unknownPeer, _, id4)? = try net.request(ConnectionID(3), s4, &later).first else { Issue.record("not forgotten"); return }
+    }
+
+    @Test func aNewerRegistrationOfTheSameKeyReplacesTheOlder() throws {
+        var net = Net()
+        var first = RendezvousClient(identity: alice), second = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &first)
+        _ = try net.connect(b, &second)
+        let events = try net.pump(a, &first)
+        guard case .refused(.replaced, _, nil)? = events.first else { Issue.record("\(events)"); return }
+        #expect(!first.isRegistered && second.isRegistered)
+        #expect(net.closed == [a])
+        // Deliveries go to the newer connection; the driver's late close of the old one changes nothing.
+        net.server.closed(a, now: net.now)
+        #expect(net.server.isOnline(alice.publicKey))
+        // Registering twice on one connection is refused without closing it.
+        let again = try RegistrationProof.make(identity: alice, serverKey: PrivateKey.generate().publicKey, challenge: [0])
+        net.apply(net.server.receive(b, RendezvousFrame.frame(.register(key: alice.publicKey, proof: again)), now: net.now, unixSeconds: net.unix))
+        guard case .refused(.alreadyRegistered, _, nil)? = try net.pump(b, &second).first else { Issue.record("not alreadyRegistered"); return }
+        #expect(!net.closed.contains(b))
+    }
+
+    @Test(arguments: [
+        Array("{\"type\":\"register\"}".utf8),
+        Array("not json".utf8),
+        Array("{\"type\":\"send\",\"id\":1,\"to\":\"AAAA\",\"sealed\":\"\"}".utf8),
+        Array("{\"type\":\"hello\",\"challenge\":\"AA==\",\"key\":\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\"}".utf8),
+        Array("{\"type\":\"teleport\"}".utf8),
+        [UInt8](repeating: 0xFF, count: 64),
+    ])
+    func malformedFramesGetAnErrorAndTheConnectionCloses(body: [UInt8]) throws {
+        var net = Net()
+        net.apply(net.server.accept(a, now: net.now))
+        _ = try net.messages(a)
+        net.apply(net.server.receive(a, [UInt8(body.count >> 8), UInt8(body.count & 0xFF)] + body, now: net.now, unixSeconds: net.unix))
+        let reply = try net.messages(a)
+        guard case .error(.malformed, let detail, nil)? = reply.first else { Issue.record("\(reply)"); return }
+        #expect(!detail.isEmpty)
+        #expect(net.closed.contains(a))
+        #expect(net.server.statistics.connections == 0)
+        // Whatever the driver still delivers is ignored.
+        #expect(net.server.receive(a, [0, 2, 0x7B, 0x7D], now: net.now, unixSeconds: net.unix).isEmpty)
+    }
+
+    @Test func anOversizedFrameIsRefusedBeforeItArrives() throws {
+        var net = Net()
+        net.apply(net.server.accept(a, now: net.now))
+        _ = try net.messages(a)
+        net.apply(net.server.receive(a, [0xFF, 0xFF, 0x7B], now: net.now, unixSeconds: net.unix))
+        guard case .error(.tooLarge, _, nil)? = try net.messages(a).first else { Issue.record("not tooLarge"); return }
+        #expect(net.closed.contains(a))
+        // The client refuses to build one.
+        var ca = RendezvousClient(identity: alice)
+        #expect(throws: RendezvousError.self) { try ca.send([UInt8](repeating: 1, count: 20_000), to: bob.publicKey) }
+    }
+
+    @Test func requestsBeforeRegistrationAreRefusedAndSilentConnectionsTimeOut() throws {
+        var net = Net()
+        net.apply(net.server.accept(a, now: net.now))
+        _ = try net.messages(a)
+        net.apply(net.server.receive(a, RendezvousFrame.frame(.lookup(id: 9, key: bob.publicKey)), now: net.now, unixSeconds: net.unix))
+        #expect(try net.messages(a).first == .error(code: .notRegistered, detail: "register before lookup", id: 9))
+        #expect(net.server.nextWakeup == net.now + .seconds(10))
+        net.now = net.now + .seconds(10)
+        net.apply(net.server.poll(now: net.now))
+        guard case .error(.timeout, _, nil)? = try net.messages(a).first else { Issue.record("no timeout"); return }
+        #expect(net.closed.contains(a))
+        // A registered connection that pings stays; one that goes silent for 90 s is closed.
+        var cb = RendezvousClient(identity: bob)
+        _ = try net.connect(b, &cb)
+        net.now = net.now + .seconds(60)
+        #expect(try net.request(b, cb.ping(), &cb) == [.pong])
+        net.now = net.now + .seconds(60)
+        net.apply(net.server.poll(now: net.now))
+        #expect(!net.closed.contains(b))
+        net.now = net.now + .seconds(31)
+        net.apply(net.server.poll(now: net.now))
+        #expect(net.closed.contains(b))
+        #expect(!net.server.isOnline(bob.publicKey))
+    }
+
+    @Test func aFloodIsCutOff() throws {
+        var net = Net()
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        var flood: [UInt8] = []
+        for _ in 0..<150 { flood += ca.ping() }
+        net.apply(net.server.receive(a, flood, now: net.now, unixSeconds: net.unix))
+        let replies = try net.messages(a)
+        #expect(replies.filter { $0 == .pong }.count < 110)
+        #expect(replies.last == .error(code: .rateLimited, detail: "more than 20 requests a second", id: nil))
+        #expect(net.closed.contains(a))
+    }
+
+    @Test func everyMessageRoundTrips() throws {
+        let k = alice.publicKey
+        let all: [RendezvousMessage] = [
+            .hello(challenge: [1, 2, 3], serverKey: k), .register(key: k, proof: [9]),
+            .registered(turn: nil), .registered(turn: TURNGrant(username: "1:ab", password: "p", expiry: 1, uris: ["turn:x"])),
+            .lookup(id: 1, key: k), .lookupResult(id: 2, key: k, online: true), .send(id: 3, to: k, sealed: [0]),
+            .sent(id: 4), .deliver(from: k, sealed: [5, 6]), .error(code: .offline, detail: "d", id: 7),
+            .error(code: .timeout, detail: "", id: nil), .ping, .pong,
+        ]
+        for m in all { #expect(try RendezvousMessage(decoding: m.encode()) == m) }
+        // Split at every byte: the framer reassembles.
+        let stream = all.flatMap { RendezvousFrame.frame($0) }
+        var framer = RendezvousFrame()
+        var frames: [[UInt8]] = []
+        for byte in stream { frames += try framer.append([byte]) }
+        #expect(try frames.map { try RendezvousMessage(decoding: $0) } == all)
+    }
+}
+
+extension Array where Element == UInt8 {
+    func windowContainsSubsequence(_ needle: [UInt8]) -> Bool {
+        guard needle.count <= count else { return false }
+        for i in 0...(count - needle.count) where Array(self[i..<(i + needle.count)]) == needle { return true }
+        return false
+    }
+}
