@@ -14,6 +14,7 @@ let package = Package(
         .library(name: "TusaInterop", targets: ["TusaInterop"]),
         .library(name: "Voice", targets: ["Voice"]),
         .library(name: "Rendezvous", targets: ["Rendezvous"]),
+        .library(name: "ICE", targets: ["ICE"]),
         .library(name: "Call", targets: ["Call"]),
         .executable(name: "tusa", targets: ["tusa"]),
     ],
@@ -63,6 +64,13 @@ let package = Package(
         .target(
             name: "Rendezvous",
             dependencies: ["Secure", "STUN"],
+            swiftSettings: strict
+        ),
+        // Sans-IO ICE agent (RFC 8445 checks, nomination, role conflicts, peer-reflexive
+        // candidates, RFC 7675 consent) on the STUN codec.
+        .target(
+            name: "ICE",
+            dependencies: ["STUN"],
             swiftSettings: strict
         ),
         // The call layer: signaling through the rendezvous + path + secure session +
@@ -127,7 +135,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "STUNFuzz",
-            dependencies: ["STUN", "FuzzDriver"],
+            dependencies: ["STUN", "ICE", "FuzzDriver"],
             swiftSettings: strict
         ),
         // libFuzzer entry point for the media/control packet openers and the Noise
@@ -180,6 +188,11 @@ let package = Package(
         .testTarget(
             name: "VoiceTests",
             dependencies: ["Voice", "COpus", "CSpeex", "CSpeexDSP"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "ICETests",
+            dependencies: ["ICE", "STUN"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -36,7 +36,8 @@ public struct ClientTransaction: Sendable {
     public private(set) var state: State = .idle
     /// Transmissions so far.
     public private(set) var transmissions = 0
-    private var deadline = Timestamp.zero
+    /// When the driver must call ``timerFired(now:)`` next.
+    public private(set) var deadline = Timestamp.zero
     private var interval: Duration = .zero
     public private(set) var startedAt = Timestamp.zero
 

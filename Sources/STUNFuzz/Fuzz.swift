@@ -1,11 +1,16 @@
-// libFuzzer entry point for every STUN decoder (FuzzChecks.exercise); the
+// libFuzzer entry point for every STUN decoder (FuzzChecks.exercise) and the
+// ICE agent's input handling (ICEFuzzChecks.exercise); the
 // libFuzzer plumbing and the replay mode live in FuzzDriver.
 import FuzzDriver
+import ICE
 import STUN
 
 @main
 struct STUNFuzz {
     static func main() {
-        FuzzDriver.run(name: "STUNFuzz", check: FuzzChecks.exercise)
+        FuzzDriver.run(name: "STUNFuzz") { bytes in
+            FuzzChecks.exercise(bytes)
+            ICEFuzzChecks.exercise(bytes)
+        }
     }
 }
