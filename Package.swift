@@ -85,7 +85,7 @@ let package = Package(
         .target(
             name: "Transport",
             dependencies: [
-                "STUN", "Secure", "CRelayIO", "Rendezvous",
+                "STUN", "Secure", "CRelayIO", "Rendezvous", "ICE",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -209,7 +209,7 @@ let package = Package(
         .testTarget(
             name: "InteropTests",
             dependencies: [
-                "STUN", "TusaInterop", "Transport", "Secure", "Rendezvous", "Call", "Voice",
+                "STUN", "TusaInterop", "Transport", "Secure", "Rendezvous", "Call", "Voice", "ICE",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -94,7 +94,10 @@ enum Harness {
             os.execv(sys.argv[1], sys.argv[1:])
             """
 
-        init(_ executable: String, _ arguments: [String]) throws {
+        private var input: Pipe?
+
+        /// - Parameter withInput: give the program a pipe on its standard input (see ``send(_:)``).
+        init(_ executable: String, _ arguments: [String], withInput: Bool = false) throws {
             if let python = Harness.which("python3") {
                 process.executableURL = URL(fileURLWithPath: python)
                 process.arguments = ["-c", Self.unblockSignals, executable] + arguments
@@ -106,7 +109,13 @@ enum Harness {
             let e = Pipe()
             process.standardOutput = o
             process.standardError = e
-            process.standardInput = FileHandle.nullDevice
+            if withInput {
+                let i = Pipe()
+                input = i
+                process.standardInput = i
+            } else {
+                process.standardInput = FileHandle.nullDevice
+            }
             o.fileHandleForReading.readabilityHandler = { [weak self] h in
                 let d = h.availableData
                 self?.lock.withLock { self?.out.append(d) }
@@ -116,6 +125,13 @@ enum Harness {
                 self?.lock.withLock { self?.err.append(d) }
             }
             try process.run()
+        }
+
+        /// Writes `text` to the program's standard input (started `withInput`).
+        /// (A program that already exited must not take the test runner down with SIGPIPE.)
+        func send(_ text: String) {
+            signal(SIGPIPE, SIG_IGN)
+            try? input?.fileHandleForWriting.write(contentsOf: Data(text.utf8))
         }
 
         var stdout: String { lock.withLock { String(decoding: out, as: UTF8.self) } }
