@@ -322,7 +322,7 @@ extension TURNServer {
         else { return error(400, "Missing CHANNEL-NUMBER or XOR-PEER-ADDRESS", reply) }
         guard configuration.channelNumbers.contains(number) else { return error(400, "Channel number out of range", reply) }
         guard a.serves(family: peer.ip.family) else { return error(443, nil, reply) }
-        guard configuration.peerFilter.permits(peer.ip), !isOwn(peer) else { return error(403, "Peer address not allowed", reply) }
+        guard configuration.peerFilter.permits(peer.ip), !isOwn(peer, from: a) else { return error(403, "Peer address not allowed", reply) }
         if a.channels[number] == nil, a.channels.count >= configuration.maxChannelsPerAllocation {
             return error(508, "Too many channels", reply)
         }

@@ -25,7 +25,7 @@ public enum TURNDropReason: Int, Hashable, Sendable, CaseIterable, CustomStringC
     case backpressure
     /// A peer datagram too large to fit a Data indication.
     case tooLarge
-    /// A peer address that is one of the server's own (TURN inside TURN).
+    /// A peer address that is one of the server's listening sockets (TURN inside TURN) or the allocation's own relay.
     case ownAddress
 
     public var description: String {
@@ -198,7 +198,7 @@ public final class TURNServer {
         else { return drop(.malformed) }
         guard a.serves(family: peer.ip.family) else { return drop(.peerFamily) }
         guard a.hasPermission(peer.ip, now: now) else { return drop(.noPermission) }
-        guard !isOwn(peer) else { return drop(.ownAddress) }
+        guard !isOwn(peer, from: a) else { return drop(.ownAddress) }
         let length = m.attributes[index].value.count
         guard a.admit(length, toPeer: true, now: now) else { return drop(.bandwidth) }
         count(a, toPeer: length)
@@ -277,10 +277,12 @@ public final class TURNServer {
     /// IP matches any address of its family on that port.
     public var ownEndpoints: Set<TransportAddress> = []
 
-    /// Whether a peer transport address is the server itself: a listening
-    /// socket or one of this core's relays.
-    func isOwn(_ peer: TransportAddress) -> Bool {
-        if byRelay[peer] != nil || ownEndpoints.contains(peer) { return true }
+    /// Whether a peer transport address is the server itself: a listening socket
+    /// (TURN inside TURN), or the allocation's own relay. Another allocation's
+    /// relay is a peer like any other: two clients that both must use this
+    /// server (symmetric NATs on both sides, relay-only policies) meet relay to relay.
+    func isOwn(_ peer: TransportAddress, from a: TURNAllocation) -> Bool {
+        if a.relays.contains(peer) || ownEndpoints.contains(peer) { return true }
         for e in ownEndpoints where e.port == peer.port && e.ip.isUnspecified && e.ip.family == peer.ip.family {
             return true
         }

@@ -550,6 +550,29 @@ struct TURNServerTests {
         if case .drop(.ownAddress) = server.handleClient(send, from: client.tuple, now: .zero) {} else { Issue.record("relayed to its own relay") }
     }
 
+    /// Two clients that both need the relay (symmetric NATs, relay-only calls) meet
+    /// relay to relay: another allocation's relay is a peer, and the datagram arrives.
+    @Test func anotherAllocationsRelayIsAPeer() throws {
+        let (server, first, a) = try Self.allocated { $0.peerFilter = .permitAll }
+        var second = TestClient("203.0.113.6:40000")
+        try Self.allocate(server, &second)
+        let b = try #require(server.allocation(for: second.tuple))
+        let (relayA, relayB) = (try #require(a.relays.first), try #require(b.relays.first))
+        for (client, peer) in [(first, relayB), (second, relayA)] {
+            let m = try Self.reply(server.handleClient(client.request(.createPermission, [.xorPeerAddress(peer)]), from: client.tuple, now: .zero))
+            #expect(m.type.messageClass == .successResponse)
+        }
+        let bind = try Self.reply(server.handleClient(first.request(.channelBind, [.channelNumber(0x4000), .xorPeerAddress(relayB)]), from: first.tuple, now: .zero))
+        #expect(bind.type.messageClass == .successResponse)
+        let send = Message(type: MessageType(method: .send, class: .indication), attributes: [.xorPeerAddress(relayB), .data([1, 2, 3])]).encode()
+        guard case .relay(let from, let to, _) = server.handleClient(send, from: first.tuple, now: .zero) else {
+            Issue.record("not relayed to the other allocation's relay"); return
+        }
+        #expect(from === a && to == relayB)
+        // What A's relay sends arrives at B's relay from A's relayed address: B's permission lets it through.
+        if case .drop = server.handlePeer([1, 2, 3], from: relayA, allocation: b, now: .zero) { Issue.record("B dropped A's relay") }
+    }
+
     @Test func oversizedPeerDatagramIsDroppedNotTruncated() throws {
         let (server, client, a) = try Self.allocated()
         _ = server.handleClient(client.request(.createPermission, [.xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
