@@ -77,7 +77,7 @@ let package = Package(
         // the voice pipeline on a real-time clock; statistics and the quality report.
         .target(
             name: "Call",
-            dependencies: ["Transport", "Secure", "Voice", "Rendezvous", "STUN"],
+            dependencies: ["Transport", "Secure", "Voice", "Rendezvous", "STUN", "ICE"],
             swiftSettings: strict
         ),
         // SwiftNIO drivers hosting the sans-IO cores; the relay service, its

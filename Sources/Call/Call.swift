@@ -1,4 +1,5 @@
 import Foundation
+import ICE
 import Logging
 import Rendezvous
 import STUN
@@ -41,6 +42,10 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var estimatedMOS: Double
     public var ended: CallEnd
     public var addressChanges: Int
+    /// The ICE pair's candidate types, e.g. "host -> host", "relay -> srflx".
+    public var candidatePair: String?
+    /// From dialing (or the offer's arrival) to the selected ICE pair.
+    public var connectMilliseconds: Double?
 
     public var statusLine: String {
         let rtt = roundTripMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-"
@@ -52,9 +57,10 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var humanReadable: String {
         var lines = [
             "call with \(peer) (\(role)) ended: \(ended.rawValue)",
-            "  path: \(path) via \(remoteAddress)\(addressChanges > 0 ? " (address changed \(addressChanges)×)" : "")",
+            "  path: \(path) via \(remoteAddress)\(candidatePair.map { " (\($0))" } ?? "")\(addressChanges > 0 ? ", address changed \(addressChanges)×" : "")",
             "  codec: \(codec) \(frameMilliseconds) ms",
         ]
+        if let c = connectMilliseconds { lines.append(String(format: "  connected (ICE) in %.0f ms", c)) }
         if let d = dialToFirstAudioMilliseconds { lines.append(String(format: "  dial to first audio: %.0f ms", d)) }
         lines.append(String(format: "  duration %.1f s, sent %d, received %d packets", durationSeconds, packetsSent, packetsReceived))
         lines.append(String(format: "  loss %.1f%% (peer saw %.1f%%), jitter %.0f ms, rtt %@, buffer %.0f ms",
@@ -66,36 +72,32 @@ public struct CallReport: Sendable, Codable, Equatable {
     }
 }
 
-/// Host candidates (RFC 8839 `candidate:` values) for a socket bound to `port` on all addresses.
-public func hostCandidates(port: UInt16, includeLoopback: Bool) -> [String] {
-    var result: [String] = []
+/// This machine's IPv4 addresses (host candidates), best first: loopback, when
+/// included, last (it reaches only this machine).
+public func hostAddresses(includeLoopback: Bool) -> [IPAddress] {
+    var result: [IPAddress] = [], loopbacks: [IPAddress] = []
     var list: UnsafeMutablePointer<ifaddrs>?
-    guard getifaddrs(&list) == 0 else { return ["candidate:1 1 udp 2130706431 127.0.0.1 \(port) typ host"] }
+    guard getifaddrs(&list) == 0 else { return includeLoopback ? [.v4(0x7F00_0001)] : [] }
     defer { freeifaddrs(list) }
-    var seen = Set<String>()
     var p = list
-    var localPreference: UInt32 = 65535
     while let entry = p {
         defer { p = entry.pointee.ifa_next }
-        guard let sa = entry.pointee.ifa_addr, sa.pointee.sa_family == sa_family_t(AF_INET) else { continue }
-        let ip = sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt32(bigEndian: $0.pointee.sin_addr.s_addr) }
-        let text = "\(ip >> 24).\(ip >> 16 & 0xFF).\(ip >> 8 & 0xFF).\(ip & 0xFF)"
-        let loopback = ip >> 24 == 127
-        guard includeLoopback || !loopback, seen.insert(text).inserted else { continue }
-        let priority = (126 << 24) | (localPreference << 8) | 255
-        result.append("candidate:\(result.count + 1) 1 udp \(priority) \(text) \(port) typ host")
-        localPreference = max(1, localPreference - 1)
+        guard let sa = entry.pointee.ifa_addr, sa.pointee.sa_family == sa_family_t(AF_INET),
+              entry.pointee.ifa_flags & UInt32(IFF_UP) != 0 else { continue }
+        let ip = IPAddress.v4(sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt32(bigEndian: $0.pointee.sin_addr.s_addr) })
+        let loopback = entry.pointee.ifa_flags & UInt32(IFF_LOOPBACK) != 0
+        guard !result.contains(ip), !loopbacks.contains(ip) else { continue }
+        if loopback { loopbacks.append(ip) } else { result.append(ip) }
     }
-    return result
+    return result + (includeLoopback ? loopbacks : [])
 }
 
-/// The address of a `candidate:` value (UDP candidates only), in the order given.
-public func candidateAddresses(_ candidates: [String]) -> [TransportAddress] {
-    candidates.compactMap { line in
-        let f = line.split(separator: " ")
-        guard f.count >= 8, f[2].lowercased() == "udp", let port = UInt16(f[5]), let ip = IPAddress(String(f[4])), f[6] == "typ" else { return nil }
-        return TransportAddress(ip: ip, port: port)
-    }
+/// Which candidates a call offers (WebRTC's iceTransportPolicy).
+public enum CandidatePolicy: String, Sendable, CaseIterable {
+    /// Host, server-reflexive and relayed: direct when the NATs allow.
+    case all
+    /// Only the relay's: the peer never learns our addresses.
+    case relay
 }
 
 /// One side of a call: signaling through a registered rendezvous connection, the
@@ -112,6 +114,12 @@ public final class CallAgent: @unchecked Sendable {
         public var echoCancellation = false
         /// Impair outgoing media (the project's own loss/jitter layer).
         public var impairment: Impairment?
+        public var candidatePolicy = CandidatePolicy.all
+        /// Learn a server-reflexive candidate here when the rendezvous gave no TURN
+        /// credentials (with them, the relay's allocation tells the mapped address).
+        public var stunServer: TransportAddress?
+        /// How long connectivity checks may take before the call fails.
+        public var connectTimeout: Duration = .seconds(10)
         /// Called about once a second with the live report.
         public var onStatus: (@Sendable (CallReport) -> Void)?
         public init() {}
@@ -140,28 +148,41 @@ public final class CallAgent: @unchecked Sendable {
         inbox = Mailbox(rendezvous.incoming)
     }
 
-    /// Calls `peer`: offer, answer, handshake, voice until the input ends (then hangs up),
-    /// the peer hangs up or vanishes, or the time limit.
+    /// ICE for calls: checks paced at 20 ms (two candidates a side is the common
+    /// case), and a valid pair nominated after 100 ms when a better one is still out.
+    static var ice: ICEConfiguration {
+        var c = ICEConfiguration()
+        c.ta = .milliseconds(20)
+        c.nominationDelay = .milliseconds(100)
+        return c
+    }
+
+    /// Calls `peer`: offer, answer, connectivity checks, handshake on the selected
+    /// pair, voice until the input ends (then hangs up), the peer hangs up or
+    /// vanishes, or the time limit.
     public func call(_ peer: PublicKey, source: AudioSource?, sink: AudioSink?) async throws -> CallReport {
         let dialed = monotonicNanoseconds()
         let router = MediaRouter()
         let endpoint = try await SecureUDPEndpoint.bind(identity: identity, configuration: Self.secure, mediaHandler: router.handler, logger: logger)
         defer { Task { await endpoint.close() } }
         let callID = UUID().uuidString
-        let offer = CallMessage(kind: .offer, call: callID, path: path(for: endpoint), codec: .init(options.codec))
+        let local = try await startICE(endpoint, role: .controlling)
+        let offer = CallMessage(kind: .offer, call: callID, path: .init(local), codec: .init(options.codec))
         try await rendezvous.send(offer.encoded(), to: peer)
         let answer = try await waitFor(call: callID, from: peer, kinds: [.answer, .reject], timeout: options.ringTimeout)
         if answer.kind == .reject { throw CallError.rejected(answer.reason ?? "no reason given") }
-        let addresses = candidateAddresses(answer.path?.candidates ?? [])
-        guard !addresses.isEmpty else { throw CallError.noPath("the answer has no usable candidate") }
-        var peerID: PeerID?
-        var lastError = ""
-        for address in addresses {
-            do { peerID = try await endpoint.connect(to: peer, at: address, timeout: .seconds(5)); break } catch { lastError = "\(address): \(error)" }
+        guard let remote = answer.path?.iceDescription, !remote.candidates.isEmpty else {
+            throw CallError.noPath("the answer has no usable candidate")
         }
-        guard let peerID else { throw CallError.noPath("no candidate answered the handshake (\(lastError))") }
+        let pair = try await connectICE(endpoint, to: remote)
+        let connected = monotonicNanoseconds()
+        let peerID: PeerID
+        do { peerID = try await endpoint.connect(to: peer, at: pair.remote.address, timeout: .seconds(5)) } catch {
+            throw CallError.noPath("the handshake on \(pair) failed: \(error)")
+        }
+        try await endpoint.followICE(peerID)
         return try await run(role: "caller", peer: peer, peerID: peerID, callID: callID, endpoint: endpoint, router: router,
-                             codec: options.codec, source: source, sink: sink, dialed: dialed)
+                             codec: options.codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected)
     }
 
     /// Waits for an offer (from anyone, or from `only`), answers it and runs the call.
@@ -175,7 +196,12 @@ public final class CallAgent: @unchecked Sendable {
             guard only == nil || only == from, let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else { continue }
             let dialed = monotonicNanoseconds()
             let codec: CodecConfiguration
-            do { codec = try offer.codec?.configuration() ?? options.codec } catch {
+            let remote: ICEDescription
+            do {
+                codec = try offer.codec?.configuration() ?? options.codec
+                guard let r = offer.path?.iceDescription, !r.candidates.isEmpty else { throw CallError.noPath("the offer has no usable candidate") }
+                remote = r
+            } catch {
                 try? await rendezvous.send(CallMessage(kind: .reject, call: offer.call, reason: "\(error)").encoded(), to: from)
                 throw error
             }
@@ -183,27 +209,84 @@ public final class CallAgent: @unchecked Sendable {
             let endpoint = try await SecureUDPEndpoint.bind(identity: identity, configuration: Self.secure, mediaHandler: router.handler, logger: logger)
             defer { Task { await endpoint.close() } }
             _ = try await endpoint.addPeer(from)
-            let reply = CallMessage(kind: .answer, call: offer.call, path: path(for: endpoint), codec: offer.codec)
+            let local: ICEDescription
+            do { local = try await startICE(endpoint, role: .controlled) } catch {
+                try? await rendezvous.send(CallMessage(kind: .reject, call: offer.call, reason: "\(error)").encoded(), to: from)
+                throw error
+            }
+            // Checks (and the relay's permissions for the caller) start while the answer travels.
+            async let checks = connectICE(endpoint, to: remote)
+            let reply = CallMessage(kind: .answer, call: offer.call, path: .init(local), codec: offer.codec)
             try await rendezvous.send(reply.encoded(), to: from)
+            let pair = try await checks
+            let connected = monotonicNanoseconds()
             let peerID: PeerID
             do { peerID = try await endpoint.waitForPeer(from, timeout: .seconds(10)) } catch {
-                throw CallError.noPath("the caller's handshake did not arrive: \(error)")
+                throw CallError.noPath("the caller's handshake did not arrive on \(pair): \(error)")
             }
+            try await endpoint.followICE(peerID)
             return try await run(role: "callee", peer: from, peerID: peerID, callID: offer.call, endpoint: endpoint, router: router,
-                                 codec: codec, source: source, sink: sink, dialed: dialed)
+                                 codec: codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected)
         }
     }
 
-    private func path(for endpoint: SecureUDPEndpoint) -> CallMessage.Path {
-        var bytes = [UInt8](repeating: 0, count: 18)
-        bytes.withUnsafeMutableBytes { Sodium.randomBytes($0) }
-        let token = Data(bytes).base64EncodedString().replacingOccurrences(of: "/", with: "_")
-        return CallMessage.Path(ufrag: String(token.prefix(8)), password: String(token.dropFirst(8)),
-                                candidates: hostCandidates(port: endpoint.localAddress.port, includeLoopback: options.includeLoopback))
+    /// Gathers (host addresses, the relay's allocation and mapped address) and
+    /// starts the ICE agent on the endpoint's socket.
+    private func startICE(_ endpoint: SecureUDPEndpoint, role: ICERole) async throws -> ICEDescription {
+        var candidates: [ICELocalCandidate] = []
+        if options.candidatePolicy == .all {
+            candidates = hostAddresses(includeLoopback: options.includeLoopback).enumerated().map { i, ip in
+                .host(TransportAddress(ip: ip, port: endpoint.localAddress.port), base: ICEBase.socket, localPreference: UInt32(65535 - i))
+            }
+        }
+        var relayProblem: String?
+        if let grant = rendezvous.turn {
+            do {
+                let server = try Self.turnServer(grant)
+                let allocation = try await endpoint.useRelay(server, configuration: TURNClient.Configuration(username: grant.username, password: grant.password))
+                candidates.append(.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay))
+                if options.candidatePolicy == .all, let mapped = allocation.mapped, !candidates.contains(where: { $0.candidate.address == mapped }) {
+                    candidates.append(.serverReflexive(mapped, baseAddress: endpoint.localAddress, base: ICEBase.socket))
+                }
+            } catch {
+                relayProblem = "\(error)"
+                logger.warning("no relayed candidate", metadata: ["error": "\(error)"])
+            }
+        } else {
+            relayProblem = "the rendezvous gave no TURN credentials (tusa relay --static-auth-secret)"
+        }
+        if options.candidatePolicy == .relay && !candidates.contains(where: { $0.candidate.type == .relay }) {
+            throw CallError.noPath("relay-only, but no relay: \(relayProblem ?? "?")")
+        }
+        let stun = options.candidatePolicy == .all && rendezvous.turn == nil ? options.stunServer : nil
+        do {
+            return try await endpoint.startICE(role: role, candidates: candidates, stunServer: stun, configuration: Self.ice)
+        } catch {
+            throw CallError.noPath("\(error)")
+        }
+    }
+
+    private func connectICE(_ endpoint: SecureUDPEndpoint, to remote: ICEDescription) async throws -> ICEPair {
+        do { return try await endpoint.connectICE(to: remote, timeout: options.connectTimeout) } catch {
+            throw CallError.noPath("\(error)")
+        }
+    }
+
+    /// The UDP TURN server of a grant's URIs (`turn:HOST:PORT?transport=udp`).
+    static func turnServer(_ grant: TURNGrant) throws -> TransportAddress {
+        for uri in grant.uris {
+            guard uri.hasPrefix("turn:") else { continue }
+            let parts = uri.dropFirst(5).split(separator: "?", maxSplits: 1)
+            let query = parts.count > 1 ? String(parts[1]) : ""
+            guard query.isEmpty || query == "transport=udp" else { continue }
+            if let address = TransportAddress(String(parts.first ?? ""), defaultPort: 3478) { return address }
+        }
+        throw CallError.noPath("no UDP TURN URI among \(grant.uris)")
     }
 
     private func run(role: String, peer: PublicKey, peerID: PeerID, callID: String, endpoint: SecureUDPEndpoint, router: MediaRouter,
-                     codec: CodecConfiguration, source: AudioSource?, sink: AudioSink?, dialed: Int64) async throws -> CallReport {
+                     codec: CodecConfiguration, source: AudioSource?, sink: AudioSink?, dialed: Int64,
+                     pair: ICEPair, connected: Int64) async throws -> CallReport {
         let session = try VoiceSession(endpoint: endpoint, peer: peerID, codec: codec, router: router, source: source, sink: sink,
                                        echoCancellation: options.echoCancellation)
         if let impairment = options.impairment {
@@ -212,6 +295,7 @@ public final class CallAgent: @unchecked Sendable {
         let started = monotonicNanoseconds()
         session.start()
         var remote = (try? await endpoint.describe(peerID))??.address.map { "\($0)" } ?? "?"
+        var path = Path(pair: pair, connected: Double(connected - dialed) / 1e6)
         var moves = 0
         var ended = CallEnd.localHangup
         let limit = options.maximumDuration.map { ContinuousClock.now + $0 }
@@ -229,6 +313,7 @@ public final class CallAgent: @unchecked Sendable {
                 case .session(.control(let id, let report)) where id == peerID: session.handle(report: report)
                 case .session(.peerGone(let id)) where id == peerID: ended = .peerVanished; break loop
                 case .session(.peerMoved(let id, _, let to)) where id == peerID: moves += 1; remote = "\(to)"
+                case .ice(.selected(let p)): path = Path(pair: p, connected: path.connected); remote = "\(p.remote.address)"
                 default: break
                 }
             }
@@ -237,8 +322,8 @@ public final class CallAgent: @unchecked Sendable {
             if let limit, ContinuousClock.now >= limit { ended = .timeLimit; break loop }
             if let onStatus = options.onStatus, ContinuousClock.now - lastStatus >= .seconds(1) {
                 lastStatus = ContinuousClock.now
-                onStatus(report(session, role: role, peer: peer, remote: remote, codec: codec, dialed: dialed, firstAudio: session.firstPlayedNanoseconds,
-                                started: started, ended: .localHangup, moves: moves))
+                onStatus(report(session, role: role, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
+                                firstAudio: session.firstPlayedNanoseconds, started: started, ended: .localHangup, moves: moves))
             }
             try? await Task.sleep(for: .milliseconds(50))
         }
@@ -246,18 +331,31 @@ public final class CallAgent: @unchecked Sendable {
             try? await rendezvous.send(CallMessage(kind: .hangup, call: callID).encoded(), to: peer)
         }
         await session.stop()
-        return report(session, role: role, peer: peer, remote: remote, codec: codec, dialed: dialed, firstAudio: session.firstPlayedNanoseconds,
-                      started: started, ended: ended, moves: moves)
+        return report(session, role: role, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
+                      firstAudio: session.firstPlayedNanoseconds, started: started, ended: ended, moves: moves)
     }
 
-    private func report(_ session: VoiceSession, role: String, peer: PublicKey, remote: String, codec: CodecConfiguration,
+    /// What the report says of the path: the selected pair and when it was first selected.
+    private struct Path {
+        var relayed: Bool
+        var types: String
+        var connected: Double
+
+        init(pair: ICEPair, connected: Double) {
+            relayed = pair.isRelayed
+            types = "\(pair.local.candidate.type.rawValue) -> \(pair.remote.type.rawValue)"
+            self.connected = connected
+        }
+    }
+
+    private func report(_ session: VoiceSession, role: String, peer: PublicKey, path: Path, remote: String, codec: CodecConfiguration,
                         dialed: Int64, firstAudio: Int64?, started: Int64, ended: CallEnd, moves: Int) -> CallReport {
         let s = session.statistics
         let p = s.playout
         let lost = p.lostPackets   // missing at their turn: lost on the way or too late
         let expected = max(1, p.packetsPlayed + lost)
         return CallReport(
-            peer: Fingerprint.digits(of: peer), role: role, path: "direct", remoteAddress: remote,
+            peer: Fingerprint.digits(of: peer), role: role, path: path.relayed ? "relayed" : "direct", remoteAddress: remote,
             codec: "\(codec.kind.rawValue) \(codec.sampleRate / 1000) kHz \(codec.bitrate / 1000) kb/s", frameMilliseconds: codec.frameDuration.milliseconds,
             dialToFirstAudioMilliseconds: firstAudio.map { Double($0 - dialed) / 1e6 },
             durationSeconds: Double(monotonicNanoseconds() - started) / 1e9,
@@ -266,7 +364,7 @@ public final class CallAgent: @unchecked Sendable {
             jitterMilliseconds: s.remoteJitterMilliseconds, roundTripMilliseconds: s.roundTripMilliseconds,
             jitterBufferDelayMilliseconds: p.delayMeanMilliseconds, framesConcealed: p.framesConcealed,
             framesRecoveredByFEC: p.framesRecoveredByFEC, estimatedMOS: s.estimatedMOS(frameMilliseconds: codec.frameDuration.milliseconds),
-            ended: ended, addressChanges: moves)
+            ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected)
     }
 
     private func waitFor(call: String, from peer: PublicKey, kinds: Set<CallMessage.Kind>, timeout: Duration,

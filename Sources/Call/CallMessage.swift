@@ -1,4 +1,6 @@
 import Foundation
+import ICE
+import Transport
 import Voice
 
 /// What two callers exchange through the rendezvous, sealed end to end (the
@@ -18,6 +20,19 @@ public struct CallMessage: Codable, Equatable, Sendable {
         public var candidates: [String]
         public init(ufrag: String, password: String, candidates: [String]) {
             self.ufrag = ufrag; self.password = password; self.candidates = candidates
+        }
+
+        /// What an ICE agent signals.
+        public init(_ description: ICEDescription) {
+            self.init(ufrag: description.credentials.ufrag, password: description.credentials.pwd,
+                      candidates: description.candidates.map { "candidate:" + $0.sdp })
+        }
+
+        /// For the ICE agent: the credentials and the candidates it can use (a
+        /// candidate line it cannot read, or one past the 64th, is left out).
+        public var iceDescription: ICEDescription {
+            ICEDescription(credentials: ICECredentials(ufrag: ufrag, pwd: password),
+                           candidates: candidates.prefix(64).compactMap { try? ICECandidate(sdp: $0) })
         }
     }
 

@@ -76,7 +76,7 @@ public final class ICEUDPEndpoint: Sendable {
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(ICEDatagramHandler(
-                            engine: ICEEngine(channel: channel, incoming: incomingYield, events: eventsYield)))
+                            channel: channel, incoming: incomingYield, events: eventsYield))
                     }
                 }
                 .bind(host: host, port: port).get()
@@ -147,15 +147,17 @@ public final class ICEUDPEndpoint: Sendable {
 
     /// Sends `bytes` to the selected pair's remote address.
     public func send(_ bytes: [UInt8]) async throws(ICEEndpointError) {
-        try await onLoop { e throws(ICEEndpointError) in try e.sendData(bytes) }
+        let channel = self.channel
+        try await onLoop { e throws(ICEEndpointError) in
+            guard let pair = e.agent?.selected, e.agent?.state != .failed else { throw .notConnected }
+            channel.write(AddressedEnvelope(remoteAddress: SocketAddress(pair.remote.address), data: channel.allocator.buffer(bytes: bytes)), promise: nil)
+            channel.flush()
+        }
     }
 
     /// ICE restart: new credentials and candidates to signal; checks start again on ``connect(to:timeout:)``.
     public func restart() async throws(ICEEndpointError) -> ICEDescription {
-        try await onLoop { e in
-            e.agent?.restart()
-            return e.description
-        }
+        try await onLoop { $0.restart() }
     }
 
     public func close() async {
@@ -163,11 +165,18 @@ public final class ICEUDPEndpoint: Sendable {
     }
 }
 
-/// The agent and its socket, confined to the channel's event loop.
+/// An ``ICEAgent`` on an event loop: its timers, the STUN gathering of a
+/// server-reflexive candidate, the wait for a selected pair. What it sends goes
+/// out through `output` (the socket of base 0, or a relay allocation), so the
+/// same engine serves ``ICEUDPEndpoint`` (one socket of its own) and
+/// ``SecureUDPEndpoint`` (a socket shared with the Noise session and a TURN client).
+/// Confined to the event loop.
 final class ICEEngine {
-    private let channel: any Channel
-    private let incoming: AsyncStream<[UInt8]>.Continuation
-    private let events: AsyncStream<ICEEvent>.Continuation
+    typealias Output = (_ bytes: [UInt8], _ base: Int, _ to: TransportAddress) -> Void
+    private let eventLoop: any EventLoop
+    private let output: Output
+    private let flushOutput: () -> Void
+    private let onEvent: (ICEEvent) -> Void
     var agent: ICEAgent?
     private var timer: Scheduled<Void>?
     private var timerAt: Timestamp?
@@ -176,11 +185,11 @@ final class ICEEngine {
     private var gathering: (transaction: ClientTransaction, server: TransportAddress)?
     private var gatheredPromise: EventLoopPromise<Void>?
     private var local = TransportAddress(ip: .v4(0), port: 0)
-    private var closed = false
+    private(set) var closed = false
 
-    init(channel: any Channel, incoming: AsyncStream<[UInt8]>.Continuation, events: AsyncStream<ICEEvent>.Continuation) {
-        self.channel = channel; self.incoming = incoming; self.events = events
-        gatheredPromise = channel.eventLoop.makePromise()
+    init(eventLoop: any EventLoop, output: @escaping Output, flush: @escaping () -> Void, onEvent: @escaping (ICEEvent) -> Void) {
+        self.eventLoop = eventLoop; self.output = output; self.flushOutput = flush; self.onEvent = onEvent
+        gatheredPromise = eventLoop.makePromise()
     }
 
     static func now() -> Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
@@ -190,6 +199,8 @@ final class ICEEngine {
         return try body(self)
     }
 
+    /// Starts `agent`; with a STUN server, gathers a server-reflexive candidate
+    /// for the socket (base 0) bound to `local`.
     func start(_ agent: ICEAgent, stunServer: TransportAddress?, local: TransportAddress) {
         self.agent = agent
         self.local = local
@@ -197,9 +208,9 @@ final class ICEEngine {
             let m = Message(type: .bindingRequest)
             var tr = ClientTransaction(transactionID: m.transactionID, request: m.encode(fingerprint: true),
                                        reliability: .unreliable(rto: .milliseconds(250), rc: 4, rm: 4))
-            if case .send(let bytes, _) = tr.start(now: Self.now()) { write(bytes, to: stunServer) }
+            if case .send(let bytes, _) = tr.start(now: Self.now()) { output(bytes, 0, stunServer) }
             gathering = (tr, stunServer)
-            flush()
+            flushOutput()
         } else {
             gatheredPromise?.succeed(())
             gatheredPromise = nil
@@ -212,9 +223,9 @@ final class ICEEngine {
     }
 
     func gathered(timeout: Duration) -> EventLoopFuture<Void> {
-        guard let promise = gatheredPromise else { return channel.eventLoop.makeSucceededVoidFuture() }
-        let me = NIOLoopBound(self, eventLoop: channel.eventLoop)
-        channel.eventLoop.scheduleTask(in: .nanoseconds(timeout.nanoseconds)) { me.value.finishGathering() }
+        guard let promise = gatheredPromise else { return eventLoop.makeSucceededVoidFuture() }
+        let me = NIOLoopBound(self, eventLoop: eventLoop)
+        eventLoop.scheduleTask(in: .nanoseconds(timeout.nanoseconds)) { me.value.finishGathering() }
         return promise.futureResult
     }
 
@@ -226,14 +237,14 @@ final class ICEEngine {
     }
 
     func connect(_ remote: ICEDescription, timeout: Duration) -> EventLoopFuture<ICEPair> {
-        guard !closed, agent != nil else { return channel.eventLoop.makeFailedFuture(ICEEndpointError.closed) }
+        guard !closed, agent != nil else { return eventLoop.makeFailedFuture(ICEEndpointError.closed) }
         waiter?.fail(ICEEndpointError.failed("superseded by another connect"))
-        let promise = channel.eventLoop.makePromise(of: ICEPair.self)
+        let promise = eventLoop.makePromise(of: ICEPair.self)
         waiter = promise
         agent?.setRemote(remote.credentials, candidates: remote.candidates)
         connectTimeout?.cancel()
-        let me = NIOLoopBound(self, eventLoop: channel.eventLoop)
-        connectTimeout = channel.eventLoop.scheduleTask(in: .nanoseconds(timeout.nanoseconds)) {
+        let me = NIOLoopBound(self, eventLoop: eventLoop)
+        connectTimeout = eventLoop.scheduleTask(in: .nanoseconds(timeout.nanoseconds)) {
             me.value.waiter?.fail(ICEEndpointError.timedOut(timeout))
             me.value.waiter = nil
         }
@@ -241,34 +252,34 @@ final class ICEEngine {
         return promise.futureResult
     }
 
-    func sendData(_ bytes: [UInt8]) throws(ICEEndpointError) {
-        guard let pair = agent?.selected, agent?.state != .failed else { throw .notConnected }
-        write(bytes, to: pair.remote.address)
-        flush()
+    /// ICE restart: new credentials, the peer's candidates forgotten (the selected pair stays until a new one).
+    func restart(candidates: [ICELocalCandidate]? = nil) -> ICEDescription {
+        agent?.restart(candidates: candidates)
+        drive()
+        return description
     }
 
     // MARK: input
 
-    func received(_ bytes: [UInt8], from source: TransportAddress) {
-        guard !closed, var agent else { return }
-        let now = Self.now()
-        if let outputs = agent.receive(bytes, from: source, base: 0, now: now) {
+    /// A datagram from `source` on `base`: true when it was ICE's (a check, a
+    /// check's answer, the gathering's answer); anything else is the caller's.
+    func receiveSTUN(_ bytes: [UInt8], from source: TransportAddress, base: Int) -> Bool {
+        guard !closed, var agent else { return false }
+        if let outputs = agent.receive(bytes, from: source, base: base, now: Self.now()) {
             self.agent = agent
             perform(outputs)
             drive()
-            return
+            return true
         }
-        if var g = gathering, source == g.server, Message.isSTUN(bytes), let m = try? Message(decoding: bytes), g.transaction.receive(m) {
+        if base == 0, var g = gathering, source == g.server, Message.isSTUN(bytes), let m = try? Message(decoding: bytes), g.transaction.receive(m) {
             if case .xorMappedAddress(let mapped)? = try? m.value(.xorMappedAddress), mapped != local {
                 self.agent?.addLocal(.serverReflexive(mapped, baseAddress: local, base: 0))
             }
             finishGathering()
             drive()
-            return
+            return true
         }
-        // Application data: only from the selected pair's remote (consent is per pair).
-        guard let pair = agent.selected, source == pair.remote.address, !Message.isSTUN(bytes) else { return }
-        incoming.yield(bytes)
+        return false
     }
 
     // MARK: time and output
@@ -278,7 +289,7 @@ final class ICEEngine {
         let now = Self.now()
         if var g = gathering {
             switch g.transaction.timerFired(now: now) {
-            case .send(let bytes, _): write(bytes, to: g.server); gathering = g
+            case .send(let bytes, _): output(bytes, 0, g.server); gathering = g
             case .timedOut: finishGathering()
             case .wait, .none: gathering = g
             }
@@ -286,7 +297,7 @@ final class ICEEngine {
         let outputs = agent.poll(now: now)
         self.agent = agent
         perform(outputs)
-        flush()
+        flushOutput()
         var wake = agent.nextWakeup
         if let g = gathering, g.transaction.state == .waiting, wake == nil || g.transaction.deadline < wake! { wake = g.transaction.deadline }
         schedule(wake)
@@ -299,8 +310,8 @@ final class ICEEngine {
         timerAt = at
         let now = Self.now()
         let delay = at > now ? Int64(clamping: at.nanoseconds - now.nanoseconds) : 0
-        let me = NIOLoopBound(self, eventLoop: channel.eventLoop)
-        timer = channel.eventLoop.scheduleTask(in: .nanoseconds(delay)) {
+        let me = NIOLoopBound(self, eventLoop: eventLoop)
+        timer = eventLoop.scheduleTask(in: .nanoseconds(delay)) {
             me.value.timerAt = nil
             me.value.drive()
         }
@@ -309,10 +320,10 @@ final class ICEEngine {
     private func perform(_ outputs: [ICEOutput]) {
         for o in outputs {
             switch o {
-            case .send(let bytes, _, let to):
-                write(bytes, to: to)
+            case .send(let bytes, let base, let to):
+                output(bytes, base, to)
             case .event(let e):
-                events.yield(e)
+                onEvent(e)
                 switch e {
                 case .selected(let pair):
                     waiter?.succeed(pair); waiter = nil; connectTimeout?.cancel()
@@ -325,13 +336,6 @@ final class ICEEngine {
         }
     }
 
-    private func write(_ bytes: [UInt8], to address: TransportAddress) {
-        let envelope = AddressedEnvelope(remoteAddress: SocketAddress(address), data: channel.allocator.buffer(bytes: bytes))
-        channel.write(envelope, promise: nil)
-    }
-
-    func flush() { channel.flush() }
-
     func shutDown() {
         guard !closed else { return }
         closed = true
@@ -339,24 +343,40 @@ final class ICEEngine {
         connectTimeout?.cancel()
         waiter?.fail(ICEEndpointError.closed); waiter = nil
         gatheredPromise?.succeed(()); gatheredPromise = nil
-        incoming.finish()
-        events.finish()
     }
 }
 
+/// ``ICEUDPEndpoint``'s socket: STUN to the engine, other datagrams from the
+/// selected pair to `incoming`.
 final class ICEDatagramHandler: ChannelInboundHandler {
     typealias InboundIn = AddressedEnvelope<ByteBuffer>
     let engine: ICEEngine
+    private let incoming: AsyncStream<[UInt8]>.Continuation
+    private let events: AsyncStream<ICEEvent>.Continuation
 
-    init(engine: ICEEngine) { self.engine = engine }
+    init(channel: any Channel, incoming: AsyncStream<[UInt8]>.Continuation, events: AsyncStream<ICEEvent>.Continuation) {
+        self.incoming = incoming
+        self.events = events
+        engine = ICEEngine(
+            eventLoop: channel.eventLoop,
+            output: { bytes, _, to in
+                channel.write(AddressedEnvelope(remoteAddress: SocketAddress(to), data: channel.allocator.buffer(bytes: bytes)), promise: nil)
+            },
+            flush: { channel.flush() },
+            onEvent: { events.yield($0) })
+    }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let envelope = unwrapInboundIn(data)
         guard let source = TransportAddress(envelope.remoteAddress) else { return }
-        engine.received(Array(envelope.data.readableBytesView), from: source)
+        let bytes = Array(envelope.data.readableBytesView)
+        if engine.receiveSTUN(bytes, from: source, base: 0) { return }
+        // Application data: only from the selected pair's remote (consent is per pair).
+        guard let pair = engine.agent?.selected, source == pair.remote.address, !Message.isSTUN(bytes) else { return }
+        incoming.yield(bytes)
     }
 
-    func channelReadComplete(context: ChannelHandlerContext) { engine.flush() }
+    func channelReadComplete(context: ChannelHandlerContext) { context.flush() }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         // ICMP port unreachable on an unconnected UDP socket is not fatal: the check times out.
@@ -364,6 +384,8 @@ final class ICEDatagramHandler: ChannelInboundHandler {
 
     func channelInactive(context: ChannelHandlerContext) {
         engine.shutDown()
+        incoming.finish()
+        events.finish()
         context.fireChannelInactive()
     }
 }

@@ -1,3 +1,4 @@
+import ICE
 import Logging
 import NIOCore
 import NIOPosix
@@ -18,6 +19,8 @@ public enum SecureUDPEvent: Sendable, Equatable {
     case session(SecureEvent)
     /// An authenticated media packet (when no media handler was given).
     case media(PeerID, RTPHeader, payload: [UInt8])
+    /// What the ICE agent reported, when ICE runs on the endpoint (``SecureUDPEndpoint/startICE(role:candidates:credentials:configuration:)``).
+    case ice(ICEEvent)
 }
 
 /// Errors of the secure UDP driver.
@@ -29,6 +32,7 @@ public enum SecureTransportError: Error, Equatable, Sendable, CustomStringConver
     case send(SecureSendError)
     case relay(TURNClientError)
     case keyLog(String)
+    case ice(ICEEndpointError)
 
     public var description: String {
         switch self {
@@ -39,6 +43,7 @@ public enum SecureTransportError: Error, Equatable, Sendable, CustomStringConver
         case .send(let e): "cannot send: \(e)"
         case .relay(let e): "relay: \(e)"
         case .keyLog(let s): "key log: \(s)"
+        case .ice(let e): "\(e)"
         }
     }
 }
@@ -140,7 +145,7 @@ public final class SecureUDPEndpoint: Sendable {
         }
     }
 
-    private func onLoop<T: Sendable>(_ body: @escaping @Sendable (SecureEngine) throws -> T) async throws(SecureTransportError) -> T {
+    func onLoop<T: Sendable>(_ body: @escaping @Sendable (SecureEngine) throws -> T) async throws(SecureTransportError) -> T {
         let engine = self.engine
         do {
             return try await channel.eventLoop.submit { try body(engine.value) }.get()
@@ -290,9 +295,14 @@ final class SecureEngine {
     private var scratch = [UInt8](repeating: 0, count: 65_536)
     private(set) var pendingWrites = 0
 
+    // ICE, when it runs on this socket (base 0) and the relay allocation (base 1).
+    var ice: ICEEngine?
+    /// The peer whose address follows ICE's selected pair.
+    var iceFollower: PeerID?
+
     // The relay, when one is in use.
     var turn: TURNClientConnection?
-    private var turnEngine: TURNClientEngine?
+    private(set) var turnEngine: TURNClientEngine?
     private var turnServer: TransportAddress?
     /// Peer addresses reached through the relay.
     var relayed: Set<TransportAddress> = []
@@ -325,6 +335,8 @@ final class SecureEngine {
         guard n > 0, n <= scratch.count, let first = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self) else { return }
         switch first {
         case 0...3:
+            // ICE's checks and their answers first; other STUN gets a Binding answer.
+            if let ice, ice.receiveSTUN(Array(buffer.readableBytesView), from: source, base: 0) { return }
             answerBinding(buffer, from: source)
         default:
             scratch.withUnsafeMutableBytes { raw in
@@ -337,6 +349,10 @@ final class SecureEngine {
     /// Datagrams a relay delivered from a peer.
     private func receivedRelayed(_ d: TURNClient.Datagram) {
         guard !d.payload.isEmpty, d.payload.count <= scratch.count else { return }
+        if d.payload[0] <= 3 {
+            if let ice { _ = ice.receiveSTUN(d.payload, from: d.peer, base: ICEBase.relay) }
+            return
+        }
         scratch.withUnsafeMutableBytes { raw in
             d.payload.withUnsafeBytes { raw.copyMemory(from: $0) }
             openDatagram(UnsafeMutableRawBufferPointer(rebasing: raw[0..<d.payload.count]), from: d.peer)
@@ -423,15 +439,25 @@ final class SecureEngine {
         write(buffer, to: address)
     }
 
-    /// Straight to the socket, or wrapped for the relay when the address is reached through one.
-    private func write(_ buffer: ByteBuffer, to address: TransportAddress) {
-        if relayed.contains(address), let turnEngine {
+    /// Straight to the socket, or wrapped for the relay when the address is reached
+    /// through one (`direct`: the socket in any case).
+    private func write(_ buffer: ByteBuffer, to address: TransportAddress, direct: Bool = false) {
+        if !direct, relayed.contains(address), let turnEngine {
             do { try turnEngine.send(Array(buffer.readableBytesView), to: address) } catch { unsent += 1 }
             return
         }
         channel.write(AddressedEnvelope(remoteAddress: SocketAddress(address), data: buffer), promise: nil)
         pendingWrites += 1
     }
+
+    /// To the socket, even when the address is otherwise reached through the relay (ICE's checks on base 0).
+    func writeDirect(_ bytes: [UInt8], to address: TransportAddress) {
+        write(channel.allocator.buffer(bytes: bytes), to: address, direct: true)
+    }
+
+    var channelEventLoop: any EventLoop { channel.eventLoop }
+
+    func yield(_ event: SecureUDPEvent) { continuation.yield(event) }
 
     func flush() {
         if pendingWrites > 0 {
@@ -520,6 +546,8 @@ final class SecureEngine {
         for (_, ws) in waiters { for w in ws { w.fail(SecureTransportError.closed) } }
         waiters.removeAll()
         turnEngine?.shutDown(.closed)
+        ice?.shutDown()
+        ice = nil
         continuation.finish()
     }
 }

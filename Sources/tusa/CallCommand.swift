@@ -37,6 +37,12 @@ struct CallOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Impair outgoing media: loss=10%,burst=3,jitter=30ms,delay=20ms,spike=300ms/10s,seed=N (any subset).", valueName: "spec"))
     var impair: String?
 
+    @Flag(name: .customLong("relay-only"), help: "Offer only the relay's candidate: the peer never learns this machine's addresses, and media always goes through the relay (needs a relay that hands out TURN credentials).")
+    var relayOnly = false
+
+    @Option(help: ArgumentHelp("A STUN server for a server-reflexive candidate, when the rendezvous hands out no TURN credentials.", valueName: "host:port"))
+    var stun: String?
+
     @Flag(help: "Print the final report as JSON on standard output.")
     var json = false
 
@@ -88,6 +94,11 @@ struct CallOptions: ParsableArguments {
         o.codec = try codecConfiguration()
         if let duration { guard duration > 0, duration.isFinite else { throw ValidationError("--duration must be positive") } }
         o.maximumDuration = duration.map { .milliseconds(Int64($0 * 1000)) }
+        o.candidatePolicy = relayOnly ? .relay : .all
+        if let stun {
+            guard let address = TransportAddress(stun, defaultPort: 3478) else { throw ValidationError("--stun '\(stun)' is not HOST[:PORT]") }
+            o.stunServer = address
+        }
         if let impair {
             do { o.impairment = try Impairment(parsing: impair) } catch { throw ValidationError("--impair: \(error)") }
         }

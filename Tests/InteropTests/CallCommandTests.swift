@@ -86,6 +86,44 @@ import Voice
         #expect(r > 0.85, "envelope correlation \(r)")
     }
 
+    /// Both sides offer only the relay's candidate (`--relay-only`): ICE selects the
+    /// relay-to-relay pair, voice flows both ways through the relay's TURN sockets
+    /// (its own count says so), sealed end to end.
+    @Test(.enabled(if: ready, "\(needs)"))
+    func relayOnlyCallsGoThroughTheRelayBothWays() async throws {
+        let (relay, port) = try await TURNClientPeerTests.blocking {
+            let (relay, _) = try #require(try Harness.startRelay([
+                "--listen", "127.0.0.1:0", "--rendezvous-port", "0", "--use-auth-secret", "--static-auth-secret", "s3cret",
+                "--realm", "tusa.test", "--allow-loopback-peers",
+            ]))
+            let line = try #require(relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+            return (relay, try #require(line.split(separator: ":").last.flatMap { UInt16($0) }))
+        }
+        defer { relay.stop(signal: SIGKILL) }
+        let (answerer, key) = try await TURNClientPeerTests.blocking { try Self.answer(port, ["--relay-only", "--in", "tone"]) }
+        defer { answerer.stop(signal: SIGKILL) }
+        let caller = try await TURNClientPeerTests.tusa([
+            "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "3", "--relay-only", "--json", "--quiet",
+        ], timeout: 40)
+        #expect(caller.status == 0, "\(caller.stdout) \(caller.stderr)")
+        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
+        #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
+        let c = try #require(Self.json(caller.stdout), "\(caller.stdout)")
+        let a = try #require(Self.json(answerer.stdout), "\(answerer.stdout)")
+        #expect(c["path"] as? String == "relayed" && a["path"] as? String == "relayed", "\(c) \(a)")
+        #expect(c["candidatePair"] as? String == "relay -> relay", "\(c)")
+        let sentByCaller = try #require(c["packetsSent"] as? Int), sentByCallee = try #require(a["packetsSent"] as? Int)
+        #expect(sentByCaller > 100 && sentByCallee > 100)
+        #expect(try #require(a["packetsReceived"] as? Int) >= sentByCaller - 10)
+        #expect(try #require(c["packetsReceived"] as? Int) >= sentByCallee - 60)   // the callee talks on after the caller's hang-up
+        #expect(try #require(c["connectMilliseconds"] as? Double) < 2000)
+        // The relay carried it: both directions, every packet once more through a relayed socket.
+        _ = relay.stop(signal: SIGTERM)
+        let turn = try #require(relay.stdout.split(separator: "\n").first { $0.hasPrefix("turn: ") }, "\(relay.stdout)")
+        let counts = turn.split(separator: " ").compactMap { Int($0) }
+        #expect(counts.count >= 3 && counts[0] == 2 && counts[1] > sentByCaller && counts[2] > sentByCaller, "\(turn)")
+    }
+
     @Test(.enabled(if: ready, "\(needs)"))
     func theCalleeHangsUpAndTheCallerSeesIt() async throws {
         let (relay, port) = try await TURNClientPeerTests.blocking { try Self.relay() }

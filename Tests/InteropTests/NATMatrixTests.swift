@@ -1,0 +1,74 @@
+import Foundation
+import Testing
+
+/// `tusa call` through real kernel NAT: network namespaces, veth links and
+/// nftables routers (scripts/nat-matrix.sh), `tusa relay` on the "internet"
+/// between the peers. Each case asserts the path ICE chose and that voice flowed
+/// both ways. Where namespaces or nftables are not usable (not root, no
+/// `ip netns`, no `nft`), the suite is skipped and says why.
+@Suite(.serialized) struct NATMatrixTests {
+    static let script = Harness.packageRoot.appendingPathComponent("scripts/nat-matrix.sh").path
+
+    /// nil when the matrix can run here, else why not.
+    static let unavailable: String? = {
+        guard Harness.tusa != nil else { return "needs .build/debug/tusa" }
+        guard let probe = try? Harness.run("/bin/bash", [script, "--probe"], timeout: 20) else { return "cannot run \(script)" }
+        return probe.status == 0 ? nil : probe.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }()
+
+    struct Outcome {
+        var caller: [String: Any]
+        var callee: [String: Any]
+        var line: String
+    }
+
+    static func run(_ name: String) async throws -> Outcome {
+        let out = NSTemporaryDirectory() + "tusa-nat-\(getpid())-\(name)"
+        defer { try? FileManager.default.removeItem(atPath: out) }
+        let r = try await TURNClientPeerTests.blocking { try Harness.run("/bin/bash", [script, "-o", out, name], timeout: 60) }
+        #expect(r.status == 0 && !r.timedOut, "\(r.stdout) \(r.stderr.suffix(3000))")
+        func report(_ side: String) throws -> [String: Any] {
+            let data = try Data(contentsOf: URL(fileURLWithPath: "\(out)/\(name)-\(side).json"))
+            return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any], "\(r.stdout)")
+        }
+        let line = r.stdout.split(separator: "\n").first { $0.hasPrefix("\(name): ") }.map(String.init) ?? r.stdout
+        return Outcome(caller: try report("caller"), callee: try report("callee"), line: line)
+    }
+
+    /// Voice went both ways: each side received nearly all the other sent.
+    static func expectVoiceBothWays(_ o: Outcome) throws {
+        let sentByCaller = try #require(o.caller["packetsSent"] as? Int), sentByCallee = try #require(o.callee["packetsSent"] as? Int)
+        #expect(sentByCaller > 150 && sentByCallee > 150, "\(o.line)")
+        #expect(try #require(o.callee["packetsReceived"] as? Int) >= sentByCaller - 10, "\(o.line)")
+        #expect(try #require(o.caller["packetsReceived"] as? Int) >= sentByCallee - 60, "\(o.line)")
+        #expect(o.caller["ended"] as? String == "time-limit" && o.callee["ended"] as? String == "remote-hangup", "\(o.line)")
+    }
+
+    @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
+    func endpointIndependentNATsOnBothSidesConnectDirectly() async throws {
+        let o = try await Self.run("eim")
+        #expect(o.caller["path"] as? String == "direct" && o.callee["path"] as? String == "direct", "\(o.line)")
+        #expect(try #require(o.caller["connectMilliseconds"] as? Double) < 2000, "\(o.line)")
+        try Self.expectVoiceBothWays(o)
+    }
+
+    @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
+    func aSymmetricNATOnOneSideStillConnects() async throws {
+        let o = try await Self.run("sym1")
+        // Direct only through a peer-reflexive pair (when the other NAT's filtering lets
+        // it), else through the relay; both sides agree either way.
+        let path = try #require(o.caller["path"] as? String)
+        #expect(path == "relayed" || (o.caller["candidatePair"] as? String)?.contains("prflx") == true, "\(o.line)")
+        #expect(o.callee["path"] as? String == path, "\(o.line)")
+        try Self.expectVoiceBothWays(o)
+    }
+
+    @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
+    func symmetricNATsOnBothSidesGoThroughTheRelay() async throws {
+        let o = try await Self.run("sym2")
+        #expect(o.caller["path"] as? String == "relayed" && o.callee["path"] as? String == "relayed", "\(o.line)")
+        // The target: under 2 s from dialing to audio through symmetric NATs.
+        #expect(try #require(o.caller["dialToFirstAudioMilliseconds"] as? Double) < 2000, "\(o.line)")
+        try Self.expectVoiceBothWays(o)
+    }
+}

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# The NAT matrix: `tusa call` between two peers behind real kernel NAT (network
+# namespaces, veth links, nftables), with `tusa relay` (rendezvous + TURN) on the
+# "internet" between them.
+#
+#   tz-pub   the internet: a bridge on 203.0.113.0/24, the relay on 203.0.113.1
+#   tz-ra    A's router: WAN 203.0.113.2, LAN 10.0.1.1/24, NAT (nftables)
+#   tz-rb    B's router: WAN 203.0.113.3, LAN 10.0.2.1/24, NAT (nftables)
+#   tz-a     peer A (10.0.1.2): `tusa answer`, sends a tone
+#   tz-b     peer B (10.0.2.2): `tusa call`, sends speech
+#
+# Routers drop unsolicited inbound packets (a NAT's filtering); their mapping is
+# endpoint-independent (`masquerade`: the source port is kept for every
+# destination) or symmetric (`masquerade random`: a new port per destination).
+#
+# Cases (any subset, in order given; default: all):
+#   eim    endpoint-independent mapping on both sides: expect a direct path
+#   sym1   symmetric NAT at A: direct through a peer-reflexive pair, or relayed
+#   sym2   symmetric NAT on both sides: expect relayed
+#   roam   eim, and mid-call A moves to another router (new public address):
+#          the call goes on (ICE restart through the rendezvous)
+#
+# Each case writes OUT/CASE-caller.json and OUT/CASE-callee.json (the call
+# reports) and prints one line: CASE path=… pair=… connect=…ms audio=…ms.
+# Exit status: 0 when every call ran, 1 when one failed, 77 when namespaces or
+# nftables are not available here (not root, no `ip netns`, no `nft`).
+#
+# Usage: scripts/nat-matrix.sh [--probe] [-o OUT] [case ...]   (TUSA: the binary; default .build/debug/tusa)
+#   --probe: only say whether this machine can run the matrix (exit 0 or 77).
+set -uo pipefail
+[ -n "${NAT_MATRIX_TRACE:-}" ] && { exec 2>>"$NAT_MATRIX_TRACE"; set -x; }
+cd "$(dirname "$0")/.."
+
+OUT=out/nat-matrix
+PROBE=0
+if [ "${1:-}" = "--probe" ]; then PROBE=1; shift; fi
+if [ "${1:-}" = "-o" ]; then OUT=$2; shift 2; fi
+CASES=("$@")
+[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 roam)
+TUSA=${TUSA:-$PWD/.build/debug/tusa}
+SPEECH=${SPEECH:-/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav}
+SECONDS_OF_CALL=${CALL_SECONDS:-4}
+P=tz$$   # namespace prefix: several runs never share namespaces
+
+skip() { echo "nat-matrix: skipped: $*"; exit 77; }
+[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces and nftables)"
+command -v ip >/dev/null || skip "no ip (iproute2)"
+command -v nft >/dev/null || skip "no nft (nftables)"
+ip netns add "$P-probe" 2>/dev/null || skip "ip netns add is not permitted here"
+ip netns exec "$P-probe" nft list ruleset >/dev/null 2>&1 || { ip netns del "$P-probe"; skip "nftables is not usable in a namespace here"; }
+ip netns del "$P-probe"
+[ $PROBE -eq 1 ] && { echo "nat-matrix: namespaces and nftables are usable"; exit 0; }
+[ -x "$TUSA" ] || { echo "nat-matrix: $TUSA is not built" >&2; exit 1; }
+
+mkdir -p "$OUT"
+work=$(mktemp -d)
+pids=()
+NS=()
+
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  for n in "${NS[@]}"; do ip netns del "$n" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+ns() { local n=$1; shift; ip netns exec "$P-$n" "$@"; }
+# In the background, `ip netns exec` itself (it execs the program), so that $! is the program's pid.
+bg() { local n=$1; shift; exec ip netns exec "$P-$n" "$@"; }
+
+addns() {
+  ip netns add "$P-$1"
+  NS+=("$P-$1")
+  ns "$1" ip link set lo up
+}
+
+# The internet.
+build_internet() {
+  addns pub
+  ns pub ip link add br0 type bridge
+  ns pub ip addr add 203.0.113.1/24 dev br0
+  ns pub ip link set br0 up
+}
+
+# router NAME WAN-HOST-BYTE LAN-NET-BYTE MODE(eim|sym)
+build_router() {
+  local r=$1 wan=$2 lan=$3 mode=$4
+  addns "$r"
+  ip link add "$P$r-w" type veth peer name "$P$r-p"
+  ip link set "$P$r-w" netns "$P-$r"
+  ip link set "$P$r-p" netns "$P-pub"
+  ns pub ip link set "$P$r-p" master br0 up
+  ns "$r" ip link set "$P$r-w" name wan
+  ns "$r" ip addr add "203.0.113.$wan/24" dev wan
+  ns "$r" ip link set wan up
+  ns "$r" sysctl -qw net.ipv4.ip_forward=1
+  ip link add "$P$r-l" type veth peer name "$P$r-h"
+  ip link set "$P$r-l" netns "$P-$r"
+  ns "$r" ip link set "$P$r-l" name lan
+  ns "$r" ip addr add "10.0.$lan.1/24" dev lan
+  ns "$r" ip link set lan up
+  nat_rules "$r" "$mode"
+}
+
+nat_rules() {
+  local r=$1 mode=$2 flags=""
+  [ "$mode" = sym ] && flags="random"
+  ns "$r" nft -f - <<EOF
+flush ruleset
+table ip nat {
+  chain post { type nat hook postrouting priority srcnat; policy accept; oifname "wan" masquerade $flags; }
+}
+table inet filter {
+  chain input { type filter hook input priority 0; policy accept; iifname "wan" ct state new drop; }
+  chain forward { type filter hook forward priority 0; policy accept; iifname "wan" ct state new drop; }
+}
+EOF
+}
+
+# host NAME ROUTER LAN-NET-BYTE: a peer behind ROUTER, 10.0.LAN.2
+build_host() {
+  local h=$1 r=$2 lan=$3
+  addns "$h"
+  ip link set "$P$r-h" netns "$P-$h"
+  ns "$h" ip link set "$P$r-h" name eth0
+  ns "$h" ip addr add "10.0.$lan.2/24" dev eth0
+  ns "$h" ip link set eth0 up
+  ns "$h" ip route add default via "10.0.$lan.1"
+}
+
+# A second router for A (roaming): A gets a second link to it; moving is a route change.
+build_roam_router() {
+  build_router rc 4 3 eim
+  ip link set "$P"rc-h netns "$P-a"
+  ns a ip link set "$P"rc-h name eth1
+  ns a ip addr add 10.0.3.2/24 dev eth1
+  ns a ip link set eth1 up
+}
+
+start_relay() {
+  (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --no-tcp --rendezvous-port 3480 --use-auth-secret \
+    --static-auth-secret "nat-matrix-$$" --realm tusa.test >"$work/relay.out" 2>"$work/relay.err") &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q '^rendezvous tcp' "$work/relay.out" && return 0; sleep 0.05; done
+  echo "nat-matrix: the relay did not start: $(cat "$work/relay.err")" >&2
+  return 1
+}
+
+# run_case NAME MODE-A MODE-B
+run_case() {
+  local name=$1 ma=$2 mb=$3
+  for n in "${NS[@]}"; do ip netns del "$n" 2>/dev/null; done
+  NS=()
+  build_internet
+  build_router ra 2 1 "$ma"
+  build_router rb 3 2 "$mb"
+  build_host a ra 1
+  build_host b rb 2
+  [ "$name" = roam ] && build_roam_router
+  start_relay || return 1
+  local rv=203.0.113.1:3480 extra=()
+  [ "$name" = roam ] && extra=(--duration $((SECONDS_OF_CALL + 6)))
+  (bg a "$TUSA" answer --rendezvous "$rv" --in tone --timeout 20 --json --quiet "${extra[@]}" \
+    >"$work/$name-callee.out" 2>"$work/$name-callee.err") &
+  local answer=$!
+  pids+=($answer)
+  local key=""
+  for _ in $(seq 200); do
+    key=$(sed -n 's/^answering as \(.*\)$/\1/p' "$work/$name-callee.out" | head -1)
+    [ -n "$key" ] && break
+    sleep 0.05
+  done
+  [ -n "$key" ] || { echo "$name: tusa answer did not register: $(cat "$work/$name-callee.err")"; return 1; }
+  local input=tone
+  [ -f "$SPEECH" ] && input=$SPEECH
+  local duration=$SECONDS_OF_CALL
+  [ "$name" = roam ] && duration=$((SECONDS_OF_CALL + 4))
+  (bg b "$TUSA" call "$key" --rendezvous "$rv" --in "$input" --duration "$duration" --json --quiet \
+    >"$work/$name-caller.out" 2>"$work/$name-caller.err") &
+  local call=$!
+  pids+=($call)
+  if [ "$name" = roam ]; then
+    # A moves mid-call: its default route now goes through the other router (another public address).
+    sleep $((SECONDS_OF_CALL / 2 + 1))
+    ns a ip route replace default via 10.0.3.1 dev eth1
+    echo "   (A moved to 203.0.113.4 at $(date +%T))"
+  fi
+  local rc=0
+  wait "$call" || rc=$?
+  wait "$answer" || true
+  sed -n '/^{/,$p' "$work/$name-caller.out" >"$OUT/$name-caller.json"
+  sed -n '/^{/,$p' "$work/$name-callee.out" >"$OUT/$name-callee.json"
+  if [ $rc -ne 0 ] || [ ! -s "$OUT/$name-caller.json" ]; then
+    echo "$name: FAILED (tusa call exit $rc): $(tail -3 "$work/$name-caller.err")"
+    echo "   callee: $(tail -3 "$work/$name-callee.err")"
+    return 1
+  fi
+  python3 - "$name" "$OUT/$name-caller.json" "$OUT/$name-callee.json" <<'PY'
+import json, sys
+name, c, a = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+print(f"{name}: path={c['path']} pair={c.get('candidatePair')} connect={c.get('connectMilliseconds', 0):.0f}ms "
+      f"audio={c.get('dialToFirstAudioMilliseconds') or 0:.0f}ms sent={c['packetsSent']}/{a['packetsSent']} "
+      f"received={c['packetsReceived']}/{a['packetsReceived']} moves={a['addressChanges']}")
+PY
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  pids=()
+}
+
+failed=0
+for c in "${CASES[@]}"; do
+  case $c in
+    eim) run_case eim eim eim || failed=1 ;;
+    sym1) run_case sym1 sym eim || failed=1 ;;
+    sym2) run_case sym2 sym sym || failed=1 ;;
+    roam) run_case roam eim eim || failed=1 ;;
+    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, roam)" >&2; failed=1 ;;
+  esac
+done
+exit $failed
