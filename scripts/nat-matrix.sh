@@ -17,11 +17,14 @@
 #   eim    endpoint-independent mapping on both sides: expect a direct path
 #   sym1   symmetric NAT at A: direct through a peer-reflexive pair, or relayed
 #   sym2   symmetric NAT on both sides: expect relayed
-#   roam   eim, and mid-call A moves to another router (new public address):
-#          the call goes on (ICE restart through the rendezvous)
+#   roam   eim, and mid-call A's NAT rebinds: its UDP mappings are forgotten and
+#          new ones get other ports (what an idle timeout or a NAT reboot does to a
+#          roaming phone); the call goes on (ICE restart through the rendezvous)
+#   relay-restart  sym2, and mid-call the relay is killed and started again: the
+#          peers register again, allocate anew, and the call goes on relayed
 #
 # Each case writes OUT/CASE-caller.json and OUT/CASE-callee.json (the call
-# reports) and prints one line: CASE path=… pair=… connect=…ms audio=…ms.
+# reports) and their standard error (.log; TUSA_LOG=info says more) and prints one line: CASE path=… pair=… connect=…ms audio=…ms.
 # Exit status: 0 when every call ran, 1 when one failed, 77 when namespaces or
 # nftables are not available here (not root, no `ip netns`, no `nft`).
 #
@@ -36,7 +39,7 @@ PROBE=0
 if [ "${1:-}" = "--probe" ]; then PROBE=1; shift; fi
 if [ "${1:-}" = "-o" ]; then OUT=$2; shift 2; fi
 CASES=("$@")
-[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 roam)
+[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 roam relay-restart)
 TUSA=${TUSA:-$PWD/.build/debug/tusa}
 SPEECH=${SPEECH:-/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav}
 SECONDS_OF_CALL=${CALL_SECONDS:-4}
@@ -46,6 +49,7 @@ skip() { echo "nat-matrix: skipped: $*"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces and nftables)"
 command -v ip >/dev/null || skip "no ip (iproute2)"
 command -v nft >/dev/null || skip "no nft (nftables)"
+command -v conntrack >/dev/null || skip "no conntrack (conntrack-tools)"
 ip netns add "$P-probe" 2>/dev/null || skip "ip netns add is not permitted here"
 ip netns exec "$P-probe" nft list ruleset >/dev/null 2>&1 || { ip netns del "$P-probe"; skip "nftables is not usable in a namespace here"; }
 ip netns del "$P-probe"
@@ -129,19 +133,19 @@ build_host() {
   ns "$h" ip route add default via "10.0.$lan.1"
 }
 
-# A second router for A (roaming): A gets a second link to it; moving is a route change.
-build_roam_router() {
-  build_router rc 4 3 eim
-  ip link set "$P"rc-h netns "$P-a"
-  ns a ip link set "$P"rc-h name eth1
-  ns a ip addr add 10.0.3.2/24 dev eth1
-  ns a ip link set eth1 up
+# A's NAT rebinds: UDP mappings dropped, new ones from another port range.
+rebind_a() {
+  ns ra nft flush chain ip nat post
+  ns ra nft add rule ip nat post oifname wan meta l4proto udp masquerade to :40000-40999
+  ns ra nft add rule ip nat post oifname wan masquerade
+  ns ra conntrack -D -p udp 2>&1 | sed "s/^/   (rebinding A: /; s/$/)/"
 }
 
 start_relay() {
   (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --no-tcp --rendezvous-port 3480 --use-auth-secret \
     --static-auth-secret "nat-matrix-$$" --realm tusa.test >"$work/relay.out" 2>"$work/relay.err") &
-  pids+=($!)
+  relay_pid=$!
+  pids+=($relay_pid)
   for _ in $(seq 100); do grep -q '^rendezvous tcp' "$work/relay.out" && return 0; sleep 0.05; done
   echo "nat-matrix: the relay did not start: $(cat "$work/relay.err")" >&2
   return 1
@@ -157,10 +161,11 @@ run_case() {
   build_router rb 3 2 "$mb"
   build_host a ra 1
   build_host b rb 2
-  [ "$name" = roam ] && build_roam_router
+  : >"$work/relay.out"
   start_relay || return 1
-  local rv=203.0.113.1:3480 extra=()
-  [ "$name" = roam ] && extra=(--duration $((SECONDS_OF_CALL + 6)))
+  local rv=203.0.113.1:3480 extra=() long=0
+  case $name in roam|relay-restart) long=1 ;; esac
+  [ $long -eq 1 ] && extra=(--duration $((SECONDS_OF_CALL + 8)))
   (bg a "$TUSA" answer --rendezvous "$rv" --in tone --timeout 20 --json --quiet "${extra[@]}" \
     >"$work/$name-callee.out" 2>"$work/$name-callee.err") &
   local answer=$!
@@ -173,22 +178,29 @@ run_case() {
   done
   [ -n "$key" ] || { echo "$name: tusa answer did not register: $(cat "$work/$name-callee.err")"; return 1; }
   local input=tone
-  [ -f "$SPEECH" ] && input=$SPEECH
+  [ -f "$SPEECH" ] && [ $long -eq 0 ] && input=$SPEECH   # (the long cases outlast the speech)
   local duration=$SECONDS_OF_CALL
-  [ "$name" = roam ] && duration=$((SECONDS_OF_CALL + 4))
+  [ $long -eq 1 ] && duration=$((SECONDS_OF_CALL + 6))
   (bg b "$TUSA" call "$key" --rendezvous "$rv" --in "$input" --duration "$duration" --json --quiet \
     >"$work/$name-caller.out" 2>"$work/$name-caller.err") &
   local call=$!
   pids+=($call)
   if [ "$name" = roam ]; then
-    # A moves mid-call: its default route now goes through the other router (another public address).
     sleep $((SECONDS_OF_CALL / 2 + 1))
-    ns a ip route replace default via 10.0.3.1 dev eth1
-    echo "   (A moved to 203.0.113.4 at $(date +%T))"
+    rebind_a
+  fi
+  if [ "$name" = relay-restart ]; then
+    sleep $((SECONDS_OF_CALL / 2 + 1))
+    kill -9 "$relay_pid"
+    wait "$relay_pid" 2>/dev/null
+    sleep 0.5
+    : >"$work/relay.out"
+    start_relay || return 1
   fi
   local rc=0
   wait "$call" || rc=$?
   wait "$answer" || true
+  cp "$work/$name-caller.err" "$OUT/$name-caller.log"; cp "$work/$name-callee.err" "$OUT/$name-callee.log"
   sed -n '/^{/,$p' "$work/$name-caller.out" >"$OUT/$name-caller.json"
   sed -n '/^{/,$p' "$work/$name-callee.out" >"$OUT/$name-callee.json"
   if [ $rc -ne 0 ] || [ ! -s "$OUT/$name-caller.json" ]; then
@@ -215,7 +227,8 @@ for c in "${CASES[@]}"; do
     sym1) run_case sym1 sym eim || failed=1 ;;
     sym2) run_case sym2 sym sym || failed=1 ;;
     roam) run_case roam eim eim || failed=1 ;;
-    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, roam)" >&2; failed=1 ;;
+    relay-restart) run_case relay-restart sym sym || failed=1 ;;
+    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, roam, relay-restart)" >&2; failed=1 ;;
   esac
 done
 exit $failed

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Tusa needs on a Debian machine, idempotently and without questions:
 # the C libraries (-dev packages), the real peers used by the interop tests
-# (coturn, tshark), iproute2 and nftables (the NAT matrix), openssl (test certificates
+# (coturn, tshark), iproute2, nftables and conntrack (the NAT matrix), openssl (test certificates
 # for TURN over TLS), real speech for the
 # voice tests (pocketsphinx-testdata) and a Python venv in .venv with aioice, dpkt,
 # and numpy + pesq for the voice quality scores.
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   pkg-config libsodium-dev libopus-dev libspeex-dev libspeexdsp-dev
-  libpcap-dev zlib1g-dev libsndfile1-dev coturn tshark iproute2 nftables python3-venv openssl
+  libpcap-dev zlib1g-dev libsndfile1-dev coturn tshark iproute2 nftables conntrack python3-venv openssl
   pocketsphinx-testdata
 )
 PY_PACKAGES=(aioice dpkt numpy pesq)

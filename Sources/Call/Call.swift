@@ -46,6 +46,8 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var candidatePair: String?
     /// From dialing (or the offer's arrival) to the selected ICE pair.
     public var connectMilliseconds: Double?
+    /// ICE restarts during the call (after a move, a NAT rebinding, a relay restart).
+    public var iceRestarts = 0
 
     public var statusLine: String {
         let rtt = roundTripMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-"
@@ -67,6 +69,7 @@ public struct CallReport: Sendable, Codable, Equatable {
                             lossPercent, remoteLossPercent, jitterMilliseconds,
                             roundTripMilliseconds.map { String(format: "%.1f ms", $0) } ?? "-", jitterBufferDelayMilliseconds))
         lines.append("  concealed \(framesConcealed) frames, \(framesRecoveredByFEC) rebuilt by FEC")
+        if iceRestarts > 0 { lines.append("  ICE restarted \(iceRestarts)×") }
         lines.append(String(format: "  estimated MOS (E-model): %.2f", estimatedMOS))
         return lines.joined(separator: "\n")
     }
@@ -120,6 +123,8 @@ public final class CallAgent: @unchecked Sendable {
         public var stunServer: TransportAddress?
         /// How long connectivity checks may take before the call fails.
         public var connectTimeout: Duration = .seconds(10)
+        /// Restart ICE (through the rendezvous) when nothing came from the peer for this long.
+        public var restartAfterSilence: Duration = .seconds(2)
         /// Called about once a second with the live report.
         public var onStatus: (@Sendable (CallReport) -> Void)?
         public init() {}
@@ -137,15 +142,25 @@ public final class CallAgent: @unchecked Sendable {
         return c
     }
 
-    private let rendezvous: RendezvousConnection
-    private let inbox: Mailbox<(from: PublicKey, payload: [UInt8])>
+    /// The rendezvous connection and what came through it; replaced when the
+    /// connection drops mid-call (a relay restart), so that ICE restarts can be signalled.
+    private struct Link {
+        var connection: RendezvousConnection
+        var inbox: Mailbox<(from: PublicKey, payload: [UInt8])>
+    }
+    private let lock = NSLock()
+    private var link: Link
+    /// Connections made here after the first (closed when the call ends).
+    private var reconnected: [RendezvousConnection] = []
+    private var rendezvous: RendezvousConnection { lock.withLock { link.connection } }
+    private var inbox: Mailbox<(from: PublicKey, payload: [UInt8])> { lock.withLock { link.inbox } }
     private let identity: Identity
     private let options: Options
     private let logger: Logger
 
     public init(rendezvous: RendezvousConnection, identity: Identity, options: Options = .init(), logger: Logger = Logger(label: "tusa.call")) {
-        self.rendezvous = rendezvous; self.identity = identity; self.options = options; self.logger = logger
-        inbox = Mailbox(rendezvous.incoming)
+        self.identity = identity; self.options = options; self.logger = logger
+        link = Link(connection: rendezvous, inbox: Mailbox(rendezvous.incoming))
     }
 
     /// ICE for calls: checks paced at 20 ms (two candidates a side is the common
@@ -233,6 +248,20 @@ public final class CallAgent: @unchecked Sendable {
     /// Gathers (host addresses, the relay's allocation and mapped address) and
     /// starts the ICE agent on the endpoint's socket.
     private func startICE(_ endpoint: SecureUDPEndpoint, role: ICERole) async throws -> ICEDescription {
+        let candidates = try await gather(endpoint, again: false)
+        let stun = options.candidatePolicy == .all && rendezvous.turn == nil ? options.stunServer : nil
+        do {
+            return try await endpoint.startICE(role: role, candidates: candidates, stunServer: stun, configuration: Self.ice)
+        } catch {
+            throw CallError.noPath("\(error)")
+        }
+    }
+
+    /// Our candidates: this machine's addresses, and with the rendezvous' TURN grant
+    /// an allocation (relayed) and the address the relay saw (server-reflexive).
+    /// `again`: a restart, with a fresh allocation (the old one may be unreachable
+    /// from where we are now, or gone with a restarted relay).
+    private func gather(_ endpoint: SecureUDPEndpoint, again: Bool) async throws -> [ICELocalCandidate] {
         var candidates: [ICELocalCandidate] = []
         if options.candidatePolicy == .all {
             candidates = hostAddresses(includeLoopback: options.includeLoopback).enumerated().map { i, ip in
@@ -243,7 +272,9 @@ public final class CallAgent: @unchecked Sendable {
         if let grant = rendezvous.turn {
             do {
                 let server = try Self.turnServer(grant)
-                let allocation = try await endpoint.useRelay(server, configuration: TURNClient.Configuration(username: grant.username, password: grant.password))
+                let configuration = TURNClient.Configuration(username: grant.username, password: grant.password)
+                let allocation = again ? try await endpoint.replaceRelay(server, configuration: configuration)
+                                       : try await endpoint.useRelay(server, configuration: configuration)
                 candidates.append(.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay))
                 if options.candidatePolicy == .all, let mapped = allocation.mapped, !candidates.contains(where: { $0.candidate.address == mapped }) {
                     candidates.append(.serverReflexive(mapped, baseAddress: endpoint.localAddress, base: ICEBase.socket))
@@ -258,11 +289,43 @@ public final class CallAgent: @unchecked Sendable {
         if options.candidatePolicy == .relay && !candidates.contains(where: { $0.candidate.type == .relay }) {
             throw CallError.noPath("relay-only, but no relay: \(relayProblem ?? "?")")
         }
-        let stun = options.candidatePolicy == .all && rendezvous.turn == nil ? options.stunServer : nil
+        return candidates
+    }
+
+    /// A new registration at the rendezvous after the connection dropped (a relay restart).
+    private func reconnect() async {
+        let server = rendezvous.server
         do {
-            return try await endpoint.startICE(role: role, candidates: candidates, stunServer: stun, configuration: Self.ice)
+            let c = try await RendezvousConnection.connect(to: server, identity: identity.privateKey, timeout: .seconds(2))
+            lock.withLock {
+                link = Link(connection: c, inbox: Mailbox(c.incoming))
+                reconnected.append(c)
+            }
+            logger.info("registered again at the rendezvous", metadata: ["server": "\(server)"])
         } catch {
-            throw CallError.noPath("\(error)")
+            logger.info("the rendezvous is still unreachable", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// An ICE restart's checks against the peer's new description, in the background.
+    private func recheck(_ endpoint: SecureUDPEndpoint, _ theirs: ICEDescription) {
+        let timeout = options.connectTimeout, logger = logger
+        Task {
+            do { try await endpoint.connectICE(to: theirs, timeout: timeout) } catch {
+                logger.warning("ICE restart found no pair", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    /// An ICE restart's local half: gather again, new credentials; what to signal.
+    private func restartICE(_ endpoint: SecureUDPEndpoint) async -> ICEDescription? {
+        do {
+            let candidates = try await gather(endpoint, again: true)
+            guard !candidates.isEmpty else { return nil }
+            return try await endpoint.restartICE(candidates: candidates)
+        } catch {
+            logger.warning("ICE restart failed", metadata: ["error": "\(error)"])
+            return nil
         }
     }
 
@@ -301,11 +364,51 @@ public final class CallAgent: @unchecked Sendable {
         let limit = options.maximumDuration.map { ContinuousClock.now + $0 }
         var lastStatus = ContinuousClock.now
         let events = Mailbox(endpoint.events)
+        // Restart ICE when the peer falls silent (we moved, its NAT rebound us, the
+        // relay restarted): the path is found again through the rendezvous.
+        var heard = (packets: 0, at: ContinuousClock.now)
+        var lastRestart: ContinuousClock.Instant?
+        var lastReconnect: ContinuousClock.Instant?
+        var restarts = 0
+        defer {
+            let made = lock.withLock { reconnected }
+            Task { for c in made { await c.close() } }
+        }
         loop: while true {
-            // Signaling (hang-up) and endpoint events, polled every 50 ms.
+            if inbox.finished, lastReconnect.map({ ContinuousClock.now - $0 >= .seconds(1) }) ?? true {
+                lastReconnect = ContinuousClock.now
+                await reconnect()
+            }
+            // Signaling (hang-up, ICE restarts) and endpoint events, polled every 50 ms.
             while let (from, bytes) = inbox.take() {
-                if from == peer, let m = try? CallMessage(decoding: bytes), m.call == callID, m.kind == .hangup {
+                guard from == peer, let m = try? CallMessage(decoding: bytes), m.call == callID else { continue }
+                switch m.kind {
+                case .hangup:
                     ended = .remoteHangup; break loop
+                case .restart:
+                    // Both sides restarting at once: the controlling side's restart wins.
+                    if role == "caller", let lastRestart, ContinuousClock.now - lastRestart < .seconds(1) { continue }
+                    guard let theirs = m.path?.iceDescription, let ours = await restartICE(endpoint) else { continue }
+                    lastRestart = ContinuousClock.now
+                    restarts += 1
+                    try? await rendezvous.send(CallMessage(kind: .restartAnswer, call: callID, path: .init(ours)).encoded(), to: peer)
+                    recheck(endpoint, theirs)
+                case .restartAnswer:
+                    guard let theirs = m.path?.iceDescription else { continue }
+                    recheck(endpoint, theirs)
+                default:
+                    break
+                }
+            }
+            let received = session.statistics.packetsReceived
+            if received != heard.packets { heard = (received, ContinuousClock.now) }
+            if ContinuousClock.now - heard.at >= options.restartAfterSilence,
+               lastRestart.map({ ContinuousClock.now - $0 >= options.restartAfterSilence * 2 }) ?? true {
+                lastRestart = ContinuousClock.now
+                if let ours = await restartICE(endpoint) {
+                    restarts += 1
+                    logger.info("the peer fell silent: ICE restart", metadata: ["restart": "\(restarts)"])
+                    try? await rendezvous.send(CallMessage(kind: .restart, call: callID, path: .init(ours)).encoded(), to: peer)
                 }
             }
             while let event = events.take() {
@@ -313,7 +416,9 @@ public final class CallAgent: @unchecked Sendable {
                 case .session(.control(let id, let report)) where id == peerID: session.handle(report: report)
                 case .session(.peerGone(let id)) where id == peerID: ended = .peerVanished; break loop
                 case .session(.peerMoved(let id, _, let to)) where id == peerID: moves += 1; remote = "\(to)"
-                case .ice(.selected(let p)): path = Path(pair: p, connected: path.connected); remote = "\(p.remote.address)"
+                case .ice(.selected(let p)):
+                    logger.info("ICE selected a pair", metadata: ["pair": "\(p)"])
+                    path = Path(pair: p, connected: path.connected); remote = "\(p.remote.address)"
                 default: break
                 }
             }
@@ -323,7 +428,7 @@ public final class CallAgent: @unchecked Sendable {
             if let onStatus = options.onStatus, ContinuousClock.now - lastStatus >= .seconds(1) {
                 lastStatus = ContinuousClock.now
                 onStatus(report(session, role: role, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
-                                firstAudio: session.firstPlayedNanoseconds, started: started, ended: .localHangup, moves: moves))
+                                firstAudio: session.firstPlayedNanoseconds, started: started, ended: .localHangup, moves: moves, restarts: restarts))
             }
             try? await Task.sleep(for: .milliseconds(50))
         }
@@ -332,7 +437,7 @@ public final class CallAgent: @unchecked Sendable {
         }
         await session.stop()
         return report(session, role: role, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
-                      firstAudio: session.firstPlayedNanoseconds, started: started, ended: ended, moves: moves)
+                      firstAudio: session.firstPlayedNanoseconds, started: started, ended: ended, moves: moves, restarts: restarts)
     }
 
     /// What the report says of the path: the selected pair and when it was first selected.
@@ -349,7 +454,7 @@ public final class CallAgent: @unchecked Sendable {
     }
 
     private func report(_ session: VoiceSession, role: String, peer: PublicKey, path: Path, remote: String, codec: CodecConfiguration,
-                        dialed: Int64, firstAudio: Int64?, started: Int64, ended: CallEnd, moves: Int) -> CallReport {
+                        dialed: Int64, firstAudio: Int64?, started: Int64, ended: CallEnd, moves: Int, restarts: Int) -> CallReport {
         let s = session.statistics
         let p = s.playout
         let lost = p.lostPackets   // missing at their turn: lost on the way or too late
@@ -364,7 +469,7 @@ public final class CallAgent: @unchecked Sendable {
             jitterMilliseconds: s.remoteJitterMilliseconds, roundTripMilliseconds: s.roundTripMilliseconds,
             jitterBufferDelayMilliseconds: p.delayMeanMilliseconds, framesConcealed: p.framesConcealed,
             framesRecoveredByFEC: p.framesRecoveredByFEC, estimatedMOS: s.estimatedMOS(frameMilliseconds: codec.frameDuration.milliseconds),
-            ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected)
+            ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected, iceRestarts: restarts)
     }
 
     private func waitFor(call: String, from peer: PublicKey, kinds: Set<CallMessage.Kind>, timeout: Duration,
@@ -386,13 +491,18 @@ public final class CallAgent: @unchecked Sendable {
 final class Mailbox<T: Sendable>: @unchecked Sendable {
     private let lock = NSLock()
     private var items: [T] = []
+    private var ended = false
     private var task: Task<Void, Never>?
 
     init(_ stream: AsyncStream<T>) {
         task = Task { [weak self] in
             for await item in stream { self?.put(item) }
+            self?.lock.withLock { self?.ended = true }
         }
     }
+
+    /// The stream ended (and everything it had was taken).
+    var finished: Bool { lock.withLock { ended && items.isEmpty } }
 
     deinit { task?.cancel() }
 

@@ -9,6 +9,10 @@ import Voice
 public struct CallMessage: Codable, Equatable, Sendable {
     public enum Kind: String, Codable, Sendable {
         case offer, answer, reject, hangup
+        /// Mid-call ICE restart (RFC 8445 §9): new credentials and candidates after a
+        /// move or a relay restart, and the peer's in return.
+        case restart
+        case restartAnswer = "restart-answer"
     }
 
     /// The path a peer offers: where it can be reached (ICE-style candidate lines)
@@ -85,6 +89,9 @@ public struct CallMessage: Codable, Equatable, Sendable {
         guard !call.isEmpty, call.count <= 64 else { throw .malformed("call id must be 1-64 characters") }
         if kind == .offer || kind == .answer {
             guard path != nil, codec != nil else { throw .malformed("\(kind.rawValue) without path or codec") }
+        }
+        if kind == .restart || kind == .restartAnswer {
+            guard path != nil else { throw .malformed("\(kind.rawValue) without path") }
         }
     }
 }

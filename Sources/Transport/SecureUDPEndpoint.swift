@@ -229,6 +229,19 @@ public final class SecureUDPEndpoint: Sendable {
         do { return try await turn.allocate(timeout: .seconds(10)) } catch { throw .relay(error) }
     }
 
+    /// Releases the relay in use, if any, and allocates afresh on `server` (after a
+    /// move, a NAT rebinding or a relay restart). The release waits at most 500 ms:
+    /// a relay that restarted, or that sees us from a new address, answers at once
+    /// that it has no allocation for us; one that still has it frees our 5-tuple for
+    /// the new one. Peers reached through the old relay are reached directly until
+    /// told otherwise.
+    @discardableResult
+    public func replaceRelay(_ server: TransportAddress, configuration: TURNClient.Configuration) async throws(SecureTransportError) -> TURNClientAllocation {
+        if let old = try await onLoop({ $0.turn }) { try? await old.close(timeout: .milliseconds(500)) }
+        _ = try await onLoop { $0.detachRelay() }
+        return try await useRelay(server, configuration: configuration)
+    }
+
     /// Sends everything for `address` through the relay (a channel is bound to it).
     public func reach(_ address: TransportAddress, viaRelay: Bool) async throws(SecureTransportError) {
         guard viaRelay else {
@@ -521,6 +534,14 @@ final class SecureEngine {
             promise.fail(SecureTransportError.timeout)
             bound.value.waiters[id]?.removeAll { $0.futureResult === promise.futureResult }
         }
+    }
+
+    func detachRelay() {
+        turnEngine?.shutDown(.closed)
+        turnEngine = nil
+        turn = nil
+        turnServer = nil
+        relayed.removeAll()
     }
 
     func attachRelay(server: TransportAddress, configuration: TURNClient.Configuration) throws -> TURNClientConnection {

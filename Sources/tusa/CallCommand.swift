@@ -123,9 +123,10 @@ struct CallOptions: ParsableArguments {
     }
 }
 
+/// Errors only on standard error, or the level `TUSA_LOG` names (trace … critical).
 func quietLogger() -> Logger {
     var logger = Logger(label: "tusa.call")
-    logger.logLevel = .error
+    logger.logLevel = ProcessInfo.processInfo.environment["TUSA_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .error
     return logger
 }
 

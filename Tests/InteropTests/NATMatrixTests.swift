@@ -63,6 +63,35 @@ import Testing
         try Self.expectVoiceBothWays(o)
     }
 
+    /// Mid-call (3 s in), A's NAT forgets its UDP mappings and maps from another
+    /// port range; B's NAT then drops what A sends from the new port. The peers
+    /// notice the silence, restart ICE through the rendezvous and talk on: each
+    /// side receives well over the 3 s before the rebinding (of a 10 s call).
+    @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
+    func aNATRebindingMidCallIsSurvivedByAnICERestart() async throws {
+        let o = try await Self.run("roam")
+        try Self.expectRecovered(o)
+    }
+
+    /// Mid-call the relay process is killed and started again: the relayed path and
+    /// both rendezvous registrations are gone. The peers register again, allocate
+    /// anew, restart ICE and talk on through the new allocations.
+    @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
+    func aRelayRestartMidCallIsSurvivedByReallocating() async throws {
+        let o = try await Self.run("relay-restart")
+        #expect(o.caller["path"] as? String == "relayed", "\(o.line)")
+        try Self.expectRecovered(o)
+    }
+
+    static func expectRecovered(_ o: Outcome) throws {
+        let restarts = (o.caller["iceRestarts"] as? Int ?? 0) + (o.callee["iceRestarts"] as? Int ?? 0)
+        #expect(restarts >= 1, "\(o.line)")
+        #expect(o.caller["ended"] as? String == "time-limit", "\(o.line)")
+        // 3 s before the event are ~150 packets; the rest of the 10 s call came after it.
+        #expect(try #require(o.caller["packetsReceived"] as? Int) > 300, "\(o.line)")
+        #expect(try #require(o.callee["packetsReceived"] as? Int) > 300, "\(o.line)")
+    }
+
     @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
     func symmetricNATsOnBothSidesGoThroughTheRelay() async throws {
         let o = try await Self.run("sym2")
