@@ -20,6 +20,8 @@
 #   roam   eim, and mid-call A's NAT rebinds: its UDP mappings are forgotten and
 #          new ones get other ports (what an idle timeout or a NAT reboot does to a
 #          roaming phone); the call goes on (ICE restart through the rendezvous)
+#   udp-blocked  A's network lets no UDP out (TCP only): A allocates over TURN/TCP,
+#          the relay talks UDP to B; expect relayed
 #   relay-restart  sym2, and mid-call the relay is killed and started again: the
 #          peers register again, allocate anew, and the call goes on relayed
 #
@@ -39,7 +41,7 @@ PROBE=0
 if [ "${1:-}" = "--probe" ]; then PROBE=1; shift; fi
 if [ "${1:-}" = "-o" ]; then OUT=$2; shift 2; fi
 CASES=("$@")
-[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 roam relay-restart)
+[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 udp-blocked roam relay-restart)
 TUSA=${TUSA:-$PWD/.build/debug/tusa}
 SPEECH=${SPEECH:-/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav}
 SECONDS_OF_CALL=${CALL_SECONDS:-4}
@@ -85,6 +87,10 @@ build_internet() {
   ns pub ip link add br0 type bridge
   ns pub ip addr add 203.0.113.1/24 dev br0
   ns pub ip link set br0 up
+}
+
+block_udp() {
+  ns "$1" nft add rule inet filter forward iifname lan meta l4proto udp drop
 }
 
 # router NAME WAN-HOST-BYTE LAN-NET-BYTE MODE(eim|sym)
@@ -142,7 +148,7 @@ rebind_a() {
 }
 
 start_relay() {
-  (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --no-tcp --rendezvous-port 3480 --use-auth-secret \
+  (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --rendezvous-port 3480 --use-auth-secret \
     --static-auth-secret "nat-matrix-$$" --realm tusa.test >"$work/relay.out" 2>"$work/relay.err") &
   relay_pid=$!
   pids+=($relay_pid)
@@ -161,6 +167,7 @@ run_case() {
   build_router rb 3 2 "$mb"
   build_host a ra 1
   build_host b rb 2
+  [ "$name" = udp-blocked ] && block_udp ra
   : >"$work/relay.out"
   start_relay || return 1
   local rv=203.0.113.1:3480 extra=() long=0
@@ -227,8 +234,9 @@ for c in "${CASES[@]}"; do
     sym1) run_case sym1 sym eim || failed=1 ;;
     sym2) run_case sym2 sym sym || failed=1 ;;
     roam) run_case roam eim eim || failed=1 ;;
+    udp-blocked) run_case udp-blocked eim eim || failed=1 ;;
     relay-restart) run_case relay-restart sym sym || failed=1 ;;
-    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, roam, relay-restart)" >&2; failed=1 ;;
+    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, udp-blocked, roam, relay-restart)" >&2; failed=1 ;;
   esac
 done
 exit $failed

@@ -270,18 +270,29 @@ public final class CallAgent: @unchecked Sendable {
         }
         var relayProblem: String?
         if let grant = rendezvous.turn {
-            do {
-                let server = try Self.turnServer(grant)
-                let configuration = TURNClient.Configuration(username: grant.username, password: grant.password)
-                let allocation = again ? try await endpoint.replaceRelay(server, configuration: configuration)
-                                       : try await endpoint.useRelay(server, configuration: configuration)
-                candidates.append(.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay))
-                if options.candidatePolicy == .all, let mapped = allocation.mapped, !candidates.contains(where: { $0.candidate.address == mapped }) {
-                    candidates.append(.serverReflexive(mapped, baseAddress: endpoint.localAddress, base: ICEBase.socket))
+            let configuration = TURNClient.Configuration(username: grant.username, password: grant.password)
+            let servers = Self.turnServers(grant)
+            if servers.isEmpty { relayProblem = "no TURN URI among \(grant.uris)" }
+            // UDP first; TURN over TCP where UDP is blocked (the relay still talks UDP to the peer).
+            var first = !again
+            for (server, transport) in servers {
+                do {
+                    let timeout: Duration = transport == .udp ? .milliseconds(1500) : .seconds(5)
+                    let allocation = first ? try await endpoint.useRelay(server, over: transport, configuration: configuration, timeout: timeout)
+                                           : try await endpoint.replaceRelay(server, over: transport, configuration: configuration, timeout: timeout)
+                    candidates.append(.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay))
+                    // (Over TCP the mapped address is the TCP connection's: no UDP candidate.)
+                    if transport == .udp, options.candidatePolicy == .all, let mapped = allocation.mapped,
+                       !candidates.contains(where: { $0.candidate.address == mapped }) {
+                        candidates.append(.serverReflexive(mapped, baseAddress: endpoint.localAddress, base: ICEBase.socket))
+                    }
+                    relayProblem = nil
+                    break
+                } catch {
+                    first = false
+                    relayProblem = "\(transport.rawValue) \(server): \(error)"
+                    logger.warning("no relayed candidate", metadata: ["server": "\(server)", "transport": "\(transport.rawValue)", "error": "\(error)"])
                 }
-            } catch {
-                relayProblem = "\(error)"
-                logger.warning("no relayed candidate", metadata: ["error": "\(error)"])
             }
         } else {
             relayProblem = "the rendezvous gave no TURN credentials (tusa relay --static-auth-secret)"
@@ -335,16 +346,20 @@ public final class CallAgent: @unchecked Sendable {
         }
     }
 
-    /// The UDP TURN server of a grant's URIs (`turn:HOST:PORT?transport=udp`).
-    static func turnServer(_ grant: TURNGrant) throws -> TransportAddress {
-        for uri in grant.uris {
-            guard uri.hasPrefix("turn:") else { continue }
+    /// The TURN servers of a grant's URIs (`turn:HOST:PORT?transport=udp|tcp`), UDP first.
+    static func turnServers(_ grant: TURNGrant) -> [(TransportAddress, TURNClientConnection.TransportProtocol)] {
+        var udp: [(TransportAddress, TURNClientConnection.TransportProtocol)] = [], tcp = udp
+        for uri in grant.uris where uri.hasPrefix("turn:") {
             let parts = uri.dropFirst(5).split(separator: "?", maxSplits: 1)
             let query = parts.count > 1 ? String(parts[1]) : ""
-            guard query.isEmpty || query == "transport=udp" else { continue }
-            if let address = TransportAddress(String(parts.first ?? ""), defaultPort: 3478) { return address }
+            guard let address = TransportAddress(String(parts.first ?? ""), defaultPort: 3478) else { continue }
+            switch query {
+            case "", "transport=udp": udp.append((address, .udp))
+            case "transport=tcp": tcp.append((address, .tcp))
+            default: continue
+            }
         }
-        throw CallError.noPath("no UDP TURN URI among \(grant.uris)")
+        return Array((udp + tcp).prefix(4))
     }
 
     private func run(role: String, peer: PublicKey, peerID: PeerID, callID: String, endpoint: SecureUDPEndpoint, router: MediaRouter,

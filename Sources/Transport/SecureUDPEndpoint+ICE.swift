@@ -110,7 +110,7 @@ extension SecureEngine {
     private func writeICE(_ bytes: [UInt8], base: Int, to address: TransportAddress) {
         if base == ICEBase.relay {
             // A check the relay cannot take yet (no permission): its retransmission will.
-            try? turnEngine?.send(bytes, to: address)
+            try? sendThroughRelay(bytes, to: address)
         } else {
             writeDirect(bytes, to: address)
         }

@@ -225,8 +225,36 @@ public final class SecureUDPEndpoint: Sendable {
     /// `reach(_:viaRelay: true)` then go through it.
     @discardableResult
     public func useRelay(_ server: TransportAddress, configuration: TURNClient.Configuration) async throws(SecureTransportError) -> TURNClientAllocation {
-        let turn = try await onLoop { e in try e.attachRelay(server: server, configuration: configuration) }
-        do { return try await turn.allocate(timeout: .seconds(10)) } catch { throw .relay(error) }
+        try await useRelay(server, over: .udp, configuration: configuration)
+    }
+
+    /// Allocates on a TURN server reached over UDP (this socket) or TCP (a
+    /// connection of its own, for networks that block UDP: the relay still talks
+    /// UDP to peers). Gives up after `timeout`.
+    @discardableResult
+    public func useRelay(_ server: TransportAddress, over transport: TURNClientConnection.TransportProtocol,
+                         configuration: TURNClient.Configuration, timeout: Duration = .seconds(10)) async throws(SecureTransportError) -> TURNClientAllocation {
+        let turn: TURNClientConnection
+        switch transport {
+        case .udp:
+            turn = try await onLoop { e in try e.attachRelay(server: server, configuration: configuration) }
+        case .tcp:
+            if let existing = try await onLoop({ $0.turn }) { turn = existing } else {
+                let c: TURNClientConnection
+                do {
+                    c = try await TURNClientConnection.connect(to: server, over: .tcp, configuration: configuration,
+                                                               connectTimeout: timeout, group: channel.eventLoop)
+                } catch { throw .relay(error) }
+                let engine = self.engine, loop = channel.eventLoop
+                _ = try await onLoop { $0.attachStreamRelay(c) }
+                // Data from peers comes through the connection's stream; opened on our loop.
+                Task {
+                    for await d in c.received { loop.execute { engine.value.receivedRelayed(d) } }
+                }
+                turn = c
+            }
+        }
+        do { return try await turn.allocate(timeout: timeout) } catch { throw .relay(error) }
     }
 
     /// Releases the relay in use, if any, and allocates afresh on `server` (after a
@@ -236,10 +264,11 @@ public final class SecureUDPEndpoint: Sendable {
     /// the new one. Peers reached through the old relay are reached directly until
     /// told otherwise.
     @discardableResult
-    public func replaceRelay(_ server: TransportAddress, configuration: TURNClient.Configuration) async throws(SecureTransportError) -> TURNClientAllocation {
+    public func replaceRelay(_ server: TransportAddress, over transport: TURNClientConnection.TransportProtocol = .udp,
+                             configuration: TURNClient.Configuration, timeout: Duration = .seconds(10)) async throws(SecureTransportError) -> TURNClientAllocation {
         if let old = try await onLoop({ $0.turn }) { try? await old.close(timeout: .milliseconds(500)) }
         _ = try await onLoop { $0.detachRelay() }
-        return try await useRelay(server, configuration: configuration)
+        return try await useRelay(server, over: transport, configuration: configuration, timeout: timeout)
     }
 
     /// Sends everything for `address` through the relay (a channel is bound to it).
@@ -360,7 +389,7 @@ final class SecureEngine {
     }
 
     /// Datagrams a relay delivered from a peer.
-    private func receivedRelayed(_ d: TURNClient.Datagram) {
+    func receivedRelayed(_ d: TURNClient.Datagram) {
         guard !d.payload.isEmpty, d.payload.count <= scratch.count else { return }
         if d.payload[0] <= 3 {
             if let ice { _ = ice.receiveSTUN(d.payload, from: d.peer, base: ICEBase.relay) }
@@ -455,8 +484,8 @@ final class SecureEngine {
     /// Straight to the socket, or wrapped for the relay when the address is reached
     /// through one (`direct`: the socket in any case).
     private func write(_ buffer: ByteBuffer, to address: TransportAddress, direct: Bool = false) {
-        if !direct, relayed.contains(address), let turnEngine {
-            do { try turnEngine.send(Array(buffer.readableBytesView), to: address) } catch { unsent += 1 }
+        if !direct, relayed.contains(address) {
+            do { try sendThroughRelay(Array(buffer.readableBytesView), to: address) } catch { unsent += 1 }
             return
         }
         channel.write(AddressedEnvelope(remoteAddress: SocketAddress(address), data: buffer), promise: nil)
@@ -534,6 +563,23 @@ final class SecureEngine {
             promise.fail(SecureTransportError.timeout)
             bound.value.waiters[id]?.removeAll { $0.futureResult === promise.futureResult }
         }
+    }
+
+    /// To a peer through the relay: over this socket, or the relay's TCP connection.
+    func sendThroughRelay(_ bytes: [UInt8], to address: TransportAddress) throws(TURNClientError) {
+        if let turnEngine {
+            try turnEngine.send(bytes, to: address)
+        } else if let turn {
+            try turn.sendFromLoop(bytes, to: address)
+        } else {
+            throw .notAllocated
+        }
+    }
+
+    func attachStreamRelay(_ connection: TURNClientConnection) {
+        turn = connection
+        turnEngine = nil
+        turnServer = nil
     }
 
     func detachRelay() {

@@ -193,6 +193,17 @@ public final class TURNClientConnection: Sendable {
         }
     }
 
+    /// Sends at once when called on the connection's event loop (a secure endpoint
+    /// sharing the loop), else by a hop to it. Errors of a hop are dropped, as UDP would.
+    func sendFromLoop(_ payload: [UInt8], to peer: TransportAddress) throws(TURNClientError) {
+        if channel.eventLoop.inEventLoop {
+            try engine.value.send(payload, to: peer)
+        } else {
+            let engine = self.engine
+            channel.eventLoop.execute { try? engine.value.send(payload, to: peer) }
+        }
+    }
+
     /// Releases the allocation (Refresh with LIFETIME 0), waiting at most
     /// `timeout` for the server's answer, then closes the socket. ``received`` ends.
     ///

@@ -3,8 +3,9 @@ import Testing
 
 /// `tusa call` through real kernel NAT: network namespaces, veth links and
 /// nftables routers (scripts/nat-matrix.sh), `tusa relay` on the "internet"
-/// between the peers. Each case asserts the path ICE chose and that voice flowed
-/// both ways. Where namespaces or nftables are not usable (not root, no
+/// between the peers: endpoint-independent and symmetric NATs, a network that
+/// blocks UDP, a NAT rebinding and a relay restart mid-call. Each case asserts the
+/// path ICE chose and that voice flowed both ways. Where namespaces or nftables are not usable (not root, no
 /// `ip netns`, no `nft`), the suite is skipped and says why.
 @Suite(.serialized) struct NATMatrixTests {
     static let script = Harness.packageRoot.appendingPathComponent("scripts/nat-matrix.sh").path
@@ -60,6 +61,16 @@ import Testing
         let path = try #require(o.caller["path"] as? String)
         #expect(path == "relayed" || (o.caller["candidatePair"] as? String)?.contains("prflx") == true, "\(o.line)")
         #expect(o.callee["path"] as? String == path, "\(o.line)")
+        try Self.expectVoiceBothWays(o)
+    }
+
+    /// A's network lets no UDP out: A allocates over TURN/TCP, the relay talks UDP
+    /// to B, and the call is relayed.
+    @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
+    func aNetworkThatBlocksUDPIsReachedThroughTURNOverTCP() async throws {
+        let o = try await Self.run("udp-blocked")
+        #expect(o.caller["path"] as? String == "relayed" && o.callee["path"] as? String == "relayed", "\(o.line)")
+        #expect((o.callee["candidatePair"] as? String)?.hasPrefix("relay") == true, "\(o.line)")
         try Self.expectVoiceBothWays(o)
     }
 
