@@ -48,6 +48,8 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var connectMilliseconds: Double?
     /// ICE restarts during the call (after a move, a NAT rebinding, a relay restart).
     public var iceRestarts = 0
+    /// The encoder's bitrate at the end (lowered from the configured one under heavy loss).
+    public var sendBitrate = 0
 
     public var statusLine: String {
         let rtt = roundTripMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-"
@@ -65,6 +67,7 @@ public struct CallReport: Sendable, Codable, Equatable {
         if let c = connectMilliseconds { lines.append(String(format: "  connected (ICE) in %.0f ms", c)) }
         if let d = dialToFirstAudioMilliseconds { lines.append(String(format: "  dial to first audio: %.0f ms", d)) }
         lines.append(String(format: "  duration %.1f s, sent %d, received %d packets", durationSeconds, packetsSent, packetsReceived))
+        lines.append("  sending at \(sendBitrate / 1000) kb/s")
         lines.append(String(format: "  loss %.1f%% (peer saw %.1f%%), jitter %.0f ms, rtt %@, buffer %.0f ms",
                             lossPercent, remoteLossPercent, jitterMilliseconds,
                             roundTripMilliseconds.map { String(format: "%.1f ms", $0) } ?? "-", jitterBufferDelayMilliseconds))
@@ -484,7 +487,8 @@ public final class CallAgent: @unchecked Sendable {
             jitterMilliseconds: s.remoteJitterMilliseconds, roundTripMilliseconds: s.roundTripMilliseconds,
             jitterBufferDelayMilliseconds: p.delayMeanMilliseconds, framesConcealed: p.framesConcealed,
             framesRecoveredByFEC: p.framesRecoveredByFEC, estimatedMOS: s.estimatedMOS(frameMilliseconds: codec.frameDuration.milliseconds),
-            ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected, iceRestarts: restarts)
+            ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected, iceRestarts: restarts,
+            sendBitrate: s.encoderBitrate)
     }
 
     private func waitFor(call: String, from peer: PublicKey, kinds: Set<CallMessage.Kind>, timeout: Duration,

@@ -53,6 +53,8 @@ public struct VoiceSessionStatistics: Sendable, Equatable {
     public var playout = PlayoutStatistics()
     /// The loss hint the encoder follows now.
     public var encoderLossHint = 0
+    /// The encoder's bitrate now (the configured one, lowered under heavy loss).
+    public var encoderBitrate = 0
     public var sourceEnded = false
 
     /// ITU-T G.107 E-model estimate for the path as we receive it: one-way delay =
@@ -100,6 +102,8 @@ public final class VoiceSession: @unchecked Sendable {
     private let finished = Mutex<Bool>(false)
     private let stats = Mutex(VoiceSessionStatistics())
     private let pendingHint = Atomic<Int>(-1)
+    private let pendingBitrate = Atomic<Int>(-1)
+    private let bitrate: Mutex<BitrateController?>
     private let firstPlayed = AtomicBox()
     private var thread: Thread?
     private let done = DispatchSemaphore(value: 0)
@@ -121,7 +125,9 @@ public final class VoiceSession: @unchecked Sendable {
         self.source = try source.map { s throws(VoiceError) in try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame) }
         self.sink = sink
         sinkResampler = try sink.flatMap { s throws(VoiceError) in s.sampleRate == codec.sampleRate ? nil : try Resampler(from: codec.sampleRate, to: s.sampleRate) }
-        stats.withLock { $0.encoderLossHint = codec.packetLossPercent }
+        stats.withLock { $0.encoderLossHint = codec.packetLossPercent; $0.encoderBitrate = codec.bitrate }
+        // (L16 has one bitrate.)
+        bitrate = Mutex(codec.kind == .l16 ? nil : BitrateController(maximum: codec.bitrate))
         let first = firstPlayed
         receiver.onPacketPlayed = { _, playNs in first.setOnce(playNs) }
     }
@@ -161,6 +167,9 @@ public final class VoiceSession: @unchecked Sendable {
             s.remoteJitterMilliseconds = Double(report.jitter) * 1000 / Double(codec.sampleRate)
         }
         pendingHint.store(Int(report.lossHint), ordering: .releasing)
+        if let b = bitrate.withLock({ $0?.report(lossFraction: Double(report.fractionLost) / 256) }) {
+            pendingBitrate.store(b, ordering: .releasing)
+        }
     }
 
     /// The secure layer's round-trip time, measured when each report arrived.
@@ -207,6 +216,10 @@ public final class VoiceSession: @unchecked Sendable {
                     if hint >= 0 {
                         try? sender.adapt(lossPercent: hint)
                         stats.withLock { $0.encoderLossHint = hint }
+                    }
+                    let rate = pendingBitrate.exchange(-1, ordering: .acquiringAndReleasing)
+                    if rate > 0, (try? sender.adapt(bitrate: rate)) != nil {
+                        stats.withLock { $0.encoderBitrate = rate }
                     }
                     let frame = captured.withUnsafeBufferPointer { c in
                         played.withUnsafeBufferPointer { p in

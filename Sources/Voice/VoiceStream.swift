@@ -113,6 +113,11 @@ public final class VoiceSender {
         return frame
     }
 
+    /// The encoder's bitrate from now on (``BitrateController`` decides it).
+    public func adapt(bitrate: Int) throws(VoiceError) {
+        try encoder.setBitrate(bitrate)
+    }
+
     /// Follows the receiver's loss reports: the encoder's loss hint, and in-band FEC
     /// on whenever loss is expected (Opus; Speex ignores both).
     public func adapt(lossPercent: Int) throws(VoiceError) {

@@ -155,6 +155,9 @@ import Voice
         #expect(seen > 8 && seen < 35, "peer saw \(seen) %")
         #expect(try #require(a["framesRecoveredByFEC"] as? Int) > 0)
         #expect(try #require(a["lossPercent"] as? Double) > 8)
+        // The caller's encoder followed the callee's reports of heavy loss down from 24 kb/s.
+        #expect(try #require(c["sendBitrate"] as? Int) < 22_000, "\(c)")
+        #expect(try #require(a["sendBitrate"] as? Int) == 24_000, "\(a)")   // the way back was clean
         // Bad specifications are refused before anything starts.
         let bad = try await TURNClientPeerTests.tusa(["call", key, "--rendezvous", "127.0.0.1:\(port)", "--impair", "loss=150%"])
         #expect(bad.status == 64 && bad.stderr.contains("at most 100%"), "\(bad.stderr)")
