@@ -36,6 +36,10 @@ public struct SecureConfiguration: Sendable {
     /// An encrypted receiver report (loss, jitter, round-trip time, a loss hint
     /// for the peer's encoder) goes to each established peer this often; zero: never.
     public var reportInterval: Duration = .seconds(5)
+    /// The first report goes this soon after the keys are confirmed, and each side
+    /// answers the peer's first report at once: both know the round trip within
+    /// a second, not two report intervals.
+    public var firstReportAfter: Duration = .milliseconds(500)
     /// The RTP clock rate of incoming media, for the jitter in reports
     /// (8000: Speex narrowband and the 8 kHz pipeline; Opus streams use 48000).
     public var mediaClockRate: UInt32 = 8000

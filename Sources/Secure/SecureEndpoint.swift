@@ -290,6 +290,13 @@ public final class SecureEndpoint {
             authenticated(p, keys: keys, from: source, newest: true, now: now)
             if report.kind == .report {
                 p.lastPeerReport = (report, now)
+                // The peer's first report gets one at once: it echoes the peer's timestamp.
+                if !p.answeredFirstReport, configuration.reportInterval > .zero, p.current != nil {
+                    p.answeredFirstReport = true
+                    p.lastReportSent = now
+                    p.reportsSent += 1
+                    try? sendControl(makeReport(p, now: now), to: p.id, now: now)
+                }
                 if let rtt = ControlReport.roundTrip(
                     now: ControlReport.compactTimestamp(nanoseconds: now.nanoseconds),
                     lastReportTimestamp: report.lastReportTimestamp, delaySinceLastReport: report.delaySinceLastReport)
@@ -604,8 +611,9 @@ public final class SecureEndpoint {
             }
             if let keys = p.current {
                 maybeRekey(p, keys: keys, now: now)
-                if configuration.reportInterval > .zero, now - (p.lastReportSent ?? .zero) >= configuration.reportInterval {
+                if configuration.reportInterval > .zero, now - (p.lastReportSent ?? .zero) >= reportInterval(p) {
                     p.lastReportSent = now
+                    p.reportsSent += 1
                     try? sendControl(makeReport(p, now: now), to: p.id, now: now)
                 }
                 if now - max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) >= configuration.keepaliveInterval {
@@ -614,6 +622,11 @@ public final class SecureEndpoint {
                 }
             }
         }
+    }
+
+    /// The wait before `p`'s next report: short before the first.
+    private func reportInterval(_ p: PeerState) -> Duration {
+        p.reportsSent == 0 ? min(configuration.firstReportAfter, configuration.reportInterval) : configuration.reportInterval
     }
 
     /// When `poll` must run next, or nil when nothing is scheduled.
@@ -630,7 +643,7 @@ public final class SecureEndpoint {
             consider(last + configuration.peerTimeout)
             if p.pending == nil { consider(last + configuration.rehandshakeAfterSilence) }
             if let keys = p.current {
-                if configuration.reportInterval > .zero { consider((p.lastReportSent ?? .zero) + configuration.reportInterval) }
+                if configuration.reportInterval > .zero { consider((p.lastReportSent ?? .zero) + reportInterval(p)) }
                 consider(max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) + configuration.keepaliveInterval)
                 if p.pending == nil {
                     consider(keys.createdAt + configuration.rekeyAfter + (keys.initiator ? .zero : configuration.handshakeTimeout))
@@ -710,6 +723,8 @@ final class PeerState {
     var lastKeepaliveAttempt: Timestamp?
     var reception: ReceptionStatistics
     var lastReportSent: Timestamp?
+    var reportsSent = 0
+    var answeredFirstReport = false
     var lastPeerReport: (report: ControlReport, at: Timestamp)?
     var roundTrip: Duration?
     var smoothedLoss = 0.0

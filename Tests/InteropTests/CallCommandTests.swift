@@ -135,6 +135,9 @@ import Voice
         #expect(Self.json(caller.stdout)?["ended"] as? String == "remote-hangup", "\(caller.stdout)")
         _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
         #expect(Self.json(answerer.stdout)?["ended"] as? String == "time-limit", "\(answerer.stdout)")
+        // Even a 1.5 s call knows its round trip on both sides (the first reports are answered at once).
+        #expect(Self.json(answerer.stdout)?["roundTripMilliseconds"] as? Double != nil, "\(answerer.stdout)")
+        #expect(Self.json(caller.stdout)?["roundTripMilliseconds"] as? Double != nil, "\(caller.stdout)")
     }
 
     @Test(.enabled(if: ready, "\(needs)"))

@@ -387,6 +387,26 @@ import Testing
         #expect(throws: KeyLog.ParseError.self) { try KeyLog.parse("TUSA_MEDIA_KEY zz 00") }
     }
 
+    /// The first report goes half a second in and is answered at once: both sides
+    /// know the round trip within a second (a short call's report has it too),
+    /// long before the 5 s report interval.
+    @Test func bothSidesKnowTheRoundTripWithinASecond() throws {
+        var impair = SimulatedNetwork.Impairment()
+        impair.delay = .milliseconds(15)
+        let (net, a, b, bAtA, aAtB) = SimulatedNetwork.pair(configuration: SecureConfiguration(), impairment: impair)
+        for i in 0..<50 {  // 1 s of 20 ms frames both ways
+            try net.sendMedia(a, to: bAtA, payload: payload(i), timestamp: UInt32(i * 160))
+            try net.sendMedia(b, to: aAtB, payload: payload(i), timestamp: UInt32(i * 160))
+            net.run(for: .milliseconds(20))
+        }
+        for rtt in [a.endpoint.roundTripTime(of: bAtA), b.endpoint.roundTripTime(of: aAtB)] {
+            let ms = try #require(rtt, "no round trip after 1 s").nanoseconds / 1_000_000
+            #expect((29...31).contains(ms), "rtt \(ms) ms")
+        }
+        let reports = a.events.filter { if case .control(_, let r) = $0 { r.kind == .report } else { false } }
+        #expect(reports.count <= 2, "answering is once, not a ping-pong: \(reports.count)")
+    }
+
     @Test func receiverReportsCarryLossJitterAndRoundTripTime() throws {
         var config = SecureConfiguration()
         config.reportInterval = .seconds(2)
