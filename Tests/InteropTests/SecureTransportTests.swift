@@ -1,4 +1,5 @@
 import Foundation
+import ICE
 import NIOCore
 import NIOPosix
 import STUN
@@ -159,6 +160,60 @@ struct SecureTransportTests {
         await b.close()
         #expect(relay.stop() == 0)
         #expect(relay.stdout.contains("turn: "), "\(relay.stdout)")
+    }
+
+    @Test("ICE on the endpoint's socket: checks, the selected pair, then the handshake and media on it")
+    func iceThenHandshake() async throws {
+        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let ca = Collector(a), cb = Collector(b)
+        let da = try await a.startICE(role: .controlling, candidates: [.host(a.localAddress, base: ICEBase.socket)])
+        let db = try await b.startICE(role: .controlled, candidates: [.host(b.localAddress, base: ICEBase.socket)])
+        async let bPair = b.connectICE(to: da, timeout: .seconds(5))
+        let aPair = try await a.connectICE(to: db, timeout: .seconds(5))
+        #expect(try await bPair.remote.address == a.localAddress)
+        #expect(aPair.remote.address == b.localAddress && !aPair.isRelayed)
+        async let waiting = b.waitForPeer(a.publicKey)
+        let bAtA = try await a.connect(to: b.publicKey, at: aPair.remote.address)
+        let aAtB = try await waiting
+        try await a.followICE(bAtA)
+        await exchange(a, bAtA, ca, b, aAtB, cb, count: 50, offset: 500, payloadType: 111)
+        #expect(ca.events.contains(.ice(.selected(aPair))))
+        // A second startICE is refused, and a bad peer description is a typed error.
+        await #expect(throws: SecureTransportError.self) { try await a.startICE(role: .controlling, candidates: [.host(a.localAddress, base: 0)]) }
+        await #expect(throws: SecureTransportError.self) {
+            try await a.connectICE(to: ICEDescription(credentials: ICECredentials(ufrag: "x", pwd: "y"), candidates: []))
+        }
+        await a.close()
+        await b.close()
+    }
+
+    @Test("ICE with a relayed candidate over TURN/TCP: the peer reaches A only at the relay",
+        .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
+    func iceThroughTURNOverTCP() async throws {
+        let (relay, port) = try #require(try Harness.startRelay([
+            "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
+        ]))
+        defer { relay.stop() }
+        let server = TransportAddress(ip: .v4(0x7F00_0001), port: port)
+        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let ca = Collector(a), cb = Collector(b)
+        let allocation = try await a.useRelay(server, over: .tcp, configuration: .init(username: "alice", password: "wonderland"))
+        let da = try await a.startICE(role: .controlling, candidates: [.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay)])
+        let db = try await b.startICE(role: .controlled, candidates: [.host(b.localAddress, base: ICEBase.socket)])
+        async let bPair = b.connectICE(to: da, timeout: .seconds(8))
+        let aPair = try await a.connectICE(to: db, timeout: .seconds(8))
+        #expect(aPair.isRelayed && aPair.local.candidate.type == .relay)
+        #expect(try await bPair.remote.address == allocation.relayed)
+        async let waiting = a.waitForPeer(b.publicKey)
+        let aAtB = try await b.connect(to: a.publicKey, at: allocation.relayed)
+        let bAtA = try await waiting
+        await exchange(b, aAtB, cb, a, bAtA, ca, count: 50, offset: 500, payloadType: 0)
+        #expect(try await b.describe(aAtB)?.address == allocation.relayed, "B sees A only at the relay")
+        await a.close()
+        await b.close()
+        #expect(relay.stop() == 0)
     }
 
     @Test("tshark reads the sealed media as RTP without keys; tusa interop decrypt opens it with the key log",
