@@ -20,7 +20,10 @@ impair=()
 [ -n "$IMPAIR" ] && impair=(--impair "$IMPAIR")
 
 echo "== an encrypted call on loopback: tusa relay (rendezvous), tusa answer, tusa call${IMPAIR:+ (impaired: $IMPAIR)}"
-start_relay call --listen 127.0.0.1:0 --rendezvous-port 0
+# A REST secret: registered peers get TURN credentials, so each side also offers a
+# relayed candidate (ICE still picks the direct pair on loopback).
+start_relay call --listen 127.0.0.1:0 --rendezvous-port 0 --use-auth-secret --static-auth-secret "demo-$$" \
+  --realm tusa.demo --allow-loopback-peers
 rendezvous=$(sed -n 's/^rendezvous tcp \(.*\)$/\1/p' "$work/call.out" | head -1)
 for _ in $(seq 100); do
   [ -n "$rendezvous" ] && break
