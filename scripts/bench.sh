@@ -13,7 +13,8 @@
 #     echo return loss, CPU per call-second against the bare library calls
 #     (voice-bench), and PESQ under loss against a speexdsp baseline (quality.sh).
 #  6. Calls: dial to first audio and stack-added mouth-to-ear delay through real
-#     calls on loopback (call-bench).
+#     calls on loopback (call-bench); time to connect and to first audio through
+#     real kernel NAT, direct and relayed (scripts/nat-matrix.sh, as root).
 # Results go to standard output and out/bench/; BENCHMARKS.md keeps the latest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,3 +58,6 @@ swift build -c release --product call-bench >out/bench/call-build.log 2>&1 \
   || { cat out/bench/call-build.log; exit 1; }
 # (a missed target is reported in the table, not a reason to stop the other benchmarks)
 "$(swift build -c release --show-bin-path)/call-bench" 10 2>/dev/null | tee out/bench/call.md || true
+echo
+echo "== Calls through real kernel NAT: time to connect and to first audio (scripts/nat-matrix.sh; root)"
+TUSA="$TUSA" bash scripts/nat-matrix.sh -o out/bench/nat-matrix | tee out/bench/nat-matrix.txt || true
