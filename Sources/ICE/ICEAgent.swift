@@ -160,8 +160,17 @@ public struct ICEAgent: Sendable {
     public mutating func addRemote(_ candidate: ICECandidate) {
         guard candidate.component == 1, remoteCandidates.count < configuration.maxRemoteCandidates else { return }
         if let i = remoteCandidates.firstIndex(where: { $0.address == candidate.address }) {
-            // A signalled candidate replaces a peer-reflexive one learnt from a check.
-            if remoteCandidates[i].type == .prflx && candidate.type != .prflx { remoteCandidates[i] = candidate }
+            // A signalled candidate replaces a peer-reflexive one learnt from a check
+            // (the peer's check came before its description), in its pairs too: they
+            // rank by the signalled priority, not the prflx one (which would put a
+            // host pair below every other host pair).
+            if remoteCandidates[i].type == .prflx && candidate.type != .prflx {
+                remoteCandidates[i] = candidate
+                for j in pairs.indices where pairs[j].pair.remote.address == candidate.address {
+                    pairs[j].pair.remote = candidate
+                }
+                recomputePriorities()
+            }
             return
         }
         remoteCandidates.append(candidate)

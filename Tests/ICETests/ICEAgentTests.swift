@@ -142,6 +142,26 @@ struct ICEAgentTests {
         #expect(selected(net.a.events) != nil)
     }
 
+    /// The callee checks as soon as it has the offer, so its first check can reach
+    /// the caller before the answer does: the caller learns the callee's host as
+    /// peer-reflexive. The answer's candidates then replace it, pairs included,
+    /// so a second, worse host of the callee does not outrank it.
+    @Test func aCheckBeforeTheDescriptionDoesNotDemoteTheSignalledCandidate() {
+        var net = pair()
+        let other = TransportAddress(ip: ip(127, 0, 0, 1), port: 5000)
+        net.b.agent.addLocal(.host(other, base: 0, localPreference: 65534))
+        net.b.agent.setRemote(net.a.agent.local, candidates: net.a.agent.advertised)
+        net.run(for: 0.01)   // B's first check reaches A, which knows nothing of B yet
+        #expect(net.a.agent.remoteCandidates.map(\.type) == [.prflx])
+        net.a.agent.setRemote(net.b.agent.local, candidates: net.b.agent.advertised)
+        #expect(net.a.agent.remoteCandidates.map(\.type) == [.host, .host])
+        // The best pair succeeds and, nothing better being out, is nominated at once
+        // (not after the nomination delay that a falsely better pair would cost).
+        net.run(for: 0.05)
+        #expect(selected(net.a.events)?.remote.address == net.b.host, "the better host, signalled after the check")
+        #expect(selected(net.a.events)?.remote.type == .host)
+    }
+
     @Test func unreachablePeersFailOnceEveryCheckTimedOut() {
         var net = pair()
         net.blackhole = true
