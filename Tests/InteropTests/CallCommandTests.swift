@@ -178,6 +178,8 @@ import Voice
             (["call", key, "--rendezvous", "127.0.0.1:9"], 2, "cannot reach the rendezvous"),
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--quiet"], 2, "no peer registered under"),
             (["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "0.5", "--quiet"], 2, "no call within"),
+            (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--relay-only", "--quiet"], 2, "relay-only, but no relay: the rendezvous gave no TURN credentials"),
+            (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--stun", "not an address"], 64, "--stun 'not an address' is not HOST[:PORT]"),
         ]
         for (arguments, status, message) in cases {
             let r = try await TURNClientPeerTests.tusa(arguments, timeout: 20)
