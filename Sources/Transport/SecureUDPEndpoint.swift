@@ -19,7 +19,7 @@ public enum SecureUDPEvent: Sendable, Equatable {
     case session(SecureEvent)
     /// An authenticated media packet (when no media handler was given).
     case media(PeerID, RTPHeader, payload: [UInt8])
-    /// What the ICE agent reported, when ICE runs on the endpoint (``SecureUDPEndpoint/startICE(role:candidates:credentials:configuration:)``).
+    /// What the ICE agent reported, when ICE runs on the endpoint (``SecureUDPEndpoint/startICE(role:candidates:credentials:stunServer:gatherTimeout:configuration:)``).
     case ice(ICEEvent)
 }
 
@@ -230,7 +230,8 @@ public final class SecureUDPEndpoint: Sendable {
 
     /// Allocates on a TURN server reached over UDP (this socket) or TCP (a
     /// connection of its own, for networks that block UDP: the relay still talks
-    /// UDP to peers). Gives up after `timeout`.
+    /// UDP to peers). Gives up after `timeout`. With a relay already in use, it is
+    /// the one that allocates (``replaceRelay(_:over:configuration:timeout:)`` changes it).
     @discardableResult
     public func useRelay(_ server: TransportAddress, over transport: TURNClientConnection.TransportProtocol,
                          configuration: TURNClient.Configuration, timeout: Duration = .seconds(10)) async throws(SecureTransportError) -> TURNClientAllocation {
