@@ -140,10 +140,11 @@ struct SecureTransportTests {
     @Test("media rides TURN ChannelData through a real tusa relay, end to end sealed",
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func throughTusaRelay() async throws {
-        let (relay, port) = try #require(try Harness.startRelay([
+        // (Process waits run off the cooperative pool: a blocked pool thread stalls other suites' async tests.)
+        let (relay, port) = try #require(try await TURNClientPeerTests.blocking { try Harness.startRelay([
             "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
-        ]))
-        defer { relay.stop() }
+        ]) })
+        defer { relay.stop(signal: SIGKILL, grace: 0) }
         let server = TransportAddress(ip: .v4(0x7F00_0001), port: port)
         let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
         let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
@@ -158,7 +159,7 @@ struct SecureTransportTests {
         #expect(try await b.describe(aAtB)?.address == allocation.relayed, "B sees A only at the relay")
         await a.close()
         await b.close()
-        #expect(relay.stop() == 0)
+        #expect(try await TURNClientPeerTests.blocking { relay.stop() } == 0)
         #expect(relay.stdout.contains("turn: "), "\(relay.stdout)")
     }
 
@@ -191,10 +192,11 @@ struct SecureTransportTests {
     @Test("ICE with a relayed candidate over TURN/TCP: the peer reaches A only at the relay",
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func iceThroughTURNOverTCP() async throws {
-        let (relay, port) = try #require(try Harness.startRelay([
+        // (Process waits run off the cooperative pool: a blocked pool thread stalls other suites' async tests.)
+        let (relay, port) = try #require(try await TURNClientPeerTests.blocking { try Harness.startRelay([
             "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
-        ]))
-        defer { relay.stop() }
+        ]) })
+        defer { relay.stop(signal: SIGKILL, grace: 0) }
         let server = TransportAddress(ip: .v4(0x7F00_0001), port: port)
         let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
         let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
@@ -213,7 +215,7 @@ struct SecureTransportTests {
         #expect(try await b.describe(aAtB)?.address == allocation.relayed, "B sees A only at the relay")
         await a.close()
         await b.close()
-        #expect(relay.stop() == 0)
+        #expect(try await TURNClientPeerTests.blocking { relay.stop() } == 0)
     }
 
     @Test("tshark reads the sealed media as RTP without keys; tusa interop decrypt opens it with the key log",

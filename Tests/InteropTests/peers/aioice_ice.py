@@ -18,7 +18,7 @@ Usage:
 3. Runs aioice's connectivity checks (connect(), bounded by --timeout) and
    prints {"connected": true, "local": "ip:port", "remote": "ip:port"} for the
    nominated pair of component 1.
-4. Sends b"hello from aioice", waits up to 5 s for one datagram, prints
+4. Sends b"hello from aioice", waits up to --timeout for one datagram, prints
    {"received": "<text>"}; if it was "hello from tusa", answers
    b"bye from aioice". Then closes and exits 0.
 
@@ -37,7 +37,6 @@ import threading
 import aioice
 import aioice.ice
 
-RECV_TIMEOUT = 5.0
 
 
 def emit(obj: dict) -> None:
@@ -112,7 +111,7 @@ async def run(role: str, timeout: float) -> int:
         step = "exchanging data"
         await conn.send(b"hello from aioice")
         step = "waiting for a datagram"
-        data = await asyncio.wait_for(conn.recv(), RECV_TIMEOUT)
+        data = await asyncio.wait_for(conn.recv(), timeout)
         text = data.decode("utf-8", "replace")
         emit({"received": text})
         if text == "hello from tusa":
