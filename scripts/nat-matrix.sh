@@ -3,11 +3,13 @@
 # namespaces, veth links, nftables), with `tusa relay` (rendezvous + TURN) on the
 # "internet" between them.
 #
-#   tz-pub   the internet: a bridge on 203.0.113.0/24, the relay on 203.0.113.1
-#   tz-ra    A's router: WAN 203.0.113.2, LAN 10.0.1.1/24, NAT (nftables)
-#   tz-rb    B's router: WAN 203.0.113.3, LAN 10.0.2.1/24, NAT (nftables)
-#   tz-a     peer A (10.0.1.2): `tusa answer`, sends a tone
-#   tz-b     peer B (10.0.2.2): `tusa call`, sends speech
+#   pub   the internet: a bridge on 203.0.113.0/24, the relay on 203.0.113.1
+#   ra    A's router: WAN 203.0.113.2, LAN 10.0.1.1/24, NAT (nftables)
+#   rb    B's router: WAN 203.0.113.3, LAN 10.0.2.1/24, NAT (nftables)
+#   a     peer A (10.0.1.2): `tusa answer`, sends a tone
+#   b     peer B (10.0.2.2): `tusa call`, sends speech
+# (namespace names are prefixed with tzPID-, so runs never share them; all are
+# deleted on exit.)
 #
 # Routers drop unsolicited inbound packets (a NAT's filtering); their mapping is
 # endpoint-independent (`masquerade`: the source port is kept for every
@@ -26,9 +28,10 @@
 #          peers register again, allocate anew, and the call goes on relayed
 #
 # Each case writes OUT/CASE-caller.json and OUT/CASE-callee.json (the call
-# reports) and their standard error (.log; TUSA_LOG=info says more) and prints one line: CASE path=… pair=… connect=…ms audio=…ms.
-# Exit status: 0 when every call ran, 1 when one failed, 77 when namespaces or
-# nftables are not available here (not root, no `ip netns`, no `nft`).
+# reports) and their standard error (.log; TUSA_LOG=info says more), and prints
+# one line: CASE path=… pair=… connect=…ms audio=…ms sent=… received=….
+# Exit status: 0 when every call ran, 1 when one failed, 77 when the matrix cannot
+# run here (not root, no `ip netns`, no `nft`, no `conntrack`).
 #
 # Usage: scripts/nat-matrix.sh [--probe] [-o OUT] [case ...]   (TUSA: the binary; default .build/debug/tusa)
 #   --probe: only say whether this machine can run the matrix (exit 0 or 77).
