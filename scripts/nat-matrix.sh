@@ -35,6 +35,7 @@
 #
 # Usage: scripts/nat-matrix.sh [--probe] [-o OUT] [case ...]   (TUSA: the binary; default .build/debug/tusa)
 #   --probe: only say whether this machine can run the matrix (exit 0 or 77).
+#   NAT_MATRIX_TRACE=FILE: a shell trace (set -x) of the run into FILE.
 set -uo pipefail
 [ -n "${NAT_MATRIX_TRACE:-}" ] && { exec 2>>"$NAT_MATRIX_TRACE"; set -x; }
 cd "$(dirname "$0")/.."
