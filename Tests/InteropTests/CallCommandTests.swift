@@ -9,9 +9,9 @@ import Voice
     static let ready = Harness.tusa != nil && FileManager.default.fileExists(atPath: speech)
     static let needs = "needs .build/debug/tusa and Debian's pocketsphinx-testdata (make test installs it)"
 
-    /// A relay with its rendezvous on loopback: (process, rendezvous port).
-    static func relay() throws -> (Harness.Background, UInt16) {
-        let (relay, _) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0"]))
+    /// A relay with its rendezvous on loopback (and `extra` arguments): (process, rendezvous port).
+    static func relay(_ extra: [String] = []) throws -> (Harness.Background, UInt16) {
+        let (relay, _) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0"] + extra))
         let line = try #require(relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
         return (relay, try #require(line.split(separator: ":").last.flatMap { UInt16($0) }))
     }
@@ -22,6 +22,14 @@ import Voice
         let a = try Harness.Background(tusa, ["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "20", "--json", "--quiet"] + extra)
         let line = try #require(a.waitForMatch(#"answering as [A-Za-z0-9+/=]{44}"#), "\(a.stdout) \(a.stderr)")
         return (a, String(line.dropFirst("answering as ".count)))
+    }
+
+    /// Both sides exited 0 (the callee within 10 s of the caller); their JSON reports.
+    static func reports(caller: Harness.Result, answerer: Harness.Background) async throws -> (caller: [String: Any], callee: [String: Any]) {
+        #expect(caller.status == 0, "\(caller.stdout) \(caller.stderr)")
+        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
+        #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
+        return (try #require(Self.json(caller.stdout), "\(caller.stdout)"), try #require(Self.json(answerer.stdout), "\(answerer.stdout)"))
     }
 
     static func json(_ text: String) -> [String: Any]? {
@@ -62,12 +70,7 @@ import Voice
         let caller = try await TURNClientPeerTests.tusa([
             "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--json", "--quiet",
         ], timeout: 40)
-        #expect(caller.status == 0, "\(caller.stdout) \(caller.stderr)")
-        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
-        #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
-
-        let c = try #require(Self.json(caller.stdout), "\(caller.stdout)")
-        let a = try #require(Self.json(answerer.stdout), "\(answerer.stdout)")
+        let (c, a) = try await Self.reports(caller: caller, answerer: answerer)
         #expect(c["ended"] as? String == "local-hangup")
         #expect(a["ended"] as? String == "remote-hangup")
         #expect(c["path"] as? String == "direct" && a["path"] as? String == "direct")
@@ -92,12 +95,7 @@ import Voice
     @Test(.enabled(if: ready, "\(needs)"))
     func relayOnlyCallsGoThroughTheRelayBothWays() async throws {
         let (relay, port) = try await TURNClientPeerTests.blocking {
-            let (relay, _) = try #require(try Harness.startRelay([
-                "--listen", "127.0.0.1:0", "--rendezvous-port", "0", "--use-auth-secret", "--static-auth-secret", "s3cret",
-                "--realm", "tusa.test", "--allow-loopback-peers",
-            ]))
-            let line = try #require(relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
-            return (relay, try #require(line.split(separator: ":").last.flatMap { UInt16($0) }))
+            try Self.relay(["--use-auth-secret", "--static-auth-secret", "s3cret", "--realm", "tusa.test", "--allow-loopback-peers"])
         }
         defer { relay.stop(signal: SIGKILL) }
         let (answerer, key) = try await TURNClientPeerTests.blocking { try Self.answer(port, ["--relay-only", "--in", "tone"]) }
@@ -105,11 +103,7 @@ import Voice
         let caller = try await TURNClientPeerTests.tusa([
             "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "3", "--relay-only", "--json", "--quiet",
         ], timeout: 40)
-        #expect(caller.status == 0, "\(caller.stdout) \(caller.stderr)")
-        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
-        #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
-        let c = try #require(Self.json(caller.stdout), "\(caller.stdout)")
-        let a = try #require(Self.json(answerer.stdout), "\(answerer.stdout)")
+        let (c, a) = try await Self.reports(caller: caller, answerer: answerer)
         #expect(c["path"] as? String == "relayed" && a["path"] as? String == "relayed", "\(c) \(a)")
         #expect(c["candidatePair"] as? String == "relay -> relay", "\(c)")
         let sentByCaller = try #require(c["packetsSent"] as? Int), sentByCallee = try #require(a["packetsSent"] as? Int)
@@ -118,7 +112,7 @@ import Voice
         #expect(try #require(c["packetsReceived"] as? Int) >= sentByCallee - 60)   // the callee talks on after the caller's hang-up
         #expect(try #require(c["connectMilliseconds"] as? Double) < 2000)
         // The relay carried it: both directions, every packet once more through a relayed socket.
-        _ = relay.stop(signal: SIGTERM)
+        _ = try await TURNClientPeerTests.blocking { relay.stop(signal: SIGTERM) }
         let turn = try #require(relay.stdout.split(separator: "\n").first { $0.hasPrefix("turn: ") }, "\(relay.stdout)")
         let counts = turn.split(separator: " ").compactMap { Int($0) }
         #expect(counts.count >= 3 && counts[0] == 2 && counts[1] > sentByCaller && counts[2] > sentByCaller, "\(turn)")

@@ -37,6 +37,11 @@ import Testing
     }
 
     /// Voice went both ways: each side received nearly all the other sent.
+    /// Both sides report this path ("direct" or "relayed").
+    static func expectPath(_ path: String, _ o: Outcome) {
+        #expect(o.caller["path"] as? String == path && o.callee["path"] as? String == path, "\(o.line)")
+    }
+
     static func expectVoiceBothWays(_ o: Outcome) throws {
         let sentByCaller = try #require(o.caller["packetsSent"] as? Int), sentByCallee = try #require(o.callee["packetsSent"] as? Int)
         #expect(sentByCaller > 150 && sentByCallee > 150, "\(o.line)")
@@ -48,7 +53,7 @@ import Testing
     @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
     func endpointIndependentNATsOnBothSidesConnectDirectly() async throws {
         let o = try await Self.run("eim")
-        #expect(o.caller["path"] as? String == "direct" && o.callee["path"] as? String == "direct", "\(o.line)")
+        Self.expectPath("direct", o)
         #expect(try #require(o.caller["connectMilliseconds"] as? Double) < 2000, "\(o.line)")
         try Self.expectVoiceBothWays(o)
     }
@@ -69,7 +74,7 @@ import Testing
     @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
     func aNetworkThatBlocksUDPIsReachedThroughTURNOverTCP() async throws {
         let o = try await Self.run("udp-blocked")
-        #expect(o.caller["path"] as? String == "relayed" && o.callee["path"] as? String == "relayed", "\(o.line)")
+        Self.expectPath("relayed", o)
         #expect((o.callee["candidatePair"] as? String)?.hasPrefix("relay") == true, "\(o.line)")
         try Self.expectVoiceBothWays(o)
     }
@@ -106,7 +111,7 @@ import Testing
     @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
     func symmetricNATsOnBothSidesGoThroughTheRelay() async throws {
         let o = try await Self.run("sym2")
-        #expect(o.caller["path"] as? String == "relayed" && o.callee["path"] as? String == "relayed", "\(o.line)")
+        Self.expectPath("relayed", o)
         // The target: under 2 s from dialing to audio through symmetric NATs.
         #expect(try #require(o.caller["dialToFirstAudioMilliseconds"] as? Double) < 2000, "\(o.line)")
         try Self.expectVoiceBothWays(o)

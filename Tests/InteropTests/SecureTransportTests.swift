@@ -69,6 +69,22 @@ private func exchange(
 
 @Suite("Secure transport on loopback sockets", .serialized)
 struct SecureTransportTests {
+    /// A `tusa relay` on loopback with user alice that relays to loopback peers, and
+    /// its UDP address. (Process waits run off the cooperative pool: a blocked pool
+    /// thread stalls other suites' async tests.)
+    static func startRelay() async throws -> (Harness.Background, TransportAddress) {
+        let (relay, port) = try #require(try await TURNClientPeerTests.blocking { try Harness.startRelay([
+            "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
+        ]) })
+        return (relay, TransportAddress(ip: .v4(0x7F00_0001), port: port))
+    }
+
+    /// Two endpoints on loopback with fresh identities.
+    static func twoEndpoints() async throws -> (SecureUDPEndpoint, SecureUDPEndpoint) {
+        (try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate()),
+         try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate()))
+    }
+
     @Test("handshake and media both ways, direct")
     func directCall() async throws {
         let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
@@ -140,14 +156,9 @@ struct SecureTransportTests {
     @Test("media rides TURN ChannelData through a real tusa relay, end to end sealed",
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func throughTusaRelay() async throws {
-        // (Process waits run off the cooperative pool: a blocked pool thread stalls other suites' async tests.)
-        let (relay, port) = try #require(try await TURNClientPeerTests.blocking { try Harness.startRelay([
-            "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
-        ]) })
+        let (relay, server) = try await Self.startRelay()
         defer { relay.stop(signal: SIGKILL, grace: 0) }
-        let server = TransportAddress(ip: .v4(0x7F00_0001), port: port)
-        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
-        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let (a, b) = try await Self.twoEndpoints()
         let ca = Collector(a), cb = Collector(b)
         // A sits behind the relay: B only ever talks to A's relayed address.
         let allocation = try await a.useRelay(server, configuration: .init(username: "alice", password: "wonderland"))
@@ -165,8 +176,7 @@ struct SecureTransportTests {
 
     @Test("ICE on the endpoint's socket: checks, the selected pair, then the handshake and media on it")
     func iceThenHandshake() async throws {
-        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
-        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let (a, b) = try await Self.twoEndpoints()
         let ca = Collector(a), cb = Collector(b)
         let da = try await a.startICE(role: .controlling, candidates: [.host(a.localAddress, base: ICEBase.socket)])
         let db = try await b.startICE(role: .controlled, candidates: [.host(b.localAddress, base: ICEBase.socket)])
@@ -192,14 +202,9 @@ struct SecureTransportTests {
     @Test("ICE with a relayed candidate over TURN/TCP: the peer reaches A only at the relay",
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func iceThroughTURNOverTCP() async throws {
-        // (Process waits run off the cooperative pool: a blocked pool thread stalls other suites' async tests.)
-        let (relay, port) = try #require(try await TURNClientPeerTests.blocking { try Harness.startRelay([
-            "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
-        ]) })
+        let (relay, server) = try await Self.startRelay()
         defer { relay.stop(signal: SIGKILL, grace: 0) }
-        let server = TransportAddress(ip: .v4(0x7F00_0001), port: port)
-        let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
-        let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let (a, b) = try await Self.twoEndpoints()
         let ca = Collector(a), cb = Collector(b)
         let allocation = try await a.useRelay(server, over: .tcp, configuration: .init(username: "alice", password: "wonderland"))
         let da = try await a.startICE(role: .controlling, candidates: [.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay)])
