@@ -331,16 +331,21 @@ public final class CallAgent: @unchecked Sendable {
         }
     }
 
-    /// An ICE restart's local half: gather again, new credentials; what to signal.
-    private func restartICE(_ endpoint: SecureUDPEndpoint) async -> ICEDescription? {
+    /// An ICE restart's local half: gather again, new credentials, and the new
+    /// description sent to the peer as `kind` (a restart, or the answer to one).
+    /// False when there was nothing to signal.
+    private func restartICE(_ endpoint: SecureUDPEndpoint, signal kind: CallMessage.Kind, call: String, to peer: PublicKey) async -> Bool {
+        let ours: ICEDescription
         do {
             let candidates = try await gather(endpoint, again: true)
-            guard !candidates.isEmpty else { return nil }
-            return try await endpoint.restartICE(candidates: candidates)
+            guard !candidates.isEmpty else { return false }
+            ours = try await endpoint.restartICE(candidates: candidates)
         } catch {
             logger.warning("ICE restart failed", metadata: ["error": "\(error)"])
-            return nil
+            return false
         }
+        try? await rendezvous.send(CallMessage(kind: kind, call: call, path: .init(ours)).encoded(), to: peer)
+        return true
     }
 
     private func connectICE(_ endpoint: SecureUDPEndpoint, to remote: ICEDescription) async throws -> ICEPair {
@@ -406,10 +411,9 @@ public final class CallAgent: @unchecked Sendable {
                 case .restart:
                     // Both sides restarting at once: the controlling side's restart wins.
                     if role == "caller", let lastRestart, ContinuousClock.now - lastRestart < .seconds(1) { continue }
-                    guard let theirs = m.path?.iceDescription, let ours = await restartICE(endpoint) else { continue }
+                    guard let theirs = m.path?.iceDescription, await restartICE(endpoint, signal: .restartAnswer, call: callID, to: peer) else { continue }
                     lastRestart = ContinuousClock.now
                     restarts += 1
-                    try? await rendezvous.send(CallMessage(kind: .restartAnswer, call: callID, path: .init(ours)).encoded(), to: peer)
                     recheck(endpoint, theirs)
                 case .restartAnswer:
                     guard let theirs = m.path?.iceDescription else { continue }
@@ -423,11 +427,8 @@ public final class CallAgent: @unchecked Sendable {
             if ContinuousClock.now - heard.at >= options.restartAfterSilence,
                lastRestart.map({ ContinuousClock.now - $0 >= options.restartAfterSilence * 2 }) ?? true {
                 lastRestart = ContinuousClock.now
-                if let ours = await restartICE(endpoint) {
-                    restarts += 1
-                    logger.info("the peer fell silent: ICE restart", metadata: ["restart": "\(restarts)"])
-                    try? await rendezvous.send(CallMessage(kind: .restart, call: callID, path: .init(ours)).encoded(), to: peer)
-                }
+                logger.info("the peer fell silent: ICE restart", metadata: ["restart": "\(restarts + 1)"])
+                if await restartICE(endpoint, signal: .restart, call: callID, to: peer) { restarts += 1 }
             }
             while let event = events.take() {
                 switch event {
