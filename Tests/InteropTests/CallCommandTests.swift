@@ -10,24 +10,24 @@ import Voice
     static let needs = "needs .build/debug/tusa and Debian's pocketsphinx-testdata (make test installs it)"
 
     /// A relay with its rendezvous on loopback (and `extra` arguments): (process, rendezvous port).
-    static func relay(_ extra: [String] = []) throws -> (Harness.Background, UInt16) {
-        let (relay, _) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0"] + extra))
-        let line = try #require(relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+    static func relay(_ extra: [String] = []) async throws -> (Harness.Background, UInt16) {
+        let (relay, _) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0"] + extra))
+        let line = try #require(await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
         return (relay, try #require(line.split(separator: ":").last.flatMap { UInt16($0) }))
     }
 
     /// `tusa answer` in the background, and the key it answers as.
-    static func answer(_ port: UInt16, _ extra: [String]) throws -> (Harness.Background, String) {
+    static func answer(_ port: UInt16, _ extra: [String]) async throws -> (Harness.Background, String) {
         let tusa = try #require(Harness.tusa)
         let a = try Harness.Background(tusa, ["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "20", "--json", "--quiet"] + extra)
-        let line = try #require(a.waitForMatch(#"answering as [A-Za-z0-9+/=]{44}"#), "\(a.stdout) \(a.stderr)")
+        let line = try #require(await a.waitForMatch(#"answering as [A-Za-z0-9+/=]{44}"#), "\(a.stdout) \(a.stderr)")
         return (a, String(line.dropFirst("answering as ".count)))
     }
 
     /// Both sides exited 0 (the callee within 10 s of the caller); their JSON reports.
     static func reports(caller: Harness.Result, answerer: Harness.Background) async throws -> (caller: [String: Any], callee: [String: Any]) {
         #expect(caller.status == 0, "\(caller.stdout) \(caller.stderr)")
-        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
+        _ = await answerer.waitForExit(timeout: 10)
         #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
         return (try #require(Self.json(caller.stdout), "\(caller.stdout)"), try #require(Self.json(answerer.stdout), "\(answerer.stdout)"))
     }
@@ -61,12 +61,12 @@ import Voice
 
     @Test(.enabled(if: ready, "\(needs)"))
     func aCallCarriesSpeechAndBothSidesReport() async throws {
-        let (relay, port) = try await TURNClientPeerTests.blocking { try Self.relay() }
-        defer { relay.stop(signal: SIGKILL) }
+        let (relay, port) = try await Self.relay()
+        defer { relay.kill() }
         let heard = NSTemporaryDirectory() + "tusa-call-\(getpid())-heard.wav"
         defer { unlink(heard) }
-        let (answerer, key) = try await TURNClientPeerTests.blocking { try Self.answer(port, ["--out", heard]) }
-        defer { answerer.stop(signal: SIGKILL) }
+        let (answerer, key) = try await Self.answer(port, ["--out", heard])
+        defer { answerer.kill() }
         let caller = try await TURNClientPeerTests.tusa([
             "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--json", "--quiet",
         ], timeout: 40)
@@ -94,12 +94,10 @@ import Voice
     /// (its own count says so), sealed end to end.
     @Test(.enabled(if: ready, "\(needs)"))
     func relayOnlyCallsGoThroughTheRelayBothWays() async throws {
-        let (relay, port) = try await TURNClientPeerTests.blocking {
-            try Self.relay(["--use-auth-secret", "--static-auth-secret", "s3cret", "--realm", "tusa.test", "--allow-loopback-peers"])
-        }
-        defer { relay.stop(signal: SIGKILL) }
-        let (answerer, key) = try await TURNClientPeerTests.blocking { try Self.answer(port, ["--relay-only", "--in", "tone"]) }
-        defer { answerer.stop(signal: SIGKILL) }
+        let (relay, port) = try await Self.relay(["--use-auth-secret", "--static-auth-secret", "s3cret", "--realm", "tusa.test", "--allow-loopback-peers"])
+        defer { relay.kill() }
+        let (answerer, key) = try await Self.answer(port, ["--relay-only", "--in", "tone"])
+        defer { answerer.kill() }
         let caller = try await TURNClientPeerTests.tusa([
             "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "3", "--relay-only", "--json", "--quiet",
         ], timeout: 40)
@@ -112,7 +110,7 @@ import Voice
         #expect(try #require(c["packetsReceived"] as? Int) >= sentByCallee - 60)   // the callee talks on after the caller's hang-up
         #expect(try #require(c["connectMilliseconds"] as? Double) < 2000)
         // The relay carried it: both directions, every packet once more through a relayed socket.
-        _ = try await TURNClientPeerTests.blocking { relay.stop(signal: SIGTERM) }
+        _ = await relay.stop(signal: SIGTERM)
         let turn = try #require(relay.stdout.split(separator: "\n").first { $0.hasPrefix("turn: ") }, "\(relay.stdout)")
         let counts = turn.split(separator: " ").compactMap { Int($0) }
         #expect(counts.count >= 3 && counts[0] == 2 && counts[1] > sentByCaller && counts[2] > sentByCaller, "\(turn)")
@@ -120,14 +118,14 @@ import Voice
 
     @Test(.enabled(if: ready, "\(needs)"))
     func theCalleeHangsUpAndTheCallerSeesIt() async throws {
-        let (relay, port) = try await TURNClientPeerTests.blocking { try Self.relay() }
-        defer { relay.stop(signal: SIGKILL) }
-        let (answerer, key) = try await TURNClientPeerTests.blocking { try Self.answer(port, ["--duration", "1.5", "--in", "tone"]) }
-        defer { answerer.stop(signal: SIGKILL) }
+        let (relay, port) = try await Self.relay()
+        defer { relay.kill() }
+        let (answerer, key) = try await Self.answer(port, ["--duration", "1.5", "--in", "tone"])
+        defer { answerer.kill() }
         let caller = try await TURNClientPeerTests.tusa(["call", key, "--rendezvous", "127.0.0.1:\(port)", "--json", "--quiet"], timeout: 30)
         #expect(caller.status == 0, "\(caller.stderr)")
         #expect(Self.json(caller.stdout)?["ended"] as? String == "remote-hangup", "\(caller.stdout)")
-        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
+        _ = await answerer.waitForExit(timeout: 10)
         #expect(Self.json(answerer.stdout)?["ended"] as? String == "time-limit", "\(answerer.stdout)")
         // Even a 1.5 s call knows its round trip on both sides (the first reports are answered at once).
         #expect(Self.json(answerer.stdout)?["roundTripMilliseconds"] as? Double != nil, "\(answerer.stdout)")
@@ -136,15 +134,15 @@ import Voice
 
     @Test(.enabled(if: ready, "\(needs)"))
     func theImpairmentLayerLosesWhatItSaysAndFECRecovers() async throws {
-        let (relay, port) = try await TURNClientPeerTests.blocking { try Self.relay() }
-        defer { relay.stop(signal: SIGKILL) }
-        let (answerer, key) = try await TURNClientPeerTests.blocking { try Self.answer(port, []) }
-        defer { answerer.stop(signal: SIGKILL) }
+        let (relay, port) = try await Self.relay()
+        defer { relay.kill() }
+        let (answerer, key) = try await Self.answer(port, [])
+        defer { answerer.kill() }
         let caller = try await TURNClientPeerTests.tusa([
             "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--impair", "loss=20%,seed=3", "--json", "--quiet",
         ], timeout: 40)
         #expect(caller.status == 0, "\(caller.stderr)")
-        _ = try await TURNClientPeerTests.blocking { answerer.waitForExit(timeout: 10) }
+        _ = await answerer.waitForExit(timeout: 10)
         let c = try #require(Self.json(caller.stdout), "\(caller.stdout)")
         let a = try #require(Self.json(answerer.stdout), "\(answerer.stdout)")
         // The callee's reports carry the loss back to the caller; the callee rebuilt frames from FEC.
@@ -162,8 +160,8 @@ import Voice
 
     @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
     func badInputAndUnreachablePeersGetClearErrors() async throws {
-        let (relay, port) = try await TURNClientPeerTests.blocking { try Self.relay() }
-        defer { relay.stop(signal: SIGKILL) }
+        let (relay, port) = try await Self.relay()
+        defer { relay.kill() }
         let key = "pff0qqk+bzRQowAbetno+hYsaE+bCVScYebJTtIJDBg="
         let cases: [([String], Int32, String)] = [
             (["call", "not-a-key", "--rendezvous", "127.0.0.1:\(port)"], 64, "not a 32-byte base64 public key"),

@@ -10,10 +10,6 @@ import Transport
 // connectivity checks, both must select the same pair, and data then flows
 // both ways over it.
 
-private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { c in DispatchQueue.global().async { c.resume(with: Result { try body() }) } }
-}
-
 /// The next datagram, within `seconds`.
 private func next(_ stream: AsyncStream<[UInt8]>, within seconds: Double) async -> [UInt8]? {
     await withTaskGroup(of: [UInt8]?.self) { group in
@@ -39,9 +35,9 @@ struct ICEInteropTests {
     func connectivityChecksCompleteWithAioice(ours: ICERole) async throws {
         let python = try #require(Harness.python)
         let theirs = ours == .controlling ? "controlled" : "controlling"
-        let peer = try Harness.Background(python, [script, theirs, "--timeout", "15"], withInput: true)
-        defer { peer.stop(signal: SIGKILL) }
-        let offerLine = try await blocking { peer.waitForMatch(#"\{"ufrag"[^\n]*\}"#, timeout: 15) }
+        let peer = try Harness.Background(python, [script, theirs, "--timeout", "30"], withInput: true)
+        defer { peer.kill() }
+        let offerLine = await peer.waitForMatch(#"\{"ufrag"[^\n]*\}"#, timeout: 15)
         let offer = try JSONDecoder().decode(WireDescription.self, from: Data(try #require(offerLine, "aioice said: \(peer.stdout) \(peer.stderr)").utf8))
         let remote = ICEDescription(credentials: ICECredentials(ufrag: offer.ufrag, pwd: offer.pwd),
                                     candidates: try offer.candidates.map { try ICECandidate(sdp: $0) })
@@ -58,7 +54,7 @@ struct ICEInteropTests {
             await me.close()
             return
         }
-        let connected = try await blocking { peer.waitForMatch(#"\{"connected"[^\n]*\}"#, timeout: 15) }
+        let connected = await peer.waitForMatch(#"\{"connected"[^\n]*\}"#, timeout: 15)
         let line = try #require(connected, "aioice did not connect: \(peer.stdout) \(peer.stderr)")
         // Both selected the same pair.
         #expect(line.contains("\"local\": \"\(pair.remote.address)\"") || line.contains("\"local\":\"\(pair.remote.address)\""), "\(line) vs \(pair)")
@@ -71,7 +67,8 @@ struct ICEInteropTests {
         try await me.send(Array("hello from tusa".utf8))
         let bye = await next(me.incoming, within: 10)
         #expect(bye.map { String(decoding: $0, as: UTF8.self) } == "bye from aioice", "\(peer.stdout) \(peer.stderr)")
-        let status = try await blocking { () -> Int32 in _ = peer.waitForExit(timeout: 10); return peer.status }
+        _ = await peer.waitForExit(timeout: 10)
+        let status = peer.status
         #expect(status == 0, "\(peer.stdout) \(peer.stderr)")
         #expect(peer.stdout.contains(#""received": "hello from tusa""#) || peer.stdout.contains(#""received":"hello from tusa""#), "\(peer.stdout)")
         await me.close()

@@ -101,18 +101,18 @@ struct MetricsTests {
             let address = try await endpoint.boundAddress()
             #expect(address.ip == loopback && address.port != 0)
 
-            let ok = try await offload { try httpGet(address, "/metrics") }
+            let ok = try await Harness.offPool { try httpGet(address, "/metrics") }
             #expect(ok.status == 200, "\(ok.head)")
             #expect(ok.head.contains("Content-Type: text/plain; version=0.0.4"), "\(ok.head)")
             let first = try #require(Exposition(ok.body)["test_refreshes_total"])
             #expect(first >= 1, "refreshed once before serving")
             try await Task.sleep(for: .milliseconds(300))
-            let later = try await offload { try httpGet(address, "/metrics?x=1") }
+            let later = try await Harness.offPool { try httpGet(address, "/metrics?x=1") }
             #expect(try #require(Exposition(later.body)["test_refreshes_total"]) > first, "refreshed while serving")
 
-            #expect(try await offload { try httpGet(address, "/") }.status == 404)
-            #expect(try await offload { try httpGet(address, "/metrics", method: "POST") }.status == 405)
-            let head = try await offload { try httpGet(address, "/metrics", method: "HEAD") }
+            #expect(try await Harness.offPool { try httpGet(address, "/") }.status == 404)
+            #expect(try await Harness.offPool { try httpGet(address, "/metrics", method: "POST") }.status == 405)
+            let head = try await Harness.offPool { try httpGet(address, "/metrics", method: "HEAD") }
             #expect(head.status == 200 && head.body.isEmpty)
         }
     }
@@ -151,11 +151,11 @@ struct MetricsTests {
             no-cli
             prometheus
             """)
-        let relay = try #require(try Harness.startRelay(["-c", config.path, "--prometheus-port", "0", "--no-tcp"])?.0)
-        defer { relay.stop(signal: SIGKILL) }
-        let url = try #require(try await offload { relay.waitForMatch(#"metrics http://127\.0\.0\.1:[0-9]+/metrics"#) })
+        let relay = try #require(try await Harness.startRelay(["-c", config.path, "--prometheus-port", "0", "--no-tcp"])?.0)
+        defer { relay.kill() }
+        let url = try #require(await relay.waitForMatch(#"metrics http://127\.0\.0\.1:[0-9]+/metrics"#))
         let address = try #require(metricsAddress(url))
-        let response = try await offload { try httpGet(address, "/metrics") }
+        let response = try await Harness.offPool { try httpGet(address, "/metrics") }
         #expect(response.status == 200)
         let names = Set(response.body.split(separator: "\n").filter { !$0.hasPrefix("#") }.compactMap {
             $0.split(whereSeparator: { $0 == "{" || $0 == " " }).first.map(String.init)
@@ -172,7 +172,7 @@ struct MetricsTests {
         #expect(relay.stderr.contains("tusa relay: notice: \(config.path):6: ignoring coturn option 'fingerprint'"), "\(relay.stderr)")
         #expect(relay.stderr.contains("tusa relay: notice: \(config.path):7: ignoring coturn option 'no-cli'"), "\(relay.stderr)")
         #expect(relay.stderr.contains("realm=example.org"), "the file's realm is in the TURN log line: \(relay.stderr)")
-        #expect(try await offload { relay.stop() } == 0)
+        #expect(await relay.stop() == 0)
     }
 
     @Test("turnutils_uclient's allocations through tusa relay raise tusa_allocations_created_total",
@@ -183,32 +183,30 @@ struct MetricsTests {
         let uclient = try #require(Harness.which("turnutils_uclient"))
         let peerTool = try #require(Harness.which("turnutils_peer"))
         let config = try TemporaryFile("realm=example.org\nuser=alice:wonderland\nallow-loopback-peers\n")
-        let (relay, port) = try #require(try Harness.startRelay([
+        let (relay, port) = try #require(try await Harness.startRelay([
             "--config", config.path, "--listen", "127.0.0.1:0", "--prometheus", "--prometheus-port", "0",
         ]))
-        defer { relay.stop(signal: SIGKILL) }
-        let url = try #require(try await offload { relay.waitForMatch(#"metrics http://127\.0\.0\.1:[0-9]+/metrics"#) })
+        defer { relay.kill() }
+        let url = try #require(await relay.waitForMatch(#"metrics http://127\.0\.0\.1:[0-9]+/metrics"#))
         let address = try #require(metricsAddress(url))
-        let before = Exposition(try await offload { try httpGet(address, "/metrics") }.body)
+        let before = Exposition(try await Harness.offPool { try httpGet(address, "/metrics") }.body)
         #expect(before["tusa_allocations_created_total"] == 0)
 
         let peerPort = Harness.freePort()
         let peer = try Harness.Background(peerTool, ["-L", "127.0.0.1", "-p", "\(peerPort)"])
-        defer { peer.stop(signal: SIGKILL) }
+        defer { peer.kill() }
         try await Task.sleep(for: .milliseconds(300))
-        let run = try await offload {
-            try Harness.run(uclient, [
+        let run = try await Harness.run(uclient, [
                 "-u", "alice", "-w", "wonderland", "-p", "\(port)", "-e", "127.0.0.1", "-r", "\(peerPort)",
                 "-n", "3", "-m", "1", "127.0.0.1",
             ], timeout: 30)
-        }
         #expect(!run.timedOut && run.status == 0, "turnutils_uclient: \(run.stdout.suffix(800)) \(run.stderr.suffix(800))")
 
         // The endpoint refreshes about once a second.
         var after = before
         let deadline = ContinuousClock.now.advanced(by: .seconds(5))
         while ContinuousClock.now < deadline {
-            after = Exposition(try await offload { try httpGet(address, "/metrics") }.body)
+            after = Exposition(try await Harness.offPool { try httpGet(address, "/metrics") }.body)
             if (after["tusa_allocations_created_total"] ?? 0) >= 1 && (after["tusa_relayed_packets_total{direction=\"to_peer\"}"] ?? 0) >= 1 { break }
             try await Task.sleep(for: .milliseconds(200))
         }
@@ -216,7 +214,7 @@ struct MetricsTests {
         #expect((after["tusa_relayed_packets_total{direction=\"to_peer\"}"] ?? 0) >= 1, "\(after.text)")
         #expect((after["tusa_challenges_total"] ?? 0) >= 1, "uclient is challenged before it authenticates")
         #expect((after["tusa_auth_failures_total"] ?? -1) == 0)
-        #expect(try await offload { relay.stop() } == 0)
+        #expect(await relay.stop() == 0)
     }
 
     @Test("a metrics port in use is a one-line error, status 1",
@@ -228,12 +226,10 @@ struct MetricsTests {
             logger: quietLogger)
         try await withService(holder) {
             let taken = try await holder.boundAddress()
-            let r = try await offload {
-                try Harness.run(binary, [
+            let r = try await Harness.run(binary, [
                     "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--prometheus", "--prometheus-port", "\(taken.port)",
                     "--log-level", "critical",
                 ], timeout: 10)
-            }
             #expect(r.status == 1)
             #expect(r.stderr == "tusa relay: error: cannot serve metrics on tcp \(taken): Address already in use\n", "\(r.stderr)")
         }
@@ -310,9 +306,3 @@ private func withService(_ service: some Service, _ body: () async throws -> Voi
     stopped.cancel()
 }
 
-/// Runs blocking socket and process calls off the cooperative pool.
-private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
-    }
-}

@@ -13,7 +13,7 @@ import Testing
     /// nil when the matrix can run here, else why not.
     static let unavailable: String? = {
         guard Harness.tusa != nil else { return "needs .build/debug/tusa" }
-        guard let probe = try? Harness.run("/bin/bash", [script, "--probe"], timeout: 20) else { return "cannot run \(script)" }
+        guard let probe = try? Harness.runBlocking("/bin/bash", [script, "--probe"], timeout: 20) else { return "cannot run \(script)" }
         return probe.status == 0 ? nil : probe.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
     }()
 
@@ -26,7 +26,7 @@ import Testing
     static func run(_ name: String) async throws -> Outcome {
         let out = NSTemporaryDirectory() + "tusa-nat-\(getpid())-\(name)"
         defer { try? FileManager.default.removeItem(atPath: out) }
-        let r = try await TURNClientPeerTests.blocking { try Harness.run("/bin/bash", [script, "-o", out, name], timeout: 60) }
+        let r = try await Harness.run("/bin/bash", [script, "-o", out, name], timeout: 60)
         #expect(r.status == 0 && !r.timedOut, "\(r.stdout) \(r.stderr.suffix(3000))")
         func report(_ side: String) throws -> [String: Any] {
             let data = try Data(contentsOf: URL(fileURLWithPath: "\(out)/\(name)-\(side).json"))

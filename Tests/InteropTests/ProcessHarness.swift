@@ -69,11 +69,35 @@ enum Harness {
     }
 
     /// Runs a program to completion, killing it after `timeout` seconds.
-    static func run(_ executable: String, _ arguments: [String], timeout: Double = 20) throws -> Result {
+    /// Waits without holding a thread: Swift's cooperative pool has as many
+    /// threads as cores (two here), and a test that blocks one stalls every
+    /// other suite's async tests in a parallel run.
+    static func run(_ executable: String, _ arguments: [String], timeout: Double = 20) async throws -> Result {
         let p = try Background(executable, arguments)
-        let finished = p.waitForExit(timeout: timeout)
-        if !finished { p.stop() }
+        let finished = await p.waitForExit(timeout: timeout)
+        if !finished { await p.stop() }
         return Result(status: p.status, stdout: p.stdout, stderr: p.stderr, timedOut: !finished)
+    }
+
+    /// ``run(_:_:timeout:)`` that blocks its thread: only for skip conditions
+    /// (static, evaluated before tests run), never inside a test.
+    static func runBlocking(_ executable: String, _ arguments: [String], timeout: Double = 20) throws -> Result {
+        let p = try Background(executable, arguments)
+        let end = Date().addingTimeInterval(timeout)
+        while p.process.isRunning && Date() < end { usleep(10_000) }
+        let finished = !p.process.isRunning
+        if !finished { p.kill() }
+        p.process.waitUntilExit()
+        usleep(50_000)  // let the readers drain
+        return Result(status: p.status, stdout: p.stdout, stderr: p.stderr, timedOut: !finished)
+    }
+
+    /// Runs blocking work (a blocking socket read, a poll loop) on a Dispatch
+    /// thread, off the cooperative pool (see ``run(_:_:timeout:)``).
+    static func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            DispatchQueue.global().async { continuation.resume(with: Swift.Result { try body() }) }
+        }
     }
 
     /// A program running in the background, its output collected.
@@ -138,21 +162,22 @@ enum Harness {
         var stderr: String { lock.withLock { String(decoding: err, as: UTF8.self) } }
         var status: Int32 { process.isRunning ? -1 : process.terminationStatus }
 
-        /// Polls until `condition` holds on stdout+stderr, the process ends, or time runs out.
-        func waitFor(timeout: Double, _ condition: (String, String) -> Bool) -> Bool {
+        /// Polls until `condition` holds on stdout+stderr, the process ends, or
+        /// time runs out; sleeps between polls without holding a thread.
+        func waitFor(timeout: Double, _ condition: (String, String) -> Bool) async -> Bool {
             let end = Date().addingTimeInterval(timeout)
             while Date() < end {
                 if condition(stdout, stderr) { return true }
                 if !process.isRunning { return condition(stdout, stderr) }
-                usleep(20_000)
+                await pause(0.02)
             }
-            return false
+            return condition(stdout, stderr)
         }
 
         /// The first capture of `pattern` in stdout, waiting for it.
-        func waitForMatch(_ pattern: String, timeout: Double = 10) -> String? {
+        func waitForMatch(_ pattern: String, timeout: Double = 10) async -> String? {
             var found: String?
-            _ = waitFor(timeout: timeout) { out, _ in
+            _ = await waitFor(timeout: timeout) { out, _ in
                 guard let r = out.range(of: pattern, options: .regularExpression) else { return false }
                 found = String(out[r])
                 return true
@@ -160,37 +185,47 @@ enum Harness {
             return found
         }
 
-        func waitForExit(timeout: Double) -> Bool {
+        func waitForExit(timeout: Double) async -> Bool {
             let end = Date().addingTimeInterval(timeout)
-            while process.isRunning && Date() < end { usleep(10_000) }
-            if !process.isRunning { usleep(50_000) }  // let the readers drain
+            while process.isRunning && Date() < end { await pause(0.01) }
+            if !process.isRunning { await pause(0.05) }  // let the readers drain
             return !process.isRunning
         }
 
         /// SIGTERM (or `signal`), then SIGKILL after `grace` seconds. Returns the exit status.
         @discardableResult
-        func stop(signal: Int32 = SIGTERM, grace: Double = 5) -> Int32 {
-            if process.isRunning { kill(process.processIdentifier, signal) }
-            if !waitForExit(timeout: grace) {
-                kill(process.processIdentifier, SIGKILL)
-                _ = waitForExit(timeout: 2)
+        func stop(signal: Int32 = SIGTERM, grace: Double = 5) async -> Int32 {
+            if process.isRunning { Glibc.kill(process.processIdentifier, signal) }
+            if await !waitForExit(timeout: grace) {
+                Glibc.kill(process.processIdentifier, SIGKILL)
+                _ = await waitForExit(timeout: 2)
             }
             return status
         }
 
-        deinit {
-            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        /// SIGKILL now, without waiting (for `defer`, which cannot await; Process
+        /// reaps the child).
+        func kill() {
+            if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
         }
+
+        /// Sleeps `seconds` (returns at once when the task is cancelled, so that
+        /// loops around it still end by their deadline).
+        private func pause(_ seconds: Double) async {
+            do { try await Task.sleep(for: .seconds(seconds)) } catch { usleep(UInt32(seconds * 1e6)) }
+        }
+
+        deinit { kill() }
     }
 
     /// Starts `tusa relay` with the given arguments and returns it with its UDP port.
-    static func startRelay(_ arguments: [String]) throws -> (Background, UInt16)? {
+    static func startRelay(_ arguments: [String]) async throws -> (Background, UInt16)? {
         guard let tusa else { return nil }
         let relay = try Background(tusa, ["relay"] + arguments)
-        guard let line = relay.waitForMatch(#"listening udp 127\.0\.0\.1:[0-9]+"#),
+        guard let line = await relay.waitForMatch(#"listening udp 127\.0\.0\.1:[0-9]+"#),
             let port = line.split(separator: ":").last.flatMap({ UInt16($0) })
         else {
-            relay.stop(signal: SIGKILL)
+            relay.kill()
             return nil
         }
         return (relay, port)
@@ -198,7 +233,7 @@ enum Harness {
 
     /// Starts coturn's turnserver on loopback with no config file (`-n`), as a
     /// STUN-only server (`-z -S`) unless other flags are given; waits until it answers.
-    static func startTurnserver(port: UInt16, listen: [String] = ["127.0.0.1"], extra: [String] = ["-z", "-S"]) throws -> Background? {
+    static func startTurnserver(port: UInt16, listen: [String] = ["127.0.0.1"], extra: [String] = ["-z", "-S"]) async throws -> Background? {
         guard let turnserver = which("turnserver"), let stunclient = which("turnutils_stunclient") else { return nil }
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-turn-\(UUID())").path
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
@@ -208,14 +243,14 @@ enum Harness {
         let server = try Background(turnserver, args + extra)
         // Ready when a probe gets an answer.
         for _ in 0..<50 {
-            if let r = try? run("/usr/bin/timeout", ["0.3", stunclient, "-p", "\(port)", "127.0.0.1"], timeout: 2),
+            if let r = try? await run("/usr/bin/timeout", ["0.3", stunclient, "-p", "\(port)", "127.0.0.1"], timeout: 2),
                 r.status == 0, r.stdout.contains("reflexive addr")
             {
                 return server
             }
-            usleep(100_000)
+            try? await Task.sleep(for: .milliseconds(100))
         }
-        server.stop(signal: SIGKILL)
+        server.kill()
         return nil
     }
 }

@@ -13,27 +13,27 @@ struct RealPeerTests {
     static let reflexive = #"UDP reflexive addr: 127\.0\.0\.1:[0-9]+"#
 
     @Test(.enabled(if: haveTusa && haveCoturn, "needs .build/debug/tusa and coturn (make test installs coturn)"))
-    func turnutilsStunclientAgainstTusaRelay() throws {
-        let (relay, port) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0"]))
-        defer { relay.stop() }
+    func turnutilsStunclientAgainstTusaRelay() async throws {
+        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"]))
+        defer { relay.kill() }
         let stunclient = try #require(Harness.which("turnutils_stunclient"))
         // turnutils_stunclient never times out on its own: bound it.
-        let r = try Harness.run("/usr/bin/timeout", ["5", stunclient, "-p", "\(port)", "127.0.0.1"], timeout: 10)
+        let r = try await Harness.run("/usr/bin/timeout", ["5", stunclient, "-p", "\(port)", "127.0.0.1"], timeout: 10)
         #expect(r.status == 0, "stunclient: \(r.stdout) \(r.stderr)")
         #expect(r.stdout.range(of: Self.reflexive, options: .regularExpression) != nil, "\(r.stdout)")
-        #expect(relay.stop() == 0, "relay must exit 0 on SIGTERM: \(relay.stderr)")
+        #expect(await relay.stop() == 0, "relay must exit 0 on SIGTERM: \(relay.stderr)")
     }
 
     @Test(.enabled(if: haveTusa && haveCoturn, "needs .build/debug/tusa and coturn"))
-    func turnutilsStunclientRFC5780AgainstTusaRelay() throws {
+    func turnutilsStunclientRFC5780AgainstTusaRelay() async throws {
         let port = Harness.freePortPair()
-        let (relay, _) = try #require(try Harness.startRelay([
+        let (relay, _) = try #require(try await Harness.startRelay([
             "--listen", "127.0.0.1:\(port)", "--alt-address", "127.0.0.2:\(port + 1)", "--no-tcp",
         ]))
-        defer { relay.stop() }
+        defer { relay.kill() }
         let stunclient = try #require(Harness.which("turnutils_stunclient"))
         for flags in [["-f"], []] {
-            let r = try Harness.run("/usr/bin/timeout", ["8", stunclient] + flags + ["-p", "\(port)", "127.0.0.1"], timeout: 12)
+            let r = try await Harness.run("/usr/bin/timeout", ["8", stunclient] + flags + ["-p", "\(port)", "127.0.0.1"], timeout: 12)
             #expect(r.status == 0 && !r.timedOut, "stunclient \(flags): \(r.stdout)")
             for n in 1...3 { #expect(r.stdout.contains("RFC 5780 response \(n)"), "\(flags): \(r.stdout)") }
             #expect(r.stdout.contains("Other addr: : 127.0.0.2:\(port + 1)"), "\(r.stdout)")
@@ -43,45 +43,45 @@ struct RealPeerTests {
     }
 
     @Test(.enabled(if: haveTusa && haveCoturn, "needs .build/debug/tusa and coturn"))
-    func tusaStunAgainstCoturn() throws {
+    func tusaStunAgainstCoturn() async throws {
         let port = Harness.freePortPair()
-        let server = try #require(try Harness.startTurnserver(port: port), "turnserver did not start")
-        defer { server.stop(signal: SIGKILL) }
+        let server = try #require(try await Harness.startTurnserver(port: port), "turnserver did not start")
+        defer { server.kill() }
         let tusa = try #require(Harness.tusa)
-        let r = try Harness.run(tusa, ["stun", "127.0.0.1:\(port)"], timeout: 15)
+        let r = try await Harness.run(tusa, ["stun", "127.0.0.1:\(port)"], timeout: 15)
         #expect(r.status == 0, "\(r.stderr)")
         let mapped = r.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(TransportAddress(mapped)?.ip == IPAddress("127.0.0.1"), "\(r.stdout)")
     }
 
     @Test(.enabled(if: haveTusa && haveCoturn, "needs .build/debug/tusa and coturn"))
-    func tusaStunBehaviorAgainstCoturnAndTusa() throws {
+    func tusaStunBehaviorAgainstCoturnAndTusa() async throws {
         let tusa = try #require(Harness.tusa)
         // coturn with two loopback IPs supports RFC 5780.
         let port = Harness.freePortPair()
-        let coturn = try #require(try Harness.startTurnserver(port: port, listen: ["127.0.0.1", "127.0.0.2"]))
-        defer { coturn.stop(signal: SIGKILL) }
-        let r = try Harness.run(tusa, ["stun", "--behavior", "--timeout", "2", "127.0.0.1:\(port)"], timeout: 30)
+        let coturn = try #require(try await Harness.startTurnserver(port: port, listen: ["127.0.0.1", "127.0.0.2"]))
+        defer { coturn.kill() }
+        let r = try await Harness.run(tusa, ["stun", "--behavior", "--timeout", "2", "127.0.0.1:\(port)"], timeout: 30)
         #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
         #expect(r.stdout.contains("mapping: no NAT"), "\(r.stdout)")
         #expect(r.stdout.contains("filtering: endpoint-independent"), "\(r.stdout)")
         #expect(r.stdout.contains("NAT type: open internet"), "\(r.stdout)")
         // And against tusa relay itself.
         let p2 = Harness.freePortPair()
-        let (relay, _) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:\(p2)", "--alt-address", "127.0.0.2:\(p2 + 1)"]))
-        defer { relay.stop() }
-        let t = try Harness.run(tusa, ["stun", "--behavior", "--timeout", "2", "127.0.0.1:\(p2)"], timeout: 30)
+        let (relay, _) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:\(p2)", "--alt-address", "127.0.0.2:\(p2 + 1)"]))
+        defer { relay.kill() }
+        let t = try await Harness.run(tusa, ["stun", "--behavior", "--timeout", "2", "127.0.0.1:\(p2)"], timeout: 30)
         #expect(t.status == 0, "\(t.stdout) \(t.stderr)")
         #expect(t.stdout.contains("other address: 127.0.0.2:\(p2 + 1)"), "\(t.stdout)")
         #expect(t.stdout.contains("NAT type: open internet"), "\(t.stdout)")
     }
 
     @Test(.enabled(if: haveTusa, "needs .build/debug/tusa"))
-    func tusaStunErrorsAreOneLineAndNonZero() throws {
+    func tusaStunErrorsAreOneLineAndNonZero() async throws {
         let tusa = try #require(Harness.tusa)
         // Nothing listening: ICMP port unreachable, reported at once.
         let closed = Harness.freePort()
-        let r = try Harness.run(tusa, ["stun", "--timeout", "3", "127.0.0.1:\(closed)"], timeout: 10)
+        let r = try await Harness.run(tusa, ["stun", "--timeout", "3", "127.0.0.1:\(closed)"], timeout: 10)
         #expect(r.status == 1)
         #expect(r.stderr.hasPrefix("tusa stun: "), "\(r.stderr)")
         #expect(r.stderr.split(separator: "\n").count == 1, "\(r.stderr)")
@@ -89,21 +89,21 @@ struct RealPeerTests {
         let silentServer = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
         let silent = silentServer.localAddress.port
         defer { withExtendedLifetime(silentServer) {} }  // it must stay bound, and silent, through the run
-        let t = try Harness.run(tusa, ["stun", "--timeout", "1", "127.0.0.1:\(silent)"], timeout: 10)
+        let t = try await Harness.run(tusa, ["stun", "--timeout", "1", "127.0.0.1:\(silent)"], timeout: 10)
         #expect(t.status == 1)
         #expect(t.stderr.contains("no response"), "\(t.stderr)")
         // Nonsense arguments.
-        let n = try Harness.run(tusa, ["stun", "no-such-host.invalid:1"], timeout: 20)
+        let n = try await Harness.run(tusa, ["stun", "no-such-host.invalid:1"], timeout: 20)
         #expect(n.status != 0)
         #expect(n.stderr.contains("cannot resolve"), "\(n.stderr)")
     }
 
     @Test(.enabled(if: haveTusa && Harness.python != nil, "needs .build/debug/tusa and .venv with aioice (make test sets it up)"))
-    func aioiceGathersServerReflexiveCandidateFromTusaRelay() throws {
-        let (relay, port) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0", "--no-tcp"]))
-        defer { relay.stop() }
+    func aioiceGathersServerReflexiveCandidateFromTusaRelay() async throws {
+        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0", "--no-tcp"]))
+        defer { relay.kill() }
         let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_srflx.py").path
-        let r = try Harness.run(try #require(Harness.python), [script, "--stun", "127.0.0.1:\(port)", "--timeout", "8"], timeout: 15)
+        let r = try await Harness.run(try #require(Harness.python), [script, "--stun", "127.0.0.1:\(port)", "--timeout", "8"], timeout: 15)
         #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
         let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
         let srflx = json?["srflx"] as? [String] ?? []
@@ -114,27 +114,27 @@ struct RealPeerTests {
     /// The same peers, recorded live with tshark, then checked by `tusa interop check`.
     @Test(.enabled(if: haveTusa && haveCoturn && Harness.python != nil && Harness.which("tshark") != nil && Harness.isRoot,
                    "needs tusa, coturn, aioice, tshark, and root to capture on lo"))
-    func liveCaptureOfRealPeersVerifies() throws {
+    func liveCaptureOfRealPeersVerifies() async throws {
         let port = Harness.freePortPair()
-        let (relay, _) = try #require(try Harness.startRelay([
+        let (relay, _) = try #require(try await Harness.startRelay([
             "--listen", "127.0.0.1:\(port)", "--alt-address", "127.0.0.2:\(port + 1)", "--no-tcp",
         ]))
-        defer { relay.stop() }
+        defer { relay.kill() }
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-live-\(UUID()).pcapng").path
         defer { try? FileManager.default.removeItem(atPath: file) }
         let tshark = try Harness.Background(try #require(Harness.which("tshark")), [
             "-i", "lo", "-f", "udp portrange \(port)-\(port + 1)", "-w", file, "-q", "-a", "duration:60",
         ])
         // SIGTERM, not SIGINT: under the test runner children inherit SIGINT ignored.
-        defer { tshark.stop() }
-        #expect(tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
+        defer { tshark.kill() }
+        #expect(await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
         let stunclient = try #require(Harness.which("turnutils_stunclient"))
-        _ = try Harness.run("/usr/bin/timeout", ["8", stunclient, "-f", "-p", "\(port)", "127.0.0.1"], timeout: 12)
+        _ = try await Harness.run("/usr/bin/timeout", ["8", stunclient, "-f", "-p", "\(port)", "127.0.0.1"], timeout: 12)
         let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_srflx.py").path
-        _ = try Harness.run(try #require(Harness.python), [script, "--stun", "127.0.0.1:\(port)", "--timeout", "8"], timeout: 15)
-        _ = try Harness.run(try #require(Harness.tusa), ["stun", "--behavior", "--timeout", "1", "127.0.0.1:\(port)"], timeout: 20)
-        usleep(300_000)
-        #expect(tshark.stop() == 0, "tshark: \(tshark.stderr)")
+        _ = try await Harness.run(try #require(Harness.python), [script, "--stun", "127.0.0.1:\(port)", "--timeout", "8"], timeout: 15)
+        _ = try await Harness.run(try #require(Harness.tusa), ["stun", "--behavior", "--timeout", "1", "127.0.0.1:\(port)"], timeout: 20)
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(await tshark.stop() == 0, "tshark: \(tshark.stderr)")
         let report = InteropChecker().check(path: file)
         #expect(report.passed, "\(report.failures)")
         // stunclient -f: 3 requests + 3 answers; aioice 1 + 1; tusa stun --behavior
@@ -146,7 +146,7 @@ struct RealPeerTests {
     }
 
     /// Tusa's own committed captures (Interop/, made by `make record`) keep verifying.
-    @Test func committedCapturesVerify() throws {
+    @Test func committedCapturesVerify() async throws {
         let dir = Harness.packageRoot.appendingPathComponent("Interop").path
         let files = ((try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []).filter { $0.hasSuffix(".pcapng") }.sorted()
         try #require(!files.isEmpty, "Interop/ has no captures: run `make record`")

@@ -164,12 +164,12 @@ struct RelayConfigFileTests {
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func commandLineOverridesTheFile() async throws {
         let config = try TemporaryFile("listening-ip=127.0.0.1\nlistening-port=0\nrealm=from-file\nuser=alice:wonderland\nno-tcp\n")
-        let (relay, _) = try #require(try Harness.startRelay(["-c", config.path, "--realm", "from-command-line", "--no-tcp"]))
-        defer { relay.stop(signal: SIGKILL) }
-        #expect(relay.waitFor(timeout: 5) { _, err in err.contains("realm=") }, "\(relay.stderr)")
+        let (relay, _) = try #require(try await Harness.startRelay(["-c", config.path, "--realm", "from-command-line", "--no-tcp"]))
+        defer { relay.kill() }
+        #expect(await relay.waitFor(timeout: 5) { _, err in err.contains("realm=") }, "\(relay.stderr)")
         #expect(relay.stderr.contains("realm=from-command-line"), "\(relay.stderr)")
         #expect(!relay.stdout.contains("listening tcp"))
-        #expect(try await offload { relay.stop() } == 0)
+        #expect(await relay.stop() == 0)
     }
 
     @Test(
@@ -183,7 +183,7 @@ struct RelayConfigFileTests {
     func binaryRefusesBadConfigFiles(_ text: String, _ expected: String) async throws {
         let binary = try #require(Harness.tusa)
         let config = try TemporaryFile(text)
-        let r = try await offload { try Harness.run(binary, ["relay", "-c", config.path, "--listen", "127.0.0.1:0"], timeout: 10) }
+        let r = try await Harness.run(binary, ["relay", "-c", config.path, "--listen", "127.0.0.1:0"], timeout: 10)
         #expect(r.status == 1)
         #expect(r.stderr.hasPrefix("tusa relay: error: \(config.path)\(expected)"), "\(r.stderr)")
         #expect(r.stderr.split(separator: "\n").count == 1, "\(r.stderr)")
@@ -193,9 +193,7 @@ struct RelayConfigFileTests {
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func binaryReportsMissingFile() async throws {
         let binary = try #require(Harness.tusa)
-        let missing = try await offload {
-            try Harness.run(binary, ["relay", "--config", "/nonexistent/turnserver.conf", "--listen", "127.0.0.1:0"], timeout: 10)
-        }
+        let missing = try await Harness.run(binary, ["relay", "--config", "/nonexistent/turnserver.conf", "--listen", "127.0.0.1:0"], timeout: 10)
         #expect(missing.status == 1)
         #expect(missing.stderr == "tusa relay: error: cannot read config file '/nonexistent/turnserver.conf'\n", "\(missing.stderr)")
     }
@@ -204,7 +202,7 @@ struct RelayConfigFileTests {
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func configOptionsAreRealFlags() async throws {
         let binary = try #require(Harness.tusa)
-        let help = try await offload { try Harness.run(binary, ["relay", "--help"], timeout: 10) }
+        let help = try await Harness.run(binary, ["relay", "--help"], timeout: 10)
         for name in RelayConfigFile.relayOptions.keys.sorted() {
             #expect(help.stdout.contains("--\(name) ") || help.stdout.contains("--\(name)\n") || help.stdout.contains("--\(name),") || help.stdout.contains("--\(name) <"),
                 "--\(name) is not in tusa relay --help")
@@ -213,9 +211,3 @@ struct RelayConfigFileTests {
     }
 }
 
-/// Runs blocking process calls off the cooperative pool.
-private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
-    }
-}

@@ -57,7 +57,7 @@ struct RelayServiceTests {
 
             let client = try TestSocket.udp(bindingTo: ip)
             let request = Message(type: .bindingRequest)
-            let (bytes, from) = try await offload { try client.exchange(request.encode(), with: udp) }
+            let (bytes, from) = try await Harness.offPool { try client.exchange(request.encode(), with: udp) }
             #expect(from == udp)
             let response = try Message(decoding: bytes)
             #expect(response.type == .bindingSuccess)
@@ -65,9 +65,9 @@ struct RelayServiceTests {
             #expect(try address(in: response, .xorMappedAddress) == client.localAddress)
             #expect(try response.value(.software) == .software("tusa-test"))
 
-            let connection = try await offload { try TestSocket.tcp(connectingTo: tcp) }
+            let connection = try await Harness.offPool { try TestSocket.tcp(connectingTo: tcp) }
             let tcpRequest = Message(type: .bindingRequest)
-            let tcpResponse = try await offload { () throws -> [UInt8]? in
+            let tcpResponse = try await Harness.offPool { () throws -> [UInt8]? in
                 try connection.sendAll(tcpRequest.encode())
                 return try connection.readFrame(timeout: 2)
             }
@@ -77,7 +77,7 @@ struct RelayServiceTests {
 
             // Garbage on UDP is counted, not answered.
             try client.sendDatagram(Array("hello, not STUN".utf8), to: udp)
-            #expect(try await offload { try client.receive(timeout: 0.2) } == nil)
+            #expect(try await Harness.offPool { try client.receive(timeout: 0.2) } == nil)
             try await eventually { service.statistics.drops[.notSTUN] == 1 && service.statistics.responses == 2 }
         }
     }
@@ -92,8 +92,8 @@ struct RelayServiceTests {
             var second = Message(type: .bindingRequest)
             second.append(.padding([UInt8](repeating: 0, count: 12)))
             let stream = first.encode() + second.encode()
-            let connection = try await offload { try TestSocket.tcp(connectingTo: server) }
-            let answers = try await offload { () throws -> [[UInt8]] in
+            let connection = try await Harness.offPool { try TestSocket.tcp(connectingTo: server) }
+            let answers = try await Harness.offPool { () throws -> [[UInt8]] in
                 var offset = 0
                 for cut in [1, 3, 7, 2, 11, 19, 5] where offset < stream.count {
                     let end = min(stream.count, offset + cut)
@@ -126,8 +126,8 @@ struct RelayServiceTests {
             listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false)
         try await withBindingService(configuration) { service, sockets in
             let server = try #require(sockets.first { $0.kind == .tcp }).address
-            let connection = try await offload { try TestSocket.tcp(connectingTo: server) }
-            let closed = try await offload { () throws -> Bool in
+            let connection = try await Harness.offPool { try TestSocket.tcp(connectingTo: server) }
+            let closed = try await Harness.offPool { () throws -> Bool in
                 try connection.sendAll(garbage)
                 return connection.waitForClose(timeout: 3)
             }
@@ -143,10 +143,10 @@ struct RelayServiceTests {
             tcpIdleTimeout: .milliseconds(300))
         try await withBindingService(configuration) { service, sockets in
             let server = try #require(sockets.first { $0.kind == .tcp }).address
-            let connection = try await offload { try TestSocket.tcp(connectingTo: server) }
+            let connection = try await Harness.offPool { try TestSocket.tcp(connectingTo: server) }
             let clock = ContinuousClock()
             let start = clock.now
-            #expect(try await offload { connection.waitForClose(timeout: 3) })
+            #expect(try await Harness.offPool { connection.waitForClose(timeout: 3) })
             #expect(start.duration(to: clock.now) < .seconds(10))
             try await eventually { service.statistics.idleTimeouts == 1 }
         }
@@ -160,13 +160,13 @@ struct RelayServiceTests {
         configuration.maxTCPConnections = 4
         try await withBindingService(configuration) { service, sockets in
             let server = try #require(sockets.first { $0.kind == .tcp }).address
-            let connection = try await offload { try TestSocket.tcp(connectingTo: server) }
+            let connection = try await Harness.offPool { try TestSocket.tcp(connectingTo: server) }
             let request = Message(type: .bindingRequest).encode()
             // One byte every 200 ms never lets the idle timer fire, but the frame never completes in time.
             var closed = false
             for byte in request.prefix(15) where !closed {
-                try? await offload { try connection.sendAll([byte]) }
-                closed = try await offload { connection.waitForClose(timeout: 0.2) }
+                try? await Harness.offPool { try connection.sendAll([byte]) }
+                closed = try await Harness.offPool { connection.waitForClose(timeout: 0.2) }
             }
             #expect(closed, "a frame dribbled over 3 s was not cut off")
             try await eventually { service.statistics.idleTimeouts == 1 }
@@ -180,13 +180,13 @@ struct RelayServiceTests {
         configuration.maxTCPConnections = 2
         try await withBindingService(configuration) { service, sockets in
             let server = try #require(sockets.first { $0.kind == .tcp }).address
-            let first = try await offload { try TestSocket.tcp(connectingTo: server) }
-            let second = try await offload { try TestSocket.tcp(connectingTo: server) }
-            let third = try await offload { try TestSocket.tcp(connectingTo: server) }
-            #expect(try await offload { third.waitForClose(timeout: 3) })
+            let first = try await Harness.offPool { try TestSocket.tcp(connectingTo: server) }
+            let second = try await Harness.offPool { try TestSocket.tcp(connectingTo: server) }
+            let third = try await Harness.offPool { try TestSocket.tcp(connectingTo: server) }
+            #expect(try await Harness.offPool { third.waitForClose(timeout: 3) })
             // The admitted ones still answer.
-            try await offload { try first.sendAll(Message(type: .bindingRequest).encode()) }
-            #expect(try await offload { try first.readFrame(timeout: 3) } != nil)
+            try await Harness.offPool { try first.sendAll(Message(type: .bindingRequest).encode()) }
+            #expect(try await Harness.offPool { try first.readFrame(timeout: 3) } != nil)
             try await eventually { service.statistics.refusedConnections == 1 }
             _ = second
         }
@@ -216,7 +216,7 @@ struct RelayServiceTests {
             ]
             for (change, expectedSource) in cases {
                 let request = Message(type: .bindingRequest, attributes: [.changeRequest(change)])
-                let (bytes, from) = try await offload { try client.exchange(request.encode(), with: primary) }
+                let (bytes, from) = try await Harness.offPool { try client.exchange(request.encode(), with: primary) }
                 #expect(from == expectedSource, "CHANGE-REQUEST \(change.rawValue)")
                 let response = try Message(decoding: bytes)
                 #expect(response.type == .bindingSuccess)
@@ -241,7 +241,7 @@ struct RelayServiceTests {
             #expect(primary.port != 0 && alternate.port != 0 && primary.port != alternate.port)
             let client = try TestSocket.udp(bindingTo: loopbackV4)
             let request = Message(type: .bindingRequest, attributes: [.changeRequest([.changeIP, .changePort])])
-            let (bytes, from) = try await offload { try client.exchange(request.encode(), with: primary) }
+            let (bytes, from) = try await Harness.offPool { try client.exchange(request.encode(), with: primary) }
             #expect(from == alternate)
             #expect(try address(in: try Message(decoding: bytes), .otherAddress) == alternate)
         }
@@ -258,7 +258,7 @@ struct RelayServiceTests {
             let server = try #require(sockets.first).address
             let clients = try (0..<8).map { _ in try TestSocket.udp(bindingTo: loopbackV4) }
             for client in clients {
-                let (bytes, _) = try await offload { try client.exchange(Message(type: .bindingRequest).encode(), with: server) }
+                let (bytes, _) = try await Harness.offPool { try client.exchange(Message(type: .bindingRequest).encode(), with: server) }
                 #expect(try address(in: try Message(decoding: bytes), .xorMappedAddress) == client.localAddress)
             }
             try await eventually { service.statistics.responses == clients.count }
@@ -271,10 +271,10 @@ struct RelayServiceTests {
         var connection: TestSocket?
         try await withBindingService(configuration) { _, sockets in
             let server = try #require(sockets.first { $0.kind == .tcp }).address
-            connection = try await offload { try TestSocket.tcp(connectingTo: server) }
+            connection = try await Harness.offPool { try TestSocket.tcp(connectingTo: server) }
         }
         let open = try #require(connection)
-        #expect(try await offload { open.waitForClose(timeout: 2) })
+        #expect(try await Harness.offPool { open.waitForClose(timeout: 2) })
     }
 
     @Test("a port in use is a bind error, for run() and boundSockets() alike")
@@ -324,15 +324,15 @@ struct RelayServiceTests {
     func binaryAnswersAndStopsOnSIGTERM() async throws {
         let binary = try #require(Harness.tusa)
         let relay = try Harness.Background(binary, ["relay", "--listen", "127.0.0.1:0", "--no-tcp"])
-        defer { relay.stop(signal: SIGKILL) }
-        let line = try #require(try await offload { relay.waitForMatch(#"listening udp 127\.0\.0\.1:[0-9]+"#) }, "no output from tusa relay")
+        defer { relay.kill() }
+        let line = try #require(await relay.waitForMatch(#"listening udp 127\.0\.0\.1:[0-9]+"#), "no output from tusa relay")
         let server = try #require(TransportAddress(String(line.dropFirst("listening udp ".count))))
 
         let client = try TestSocket.udp(bindingTo: loopbackV4)
-        let (bytes, _) = try await offload { try client.exchange(Message(type: .bindingRequest).encode(), with: server) }
+        let (bytes, _) = try await Harness.offPool { try client.exchange(Message(type: .bindingRequest).encode(), with: server) }
         #expect(try address(in: try Message(decoding: bytes), .xorMappedAddress) == client.localAddress)
 
-        let status = try await offload { relay.stop() }
+        let status = await relay.stop()
         #expect(status == 0, "tusa relay did not exit 0 after SIGTERM")
         #expect(relay.stdout.contains("stopped: responses 1"), "\(relay.stdout)")
     }
@@ -348,7 +348,7 @@ struct RelayServiceTests {
         ])
     func binaryRefusesBadFlags(_ flags: [String]) async throws {
         let binary = try #require(Harness.tusa)
-        let r = try await offload { try Harness.run(binary, ["relay"] + flags, timeout: 10) }
+        let r = try await Harness.run(binary, ["relay"] + flags, timeout: 10)
         #expect(r.status == 1)
         #expect(r.stderr.hasPrefix("tusa relay: error: "), "\(r.stderr)")
         #expect(r.stderr.split(separator: "\n").count == 1, "\(r.stderr)")
@@ -359,9 +359,7 @@ struct RelayServiceTests {
     func binaryReportsPortInUse() async throws {
         let binary = try #require(Harness.tusa)
         let taken = try TestSocket.udp(bindingTo: loopbackV4)
-        let r = try await offload {
-            try Harness.run(binary, ["relay", "--listen", "\(taken.localAddress)", "--no-tcp", "--log-level", "critical"], timeout: 10)
-        }
+        let r = try await Harness.run(binary, ["relay", "--listen", "\(taken.localAddress)", "--no-tcp", "--log-level", "critical"], timeout: 10)
         #expect(r.status == 1)
         #expect(r.stderr.contains("cannot listen on udp \(taken.localAddress)"), "\(r.stderr)")
     }
@@ -430,12 +428,6 @@ private func eventually(_ condition: @Sendable () -> Bool) async throws {
     }
 }
 
-/// Runs blocking socket calls (each bounded by its own timeout) off the cooperative pool.
-private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
-    }
-}
 
 private func address(in message: Message, _ type: AttributeType) throws -> TransportAddress? {
     switch try message.value(type) {

@@ -50,7 +50,7 @@ struct RelaySocketTests {
         arguments: [true, false])
     func relaysBothWays(gso: Bool) async throws {
         try await withService(Self.configuration(gso: gso)) { service, server in
-            try await offload {
+            try await Harness.offPool {
                 let a = try Flow(server: server, family: 0x01)
                 let b = try Flow(server: server, family: 0x01)
                 // A burst per flow, then the two flows interleaved, each way.
@@ -96,7 +96,7 @@ struct RelaySocketTests {
     @Test("an IPv6 relay (REQUESTED-ADDRESS-FAMILY) relays both ways", .enabled(if: ipv6Available, "no IPv6 loopback"))
     func ipv6Relay() async throws {
         try await withService(Self.configuration()) { _, server in
-            try await offload {
+            try await Harness.offPool {
                 let a = try Flow(server: server, family: 0x02)
                 #expect(!a.relay.ip.isIPv4)
                 try a.sendUp(10, size: 100)
@@ -110,7 +110,7 @@ struct RelaySocketTests {
     @Test("a held EVEN-PORT port becomes a relay that reads and writes (RESERVATION-TOKEN)")
     func reservedPortRelays() async throws {
         try await withService(Self.configuration()) { _, server in
-            try await offload {
+            try await Harness.offPool {
                 let first = try Flow(server: server, family: 0x01, evenPort: true)
                 let token = try #require(first.reservationToken)
                 let second = try Flow(server: server, family: 0x01, token: token)
@@ -128,7 +128,7 @@ struct RelaySocketTests {
     @Test("a dual allocation (ADDITIONAL-ADDRESS-FAMILY) relays over both its relays", .enabled(if: ipv6Available, "no IPv6 loopback"))
     func dualAllocation() async throws {
         try await withService(Self.configuration()) { _, server in
-            try await offload {
+            try await Harness.offPool {
                 let flow = try Flow(server: server, family: 0x01, additionalFamily: 0x02)
                 #expect(flow.relays.count == 2)
                 let relay6 = try #require(flow.relays.first { !$0.ip.isIPv4 })
@@ -152,7 +152,7 @@ struct RelaySocketTests {
     func socketsAreClosed() async throws {
         var relays: [TransportAddress] = []
         try await withService(Self.configuration(lifetime: 1)) { service, server in
-            relays = try await offload {
+            relays = try await Harness.offPool {
                 let expiring = try Flow(server: server, family: 0x01, channel: false)
                 let refreshed = try Flow(server: server, family: 0x01, channel: false)
                 let held = try Flow(server: server, family: 0x01, channel: false, evenPort: true)
@@ -175,7 +175,7 @@ struct RelaySocketTests {
         // Live allocations at shutdown: closed by deleteAll.
         var live: [TransportAddress] = []
         try await withService(Self.configuration()) { _, server in
-            live = try await offload {
+            live = try await Harness.offPool {
                 (0..<5).compactMap { _ in try? Flow(server: server, family: 0x01, channel: false).relay }
             }
             #expect(live.count == 5)
@@ -188,13 +188,11 @@ struct RelaySocketTests {
         "tusa relay: one fd per live allocation, none left after Refresh 0 and held ports' expiry",
         .enabled(if: Harness.tusa != nil, "tusa binary not built"))
     func binaryLeaksNoDescriptors() async throws {
-        let (relay, port) = try #require(try await offload {
-            try Harness.startRelay(["--listen", "127.0.0.1:0", "--no-tcp", "-z", "--allow-loopback-peers", "--min-port", "40000", "--max-port", "59999"])
-        })
-        defer { relay.stop(signal: SIGKILL) }
+        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0", "--no-tcp", "-z", "--allow-loopback-peers", "--min-port", "40000", "--max-port", "59999"]))
+        defer { relay.kill() }
         let pid = relay.process.processIdentifier
         let server = TransportAddress(ip: loopback, port: port)
-        try await offload {
+        try await Harness.offPool {
             let base = try #require(openFDs(pid))
             var flows: [Flow] = []
             for _ in 0..<20 { flows.append(try Flow(server: server, family: 0x01)) }
@@ -212,7 +210,7 @@ struct RelaySocketTests {
             try held.deleteAllocation()
             #expect(waitUntil(2) { openFDs(pid) == base + 1 }, "the held port stays, the relay goes")
         }
-        let status = try await offload { relay.stop() }
+        let status = await relay.stop()
         #expect(status == 0)
     }
 }
@@ -348,8 +346,3 @@ private func waitUntil(_ seconds: Double, _ condition: () -> Bool) -> Bool {
     return true
 }
 
-private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
-    }
-}

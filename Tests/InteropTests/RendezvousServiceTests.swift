@@ -32,9 +32,6 @@ private func withRendezvous(_ body: (TransportAddress) async throws -> Void) asy
     _ = try? await running.value
 }
 
-private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { c in DispatchQueue.global().async { c.resume(with: Result { try body() }) } }
-}
 
 /// The next payload from `connection`, within `seconds`.
 private func next(_ connection: RendezvousConnection, within seconds: Double = 20) async -> (from: PublicKey, payload: [UInt8])? {
@@ -122,7 +119,7 @@ struct RendezvousServiceTests {
                 (RendezvousFrame.frame(.send(id: 1, to: PrivateKey.generate().publicKey, sealed: [1])), .notRegistered),
             ]
             for (bytes, code) in cases {
-                let reply = try await blocking { () -> ([RendezvousMessage], Bool) in
+                let reply = try await Harness.offPool { () -> ([RendezvousMessage], Bool) in
                     let socket = try TestSocket.tcp(connectingTo: server)
                     guard let hello = try socket.readLengthPrefixed(timeout: 5) else { return ([], false) }
                     try socket.sendAll(bytes)
@@ -145,12 +142,12 @@ struct RendezvousServiceTests {
 
     @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
     func tusaRelayServesTheRendezvousAndItsTURNGrantsWork() async throws {
-        let (relay, port) = try #require(try await blocking { try Harness.startRelay([
+        let (relay, port) = try #require(try await Harness.startRelay([
             "--listen", "127.0.0.1:0", "--use-auth-secret", "--static-auth-secret", "s3cret",
             "--allow-loopback-peers", "--rendezvous-port", "0",
-        ]) })
-        defer { relay.stop(signal: SIGKILL) }
-        let line = try #require(try await blocking { relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#) }, "\(relay.stdout) \(relay.stderr)")
+        ]))
+        defer { relay.kill() }
+        let line = try #require(await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
         let rendezvousPort = try #require(line.split(separator: ":").last.flatMap { UInt16($0) })
         let alice = PrivateKey.generate()
         let a = try await RendezvousConnection.connect(to: TransportAddress(ip: .v4(0x7F00_0001), port: rendezvousPort), identity: alice, timeout: .seconds(30))
@@ -159,17 +156,17 @@ struct RendezvousServiceTests {
         // The relay's own TURN service takes the grant.
         let tusa = try #require(Harness.tusa)
         let peer = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
-        let run = try await blocking { try Harness.run(tusa, [
+        let run = try await Harness.run(tusa, [
             "turn", "127.0.0.1:\(port)", "--user", "\(grant.username):\(grant.password)",
             "--peer", "127.0.0.1:\(peer.localAddress.port)", "--count", "3", "--timeout", "3",
-        ], timeout: 20) }
+        ], timeout: 20)
         #expect(run.stdout.contains("relayed address: 127.0.0.1:"), "\(run.stdout) \(run.stderr)")
         // A forged password is refused.
-        let bad = try await blocking { try Harness.run(tusa, [
+        let bad = try await Harness.run(tusa, [
             "turn", "127.0.0.1:\(port)", "--user", "\(grant.username):AAAA", "--peer", "127.0.0.1:9", "--count", "1", "--timeout", "3",
-        ], timeout: 20) }
+        ], timeout: 20)
         #expect(bad.status != 0 && !bad.stdout.contains("relayed address"), "\(bad.stdout) \(bad.stderr)")
         await a.close()
-        #expect(relay.stop() == 0, "\(relay.stderr)")
+        #expect(await relay.stop() == 0, "\(relay.stderr)")
     }
 }

@@ -73,9 +73,9 @@ struct SecureTransportTests {
     /// its UDP address. (Process waits run off the cooperative pool: a blocked pool
     /// thread stalls other suites' async tests.)
     static func startRelay() async throws -> (Harness.Background, TransportAddress) {
-        let (relay, port) = try #require(try await TURNClientPeerTests.blocking { try Harness.startRelay([
+        let (relay, port) = try #require(try await Harness.startRelay([
             "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
-        ]) })
+        ]))
         return (relay, TransportAddress(ip: .v4(0x7F00_0001), port: port))
     }
 
@@ -157,7 +157,7 @@ struct SecureTransportTests {
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func throughTusaRelay() async throws {
         let (relay, server) = try await Self.startRelay()
-        defer { relay.stop(signal: SIGKILL, grace: 0) }
+        defer { relay.kill() }
         let (a, b) = try await Self.twoEndpoints()
         let ca = Collector(a), cb = Collector(b)
         // A sits behind the relay: B only ever talks to A's relayed address.
@@ -170,7 +170,7 @@ struct SecureTransportTests {
         #expect(try await b.describe(aAtB)?.address == allocation.relayed, "B sees A only at the relay")
         await a.close()
         await b.close()
-        #expect(try await TURNClientPeerTests.blocking { relay.stop() } == 0)
+        #expect(await relay.stop() == 0)
         #expect(relay.stdout.contains("turn: "), "\(relay.stdout)")
     }
 
@@ -203,7 +203,7 @@ struct SecureTransportTests {
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func iceThroughTURNOverTCP() async throws {
         let (relay, server) = try await Self.startRelay()
-        defer { relay.stop(signal: SIGKILL, grace: 0) }
+        defer { relay.kill() }
         let (a, b) = try await Self.twoEndpoints()
         let ca = Collector(a), cb = Collector(b)
         let allocation = try await a.useRelay(server, over: .tcp, configuration: .init(username: "alice", password: "wonderland"))
@@ -220,7 +220,7 @@ struct SecureTransportTests {
         #expect(try await b.describe(aAtB)?.address == allocation.relayed, "B sees A only at the relay")
         await a.close()
         await b.close()
-        #expect(try await TURNClientPeerTests.blocking { relay.stop() } == 0)
+        #expect(await relay.stop() == 0)
     }
 
     @Test("tshark reads the sealed media as RTP without keys; tusa interop decrypt opens it with the key log",
@@ -238,8 +238,8 @@ struct SecureTransportTests {
         let tshark = try Harness.Background(try #require(Harness.which("tshark")), [
             "-i", "lo", "-f", "udp port \(port)", "-w", capture, "-q", "-a", "duration:60",
         ])
-        defer { tshark.stop() }
-        #expect(tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
+        defer { tshark.kill() }
+        #expect(await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
         try await Task.sleep(for: .seconds(1))  // "Capturing on" comes a moment before the filter is live
         async let waiting = b.waitForPeer(a.publicKey)
         let bAtA = try await a.connect(to: b.publicKey, at: b.localAddress)
@@ -250,13 +250,13 @@ struct SecureTransportTests {
         }
         #expect(await cb.waitForMedia(40))
         try await Task.sleep(for: .milliseconds(300))
-        #expect(tshark.stop() == 0, "tshark: \(tshark.stderr)")
+        #expect(await tshark.stop() == 0, "tshark: \(tshark.stderr)")
         await a.close()
         await b.close()
         let ssrc = try #require(cb.media.first?.1.ssrc)
 
         // Without keys: RTP fields (SSRC, sequence numbers) as Wireshark shows them.
-        let fields = try Harness.run(try #require(Harness.which("tshark")), [
+        let fields = try await Harness.run(try #require(Harness.which("tshark")), [
             "-r", capture, "-d", "udp.port==\(port),rtp", "-Y", "rtp && rtp.p_type == 0", "-T", "fields", "-e", "rtp.ssrc", "-e", "rtp.seq",
         ])
         let rows = fields.stdout.split(separator: "\n").map { $0.split(separator: "\t") }
@@ -266,7 +266,7 @@ struct SecureTransportTests {
         #expect(zip(seqs, seqs.dropFirst()).allSatisfy { ($1 - $0 + 65536) % 65536 == 1 })
 
         // With the key log: every media packet opens; the rtpdump holds the plaintext.
-        let decrypt = try Harness.run(try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", keylog, "--out", dump])
+        let decrypt = try await Harness.run(try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", keylog, "--out", dump])
         #expect(decrypt.status == 0, "\(decrypt.stdout) \(decrypt.stderr)")
         #expect(decrypt.stdout.contains("SSRC 0x\(String(ssrc, radix: 16)): 40 media"), "\(decrypt.stdout)")
         let written = try [UInt8](Data(contentsOf: URL(fileURLWithPath: dump)))
@@ -276,7 +276,7 @@ struct SecureTransportTests {
         }
         // A wrong key log opens nothing and says so.
         try "TUSA_MEDIA_KEY \(String(format: "%08x", ssrc)) \(String(repeating: "ab", count: 32))\n".write(toFile: keylog, atomically: true, encoding: .utf8)
-        let wrong = try Harness.run(try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", keylog])
+        let wrong = try await Harness.run(try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", keylog])
         #expect(wrong.status == 1, "\(wrong.stdout)")
     }
 }

@@ -24,12 +24,10 @@ struct TURNClientPeerTests {
     ) async throws {
         let port = Harness.freePortPair()
         let server = try #require(
-            try await blocking {
-                try Harness.startTurnserver(port: port, extra: [
+            try await Harness.startTurnserver(port: port, extra: [
                     "-a", "-u", "alice:wonderland", "-r", "example.org", "--allow-loopback-peers",
-                ] + extra)
-            }, "turnserver did not start")
-        defer { server.stop(signal: SIGKILL) }
+                ] + extra), "turnserver did not start")
+        defer { server.kill() }
         // turnutils_peer binds PORT and PORT+1. A port found free can be taken by another
         // test's ephemeral socket before the peer binds it: then it exits at once, and
         // another pair is tried.
@@ -39,7 +37,7 @@ struct TURNClientPeerTests {
         for _ in 0..<5 where started == nil {
             let peerPort = Harness.freePortPair()
             let peer = try Harness.Background(tool, ["-L", "127.0.0.1", "-p", "\(peerPort)"])
-            let bound = try await blocking { () -> Bool in
+            let bound = try await Harness.offPool { () -> Bool in
                 for _ in 0..<100 {
                     if !peer.process.isRunning { return false }
                     if !Harness.isFree(ip: "127.0.0.1", port: peerPort) { usleep(50_000); return peer.process.isRunning }
@@ -47,25 +45,17 @@ struct TURNClientPeerTests {
                 }
                 return false
             }
-            if bound { started = (peer, peerPort) } else { failures.append("\(peerPort): \(peer.stderr)"); peer.stop(signal: SIGKILL) }
+            if bound { started = (peer, peerPort) } else { failures.append("\(peerPort): \(peer.stderr)"); await peer.stop(signal: SIGKILL) }
         }
         let (peer, peerPort) = try #require(started, "turnutils_peer did not bind: \(failures)")
-        defer { peer.stop(signal: SIGKILL) }
+        defer { peer.kill() }
         try await body(port, peerPort)
-    }
-
-    /// Runs a blocking wait (a process, a poll loop) off the Swift concurrency
-    /// threads, which other suites' async tests need meanwhile.
-    static func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
-        }
     }
 
     /// `tusa` with arguments, to completion (at most `timeout` seconds).
     static func tusa(_ arguments: [String], timeout: Double = 30) async throws -> Harness.Result {
         let tusa = try #require(Harness.tusa)
-        return try await blocking { try Harness.run(tusa, arguments, timeout: timeout) }
+        return try await Harness.run(tusa, arguments, timeout: timeout)
     }
 
     @Test(

@@ -29,12 +29,12 @@ struct TURNRelayPeerTests {
     }
 
     /// An echo peer on a free loopback port.
-    static func startPeer() throws -> (Harness.Background, UInt16)? {
+    static func startPeer() async throws -> (Harness.Background, UInt16)? {
         guard let peer = Harness.which("turnutils_peer") else { return nil }
         for _ in 0..<5 {
             let port = Harness.freePort()
             let p = try Harness.Background(peer, ["-L", "127.0.0.1", "-p", "\(port)"])
-            usleep(200_000)
+            try await Task.sleep(for: .milliseconds(200))
             if p.process.isRunning { return (p, port) }
         }
         return nil
@@ -48,10 +48,10 @@ struct TURNRelayPeerTests {
     }
 
     /// Runs turnutils_uclient and reads its final totals.
-    static func uclient(_ flags: [String], server: UInt16, peer: UInt16, messages: Int = 20, clients: Int = 2) throws -> UclientResult {
+    static func uclient(_ flags: [String], server: UInt16, peer: UInt16, messages: Int = 20, clients: Int = 2) async throws -> UclientResult {
         let uclient = try #require(Harness.which("turnutils_uclient"))
         let args = flags + ["-p", "\(server)", "-e", "127.0.0.1", "-r", "\(peer)", "-n", "\(messages)", "-m", "\(clients)", "-l", "120", "127.0.0.1"]
-        let r = try Harness.run("/usr/bin/timeout", ["60", uclient] + args, timeout: 70)
+        let r = try await Harness.run("/usr/bin/timeout", ["60", uclient] + args, timeout: 70)
         let out = r.stdout + r.stderr
         func last(_ pattern: String) -> Int? {
             guard let regex = try? NSRegularExpression(pattern: pattern) else { return nil }
@@ -74,54 +74,54 @@ struct TURNRelayPeerTests {
 
     @Test(.enabled(if: haveTusa && haveUclient, "needs tusa and coturn's turnutils_uclient/turnutils_peer (make test installs coturn)"),
           arguments: modes.indices)
-    func uclientRelaysThroughTusa(mode: Int) throws {
+    func uclientRelaysThroughTusa(mode: Int) async throws {
         let (name, flags) = Self.modes[mode]
-        let (peer, peerPort) = try #require(try Self.startPeer())
-        defer { peer.stop() }
-        let (relay, port) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
-        defer { relay.stop() }
-        let r = try Self.uclient(flags, server: port, peer: peerPort)
+        let (peer, peerPort) = try #require(try await Self.startPeer())
+        defer { peer.kill() }
+        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
+        defer { relay.kill() }
+        let r = try await Self.uclient(flags, server: port, peer: peerPort)
         #expect(r.sent > 0 && r.sent == r.received, "\(name): sent \(r.sent), received \(r.received)\n\(r.output.suffix(1500))")
         #expect(r.lost == 0, "\(name): lost \(String(describing: r.lost))")
-        #expect(relay.stop() == 0)
+        #expect(await relay.stop() == 0)
         #expect(relay.stdout.contains("turn: "), "\(relay.stdout)")
     }
 
     @Test(.enabled(if: haveTusa && haveUclient, "needs tusa and coturn's turnutils_uclient/turnutils_peer"))
-    func fiftyUclientClientsAtOnce() throws {
-        let (peer, peerPort) = try #require(try Self.startPeer())
-        defer { peer.stop() }
-        let (relay, port) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
-        defer { relay.stop() }
-        let r = try Self.uclient(["-u", "alice", "-w", "wonderland"], server: port, peer: peerPort, messages: 20, clients: 50)
+    func fiftyUclientClientsAtOnce() async throws {
+        let (peer, peerPort) = try #require(try await Self.startPeer())
+        defer { peer.kill() }
+        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
+        defer { relay.kill() }
+        let r = try await Self.uclient(["-u", "alice", "-w", "wonderland"], server: port, peer: peerPort, messages: 20, clients: 50)
         #expect(r.sent == 50 * 20 * 120 && r.received == r.sent, "sent \(r.sent), received \(r.received)\n\(r.output.suffix(1500))")
         #expect(r.lost == 0)
-        #expect(relay.stop() == 0)
+        #expect(await relay.stop() == 0)
         // The relay made one allocation per client at least (uclient adds RTCP ones).
         let made = relay.stdout.firstMatch(of: /turn: ([0-9]+) allocations/).flatMap { Int($0.1) } ?? 0
         #expect(made >= 50, "\(relay.stdout)")
     }
 
     @Test(.enabled(if: haveTusa && haveUclient, "needs tusa and coturn's turnutils_uclient/turnutils_peer"))
-    func wrongPasswordRelaysNothing() throws {
-        let (peer, peerPort) = try #require(try Self.startPeer())
-        defer { peer.stop() }
-        let (relay, port) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
-        defer { relay.stop() }
-        let r = try Self.uclient(["-u", "alice", "-w", "not-the-password"], server: port, peer: peerPort, messages: 3, clients: 1)
+    func wrongPasswordRelaysNothing() async throws {
+        let (peer, peerPort) = try #require(try await Self.startPeer())
+        defer { peer.kill() }
+        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
+        defer { relay.kill() }
+        let r = try await Self.uclient(["-u", "alice", "-w", "not-the-password"], server: port, peer: peerPort, messages: 3, clients: 1)
         #expect(r.received <= 0, "relayed with a wrong password:\n\(r.output.suffix(800))")
-        #expect(relay.stop() == 0)
+        #expect(await relay.stop() == 0)
         #expect(relay.stdout.contains("turn: 0 allocations"), "\(relay.stdout)")
         #expect(!relay.stdout.contains(" 0 auth failures"), "\(relay.stdout)")
     }
 
     @Test(.enabled(if: haveTusa && haveUclient, "needs tusa and coturn's turnutils_uclient/turnutils_peer"))
-    func loopbackPeersAreRefusedByDefault() throws {
-        let (peer, peerPort) = try #require(try Self.startPeer())
-        defer { peer.stop() }
-        let (relay, port) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland"]))
-        defer { relay.stop() }
-        let r = try Self.uclient(["-u", "alice", "-w", "wonderland"], server: port, peer: peerPort, messages: 3, clients: 1)
+    func loopbackPeersAreRefusedByDefault() async throws {
+        let (peer, peerPort) = try #require(try await Self.startPeer())
+        defer { peer.kill() }
+        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland"]))
+        defer { relay.kill() }
+        let r = try await Self.uclient(["-u", "alice", "-w", "wonderland"], server: port, peer: peerPort, messages: 3, clients: 1)
         #expect(r.received <= 0, "relayed to loopback:\n\(r.output.suffix(800))")
         #expect(r.output.contains("403"), "\(r.output.suffix(800))")
     }
@@ -129,13 +129,13 @@ struct TURNRelayPeerTests {
     @Test(.enabled(if: haveTusa && haveUclient && Harness.python != nil,
                    "needs tusa, turnutils_peer and .venv with aioice (make test sets it up)"),
           arguments: ["udp", "tcp"])
-    func aioiceRelaysThroughTusa(transport: String) throws {
-        let (peer, peerPort) = try #require(try Self.startPeer())
-        defer { peer.stop() }
-        let (relay, port) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
-        defer { relay.stop() }
+    func aioiceRelaysThroughTusa(transport: String) async throws {
+        let (peer, peerPort) = try #require(try await Self.startPeer())
+        defer { peer.kill() }
+        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
+        defer { relay.kill() }
         let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_turn.py").path
-        let r = try Harness.run(try #require(Harness.python), [
+        let r = try await Harness.run(try #require(Harness.python), [
             script, "--turn", "127.0.0.1:\(port)", "--user", "alice", "--password", "wonderland",
             "--peer", "127.0.0.1:\(peerPort)", "--transport", transport, "--count", "20",
         ], timeout: 30)
@@ -144,11 +144,11 @@ struct TURNRelayPeerTests {
     }
 
     /// A self-signed certificate and key for the TLS tests, made with openssl.
-    static func makeCertificate() throws -> (cert: String, key: String)? {
+    static func makeCertificate() async throws -> (cert: String, key: String)? {
         guard let openssl = Harness.which("openssl") else { return nil }
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-tls-\(UUID())").path
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        let r = try Harness.run(openssl, ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(dir)/key.pem",
+        let r = try await Harness.run(openssl, ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(dir)/key.pem",
                                           "-out", "\(dir)/cert.pem", "-days", "2", "-subj", "/CN=localhost"], timeout: 30)
         guard r.status == 0 else { return nil }
         return ("\(dir)/cert.pem", "\(dir)/key.pem")
@@ -156,27 +156,27 @@ struct TURNRelayPeerTests {
 
     @Test(.enabled(if: haveTusa && haveUclient && Harness.python != nil && Harness.which("openssl") != nil,
                    "needs tusa, coturn's tools, aioice and openssl"))
-    func turnOverTLS() throws {
-        let (cert, key) = try #require(try Self.makeCertificate())
-        let (peer, peerPort) = try #require(try Self.startPeer())
-        defer { peer.stop() }
+    func turnOverTLS() async throws {
+        let (cert, key) = try #require(try await Self.makeCertificate())
+        let (peer, peerPort) = try #require(try await Self.startPeer())
+        defer { peer.kill() }
         let tlsPort = Harness.freePort()
-        let (relay, _) = try #require(try Harness.startRelay(
+        let (relay, _) = try #require(try await Harness.startRelay(
             ["--listen", "127.0.0.1:0", "--cert", cert, "--pkey", key, "--tls-listening-port", "\(tlsPort)"] + Self.relayAuth))
-        defer { relay.stop() }
-        #expect(relay.waitForMatch("listening tls 127.0.0.1:\(tlsPort)") != nil, "\(relay.stdout)")
+        defer { relay.kill() }
+        #expect(await relay.waitForMatch("listening tls 127.0.0.1:\(tlsPort)") != nil, "\(relay.stdout)")
         // coturn's client over TLS (-t -S).
-        let r = try Self.uclient(["-t", "-S", "-u", "alice", "-w", "wonderland"], server: tlsPort, peer: peerPort, messages: 10, clients: 2)
+        let r = try await Self.uclient(["-t", "-S", "-u", "alice", "-w", "wonderland"], server: tlsPort, peer: peerPort, messages: 10, clients: 2)
         #expect(r.sent > 0 && r.sent == r.received && r.lost == 0, "sent \(r.sent), received \(r.received)\n\(r.output.suffix(1200))")
         // aioice's TURN client over TLS.
         let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_turn.py").path
-        let a = try Harness.run(try #require(Harness.python), [
+        let a = try await Harness.run(try #require(Harness.python), [
             script, "--turn", "127.0.0.1:\(tlsPort)", "--user", "alice", "--password", "wonderland",
             "--peer", "127.0.0.1:\(peerPort)", "--transport", "tls", "--count", "10",
         ], timeout: 30)
         #expect(a.status == 0, "aioice over TLS: \(a.stdout) \(a.stderr)")
         // A bad key file is a one-line start error.
-        let bad = try Harness.run(try #require(Harness.tusa), ["relay", "--listen", "127.0.0.1:0", "--cert", cert, "--pkey", "/nonexistent"] + Self.relayAuth, timeout: 20)
+        let bad = try await Harness.run(try #require(Harness.tusa), ["relay", "--listen", "127.0.0.1:0", "--cert", cert, "--pkey", "/nonexistent"] + Self.relayAuth, timeout: 20)
         #expect(bad.status == 1 && bad.stderr.hasPrefix("tusa relay: error:"), "\(bad.stderr)")
     }
 
@@ -184,24 +184,24 @@ struct TURNRelayPeerTests {
     /// aioice through tusa relay verifies with `tusa interop check`.
     @Test(.enabled(if: haveTusa && haveUclient && Harness.which("tshark") != nil && Harness.isRoot,
                    "needs tusa, coturn's tools, tshark and root to capture on lo"))
-    func liveTURNCaptureVerifies() throws {
-        let (peer, peerPort) = try #require(try Self.startPeer())
-        defer { peer.stop() }
-        let (relay, port) = try #require(try Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
-        defer { relay.stop() }
+    func liveTURNCaptureVerifies() async throws {
+        let (peer, peerPort) = try #require(try await Self.startPeer())
+        defer { peer.kill() }
+        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
+        defer { relay.kill() }
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-turn-\(UUID()).pcapng").path
         defer { try? FileManager.default.removeItem(atPath: file) }
         let tshark = try Harness.Background(try #require(Harness.which("tshark")), [
             "-i", "lo", "-f", "port \(port)", "-w", file, "-q", "-a", "duration:90",
         ])
-        defer { tshark.stop() }
-        #expect(tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
+        defer { tshark.kill() }
+        #expect(await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
         for flags in [["-u", "alice", "-w", "wonderland"], ["-s", "-u", "alice", "-w", "wonderland"], ["-t", "-u", "alice", "-w", "wonderland"],
                       ["-W", "northwind", "-u", "bob"]] {
-            _ = try Self.uclient(flags, server: port, peer: peerPort, messages: 5, clients: 1)
+            _ = try await Self.uclient(flags, server: port, peer: peerPort, messages: 5, clients: 1)
         }
-        usleep(300_000)
-        #expect(tshark.stop() == 0, "tshark: \(tshark.stderr)")
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(await tshark.stop() == 0, "tshark: \(tshark.stderr)")
         let report = InteropChecker(credentials: Self.interopCredentials).check(path: file)
         #expect(report.passed, "\(report.failures.prefix(10))")
         #expect(report.packets > 50 && report.decoded == report.packets, "\(report.summary)")
