@@ -17,6 +17,8 @@ public enum CallEnd: String, Sendable, Codable {
     case peerVanished = "peer-vanished"
     /// The time limit (`--duration`) ran out.
     case timeLimit = "time-limit"
+    /// Our audio input or output failed (the report's `audioError` says how).
+    case audioFailed = "audio-error"
 }
 
 /// The report at the end of a call (and, live, its status line).
@@ -50,6 +52,8 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var iceRestarts = 0
     /// The encoder's bitrate at the end (lowered from the configured one under heavy loss).
     public var sendBitrate = 0
+    /// Why our audio input or output failed, when the call ended on it.
+    public var audioError: String?
 
     public var statusLine: String {
         let rtt = roundTripMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-"
@@ -73,6 +77,7 @@ public struct CallReport: Sendable, Codable, Equatable {
                             roundTripMilliseconds.map { String(format: "%.1f ms", $0) } ?? "-", jitterBufferDelayMilliseconds))
         lines.append("  concealed \(framesConcealed) frames, \(framesRecoveredByFEC) rebuilt by FEC")
         if iceRestarts > 0 { lines.append("  ICE restarted \(iceRestarts)×") }
+        if let audioError { lines.append("  audio error: \(audioError)") }
         lines.append(String(format: "  estimated MOS (E-model): %.2f", estimatedMOS))
         return lines.joined(separator: "\n")
     }
@@ -442,6 +447,7 @@ public final class CallAgent: @unchecked Sendable {
                 }
             }
             session.setRoundTrip(await endpoint.roundTripTime(of: peerID))
+            if session.statistics.audioError != nil { ended = .audioFailed; break loop }
             if session.statistics.sourceEnded { ended = .localHangup; break loop }
             if let limit, ContinuousClock.now >= limit { ended = .timeLimit; break loop }
             if let onStatus = options.onStatus, ContinuousClock.now - lastStatus >= .seconds(1) {
@@ -489,7 +495,7 @@ public final class CallAgent: @unchecked Sendable {
             jitterBufferDelayMilliseconds: p.delayMeanMilliseconds, framesConcealed: p.framesConcealed,
             framesRecoveredByFEC: p.framesRecoveredByFEC, estimatedMOS: s.estimatedMOS(frameMilliseconds: codec.frameDuration.milliseconds),
             ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected, iceRestarts: restarts,
-            sendBitrate: s.encoderBitrate)
+            sendBitrate: s.encoderBitrate, audioError: s.audioError)
     }
 
     private func waitFor(call: String, from peer: PublicKey, kinds: Set<CallMessage.Kind>, timeout: Duration,

@@ -56,6 +56,9 @@ public struct VoiceSessionStatistics: Sendable, Equatable {
     /// The encoder's bitrate now (the configured one, lowered under heavy loss).
     public var encoderBitrate = 0
     public var sourceEnded = false
+    /// The first error reading the audio to send or writing the audio received
+    /// (a full disk, a file size limit, an unplugged device); the call ends on it.
+    public var audioError: String?
 
     /// ITU-T G.107 E-model estimate for the path as we receive it: one-way delay =
     /// RTT/2 + jitter buffer + codec framing, packet loss = ours as the playout saw it.
@@ -202,6 +205,7 @@ public final class VoiceSession: @unchecked Sendable {
         var payload = [UInt8](repeating: 0, count: sender.maximumPayloadSize)
         var next = monotonicNanoseconds()
         var sourceDone = source == nil
+        var sinkFailed = false
         var sent = 0
         var tick = 0
         while running.load(ordering: .acquiring) {
@@ -232,7 +236,10 @@ public final class VoiceSession: @unchecked Sendable {
                     }
                 } else {
                     sourceDone = true
-                    stats.withLock { $0.sourceEnded = true }
+                    stats.withLock { s in
+                        s.sourceEnded = true
+                        if let error = source.error, s.audioError == nil { s.audioError = "cannot read the audio to send: \(error)" }
+                    }
                     onSourceEnded?()
                 }
             }
@@ -241,12 +248,17 @@ public final class VoiceSession: @unchecked Sendable {
             out.withUnsafeMutableBufferPointer { receiver.render(nowNanoseconds: now, into: $0) }
             for i in 0..<chunk where slot * chunk + i < spf { playing[slot * chunk + i] = out[i] }
             if slot == chunksPerFrame - 1 { swap(&played, &playing) }
-            if let sink {
-                if let sinkResampler {
-                    let n = out.withUnsafeBufferPointer { p in resampled.withUnsafeMutableBufferPointer { (try? sinkResampler.process(p, into: $0)) ?? 0 } }
-                    resampled.withUnsafeBufferPointer { try? sink.write(UnsafeBufferPointer(rebasing: $0[0..<n])) }
-                } else {
-                    out.withUnsafeBufferPointer { try? sink.write($0) }
+            if let sink, !sinkFailed {
+                do {
+                    if let sinkResampler {
+                        let n = out.withUnsafeBufferPointer { p in resampled.withUnsafeMutableBufferPointer { (try? sinkResampler.process(p, into: $0)) ?? 0 } }
+                        try resampled.withUnsafeBufferPointer { b throws(VoiceError) in try sink.write(UnsafeBufferPointer(rebasing: b[0..<n])) }
+                    } else {
+                        try out.withUnsafeBufferPointer { b throws(VoiceError) in try sink.write(b) }
+                    }
+                } catch {
+                    sinkFailed = true
+                    stats.withLock { s in if s.audioError == nil { s.audioError = "cannot write the audio received: \(error)" } }
                 }
             }
             if slot == chunksPerFrame - 1 {
@@ -273,6 +285,8 @@ final class FrameSource {
     private var converted: [Int16]
     private var fifo: [Int16] = []
     private var ended = false
+    /// Why the source ended early, if it failed.
+    private(set) var error: VoiceError?
 
     init(_ source: AudioSource, rate: Int, frame: Int) throws(VoiceError) {
         self.source = source
@@ -286,7 +300,12 @@ final class FrameSource {
     /// Fills `out` (one frame); false once the source has ended and nothing is left.
     func next(into out: UnsafeMutableBufferPointer<Int16>) -> Bool {
         while fifo.count < out.count && !ended {
-            let n = input.withUnsafeMutableBufferPointer { (try? source.read(into: $0)) ?? 0 }
+            let n: Int
+            do { n = try input.withUnsafeMutableBufferPointer { b throws(VoiceError) in try source.read(into: b) } } catch {
+                self.error = error
+                ended = true
+                break
+            }
             if n == 0 { ended = true; break }
             if let resampler {
                 let m = input.withUnsafeBufferPointer { i in

@@ -110,7 +110,9 @@ struct CallOptions: ParsableArguments {
         return o
     }
 
-    func finish(_ report: CallReport) {
+    /// Prints the report; a call that ended on an audio error then exits 2 with it
+    /// on standard error.
+    func finish(_ report: CallReport, command: String) throws {
         if !quiet { FileHandle.standardError.write(Data("\n".utf8)) }
         if json {
             let encoder = JSONEncoder()
@@ -120,6 +122,10 @@ struct CallOptions: ParsableArguments {
             print(report.humanReadable)
         }
         fflush(nil)
+        if report.ended == .audioFailed {
+            FileHandle.standardError.write(Data("tusa \(command): \(report.audioError ?? "audio failed")\n".utf8))
+            throw ExitCode(2)
+        }
     }
 }
 
@@ -135,7 +141,7 @@ struct CallCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "call",
         abstract: "Place an end-to-end encrypted call to PEER (its public key) through a relay's rendezvous.",
-        discussion: "Exit status: 0 when the call ran and ended normally, 64 on bad usage, 2 when the call could not be placed or failed.")
+        discussion: "Exit status: 0 when the call ran and ended normally, 64 on bad usage, 2 when the call could not be placed or failed, or its audio could not be read or written.")
 
     @Argument(help: "The peer's public key (base64, as tusa keygen prints it).")
     var peer: String
@@ -145,17 +151,18 @@ struct CallCommand: AsyncParsableCommand {
     func run() async throws {
         guard let key = PublicKey(base64: peer) else { throw ValidationError("PEER '\(peer)' is not a 32-byte base64 public key") }
         let (identity, server, agentOptions, source, sink) = try prepare(options)
+        let report: CallReport
         do {
             let rendezvous = try await RendezvousConnection.connect(to: server, identity: identity.privateKey)
             let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
-            let report = try await agent.call(key, source: source, sink: sink)
+            report = try await agent.call(key, source: source, sink: sink)
             await rendezvous.close()
-            options.finish(report)
         } catch {
             sink?.close()
             FileHandle.standardError.write(Data("tusa call: \(error)\n".utf8))
             throw ExitCode(2)
         }
+        try options.finish(report, command: "call")
     }
 }
 
@@ -164,7 +171,7 @@ struct AnswerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "answer",
         abstract: "Register at a relay's rendezvous, wait for a call and answer it.",
-        discussion: "Prints 'answering as KEY' once registered. Exit status: 0 when a call ran and ended normally, 64 on bad usage, 2 when no call came or it failed.")
+        discussion: "Prints 'answering as KEY' once registered. Exit status: 0 when a call ran and ended normally, 64 on bad usage, 2 when no call came or it failed, or its audio could not be read or written.")
 
     @Option(help: ArgumentHelp("Answer only this caller (public key).", valueName: "key"))
     var from: String?
@@ -182,23 +189,27 @@ struct AnswerCommand: AsyncParsableCommand {
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
         var (identity, server, agentOptions, source, sink) = try prepare(options)
         agentOptions.ringTimeout = .milliseconds(Int64(timeout * 1000))
+        let report: CallReport
         do {
             let rendezvous = try await RendezvousConnection.connect(to: server, identity: identity.privateKey)
             print("answering as \(identity.publicKey.base64)")
             fflush(nil)
             let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
-            let report = try await agent.answer(only: only, source: source, sink: sink)
+            report = try await agent.answer(only: only, source: source, sink: sink)
             await rendezvous.close()
-            options.finish(report)
         } catch {
             sink?.close()
             FileHandle.standardError.write(Data("tusa answer: \(error)\n".utf8))
             throw ExitCode(2)
         }
+        try options.finish(report, command: "answer")
     }
 }
 
 private func prepare(_ options: CallOptions) throws -> (Identity, TransportAddress, CallAgent.Options, AudioSource?, AudioSink?) {
+    // A file size limit (ulimit -f) then fails the write with EFBIG, which the call
+    // reports and ends on, rather than killing the process with the recording unclosed.
+    signal(SIGXFSZ, SIG_IGN)
     let identity: Identity
     do { identity = try options.loadIdentity() } catch { throw ValidationError("\(error)") }
     let server = try options.server()

@@ -16,10 +16,11 @@ import Voice
         return (relay, try #require(line.split(separator: ":").last.flatMap { UInt16($0) }))
     }
 
-    /// `tusa answer` in the background, and the key it answers as.
-    static func answer(_ port: UInt16, _ extra: [String]) async throws -> (Harness.Background, String) {
+    /// `tusa answer` in the background (run by `wrapper`, e.g. prlimit, when given), and the key it answers as.
+    static func answer(_ port: UInt16, _ extra: [String], wrapper: [String] = []) async throws -> (Harness.Background, String) {
         let tusa = try #require(Harness.tusa)
-        let a = try Harness.Background(tusa, ["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "20", "--json", "--quiet"] + extra)
+        let command = wrapper + [tusa, "answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "20", "--json", "--quiet"] + extra
+        let a = try Harness.Background(command[0], Array(command.dropFirst()))
         let line = try #require(await a.waitForMatch(#"answering as [A-Za-z0-9+/=]{44}"#), "\(a.stdout) \(a.stderr)")
         return (a, String(line.dropFirst("answering as ".count)))
     }
@@ -130,6 +131,37 @@ import Voice
         // Even a 1.5 s call knows its round trip on both sides (the first reports are answered at once).
         #expect(Self.json(answerer.stdout)?["roundTripMilliseconds"] as? Double != nil, "\(answerer.stdout)")
         #expect(Self.json(caller.stdout)?["roundTripMilliseconds"] as? Double != nil, "\(caller.stdout)")
+    }
+
+    /// A recording that cannot be written mid-call (a full disk; here a file size
+    /// limit, `prlimit --fsize`): the callee ends the call on it, reports it, says it
+    /// on standard error and exits 2; what it wrote is still a valid WAV file; the
+    /// caller sees an ordinary hang-up.
+    @Test(.enabled(if: ready && Harness.which("prlimit") != nil, "\(needs), and util-linux's prlimit"))
+    func aRecordingThatCannotBeWrittenEndsTheCallWithAClearError() async throws {
+        let (relay, port) = try await Self.relay()
+        defer { relay.kill() }
+        let heard = NSTemporaryDirectory() + "tusa-call-\(getpid())-limited.wav"
+        defer { unlink(heard) }
+        let prlimit = try #require(Harness.which("prlimit"))
+        // 8 kHz 16-bit mono: about 2 s fit in 32 KiB.
+        let (answerer, key) = try await Self.answer(port, ["--out", heard], wrapper: [prlimit, "--fsize=32768", "--"])
+        defer { answerer.kill() }
+        let caller = try await TURNClientPeerTests.tusa([
+            "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "10", "--json", "--quiet",
+        ], timeout: 30)
+        #expect(caller.status == 0, "\(caller.stderr)")
+        #expect(Self.json(caller.stdout)?["ended"] as? String == "remote-hangup", "\(caller.stdout)")
+        _ = await answerer.waitForExit(timeout: 10)
+        #expect(answerer.status == 2, "\(answerer.stdout) \(answerer.stderr)")
+        let a = try #require(Self.json(answerer.stdout), "\(answerer.stdout) \(answerer.stderr)")
+        #expect(a["ended"] as? String == "audio-error", "\(a)")
+        #expect((a["audioError"] as? String)?.hasPrefix("cannot write the audio received: \(heard)") == true, "\(a)")
+        #expect(answerer.stderr.contains("tusa answer: cannot write the audio received: \(heard)"), "\(answerer.stderr)")
+        let duration = try #require(Self.json(caller.stdout)?["durationSeconds"] as? Double)
+        #expect(duration < 8, "the callee hung up when its recording failed, not at the caller's time limit")
+        let kept = try WAVFile.read(path: heard)
+        #expect(kept.sampleRate == 8000 && kept.samples.count > 8000, "\(kept.samples.count) samples kept")
     }
 
     @Test(.enabled(if: ready, "\(needs)"))
