@@ -117,6 +117,9 @@ public struct ICEAgent: Sendable {
     public private(set) var remoteCandidates: [ICECandidate] = []
     public private(set) var state: State = .checking
     public private(set) var selected: ICEPair?
+    /// The selected pair's consent expired (RFC 7675 §5.1): nothing but checks may
+    /// be sent on it, through a restart, until a pair is selected again.
+    public private(set) var consentExpired = false
 
     var pairs: [PairEntry] = []
     private var triggered: [Int] = []
@@ -192,7 +195,8 @@ public struct ICEAgent: Sendable {
 
     /// ICE restart (RFC 8445 §9): new local credentials (to signal again), the
     /// peer's candidates and all checks forgotten. The selected pair stays in
-    /// use until a new one is selected.
+    /// use until a new one is selected (unless its consent expired: see
+    /// ``consentExpired``).
     public mutating func restart(local credentials: ICECredentials = .random(), candidates: [ICELocalCandidate]? = nil) {
         local = credentials
         remote = nil
@@ -339,7 +343,7 @@ public struct ICEAgent: Sendable {
         if state == .checking, role == .controlling, let f = firstValidAt, bestValid() != nil,
            !pairs.contains(where: { $0.transactionIsNomination }) { consider(f + configuration.nominationDelay) }
         if state == .checking, pairs.isEmpty, remoteComplete, localComplete, let since = checkingSince { consider(since + checkGiveUp) }
-        if selected != nil, state != .failed {
+        if selected != nil, state != .failed, !consentExpired {
             consider(nextConsentAt)
             consider(lastConsent + configuration.consentTimeout)
         }
@@ -390,8 +394,9 @@ public struct ICEAgent: Sendable {
             out.append(.event(.failed(pairs.isEmpty ? "no candidate pairs" : "all \(pairs.count) candidate pairs failed")))
         }
         // Consent freshness on the selected pair.
-        if let s = selected, state != .failed {
+        if let s = selected, state != .failed, !consentExpired {
             if now - lastConsent >= configuration.consentTimeout {
+                consentExpired = true
                 state = .failed
                 out.append(.event(.consentLost(s)))
                 return out
@@ -521,6 +526,7 @@ public struct ICEAgent: Sendable {
            let current = pairs.first(where: { $0.pair == s }), current.priority > pairs[index].priority { return }
         selected = pair
         state = .completed
+        consentExpired = false
         lastConsent = now
         nextConsentAt = now + jittered(configuration.consentInterval)
         triggered.removeAll { pairs[$0].state != .inProgress && $0 != index }

@@ -149,7 +149,7 @@ public final class ICEUDPEndpoint: Sendable {
     public func send(_ bytes: [UInt8]) async throws(ICEEndpointError) {
         let channel = self.channel
         try await onLoop { e throws(ICEEndpointError) in
-            guard let pair = e.agent?.selected, e.agent?.state != .failed else { throw .notConnected }
+            guard let pair = e.agent?.selected, e.agent?.state != .failed, e.agent?.consentExpired == false else { throw .notConnected }
             channel.write(AddressedEnvelope(remoteAddress: SocketAddress(pair.remote.address), data: channel.allocator.buffer(bytes: bytes)), promise: nil)
             channel.flush()
         }

@@ -201,6 +201,31 @@ struct ICEAgentTests {
         #expect(net.a.events.contains { if case .consentLost = $0 { true } else { false } }, "consent held without answers")
     }
 
+    @Test func consentLostStaysLostThroughARestartUntilItsChecksSelectAPair() {
+        var net = pair()
+        signal(&net)
+        net.run(for: 2)
+        let first = selected(net.a.events)
+        net.blackhole = true
+        net.run(for: 35)
+        #expect(net.a.events.contains { if case .consentLost = $0 { true } else { false } })
+        #expect(net.a.agent.consentExpired && net.a.agent.state == .failed)
+        // The restart's signalling takes a while; the lost pair is not lost a second time, nor usable.
+        net.blackhole = false
+        net.a.agent.restart()
+        net.b.agent.restart()
+        net.a.events = []
+        net.run(for: 5)
+        #expect(net.a.events.isEmpty, "\(net.a.events)")
+        #expect(net.a.agent.consentExpired && net.a.agent.state == .checking)
+        signal(&net)
+        net.run(for: 2)
+        #expect(selected(net.a.events) == first && !net.a.agent.consentExpired)
+        // Consent is checked again on the new selection, and holds.
+        net.run(for: 60)
+        #expect(!net.a.events.contains { if case .consentLost = $0 { true } else { false } }, "\(net.a.events)")
+    }
+
     @Test func aRestartWithNewCredentialsConnectsAgain() {
         var net = pair()
         signal(&net)
