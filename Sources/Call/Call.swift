@@ -398,6 +398,8 @@ public final class CallAgent: @unchecked Sendable {
         var lastRestart: ContinuousClock.Instant?
         var lastReconnect: ContinuousClock.Instant?
         var restarts = 0
+        // ICE lost the peer's consent (RFC 7675): the endpoint sends nothing on the pair; restart now.
+        var consentLost = false
         defer {
             let made = lock.withLock { reconnected }
             Task { for c in made { await c.close() } }
@@ -429,10 +431,12 @@ public final class CallAgent: @unchecked Sendable {
             }
             let received = session.statistics.packetsReceived
             if received != heard.packets { heard = (received, ContinuousClock.now) }
-            if ContinuousClock.now - heard.at >= options.restartAfterSilence,
+            if consentLost || ContinuousClock.now - heard.at >= options.restartAfterSilence,
                lastRestart.map({ ContinuousClock.now - $0 >= options.restartAfterSilence * 2 }) ?? true {
                 lastRestart = ContinuousClock.now
-                logger.info("the peer fell silent: ICE restart", metadata: ["restart": "\(restarts + 1)"])
+                logger.info(consentLost ? "the peer withdrew its consent: ICE restart" : "the peer fell silent: ICE restart",
+                            metadata: ["restart": "\(restarts + 1)"])
+                consentLost = false
                 if await restartICE(endpoint, signal: .restart, call: callID, to: peer) { restarts += 1 }
             }
             while let event = events.take() {
@@ -443,6 +447,10 @@ public final class CallAgent: @unchecked Sendable {
                 case .ice(.selected(let p)):
                     logger.info("ICE selected a pair", metadata: ["pair": "\(p)"])
                     path = Path(pair: p, connected: path.connected); remote = "\(p.remote.address)"
+                    consentLost = false
+                case .ice(.consentLost(let p)):
+                    logger.warning("ICE lost the peer's consent: nothing more is sent on the pair", metadata: ["pair": "\(p)"])
+                    consentLost = true
                 default: break
                 }
             }

@@ -117,7 +117,12 @@ extension SecureEngine {
     }
 
     private func iceReported(_ event: ICEEvent) {
+        if case .consentLost(let pair) = event {
+            // RFC 7675 §5.1: stop sending on the pair (ICE's own checks still go out).
+            withdrawn.insert(pair.remote.address)
+        }
         if case .selected(let pair) = event {
+            withdrawn.remove(pair.remote.address)
             if pair.base == ICEBase.relay {
                 relayed.insert(pair.remote.address)
                 // ChannelData (4 bytes of overhead, not 36) once the channel is bound.

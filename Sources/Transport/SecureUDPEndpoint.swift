@@ -302,6 +302,12 @@ public final class SecureUDPEndpoint: Sendable {
         try await onLoop { $0.core.statistics }
     }
 
+    /// Datagrams (media, control, handshakes) not sent because ICE lost the
+    /// destination's consent (RFC 7675): they resume once a pair is selected again.
+    public func withheldByConsent() async -> UInt64 {
+        (try? await onLoop { $0.withheld }) ?? 0
+    }
+
     /// The peer's current address and our and its SSRCs.
     public func describe(_ peer: PeerID) async throws(SecureTransportError) -> (address: TransportAddress?, local: UInt32, remote: UInt32?)? {
         try await onLoop { e in
@@ -349,6 +355,11 @@ final class SecureEngine {
     private var turnServer: TransportAddress?
     /// Peer addresses reached through the relay.
     var relayed: Set<TransportAddress> = []
+    /// Peer addresses whose consent ICE lost (RFC 7675 §5.1): nothing but ICE's own
+    /// checks goes to them until a pair to them is selected again.
+    var withdrawn: Set<TransportAddress> = []
+    /// Datagrams not sent because their destination withdrew its consent.
+    private(set) var withheld: UInt64 = 0
     /// Decides the fate of each outgoing media datagram: nil drops it, else its added delay.
     var mediaImpairment: (@Sendable () -> Duration?)?
 
@@ -485,6 +496,10 @@ final class SecureEngine {
     /// Straight to the socket, or wrapped for the relay when the address is reached
     /// through one (`direct`: the socket in any case).
     private func write(_ buffer: ByteBuffer, to address: TransportAddress, direct: Bool = false) {
+        if !direct, withdrawn.contains(address) {
+            withheld += 1
+            return
+        }
         if !direct, relayed.contains(address) {
             do { try sendThroughRelay(Array(buffer.readableBytesView), to: address) } catch { unsent += 1 }
             return

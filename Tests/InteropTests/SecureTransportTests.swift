@@ -199,6 +199,54 @@ struct SecureTransportTests {
         await b.close()
     }
 
+    @Test("consent lost (RFC 7675): nothing more goes to the peer on the pair until an ICE restart selects it again")
+    func consentLossStopsSendingUntilARestart() async throws {
+        let (a, b) = try await Self.twoEndpoints()
+        let ca = Collector(a), cb = Collector(b)
+        var quick = ICEConfiguration()
+        quick.consentInterval = .milliseconds(200)
+        quick.consentTimeout = .seconds(1)
+        let da = try await a.startICE(role: .controlling, candidates: [.host(a.localAddress, base: ICEBase.socket)], configuration: quick)
+        let db = try await b.startICE(role: .controlled, candidates: [.host(b.localAddress, base: ICEBase.socket)])
+        async let bPair = b.connectICE(to: da, timeout: .seconds(5))
+        let aPair = try await a.connectICE(to: db, timeout: .seconds(5))
+        _ = try await bPair
+        async let waiting = b.waitForPeer(a.publicKey)
+        let bAtA = try await a.connect(to: b.publicKey, at: aPair.remote.address)
+        let aAtB = try await waiting
+        try await a.followICE(bAtA)
+        await exchange(a, bAtA, ca, b, aAtB, cb, count: 20, offset: 500, payloadType: 111)
+
+        // B restarts and tells A nothing: A's consent checks carry the old credentials, B refuses them.
+        let db2 = try await b.restartICE()
+        let deadline = ContinuousClock.now + .seconds(5)
+        func lost() -> Bool { ca.events.contains(.ice(.consentLost(aPair))) }
+        while !lost(), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
+        #expect(lost(), "A never lost B's consent: \(ca.events)")
+        try await Task.sleep(for: .milliseconds(100))
+
+        // A withholds everything from B; B (its pair still selected) still reaches A.
+        let before = cb.media.count, heardFromB = ca.media.count
+        for i in 0..<20 { a.send(frame(100 + i), to: bAtA, payloadType: 111, timestamp: UInt32((100 + i) * 160)) }
+        for i in 0..<20 { b.send(frame(900 + i), to: aAtB, payloadType: 111, timestamp: UInt32((100 + i) * 160)) }
+        #expect(await ca.waitForMedia(heardFromB + 20), "B's media still reaches A")
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(cb.media.count == before, "A sent \(cb.media.count - before) packets after B withdrew its consent")
+        #expect(await a.withheldByConsent() >= 20)
+
+        // A restart on both sides selects the pair again: A's media flows.
+        let da2 = try await a.restartICE()
+        async let bAgain = b.connectICE(to: da2, timeout: .seconds(5))
+        let aAgain = try await a.connectICE(to: db2, timeout: .seconds(5))
+        _ = try await bAgain
+        #expect(aAgain.remote.address == b.localAddress)
+        for i in 0..<20 { a.send(frame(200 + i), to: bAtA, payloadType: 111, timestamp: UInt32((200 + i) * 160)) }
+        #expect(await cb.waitForMedia(before + 20), "A's media flows again after the restart")
+        #expect(cb.media.suffix(20).map(\.2) == (200..<220).map(frame), "what was withheld was not sent late")
+        await a.close()
+        await b.close()
+    }
+
     @Test("ICE with a relayed candidate over TURN/TCP: the peer reaches A only at the relay",
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func iceThroughTURNOverTCP() async throws {
