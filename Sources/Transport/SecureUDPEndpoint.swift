@@ -496,7 +496,7 @@ final class SecureEngine {
     /// Straight to the socket, or wrapped for the relay when the address is reached
     /// through one (`direct`: the socket in any case).
     private func write(_ buffer: ByteBuffer, to address: TransportAddress, direct: Bool = false) {
-        if !direct, withdrawn.contains(address) {
+        if !direct, !withdrawn.isEmpty, withdrawn.contains(address) {
             withheld += 1
             return
         }
