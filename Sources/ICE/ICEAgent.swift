@@ -397,7 +397,8 @@ public struct ICEAgent: Sendable {
         if let s = selected, state != .failed, !consentExpired {
             if now - lastConsent >= configuration.consentTimeout {
                 consentExpired = true
-                state = .failed
+                // (A restart under way goes on checking: it may find a new pair.)
+                if state == .completed { state = .failed }
                 out.append(.event(.consentLost(s)))
                 return out
             }

@@ -122,7 +122,9 @@ extension SecureEngine {
             withdrawn.insert(pair.remote.address)
         }
         if case .selected(let pair) = event {
-            withdrawn.remove(pair.remote.address)
+            // Only the selected pair is used, and it has consent: nothing stays withheld
+            // (the peer may come back at an address whose consent was lost).
+            withdrawn.removeAll()
             if pair.base == ICEBase.relay {
                 relayed.insert(pair.remote.address)
                 // ChannelData (4 bytes of overhead, not 36) once the channel is bound.

@@ -226,6 +226,22 @@ struct ICEAgentTests {
         #expect(!net.a.events.contains { if case .consentLost = $0 { true } else { false } }, "\(net.a.events)")
     }
 
+    @Test func aConsentThatExpiresWhileARestartWaitsDoesNotStopTheRestart() {
+        var net = pair()
+        signal(&net)
+        net.run(for: 2)
+        net.a.agent.restart()
+        net.b.agent.restart()
+        net.a.events = []
+        // The new descriptions take longer than the consent timeout to arrive.
+        net.run(for: 35)
+        #expect(net.a.events.contains { if case .consentLost = $0 { true } else { false } }, "\(net.a.events)")
+        #expect(net.a.agent.consentExpired && net.a.agent.state == .checking)
+        signal(&net)
+        net.run(for: 2)
+        #expect(selected(net.a.events) != nil && !net.a.agent.consentExpired && net.a.agent.state == .completed, "\(net.a.events)")
+    }
+
     @Test func aRestartWithNewCredentialsConnectsAgain() {
         var net = pair()
         signal(&net)

@@ -205,7 +205,7 @@ struct SecureTransportTests {
         let ca = Collector(a), cb = Collector(b)
         var quick = ICEConfiguration()
         quick.consentInterval = .milliseconds(200)
-        quick.consentTimeout = .seconds(1)
+        quick.consentTimeout = .seconds(3)
         let da = try await a.startICE(role: .controlling, candidates: [.host(a.localAddress, base: ICEBase.socket)], configuration: quick)
         let db = try await b.startICE(role: .controlled, candidates: [.host(b.localAddress, base: ICEBase.socket)])
         async let bPair = b.connectICE(to: da, timeout: .seconds(5))
@@ -219,7 +219,7 @@ struct SecureTransportTests {
 
         // B restarts and tells A nothing: A's consent checks carry the old credentials, B refuses them.
         let db2 = try await b.restartICE()
-        let deadline = ContinuousClock.now + .seconds(5)
+        let deadline = ContinuousClock.now + .seconds(10)
         func lost() -> Bool { ca.events.contains(.ice(.consentLost(aPair))) }
         while !lost(), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
         #expect(lost(), "A never lost B's consent: \(ca.events)")
