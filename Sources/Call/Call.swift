@@ -455,8 +455,9 @@ public final class CallAgent: @unchecked Sendable {
                 }
             }
             session.setRoundTrip(await endpoint.roundTripTime(of: peerID))
-            if session.statistics.audioError != nil { ended = .audioFailed; break loop }
-            if session.statistics.sourceEnded { ended = .localHangup; break loop }
+            let voice = session.statistics   // (one snapshot: a failing source also ends)
+            if voice.audioError != nil { ended = .audioFailed; break loop }
+            if voice.sourceEnded { ended = .localHangup; break loop }
             if let limit, ContinuousClock.now >= limit { ended = .timeLimit; break loop }
             if let onStatus = options.onStatus, ContinuousClock.now - lastStatus >= .seconds(1) {
                 lastStatus = ContinuousClock.now

@@ -110,8 +110,8 @@ struct CallOptions: ParsableArguments {
         return o
     }
 
-    /// Prints the report; a call that ended on an audio error then exits 2 with it
-    /// on standard error.
+    /// Prints the report; a call whose audio failed (whatever ended it) then exits 2
+    /// with the reason on standard error.
     func finish(_ report: CallReport, command: String) throws {
         if !quiet { FileHandle.standardError.write(Data("\n".utf8)) }
         if json {
@@ -122,8 +122,8 @@ struct CallOptions: ParsableArguments {
             print(report.humanReadable)
         }
         fflush(nil)
-        if report.ended == .audioFailed {
-            FileHandle.standardError.write(Data("tusa \(command): \(report.audioError ?? "audio failed")\n".utf8))
+        if let audioError = report.audioError {
+            FileHandle.standardError.write(Data("tusa \(command): \(audioError)\n".utf8))
             throw ExitCode(2)
         }
     }
