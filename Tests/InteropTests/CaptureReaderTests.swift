@@ -52,15 +52,15 @@ struct CaptureReaderSharedTests: CaptureFixtures {
     @Test(
         "UDP datagrams match tshark", .enabled(if: captureTsharkPath != nil, "tshark not installed: cross-check skipped"),
         arguments: sharedCaptureNames)
-    func udpMatchesTshark(_ name: String) throws {
+    func udpMatchesTshark(_ name: String) async throws {
         let path = sharedCapturePath(name)
         let capture = try Capture.read(path: path)
 
-        let frames = try runTshark(["-r", path, "-T", "fields", "-e", "frame.number"])
+        let frames = try await runTshark(["-r", path, "-T", "fields", "-e", "frame.number"])
         #expect(capture.frameCount == frames.split(separator: "\n").count)
 
         let filter = "udp && !icmp && !icmpv6 && !(ip.flags.mf == 1) && !(ip.frag_offset > 0)"
-        let output = try runTshark([
+        let output = try await runTshark([
             "-r", path, "-T", "fields", "-E", "separator=/t",
             "-e", "frame.number", "-e", "udp.srcport", "-e", "udp.dstport", "-e", "udp.length", "-e", "udp.payload",
             "-Y", filter,
@@ -76,18 +76,18 @@ struct CaptureReaderSharedTests: CaptureFixtures {
     @Test(
         "TCP streams match tshark's follow", .enabled(if: captureTsharkPath != nil, "tshark not installed: cross-check skipped"),
         arguments: sharedCaptureNames)
-    func tcpMatchesTshark(_ name: String) throws {
+    func tcpMatchesTshark(_ name: String) async throws {
         let path = sharedCapturePath(name)
         let capture = try Capture.read(path: path)
         let indices = Set(
-            try runTshark(["-r", path, "-T", "fields", "-e", "tcp.stream", "-Y", "tcp"])
+            try await runTshark(["-r", path, "-T", "fields", "-e", "tcp.stream", "-Y", "tcp"])
                 .split(separator: "\n").compactMap { Int($0) }
         ).sorted()
         let ourConnections = Set(capture.tcpStreams.map(\.connection)).sorted()
         #expect(ourConnections == indices)
 
         for index in indices {
-            let follow = try runTshark(["-r", path, "-q", "-z", "follow,tcp,raw,\(index)"])
+            let follow = try await runTshark(["-r", path, "-q", "-z", "follow,tcp,raw,\(index)"])
             let (node0, node1, data0, data1) = try #require(parseFollow(follow))
             let streams = capture.tcpStreams.filter { $0.connection == index }
             let forward = streams.first { $0.source.description == node0 && $0.destination.description == node1 }
@@ -109,11 +109,11 @@ struct CaptureReaderSharedTests: CaptureFixtures {
     }
 
     @Test("TCP chunks point at the frames tshark reports", .enabled(if: captureTsharkPath != nil, "tshark not installed"))
-    func tcpChunkFrames() throws {
+    func tcpChunkFrames() async throws {
         let path = sharedCapturePath("coturn-tcp-control.pcapng")
         try #require(FileManager.default.fileExists(atPath: path))
         let capture = try Capture.read(path: path)
-        let output = try runTshark([
+        let output = try await runTshark([
             "-r", path, "-T", "fields", "-e", "frame.number", "-e", "tcp.len", "-Y", "tcp.len > 0",
         ])
         let expected = output.split(separator: "\n").compactMap { line -> Int? in
@@ -558,20 +558,22 @@ extension CaptureFixtures {
         return url.path
     }
 
-    /// Runs tshark and returns its standard output.
-    func runTshark(_ arguments: [String]) throws -> String {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: captureTsharkPath ?? "/usr/bin/tshark")
-        process.arguments = arguments
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        let text = String(decoding: data, as: UTF8.self)
-        guard process.terminationStatus == 0 else { throw CaptureTsharkFailure.exit(process.terminationStatus, text) }
-        return text
+    /// Runs tshark and returns its standard output (waiting off the cooperative pool).
+    func runTshark(_ arguments: [String]) async throws -> String {
+        try await Harness.offPool {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: captureTsharkPath ?? "/usr/bin/tshark")
+            process.arguments = arguments
+            let output = Pipe()
+            process.standardOutput = output
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            let data = output.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            let text = String(decoding: data, as: UTF8.self)
+            guard process.terminationStatus == 0 else { throw CaptureTsharkFailure.exit(process.terminationStatus, text) }
+            return text
+        }
     }
 
     /// Parses `tshark -z follow,tcp,raw,N`: node 0 and node 1, then hex lines (indented by a

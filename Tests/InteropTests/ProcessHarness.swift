@@ -106,15 +106,19 @@ enum Harness {
         private let lock = NSLock()
         private var out = Data()
         private var err = Data()
+        /// Standard output and error have reached end of file.
+        private var outClosed = false, errClosed = false
 
         /// The test runner's threads block SIGINT and SIGTERM, and Process hands
         /// that mask to its children, which then cannot be stopped gracefully.
         /// Children start through this exec wrapper, which unblocks them and
-        /// restores their default handlers.
+        /// restores the default handlers (Python ignores SIGPIPE and SIGXFSZ, and an
+        /// ignored signal stays ignored across exec: the child must start as it would
+        /// from a shell).
         static let unblockSignals = """
             import os, signal, sys
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE): signal.signal(s, signal.SIG_DFL)
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ): signal.signal(s, signal.SIG_DFL)
             os.execv(sys.argv[1], sys.argv[1:])
             """
 
@@ -142,11 +146,13 @@ enum Harness {
             }
             o.fileHandleForReading.readabilityHandler = { [weak self] h in
                 let d = h.availableData
-                self?.lock.withLock { self?.out.append(d) }
+                if d.isEmpty { h.readabilityHandler = nil }
+                self?.lock.withLock { if d.isEmpty { self?.outClosed = true } else { self?.out.append(d) } }
             }
             e.fileHandleForReading.readabilityHandler = { [weak self] h in
                 let d = h.availableData
-                self?.lock.withLock { self?.err.append(d) }
+                if d.isEmpty { h.readabilityHandler = nil }
+                self?.lock.withLock { if d.isEmpty { self?.errClosed = true } else { self?.err.append(d) } }
             }
             try process.run()
         }
@@ -188,8 +194,12 @@ enum Harness {
         func waitForExit(timeout: Double) async -> Bool {
             let end = Date().addingTimeInterval(timeout)
             while process.isRunning && Date() < end { await pause(0.01) }
-            if !process.isRunning { await pause(0.05) }  // let the readers drain
-            return !process.isRunning
+            guard !process.isRunning else { return false }
+            // Everything it wrote is read once both pipes reach end of file (bounded:
+            // a grandchild may still hold them).
+            let drained = Date().addingTimeInterval(2)
+            while !lock.withLock({ outClosed && errClosed }) && Date() < drained { await pause(0.01) }
+            return true
         }
 
         /// SIGTERM (or `signal`), then SIGKILL after `grace` seconds. Returns the exit status.
@@ -209,8 +219,9 @@ enum Harness {
             if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
         }
 
-        /// Sleeps `seconds` (returns at once when the task is cancelled, so that
-        /// loops around it still end by their deadline).
+        /// Sleeps `seconds` without holding a thread (once the task is cancelled
+        /// the thread sleeps instead, so that loops around it neither spin nor
+        /// outlive their deadline).
         private func pause(_ seconds: Double) async {
             do { try await Task.sleep(for: .seconds(seconds)) } catch { usleep(UInt32(seconds * 1e6)) }
         }
