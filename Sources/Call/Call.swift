@@ -218,25 +218,26 @@ public final class CallAgent: @unchecked Sendable {
             }
             guard only == nil || only == from, let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else { continue }
             let dialed = monotonicNanoseconds()
-            let codec: CodecConfiguration
-            let remote: ICEDescription
+            // Whatever stops the set-up is sent to the caller as a refusal (it does not wait for an answer).
+            let codec: CodecConfiguration, remote: ICEDescription, endpoint: SecureUDPEndpoint, local: ICEDescription
+            let router = MediaRouter()
             do {
                 codec = try offer.codec?.configuration() ?? options.codec
                 guard let r = offer.path?.iceDescription, !r.candidates.isEmpty else { throw CallError.noPath("the offer has no usable candidate") }
                 remote = r
+                endpoint = try await SecureUDPEndpoint.bind(identity: identity, configuration: Self.secure, mediaHandler: router.handler, logger: logger)
+                do {
+                    _ = try await endpoint.addPeer(from)
+                    local = try await startICE(endpoint, role: .controlled)
+                } catch {
+                    await endpoint.close()
+                    throw error
+                }
             } catch {
                 try? await rendezvous.send(CallMessage(kind: .reject, call: offer.call, reason: "\(error)").encoded(), to: from)
                 throw error
             }
-            let router = MediaRouter()
-            let endpoint = try await SecureUDPEndpoint.bind(identity: identity, configuration: Self.secure, mediaHandler: router.handler, logger: logger)
             defer { Task { await endpoint.close() } }
-            _ = try await endpoint.addPeer(from)
-            let local: ICEDescription
-            do { local = try await startICE(endpoint, role: .controlled) } catch {
-                try? await rendezvous.send(CallMessage(kind: .reject, call: offer.call, reason: "\(error)").encoded(), to: from)
-                throw error
-            }
             // Checks (and the relay's permissions for the caller) start while the answer travels.
             async let checks = connectICE(endpoint, to: remote)
             let reply = CallMessage(kind: .answer, call: offer.call, path: .init(local), codec: offer.codec)
