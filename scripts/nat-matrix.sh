@@ -26,6 +26,9 @@
 #          the relay talks UDP to B; expect relayed
 #   relay-restart  sym2, and mid-call the relay is killed and started again: the
 #          peers register again, allocate anew, and the call goes on relayed
+#   move   eim, and mid-call A moves: its host gets a new address (10.0.1.3) and
+#          loses the old one (a new network, DHCP renumbering); A sees its addresses
+#          change, restarts ICE at once and the call goes on (A logs at info level)
 #
 # Each case writes OUT/CASE-caller.json and OUT/CASE-callee.json (the call
 # reports) and their standard error (.log; TUSA_LOG=info says more), and prints
@@ -45,7 +48,7 @@ PROBE=0
 if [ "${1:-}" = "--probe" ]; then PROBE=1; shift; fi
 if [ "${1:-}" = "-o" ]; then OUT=$2; shift 2; fi
 CASES=("$@")
-[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 udp-blocked roam relay-restart)
+[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 udp-blocked roam relay-restart move)
 TUSA=${TUSA:-$PWD/.build/debug/tusa}
 SPEECH=${SPEECH:-/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav}
 SECONDS_OF_CALL=${CALL_SECONDS:-4}
@@ -151,6 +154,14 @@ rebind_a() {
   ns ra conntrack -D -p udp 2>&1 | sed "s/^/   (rebinding A: /; s/$/)/"
 }
 
+# A moves to a new address on its LAN; the old one goes.
+move_a() {
+  ns a sysctl -qw net.ipv4.conf.eth0.promote_secondaries=1
+  ns a ip addr add 10.0.1.3/24 dev eth0
+  ns a ip addr del 10.0.1.2/24 dev eth0
+  ns a ip route replace default via 10.0.1.1 src 10.0.1.3
+}
+
 start_relay() {
   (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --rendezvous-port 3480 --use-auth-secret \
     --static-auth-secret "nat-matrix-$$" --realm tusa.test >"$work/relay.out" 2>"$work/relay.err") &
@@ -175,9 +186,11 @@ run_case() {
   : >"$work/relay.out"
   start_relay || return 1
   local rv=203.0.113.1:3480 extra=() long=0
-  case $name in roam|relay-restart) long=1 ;; esac
+  case $name in roam|relay-restart|move) long=1 ;; esac
   [ $long -eq 1 ] && extra=(--duration $((SECONDS_OF_CALL + 8)))
-  (bg a "$TUSA" answer --rendezvous "$rv" --in tone --timeout 20 --json --quiet "${extra[@]}" \
+  local level=${TUSA_LOG:-}
+  [ "$name" = move ] && level=info
+  (TUSA_LOG=$level bg a "$TUSA" answer --rendezvous "$rv" --in tone --timeout 20 --json --quiet "${extra[@]}" \
     >"$work/$name-callee.out" 2>"$work/$name-callee.err") &
   local answer=$!
   pids+=($answer)
@@ -199,6 +212,10 @@ run_case() {
   if [ "$name" = roam ]; then
     sleep $((SECONDS_OF_CALL / 2 + 1))
     rebind_a
+  fi
+  if [ "$name" = move ]; then
+    sleep $((SECONDS_OF_CALL / 2 + 1))
+    move_a
   fi
   if [ "$name" = relay-restart ]; then
     sleep $((SECONDS_OF_CALL / 2 + 1))
@@ -240,7 +257,8 @@ for c in "${CASES[@]}"; do
     roam) run_case roam eim eim || failed=1 ;;
     udp-blocked) run_case udp-blocked eim eim || failed=1 ;;
     relay-restart) run_case relay-restart sym sym || failed=1 ;;
-    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, udp-blocked, roam, relay-restart)" >&2; failed=1 ;;
+    move) run_case move eim eim || failed=1 ;;
+    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, udp-blocked, roam, relay-restart, move)" >&2; failed=1 ;;
   esac
 done
 exit $failed

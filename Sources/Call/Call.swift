@@ -133,6 +133,9 @@ public final class CallAgent: @unchecked Sendable {
         public var connectTimeout: Duration = .seconds(10)
         /// Restart ICE (through the rendezvous) when nothing came from the peer for this long.
         public var restartAfterSilence: Duration = .seconds(2)
+        /// How often this machine's addresses are looked at: when they change (a new
+        /// network, a lost one) ICE restarts at once with the new candidates. Nil: never.
+        public var networkCheckInterval: Duration? = .seconds(1)
         /// Called about once a second with the live report.
         public var onStatus: (@Sendable (CallReport) -> Void)?
         public init() {}
@@ -312,15 +315,18 @@ public final class CallAgent: @unchecked Sendable {
         return candidates
     }
 
-    /// A new registration at the rendezvous after the connection dropped (a relay restart).
-    private func reconnect() async {
-        let server = rendezvous.server
+    /// A new registration at the rendezvous after the connection dropped (a relay
+    /// restart), or (`replacing`) after our addresses changed, when the old
+    /// connection may be dead without knowing it; the server drops the old registration.
+    private func reconnect(replacing: Bool = false) async {
+        let old = rendezvous, server = old.server
         do {
             let c = try await RendezvousConnection.connect(to: server, identity: identity.privateKey, timeout: .seconds(2))
             lock.withLock {
                 link = Link(connection: c, inbox: Mailbox(c.incoming))
                 reconnected.append(c)
             }
+            if replacing { await old.close() }
             logger.info("registered again at the rendezvous", metadata: ["server": "\(server)"])
         } catch {
             logger.info("the rendezvous is still unreachable", metadata: ["error": "\(error)"])
@@ -401,6 +407,10 @@ public final class CallAgent: @unchecked Sendable {
         var restarts = 0
         // ICE lost the peer's consent (RFC 7675): the endpoint sends nothing on the pair; restart now.
         var consentLost = false
+        // This machine's addresses changed (we moved): restart now, with the new candidates.
+        var addresses = Set(hostAddresses(includeLoopback: options.includeLoopback))
+        var lastAddressCheck = ContinuousClock.now
+        var networkChanged = false
         defer {
             let made = lock.withLock { reconnected }
             Task { for c in made { await c.close() } }
@@ -432,12 +442,26 @@ public final class CallAgent: @unchecked Sendable {
             }
             let received = session.statistics.packetsReceived
             if received != heard.packets { heard = (received, ContinuousClock.now) }
-            if consentLost || ContinuousClock.now - heard.at >= options.restartAfterSilence,
+            if let every = options.networkCheckInterval, ContinuousClock.now - lastAddressCheck >= every {
+                lastAddressCheck = ContinuousClock.now
+                let current = Set(hostAddresses(includeLoopback: options.includeLoopback))
+                if current != addresses {
+                    logger.info("this machine's addresses changed", metadata: [
+                        "gone": "\(addresses.subtracting(current).map { "\($0)" }.sorted())",
+                        "new": "\(current.subtracting(addresses).map { "\($0)" }.sorted())"])
+                    addresses = current
+                    networkChanged = true
+                }
+            }
+            if consentLost || networkChanged || ContinuousClock.now - heard.at >= options.restartAfterSilence,
                lastRestart.map({ ContinuousClock.now - $0 >= options.restartAfterSilence * 2 }) ?? true {
                 lastRestart = ContinuousClock.now
-                logger.info(consentLost ? "the peer withdrew its consent: ICE restart" : "the peer fell silent: ICE restart",
-                            metadata: ["restart": "\(restarts + 1)"])
+                let why = networkChanged ? "our addresses changed" : consentLost ? "the peer withdrew its consent" : "the peer fell silent"
+                logger.info("\(why): ICE restart", metadata: ["restart": "\(restarts + 1)"])
                 consentLost = false
+                // (Our old connection to the rendezvous may have gone with our old address.)
+                if networkChanged { await reconnect(replacing: true) }
+                networkChanged = false
                 if await restartICE(endpoint, signal: .restart, call: callID, to: peer) { restarts += 1 }
             }
             while let event = events.take() {

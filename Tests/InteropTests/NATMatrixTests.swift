@@ -4,7 +4,7 @@ import Testing
 /// `tusa call` through real kernel NAT: network namespaces, veth links and
 /// nftables routers (scripts/nat-matrix.sh), `tusa relay` on the "internet"
 /// between the peers: endpoint-independent and symmetric NATs, a network that
-/// blocks UDP, a NAT rebinding and a relay restart mid-call. Each case asserts the
+/// blocks UDP, a NAT rebinding, a relay restart and a move to a new address mid-call. Each case asserts the
 /// path ICE chose and that voice flowed both ways. Where namespaces or nftables are not usable (not root, no
 /// `ip netns`, no `nft`), the suite is skipped and says why.
 @Suite(.serialized) struct NATMatrixTests {
@@ -21,6 +21,8 @@ import Testing
         var caller: [String: Any]
         var callee: [String: Any]
         var line: String
+        /// The callee's standard error (at info level in the move case).
+        var calleeLog: String
     }
 
     static func run(_ name: String) async throws -> Outcome {
@@ -33,7 +35,8 @@ import Testing
             return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any], "\(r.stdout)")
         }
         let line = r.stdout.split(separator: "\n").first { $0.hasPrefix("\(name): ") }.map(String.init) ?? r.stdout
-        return Outcome(caller: try report("caller"), callee: try report("callee"), line: line)
+        let log = (try? String(contentsOfFile: "\(out)/\(name)-callee.log", encoding: .utf8)) ?? ""
+        return Outcome(caller: try report("caller"), callee: try report("callee"), line: line, calleeLog: log)
     }
 
     /// Voice went both ways: each side received nearly all the other sent.
@@ -97,6 +100,23 @@ import Testing
         let o = try await Self.run("relay-restart")
         #expect(o.caller["path"] as? String == "relayed", "\(o.line)")
         try Self.expectRecovered(o)
+    }
+
+    /// Mid-call A's host gets a new address and loses its old one (a move to
+    /// another network). A sees its addresses change and restarts ICE at once,
+    /// over a new rendezvous connection (the old one left with the old address),
+    /// without waiting for the peer to fall silent: the call loses well under the
+    /// 2 s that a silence-triggered restart costs.
+    @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
+    func aMoveToANewAddressRestartsICEAtOnce() async throws {
+        let o = try await Self.run("move")
+        try Self.expectRecovered(o)
+        #expect(o.calleeLog.contains("our addresses changed: ICE restart"), "\(o.calleeLog.suffix(2000))")
+        #expect(o.calleeLog.contains("registered again at the rendezvous"), "\(o.calleeLog.suffix(2000))")
+        // A silence-triggered restart loses ~110 frames each way; a second's worth (50) is the bound here.
+        let sentByCaller = try #require(o.caller["packetsSent"] as? Int), sentByCallee = try #require(o.callee["packetsSent"] as? Int)
+        #expect(try #require(o.callee["packetsReceived"] as? Int) >= sentByCaller - 50, "\(o.line)")
+        #expect(try #require(o.caller["packetsReceived"] as? Int) >= sentByCallee - 50, "\(o.line)")
     }
 
     static func expectRecovered(_ o: Outcome) throws {
