@@ -52,7 +52,7 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var iceRestarts = 0
     /// The encoder's bitrate at the end (lowered from the configured one under heavy loss).
     public var sendBitrate = 0
-    /// Why our audio input or output failed, when the call ended on it.
+    /// Why our audio input or output failed during the call (nil when it did not).
     public var audioError: String?
 
     public var statusLine: String {
