@@ -178,6 +178,11 @@ final class ICEEngine {
     private let flushOutput: () -> Void
     private let onEvent: (ICEEvent) -> Void
     var agent: ICEAgent?
+    /// The selected pair's remote address while its consent is expired (RFC 7675
+    /// §5.1: nothing but ICE's own checks may go there until a pair is selected again).
+    var withdrawnAddress: TransportAddress? {
+        agent?.consentExpired == true ? agent?.selected?.remote.address : nil
+    }
     private var timer: Scheduled<Void>?
     private var timerAt: Timestamp?
     private var waiter: EventLoopPromise<ICEPair>?

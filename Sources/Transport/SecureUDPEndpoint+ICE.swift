@@ -117,14 +117,7 @@ extension SecureEngine {
     }
 
     private func iceReported(_ event: ICEEvent) {
-        if case .consentLost(let pair) = event {
-            // RFC 7675 §5.1: stop sending on the pair (ICE's own checks still go out).
-            withdrawn.insert(pair.remote.address)
-        }
         if case .selected(let pair) = event {
-            // Only the selected pair is used, and it has consent: nothing stays withheld
-            // (the peer may come back at an address whose consent was lost).
-            withdrawn.removeAll()
             if pair.base == ICEBase.relay {
                 relayed.insert(pair.remote.address)
                 // ChannelData (4 bytes of overhead, not 36) once the channel is bound.

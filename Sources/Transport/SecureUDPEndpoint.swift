@@ -355,10 +355,8 @@ final class SecureEngine {
     private var turnServer: TransportAddress?
     /// Peer addresses reached through the relay.
     var relayed: Set<TransportAddress> = []
-    /// Peer addresses whose consent ICE lost (RFC 7675 §5.1): nothing but ICE's own
-    /// checks goes to them until a pair to them is selected again.
-    var withdrawn: Set<TransportAddress> = []
-    /// Datagrams not sent because their destination withdrew its consent.
+    /// Datagrams not sent because their destination withdrew its consent (see
+    /// ``ICEEngine/withdrawnAddress``).
     private(set) var withheld: UInt64 = 0
     /// Decides the fate of each outgoing media datagram: nil drops it, else its added delay.
     var mediaImpairment: (@Sendable () -> Duration?)?
@@ -496,7 +494,7 @@ final class SecureEngine {
     /// Straight to the socket, or wrapped for the relay when the address is reached
     /// through one (`direct`: the socket in any case).
     private func write(_ buffer: ByteBuffer, to address: TransportAddress, direct: Bool = false) {
-        if !direct, !withdrawn.isEmpty, withdrawn.contains(address) {
+        if !direct, let withdrawn = ice?.withdrawnAddress, withdrawn == address {
             withheld += 1
             return
         }
