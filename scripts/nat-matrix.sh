@@ -209,21 +209,19 @@ run_case() {
     >"$work/$name-caller.out" 2>"$work/$name-caller.err") &
   local call=$!
   pids+=($call)
-  if [ "$name" = roam ]; then
+  # The long cases' mid-call event.
+  if [ $long -eq 1 ]; then
     sleep $((SECONDS_OF_CALL / 2 + 1))
-    rebind_a
-  fi
-  if [ "$name" = move ]; then
-    sleep $((SECONDS_OF_CALL / 2 + 1))
-    move_a
-  fi
-  if [ "$name" = relay-restart ]; then
-    sleep $((SECONDS_OF_CALL / 2 + 1))
-    kill -9 "$relay_pid"
-    wait "$relay_pid" 2>/dev/null
-    sleep 0.5
-    : >"$work/relay.out"
-    start_relay || return 1
+    case $name in
+      roam) rebind_a ;;
+      move) move_a ;;
+      relay-restart)
+        kill -9 "$relay_pid"
+        wait "$relay_pid" 2>/dev/null
+        sleep 0.5
+        : >"$work/relay.out"
+        start_relay || return 1 ;;
+    esac
   fi
   local rc=0
   wait "$call" || rc=$?
