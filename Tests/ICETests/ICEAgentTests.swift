@@ -89,6 +89,10 @@ private func selected(_ events: [ICEEvent]) -> ICEPair? {
     events.compactMap { if case .selected(let p) = $0 { p } else { nil } }.last
 }
 
+private func lostConsent(_ events: [ICEEvent]) -> Bool {
+    events.contains { if case .consentLost = $0 { true } else { false } }
+}
+
 @Suite("ICE agent core")
 struct ICEAgentTests {
     @Test func hostCandidatesConnectAndBothSidesSelectThePair() {
@@ -191,14 +195,14 @@ struct ICEAgentTests {
         #expect(selected(net.a.events) != nil)
         let before = net.sent
         net.run(for: 60)
-        #expect(!net.a.events.contains { if case .consentLost = $0 { true } else { false } })
+        #expect(!lostConsent(net.a.events))
         // About one consent check each way every 5 s.
         #expect((net.sent - before) >= 2 * 8 && (net.sent - before) <= 2 * 2 * 16, "\(net.sent - before) packets in 60 s")
         net.blackhole = true
         net.run(for: 25)
-        #expect(!net.a.events.contains { if case .consentLost = $0 { true } else { false } })
+        #expect(!lostConsent(net.a.events))
         net.run(for: 10)
-        #expect(net.a.events.contains { if case .consentLost = $0 { true } else { false } }, "consent held without answers")
+        #expect(lostConsent(net.a.events), "consent held without answers")
     }
 
     @Test func consentLostStaysLostThroughARestartUntilItsChecksSelectAPair() {
@@ -208,7 +212,7 @@ struct ICEAgentTests {
         let first = selected(net.a.events)
         net.blackhole = true
         net.run(for: 35)
-        #expect(net.a.events.contains { if case .consentLost = $0 { true } else { false } })
+        #expect(lostConsent(net.a.events))
         #expect(net.a.agent.consentExpired && net.a.agent.state == .failed)
         // The restart's signalling takes a while; the lost pair is not lost a second time, nor usable.
         net.blackhole = false
@@ -223,7 +227,7 @@ struct ICEAgentTests {
         #expect(selected(net.a.events) == first && !net.a.agent.consentExpired)
         // Consent is checked again on the new selection, and holds.
         net.run(for: 60)
-        #expect(!net.a.events.contains { if case .consentLost = $0 { true } else { false } }, "\(net.a.events)")
+        #expect(!lostConsent(net.a.events), "\(net.a.events)")
     }
 
     @Test func aConsentThatExpiresWhileARestartWaitsDoesNotStopTheRestart() {
@@ -235,7 +239,7 @@ struct ICEAgentTests {
         net.a.events = []
         // The new descriptions take longer than the consent timeout to arrive.
         net.run(for: 35)
-        #expect(net.a.events.contains { if case .consentLost = $0 { true } else { false } }, "\(net.a.events)")
+        #expect(lostConsent(net.a.events), "\(net.a.events)")
         #expect(net.a.agent.consentExpired && net.a.agent.state == .checking)
         signal(&net)
         net.run(for: 2)

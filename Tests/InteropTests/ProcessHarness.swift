@@ -104,10 +104,8 @@ enum Harness {
     final class Background: @unchecked Sendable {
         let process = Process()
         private let lock = NSLock()
-        private var out = Data()
-        private var err = Data()
-        /// Standard output and error have reached end of file.
-        private var outClosed = false, errClosed = false
+        /// What came on standard output (0) and error (1), and whether each reached end of file.
+        private var streams = [(data: Data(), closed: false), (data: Data(), closed: false)]
 
         /// The test runner's threads block SIGINT and SIGTERM, and Process hands
         /// that mask to its children, which then cannot be stopped gracefully.
@@ -144,17 +142,19 @@ enum Harness {
             } else {
                 process.standardInput = FileHandle.nullDevice
             }
-            o.fileHandleForReading.readabilityHandler = { [weak self] h in
-                let d = h.availableData
-                if d.isEmpty { h.readabilityHandler = nil }
-                self?.lock.withLock { if d.isEmpty { self?.outClosed = true } else { self?.out.append(d) } }
-            }
-            e.fileHandleForReading.readabilityHandler = { [weak self] h in
-                let d = h.availableData
-                if d.isEmpty { h.readabilityHandler = nil }
-                self?.lock.withLock { if d.isEmpty { self?.errClosed = true } else { self?.err.append(d) } }
-            }
+            collect(o, into: 0)
+            collect(e, into: 1)
             try process.run()
+        }
+
+        /// Appends what comes through `pipe` to `streams[index]` until end of file.
+        private func collect(_ pipe: Pipe, into index: Int) {
+            pipe.fileHandleForReading.readabilityHandler = { [weak self] h in
+                let d = h.availableData
+                if d.isEmpty { h.readabilityHandler = nil }
+                guard let self else { return }
+                self.lock.withLock { if d.isEmpty { self.streams[index].closed = true } else { self.streams[index].data.append(d) } }
+            }
         }
 
         /// Writes `text` to the program's standard input (started `withInput`).
@@ -164,8 +164,8 @@ enum Harness {
             try? input?.fileHandleForWriting.write(contentsOf: Data(text.utf8))
         }
 
-        var stdout: String { lock.withLock { String(decoding: out, as: UTF8.self) } }
-        var stderr: String { lock.withLock { String(decoding: err, as: UTF8.self) } }
+        var stdout: String { lock.withLock { String(decoding: streams[0].data, as: UTF8.self) } }
+        var stderr: String { lock.withLock { String(decoding: streams[1].data, as: UTF8.self) } }
         var status: Int32 { process.isRunning ? -1 : process.terminationStatus }
 
         /// Polls until `condition` holds on stdout+stderr, the process ends, or
@@ -198,7 +198,7 @@ enum Harness {
             // Everything it wrote is read once both pipes reach end of file (bounded:
             // a grandchild may still hold them).
             let drained = Date().addingTimeInterval(2)
-            while !lock.withLock({ outClosed && errClosed }) && Date() < drained { await pause(0.01) }
+            while !lock.withLock({ streams.allSatisfy(\.closed) }) && Date() < drained { await pause(0.01) }
             return true
         }
 
