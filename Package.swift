@@ -5,10 +5,17 @@ let strict: [SwiftSetting] = [.swiftLanguageMode(.v6)]
 
 let package = Package(
     name: "Tusa",
-    platforms: [.macOS(.v14)],
+    // Linux only: the relay's raw socket path (CRelayIO) uses recvmmsg, UDP GSO and epoll.
     products: [
+        .library(name: "TusaBase", targets: ["TusaBase"]),
         .library(name: "STUN", targets: ["STUN"]),
+        .library(name: "TURN", targets: ["TURN"]),
+        // Client-side drivers: what an app that places calls links (no TLS server,
+        // HTTP, Prometheus or raw relay sockets).
         .library(name: "Transport", targets: ["Transport", "Secure"]),
+        // The server side: `tusa relay` as a library (listeners, TURN lanes, raw relay
+        // IO, metrics, config file, rendezvous service).
+        .library(name: "Relay", targets: ["Relay"]),
         // The crypto core alone, for users (and the benchmarks) that need no NIO.
         .library(name: "Secure", targets: ["Secure"]),
         .library(name: "TusaInterop", targets: ["TusaInterop"]),
@@ -42,13 +49,24 @@ let package = Package(
         // the multi-message calls behind _GNU_SOURCE; epoll_event is packed).
         .target(name: "CRelayIO"),
 
-        // STUN/TURN/ICE wire formats and sans-IO state machines.
+        // What every sans-IO core shares: addresses, timestamps, byte helpers, token
+        // buckets, the seeded generator. Depends on nothing.
+        .target(name: "TusaBase", swiftSettings: strict),
+        // The STUN wire: codec, integrity, FINGERPRINT, ChannelData, framing,
+        // transactions, the Binding server, NAT behaviour. No sockets, no clocks.
         .target(
             name: "STUN",
             dependencies: [
-                "CZlib",
+                "TusaBase", "CZlib",
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
+            swiftSettings: strict
+        ),
+        // Sans-IO RFC 8656: the TURN server and client cores, credentials, nonces,
+        // peer filter, quotas.
+        .target(
+            name: "TURN",
+            dependencies: ["TusaBase", "STUN"],
             swiftSettings: strict
         ),
         // Sans-IO cryptographic core of the encrypted transport (libsodium): keys,
@@ -56,36 +74,51 @@ let package = Package(
         // RTCP-style control packet protection with replay windows.
         .target(
             name: "Secure",
-            dependencies: ["CSodium", "STUN"],
+            dependencies: ["CSodium", "TusaBase"],
             swiftSettings: strict
         ),
         // Sans-IO rendezvous (signaling): registration by public key, lookups, payloads
         // sealed end to end between peers, TURN REST credentials for registered peers.
         .target(
             name: "Rendezvous",
-            dependencies: ["Secure", "STUN"],
+            dependencies: ["Secure", "TusaBase", "TURN"],
             swiftSettings: strict
         ),
         // Sans-IO ICE agent (RFC 8445 checks, nomination, role conflicts, peer-reflexive
         // candidates, RFC 7675 consent) on the STUN codec.
         .target(
             name: "ICE",
-            dependencies: ["STUN"],
+            dependencies: ["TusaBase", "STUN"],
             swiftSettings: strict
         ),
         // The call layer: signaling through the rendezvous + path + secure session +
         // the voice pipeline on a real-time clock; statistics and the quality report.
         .target(
             name: "Call",
-            dependencies: ["Transport", "Secure", "Voice", "Rendezvous", "STUN", "ICE"],
+            dependencies: ["Transport", "Secure", "Voice", "Rendezvous", "TusaBase", "STUN", "TURN", "ICE"],
             swiftSettings: strict
         ),
-        // SwiftNIO drivers hosting the sans-IO cores; the relay service, its
-        // metrics endpoint and its config-file reader.
+        // Client-side SwiftNIO drivers hosting the sans-IO cores: the secure UDP
+        // endpoint, the ICE endpoint, the TURN client connection, the STUN client
+        // (with RFC 5780 discovery), the rendezvous client.
         .target(
             name: "Transport",
             dependencies: [
-                "STUN", "Secure", "CRelayIO", "Rendezvous", "ICE",
+                "TusaBase", "STUN", "TURN", "Secure", "Rendezvous", "ICE",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+        // The relay (server side): listeners (UDP, TCP, TLS), TURN lanes, raw relay
+        // IO (CRelayIO), metrics and their endpoint, the config file, the
+        // rendezvous service. Protocol rules live in the cores, not here.
+        .target(
+            name: "Relay",
+            dependencies: [
+                "TusaBase", "STUN", "TURN", "Rendezvous", "Transport", "CRelayIO",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -104,19 +137,19 @@ let package = Package(
         // Knows nothing about sockets.
         .target(
             name: "Voice",
-            dependencies: ["COpus", "CSpeex", "CSpeexDSP", "CSndfile"],
+            dependencies: ["TusaBase", "COpus", "CSpeex", "CSpeexDSP", "CSndfile"],
             swiftSettings: strict
         ),
         // Capture reading (libpcap) and the interop checker behind `tusa interop`.
         .target(
             name: "TusaInterop",
-            dependencies: ["STUN", "CPcap"],
+            dependencies: ["TusaBase", "STUN", "TURN", "CPcap"],
             swiftSettings: strict
         ),
         .executableTarget(
             name: "tusa",
             dependencies: [
-                "STUN", "Transport", "TusaInterop", "Secure", "Voice", "Rendezvous", "Call",
+                "TusaBase", "STUN", "TURN", "Transport", "Relay", "TusaInterop", "Secure", "Voice", "Rendezvous", "Call",
                 "CSodium", "COpus", "CSpeex", "CSpeexDSP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -135,7 +168,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "STUNFuzz",
-            dependencies: ["STUN", "ICE", "FuzzDriver"],
+            dependencies: ["STUN", "TURN", "ICE", "FuzzDriver"],
             swiftSettings: strict
         ),
         // libFuzzer entry point for the media/control packet openers and the Noise
@@ -147,7 +180,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SecureTests",
-            dependencies: ["Secure", "STUN"],
+            dependencies: ["Secure", "TusaBase"],
             exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
@@ -157,7 +190,7 @@ let package = Package(
         .executableTarget(
             name: "secure-bench",
             dependencies: [
-                "STUN", "Secure", "Transport",
+                "TusaBase", "STUN", "Secure", "Transport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -169,7 +202,7 @@ let package = Package(
         .executableTarget(
             name: "call-bench",
             dependencies: [
-                "Call", "Transport", "Rendezvous", "Secure", "STUN", "Voice",
+                "Call", "Transport", "Relay", "Rendezvous", "Secure", "TusaBase", "STUN", "Voice",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -180,36 +213,59 @@ let package = Package(
         .executableTarget(
             name: "voice-bench",
             dependencies: [
-                "Voice", "CSpeexDSP", "COpus", "CSpeex",
+                "Voice", "TusaBase", "CSpeexDSP", "COpus", "CSpeex",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strict
         ),
         .testTarget(
             name: "VoiceTests",
-            dependencies: ["Voice", "COpus", "CSpeex", "CSpeexDSP"],
+            dependencies: ["Voice", "TusaBase", "COpus", "CSpeex", "CSpeexDSP"],
             swiftSettings: strict
         ),
         .testTarget(
             name: "ICETests",
-            dependencies: ["ICE", "STUN"],
+            dependencies: ["ICE", "TusaBase", "STUN"],
             swiftSettings: strict
         ),
         .testTarget(
             name: "RendezvousTests",
-            dependencies: ["Rendezvous", "Secure", "STUN"],
+            dependencies: ["Rendezvous", "Secure", "TusaBase"],
             swiftSettings: strict
         ),
         .testTarget(
             name: "STUNTests",
-            dependencies: ["STUN"],
+            dependencies: ["STUN", "TusaBase", "TestSupport"],
             exclude: ["FuzzCrashes"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "TURNTests",
+            dependencies: ["TURN", "STUN", "TusaBase", "TestSupport"],
+            swiftSettings: strict
+        ),
+        // The relay's pure parts and its handlers on EmbeddedChannel or loopback sockets.
+        .testTarget(
+            name: "RelayTests",
+            dependencies: [
+                "Relay", "Transport", "TURN", "STUN", "TusaBase",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+        // Shared by the test targets: the shared corpus beside the project.
+        .target(
+            name: "TestSupport",
+            path: "Tests/TestSupport",
             swiftSettings: strict
         ),
         .testTarget(
             name: "InteropTests",
             dependencies: [
-                "STUN", "TusaInterop", "Transport", "Secure", "Rendezvous", "Call", "Voice", "ICE",
+                "TusaBase", "STUN", "TURN", "TusaInterop", "Transport", "Relay", "Secure", "Rendezvous", "Call", "Voice", "ICE",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

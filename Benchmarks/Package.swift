@@ -32,7 +32,10 @@ let package = Package(
         // ChannelData both ways, requests built with the root package's STUN module.
         .executableTarget(
             name: "turn-load",
-            dependencies: ["BenchSupport", "CMultiMsg", .product(name: "STUN", package: "Tusa")],
+            dependencies: [
+                "BenchSupport", "CMultiMsg",
+                .product(name: "STUN", package: "Tusa"), .product(name: "TusaBase", package: "Tusa"),
+            ],
             swiftSettings: strict),
         // zlib for the bare-CRC baseline (the root package's CZlib is not a product).
         .systemLibrary(name: "BenchZlib", pkgConfig: "zlib"),
@@ -69,6 +72,7 @@ let package = Package(
                 .product(name: "Benchmark", package: "benchmark"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "STUN", package: "Tusa"),
+                .product(name: "TusaBase", package: "Tusa"),
             ],
             path: "Benchmarks/STUNCodec",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]

@@ -4,7 +4,9 @@ import Logging
 import Rendezvous
 import STUN
 import Secure
+import TURN
 import Transport
+import TusaBase
 import Voice
 
 /// How a call ended, for the report and the exit code.

@@ -1,4 +1,5 @@
 import STUN
+import TusaBase
 
 /// Which side nominates (RFC 8445 §6.1.1): the caller is controlling.
 public enum ICERole: String, Hashable, Sendable {

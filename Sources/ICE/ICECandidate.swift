@@ -1,4 +1,5 @@
 import STUN
+import TusaBase
 
 /// The kind of an ICE candidate (RFC 8445 §5.1.1).
 public enum ICECandidateType: String, Hashable, Sendable, CaseIterable {

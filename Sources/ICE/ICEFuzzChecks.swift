@@ -1,4 +1,5 @@
 import STUN
+import TusaBase
 
 /// What the fuzzers (and the unit tests that replay their inputs) run on one
 /// input: an agent in each role fed the bytes as they are, and fed them again

@@ -1,5 +1,6 @@
-import STUN
 import Secure
+import TURN
+import TusaBase
 
 /// A connection to the rendezvous, numbered by its driver.
 public struct ConnectionID: Hashable, Sendable, CustomStringConvertible {

@@ -1,3 +1,5 @@
+import TusaBase
+
 /// The magic cookie of RFC 5389/8489.
 public let magicCookie: UInt32 = 0x2112_A442
 

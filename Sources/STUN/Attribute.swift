@@ -1,3 +1,5 @@
+import TusaBase
+
 /// An attribute as it appears on the wire: its type and its value bytes (no padding).
 ///
 /// ``Message`` keeps attributes in this form, so that encoding a decoded message

@@ -1,4 +1,5 @@
 import CZlib
+import TusaBase
 
 /// The STUN Binding service (RFC 8489 §6.3, RFC 5780 §6) as a stateless,
 /// allocation-free core: one request in, at most one response out.

@@ -1,3 +1,5 @@
+import TusaBase
+
 /// A TURN channel number (RFC 8656 §12): 0x4000 through 0x4FFF.
 public struct ChannelNumber: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
     public let rawValue: UInt16

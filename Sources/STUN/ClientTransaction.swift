@@ -1,3 +1,5 @@
+import TusaBase
+
 /// A STUN client transaction (RFC 8489 §6.2) as a pure state machine.
 ///
 /// Over UDP the request is sent at 0, RTO, 3·RTO, 7·RTO, … (the interval

@@ -1,4 +1,6 @@
-/// Runs every decoder of this library on arbitrary bytes and checks the
+import TusaBase
+
+/// Runs every decoder of this library (the TURN cores have `TURNFuzzChecks`) on arbitrary bytes and checks the
 /// invariants that must hold for any input. For fuzz targets and tests: it
 /// traps (on purpose) when an invariant breaks, so that a fuzzer reports it.
 public enum FuzzChecks {
@@ -61,73 +63,5 @@ public enum FuzzChecks {
             }
         }
         _ = PacketKind.classify(bytes)
-        TURNFuzz.exercise(bytes)
-        exerciseTURNClient(bytes)
-    }
-}
-
-/// The TURN server core under fuzzing: one authenticating server (unsigned
-/// input can only earn challenges and small errors) and one anonymous server
-/// with a live allocation, channel and permission, so that fuzzed requests,
-/// indications and ChannelData reach the allocation paths.
-enum TURNFuzz {
-    final class Ports: TURNRelayPorts {
-        var next: UInt16 = 1
-        func serves(family: UInt8) -> Bool { true }
-        func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
-            next = next &+ 2
-            let ip: IPAddress = family == 0x01 ? .v4(0x0A00_0001) : .v6(high: 1, low: 1)
-            return (TransportAddress(ip: ip, port: next), reserveNext ? TransportAddress(ip: ip, port: next &+ 1) : nil)
-        }
-        func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool { true }
-        func attach(_ relay: TransportAddress, to allocation: TURNAllocation) {}
-        func closeRelay(_ address: TransportAddress) {}
-    }
-
-    static let tuple = FiveTuple(client: TransportAddress(ip: .v4(0xCB00_7105), port: 4000), server: TransportAddress(ip: .v4(0xC633_6401), port: 3478), transport: .udp)
-    static let peer = TransportAddress(ip: .v4(0xCB00_7163), port: 5000)
-
-    nonisolated(unsafe) static var authenticating: TURNServer = {
-        var c = TURNServerConfiguration(realm: "example.org")
-        try? c.credentials.addUser("alice", password: "wonderland")
-        c.challengeRate = 0  // no rate limit: every input is judged alike
-        return TURNServer(configuration: c, relayPorts: Ports())
-    }()
-
-    nonisolated(unsafe) static var anonymous: TURNServer = makeAnonymous()
-
-    static func makeAnonymous() -> TURNServer {
-        var c = TURNServerConfiguration(realm: "example.org")
-        c.anonymous = true
-        c.peerFilter = .permitAll
-        let server = TURNServer(configuration: c, relayPorts: Ports())
-        _ = server.handleClient(Message(type: MessageType(method: .allocate, class: .request), attributes: [.requestedTransport(17)]).encode(), from: tuple, now: .zero)
-        _ = server.handleClient(Message(type: MessageType(method: .channelBind, class: .request), attributes: [.channelNumber(0x4000), .xorPeerAddress(peer)]).encode(), from: tuple, now: .zero)
-        return server
-    }
-
-    static func exercise(_ bytes: [UInt8]) {
-        switch authenticating.handleClient(bytes, from: tuple, now: .seconds(1)) {
-        case .reply(let r):
-            guard let m = try? Message(decoding: r) else { preconditionFailure("TURN reply does not decode") }
-            let code: Int? = if case .errorCode(let e)? = try? m.value(.errorCode) { e.code } else { nil }
-            // Without valid credentials only a challenge may outgrow its request.
-            precondition(r.count <= bytes.count || code == 401 || code == 438, "unauthenticated answer larger than its request")
-        case .relay:
-            preconditionFailure("relayed without an allocation")
-        case .drop: break
-        }
-        if anonymous.allocation(for: tuple) == nil { anonymous = makeAnonymous() }
-        switch anonymous.handleClient(bytes, from: tuple, now: .seconds(1)) {
-        case .reply(let r): precondition((try? Message(decoding: r)) != nil, "TURN reply does not decode")
-        case .relay(_, _, let range): precondition(range.lowerBound >= 0 && range.upperBound <= bytes.count, "relay range outside the input")
-        case .drop: break
-        }
-        if let a = anonymous.allocation(for: tuple) {
-            switch anonymous.handlePeer(bytes, from: peer, allocation: a, now: .seconds(1)) {
-            case .indication(let r, _): precondition((try? Message(decoding: r)) != nil, "Data indication does not decode")
-            case .channel, .drop: break
-            }
-        }
     }
 }

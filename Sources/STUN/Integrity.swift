@@ -1,5 +1,6 @@
 import CZlib
 import Crypto
+import TusaBase
 
 /// The key for MESSAGE-INTEGRITY / MESSAGE-INTEGRITY-SHA256 (RFC 8489 §9).
 public struct IntegrityKey: Hashable, Sendable {
@@ -81,7 +82,7 @@ func hmacSHA256(key: IntegrityKey, _ data: ArraySlice<UInt8>) -> [UInt8] {
 }
 
 /// Compares without leaking the position of the first difference.
-func constantTimeEqual(_ a: some Collection<UInt8>, _ b: some Collection<UInt8>) -> Bool {
+package func constantTimeEqual(_ a: some Collection<UInt8>, _ b: some Collection<UInt8>) -> Bool {
     guard a.count == b.count else { return false }
     var diff: UInt8 = 0
     for (x, y) in zip(a, b) { diff |= x ^ y }

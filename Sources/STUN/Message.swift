@@ -1,3 +1,5 @@
+import TusaBase
+
 /// A STUN message (RFC 8489 §5): type, transaction ID and attributes in order.
 ///
 /// Attributes are kept as ``RawAttribute``s so that `Message(decoding:)`
@@ -168,7 +170,7 @@ public struct Message: Hashable, Sendable {
     }
 
     /// Offset of attribute `index` in ``wire`` (only for decoded, unchanged messages).
-    func wireOffset(of index: Int) -> Int? {
+    package func wireOffset(of index: Int) -> Int? {
         index < offsets.count ? offsets[index] : nil
     }
 }

@@ -1,3 +1,5 @@
+import TusaBase
+
 /// NAT mapping behaviour (RFC 4787 §4.1, discovered as in RFC 5780 §4.3).
 public enum MappingBehavior: String, Hashable, Sendable {
     /// The mapped address is the client's own: no NAT on the path.

@@ -1,3 +1,5 @@
+import TusaBase
+
 /// One unit cut from a TURN/STUN byte stream.
 public enum StreamFrame: Hashable, Sendable {
     /// A whole STUN message (header and attributes).

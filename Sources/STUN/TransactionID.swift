@@ -1,3 +1,5 @@
+import TusaBase
+
 /// The 96-bit transaction ID of a STUN message.
 public struct TransactionID: Hashable, Sendable, CustomStringConvertible {
     /// The first four bytes, big-endian.

@@ -4,12 +4,14 @@
 import FuzzDriver
 import ICE
 import STUN
+import TURN
 
 @main
 struct STUNFuzz {
     static func main() {
         FuzzDriver.run(name: "STUNFuzz") { bytes in
             FuzzChecks.exercise(bytes)
+            TURNFuzzChecks.exercise(bytes)
             ICEFuzzChecks.exercise(bytes)
         }
     }

@@ -1,5 +1,5 @@
 import CSodium
-import STUN
+import TusaBase
 
 // The handshake's wire messages, WireGuard-shaped around a Noise IK exchange.
 // Every handshake message starts with a type byte in 4...15, a range RFC 7983 /

@@ -1,4 +1,4 @@
-import STUN
+import TusaBase
 
 /// What a receiver saw of one RTP stream, as RFC 3550 counts it: packets
 /// expected and lost (A.3), the fraction lost per report interval, and the

@@ -1,4 +1,3 @@
-import STUN
 
 /// Timers and limits of a `SecureEndpoint`. The defaults suit voice calls.
 public struct SecureConfiguration: Sendable {

@@ -1,4 +1,4 @@
-import STUN
+import TusaBase
 
 /// A peer of a `SecureEndpoint`.
 public struct PeerID: Hashable, Sendable, CustomStringConvertible {

@@ -1,4 +1,4 @@
-import STUN
+import TusaBase
 
 /// What the SecureFuzz target (and the pinned crash inputs' test) runs on
 /// each input: every parser and opener that sees network bytes, with fixed

@@ -3,6 +3,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import STUN
+import TusaBase
 
 /// What one side tells the other (in an offer or answer) for ICE.
 public struct ICEDescription: Hashable, Sendable {

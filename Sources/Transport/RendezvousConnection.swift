@@ -4,6 +4,7 @@ import NIOPosix
 import Rendezvous
 import STUN
 import Secure
+import TusaBase
 
 /// Errors of a rendezvous connection as a client sees them.
 public enum RendezvousConnectionError: Error, Equatable, Sendable, CustomStringConvertible {

@@ -2,6 +2,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import STUN
+import TusaBase
 
 /// Why a STUN client request failed.
 public struct STUNClientError: Error, Hashable, Sendable, CustomStringConvertible {

@@ -2,6 +2,7 @@ import ICE
 import NIOCore
 import STUN
 import Secure
+import TusaBase
 
 /// The bases (RFC 8445 §5.1.1) of a ``SecureUDPEndpoint``'s ICE agent.
 public enum ICEBase {

@@ -4,6 +4,8 @@ import NIOCore
 import NIOPosix
 import STUN
 import Secure
+import TURN
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc

@@ -2,6 +2,8 @@ import Logging
 import NIOCore
 import NIOPosix
 import STUN
+import TURN
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc

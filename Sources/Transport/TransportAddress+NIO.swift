@@ -1,5 +1,6 @@
 import NIOCore
 import STUN
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc

@@ -1,4 +1,5 @@
 import STUN
+import TURN
 
 /// What the interop checker knows to verify MESSAGE-INTEGRITY with.
 public struct InteropCredentials: Sendable {

@@ -1,4 +1,5 @@
 import Glibc
+import TusaBase
 
 /// Where mono 16-bit audio comes from: a microphone, a file or a generator.
 public protocol AudioSource: AnyObject {

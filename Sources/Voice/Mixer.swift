@@ -1,4 +1,5 @@
 import Foundation
+import TusaBase
 
 /// Mixes several streams' frames into one without clipping.
 ///

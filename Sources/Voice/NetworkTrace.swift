@@ -1,4 +1,5 @@
 import Foundation
+import TusaBase
 
 /// How a generated trace's packets are delayed, lost and duplicated.
 ///

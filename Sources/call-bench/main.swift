@@ -1,12 +1,14 @@
 import Call
 import Foundation
 import Logging
+import Relay
 import Rendezvous
 import STUN
 import Secure
 import ServiceLifecycle
 import Synchronization
 import Transport
+import TusaBase
 import Voice
 
 // `call-bench`: real calls on loopback, in one process (one monotonic clock for

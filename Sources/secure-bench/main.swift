@@ -20,6 +20,7 @@ import NIOPosix
 import STUN
 import Secure
 import Transport
+import TusaBase
 
 func fail(_ message: String) -> Never {
     FileHandle.standardError.write(Data("secure-bench: \(message)\n".utf8))

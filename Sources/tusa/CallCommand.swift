@@ -6,6 +6,7 @@ import Rendezvous
 import STUN
 import Secure
 import Transport
+import TusaBase
 import Voice
 
 /// What `tusa call` and `tusa answer` share: the rendezvous, the identity, audio and codec.

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import STUN
 import Secure
+import TusaBase
 import TusaInterop
 
 extension Interop {

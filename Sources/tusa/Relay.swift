@@ -1,10 +1,13 @@
 import ArgumentParser
 import Foundation
 import Logging
+import Relay
+import Rendezvous
 import STUN
 import ServiceLifecycle
-import Rendezvous
+import TURN
 import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc
@@ -249,7 +252,7 @@ struct Relay: AsyncParsableCommand {
     }
 
     private func serve() async throws {
-        let configuration: BindingService.Configuration
+        let configuration: RelayService.Configuration
         let metricsAddress: TransportAddress?
         do {
             configuration = try makeConfiguration()
@@ -266,7 +269,7 @@ struct Relay: AsyncParsableCommand {
         }
         let logger = Logger(label: "tusa.relay")
 
-        let service = BindingService(configuration: configuration, logger: logger)
+        let service = RelayService(configuration: configuration, logger: logger)
         let metrics = metricsAddress.map { MetricsEndpoint.serving(service, on: $0, logger: logger) }
         let rendezvous = rendezvousPort.map { port in
             makeRendezvous(port: port, configuration: configuration, service: service, logger: logger)
@@ -290,7 +293,7 @@ struct Relay: AsyncParsableCommand {
                 }
                 try await tasks.waitForAll()
             }
-        } catch let error as BindingServiceError {
+        } catch let error as RelayServiceError {
             throw failure(error.message)
         } catch {
             throw failure("\(error)")
@@ -305,7 +308,7 @@ struct Relay: AsyncParsableCommand {
 
     /// The rendezvous on the first listen address; with REST secrets, registered peers
     /// get credentials (the first secret) for the relay's own TURN sockets.
-    private func makeRendezvous(port: UInt16, configuration: BindingService.Configuration, service: BindingService,
+    private func makeRendezvous(port: UInt16, configuration: RelayService.Configuration, service: RelayService,
                                 logger: Logger) -> RendezvousService {
         let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
         var core = RendezvousServerConfiguration()
@@ -332,7 +335,7 @@ struct Relay: AsyncParsableCommand {
         var message: String
     }
 
-    private func makeConfiguration() throws(ConfigurationProblem) -> BindingService.Configuration {
+    private func makeConfiguration() throws(ConfigurationProblem) -> RelayService.Configuration {
         var listenAddresses: [TransportAddress] = []
         for text in listen {
             guard let address = TransportAddress(text, defaultPort: 3478) else {
@@ -351,7 +354,7 @@ struct Relay: AsyncParsableCommand {
             guard listen.isEmpty else {
                 throw ConfigurationProblem(message: "--listening-port applies to --listening-ip addresses, not to --listen (which has its own port)")
             }
-            listenAddresses = BindingService.Configuration.defaultListenAddresses.map {
+            listenAddresses = RelayService.Configuration.defaultListenAddresses.map {
                 TransportAddress(ip: $0.ip, port: listeningPort)
             }
         }
@@ -365,8 +368,8 @@ struct Relay: AsyncParsableCommand {
         guard (1...1024).contains(threads) else {
             throw ConfigurationProblem(message: "--threads must be between 1 and 1024, not \(threads)")
         }
-        let addresses = listenAddresses.isEmpty ? BindingService.Configuration.defaultListenAddresses : listenAddresses
-        var configuration = BindingService.Configuration(
+        let addresses = listenAddresses.isEmpty ? RelayService.Configuration.defaultListenAddresses : listenAddresses
+        var configuration = RelayService.Configuration(
             listenAddresses: addresses,
             alternateAddress: alternate, software: software, udp: !noUDP, tcp: !noTCP, threads: threads, gso: !noGSO)
         if !noTLS {

@@ -4,6 +4,7 @@ import NIOCore
 import NIOPosix
 import STUN
 import Transport
+import TusaBase
 
 /// `tusa stun HOST[:PORT]`: ask a STUN server for this host's mapped address,
 /// and with `--behavior` classify the NAT with RFC 5780's tests.

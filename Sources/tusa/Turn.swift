@@ -1,9 +1,11 @@
 import ArgumentParser
 import Foundation
-import NIOCore
 import Logging
+import NIOCore
 import STUN
+import TURN
 import Transport
+import TusaBase
 
 /// `tusa turn HOST[:PORT] --user U:P --peer ADDR:PORT`: allocate a relay on a
 /// TURN server, send test packets through it to an echoing peer, and report

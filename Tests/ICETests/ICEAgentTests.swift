@@ -2,6 +2,7 @@ import Foundation
 import ICE
 import STUN
 import Testing
+import TusaBase
 
 // The ICE agent core on a virtual clock: two agents joined by a simulated
 // network (a fake only here, in the unit tests of the pure core) that can drop

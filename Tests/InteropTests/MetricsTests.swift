@@ -2,10 +2,13 @@ import Dispatch
 import Foundation
 import Logging
 import Prometheus
+import Relay
 import STUN
 import ServiceLifecycle
+import TURN
 import Testing
 import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc
@@ -128,11 +131,11 @@ struct MetricsTests {
             do {
                 try await second.run()
                 Issue.record("a second endpoint bound \(taken)")
-            } catch let error as BindingServiceError {
+            } catch let error as RelayServiceError {
                 #expect(error.code == .bindFailed)
                 #expect(error.message == "cannot serve metrics on tcp \(taken): Address already in use", "\(error)")
             }
-            await #expect(throws: BindingServiceError.self) { try await second.boundAddress() }
+            await #expect(throws: RelayServiceError.self) { try await second.boundAddress() }
         }
     }
 

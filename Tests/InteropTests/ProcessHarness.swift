@@ -1,5 +1,6 @@
 import Foundation
 import STUN
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc

@@ -1,6 +1,7 @@
 import Foundation
 import STUN
 import Testing
+import TusaBase
 import TusaInterop
 
 /// Tusa against real peers: coturn's own tools and server, aioice, and tshark

@@ -2,10 +2,12 @@ import Dispatch
 import Foundation
 import Logging
 import NIOCore
+import Relay
 import STUN
 import ServiceLifecycle
 import Testing
 import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc
@@ -46,7 +48,7 @@ struct RelayServiceTests {
     }
 
     private func checkBinding(on ip: IPAddress) async throws {
-        let configuration = BindingService.Configuration(
+        let configuration = RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: ip, port: 0)], software: "tusa-test")
         try await withBindingService(configuration) { service, sockets in
             #expect(sockets.map(\.kind) == [.udp, .tcp])
@@ -84,7 +86,7 @@ struct RelayServiceTests {
 
     @Test("TCP: two requests split at odd boundaries get both answers")
     func tcpReassemblesSplitRequests() async throws {
-        let configuration = BindingService.Configuration(
+        let configuration = RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false)
         try await withBindingService(configuration) { _, sockets in
             let server = try #require(sockets.first { $0.kind == .tcp }).address
@@ -122,7 +124,7 @@ struct RelayServiceTests {
             [0x00, 0x01, 0x00, 0x00, 0xDE, 0xAD, 0xBE, 0xEF] + [UInt8](repeating: 7, count: 12),
         ])
     func tcpGarbageIsClosed(_ garbage: [UInt8]) async throws {
-        let configuration = BindingService.Configuration(
+        let configuration = RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false)
         try await withBindingService(configuration) { service, sockets in
             let server = try #require(sockets.first { $0.kind == .tcp }).address
@@ -138,7 +140,7 @@ struct RelayServiceTests {
 
     @Test("TCP: a silent connection is closed after the idle timeout")
     func tcpIdleConnectionIsClosed() async throws {
-        let configuration = BindingService.Configuration(
+        let configuration = RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false,
             tcpIdleTimeout: .milliseconds(300))
         try await withBindingService(configuration) { service, sockets in
@@ -154,7 +156,7 @@ struct RelayServiceTests {
 
     @Test("TCP: a frame dribbled a byte at a time is cut off after the timeout (slowloris)")
     func tcpSlowFrameIsClosed() async throws {
-        var configuration = BindingService.Configuration(
+        var configuration = RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false,
             tcpIdleTimeout: .milliseconds(600))
         configuration.maxTCPConnections = 4
@@ -175,7 +177,7 @@ struct RelayServiceTests {
 
     @Test("TCP: connections over the limit are closed on accept and counted")
     func tcpConnectionLimit() async throws {
-        var configuration = BindingService.Configuration(
+        var configuration = RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false)
         configuration.maxTCPConnections = 2
         try await withBindingService(configuration) { service, sockets in
@@ -199,7 +201,7 @@ struct RelayServiceTests {
         let (primaryPort, alternatePort) = try freeUDPPorts()
         let primary = TransportAddress(ip: loopbackV4, port: primaryPort)
         let alternate = TransportAddress(ip: secondLoopbackV4, port: alternatePort)
-        let configuration = BindingService.Configuration(listenAddresses: [primary], alternateAddress: alternate)
+        let configuration = RelayService.Configuration(listenAddresses: [primary], alternateAddress: alternate)
         try await withBindingService(configuration) { service, sockets in
             #expect(sockets.filter { $0.kind == .udp }.map(\.address) == [
                 primary, TransportAddress(ip: loopbackV4, port: alternatePort),
@@ -230,7 +232,7 @@ struct RelayServiceTests {
 
     @Test("RFC 5780 works with ephemeral ports and several threads too")
     func behaviorDiscoveryOnEphemeralPorts() async throws {
-        let configuration = BindingService.Configuration(
+        let configuration = RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)],
             alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 0), tcp: false, threads: 2)
         try await withBindingService(configuration) { _, sockets in
@@ -251,7 +253,7 @@ struct RelayServiceTests {
 
     @Test("several threads: the reuse-port sockets answer")
     func severalThreads() async throws {
-        let configuration = BindingService.Configuration(
+        let configuration = RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], tcp: false, threads: 2)
         try await withBindingService(configuration) { service, sockets in
             #expect(sockets.count == 1)
@@ -267,7 +269,7 @@ struct RelayServiceTests {
 
     @Test("graceful shutdown closes open connections and returns promptly")
     func gracefulShutdownWithOpenConnection() async throws {
-        let configuration = BindingService.Configuration(listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)])
+        let configuration = RelayService.Configuration(listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)])
         var connection: TestSocket?
         try await withBindingService(configuration) { _, sockets in
             let server = try #require(sockets.first { $0.kind == .tcp }).address
@@ -280,14 +282,14 @@ struct RelayServiceTests {
     @Test("a port in use is a bind error, for run() and boundSockets() alike")
     func portInUse() async throws {
         let taken = try TestSocket.udp(bindingTo: loopbackV4)
-        let service = BindingService(
+        let service = RelayService(
             configuration: .init(listenAddresses: [taken.localAddress], tcp: false), logger: quietLogger)
         async let bound = service.boundSockets()
-        await #expect(throws: BindingServiceError.self) { try await withTimeout(5) { try await service.run() } }
+        await #expect(throws: RelayServiceError.self) { try await withTimeout(5) { try await service.run() } }
         do {
             _ = try await bound
             Issue.record("boundSockets() returned for a service that could not bind")
-        } catch let error as BindingServiceError {
+        } catch let error as RelayServiceError {
             #expect(error.code == .bindFailed)
             #expect(error.message.contains("\(taken.localAddress)"))
         }
@@ -296,25 +298,25 @@ struct RelayServiceTests {
     @Test(
         "configurations that cannot be served say why",
         arguments: [
-            BindingService.Configuration(listenAddresses: []),
-            BindingService.Configuration(udp: false, tcp: false),
-            BindingService.Configuration(threads: 0),
-            BindingService.Configuration(
+            RelayService.Configuration(listenAddresses: []),
+            RelayService.Configuration(udp: false, tcp: false),
+            RelayService.Configuration(threads: 0),
+            RelayService.Configuration(
                 listenAddresses: [TransportAddress(ip: loopbackV6, port: 3478)],
                 alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 3479)),
-            BindingService.Configuration(
+            RelayService.Configuration(
                 listenAddresses: [TransportAddress(ip: .v4(0), port: 3478)],
                 alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 3479)),
-            BindingService.Configuration(
+            RelayService.Configuration(
                 listenAddresses: [TransportAddress(ip: loopbackV4, port: 3478)],
                 alternateAddress: TransportAddress(ip: loopbackV4, port: 3479)),
-            BindingService.Configuration(
+            RelayService.Configuration(
                 listenAddresses: [TransportAddress(ip: loopbackV4, port: 3478)],
                 alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 3479), udp: false),
         ])
-    func invalidConfiguration(_ configuration: BindingService.Configuration) throws {
-        #expect(throws: BindingServiceError.self) { try configuration.validate() }
-        #expect(BindingService.Configuration().listenAddresses.map(\.description) == ["0.0.0.0:3478", "[::]:3478"])
+    func invalidConfiguration(_ configuration: RelayService.Configuration) throws {
+        #expect(throws: RelayServiceError.self) { try configuration.validate() }
+        #expect(RelayService.Configuration().listenAddresses.map(\.description) == ["0.0.0.0:3478", "[::]:3478"])
     }
 
     // MARK: the binary
@@ -375,10 +377,10 @@ struct RelayServiceTests {
 /// start and stop are wider (20 s) so that a stalled machine reads as a failed
 /// expectation with its duration, not as a bare "timed out".
 private func withBindingService(
-    _ configuration: BindingService.Configuration,
-    _ body: (BindingService, [BoundSocket]) async throws -> Void
+    _ configuration: RelayService.Configuration,
+    _ body: (RelayService, [BoundSocket]) async throws -> Void
 ) async throws {
-    let service = BindingService(configuration: configuration, logger: quietLogger)
+    let service = RelayService(configuration: configuration, logger: quietLogger)
     let group = ServiceGroup(configuration: .init(services: [service], logger: quietLogger))
     let running = Task { try await group.run() }
     do {
@@ -427,7 +429,6 @@ private func eventually(_ condition: @Sendable () -> Bool) async throws {
         try await Task.sleep(for: .milliseconds(10))
     }
 }
-
 
 private func address(in message: Message, _ type: AttributeType) throws -> TransportAddress? {
     switch try message.value(type) {

@@ -2,10 +2,13 @@ import Dispatch
 import Foundation
 import Logging
 import NIOCore
+import Relay
 import STUN
 import ServiceLifecycle
+import TURN
 import Testing
 import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc
@@ -30,7 +33,7 @@ private let quiet: Logger = {
 
 @Suite("Relay sockets: raw fds read with recvmmsg, written with sendmmsg/GSO", .serialized)
 struct RelaySocketTests {
-    static func configuration(lifetime: UInt32 = 600, gso: Bool = true) -> BindingService.Configuration {
+    static func configuration(lifetime: UInt32 = 600, gso: Bool = true) -> RelayService.Configuration {
         var turn = TURNServerConfiguration(realm: "test")
         turn.anonymous = true
         turn.peerFilter = PeerFilter(allowLoopback: true)
@@ -39,7 +42,7 @@ struct RelaySocketTests {
         turn.reservationLifetime = .seconds(1)
         var ips = [loopback]
         if ipv6Available { ips.append(loopback6) }
-        return BindingService.Configuration(
+        return RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: loopback, port: 0)], tcp: false, gso: gso, turn: turn,
             // Above Linux's ephemeral range (32768-60999): a port a test frees is not handed to another test's bind(0).
             relayPlan: RelayAddressPlan(ips: ips, minPort: 61_000, maxPort: 64_999))
@@ -309,9 +312,9 @@ private final class Flow {
 // MARK: - Helpers
 
 private func withService(
-    _ configuration: BindingService.Configuration, _ body: (BindingService, TransportAddress) async throws -> Void
+    _ configuration: RelayService.Configuration, _ body: (RelayService, TransportAddress) async throws -> Void
 ) async throws {
-    let service = BindingService(configuration: configuration, logger: quiet)
+    let service = RelayService(configuration: configuration, logger: quiet)
     let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
     let running = Task { try await group.run() }
     do {

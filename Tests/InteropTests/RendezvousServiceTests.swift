@@ -1,12 +1,14 @@
 import Dispatch
 import Foundation
 import Logging
+import Relay
 import Rendezvous
 import STUN
 import Secure
 import ServiceLifecycle
 import Testing
 import Transport
+import TusaBase
 
 // The rendezvous over real loopback TCP: the service in process with the NIO
 // client, raw sockets for bad input, and `tusa relay --rendezvous-port` whose
@@ -31,7 +33,6 @@ private func withRendezvous(_ body: (TransportAddress) async throws -> Void) asy
     await group.triggerGracefulShutdown()
     _ = try? await running.value
 }
-
 
 /// The next payload from `connection`, within `seconds`.
 private func next(_ connection: RendezvousConnection, within seconds: Double = 20) async -> (from: PublicKey, payload: [UInt8])? {

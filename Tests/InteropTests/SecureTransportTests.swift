@@ -6,6 +6,7 @@ import STUN
 import Secure
 import Testing
 import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc

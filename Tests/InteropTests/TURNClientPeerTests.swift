@@ -1,8 +1,10 @@
 import Dispatch
 import Foundation
 import STUN
+import TURN
 import Testing
 import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc

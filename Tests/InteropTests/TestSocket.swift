@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import STUN
 import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc

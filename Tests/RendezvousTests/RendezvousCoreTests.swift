@@ -1,7 +1,9 @@
-import Secure
-import STUN
-import Testing
 @testable import Rendezvous
+import STUN
+import Secure
+import TURN
+import Testing
+import TusaBase
 
 /// The rendezvous cores on a virtual clock: a server and clients wired by hand.
 private struct Net {

@@ -1,6 +1,7 @@
-import Testing
-
 @testable import STUN
+import TestSupport
+import Testing
+import TusaBase
 
 struct BindingServerTests {
     static let client4 = TransportAddress("203.0.113.7:40000")!

@@ -1,6 +1,6 @@
-import Testing
-
 @testable import STUN
+import Testing
+import TusaBase
 
 struct MessageTypeTests {
     @Test(arguments: [

@@ -1,6 +1,6 @@
-import Testing
-
 @testable import STUN
+import Testing
+import TusaBase
 
 struct ChannelDataTests {
     @Test func roundTripsPaddedAndUnpadded() throws {

@@ -1,7 +1,7 @@
 import Foundation
-import Testing
-
 @testable import STUN
+import Testing
+import TusaBase
 
 /// Every input the fuzzer ever crashed on stays fixed: each file in
 /// FuzzCrashes/ runs through the same checks as the fuzz target.

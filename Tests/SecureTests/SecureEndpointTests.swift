@@ -1,7 +1,6 @@
-import STUN
-import Testing
-
 @testable import Secure
+import Testing
+import TusaBase
 
 /// Two `SecureEndpoint`s on a virtual clock and a simulated network.
 @Suite struct SecureEndpointTests {

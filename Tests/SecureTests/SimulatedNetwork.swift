@@ -1,7 +1,6 @@
-import STUN
-import Testing
-
 @testable import Secure
+import Testing
+import TusaBase
 
 /// Two or more `SecureEndpoint`s joined by a simulated network on a virtual
 /// clock: datagrams are delivered after a delay, and may be lost, duplicated or

@@ -1,5 +1,6 @@
 import Glibc
 import Testing
+import TusaBase
 @testable import Voice
 
 @Suite struct AudioDeviceTests {

@@ -1,4 +1,5 @@
 import Testing
+import TusaBase
 @testable import Voice
 
 @Suite struct CodecTests {

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TusaBase
 @testable import Voice
 
 /// A decoder whose redundancy decode is recognisable (all samples 1234), for the FEC path.

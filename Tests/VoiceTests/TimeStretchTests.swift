@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TusaBase
 @testable import Voice
 
 @Suite("TimeStretch")

@@ -1,10 +1,11 @@
 // Per-message cost of the STUN codec, side by side with the bare library
 // calls it is built on (swift-crypto HMAC, zlib CRC-32): time and mallocs.
 // Run with `make bench` (or `swift package --package-path Benchmarks benchmark`).
-import Benchmark
 import BenchZlib
+import Benchmark
 import Crypto
 import STUN
+import TusaBase
 
 let benchmarks: @Sendable () -> Void = {
     Benchmark.defaultConfiguration = .init(

@@ -28,13 +28,14 @@
 // With --server-pid the generator reads the server's CPU time (utime+stime in
 // /proc/PID/stat) over each measured interval. Kernel UDP drops come from /proc/net/snmp
 // (machine-wide: every socket on the path, the generator's included).
+import BenchSupport
+import CMultiMsg
+import STUN
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import BenchSupport
-import CMultiMsg
-import STUN
 
 let usage = """
     usage: turn-load --target IPV4:PORT [--mode relay|allocate] [options]

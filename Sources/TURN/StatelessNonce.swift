@@ -1,4 +1,6 @@
 import Crypto
+import STUN
+import TusaBase
 
 /// Stateless TURN nonces: the nonce carries the time it was issued and a MAC
 /// over that time and the client's transport address, so the server can check

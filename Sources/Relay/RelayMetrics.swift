@@ -1,6 +1,7 @@
 import CoreMetrics
 import NIOConcurrencyHelpers
 import STUN
+import TURN
 
 /// The relay's counters as swift-metrics metrics, named `tusa_…`.
 ///
@@ -116,7 +117,7 @@ public final class RelayMetrics: Sendable {
     }
 
     /// Takes the service's totals now and brings the metrics up to them.
-    public func update(from service: BindingService) async {
+    public func update(from service: RelayService) async {
         let turn = await service.turnStatistics()
         update(stun: service.statistics, turn: turn)
     }

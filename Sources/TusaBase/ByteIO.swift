@@ -47,4 +47,4 @@ extension Array where Element == UInt8 {
 
 /// Rounds up to the next multiple of four (STUN attribute and ChannelData padding).
 @inline(__always)
-func padded4(_ n: Int) -> Int { (n + 3) & ~3 }
+package func padded4(_ n: Int) -> Int { (n + 3) & ~3 }

@@ -5,6 +5,8 @@ import NIOPosix
 import Prometheus
 import STUN
 import ServiceLifecycle
+import Transport
+import TusaBase
 
 /// A small HTTP server for Prometheus: `GET /metrics` answers with a
 /// registry's metrics in the text exposition format; other paths are 404,
@@ -38,7 +40,7 @@ public final class MetricsEndpoint: Service, Sendable {
     /// An endpoint that serves `service`'s ``RelayMetrics``, refreshed from
     /// its statistics about once a second.
     public static func serving(
-        _ service: BindingService, on address: TransportAddress, logger: Logger
+        _ service: RelayService, on address: TransportAddress, logger: Logger
     ) -> MetricsEndpoint {
         let registry = PrometheusCollectorRegistry()
         let metrics = RelayMetrics(factory: PrometheusMetricsFactory(registry: registry))
@@ -73,8 +75,8 @@ public final class MetricsEndpoint: Service, Sendable {
                 }
             channel = try await bootstrap.bind(to: SocketAddress(address)).get()
         } catch {
-            let failure = BindingServiceError(
-                .bindFailed, "cannot serve metrics on tcp \(address): \(BindingServiceError.reason(error))")
+            let failure = RelayServiceError(
+                .bindFailed, "cannot serve metrics on tcp \(address): \(RelayServiceError.reason(error))")
             bound.resolve(.failure(failure))
             try? await group.shutdownGracefully()
             throw failure

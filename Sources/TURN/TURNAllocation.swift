@@ -1,3 +1,6 @@
+import STUN
+import TusaBase
+
 /// One TURN allocation (RFC 8656 §2.2): a relayed transport address (two with
 /// ADDITIONAL-ADDRESS-FAMILY), its client's 5-tuple, credentials, lifetime,
 /// permissions and channels. Owned by ``TURNServer``; drivers keep a reference

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import STUN
 
 /// coturn-compatible ephemeral ("REST API") TURN credentials: the username is
 /// `expiry[:user]` (expiry in Unix seconds) and the password is

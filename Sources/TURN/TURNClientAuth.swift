@@ -1,3 +1,5 @@
+import STUN
+
 /// What a TURN client learnt from a server's 401 or 438 challenge: the realm
 /// and nonce to echo, the password algorithm, and the long-term key
 /// (RFC 8489 §9.2).

@@ -1,6 +1,7 @@
-import Testing
-
 @testable import STUN
+@testable import TURN
+import Testing
+import TusaBase
 
 /// Relay ports for the pure core's tests: hands out addresses, records closes.
 final class RecordingPorts: TURNRelayPorts {

@@ -1,3 +1,6 @@
+import STUN
+import TusaBase
+
 /// Relay sockets, as the driver provides them. The core calls these
 /// synchronously while handling an Allocate: binding a UDP socket is immediate,
 /// so the driver binds it here and starts reading from it afterwards.

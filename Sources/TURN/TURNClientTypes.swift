@@ -1,3 +1,6 @@
+import STUN
+import TusaBase
+
 /// Why a TURN client operation failed.
 public enum TURNClientError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The server refused the credentials (401 to a request that carried

@@ -1,6 +1,7 @@
-import Testing
-
 @testable import STUN
+@testable import TURN
+import Testing
+import TusaBase
 
 /// The TURN client core against hand-built server answers, on a virtual clock.
 struct TURNClientTests {
@@ -572,7 +573,7 @@ struct TURNClientTests {
     // MARK: hostile input
 
     @Test func theFuzzFixtureBuildsAndCorruptedAnswersNeverTrap() throws {
-        let fixture = try #require(FuzzChecks.turnFixture)
+        let fixture = try #require(TURNFuzzChecks.turnFixture)
         #expect(fixture.client.phase == .allocated)
         // A challenge with every attribute the client parses, as an answer to
         // the waiting request, corrupted at every byte (FuzzChecks patches the
@@ -585,12 +586,12 @@ struct TURNClientTests {
             .xorPeerAddress(fixture.peer), .data([1, 2, 3]),
         ]).encode(fingerprint: true)
         for original in [challenge, data, ChannelData(channel: 0x4000, data: [1, 2, 3]).encode(padded: true)] {
-            FuzzChecks.exerciseTURNClient(original)
+            TURNFuzzChecks.exerciseTURNClient(original)
             for i in original.indices {
                 var bad = original
                 bad[i] ^= 0x5A
-                FuzzChecks.exerciseTURNClient(bad)
-                FuzzChecks.exerciseTURNClient(Array(original.prefix(i)))
+                TURNFuzzChecks.exerciseTURNClient(bad)
+                TURNFuzzChecks.exerciseTURNClient(Array(original.prefix(i)))
             }
         }
         // The unmodified stale-nonce answer is taken: the request goes again with the new nonce.

@@ -1,10 +1,12 @@
 import Logging
 import NIOCore
 import NIOPosix
+@testable import Relay
 import STUN
+import TURN
 import Testing
-
 @testable import Transport
+import TusaBase
 
 /// The lane's relay-port picking on real sockets, at the edges of the port range.
 struct TURNLaneTests {

@@ -2,6 +2,8 @@ import CRelayIO
 import Logging
 import NIOCore
 import STUN
+import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc
@@ -205,10 +207,10 @@ final class PeerOutbox {
     private var segmentCount = [Int](repeating: 0, count: Int(RELAY_BATCH))
 
     static let iovCapacity = 1024
-    /// See ``UDPBindingHandler/maxSegmentSize``: larger payloads go one by one.
-    static let maxSegmentSize = UDPBindingHandler.maxSegmentSize
-    static let maxSegments = UDPBindingHandler.maxSegments
-    static let maxGSOBytes = UDPBindingHandler.maxGSOBytes
+    /// See ``UDPListenerHandler/maxSegmentSize``: larger payloads go one by one.
+    static let maxSegmentSize = UDPListenerHandler.maxSegmentSize
+    static let maxSegments = UDPListenerHandler.maxSegments
+    static let maxGSOBytes = UDPListenerHandler.maxGSOBytes
     /// Above this, the payload buffer's capacity is given back after a flush.
     static let keptCapacity = 1 << 20
 

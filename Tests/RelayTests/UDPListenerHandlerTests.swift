@@ -2,13 +2,14 @@ import Logging
 import NIOCore
 import NIOEmbedded
 import NIOPosix
+@testable import Relay
 import STUN
 import Testing
-
 @testable import Transport
+import TusaBase
 
 /// The UDP driver on an EmbeddedChannel: what a read burst turns into.
-struct UDPBindingHandlerTests {
+struct UDPListenerHandlerTests {
     static let a = try! SocketAddress(ipAddress: "127.0.0.1", port: 40001)
     static let b = try! SocketAddress(ipAddress: "127.0.0.1", port: 40002)
 
@@ -21,7 +22,7 @@ struct UDPBindingHandlerTests {
     static func burst(_ requests: [(SocketAddress, ByteBuffer)], gso: Bool = true) throws -> (outbound: [AddressedEnvelope<ByteBuffer>], stats: BindingStatistics) {
         let channel = EmbeddedChannel()
         let totals = StatisticsBox()
-        let handler = UDPBindingHandler(
+        let handler = UDPListenerHandler(
             core: BindingServer(), origin: .primary, routes: UDPRoutes(channels: [:]), lane: 0, totals: totals,
             logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }), gso: gso)
         try channel.pipeline.syncOperations.addHandler(handler)
@@ -79,17 +80,17 @@ struct UDPBindingHandlerTests {
 
     @Test(.enabled(if: System.supportsUDPSegmentationOffload, "no UDP GSO on this system"))
     func moreThanTheSegmentLimitSplitsIntoSeveralWrites() throws {
-        let n = UDPBindingHandler.maxSegments * 2 + 5
+        let n = UDPListenerHandler.maxSegments * 2 + 5
         let (out, stats) = try Self.burst((0..<n).map { _ in (Self.a, Self.request().1) })
         #expect(out.reduce(0) { $0 + Self.datagrams($1).count } == n)
-        #expect(out.allSatisfy { Self.datagrams($0).count <= UDPBindingHandler.maxSegments })
+        #expect(out.allSatisfy { Self.datagrams($0).count <= UDPListenerHandler.maxSegments })
         #expect(stats.responses == n && stats.gsoWrites == 3 && stats.gsoSegments == n)
     }
 
     /// Answers too large for every path MTU (a mirrored PADDING) are never
     /// segmented: Linux would refuse the write and NIO close the socket.
     @Test func largeAnswersAreSentOneByOne() throws {
-        let big = [UInt8](repeating: 0, count: UDPBindingHandler.maxSegmentSize)
+        let big = [UInt8](repeating: 0, count: UDPListenerHandler.maxSegmentSize)
         let (out, stats) = try Self.burst((0..<5).map { _ in (Self.a, Self.request([.padding(big)]).1) })
         #expect(out.count == 5)
         #expect(out.allSatisfy { $0.metadata?.segmentSize == nil })

@@ -1,6 +1,9 @@
 import Logging
 import NIOCore
 import STUN
+import TURN
+import Transport
+import TusaBase
 
 /// Hosts the sans-IO ``BindingServer`` on one STUN/TURN-over-TCP connection
 /// (RFC 8489 §6.2.2, RFC 8656 §12.5).
@@ -11,9 +14,9 @@ import STUN
 /// loop's ``TURNLane`` (the connection is the allocation's 5-tuple, and its
 /// allocation dies with it). A
 /// stream that is neither STUN nor ChannelData cannot be resynchronised and is
-/// closed, and so is one that says nothing for ``BindingService/Configuration/tcpIdleTimeout``
+/// closed, and so is one that says nothing for ``RelayService/Configuration/tcpIdleTimeout``
 /// (the pipeline puts an `IdleStateHandler` in front of this handler).
-final class TCPBindingHandler: ChannelInboundHandler {
+final class TCPListenerHandler: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 

@@ -6,10 +6,12 @@ import NIOPosix
 import Rendezvous
 import STUN
 import ServiceLifecycle
+import Transport
+import TusaBase
 
 /// The rendezvous (signaling) over TCP: hosts a ``RendezvousServer`` core on one
 /// event loop. A swift-service-lifecycle `Service`, run beside the relay's
-/// ``BindingService`` by `tusa relay --rendezvous-port`.
+/// ``RelayService`` by `tusa relay --rendezvous-port`.
 public final class RendezvousService: Service, Sendable {
     public let address: TransportAddress
     public let configuration: RendezvousServerConfiguration
@@ -61,7 +63,7 @@ public final class RendezvousService: Service, Sendable {
                 }
                 .bind(to: SocketAddress(address)).get()
         } catch {
-            let failure = BindingServiceError(.bindFailed, "cannot serve the rendezvous on tcp \(address): \(BindingServiceError.reason(error))")
+            let failure = RelayServiceError(.bindFailed, "cannot serve the rendezvous on tcp \(address): \(RelayServiceError.reason(error))")
             bound.resolve(.failure(failure))
             try? await group.shutdownGracefully()
             throw failure

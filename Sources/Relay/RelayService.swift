@@ -5,6 +5,9 @@ import NIOPosix
 import NIOSSL
 import STUN
 import ServiceLifecycle
+import TURN
+import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc
@@ -25,7 +28,7 @@ import Darwin
 ///
 /// Callers learn the real addresses (port 0 binds an ephemeral port) from
 /// ``boundSockets()``.
-public final class BindingService: Service, Sendable {
+public final class RelayService: Service, Sendable {
     public struct Configuration: Hashable, Sendable {
         /// Where to listen. A port of 0 binds an ephemeral port; TCP then tries
         /// the port UDP got first.
@@ -85,7 +88,7 @@ public final class BindingService: Service, Sendable {
         }
 
         /// Throws when the configuration cannot be served, saying why.
-        public func validate() throws(BindingServiceError) {
+        public func validate() throws(RelayServiceError) {
             guard !listenAddresses.isEmpty else { throw .invalid("no listen address given") }
             guard udp || tcp else { throw .invalid("both UDP and TCP are disabled: nothing to serve") }
             guard threads >= 1 else { throw .invalid("thread count must be at least 1, not \(threads)") }
@@ -177,7 +180,7 @@ public final class BindingService: Service, Sendable {
             defer { started = true }
             return !started
         }
-        guard first else { throw BindingServiceError(.alreadyRunning, "the binding service runs only once") }
+        guard first else { throw RelayServiceError(.alreadyRunning, "the binding service runs only once") }
 
         let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, configuration.threads))
         let channels: [any Channel]
@@ -246,7 +249,7 @@ public final class BindingService: Service, Sendable {
         if let lost {
             let what = lost.localAddress.map { "\($0)" } ?? "a socket"
             logger.error("socket closed unexpectedly; stopping the service", metadata: ["socket": "\(what)"])
-            throw BindingServiceError(.socketClosed, "\(what) closed unexpectedly (a socket error); the service stopped")
+            throw RelayServiceError(.socketClosed, "\(what) closed unexpectedly (a socket error); the service stopped")
         }
         logger.info("STUN binding service stopped", metadata: statistics.metadata)
     }
@@ -386,7 +389,7 @@ public final class BindingService: Service, Sendable {
             }
         } catch {
             for channel in lanes { channel.close(promise: nil) }
-            throw BindingServiceError.bindFailed("udp", address, error)
+            throw RelayServiceError.bindFailed("udp", address, error)
         }
         return (lanes, target)
     }
@@ -400,7 +403,7 @@ public final class BindingService: Service, Sendable {
         let turn = turnLanes.withLockedValue { $0 }
         try await channel.eventLoop.submit {
             try channel.pipeline.syncOperations.addHandler(
-                UDPBindingHandler(
+                UDPListenerHandler(
                     core: core, origin: origin, routes: routes, lane: lane, totals: totals, logger: logger,
                     gso: gso, turn: turn))
         }.get()
@@ -417,7 +420,7 @@ public final class BindingService: Service, Sendable {
             let context = try NIOSSLContext(configuration: config)
             tlsContext.withLockedValue { $0 = context }
         } catch {
-            throw BindingServiceError(.invalidConfiguration, "TLS certificate \(tls.certificateFile) or key \(tls.privateKeyFile) unusable: \(error)")
+            throw RelayServiceError(.invalidConfiguration, "TLS certificate \(tls.certificateFile) or key \(tls.privateKeyFile) unusable: \(error)")
         }
     }
 
@@ -454,7 +457,7 @@ public final class BindingService: Service, Sendable {
                     try channel.pipeline.syncOperations.addHandlers([
                         BackPressureHandler(),
                         IdleStateHandler(readTimeout: idleTimeout),
-                        TCPBindingHandler(
+                        TCPListenerHandler(
                             core: core, totals: totals, logger: logger, turn: turn, transport: tls == nil ? .tcp : .tls,
                             frameTimeout: idleTimeout),
                     ])
@@ -465,7 +468,7 @@ public final class BindingService: Service, Sendable {
         do {
             channel = try await bootstrap.bind(to: SocketAddress(address)).get()
         } catch {
-            throw BindingServiceError.bindFailed(tls == nil ? "tcp" : "tls", address, error)
+            throw RelayServiceError.bindFailed(tls == nil ? "tcp" : "tls", address, error)
         }
         return (channel, channel.localAddress.flatMap(TransportAddress.init) ?? address)
     }
@@ -519,13 +522,13 @@ public struct BoundSocket: Hashable, Sendable, CustomStringConvertible {
 }
 
 /// Why the binding service could not start.
-public struct BindingServiceError: Error, Hashable, Sendable, CustomStringConvertible {
+public struct RelayServiceError: Error, Hashable, Sendable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         public let name: String
         public init(_ name: String) { self.name = name }
         public var description: String { name }
 
-        /// The configuration cannot be served (see ``BindingService/Configuration/validate()``).
+        /// The configuration cannot be served (see ``RelayService/Configuration/validate()``).
         public static let invalidConfiguration = Code("invalidConfiguration")
         /// A socket could not be bound (address in use, not on this host, …).
         public static let bindFailed = Code("bindFailed")
@@ -573,7 +576,7 @@ public struct BindingStatistics: Hashable, Sendable, CustomStringConvertible {
     public var badStreams = 0
     /// TCP connections closed for saying nothing, or for a frame that never completed.
     public var idleTimeouts = 0
-    /// TCP/TLS connections closed on accept because ``BindingService/Configuration/maxTCPConnections`` were open.
+    /// TCP/TLS connections closed on accept because ``RelayService/Configuration/maxTCPConnections`` were open.
     public var refusedConnections = 0
     /// UDP GSO writes, and the answers they carried (included in ``responses``).
     public var gsoWrites = 0

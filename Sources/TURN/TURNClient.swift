@@ -1,3 +1,6 @@
+import STUN
+import TusaBase
+
 /// A TURN client (RFC 8656) as a sans-IO state machine: one allocation on one
 /// server, its permissions and channels, kept alive on an injected clock.
 ///

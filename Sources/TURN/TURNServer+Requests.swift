@@ -1,3 +1,6 @@
+import STUN
+import TusaBase
+
 /// Requests: authentication (RFC 8489 §9.2) and the RFC 8656 methods.
 extension TURNServer {
     /// Who sent an authenticated request, and how to sign the answer.

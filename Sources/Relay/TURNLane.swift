@@ -4,6 +4,9 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import STUN
+import TURN
+import Transport
+import TusaBase
 
 #if canImport(Glibc)
 import Glibc
@@ -301,8 +304,8 @@ final class TURNLane: TURNRelayPorts {
         _ number: UInt16, _ payload: UnsafeRawBufferPointer, to client: TransportAddress, on channel: any Channel, socket: RelaySocket
     ) {
         let length = 4 + payload.count
-        let segmentable = toClients.enabled && length <= UDPBindingHandler.maxSegmentSize
-        let limit = segmentable ? min(UDPBindingHandler.maxSegments, UDPBindingHandler.maxGSOBytes / length) : 1
+        let segmentable = toClients.enabled && length <= UDPListenerHandler.maxSegmentSize
+        let limit = segmentable ? min(UDPListenerHandler.maxSegments, UDPListenerHandler.maxGSOBytes / length) : 1
         let index: Int
         if socket.groupGeneration == generation, socket.groupIndex < groups.count,
             groups[socket.groupIndex].length == length, groups[socket.groupIndex].count < limit

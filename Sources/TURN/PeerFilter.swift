@@ -1,3 +1,6 @@
+import STUN
+import TusaBase
+
 /// A CIDR range of IPv4 or IPv6 addresses, such as `10.0.0.0/8` or `fe80::/10`.
 public struct IPRange: Hashable, Sendable, CustomStringConvertible {
     public let network: IPAddress

@@ -1,3 +1,6 @@
+import STUN
+import TusaBase
+
 /// The transport of a TURN client's connection to the server.
 public enum TURNTransport: UInt8, Hashable, Sendable, CustomStringConvertible {
     case udp, tcp, tls

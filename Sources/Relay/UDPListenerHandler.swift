@@ -2,6 +2,9 @@ import Logging
 import NIOCore
 import NIOPosix
 import STUN
+import TURN
+import Transport
+import TusaBase
 
 /// The UDP channels of one STUN server address set, by ``BindingServer/Origin``
 /// and event-loop lane: where a response that must leave from another server
@@ -43,7 +46,7 @@ extension BindingServer.Origin {
 /// not available, or the first GSO write fails, every answer is its own
 /// datagram. A response that RFC 5780 sends from another server address goes
 /// out on that address's channel.
-final class UDPBindingHandler: ChannelInboundHandler {
+final class UDPListenerHandler: ChannelInboundHandler {
     typealias InboundIn = AddressedEnvelope<ByteBuffer>
     typealias OutboundOut = AddressedEnvelope<ByteBuffer>
 
