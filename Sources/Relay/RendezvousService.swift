@@ -93,7 +93,6 @@ final class Hub: @unchecked Sendable {
         self.core = core; self.loop = loop; self.logger = logger; self.publish = publish
     }
 
-    private static func now() -> Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
     private static func unixSeconds() -> UInt64 { UInt64(max(0, Date().timeIntervalSince1970)) }
 
     func opened(_ channel: any Channel) -> ConnectionID {
@@ -101,25 +100,25 @@ final class Hub: @unchecked Sendable {
         let id = ConnectionID(nextID)
         nextID += 1
         channels[id] = channel
-        carry(core.accept(id, now: Self.now()))
+        carry(core.accept(id, now: Timestamp.now()))
         return id
     }
 
     func received(_ id: ConnectionID, _ bytes: [UInt8]) {
         loop.preconditionInEventLoop()
-        carry(core.receive(id, bytes, now: Self.now(), unixSeconds: Self.unixSeconds()))
+        carry(core.receive(id, bytes, now: Timestamp.now(), unixSeconds: Self.unixSeconds()))
     }
 
     func closed(_ id: ConnectionID) {
         loop.preconditionInEventLoop()
         channels[id] = nil
-        core.closed(id, now: Self.now())
+        core.closed(id, now: Timestamp.now())
         publish(core.statistics)
     }
 
     func poll() {
         loop.preconditionInEventLoop()
-        carry(core.poll(now: Self.now()))
+        carry(core.poll(now: Timestamp.now()))
     }
 
     func closeAll() {

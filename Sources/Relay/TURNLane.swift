@@ -107,10 +107,7 @@ final class TURNLane: TURNRelayPorts {
         self.toClients = GSOState(enabled: gso)
         if relaySet < 0 { logger.error("cannot create the relay sockets' epoll set; no relays", metadata: ["errno": "\(errno)"]) }
         var configuration = configuration
-        let uptime = NIODeadline.now().uptimeNanoseconds / 1_000_000_000
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        configuration.unixTimeAtZero = UInt64(max(0, ts.tv_sec)) &- uptime
+        configuration.unixTimeAtZero = Timestamp.unixNanosecondsAtZero() / 1_000_000_000
         // The core needs its ports before it exists; `self` is complete once `core` is set.
         let placeholder = PortsTrampoline()
         self.core = TURNServer(configuration: configuration, relayPorts: placeholder)
@@ -133,7 +130,7 @@ final class TURNLane: TURNRelayPorts {
         }
     }
 
-    static var now: Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
+    static var now: Timestamp { Timestamp.now() }
 
     /// Starts the expiry sweep and the poller thread that wakes the loop for peer datagrams.
     func start() {

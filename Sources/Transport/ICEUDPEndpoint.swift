@@ -198,7 +198,6 @@ final class ICEEngine {
         gatheredPromise = eventLoop.makePromise()
     }
 
-    static func now() -> Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
 
     func run<T>(_ body: (ICEEngine) throws(ICEEndpointError) -> T) throws(ICEEndpointError) -> T {
         guard !closed else { throw .closed }
@@ -214,7 +213,7 @@ final class ICEEngine {
             let m = Message(type: .bindingRequest)
             var tr = ClientTransaction(transactionID: m.transactionID, request: m.encode(fingerprint: true),
                                        reliability: .unreliable(rto: .milliseconds(250), rc: 4, rm: 4))
-            if case .send(let bytes, _) = tr.start(now: Self.now()) { output(bytes, 0, stunServer) }
+            if case .send(let bytes, _) = tr.start(now: Timestamp.now()) { output(bytes, 0, stunServer) }
             gathering = (tr, stunServer)
             flushOutput()
         } else {
@@ -271,7 +270,7 @@ final class ICEEngine {
     /// check's answer, the gathering's answer); anything else is the caller's.
     func receiveSTUN(_ bytes: [UInt8], from source: TransportAddress, base: Int) -> Bool {
         guard !closed, var agent else { return false }
-        if let outputs = agent.receive(bytes, from: source, base: base, now: Self.now()) {
+        if let outputs = agent.receive(bytes, from: source, base: base, now: Timestamp.now()) {
             self.agent = agent
             perform(outputs)
             drive()
@@ -292,7 +291,7 @@ final class ICEEngine {
 
     private func drive() {
         guard !closed, var agent else { return }
-        let now = Self.now()
+        let now = Timestamp.now()
         if var g = gathering {
             switch g.transaction.timerFired(now: now) {
             case .send(let bytes, _): output(bytes, 0, g.server); gathering = g
@@ -314,7 +313,7 @@ final class ICEEngine {
         if let timerAt, timerAt == at { return }
         timer?.cancel()
         timerAt = at
-        let now = Self.now()
+        let now = Timestamp.now()
         let delay = at > now ? Int64(clamping: at.nanoseconds - now.nanoseconds) : 0
         let me = NIOLoopBound(self, eventLoop: eventLoop)
         timer = eventLoop.scheduleTask(in: .nanoseconds(delay)) {

@@ -153,7 +153,6 @@ final class ClientHandler: ChannelInboundHandler {
 
     private var pending: [TransactionID: Pending] = [:]
 
-    static func now() -> Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
 
     func start(
         _ transaction: ClientTransaction, to destination: TransportAddress, timeout: Duration,
@@ -163,7 +162,7 @@ final class ClientHandler: ChannelInboundHandler {
             promise.fail(STUNClientError(.badResponse, "transaction \(transaction.transactionID) is already under way"))
             return
         }
-        let now = Self.now()
+        let now = Timestamp.now()
         var tx = transaction
         let action = tx.start(now: now)
         pending[tx.transactionID] = Pending(transaction: tx, destination: destination, deadline: now + timeout, promise: promise)
@@ -193,7 +192,7 @@ final class ClientHandler: ChannelInboundHandler {
             return
         }
         let fireAt = min(wake, p.deadline)
-        let delay = fireAt - Self.now()
+        let delay = fireAt - Timestamp.now()
         let bound = NIOLoopBound(self, eventLoop: channel.eventLoop)
         p.timer = channel.eventLoop.scheduleTask(in: .nanoseconds(max(0, delay.nanoseconds))) {
             bound.value.timerFired(id, channel: channel)
@@ -203,7 +202,7 @@ final class ClientHandler: ChannelInboundHandler {
 
     private func timerFired(_ id: TransactionID, channel: Channel) {
         guard var p = pending[id] else { return }
-        let now = Self.now()
+        let now = Timestamp.now()
         if now >= p.deadline {
             let waited = Double((p.deadline - p.transaction.startedAt).nanoseconds) / 1e9
             fail(id, STUNClientError(.timeout, "no response from \(p.destination) within \(waited) s"))
@@ -230,7 +229,7 @@ final class ClientHandler: ChannelInboundHandler {
         if message.attribute(.fingerprint) != nil && message.checkFingerprint() != .valid { return }
         pending[message.transactionID] = nil
         p.timer?.cancel()
-        p.promise.succeed((message, from, Self.now() - p.transaction.startedAt))
+        p.promise.succeed((message, from, Timestamp.now() - p.transaction.startedAt))
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {

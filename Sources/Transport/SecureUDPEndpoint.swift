@@ -99,10 +99,7 @@ public final class SecureUDPEndpoint: Sendable {
         logger: Logger = Logger(label: "tusa.secure")
     ) async throws(SecureTransportError) -> SecureUDPEndpoint {
         var configuration = configuration
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        let uptime = NIODeadline.now().uptimeNanoseconds
-        configuration.unixNanosecondsAtZero = UInt64(max(0, ts.tv_sec)) * 1_000_000_000 + UInt64(max(0, ts.tv_nsec)) &- uptime
+        configuration.unixNanosecondsAtZero = Timestamp.unixNanosecondsAtZero()
         var keyLog: KeyLogFile?
         let keyLogPath = keyLogPath ?? getenv("TUSA_KEYLOG").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
         if let keyLogPath {
@@ -121,7 +118,7 @@ public final class SecureUDPEndpoint: Sendable {
                 .channelOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 32 * 2048))
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        let core = SecureEndpoint(identity: identity, configuration: config, now: SecureEngine.now())
+                        let core = SecureEndpoint(identity: identity, configuration: config, now: Timestamp.now())
                         let engine = SecureEngine(
                             core: core, channel: channel, continuation: continuation, mediaHandler: mediaHandler,
                             keyLog: log, logger: logger)
@@ -173,7 +170,7 @@ public final class SecureUDPEndpoint: Sendable {
             let id = e.core.addPeer(key, address: address)
             e.core.setAddress(address, of: id)
             e.waitEstablished(id, promise: promise, timeout: timeout)
-            e.core.connect(id, now: SecureEngine.now())
+            e.core.connect(id, now: Timestamp.now())
             e.pump()
         }
         do { return try await promise.futureResult.get() } catch let e as SecureTransportError { throw e } catch { throw .closed }
@@ -218,7 +215,7 @@ public final class SecureUDPEndpoint: Sendable {
     /// Seals and sends a control report.
     public func sendControl(_ report: ControlReport, to peer: PeerID) async throws(SecureTransportError) {
         try await onLoop { e in
-            do { try e.core.sendControl(report, to: peer, now: SecureEngine.now()) } catch let s as SecureSendError { throw SecureTransportError.send(s) }
+            do { try e.core.sendControl(report, to: peer, now: Timestamp.now()) } catch let s as SecureSendError { throw SecureTransportError.send(s) }
             e.pump()
         }
     }
@@ -375,7 +372,6 @@ final class SecureEngine {
         self.logger = logger
     }
 
-    static func now() -> Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
 
     // MARK: input
 
@@ -414,7 +410,7 @@ final class SecureEngine {
     }
 
     private func openDatagram(_ bytes: UnsafeMutableRawBufferPointer, from source: TransportAddress) {
-        switch core.receive(bytes, from: source, now: Self.now()) {
+        switch core.receive(bytes, from: source, now: Timestamp.now()) {
         case .media(let peer, let header, let range):
             let payload = UnsafeRawBufferPointer(rebasing: bytes[range])
             if let mediaHandler {
@@ -442,7 +438,7 @@ final class SecureEngine {
 
     func sendMedia(_ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, marker: Bool) {
         guard !closed else { return }
-        let now = Self.now()
+        let now = Timestamp.now()
         // Sealed straight into the datagram's buffer.
         var buffer = channel.allocator.buffer(capacity: payload.count + 28)
         var destination: TransportAddress?
@@ -563,7 +559,7 @@ final class SecureEngine {
             let e = bound.value
             e.timer = nil
             e.timerAt = nil
-            e.core.poll(now: Self.now())
+            e.core.poll(now: Timestamp.now())
             e.pump()
         }
     }

@@ -320,7 +320,6 @@ final class TURNClientEngine {
         self.logger = logger
     }
 
-    static func now() -> Timestamp { Timestamp(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
 
     func attach(_ channel: Channel) { self.channel = channel }
 
@@ -335,7 +334,7 @@ final class TURNClientEngine {
             return
         }
         do {
-            let id = try body(&core, Self.now())
+            let id = try body(&core, Timestamp.now())
             waiters[id] = waiter
             if let timeout { expire(id, after: timeout, method: method) }
         } catch {
@@ -355,7 +354,7 @@ final class TURNClientEngine {
             promise.fail(shutDownError)
             return
         }
-        let id = core.deallocate(now: Self.now())
+        let id = core.deallocate(now: Timestamp.now())
         waiters[id] = .done(promise)
         expire(id, after: timeout, method: .refresh)
         pump()
@@ -371,7 +370,7 @@ final class TURNClientEngine {
     // MARK: calls from the network and the clock
 
     func received(_ bytes: [UInt8]) {
-        if let datagram = core.receive(bytes, now: Self.now()) {
+        if let datagram = core.receive(bytes, now: Timestamp.now()) {
             if let deliver { deliver(datagram) } else { continuation.yield(datagram) }
         }
         pump()
@@ -380,7 +379,7 @@ final class TURNClientEngine {
     private func timerFired() {
         timer = nil
         timerAt = nil
-        core.handleTimeout(now: Self.now())
+        core.handleTimeout(now: Timestamp.now())
         pump()
     }
 
