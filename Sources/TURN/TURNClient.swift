@@ -4,14 +4,15 @@ import TusaBase
 /// A TURN client (RFC 8656) as a sans-IO state machine: one allocation on one
 /// server, its permissions and channels, kept alive on an injected clock.
 ///
-/// The driver owns the socket and the clock. It calls the operations
-/// (``allocate(now:)``, ``createPermission(for:now:)``, ``bindChannel(to:now:)``,
-/// ``deallocate(now:)``), feeds every datagram or stream frame from the server
-/// to ``receive(_:now:)``, and calls ``handleTimeout(now:)`` at
-/// ``nextWakeup``. After each call it sends what ``pollTransmit()`` gives to
-/// the server and passes on what ``pollEvent()`` gives. Application data goes
-/// out through ``wrap(_:for:)`` (ChannelData or a Send indication) and comes
-/// back from ``receive(_:now:)`` as a ``Datagram``.
+/// The driver owns the socket and the clock (the ``SansIOCore`` contract). It
+/// calls the operations (``allocate(now:)``, ``createPermission(for:now:)``,
+/// ``bindChannel(to:now:)``, ``deallocate(now:)``), feeds every datagram or
+/// stream frame from the server as ``Input/received(_:)`` (or, on its hot
+/// path, to ``receive(_:now:)``, which returns a peer's data at once), and
+/// calls ``handleTimeout(now:)`` at ``nextDeadline``. After each call it
+/// drains ``pollAction()``: messages for the server, events, and data from
+/// peers. Application data goes out through ``wrap(_:for:)`` (ChannelData or
+/// a Send indication).
 ///
 /// Authentication follows RFC 8489 §9.2: the first Allocate goes without
 /// credentials; the 401 challenge's REALM and NONCE (and PASSWORD-ALGORITHMS,
@@ -52,8 +53,8 @@ public struct TURNClient: Sendable {
     private let username: String
     private var auth: TURNClientAuth?
     private var pending: [Pending] = []
-    private var outbox: [[UInt8]] = []
-    private var events: [Event] = []
+    /// What the driver is to do, in order (``pollAction()``).
+    var actions: [Action] = []
     private var nextOperation: UInt64 = 1
     private var allocationRefreshAt: Timestamp?
     private var permissions: [IPAddress: Permission] = [:]
@@ -203,7 +204,7 @@ public struct TURNClient: Sendable {
         guard hadAllocation else {
             phase = .closed
             allocation = nil
-            events.append(.deallocated(id))
+            actions.append(.event(.deallocated(id)))
             return id
         }
         phase = .deallocating
@@ -295,7 +296,7 @@ public struct TURNClient: Sendable {
             }
             switch pending[index].transaction.timerFired(now: now) {
             case .send(let bytes, let wakeAt):
-                outbox.append(bytes)
+                actions.append(.transmit(bytes))
                 pending[index].wakeAt = wakeAt
                 index += 1
             case .wait(let until):
@@ -333,7 +334,7 @@ public struct TURNClient: Sendable {
     }
 
     /// When ``handleTimeout(now:)`` must next be called; nil when nothing is scheduled.
-    public var nextWakeup: Timestamp? {
+    public var nextDeadline: Timestamp? {
         var next: Timestamp?
         func consider(_ t: Timestamp?) {
             guard let t else { return }
@@ -351,14 +352,9 @@ public struct TURNClient: Sendable {
 
     // MARK: output
 
-    /// The next message to send to the server, or nil.
-    public mutating func pollTransmit() -> [UInt8]? {
-        outbox.isEmpty ? nil : outbox.removeFirst()
-    }
-
-    /// The next event, or nil.
-    public mutating func pollEvent() -> Event? {
-        events.isEmpty ? nil : events.removeFirst()
+    /// The next thing for the driver to do, in order; nil when nothing is left.
+    public mutating func pollAction() -> Action? {
+        actions.isEmpty ? nil : actions.removeFirst()
     }
 
     // MARK: requests
@@ -394,7 +390,7 @@ public struct TURNClient: Sendable {
         var transaction = ClientTransaction(
             transactionID: message.transactionID, request: bytes, reliability: configuration.reliability)
         guard case .send(let first, let wakeAt) = transaction.start(now: now) else { return }
-        outbox.append(first)
+        actions.append(.transmit(first))
         pending.append(Pending(
             purpose: purpose, operation: operation, transaction: transaction, wakeAt: wakeAt, key: auth?.key,
             staleNonces: staleNonces))
@@ -502,7 +498,7 @@ public struct TURNClient: Sendable {
             allocation = granted
             phase = .allocated
             allocationRefreshAt = now + Self.refreshDelay(lifetime: lifetime)
-            if let op = p.operation { events.append(.allocated(op, granted)) }
+            if let op = p.operation { actions.append(.event(.allocated(op, granted))) }
         case .refresh(let requested):
             if requested == 0 {
                 finishDeallocation(p)
@@ -519,18 +515,18 @@ public struct TURNClient: Sendable {
             current.expiresAt = now + current.lifetime
             allocation = current
             allocationRefreshAt = now + Self.refreshDelay(lifetime: current.lifetime)
-            events.append(.refreshed(lifetime: current.lifetime, expiresAt: current.expiresAt))
+            actions.append(.event(.refreshed(lifetime: current.lifetime, expiresAt: current.expiresAt)))
         case .createPermission(let ips):
             guard phase == .allocated else { return }
             for ip in ips { installPermission(ip, now: now) }
-            if let op = p.operation { events.append(.permissionsCreated(op, ips)) }
+            if let op = p.operation { actions.append(.event(.permissionsCreated(op, ips))) }
         case .channelBind(let number, let peer):
             guard phase == .allocated, channels[peer]?.number == number else { return }
             channels[peer]?.bound = true
             channels[peer]?.refreshAt = now + configuration.channelRefreshInterval
             channels[peer]?.expiresAt = now + Self.channelLifetime
             installPermission(peer.ip, now: now)
-            if let op = p.operation { events.append(.channelBound(op, number, peer: peer)) }
+            if let op = p.operation { actions.append(.event(.channelBound(op, number, peer: peer))) }
         }
     }
 
@@ -552,7 +548,7 @@ public struct TURNClient: Sendable {
     private mutating func finishDeallocation(_ p: Pending) {
         phase = .closed
         allocation = nil
-        if let op = p.operation { events.append(.deallocated(op)) }
+        if let op = p.operation { actions.append(.event(.deallocated(op))) }
     }
 
     /// A request failed (error response, timeout, or the client was closed).
@@ -560,7 +556,7 @@ public struct TURNClient: Sendable {
         switch p.purpose {
         case .allocate:
             if phase == .allocating { phase = .idle }
-            if let op = p.operation { events.append(.failed(op, error)) }
+            if let op = p.operation { actions.append(.event(.failed(op, error))) }
         case .refresh(let lifetime):
             if lifetime == 0 {
                 if case .allocationMismatch = error {
@@ -570,7 +566,7 @@ public struct TURNClient: Sendable {
                 }
                 phase = .closed
                 allocation = nil
-                if let op = p.operation { events.append(.failed(op, error)) }
+                if let op = p.operation { actions.append(.event(.failed(op, error))) }
                 return
             }
             guard phase == .allocated, error != .closed else { return }
@@ -580,7 +576,7 @@ public struct TURNClient: Sendable {
             }
             lose(error)
         case .createPermission(let ips):
-            if let op = p.operation { events.append(.failed(op, error)) }
+            if let op = p.operation { actions.append(.event(.failed(op, error))) }
             guard phase == .allocated, error != .closed else { return }
             var retry: [IPAddress] = []
             for ip in ips {
@@ -590,12 +586,12 @@ public struct TURNClient: Sendable {
                 } else if p.operation == nil || !permission.installed {
                     // A failed refresh, or a first attempt: the permission is not there.
                     permissions[ip] = nil
-                    if permission.installed { events.append(.permissionLost(ip, error)) }
+                    if permission.installed { actions.append(.event(.permissionLost(ip, error))) }
                 }
             }
             if !retry.isEmpty { start(.createPermission(retry), operation: nil, now: now) }
         case .channelBind(let number, let peer):
-            if let op = p.operation { events.append(.failed(op, error)) }
+            if let op = p.operation { actions.append(.event(.failed(op, error))) }
             guard phase == .allocated, error != .closed, let channel = channels[peer], channel.number == number else { return }
             if case .timeout = error, let expiry = channel.expiresAt, now < expiry {
                 start(.channelBind(number, peer), operation: nil, now: now)
@@ -604,7 +600,7 @@ public struct TURNClient: Sendable {
             if p.operation == nil || !channel.bound {
                 // The number stays used: the server may hold it for a while (RFC 8656 §12).
                 channels[peer] = nil
-                if channel.bound { events.append(.channelLost(number, peer: peer, error)) }
+                if channel.bound { actions.append(.event(.channelLost(number, peer: peer, error))) }
                 if permissions[peer.ip]?.installed == false { permissions[peer.ip] = nil }
             }
         }
@@ -617,10 +613,10 @@ public struct TURNClient: Sendable {
         allocationRefreshAt = nil
         forgetPermissionsAndChannels()
         for p in pending {
-            if let op = p.operation { events.append(.failed(op, .notAllocated)) }
+            if let op = p.operation { actions.append(.event(.failed(op, .notAllocated))) }
         }
         pending.removeAll()
-        events.append(.allocationLost(error))
+        actions.append(.event(.allocationLost(error)))
     }
 
     private mutating func forgetPermissionsAndChannels() {

@@ -83,7 +83,7 @@ public final class CoreHost<Core: SansIOCore> {
     }
 
     /// Reads the core without changing it (no actions, no timer change).
-    public func read<Result>(_ body: (Core) throws -> Result) rethrows -> Result {
+    public func read<Result, Failure: Error>(_ body: (Core) throws(Failure) -> Result) throws(Failure) -> Result {
         eventLoop.assertInEventLoop()
         return try body(core)
     }

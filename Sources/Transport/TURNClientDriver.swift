@@ -289,7 +289,8 @@ final class TURNClientEngine {
         }
     }
 
-    private var core: TURNClient
+    /// The core on this loop: its clock, its timer, its actions performed by ``perform(_:)``.
+    private var host: CoreHost<TURNClient>!
     private let server: TransportAddress
     private let destination: SocketAddress
     private let stream: Bool
@@ -300,8 +301,7 @@ final class TURNClientEngine {
     private let logger: Logger
     private var channel: Channel?
     private var waiters: [TURNClient.OperationID: Waiter] = [:]
-    private var timer: Scheduled<Void>?
-    private var timerAt: Timestamp?
+    private var wrote = false
     /// Set when the connection is gone; every later call fails with it.
     private var shutDownError: TURNClientError?
 
@@ -311,15 +311,21 @@ final class TURNClientEngine {
         deliver: ((TURNClient.Datagram) -> Void)? = nil
     ) {
         self.deliver = deliver
-        self.core = core
         self.server = server
         self.destination = SocketAddress(server)
         self.stream = stream
         self.eventLoop = eventLoop
         self.continuation = continuation
         self.logger = logger
+        // The host holds this engine weakly: the channel's handler owns the engine.
+        host = CoreHost(core, on: eventLoop) { [weak self] action in
+            self?.perform(action)
+        } afterActions: { [weak self] in
+            guard let self, wrote else { return }
+            wrote = false
+            channel?.flush()
+        }
     }
-
 
     func attach(_ channel: Channel) { self.channel = channel }
 
@@ -334,18 +340,18 @@ final class TURNClientEngine {
             return
         }
         do {
-            let id = try body(&core, Timestamp.now())
+            let id = try host.with(body)
             waiters[id] = waiter
             if let timeout { expire(id, after: timeout, method: method) }
         } catch {
             waiter.fail(error)
         }
-        pump()
     }
 
     func send(_ payload: [UInt8], to peer: TransportAddress) throws(TURNClientError) {
         if let shutDownError { throw shutDownError }
-        write(try core.wrap(payload, for: peer))
+        let wrapped = try host.read { core throws(TURNClientError) in try core.wrap(payload, for: peer) }
+        write(wrapped)
         channel?.flush()
     }
 
@@ -354,10 +360,9 @@ final class TURNClientEngine {
             promise.fail(shutDownError)
             return
         }
-        let id = core.deallocate(now: Timestamp.now())
+        let id = host.with { core, now in core.deallocate(now: now) }
         waiters[id] = .done(promise)
         expire(id, after: timeout, method: .refresh)
-        pump()
     }
 
     private func expire(_ id: TURNClient.OperationID, after timeout: Duration, method: Method) {
@@ -367,29 +372,17 @@ final class TURNClientEngine {
         }
     }
 
-    // MARK: calls from the network and the clock
+    // MARK: calls from the network
 
     func received(_ bytes: [UInt8]) {
-        if let datagram = core.receive(bytes, now: Timestamp.now()) {
-            if let deliver { deliver(datagram) } else { continuation.yield(datagram) }
-        }
-        pump()
-    }
-
-    private func timerFired() {
-        timer = nil
-        timerAt = nil
-        core.handleTimeout(now: Timestamp.now())
-        pump()
+        host.handle(.received(bytes))
     }
 
     /// The connection is gone (closed, refused, broken): fail everyone waiting.
     func shutDown(_ error: TURNClientError) {
         guard shutDownError == nil else { return }
         shutDownError = error
-        timer?.cancel()
-        timer = nil
-        timerAt = nil
+        host.stop()
         let waiting = waiters
         waiters.removeAll()
         for (_, w) in waiting { w.fail(error) }
@@ -397,24 +390,17 @@ final class TURNClientEngine {
         channel = nil
     }
 
-    /// Sends what the core wants sent, hands out its events, and sets the timer.
-    private func pump() {
-        var wrote = false
-        while let bytes = core.pollTransmit() {
+    /// What one action of the core means on this connection.
+    private func perform(_ action: TURNClient.Action) {
+        switch action {
+        case .transmit(let bytes):
             write(bytes)
             wrote = true
+        case .event(let event):
+            handle(event)
+        case .deliver(let datagram):
+            if let deliver { deliver(datagram) } else { continuation.yield(datagram) }
         }
-        if wrote { channel?.flush() }
-        while let event = core.pollEvent() { handle(event) }
-        guard shutDownError == nil else { return }
-        let next = core.nextWakeup
-        guard next != timerAt else { return }
-        timer?.cancel()
-        timer = nil
-        timerAt = next
-        guard let next else { return }
-        let bound = NIOLoopBound(self, eventLoop: eventLoop)
-        timer = eventLoop.scheduleTask(deadline: .uptimeNanoseconds(next.nanoseconds)) { bound.value.timerFired() }
     }
 
     private func write(_ bytes: [UInt8]) {

@@ -311,7 +311,7 @@ struct TURNClientTests {
         let first = try f.request()
         var sentAt: [Double] = [0]
         var failedAt: Double?
-        while let wake = f.client.nextWakeup, wake < Self.at(60) {
+        while let wake = f.client.nextDeadline, wake < Self.at(60) {
             f.advance(to: wake)
             let t = Double(wake.nanoseconds) / 1e9
             for m in try f.sent() {
@@ -327,14 +327,14 @@ struct TURNClientTests {
         #expect(sentAt == [0, 0.5, 1.5, 3.5, 7.5, 15.5, 31.5])
         #expect(failedAt == 39.5)
         #expect(f.client.phase == .idle)
-        #expect(f.client.nextWakeup == nil)
+        #expect(f.client.nextDeadline == nil)
     }
 
     @Test func reliableTransportSendsOnceAndTimesOut() throws {
         var f = try Fixture { $0.reliability = .reliable() }
         let op = try f.client.allocate(now: .zero)
         _ = try f.request()
-        #expect(f.client.nextWakeup == Self.at(39.5))
+        #expect(f.client.nextDeadline == Self.at(39.5))
         f.advance(to: Self.at(20))
         #expect(try f.sent().isEmpty)
         f.advance(to: Self.at(39.5))
@@ -345,7 +345,7 @@ struct TURNClientTests {
     @Test func allocationIsRefreshedAMinuteBeforeItEnds() throws {
         var f = try Fixture()
         _ = try f.allocate(lifetime: 600)
-        #expect(f.client.nextWakeup == Self.at(540))
+        #expect(f.client.nextDeadline == Self.at(540))
         f.advance(to: Self.at(539))
         #expect(try f.sent().isEmpty)
         f.advance(to: Self.at(540))
@@ -356,13 +356,13 @@ struct TURNClientTests {
         f.deliver(Self.answer(refresh, [.lifetime(300)]))
         #expect(f.events() == [.refreshed(lifetime: .seconds(300), expiresAt: Self.at(840))])
         #expect(f.client.allocation?.expiresAt == Self.at(840))
-        #expect(f.client.nextWakeup == Self.at(780))
+        #expect(f.client.nextDeadline == Self.at(780))
     }
 
     @Test func shortLifetimesAreRefreshedHalfway() throws {
         var f = try Fixture()
         _ = try f.allocate(lifetime: 100)
-        #expect(f.client.nextWakeup == Self.at(50))
+        #expect(f.client.nextDeadline == Self.at(50))
         #expect(TURNClient.refreshDelay(lifetime: .seconds(120)) == .seconds(60))
         #expect(TURNClient.refreshDelay(lifetime: .seconds(3600)) == .seconds(3540))
     }
@@ -374,7 +374,7 @@ struct TURNClientTests {
         let refresh = try f.request()
         // Retransmissions until 89.5 s, then a second Refresh while the allocation lasts.
         var retried: Message?
-        while let wake = f.client.nextWakeup, wake < Self.at(100) {
+        while let wake = f.client.nextDeadline, wake < Self.at(100) {
             f.advance(to: wake)
             for m in try f.sent() where m.transactionID != refresh.transactionID { retried = m }
         }
@@ -420,7 +420,7 @@ struct TURNClientTests {
 
         // 240 s after creation the other peer's permission; the peer's was
         // renewed by the ChannelBind at 10 s, so its turn comes at 250 s.
-        #expect(f.client.nextWakeup == Self.at(240))
+        #expect(f.client.nextDeadline == Self.at(240))
         f.advance(to: Self.at(240))
         let refreshOther = try f.request()
         #expect(refreshOther.type.method == .createPermission)
@@ -512,6 +512,35 @@ struct TURNClientTests {
         #expect(f.deliver([]) == nil)
     }
 
+    /// The SansIOCore contract: an input through `handle`, everything it leads to out of
+    /// `pollAction()` in order — the answer's event, then the peer's data.
+    @Test func handleAndPollActionCarryResponsesAndData() throws {
+        var f = try Fixture()
+        _ = try f.allocate()
+        let op = try f.client.createPermission(for: [Self.peer.ip], now: f.now)
+        let request = try f.request()
+        f.client.handle(.received(Self.answer(request, [])), now: f.now)
+        let data = Message(type: MessageType(method: .data, class: .indication), attributes: [
+            .xorPeerAddress(Self.peer), .data([7, 8, 9]),
+        ]).encode(fingerprint: true)
+        f.client.handle(.received(data), now: f.now)
+        f.client.handle(.received([0x80, 0, 0, 0]), now: f.now)  // not for the client: nothing
+        #expect(f.client.drainActions() == [
+            .event(.permissionsCreated(op, [Self.peer.ip])),
+            .deliver(TURNClient.Datagram(peer: Self.peer, payload: [7, 8, 9])),
+        ])
+        #expect(f.client.pollAction() == nil)
+        // A timeout's retransmission comes out the same way.
+        _ = try f.client.bindChannel(to: Self.peer, now: f.now)
+        guard case .transmit(let first)? = f.client.pollAction() else {
+            Issue.record("ChannelBind not sent")
+            return
+        }
+        let deadline = try #require(f.client.nextDeadline)
+        f.client.handleTimeout(now: deadline)
+        #expect(f.client.drainActions() == [.transmit(first)])
+    }
+
     @Test func channelNumbersAreNotReused() throws {
         var f = try Fixture()
         _ = try f.allocate()
@@ -539,7 +568,7 @@ struct TURNClientTests {
         f.deliver(Self.answer(refresh, [.lifetime(0)]))
         #expect(f.events() == [.failed(p, .closed), .deallocated(op)])
         #expect(f.client.phase == .closed)
-        #expect(f.client.nextWakeup == nil)
+        #expect(f.client.nextDeadline == nil)
         #expect(throws: TURNClientError.closed) { _ = try f.client.allocate(now: f.now) }
     }
 
