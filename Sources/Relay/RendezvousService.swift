@@ -17,7 +17,7 @@ public final class RendezvousService: Service, Sendable {
     public let configuration: RendezvousServerConfiguration
     private let logger: Logger
     private let bound = BoundResult<TransportAddress>()
-    private let state: NIOLockedValueBox<(statistics: RendezvousStatistics, core: Hub?)> = .init((RendezvousStatistics(), nil))
+    private let statisticsBox = NIOLockedValueBox(RendezvousStatistics())
 
     private let turnURIs: (@Sendable () async throws -> [String])?
 
@@ -35,7 +35,7 @@ public final class RendezvousService: Service, Sendable {
     public func boundAddress() async throws -> TransportAddress { try await bound.wait() }
 
     /// The core's statistics, as of the last event.
-    public var statistics: RendezvousStatistics { state.withLockedValue { $0.statistics } }
+    public var statistics: RendezvousStatistics { statisticsBox.withLockedValue { $0 } }
 
     public func run() async throws {
         var configuration = self.configuration
@@ -47,18 +47,23 @@ public final class RendezvousService: Service, Sendable {
         }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let loop = group.next()
-        let hub = Hub(core: RendezvousServer(configuration: configuration), loop: loop, logger: logger) { [state] stats in
-            state.withLockedValue { $0.statistics = stats }
-        }
+        let core = RendezvousServer(configuration: configuration)
+        let logger = self.logger
+        let hub = try await loop.submit { [statisticsBox] in
+            NIOLoopBound(
+                Hub(core: core, loop: loop, logger: logger) { stats in statisticsBox.withLockedValue { $0 = stats } },
+                eventLoop: loop)
+        }.get()
         let channel: any Channel
         do {
+            // One event loop: every connection's channel lives on the hub's loop.
             channel = try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 256)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(RendezvousConnectionHandler(hub: hub))
+                        try channel.pipeline.syncOperations.addHandler(RendezvousConnectionHandler(hub: hub.value))
                     }
                 }
                 .bind(to: SocketAddress(address)).get()
@@ -70,80 +75,74 @@ public final class RendezvousService: Service, Sendable {
         }
         let local = channel.localAddress.flatMap(TransportAddress.init) ?? address
         logger.info("serving the rendezvous", metadata: ["address": "tcp \(local)"])
-        let ticker = loop.scheduleRepeatedTask(initialDelay: .seconds(1), delay: .seconds(1)) { _ in hub.poll() }
         bound.resolve(.success(local))
         try? await gracefulShutdown()
-        ticker.cancel()
         try? await channel.close()
-        try? await loop.submit { hub.closeAll() }.get()
+        try? await loop.submit { hub.value.closeAll() }.get()
         try? await group.shutdownGracefully()
     }
 }
 
-/// The core and the open connections, touched only on `loop`.
-final class Hub: @unchecked Sendable {
-    private var core: RendezvousServer
+/// The core (hosted on its loop by a ``CoreHost``) and the open connections,
+/// touched only on `loop`.
+final class Hub {
+    private var host: CoreHost<RendezvousServer>!
     private var channels: [ConnectionID: any Channel] = [:]
     private var nextID: UInt64 = 1
-    let loop: any EventLoop
     private let logger: Logger
-    private let publish: @Sendable (RendezvousStatistics) -> Void
+    private let publish: (RendezvousStatistics) -> Void
 
-    init(core: RendezvousServer, loop: any EventLoop, logger: Logger, publish: @escaping @Sendable (RendezvousStatistics) -> Void) {
-        self.core = core; self.loop = loop; self.logger = logger; self.publish = publish
+    init(core: RendezvousServer, loop: any EventLoop, logger: Logger, publish: @escaping (RendezvousStatistics) -> Void) {
+        self.logger = logger
+        self.publish = publish
+        host = CoreHost(core, on: loop) { [unowned self] action in
+            perform(action)
+        } afterActions: { [unowned self] in
+            publish(host.read { $0.statistics })
+        }
     }
 
     private static func unixSeconds() -> UInt64 { UInt64(max(0, Date().timeIntervalSince1970)) }
 
     func opened(_ channel: any Channel) -> ConnectionID {
-        loop.preconditionInEventLoop()
         let id = ConnectionID(nextID)
         nextID += 1
         channels[id] = channel
-        carry(core.accept(id, now: Timestamp.now()))
+        host.handle(.accepted(id))
         return id
     }
 
     func received(_ id: ConnectionID, _ bytes: [UInt8]) {
-        loop.preconditionInEventLoop()
-        carry(core.receive(id, bytes, now: Timestamp.now(), unixSeconds: Self.unixSeconds()))
+        host.handle(.received(id, bytes, unixSeconds: Self.unixSeconds()))
     }
 
     func closed(_ id: ConnectionID) {
-        loop.preconditionInEventLoop()
         channels[id] = nil
-        core.closed(id, now: Timestamp.now())
-        publish(core.statistics)
-    }
-
-    func poll() {
-        loop.preconditionInEventLoop()
-        carry(core.poll(now: Timestamp.now()))
+        host.handle(.closed(id))
+        publish(host.read { $0.statistics })
     }
 
     func closeAll() {
+        host.stop()
         for channel in channels.values { channel.close(promise: nil) }
     }
 
-    private func carry(_ actions: [RendezvousAction]) {
-        for action in actions {
-            switch action {
-            case .send(let id, let bytes):
-                guard let channel = channels[id] else { continue }
-                channel.writeAndFlush(channel.allocator.buffer(bytes: bytes), promise: nil)
-            case .close(let id):
-                guard let channel = channels[id] else { continue }
-                logger.debug("rendezvous: closing", metadata: ["connection": "\(id)"])
-                // After what was written for it (the error that says why).
-                channel.writeAndFlush(channel.allocator.buffer(capacity: 0)).whenComplete { _ in channel.close(promise: nil) }
-            }
+    private func perform(_ action: RendezvousAction) {
+        switch action {
+        case .send(let id, let bytes):
+            guard let channel = channels[id] else { return }
+            channel.writeAndFlush(channel.allocator.buffer(bytes: bytes), promise: nil)
+        case .close(let id):
+            guard let channel = channels[id] else { return }
+            logger.debug("rendezvous: closing", metadata: ["connection": "\(id)"])
+            // After what was written for it (the error that says why).
+            channel.writeAndFlush(channel.allocator.buffer(capacity: 0)).whenComplete { _ in channel.close(promise: nil) }
         }
-        publish(core.statistics)
     }
 }
 
 /// One TCP connection of the rendezvous.
-final class RendezvousConnectionHandler: ChannelInboundHandler, @unchecked Sendable {
+final class RendezvousConnectionHandler: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     private let hub: Hub
     private var id: ConnectionID?

@@ -88,6 +88,8 @@ public struct RendezvousServer: Sendable {
     private var connections: [ConnectionID: Connection] = [:]
     private var registry: [PublicKey: ConnectionID] = [:]
     private var seen: [PublicKey: Timestamp] = [:]
+    /// What the driver is to do, in order (``pollAction()``).
+    var pending: [RendezvousAction] = []
     public private(set) var statistics = RendezvousStatistics()
 
     public init(configuration: RendezvousServerConfiguration = .init()) {
@@ -95,7 +97,7 @@ public struct RendezvousServer: Sendable {
     }
 
     /// A new connection: the server greets it with a challenge.
-    public mutating func accept(_ id: ConnectionID, now: Timestamp) -> [RendezvousAction] {
+    mutating func accept(_ id: ConnectionID, now: Timestamp) -> [RendezvousAction] {
         guard connections.count < configuration.maximumConnections else {
             count(.full)
             return [.send(id, RendezvousFrame.frame(.error(code: .full, detail: "the rendezvous holds \(connections.count) connections", id: nil))), .close(id)]
@@ -110,7 +112,7 @@ public struct RendezvousServer: Sendable {
     }
 
     /// Bytes from a connection. `unixSeconds` dates TURN credentials.
-    public mutating func receive(_ id: ConnectionID, _ bytes: some Collection<UInt8>, now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
+    mutating func receive(_ id: ConnectionID, _ bytes: some Collection<UInt8>, now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
         guard var c = connections[id] else { return [] }
         let frames: [[UInt8]]
         do { frames = try c.framer.append(bytes) } catch {
@@ -127,7 +129,7 @@ public struct RendezvousServer: Sendable {
     }
 
     /// The driver saw the connection close.
-    public mutating func closed(_ id: ConnectionID, now: Timestamp) {
+    mutating func closed(_ id: ConnectionID, now: Timestamp) {
         guard let c = connections.removeValue(forKey: id) else { return }
         if let key = c.key, registry[key] == id {
             registry[key] = nil
@@ -138,7 +140,7 @@ public struct RendezvousServer: Sendable {
     }
 
     /// Time passes: connections that did not register in time or went silent are closed.
-    public mutating func poll(now: Timestamp) -> [RendezvousAction] {
+    mutating func poll(now: Timestamp) -> [RendezvousAction] {
         var actions: [RendezvousAction] = []
         for (id, c) in connections {
             if c.key == nil, now - c.opened >= configuration.registrationTimeout {
@@ -151,9 +153,13 @@ public struct RendezvousServer: Sendable {
         return actions
     }
 
-    /// When `poll` next has something to do.
-    public var nextWakeup: Timestamp? {
-        connections.values.map { $0.key == nil ? $0.opened + configuration.registrationTimeout : $0.lastHeard + configuration.idleTimeout }.min()
+    /// When ``handleTimeout(now:)`` next has something to do.
+    public var nextDeadline: Timestamp? {
+        let connection = connections.values.map {
+            $0.key == nil ? $0.opened + configuration.registrationTimeout : $0.lastHeard + configuration.idleTimeout
+        }.min()
+        let forget = seen.values.min().map { $0 + configuration.rememberFor }
+        return [connection, forget].compactMap { $0 }.min()
     }
 
     /// Whether a key is registered now.

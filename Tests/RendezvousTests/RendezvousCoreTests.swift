@@ -16,6 +16,17 @@ private struct Net {
 
     init(_ configuration: RendezvousServerConfiguration = .init()) { server = RendezvousServer(configuration: configuration) }
 
+    /// Feeds the server one input and applies what it does.
+    mutating func feed(_ input: RendezvousServer.Input) {
+        server.handle(input, now: now)
+        apply(server.drainActions())
+    }
+
+    mutating func tick() {
+        server.handleTimeout(now: now)
+        apply(server.drainActions())
+    }
+
     mutating func apply(_ actions: [RendezvousAction]) {
         for a in actions {
             switch a {
@@ -34,18 +45,18 @@ private struct Net {
             if bytes.isEmpty { break }
             let (e, reply) = try client.receive(bytes)
             events += e
-            if !reply.isEmpty { apply(server.receive(id, reply, now: now, unixSeconds: unix)) }
+            if !reply.isEmpty { feed(.received(id, reply, unixSeconds: unix)) }
         }
         return events
     }
 
     mutating func connect(_ id: ConnectionID, _ client: inout RendezvousClient) throws -> [RendezvousClient.Event] {
-        apply(server.accept(id, now: now))
+        feed(.accepted(id))
         return try pump(id, &client)
     }
 
     mutating func request(_ id: ConnectionID, _ bytes: [UInt8], _ client: inout RendezvousClient) throws -> [RendezvousClient.Event] {
-        apply(server.receive(id, bytes, now: now, unixSeconds: unix))
+        feed(.received(id, bytes, unixSeconds: unix))
         return try pump(id, &client)
     }
 
@@ -107,11 +118,11 @@ private struct Net {
 
     @Test func aWrongProofIsRefusedAndClosed() throws {
         var net = Net()
-        net.apply(net.server.accept(a, now: net.now))
+        net.feed(.accepted(a))
         guard case .hello(let challenge, let serverKey) = try net.messages(a).first else { Issue.record("no hello"); return }
         // Proof made with another private key for alice's public key.
         let proof = try RegistrationProof.make(identity: bob, serverKey: serverKey, challenge: challenge)
-        net.apply(net.server.receive(a, RendezvousFrame.frame(.register(key: alice.publicKey, proof: proof)), now: net.now, unixSeconds: net.unix))
+        net.feed(.received(a, RendezvousFrame.frame(.register(key: alice.publicKey, proof: proof)), unixSeconds: net.unix))
         #expect(try net.messages(a).first == .error(code: .badProof, detail: "the proof does not match \(alice.publicKey)", id: nil))
         #expect(net.closed.contains(a))
         #expect(!net.server.isOnline(alice.publicKey))
@@ -126,14 +137,14 @@ private struct Net {
         let (id1, s1) = try ca.send([1, 2, 3], to: stranger)
         guard case .refused(.unknownPeer, _, id1)? = try net.request(a, s1, &ca).first else { Issue.record("not unknownPeer"); return }
         _ = try net.connect(b, &cb)
-        net.server.closed(b, now: net.now)   // bob hangs up his connection
+        net.feed(.closed(b))   // bob hangs up his connection
         let (id2, s2) = try ca.send([1, 2, 3], to: bob.publicKey)
         guard case .refused(.offline, _, id2)? = try net.request(a, s2, &ca).first else { Issue.record("not offline"); return }
         let (id3, l) = ca.lookup(bob.publicKey)
         #expect(try net.request(a, l, &ca) == [.lookup(id: id3, key: bob.publicKey, online: false)])
         // Forgotten after rememberFor.
         net.now = net.now + .seconds(24 * 3600 + 1)
-        net.apply(net.server.poll(now: net.now))   // also closes alice's silent connection
+        net.tick()   // also closes alice's silent connection
         #expect(net.closed.contains(a))
         var later = RendezvousClient(identity: alice)
         _ = try net.connect(ConnectionID(3), &later)
@@ -151,11 +162,11 @@ private struct Net {
         #expect(!first.isRegistered && second.isRegistered)
         #expect(net.closed == [a])
         // Deliveries go to the newer connection; the driver's late close of the old one changes nothing.
-        net.server.closed(a, now: net.now)
+        net.feed(.closed(a))
         #expect(net.server.isOnline(alice.publicKey))
         // Registering twice on one connection is refused without closing it.
         let again = try RegistrationProof.make(identity: alice, serverKey: PrivateKey.generate().publicKey, challenge: [0])
-        net.apply(net.server.receive(b, RendezvousFrame.frame(.register(key: alice.publicKey, proof: again)), now: net.now, unixSeconds: net.unix))
+        net.feed(.received(b, RendezvousFrame.frame(.register(key: alice.publicKey, proof: again)), unixSeconds: net.unix))
         guard case .refused(.alreadyRegistered, _, nil)? = try net.pump(b, &second).first else { Issue.record("not alreadyRegistered"); return }
         #expect(!net.closed.contains(b))
     }
@@ -170,23 +181,24 @@ private struct Net {
     ])
     func malformedFramesGetAnErrorAndTheConnectionCloses(body: [UInt8]) throws {
         var net = Net()
-        net.apply(net.server.accept(a, now: net.now))
+        net.feed(.accepted(a))
         _ = try net.messages(a)
-        net.apply(net.server.receive(a, [UInt8(body.count >> 8), UInt8(body.count & 0xFF)] + body, now: net.now, unixSeconds: net.unix))
+        net.feed(.received(a, [UInt8(body.count >> 8), UInt8(body.count & 0xFF)] + body, unixSeconds: net.unix))
         let reply = try net.messages(a)
         guard case .error(.malformed, let detail, nil)? = reply.first else { Issue.record("\(reply)"); return }
         #expect(!detail.isEmpty)
         #expect(net.closed.contains(a))
         #expect(net.server.statistics.connections == 0)
         // Whatever the driver still delivers is ignored.
-        #expect(net.server.receive(a, [0, 2, 0x7B, 0x7D], now: net.now, unixSeconds: net.unix).isEmpty)
+        net.server.handle(.received(a, [0, 2, 0x7B, 0x7D], unixSeconds: net.unix), now: net.now)
+        #expect(net.server.pollAction() == nil)
     }
 
     @Test func anOversizedFrameIsRefusedBeforeItArrives() throws {
         var net = Net()
-        net.apply(net.server.accept(a, now: net.now))
+        net.feed(.accepted(a))
         _ = try net.messages(a)
-        net.apply(net.server.receive(a, [0xFF, 0xFF, 0x7B], now: net.now, unixSeconds: net.unix))
+        net.feed(.received(a, [0xFF, 0xFF, 0x7B], unixSeconds: net.unix))
         guard case .error(.tooLarge, _, nil)? = try net.messages(a).first else { Issue.record("not tooLarge"); return }
         #expect(net.closed.contains(a))
         // The client refuses to build one.
@@ -196,13 +208,13 @@ private struct Net {
 
     @Test func requestsBeforeRegistrationAreRefusedAndSilentConnectionsTimeOut() throws {
         var net = Net()
-        net.apply(net.server.accept(a, now: net.now))
+        net.feed(.accepted(a))
         _ = try net.messages(a)
-        net.apply(net.server.receive(a, RendezvousFrame.frame(.lookup(id: 9, key: bob.publicKey)), now: net.now, unixSeconds: net.unix))
+        net.feed(.received(a, RendezvousFrame.frame(.lookup(id: 9, key: bob.publicKey)), unixSeconds: net.unix))
         #expect(try net.messages(a).first == .error(code: .notRegistered, detail: "register before lookup", id: 9))
-        #expect(net.server.nextWakeup == net.now + .seconds(10))
+        #expect(net.server.nextDeadline == net.now + .seconds(10))
         net.now = net.now + .seconds(10)
-        net.apply(net.server.poll(now: net.now))
+        net.tick()
         guard case .error(.timeout, _, nil)? = try net.messages(a).first else { Issue.record("no timeout"); return }
         #expect(net.closed.contains(a))
         // A registered connection that pings stays; one that goes silent for 90 s is closed.
@@ -211,12 +223,34 @@ private struct Net {
         net.now = net.now + .seconds(60)
         #expect(try net.request(b, cb.ping(), &cb) == [.pong])
         net.now = net.now + .seconds(60)
-        net.apply(net.server.poll(now: net.now))
+        net.tick()
         #expect(!net.closed.contains(b))
         net.now = net.now + .seconds(31)
-        net.apply(net.server.poll(now: net.now))
+        net.tick()
         #expect(net.closed.contains(b))
         #expect(!net.server.isOnline(bob.publicKey))
+    }
+
+    /// The SansIOCore contract: with no connection left, the next deadline is when a
+    /// peer that left is forgotten, and handling it forgets the peer (lookups say unknown).
+    @Test func aPeerThatLeftIsForgottenAtItsDeadline() throws {
+        var net = Net()
+        var cb = RendezvousClient(identity: bob)
+        _ = try net.connect(b, &cb)
+        net.feed(.closed(b))
+        #expect(net.server.nextDeadline == net.now + net.server.configuration.rememberFor)
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        net.feed(.closed(a))
+        net.now = net.now + net.server.configuration.rememberFor
+        net.tick()
+        var later = RendezvousClient(identity: alice)
+        _ = try net.connect(ConnectionID(3), &later)
+        let (id, s) = try later.send([1], to: bob.publicKey)
+        guard case .refused(.unknownPeer, _, id)? = try net.request(ConnectionID(3), s, &later).first else {
+            Issue.record("bob was not forgotten")
+            return
+        }
     }
 
     @Test func aFloodIsCutOff() throws {
@@ -225,7 +259,7 @@ private struct Net {
         _ = try net.connect(a, &ca)
         var flood: [UInt8] = []
         for _ in 0..<150 { flood += ca.ping() }
-        net.apply(net.server.receive(a, flood, now: net.now, unixSeconds: net.unix))
+        net.feed(.received(a, flood, unixSeconds: net.unix))
         let replies = try net.messages(a)
         #expect(replies.filter { $0 == .pong }.count < 110)
         #expect(replies.last == .error(code: .rateLimited, detail: "more than 20 requests a second", id: nil))

@@ -1,0 +1,33 @@
+import TusaBase
+
+extension RendezvousServer: SansIOCore {
+    /// What the driver tells the server about its connections.
+    public enum Input: Sendable {
+        /// A new connection: the server greets it with a challenge.
+        case accepted(ConnectionID)
+        /// Bytes from a connection; `unixSeconds` dates TURN credentials (the core reads no clock).
+        case received(ConnectionID, [UInt8], unixSeconds: UInt64)
+        /// The driver saw the connection close.
+        case closed(ConnectionID)
+    }
+
+    public typealias Action = RendezvousAction
+
+    public mutating func handle(_ input: Input, now: Timestamp) {
+        switch input {
+        case .accepted(let id): pending += accept(id, now: now)
+        case .received(let id, let bytes, let unixSeconds): pending += receive(id, bytes, now: now, unixSeconds: unixSeconds)
+        case .closed(let id): closed(id, now: now)
+        }
+    }
+
+    /// Connections that did not register in time or went silent are closed; peers
+    /// forgotten after `rememberFor`.
+    public mutating func handleTimeout(now: Timestamp) {
+        pending += poll(now: now)
+    }
+
+    public mutating func pollAction() -> RendezvousAction? {
+        pending.isEmpty ? nil : pending.removeFirst()
+    }
+}
