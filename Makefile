@@ -6,7 +6,7 @@ FUZZ_SECONDS ?= 600
 SMOKE_FUZZ_SECONDS ?= 30
 SHARED      ?= ../shared/interop
 
-.PHONY: all setup build release demo test unit interop fuzz fuzz-smoke bench bench-smoke quality record clean
+.PHONY: all setup build release demo test unit lint layout interop fuzz fuzz-smoke bench bench-smoke quality record clean
 
 all: build
 
@@ -23,15 +23,26 @@ release: setup
 demo: build
 	@bash scripts/demo.sh
 
-# Every test: unit, interop against coturn/aioice/tshark, and short fuzz and
-# bench runs. The smoke runs come first so that swift test's summary closes the output.
-test: setup fuzz-smoke
+# Every test: the format lint and the target layout, unit, interop against
+# coturn/aioice/tshark, and short fuzz and bench runs. The smoke runs come first
+# so that swift test's summary closes the output.
+test: setup lint layout fuzz-smoke
 	$(SWIFT) build --build-tests
-	@bash scripts/bench-smoke.sh
+	@bash Benchmarks/smoke.sh
 	$(SWIFT) test --skip-build
 
+# Every unit test: each library's own test target (everything but InteropTests,
+# which runs real peers and binaries).
 unit: setup
-	$(SWIFT) test --filter STUNTests
+	$(SWIFT) test --skip InteropTests
+
+# The toolchain's swift-format with the project's .swift-format: fails on any finding.
+lint:
+	$(SWIFT) format lint --strict --recursive Package.swift Sources Tests Benchmarks/Package.swift Benchmarks/Sources Benchmarks/Benchmarks Benchmarks/InProcess
+
+# What an app that only places calls links: no server-only dependency may reach it.
+layout:
+	@bash scripts/check-layout.sh
 
 interop: build
 	$(SWIFT) build --build-tests
@@ -44,15 +55,16 @@ fuzz: setup
 fuzz-smoke: setup
 	@bash scripts/fuzz.sh $(SMOKE_FUZZ_SECONDS)
 
+# Every benchmark, side by side with its baseline, in one run (Benchmarks/bench.sh).
 bench: release
-	@bash scripts/bench.sh
+	@bash Benchmarks/bench.sh
 
 bench-smoke: build
-	@bash scripts/bench-smoke.sh
+	@bash Benchmarks/smoke.sh
 
 # Voice quality: PESQ of real speech under loss, Tusa against a speexdsp baseline.
 quality: release
-	@bash scripts/quality.sh
+	@bash Benchmarks/quality.sh
 
 # Re-record Tusa's own captures against real peers into Interop/.
 record: build

@@ -184,9 +184,11 @@ let package = Package(
             exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
+        // Benchmarks that run inside this package's build (make test's smoke run reuses
+        // its SwiftNIO): their sources live with every other benchmark under
+        // Benchmarks/ (Benchmarks/bench.sh is the one entry point, `make bench`).
         // The encrypted transport's costs (handshakes, flood, the NIO driver against
-        // plain NIO UDP). Lives here, not in Benchmarks/, so make test's smoke run
-        // reuses this package's build of SwiftNIO.
+        // plain NIO UDP).
         .executableTarget(
             name: "secure-bench",
             dependencies: [
@@ -195,6 +197,7 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ],
+            path: "Benchmarks/InProcess/secure-bench",
             swiftSettings: strict
         ),
         // Calls on loopback: dial to first audio and mouth-to-ear delay over a real
@@ -206,6 +209,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
+            path: "Benchmarks/InProcess/call-bench",
             swiftSettings: strict
         ),
         // Voice benchmarks that need no timing harness: the jitter buffer's delay
@@ -216,6 +220,7 @@ let package = Package(
                 "Voice", "TusaBase", "CSpeexDSP", "COpus", "CSpeex",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
+            path: "Benchmarks/InProcess/voice-bench",
             swiftSettings: strict
         ),
         .testTarget(

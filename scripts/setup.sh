@@ -27,11 +27,20 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   # tshark asks whether non-root users may capture; answer once, non-interactively.
   echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections
+  # What runs before the install is not ours: only a turnserver that the install
+  # itself starts (coturn's package may start its system service on 3478) is stopped.
+  before=$(pgrep -x turnserver 2>/dev/null | sort || true)
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  # coturn's package starts a system turnserver on 3478; the tests start their own.
-  if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl disable --now coturn >/dev/null 2>&1 || true; fi
-  pkill -x turnserver 2>/dev/null || true
+  if [[ " ${missing[*]} " == *" coturn "* ]]; then
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+      $SUDO systemctl disable --now coturn >/dev/null 2>&1 || true
+    fi
+    for pid in $(comm -13 <(echo "$before") <(pgrep -x turnserver 2>/dev/null | sort || true)); do
+      echo "setup: stopping the turnserver (pid $pid) that installing coturn started; the tests start their own"
+      $SUDO kill "$pid" 2>/dev/null || true
+    done
+  fi
 fi
 
 if [ ! -x .venv/bin/python ]; then

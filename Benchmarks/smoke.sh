@@ -49,7 +49,7 @@ vb="$(swift build --show-bin-path)/voice-bench"
 "$vb" cpu --seconds 2 --rounds 1 >"$work/cpu.md" && grep -q "calls per core" "$work/cpu.md" \
   || { cat "$work/cpu.md"; echo "bench-smoke: voice-bench cpu FAILED"; exit 1; }
 echo "bench-smoke: voice-bench jitter, echo and cpu ran"
-TUSA="$TUSA" bash scripts/quality.sh --quick | sed 's/^/bench-smoke: /'
+TUSA="$TUSA" bash Benchmarks/quality.sh --quick | sed 's/^/bench-smoke: /'
 
 # Calls: two short real calls on loopback in one process (20 and 10 ms frames);
 # call-bench exits non-zero if a call fails (its delay verdicts mean little in a

@@ -34,12 +34,12 @@ echo "== Encrypted transport: seal+open vs bare libsodium (swift package --packa
 swift package --package-path Benchmarks --disable-sandbox benchmark --target SecureMedia \
   --format markdown --no-progress 2>&1 | tee out/bench/secure-media.md
 echo
-echo "== Encrypted transport: handshakes, flood, NIO driver (Sources/secure-bench)"
+echo "== Encrypted transport: handshakes, flood, NIO driver (Benchmarks/InProcess/secure-bench)"
 swift build -c release --product secure-bench >out/bench/secure-build.log 2>&1 \
   || { cat out/bench/secure-build.log; exit 1; }
 "$(swift build -c release --show-bin-path)/secure-bench" --seconds 5 2>&1 | tee out/bench/secure.md
 echo
-echo "== Voice: jitter-buffer delay, echo canceller, CPU per call-second (Sources/voice-bench)"
+echo "== Voice: jitter-buffer delay, echo canceller, CPU per call-second (Benchmarks/InProcess/voice-bench)"
 swift build -c release --product voice-bench >out/bench/voice-build.log 2>&1 \
   || { cat out/bench/voice-build.log; exit 1; }
 vb="$(swift build -c release --show-bin-path)/voice-bench"
@@ -50,10 +50,10 @@ echo "== Voice: allocations per frame through VoiceSender and VoiceReceiver (swi
 swift package --package-path Benchmarks --disable-sandbox benchmark --target VoiceFrame \
   --format markdown --no-progress 2>&1 | tee out/bench/voice-frame.md
 echo
-echo "== Voice quality: PESQ under loss (scripts/quality.sh, also make quality)"
-TUSA="$TUSA" bash scripts/quality.sh
+echo "== Voice quality: PESQ under loss (Benchmarks/quality.sh, also make quality)"
+TUSA="$TUSA" bash Benchmarks/quality.sh
 echo
-echo "== Calls: dial to first audio, mouth-to-ear (Sources/call-bench)"
+echo "== Calls: dial to first audio, mouth-to-ear (Benchmarks/InProcess/call-bench)"
 swift build -c release --product call-bench >out/bench/call-build.log 2>&1 \
   || { cat out/bench/call-build.log; exit 1; }
 # (a missed target is reported in the table, not a reason to stop the other benchmarks)
