@@ -1,8 +1,15 @@
 import Secure
+import TusaBase
 
-/// The client side of the rendezvous, sans-IO: it answers the server's challenge,
-/// seals payloads to peers and opens what peers sent. The driver writes what it
-/// returns to the TCP connection and feeds it what arrives.
+/// The client side of the rendezvous, sans-IO (a ``SansIOCore``): it answers the
+/// server's challenge, seals payloads to peers, opens what peers sent, pings to keep
+/// its registration alive and times out what the server does not answer.
+///
+/// The driver feeds it ``Input/connected`` once the TCP connection is up and
+/// ``Input/received(_:)`` with whatever arrives, and writes every ``Action/write(_:)``
+/// to the connection. Requests (``lookup(_:now:)``, ``send(_:to:now:)``) return the id
+/// their answer will carry (``Event/lookup(id:key:online:)``, ``Event/sent(id:)``,
+/// ``Event/refused(code:detail:id:)`` or ``Event/timedOut(id:)``).
 public struct RendezvousClient: Sendable {
     public enum Event: Equatable, Sendable {
         /// Registered; TURN credentials when the relay hands them out.
@@ -16,73 +23,151 @@ public struct RendezvousClient: Sendable {
         case unopenable(from: PublicKey)
         /// The server refused request `id` (or the connection, when nil).
         case refused(code: RendezvousErrorCode, detail: String, id: UInt32?)
+        /// No answer to request `id` in time (nil: to the registration).
+        case timedOut(id: UInt32?)
         case pong
     }
 
+    public enum Input: Sendable {
+        /// The connection is up: the registration's time starts.
+        case connected
+        /// Bytes from the server.
+        case received([UInt8])
+    }
+
+    public enum Action: Equatable, Sendable {
+        /// Write these bytes to the connection.
+        case write([UInt8])
+        case event(Event)
+        /// The stream is not the rendezvous protocol: the connection is useless (close it).
+        case failed(RendezvousError)
+    }
+
+    public struct Timing: Sendable {
+        /// How long the server has to confirm the registration.
+        public var registration: Duration = .seconds(10)
+        /// How long a lookup or send waits for the server's answer.
+        public var request: Duration = .seconds(10)
+        /// How often a registered client pings (the server closes silent connections after 90 s).
+        public var ping: Duration = .seconds(30)
+        public init() {}
+    }
+
     public let identity: PrivateKey
+    public let timing: Timing
     public private(set) var isRegistered = false
     private var framer = RendezvousFrame()
     private var nextID: UInt32 = 1
+    private var failed = false
+    private var registrationDeadline: Timestamp?
+    private var requestDeadlines: [UInt32: Timestamp] = [:]
+    private var pingAt: Timestamp?
+    private var actions: [Action] = []
 
-    public init(identity: PrivateKey) { self.identity = identity }
+    public init(identity: PrivateKey, timing: Timing = .init()) {
+        self.identity = identity
+        self.timing = timing
+    }
 
-    /// Bytes from the server: the events they carry and the bytes to write back.
-    /// Throws on a stream that is not the rendezvous protocol (the connection is then useless).
-    public mutating func receive(_ bytes: some Collection<UInt8>) throws(RendezvousError) -> (events: [Event], reply: [UInt8]) {
-        var events: [Event] = []
-        var reply: [UInt8] = []
+    /// Asks whether `key` is online; the answer is `.lookup` with the returned id.
+    public mutating func lookup(_ key: PublicKey, now: Timestamp) -> UInt32 {
+        let id = takeID(now: now)
+        actions.append(.write(RendezvousFrame.frame(.lookup(id: id, key: key))))
+        return id
+    }
+
+    /// Seals `payload` to `peer` and frames it for the server; the answer is `.sent`
+    /// or `.refused` with the returned id.
+    public mutating func send(_ payload: [UInt8], to peer: PublicKey, now: Timestamp) throws -> UInt32 {
+        let sealed = try Sealing.seal(payload, from: identity, to: peer)
+        let frame = RendezvousFrame.frame(.send(id: nextID, to: peer, sealed: sealed))
+        guard frame.count - 2 <= RendezvousFrame.maximumLength else { throw RendezvousError.tooLarge(frame.count - 2) }
+        let id = takeID(now: now)
+        actions.append(.write(frame))
+        return id
+    }
+
+    private mutating func takeID(now: Timestamp) -> UInt32 {
+        defer { nextID &+= 1 }
+        requestDeadlines[nextID] = now + timing.request
+        return nextID
+    }
+
+    private mutating func receive(_ bytes: [UInt8], now: Timestamp) throws(RendezvousError) {
         for frame in try framer.append(bytes) {
             switch try RendezvousMessage(decoding: frame) {
             case .hello(let challenge, let serverKey):
                 guard let proof = try? RegistrationProof.make(identity: identity, serverKey: serverKey, challenge: challenge) else {
                     throw .malformed("hello: the server's key is not usable")
                 }
-                reply += RendezvousFrame.frame(.register(key: identity.publicKey, proof: proof))
+                actions.append(.write(RendezvousFrame.frame(.register(key: identity.publicKey, proof: proof))))
             case .registered(let turn):
                 isRegistered = true
-                events.append(.registered(turn))
+                registrationDeadline = nil
+                pingAt = now + timing.ping
+                actions.append(.event(.registered(turn)))
             case .lookupResult(let id, let key, let online):
-                events.append(.lookup(id: id, key: key, online: online))
+                requestDeadlines[id] = nil
+                actions.append(.event(.lookup(id: id, key: key, online: online)))
             case .sent(let id):
-                events.append(.sent(id: id))
+                requestDeadlines[id] = nil
+                actions.append(.event(.sent(id: id)))
             case .deliver(let from, let sealed):
-                do { events.append(.received(from: from, payload: try Sealing.open(sealed, from: from, to: identity))) } catch {
-                    events.append(.unopenable(from: from))
+                do { actions.append(.event(.received(from: from, payload: try Sealing.open(sealed, from: from, to: identity)))) } catch {
+                    actions.append(.event(.unopenable(from: from)))
                 }
             case .error(let code, let detail, let id):
+                if let id { requestDeadlines[id] = nil } else { registrationDeadline = nil }
                 if id == nil && code == .replaced { isRegistered = false }
-                events.append(.refused(code: code, detail: detail, id: id))
+                actions.append(.event(.refused(code: code, detail: detail, id: id)))
             case .ping:
-                reply += RendezvousFrame.frame(.pong)
+                actions.append(.write(RendezvousFrame.frame(.pong)))
             case .pong:
-                events.append(.pong)
+                actions.append(.event(.pong))
             case .register, .lookup, .send:
                 throw .malformed("a client message from the server")
             }
         }
-        return (events, reply)
+    }
+}
+
+extension RendezvousClient: SansIOCore {
+    public mutating func handle(_ input: Input, now: Timestamp) {
+        guard !failed else { return }
+        switch input {
+        case .connected:
+            if !isRegistered { registrationDeadline = now + timing.registration }
+        case .received(let bytes):
+            do { try receive(bytes, now: now) } catch {
+                failed = true
+                registrationDeadline = nil
+                requestDeadlines = [:]
+                pingAt = nil
+                actions.append(.failed(error))
+            }
+        }
     }
 
-    /// Asks whether `key` is online; the answer is `.lookup` with the returned id.
-    public mutating func lookup(_ key: PublicKey) -> (id: UInt32, bytes: [UInt8]) {
-        let id = takeID()
-        return (id, RendezvousFrame.frame(.lookup(id: id, key: key)))
+    public mutating func handleTimeout(now: Timestamp) {
+        if let at = registrationDeadline, at <= now {
+            registrationDeadline = nil
+            actions.append(.event(.timedOut(id: nil)))
+        }
+        for (id, at) in requestDeadlines.sorted(by: { $0.key < $1.key }) where at <= now {
+            requestDeadlines[id] = nil
+            actions.append(.event(.timedOut(id: id)))
+        }
+        if let at = pingAt, at <= now {
+            actions.append(.write(RendezvousFrame.frame(.ping)))
+            pingAt = now + timing.ping
+        }
     }
 
-    /// Seals `payload` to `peer` and frames it for the server; the answer is `.sent`
-    /// or `.refused` with the returned id.
-    public mutating func send(_ payload: [UInt8], to peer: PublicKey) throws -> (id: UInt32, bytes: [UInt8]) {
-        let sealed = try Sealing.seal(payload, from: identity, to: peer)
-        let id = takeID()
-        let frame = RendezvousFrame.frame(.send(id: id, to: peer, sealed: sealed))
-        guard frame.count - 2 <= RendezvousFrame.maximumLength else { throw RendezvousError.tooLarge(frame.count - 2) }
-        return (id, frame)
+    public var nextDeadline: Timestamp? {
+        ([registrationDeadline, pingAt] + requestDeadlines.values.map { Optional($0) }).compactMap { $0 }.min()
     }
 
-    public func ping() -> [UInt8] { RendezvousFrame.frame(.ping) }
-
-    private mutating func takeID() -> UInt32 {
-        defer { nextID &+= 1 }
-        return nextID
+    public mutating func pollAction() -> Action? {
+        actions.isEmpty ? nil : actions.removeFirst()
     }
 }

@@ -1,4 +1,3 @@
-import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Rendezvous
@@ -26,9 +25,11 @@ public enum RendezvousConnectionError: Error, Equatable, Sendable, CustomStringC
     }
 }
 
-/// A registered connection to a rendezvous: the client core over NIO TCP.
-/// `incoming` yields what peers sent (opened and authenticated); lookups and sends
-/// wait for the server's answer. Pings keep the registration alive.
+/// A registered connection to a rendezvous: the sans-IO ``RendezvousClient`` hosted
+/// on the TCP connection's event loop by a ``CoreHost``. `incoming` yields what peers
+/// sent (opened and authenticated); lookups and sends wait for the server's answer.
+/// The core pings to keep the registration alive and times out what the server
+/// does not answer.
 public final class RendezvousConnection: Sendable {
     public let server: TransportAddress
     public let identity: PublicKey
@@ -37,89 +38,62 @@ public final class RendezvousConnection: Sendable {
     /// Payloads from peers, in arrival order; finishes when the connection closes.
     public let incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>
     /// How long a lookup or send waits for the server's answer.
-    public let requestTimeout: Duration = .seconds(10)
+    public let requestTimeout: Duration
 
     private let channel: any Channel
-    private let state: NIOLockedValueBox<State>
-    private let pinger: NIOLockedValueBox<RepeatedTask?>
+    private let driver: NIOLoopBound<RendezvousDriver>
 
-    struct State {
-        var core: RendezvousClient
-        var pending: [UInt32: CheckedContinuation<RendezvousClient.Event, any Error>] = [:]
-        var registration: CheckedContinuation<TURNGrant?, any Error>?
-        /// The server's answer to the registration when it came before `connect`
-        /// was waiting for it (the hello and the answer can both arrive while the
-        /// caller's task has not run again since the TCP connect).
-        var registrationOutcome: Result<TURNGrant?, RendezvousConnectionError>?
-        var registrationAwaited = false
-        var closedReason: String?
-        var yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation
-    }
-
-    private init(server: TransportAddress, identity: PublicKey, turn: TURNGrant?, channel: any Channel, state: NIOLockedValueBox<State>,
-                 incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>) {
-        self.server = server; self.identity = identity; self.turn = turn; self.channel = channel; self.state = state
+    private init(server: TransportAddress, identity: PublicKey, turn: TURNGrant?, channel: any Channel,
+                 driver: NIOLoopBound<RendezvousDriver>, incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>,
+                 requestTimeout: Duration) {
+        self.server = server; self.identity = identity; self.turn = turn; self.channel = channel; self.driver = driver
         self.incoming = incoming
-        pinger = NIOLockedValueBox(nil)
+        self.requestTimeout = requestTimeout
     }
 
     /// Connects, registers `identity` and returns once the server confirmed it.
     public static func connect(to server: TransportAddress, identity: PrivateKey, timeout: Duration = .seconds(10),
                                group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> RendezvousConnection {
         let (stream, yield) = AsyncStream<(from: PublicKey, payload: [UInt8])>.makeStream()
-        let state = NIOLockedValueBox(State(core: RendezvousClient(identity: identity), yield: yield))
+        var timing = RendezvousClient.Timing()
+        timing.registration = timeout
+        let loop = group.next()
+        let registered = loop.makePromise(of: TURNGrant?.self)
         let channel: any Channel
         do {
-            channel = try await ClientBootstrap(group: group)
+            channel = try await ClientBootstrap(group: loop)
                 .channelOption(.socketOption(.tcp_nodelay), value: 1)
                 .connectTimeout(.nanoseconds(timeout.nanoseconds))
-                .channelInitializer { channel in
+                .channelInitializer { [timing] channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(ClientHandler(state: state))
+                        let driver = RendezvousDriver(
+                            core: RendezvousClient(identity: identity, timing: timing), server: server, channel: channel,
+                            registered: registered, yield: yield)
+                        try channel.pipeline.syncOperations.addHandler(RendezvousClientHandler(driver: driver))
                     }
                 }
                 .connect(to: SocketAddress(server)).get()
         } catch {
+            registered.fail(RendezvousConnectionError.connectFailed(server, "\(error)"))
             throw RendezvousConnectionError.connectFailed(server, "\(error)")
-        }
-        let timer = channel.eventLoop.scheduleTask(in: .nanoseconds(timeout.nanoseconds)) {
-            let waiter = state.withLockedValue { s -> CheckedContinuation<TURNGrant?, any Error>? in
-                defer { s.registration = nil }
-                if !s.registrationAwaited, s.registrationOutcome == nil { s.registrationOutcome = .failure(.timedOut(server)) }
-                return s.registration
-            }
-            waiter?.resume(throwing: RendezvousConnectionError.timedOut(server))
         }
         let turn: TURNGrant?
         do {
-            turn = try await withCheckedThrowingContinuation { (c: CheckedContinuation<TURNGrant?, any Error>) in
-                let early = state.withLockedValue { s -> Result<TURNGrant?, RendezvousConnectionError>? in
-                    s.registrationAwaited = true
-                    if let outcome = s.registrationOutcome { return outcome }
-                    if let why = s.closedReason { return .failure(.closed(why)) }
-                    s.registration = c
-                    return nil
-                }
-                if let early { c.resume(with: early.mapError { $0 as any Error }) }
-            }
+            turn = try await registered.futureResult.get()
         } catch {
-            timer.cancel()
-            channel.close(promise: nil)
+            try? await channel.close()
             throw error
         }
-        timer.cancel()
-        let connection = RendezvousConnection(server: server, identity: identity.publicKey, turn: turn, channel: channel, state: state, incoming: stream)
-        let task = channel.eventLoop.scheduleRepeatedTask(initialDelay: .seconds(30), delay: .seconds(30)) { [state] _ in
-            let ping = state.withLockedValue { $0.core.ping() }
-            channel.writeAndFlush(channel.allocator.buffer(bytes: ping), promise: nil)
-        }
-        connection.pinger.withLockedValue { $0 = task }
-        return connection
+        let driver = try await channel.eventLoop.submit {
+            NIOLoopBound(try channel.pipeline.syncOperations.handler(type: RendezvousClientHandler.self).driver, eventLoop: channel.eventLoop)
+        }.get()
+        return RendezvousConnection(server: server, identity: identity.publicKey, turn: turn, channel: channel, driver: driver,
+                                    incoming: stream, requestTimeout: timing.request)
     }
 
     /// Whether `peer` is registered now.
     public func lookup(_ peer: PublicKey) async throws -> Bool {
-        let event = try await request { core in core.lookup(peer) }
+        let event = try await request { core, now in core.lookup(peer, now: now) }
         guard case .lookup(_, _, let online) = event else { throw RendezvousConnectionError.closed("unexpected answer \(event)") }
         return online
     }
@@ -127,107 +101,150 @@ public final class RendezvousConnection: Sendable {
     /// Seals `payload` to `peer` and waits until the server passed it on (throws
     /// `.refused(.offline/.unknownPeer, …)` otherwise).
     public func send(_ payload: [UInt8], to peer: PublicKey) async throws {
-        var sealError: (any Error)?
-        let event = try await request { core in
-            do { return try core.send(payload, to: peer) } catch { sealError = error; return nil }
-        }
-        if let sealError { throw sealError }
+        let event = try await request { core, now in try core.send(payload, to: peer, now: now) }
         guard case .sent = event else { throw RendezvousConnectionError.closed("unexpected answer \(event)") }
     }
 
     public func close() async {
-        _ = pinger.withLockedValue { $0?.cancel() }
         try? await channel.close()
     }
 
-    private func request(_ make: (inout RendezvousClient) -> (id: UInt32, bytes: [UInt8])?) async throws -> RendezvousClient.Event {
-        let made = state.withLockedValue { make(&$0.core) }
-        guard let (id, bytes) = made else { return .pong }   // the caller reports its own error
-        return try await withCheckedThrowingContinuation { (c: CheckedContinuation<RendezvousClient.Event, any Error>) in
-            let closed = state.withLockedValue { s -> String? in
-                if let why = s.closedReason { return why }
-                s.pending[id] = c
-                return nil
-            }
-            if let closed { c.resume(throwing: RendezvousConnectionError.closed(closed)); return }
-            let state = self.state, server = self.server
-            // A write onto a connection that is closing fails the request at once...
-            channel.writeAndFlush(channel.allocator.buffer(bytes: bytes)).whenFailure { error in
-                let waiter = state.withLockedValue { $0.pending.removeValue(forKey: id) }
-                waiter?.resume(throwing: RendezvousConnectionError.closed("\(error)"))
-            }
-            // ...and a server that never answers must not hang the caller.
-            channel.eventLoop.scheduleTask(in: .nanoseconds(requestTimeout.nanoseconds)) {
-                let waiter = state.withLockedValue { $0.pending.removeValue(forKey: id) }
-                waiter?.resume(throwing: RendezvousConnectionError.timedOut(server))
-            }
+    private func request(
+        _ make: @escaping @Sendable (inout RendezvousClient, Timestamp) throws -> UInt32
+    ) async throws -> RendezvousClient.Event {
+        let driver = self.driver
+        return try await channel.eventLoop.flatSubmit { driver.value.request(make) }.get()
+    }
+}
+
+/// The client core, its host and the callers waiting for answers, on the channel's loop.
+final class RendezvousDriver {
+    private var host: CoreHost<RendezvousClient>!
+    private let server: TransportAddress
+    private let channel: any Channel
+    private var registered: EventLoopPromise<TURNGrant?>?
+    private var pending: [UInt32: EventLoopPromise<RendezvousClient.Event>] = [:]
+    private let yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation
+    private var closedReason: String?
+
+    init(core: RendezvousClient, server: TransportAddress, channel: any Channel, registered: EventLoopPromise<TURNGrant?>,
+         yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation) {
+        self.server = server
+        self.channel = channel
+        self.registered = registered
+        self.yield = yield
+        host = CoreHost(core, on: channel.eventLoop) { [unowned self] action in
+            perform(action)
+        } afterActions: { [unowned self] in
+            channel.flush()
         }
     }
 
-    final class ClientHandler: ChannelInboundHandler, @unchecked Sendable {
-        typealias InboundIn = ByteBuffer
-        let state: NIOLockedValueBox<State>
-        init(state: NIOLockedValueBox<State>) { self.state = state }
+    func connected() { host.handle(.connected) }
 
-        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-            var buffer = unwrapInboundIn(data)
-            guard let bytes = buffer.readBytes(length: buffer.readableBytes) else { return }
-            var resumes: [() -> Void] = []
-            let reply: [UInt8]
-            do {
-                reply = try state.withLockedValue { s -> [UInt8] in
-                    let (events, reply) = try s.core.receive(bytes)
-                    for event in events {
-                        switch event {
-                        case .registered(let turn):
-                            if let c = s.registration { s.registration = nil; resumes.append { c.resume(returning: turn) } }
-                            else if !s.registrationAwaited { s.registrationOutcome = .success(turn) }
-                        case .lookup(let id, _, _), .sent(let id):
-                            if let c = s.pending.removeValue(forKey: id) { resumes.append { c.resume(returning: event) } }
-                        case .refused(let code, let detail, let id):
-                            let error = RendezvousConnectionError.refused(code, detail)
-                            if let id, let c = s.pending.removeValue(forKey: id) {
-                                resumes.append { c.resume(throwing: error) }
-                            } else if let c = s.registration {
-                                s.registration = nil; resumes.append { c.resume(throwing: error) }
-                            } else if id == nil, !s.registrationAwaited, s.registrationOutcome == nil {
-                                s.registrationOutcome = .failure(error)
-                            }
-                        case .received(let from, let payload):
-                            s.yield.yield((from, payload))
-                        case .unopenable, .pong:
-                            break
-                        }
-                    }
-                    return reply
-                }
-            } catch {
-                fail(context: context, reason: "\(error)")
-                return
+    func received(_ bytes: [UInt8]) { host.handle(.received(bytes)) }
+
+    func request(_ make: (inout RendezvousClient, Timestamp) throws -> UInt32) -> EventLoopFuture<RendezvousClient.Event> {
+        if let closedReason { return channel.eventLoop.makeFailedFuture(RendezvousConnectionError.closed(closedReason)) }
+        let promise = channel.eventLoop.makePromise(of: RendezvousClient.Event.self)
+        do {
+            let id = try host.with(make)
+            // Writing the request may have found the connection gone (a write that fails
+            // at once fails the connection before `with` returns); else the promise is in
+            // place before the answer can come, which needs the network.
+            if let closedReason {
+                promise.fail(RendezvousConnectionError.closed(closedReason))
+            } else {
+                pending[id] = promise
             }
-            for resume in resumes { resume() }
-            if !reply.isEmpty { context.writeAndFlush(NIOAny(context.channel.allocator.buffer(bytes: reply)), promise: nil) }
+        } catch {
+            promise.fail(error)
         }
+        return promise.futureResult
+    }
 
-        func channelInactive(context: ChannelHandlerContext) {
-            fail(context: nil, reason: "closed by the server")
-            context.fireChannelInactive()
-        }
-
-        func errorCaught(context: ChannelHandlerContext, error: any Error) {
-            fail(context: context, reason: "\(error)")
-        }
-
-        private func fail(context: ChannelHandlerContext?, reason: String) {
-            let (waiters, registration, yield) = state.withLockedValue { s in
-                if s.closedReason == nil { s.closedReason = reason }
-                defer { s.pending = [:]; s.registration = nil }
-                return (Array(s.pending.values), s.registration, s.yield)
+    private func perform(_ action: RendezvousClient.Action) {
+        switch action {
+        case .write(let bytes):
+            channel.write(channel.allocator.buffer(bytes: bytes)).whenFailure { [weak self] error in
+                self?.fail("\(error)")
             }
-            for w in waiters { w.resume(throwing: RendezvousConnectionError.closed(reason)) }
-            registration?.resume(throwing: RendezvousConnectionError.closed(reason))
-            yield.finish()
-            context?.close(promise: nil)
+        case .event(let event):
+            handle(event)
+        case .failed(let error):
+            fail("\(error)")
+            channel.close(promise: nil)
         }
+    }
+
+    private func handle(_ event: RendezvousClient.Event) {
+        switch event {
+        case .registered(let turn):
+            registered?.succeed(turn)
+            registered = nil
+        case .lookup(let id, _, _), .sent(let id):
+            pending.removeValue(forKey: id)?.succeed(event)
+        case .refused(let code, let detail, let id):
+            let error = RendezvousConnectionError.refused(code, detail)
+            if let id {
+                pending.removeValue(forKey: id)?.fail(error)
+            } else {
+                registered?.fail(error)
+                registered = nil
+            }
+        case .timedOut(let id):
+            if let id {
+                pending.removeValue(forKey: id)?.fail(RendezvousConnectionError.timedOut(server))
+            } else {
+                registered?.fail(RendezvousConnectionError.timedOut(server))
+                registered = nil
+            }
+        case .received(let from, let payload):
+            yield.yield((from, payload))
+        case .unopenable, .pong:
+            break
+        }
+    }
+
+    /// The connection is gone: everyone waiting learns why.
+    func fail(_ reason: String) {
+        guard closedReason == nil else { return }
+        closedReason = reason
+        host.stop()
+        let waiting = pending
+        pending = [:]
+        for (_, promise) in waiting { promise.fail(RendezvousConnectionError.closed(reason)) }
+        registered?.fail(RendezvousConnectionError.closed(reason))
+        registered = nil
+        yield.finish()
+    }
+}
+
+/// The TCP connection's events, handed to the driver.
+final class RendezvousClientHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    let driver: RendezvousDriver
+
+    init(driver: RendezvousDriver) { self.driver = driver }
+
+    func channelActive(context: ChannelHandlerContext) {
+        driver.connected()
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        guard let bytes = buffer.readBytes(length: buffer.readableBytes) else { return }
+        driver.received(bytes)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        driver.fail("closed by the server")
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        driver.fail("\(error)")
+        context.close(promise: nil)
     }
 }

@@ -42,10 +42,18 @@ private struct Net {
         var events: [RendezvousClient.Event] = []
         for _ in 0..<10 {
             let bytes = take(id)
-            if bytes.isEmpty { break }
-            let (e, reply) = try client.receive(bytes)
-            events += e
-            if !reply.isEmpty { feed(.received(id, reply, unixSeconds: unix)) }
+            if !bytes.isEmpty { client.handle(.received(bytes), now: now) }
+            var wrote = false
+            for action in client.drainActions() {
+                switch action {
+                case .write(let reply):
+                    feed(.received(id, reply, unixSeconds: unix))
+                    wrote = true
+                case .event(let e): events.append(e)
+                case .failed(let error): throw error
+                }
+            }
+            if bytes.isEmpty && !wrote { break }
         }
         return events
     }
@@ -64,6 +72,31 @@ private struct Net {
     mutating func messages(_ id: ConnectionID) throws -> [RendezvousMessage] {
         var framer = RendezvousFrame()
         return try framer.append(take(id)).map { try RendezvousMessage(decoding: $0) }
+    }
+}
+
+extension RendezvousClient {
+    /// A lookup and the frame it writes (the frame goes to the server through `Net.request`).
+    mutating func lookup(_ key: PublicKey) -> (UInt32, [UInt8]) {
+        let id = lookup(key, now: .zero)
+        return (id, takeWrites())
+    }
+
+    /// A sealed send and the frame it writes.
+    mutating func send(_ payload: [UInt8], to peer: PublicKey) throws -> (UInt32, [UInt8]) {
+        let id = try send(payload, to: peer, now: .zero)
+        return (id, takeWrites())
+    }
+
+    func ping() -> [UInt8] { RendezvousFrame.frame(.ping) }
+
+    /// What the client wrote since the last drain (a request writes nothing else).
+    mutating func takeWrites() -> [UInt8] {
+        var out: [UInt8] = []
+        for action in drainActions() {
+            if case .write(let bytes) = action { out += bytes } else { Issue.record("unexpected \(action)") }
+        }
+        return out
     }
 }
 
@@ -251,6 +284,41 @@ private struct Net {
             Issue.record("bob was not forgotten")
             return
         }
+    }
+
+    /// The client's clock: the registration, a request and pings each have their deadline.
+    @Test func theClientTimesOutRegistrationAndRequestsAndPings() throws {
+        var timing = RendezvousClient.Timing()
+        timing.registration = .seconds(5)
+        timing.request = .seconds(3)
+        timing.ping = .seconds(30)
+        var silent = RendezvousClient(identity: alice, timing: timing)
+        silent.handle(.connected, now: .seconds(100))
+        #expect(silent.nextDeadline == .seconds(105))
+        silent.handleTimeout(now: .seconds(105))
+        #expect(silent.drainActions() == [.event(.timedOut(id: nil))])
+        #expect(silent.nextDeadline == nil)
+
+        var net = Net()
+        var ca = RendezvousClient(identity: alice, timing: timing)
+        ca.handle(.connected, now: net.now)
+        _ = try net.connect(a, &ca)
+        #expect(ca.isRegistered)
+        // Registered: the next deadline is the first ping.
+        #expect(ca.nextDeadline == net.now + .seconds(30))
+        let id = ca.lookup(bob.publicKey, now: net.now)
+        #expect(ca.nextDeadline == net.now + .seconds(3))
+        _ = ca.drainActions()  // the lookup's frame is lost on the way
+        ca.handleTimeout(now: net.now + .seconds(3))
+        #expect(ca.drainActions() == [.event(.timedOut(id: id))])
+        ca.handleTimeout(now: net.now + .seconds(30))
+        #expect(ca.drainActions() == [.write(RendezvousFrame.frame(.ping))])
+        #expect(ca.nextDeadline == net.now + .seconds(60))
+        // A stream that is not the protocol fails the client once; it then ignores input.
+        ca.handle(.received([0, 3, 0x6E, 0x6F, 0x21]), now: net.now)
+        guard case .failed? = ca.pollAction() else { Issue.record("no failure"); return }
+        ca.handle(.received([0, 3, 0x6E, 0x6F, 0x21]), now: net.now)
+        #expect(ca.pollAction() == nil && ca.nextDeadline == nil)
     }
 
     @Test func aFloodIsCutOff() throws {
