@@ -225,7 +225,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ICETests",
-            dependencies: ["ICE", "TusaBase", "STUN"],
+            dependencies: ["ICE", "TusaBase", "STUN", "TestSupport"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -259,6 +259,7 @@ let package = Package(
         // Shared by the test targets: the shared corpus beside the project.
         .target(
             name: "TestSupport",
+            dependencies: ["TusaBase"],
             path: "Tests/TestSupport",
             swiftSettings: strict
         ),
