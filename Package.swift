@@ -180,7 +180,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SecureTests",
-            dependencies: ["Secure", "TusaBase"],
+            dependencies: ["Secure", "TusaBase", "TestSupport"],
             exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
