@@ -4,7 +4,7 @@ import TusaBase
 /// What the fuzzers (and the unit tests that replay their inputs) run on one
 /// input: an agent in each role fed the bytes as they are, and fed them again
 /// re-signed with its own credentials (so that fuzzed attributes get past the
-/// integrity check into the request and response handlers), then polled. Any
+/// integrity check into the request and response handlers), then timed out. Any
 /// crash or trap is a bug.
 public enum ICEFuzzChecks {
     static let local = ICECredentials(ufrag: "fuzz", pwd: "fuzzfuzzfuzzfuzzfuzzfu")
