@@ -180,7 +180,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SecureTests",
-            dependencies: ["Secure", "TusaBase"],
+            dependencies: ["Secure", "TusaBase", "TestSupport"],
             exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
@@ -230,7 +230,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ICETests",
-            dependencies: ["ICE", "TusaBase", "STUN"],
+            dependencies: ["ICE", "TusaBase", "STUN", "TestSupport"],
             swiftSettings: strict
         ),
         .testTarget(
@@ -264,6 +264,7 @@ let package = Package(
         // Shared by the test targets: the shared corpus beside the project.
         .target(
             name: "TestSupport",
+            dependencies: ["TusaBase"],
             path: "Tests/TestSupport",
             swiftSettings: strict
         ),

@@ -55,6 +55,7 @@ public enum ICEEvent: Hashable, Sendable {
     case consentLost(ICEPair)
 }
 
+/// What an ``ICEAgent`` asks its driver to do (its ``SansIOCore`` action).
 public enum ICEOutput: Hashable, Sendable {
     /// Send `bytes` from the socket (or relay allocation) `base` to `to`.
     case send([UInt8], base: Int, to: TransportAddress)
@@ -83,19 +84,39 @@ public struct ICEConfiguration: Hashable, Sendable {
     public init() {}
 }
 
-/// An RFC 8445 ICE agent for one UDP component, as a sans-IO state machine.
+/// An RFC 8445 ICE agent for one UDP component, as a sans-IO core (``SansIOCore``).
 ///
 /// The driver owns the sockets (and TURN allocations), each named by an integer
 /// base. It passes every datagram that may be STUN to ``receive(_:from:base:now:)``
-/// — nil means "not ICE's", hand it on — calls ``poll(now:)`` at
-/// ``nextWakeup`` and performs the ``ICEOutput``s. Checks carry USERNAME,
+/// — false means "not ICE's", hand it on — (or as ``Input/datagram(_:from:base:)``
+/// when it need not know), calls ``handleTimeout(now:)`` at ``nextDeadline`` and
+/// performs the ``ICEOutput``s that ``pollAction()`` gives. Checks carry USERNAME,
 /// PRIORITY, ICE-CONTROLLING/ICE-CONTROLLED, USE-CANDIDATE when nominating,
 /// MESSAGE-INTEGRITY (short-term) and FINGERPRINT. Nomination is regular: the
 /// controlling agent nominates its best valid pair with a second check.
 /// Server-reflexive candidates are advertised but not paired (they share their
 /// host base: a check from it is the same as the host's).
-public struct ICEAgent: Sendable {
+public struct ICEAgent: SansIOCore, Sendable {
     public enum State: Hashable, Sendable { case checking, completed, failed }
+
+    /// What the driver and the signalling tell the agent.
+    public enum Input: Hashable, Sendable {
+        /// A datagram from `source` on `base` that may be STUN (anything else is ignored).
+        case datagram([UInt8], from: TransportAddress, base: Int)
+        /// The peer's credentials and candidates (see ``ICEAgent/setRemote(_:candidates:complete:)``).
+        case setRemote(ICECredentials, candidates: [ICECandidate], complete: Bool)
+        /// One more candidate of the peer's (trickled).
+        case addRemote(ICECandidate)
+        /// The peer has no more candidates.
+        case remoteCandidatesComplete
+        /// A candidate of ours gathered late (server-reflexive or relayed).
+        case addLocal(ICELocalCandidate)
+        /// Our gathering is over.
+        case localCandidatesComplete
+        /// ICE restart (see ``ICEAgent/restart(local:candidates:)``).
+        case restart(local: ICECredentials, candidates: [ICELocalCandidate]?)
+    }
+    public typealias Action = ICEOutput
 
     struct PairEntry: Sendable {
         var pair: ICEPair
@@ -134,6 +155,8 @@ public struct ICEAgent: Sendable {
     private var lastConsent = Timestamp.zero
     private var nextConsentAt = Timestamp.zero
     private var random: UInt64
+    /// What ``pollAction()`` gives next, in order.
+    private var queued: [ICEOutput] = []
 
     /// - Parameter gatheringComplete: false while server-reflexive or relayed
     ///   candidates may still come (then call ``localCandidatesComplete()``).
@@ -214,9 +237,35 @@ public struct ICEAgent: Sendable {
 
     // MARK: Input
 
-    /// A datagram from `source` on `base`. Nil when it is not ICE's (not STUN, or
+    public mutating func handle(_ input: Input, now: Timestamp) {
+        switch input {
+        case .datagram(let bytes, let source, let base): _ = receive(bytes, from: source, base: base, now: now)
+        case .setRemote(let credentials, let candidates, let complete):
+            setRemote(credentials, candidates: candidates, complete: complete)
+            // The wait for a peer's checks (no pairs at all) counts from here.
+            if checkingSince == nil { checkingSince = now }
+        case .addRemote(let candidate): addRemote(candidate)
+        case .remoteCandidatesComplete: remoteCandidatesComplete()
+        case .addLocal(let candidate): addLocal(candidate)
+        case .localCandidatesComplete: localCandidatesComplete()
+        case .restart(let credentials, let candidates): restart(local: credentials, candidates: candidates)
+        }
+    }
+
+    /// A datagram from `source` on `base`. False when it is not ICE's (not STUN, or
     /// a STUN response to somebody else's transaction): the driver hands it on.
-    public mutating func receive(_ bytes: [UInt8], from source: TransportAddress, base: Int, now: Timestamp) -> [ICEOutput]? {
+    /// What it leaves to do comes out of ``pollAction()``.
+    public mutating func receive(_ bytes: [UInt8], from source: TransportAddress, base: Int, now: Timestamp) -> Bool {
+        guard let out = process(bytes, from: source, base: base, now: now) else { return false }
+        queued.append(contentsOf: out)
+        return true
+    }
+
+    public mutating func pollAction() -> ICEOutput? {
+        queued.isEmpty ? nil : queued.removeFirst()
+    }
+
+    private mutating func process(_ bytes: [UInt8], from source: TransportAddress, base: Int, now: Timestamp) -> [ICEOutput]? {
         guard Message.isSTUN(bytes) else { return nil }
         guard let message = try? Message(decoding: bytes), message.type.method == .binding else { return nil }
         switch message.type.messageClass {
@@ -332,17 +381,24 @@ public struct ICEAgent: Sendable {
 
     // MARK: Time
 
-    /// When ``poll(now:)`` must run next.
-    public var nextWakeup: Timestamp? {
+    /// When ``handleTimeout(now:)`` must run next.
+    public var nextDeadline: Timestamp? {
         var t: Timestamp?
         func consider(_ x: Timestamp?) { if let x, t == nil || x < t! { t = x } }
         for p in pairs { if let tr = p.transaction, tr.state == .waiting { consider(tr.deadline) } }
         if state != .failed, remote != nil, !triggered.isEmpty || (state == .checking && pairs.contains { $0.state == .waiting || $0.state == .frozen }) {
             consider(nextCheckAt)
         }
-        // (Never a time that has passed unless poll will act on it: the driver would spin.)
-        if state == .checking, role == .controlling, let f = firstValidAt, bestValid() != nil,
-           !pairs.contains(where: { $0.transactionIsNomination }) { consider(f + configuration.nominationDelay) }
+        // (Never a time that has passed unless handleTimeout will act on it: the driver would spin.)
+        if state == .checking, role == .controlling, let f = firstValidAt, let best = bestValid(),
+           !pairs.contains(where: { $0.transactionIsNomination }) {
+            // At once when no better pair is still being tried, else after the delay.
+            let betterOut = pairs.contains { $0.priority > pairs[best].priority && $0.state != .failed && $0.state != .succeeded }
+            consider(betterOut ? f + configuration.nominationDelay : f)
+        }
+        // Every pair failed (the last one by an error response): failure is due now.
+        if state == .checking, remoteComplete, localComplete, triggered.isEmpty, !pairs.isEmpty,
+           !pairs.contains(where: { $0.state != .failed }) { consider(.zero) }
         if state == .checking, pairs.isEmpty, remoteComplete, localComplete, let since = checkingSince { consider(since + checkGiveUp) }
         if selected != nil, state != .failed, !consentExpired {
             consider(nextConsentAt)
@@ -351,17 +407,26 @@ public struct ICEAgent: Sendable {
         return t
     }
 
-    public mutating func poll(now: Timestamp) -> [ICEOutput] {
+    /// Retransmits and times out checks, starts the next check (one per Ta),
+    /// nominates, gives up, and keeps consent fresh.
+    public mutating func handleTimeout(now: Timestamp) {
+        queued.append(contentsOf: runTimers(now: now))
+    }
+
+    private mutating func runTimers(now: Timestamp) -> [ICEOutput] {
         var out: [ICEOutput] = []
         // Retransmissions and timeouts.
         for i in pairs.indices {
             guard var tr = pairs[i].transaction, tr.state == .waiting else { continue }
-            switch tr.timerFired(now: now) {
-            case .send(let bytes, _): out.append(.send(bytes, base: pairs[i].pair.base, to: pairs[i].pair.remote.address))
-            case .timedOut:
-                pairs[i].state = .failed
-                pairs[i].transactionIsNomination = false
-            case .wait, .none: break
+            tr.handleTimeout(now: now)
+            while let action = tr.pollAction() {
+                switch action {
+                case .send(let bytes): out.append(.send(bytes, base: pairs[i].pair.base, to: pairs[i].pair.remote.address))
+                case .timedOut:
+                    pairs[i].state = .failed
+                    pairs[i].transactionIsNomination = false
+                case .answered: break
+                }
             }
             pairs[i].transaction = tr.state == .waiting ? tr : nil
         }
@@ -495,7 +560,8 @@ public struct ICEAgent: Sendable {
         var tr = ClientTransaction(transactionID: check.transactionID, request: check.bytes,
                                    reliability: .unreliable(rto: configuration.checkRTO, rc: configuration.checkTransmissions,
                                                             rm: configuration.checkFinalWait))
-        if case .send(let bytes, _) = tr.start(now: now) { out.append(.send(bytes, base: pairs[i].pair.base, to: pairs[i].pair.remote.address)) }
+        tr.handle(.start, now: now)
+        if case .send(let bytes)? = tr.pollAction() { out.append(.send(bytes, base: pairs[i].pair.base, to: pairs[i].pair.remote.address)) }
         pairs[i].transaction = tr
         pairs[i].transactionIsNomination = nominate
         if pairs[i].state != .succeeded { pairs[i].state = .inProgress }

@@ -4,7 +4,7 @@ import TusaBase
 /// What the fuzzers (and the unit tests that replay their inputs) run on one
 /// input: an agent in each role fed the bytes as they are, and fed them again
 /// re-signed with its own credentials (so that fuzzed attributes get past the
-/// integrity check into the request and response handlers), then polled. Any
+/// integrity check into the request and response handlers), then timed out. Any
 /// crash or trap is a bug.
 public enum ICEFuzzChecks {
     static let local = ICECredentials(ufrag: "fuzz", pwd: "fuzzfuzzfuzzfuzzfuzzfu")
@@ -17,17 +17,21 @@ public enum ICEFuzzChecks {
                                  candidates: [.host(TransportAddress(ip: .v4(0x7F00_0001), port: 9000), base: 0)], tieBreaker: 5)
             agent.setRemote(remote, candidates: [ICECandidate(foundation: "1", priority: 1, address: peer, type: .host)])
             var now = Timestamp.seconds(1)
-            _ = agent.poll(now: now)
+            agent.handleTimeout(now: now)
+            _ = agent.drainActions()
             _ = agent.receive(bytes, from: peer, base: 0, now: now)
+            _ = agent.drainActions()
             if let m = try? Message(decoding: bytes) {
                 let key = try? IntegrityKey.shortTerm(password: m.type.messageClass == .request ? local.pwd : remote.pwd)
                 var stripped = m
                 stripped.attributes.removeAll { $0.type == .messageIntegrity || $0.type == .fingerprint || $0.type == .messageIntegritySHA256 }
-                _ = agent.receive(stripped.encode(integrity: key, fingerprint: true), from: peer, base: 0, now: now)
+                agent.handle(.datagram(stripped.encode(integrity: key, fingerprint: true), from: peer, base: 0), now: now)
+                _ = agent.drainActions()
             }
             now = now + .seconds(1)
-            _ = agent.poll(now: now)
-            _ = agent.nextWakeup
+            agent.handleTimeout(now: now)
+            _ = agent.drainActions()
+            _ = agent.nextDeadline
         }
     }
 }

@@ -294,15 +294,14 @@ public struct TURNClient: Sendable {
                 index += 1
                 continue
             }
-            switch pending[index].transaction.timerFired(now: now) {
-            case .send(let bytes, let wakeAt):
-                actions.append(.transmit(bytes))
+            pending[index].transaction.handleTimeout(now: now)
+            while let action = pending[index].transaction.pollAction() {
+                if case .send(let bytes) = action { actions.append(.transmit(bytes)) }
+            }
+            if let wakeAt = pending[index].transaction.nextDeadline {
                 pending[index].wakeAt = wakeAt
                 index += 1
-            case .wait(let until):
-                pending[index].wakeAt = until
-                index += 1
-            case .timedOut, .none:
+            } else {
                 let p = pending.remove(at: index)
                 fail(p, .timeout(p.purpose.method), now: now)
             }
@@ -389,7 +388,8 @@ public struct TURNClient: Sendable {
             fingerprint: configuration.fingerprint)
         var transaction = ClientTransaction(
             transactionID: message.transactionID, request: bytes, reliability: configuration.reliability)
-        guard case .send(let first, let wakeAt) = transaction.start(now: now) else { return }
+        transaction.handle(.start, now: now)
+        guard case .send(let first)? = transaction.pollAction(), let wakeAt = transaction.nextDeadline else { return }
         actions.append(.transmit(first))
         pending.append(Pending(
             purpose: purpose, operation: operation, transaction: transaction, wakeAt: wakeAt, key: auth?.key,

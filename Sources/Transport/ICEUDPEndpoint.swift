@@ -144,13 +144,13 @@ public final class ICEUDPEndpoint: Sendable {
     }
 
     /// The selected pair, if any.
-    public func selected() async throws(ICEEndpointError) -> ICEPair? { try await onLoop { $0.agent?.selected } }
+    public func selected() async throws(ICEEndpointError) -> ICEPair? { try await onLoop { $0.selected } }
 
     /// Sends `bytes` to the selected pair's remote address.
     public func send(_ bytes: [UInt8]) async throws(ICEEndpointError) {
         let channel = self.channel
         try await onLoop { e throws(ICEEndpointError) in
-            guard let pair = e.agent?.selected, e.agent?.state != .failed, e.agent?.consentExpired == false else { throw .notConnected }
+            guard let agent = e.agent, let pair = agent.selected, agent.state != .failed, !agent.consentExpired else { throw .notConnected }
             channel.write(AddressedEnvelope(remoteAddress: SocketAddress(pair.remote.address), data: channel.allocator.buffer(bytes: bytes)), promise: nil)
             channel.flush()
         }
@@ -166,29 +166,32 @@ public final class ICEUDPEndpoint: Sendable {
     }
 }
 
-/// An ``ICEAgent`` on an event loop: its timers, the STUN gathering of a
-/// server-reflexive candidate, the wait for a selected pair. What it sends goes
-/// out through `output` (the socket of base 0, or a relay allocation), so the
-/// same engine serves ``ICEUDPEndpoint`` (one socket of its own) and
-/// ``SecureUDPEndpoint`` (a socket shared with the Noise session and a TURN client).
-/// Confined to the event loop.
+/// An ``ICEAgent`` on an event loop, hosted by a ``CoreHost`` (its timers and
+/// actions), with the STUN gathering of a server-reflexive candidate (a
+/// ``ClientTransaction`` in a host of its own) and the wait for a selected pair.
+/// What it sends goes out through `output` (the socket of base 0, or a relay
+/// allocation), so the same engine serves ``ICEUDPEndpoint`` (one socket of its
+/// own) and ``SecureUDPEndpoint`` (a socket shared with the Noise session and a
+/// TURN client). Confined to the event loop.
 final class ICEEngine {
     typealias Output = (_ bytes: [UInt8], _ base: Int, _ to: TransportAddress) -> Void
     private let eventLoop: any EventLoop
     private let output: Output
     private let flushOutput: () -> Void
     private let onEvent: (ICEEvent) -> Void
-    var agent: ICEAgent?
+    private var host: CoreHost<ICEAgent>?
+    /// The agent as it is now (a copy), nil before ``start(_:stunServer:local:)``.
+    var agent: ICEAgent? { host?.read { $0 } }
+    /// The selected pair, if any.
+    var selected: ICEPair? { host?.read { $0.selected } }
     /// The selected pair's remote address while its consent is expired (RFC 7675
     /// §5.1: nothing but ICE's own checks may go there until a pair is selected again).
     var withdrawnAddress: TransportAddress? {
-        agent?.consentExpired == true ? agent?.selected?.remote.address : nil
+        host?.read { $0.consentExpired ? $0.selected?.remote.address : nil }
     }
-    private var timer: Scheduled<Void>?
-    private var timerAt: Timestamp?
     private var waiter: EventLoopPromise<ICEPair>?
     private var connectTimeout: Scheduled<Void>?
-    private var gathering: (transaction: ClientTransaction, server: TransportAddress)?
+    private var gathering: (host: CoreHost<ClientTransaction>, server: TransportAddress)?
     private var gatheredPromise: EventLoopPromise<Void>?
     private var local = TransportAddress(ip: .v4(0), port: 0)
     private(set) var closed = false
@@ -207,24 +210,33 @@ final class ICEEngine {
     /// Starts `agent`; with a STUN server, gathers a server-reflexive candidate
     /// for the socket (base 0) bound to `local`.
     func start(_ agent: ICEAgent, stunServer: TransportAddress?, local: TransportAddress) {
-        self.agent = agent
+        host = CoreHost(agent, on: eventLoop) { [weak self] action in
+            self?.perform(action)
+        } afterActions: { [weak self] in
+            self?.flushOutput()
+        }
         self.local = local
         if let stunServer {
             let m = Message(type: .bindingRequest)
-            var tr = ClientTransaction(transactionID: m.transactionID, request: m.encode(fingerprint: true),
+            let tr = ClientTransaction(transactionID: m.transactionID, request: m.encode(fingerprint: true),
                                        reliability: .unreliable(rto: .milliseconds(250), rc: 4, rm: 4))
-            if case .send(let bytes, _) = tr.start(now: Timestamp.now()) { output(bytes, 0, stunServer) }
-            gathering = (tr, stunServer)
-            flushOutput()
+            let gatheringHost = CoreHost(tr, on: eventLoop) { [weak self] action in
+                self?.performGathering(action)
+            } afterActions: { [weak self] in
+                self?.flushOutput()
+            }
+            gathering = (gatheringHost, stunServer)
+            gatheringHost.handle(.start)
         } else {
             gatheredPromise?.succeed(())
             gatheredPromise = nil
         }
-        drive()
+        feed(nil)
     }
 
     var description: ICEDescription {
-        ICEDescription(credentials: agent?.local ?? ICECredentials(ufrag: "", pwd: ""), candidates: agent?.advertised ?? [])
+        host?.read { ICEDescription(credentials: $0.local, candidates: $0.advertised) }
+            ?? ICEDescription(credentials: ICECredentials(ufrag: "", pwd: ""), candidates: [])
     }
 
     func gathered(timeout: Duration) -> EventLoopFuture<Void> {
@@ -235,108 +247,96 @@ final class ICEEngine {
     }
 
     private func finishGathering() {
+        gathering?.host.stop()
         gathering = nil
-        agent?.localCandidatesComplete()
+        host?.with { core, _ in core.localCandidatesComplete() }
         gatheredPromise?.succeed(())
         gatheredPromise = nil
     }
 
     func connect(_ remote: ICEDescription, timeout: Duration) -> EventLoopFuture<ICEPair> {
-        guard !closed, agent != nil else { return eventLoop.makeFailedFuture(ICEEndpointError.closed) }
+        guard !closed, host != nil else { return eventLoop.makeFailedFuture(ICEEndpointError.closed) }
         waiter?.fail(ICEEndpointError.failed("superseded by another connect"))
         let promise = eventLoop.makePromise(of: ICEPair.self)
         waiter = promise
-        agent?.setRemote(remote.credentials, candidates: remote.candidates)
         connectTimeout?.cancel()
         let me = NIOLoopBound(self, eventLoop: eventLoop)
         connectTimeout = eventLoop.scheduleTask(in: .nanoseconds(timeout.nanoseconds)) {
             me.value.waiter?.fail(ICEEndpointError.timedOut(timeout))
             me.value.waiter = nil
         }
-        drive()
+        feed(.setRemote(remote.credentials, candidates: remote.candidates, complete: true))
         return promise.futureResult
     }
 
     /// ICE restart: new credentials, the peer's candidates forgotten (the selected pair stays until a new one).
     func restart(candidates: [ICELocalCandidate]? = nil) -> ICEDescription {
-        agent?.restart(candidates: candidates)
-        drive()
+        feed(.restart(local: .random(), candidates: candidates))
         return description
     }
 
     // MARK: input
 
+    /// Feeds `input` (if any), then runs the agent's timers at once, as every
+    /// input may make a check due (a triggered check, the first of a new remote).
+    private func feed(_ input: ICEAgent.Input?) {
+        guard !closed, let host else { return }
+        host.with { core, now in
+            if let input { core.handle(input, now: now) }
+            core.handleTimeout(now: now)
+        }
+    }
+
     /// A datagram from `source` on `base`: true when it was ICE's (a check, a
     /// check's answer, the gathering's answer); anything else is the caller's.
     func receiveSTUN(_ bytes: [UInt8], from source: TransportAddress, base: Int) -> Bool {
-        guard !closed, var agent else { return false }
-        if let outputs = agent.receive(bytes, from: source, base: base, now: Timestamp.now()) {
-            self.agent = agent
-            perform(outputs)
-            drive()
+        guard !closed, let host else { return false }
+        let wasICE = host.with { core, now -> Bool in
+            guard core.receive(bytes, from: source, base: base, now: now) else { return false }
+            core.handleTimeout(now: now)
             return true
         }
-        if base == 0, var g = gathering, source == g.server, Message.isSTUN(bytes), let m = try? Message(decoding: bytes), g.transaction.receive(m) {
-            if case .xorMappedAddress(let mapped)? = try? m.value(.xorMappedAddress), mapped != local {
-                self.agent?.addLocal(.serverReflexive(mapped, baseAddress: local, base: 0))
+        if wasICE { return true }
+        if base == 0, let g = gathering, source == g.server, Message.isSTUN(bytes), let m = try? Message(decoding: bytes) {
+            return g.host.with { core, now -> Bool in
+                core.handle(.response(m), now: now)
+                return core.state == .answered
             }
-            finishGathering()
-            drive()
-            return true
         }
         return false
     }
 
-    // MARK: time and output
+    // MARK: output
 
-    private func drive() {
-        guard !closed, var agent else { return }
-        let now = Timestamp.now()
-        if var g = gathering {
-            switch g.transaction.timerFired(now: now) {
-            case .send(let bytes, _): output(bytes, 0, g.server); gathering = g
-            case .timedOut: finishGathering()
-            case .wait, .none: gathering = g
+    private func performGathering(_ action: ClientTransaction.Action) {
+        guard let server = gathering?.server else { return }
+        switch action {
+        case .send(let bytes):
+            output(bytes, 0, server)
+        case .timedOut:
+            finishGathering()
+        case .answered(let m):
+            if case .xorMappedAddress(let mapped)? = try? m.value(.xorMappedAddress), mapped != local {
+                host?.with { core, _ in core.addLocal(.serverReflexive(mapped, baseAddress: local, base: 0)) }
             }
-        }
-        let outputs = agent.poll(now: now)
-        self.agent = agent
-        perform(outputs)
-        flushOutput()
-        var wake = agent.nextWakeup
-        if let g = gathering, g.transaction.state == .waiting, wake == nil || g.transaction.deadline < wake! { wake = g.transaction.deadline }
-        schedule(wake)
-    }
-
-    private func schedule(_ at: Timestamp?) {
-        guard let at else { timer?.cancel(); timer = nil; timerAt = nil; return }
-        if let timerAt, timerAt == at { return }
-        timer?.cancel()
-        timerAt = at
-        let now = Timestamp.now()
-        let delay = at > now ? Int64(clamping: at.nanoseconds - now.nanoseconds) : 0
-        let me = NIOLoopBound(self, eventLoop: eventLoop)
-        timer = eventLoop.scheduleTask(in: .nanoseconds(delay)) {
-            me.value.timerAt = nil
-            me.value.drive()
+            finishGathering()
+            feed(nil)
         }
     }
 
-    private func perform(_ outputs: [ICEOutput]) {
-        for o in outputs {
-            switch o {
-            case .send(let bytes, let base, let to):
-                output(bytes, base, to)
-            case .event(let e):
-                onEvent(e)
-                switch e {
-                case .selected(let pair):
-                    waiter?.succeed(pair); waiter = nil; connectTimeout?.cancel()
-                case .failed(let why):
-                    waiter?.fail(ICEEndpointError.failed(why)); waiter = nil; connectTimeout?.cancel()
-                case .consentLost, .roleChanged:
-                    break
-                }
+    private func perform(_ action: ICEOutput) {
+        switch action {
+        case .send(let bytes, let base, let to):
+            output(bytes, base, to)
+        case .event(let e):
+            onEvent(e)
+            switch e {
+            case .selected(let pair):
+                waiter?.succeed(pair); waiter = nil; connectTimeout?.cancel()
+            case .failed(let why):
+                waiter?.fail(ICEEndpointError.failed(why)); waiter = nil; connectTimeout?.cancel()
+            case .consentLost, .roleChanged:
+                break
             }
         }
     }
@@ -344,7 +344,8 @@ final class ICEEngine {
     func shutDown() {
         guard !closed else { return }
         closed = true
-        timer?.cancel()
+        host?.stop()
+        gathering?.host.stop()
         connectTimeout?.cancel()
         waiter?.fail(ICEEndpointError.closed); waiter = nil
         gatheredPromise?.succeed(()); gatheredPromise = nil
@@ -377,7 +378,7 @@ final class ICEDatagramHandler: ChannelInboundHandler {
         let bytes = Array(envelope.data.readableBytesView)
         if engine.receiveSTUN(bytes, from: source, base: 0) { return }
         // Application data: only from the selected pair's remote (consent is per pair).
-        guard let pair = engine.agent?.selected, source == pair.remote.address, !Message.isSTUN(bytes) else { return }
+        guard let pair = engine.selected, source == pair.remote.address, !Message.isSTUN(bytes) else { return }
         incoming.yield(bytes)
     }
 

@@ -138,17 +138,21 @@ public final class STUNClient: Sendable {
     }
 }
 
-/// Event-loop-confined transaction table.
+/// Event-loop-confined transaction table: each transaction runs in a
+/// ``CoreHost`` of its own (its retransmissions), with a give-up timer for the
+/// caller's overall timeout.
 final class ClientHandler: ChannelInboundHandler {
     typealias InboundIn = AddressedEnvelope<ByteBuffer>
     typealias OutboundOut = AddressedEnvelope<ByteBuffer>
 
     struct Pending {
-        var transaction: ClientTransaction
+        var host: CoreHost<ClientTransaction>
         var destination: TransportAddress
         var deadline: Timestamp
         var promise: EventLoopPromise<(Message, TransportAddress, Duration)>
-        var timer: Scheduled<Void>?
+        var giveUp: Scheduled<Void>?
+        /// Where the response being fed came from.
+        var responseFrom: TransportAddress?
     }
 
     private var pending: [TransactionID: Pending] = [:]
@@ -158,22 +162,28 @@ final class ClientHandler: ChannelInboundHandler {
         _ transaction: ClientTransaction, to destination: TransportAddress, timeout: Duration,
         promise: EventLoopPromise<(Message, TransportAddress, Duration)>, channel: Channel
     ) {
-        guard pending[transaction.transactionID] == nil else {
-            promise.fail(STUNClientError(.badResponse, "transaction \(transaction.transactionID) is already under way"))
+        let id = transaction.transactionID
+        guard pending[id] == nil else {
+            promise.fail(STUNClientError(.badResponse, "transaction \(id) is already under way"))
             return
         }
-        let now = Timestamp.now()
-        var tx = transaction
-        let action = tx.start(now: now)
-        pending[tx.transactionID] = Pending(transaction: tx, destination: destination, deadline: now + timeout, promise: promise)
-        perform(action, id: tx.transactionID, channel: channel)
+        let bound = NIOLoopBound(self, eventLoop: channel.eventLoop)
+        // (The host is dropped with its entry in `pending`, which ends the cycle through this closure.)
+        let host = CoreHost(transaction, on: channel.eventLoop) { action in
+            bound.value.perform(action, id: id, channel: channel)
+        }
+        let deadline = Timestamp.now() + timeout
+        let giveUp = channel.eventLoop.scheduleTask(deadline: .uptimeNanoseconds(deadline.nanoseconds)) {
+            bound.value.gaveUp(id)
+        }
+        pending[id] = Pending(host: host, destination: destination, deadline: deadline, promise: promise, giveUp: giveUp)
+        host.handle(.start)
     }
 
     private func perform(_ action: ClientTransaction.Action, id: TransactionID, channel: Channel) {
-        guard var p = pending[id] else { return }
-        let wake: Timestamp
+        guard let p = pending[id] else { return }
         switch action {
-        case .send(let bytes, let wakeAt):
+        case .send(let bytes):
             var buffer = channel.allocator.buffer(capacity: bytes.count)
             buffer.writeBytes(bytes)
             let envelope = AddressedEnvelope(remoteAddress: SocketAddress(p.destination), data: buffer)
@@ -182,54 +192,40 @@ final class ClientHandler: ChannelInboundHandler {
             channel.writeAndFlush(envelope).whenFailure { error in
                 bound.value.fail(id, STUNClientError(.unreachable, "cannot send to \(destination): \(error)"))
             }
-            wake = wakeAt
-        case .wait(let until):
-            wake = until
         case .timedOut:
             fail(id, STUNClientError(.timeout, "no response from \(p.destination)"))
-            return
-        case .none:
-            return
+        case .answered(let message):
+            guard let from = p.responseFrom else { return }
+            pending[id] = nil
+            p.host.stop()
+            p.giveUp?.cancel()
+            p.promise.succeed((message, from, Timestamp.now() - p.host.read(\.startedAt)))
         }
-        let fireAt = min(wake, p.deadline)
-        let delay = fireAt - Timestamp.now()
-        let bound = NIOLoopBound(self, eventLoop: channel.eventLoop)
-        p.timer = channel.eventLoop.scheduleTask(in: .nanoseconds(max(0, delay.nanoseconds))) {
-            bound.value.timerFired(id, channel: channel)
-        }
-        pending[id] = p
     }
 
-    private func timerFired(_ id: TransactionID, channel: Channel) {
-        guard var p = pending[id] else { return }
-        let now = Timestamp.now()
-        if now >= p.deadline {
-            let waited = Double((p.deadline - p.transaction.startedAt).nanoseconds) / 1e9
-            fail(id, STUNClientError(.timeout, "no response from \(p.destination) within \(waited) s"))
-            return
-        }
-        let action = p.transaction.timerFired(now: now)
-        pending[id] = p
-        perform(action, id: id, channel: channel)
+    private func gaveUp(_ id: TransactionID) {
+        guard let p = pending[id] else { return }
+        let waited = Double((p.deadline - p.host.read(\.startedAt)).nanoseconds) / 1e9
+        fail(id, STUNClientError(.timeout, "no response from \(p.destination) within \(waited) s"))
     }
 
     private func fail(_ id: TransactionID, _ error: STUNClientError) {
         guard let p = pending.removeValue(forKey: id) else { return }
-        p.timer?.cancel()
+        p.host.stop()
+        p.giveUp?.cancel()
         p.promise.fail(error)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let envelope = unwrapInboundIn(data)
         let bytes = Array(envelope.data.readableBytesView)
-        guard let message = try? Message(decoding: bytes), var p = pending[message.transactionID],
-            p.transaction.receive(message), let from = TransportAddress(envelope.remoteAddress)
+        guard let message = try? Message(decoding: bytes), let host = pending[message.transactionID]?.host,
+            let from = TransportAddress(envelope.remoteAddress)
         else { return }
         // A FINGERPRINT, when present, must be right (RFC 8489 §7.3).
         if message.attribute(.fingerprint) != nil && message.checkFingerprint() != .valid { return }
-        pending[message.transactionID] = nil
-        p.timer?.cancel()
-        p.promise.succeed((message, from, Timestamp.now() - p.transaction.startedAt))
+        pending[message.transactionID]?.responseFrom = from
+        host.handle(.response(message))
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {

@@ -76,7 +76,7 @@ extension SecureUDPEndpoint {
     public func followICE(_ peer: PeerID) async throws(SecureTransportError) {
         try await onLoop { e in
             e.iceFollower = peer
-            if let pair = e.ice?.agent?.selected { e.core.setAddress(pair.remote.address, of: peer) }
+            if let pair = e.ice?.selected { e.core.setAddress(pair.remote.address, of: peer) }
         }
     }
 
@@ -92,7 +92,7 @@ extension SecureUDPEndpoint {
 
     /// The selected pair, if any.
     public func selectedPair() async -> ICEPair? {
-        (try? await onLoop { $0.ice?.agent?.selected }) ?? nil
+        (try? await onLoop { $0.ice?.selected }) ?? nil
     }
 }
 

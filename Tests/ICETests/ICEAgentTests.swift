@@ -1,89 +1,83 @@
 import Foundation
 import ICE
 import STUN
+import TestSupport
 import Testing
 import TusaBase
 
-// The ICE agent core on a virtual clock: two agents joined by a simulated
-// network (a fake only here, in the unit tests of the pure core) that can drop
-// packets and put one side behind an address-rewriting NAT.
+// The ICE agent core on a virtual clock: two agents joined by TestSupport's
+// VirtualNetwork, which can drop packets and put either side behind a NAT.
 
 private func ip(_ a: UInt8, _ b: UInt8, _ c: UInt8, _ d: UInt8) -> IPAddress {
     .v4(UInt32(a) << 24 | UInt32(b) << 16 | UInt32(c) << 8 | UInt32(d))
 }
 
-private struct Side {
-    var agent: ICEAgent
-    /// The socket's own address (the host candidate).
-    var host: TransportAddress
-    /// What others see as the source (a NAT's mapping), when it differs.
-    var mapped: TransportAddress?
-    var events: [ICEEvent] = []
-    var outside: TransportAddress { mapped ?? host }
+/// An ICE agent on the virtual network at one host address (base 0).
+private func agentHost(_ agent: ICEAgent, at host: TransportAddress, on network: VirtualNetwork) -> VirtualHost<ICEAgent> {
+    VirtualHost(agent, at: [host], on: network) { d in
+        .datagram(d.bytes, from: d.from, base: 0)
+    } output: { action in
+        guard case .send(let bytes, _, let to) = action else { return nil }
+        return (bytes, host, to)
+    }
 }
 
-private struct Net {
-    var a: Side
-    var b: Side
-    var now = Timestamp.seconds(100)
-    /// Drops every packet while true.
-    var blackhole = false
-    var sent = 0
-    var spins = 0
+/// Two agents on a `VirtualNetwork` (1 ms one way), `a` optionally behind a NAT.
+private final class Net {
+    let network = VirtualNetwork(clock: VirtualClock(.seconds(100)), impairment: .init(delay: .milliseconds(1)))
+    let a: VirtualHost<ICEAgent>
+    let b: VirtualHost<ICEAgent>
+    let nat: VirtualNetwork.NATID?
 
-    /// Delivers what an agent sends (1 ms one way) until both are quiet or `until`.
-    mutating func run(for seconds: Double) {
-        let end = now + .milliseconds(Int(seconds * 1000))
-        var queue: [(at: Timestamp, toA: Bool, bytes: [UInt8], from: TransportAddress)] = []
-        func emit(_ outputs: [ICEOutput], fromA: Bool, _ net: inout Net) {
-            for o in outputs {
-                switch o {
-                case .event(let e):
-                    if fromA { net.a.events.append(e) } else { net.b.events.append(e) }
-                case .send(let bytes, _, let to):
-                    net.sent += 1
-                    if net.blackhole { continue }
-                    let src = fromA ? net.a.outside : net.b.outside
-                    // Delivered only to the address the receiver is reachable at.
-                    if fromA, to == net.b.outside { queue.append((net.now + .milliseconds(1), false, bytes, src)) }
-                    if !fromA, to == net.a.outside { queue.append((net.now + .milliseconds(1), true, bytes, src)) }
-                }
-            }
-        }
-        while now < end {
-            emit(a.agent.poll(now: now), fromA: true, &self)
-            emit(b.agent.poll(now: now), fromA: false, &self)
-            // Right after a poll, the next wakeup is in the future (a driver would spin otherwise).
-            for w in [a.agent.nextWakeup, b.agent.nextWakeup] { if let w, w <= now { spins += 1 } }
-            queue.sort { $0.at < $1.at }
-            let wakes = [a.agent.nextWakeup, b.agent.nextWakeup, queue.first?.at].compactMap { $0 }
-            guard let next = wakes.min() else { break }
-            now = max(now + .milliseconds(1), min(next, end))
-            while let first = queue.first, first.at <= now {
-                queue.removeFirst()
-                if first.toA {
-                    emit(a.agent.receive(first.bytes, from: first.from, base: 0, now: now) ?? [], fromA: true, &self)
-                } else {
-                    emit(b.agent.receive(first.bytes, from: first.from, base: 0, now: now) ?? [], fromA: false, &self)
-                }
-            }
-        }
-        #expect(spins == 0, "an agent asked to be polled again at a time that had passed")
+    init(a: ICEAgent, at ha: TransportAddress, b: ICEAgent, at hb: TransportAddress, natOnA: NAT?) {
+        let network = self.network
+        self.a = agentHost(a, at: ha, on: network)
+        self.b = agentHost(b, at: hb, on: network)
+        nat = natOnA.map { network.addNAT($0) }
+        network.attach(self.a, behind: nat)
+        network.attach(self.b)
     }
+
+    var aHost: TransportAddress { a.addresses[0] }
+    var bHost: TransportAddress { b.addresses[0] }
+    /// Where b sees a's datagrams come from.
+    var aOutside: TransportAddress { nat.flatMap { network.mapping($0, of: aHost, for: bHost) } ?? aHost }
+    /// Drops every packet while true.
+    var blackhole: Bool {
+        get { network.impairment.loss >= 1 }
+        set { network.impairment.loss = newValue ? 1 : 0 }
+    }
+    var sent: Int { a.sent + b.sent }
+    var aEvents: [ICEEvent] {
+        get { events(a) }
+        set { a.reported = newValue.map { .event($0) } }
+    }
+    var bEvents: [ICEEvent] {
+        get { events(b) }
+        set { b.reported = newValue.map { .event($0) } }
+    }
+
+    func run(for seconds: Double) {
+        network.run(for: .milliseconds(Int(seconds * 1000)))
+        #expect(network.spins == 0, "an agent asked for its timeout again at a time that had passed")
+    }
+}
+
+private func events(_ host: VirtualHost<ICEAgent>) -> [ICEEvent] {
+    host.reported.compactMap { if case .event(let e) = $0 { e } else { nil } }
 }
 
 private func pair(aRole: ICERole = .controlling, bRole: ICERole = .controlled, natOnA: Bool = false) -> Net {
     let ha = TransportAddress(ip: ip(10, 0, 0, 1), port: 4000), hb = TransportAddress(ip: ip(192, 0, 2, 7), port: 5000)
     let a = ICEAgent(role: aRole, candidates: [.host(ha, base: 0)], tieBreaker: 7)
     let b = ICEAgent(role: bRole, candidates: [.host(hb, base: 0)], tieBreaker: 9)
-    return Net(a: Side(agent: a, host: ha, mapped: natOnA ? TransportAddress(ip: ip(203, 0, 113, 1), port: 61000) : nil),
-               b: Side(agent: b, host: hb))
+    return Net(a: a, at: ha, b: b, at: hb, natOnA: natOnA ? .fullCone(ip(203, 0, 113, 1)) : nil)
 }
 
-private func signal(_ net: inout Net, aLearnsB: Bool = true, bLearnsA: Bool = true) {
-    let ca = net.a.agent.local, cb = net.b.agent.local
-    net.a.agent.setRemote(cb, candidates: aLearnsB ? net.b.agent.advertised : [])
-    net.b.agent.setRemote(ca, candidates: bLearnsA ? net.a.agent.advertised : [])
+private func signal(_ net: Net, aLearnsB: Bool = true, bLearnsA: Bool = true) {
+    let ca = net.a.core.local, cb = net.b.core.local
+    net.a.handle(.setRemote(cb, candidates: aLearnsB ? net.b.core.advertised : [], complete: true))
+    net.b.handle(.setRemote(ca, candidates: bLearnsA ? net.a.core.advertised : [], complete: true))
 }
 
 private func selected(_ events: [ICEEvent]) -> ICEPair? {
@@ -97,54 +91,54 @@ private func lostConsent(_ events: [ICEEvent]) -> Bool {
 @Suite("ICE agent core")
 struct ICEAgentTests {
     @Test func hostCandidatesConnectAndBothSidesSelectThePair() {
-        var net = pair()
-        signal(&net)
+        let net = pair()
+        signal(net)
         net.run(for: 2)
-        let a = selected(net.a.events), b = selected(net.b.events)
-        #expect(a?.remote.address == net.b.host)
-        #expect(b?.remote.address == net.a.host)
-        #expect(net.a.agent.state == .completed && net.b.agent.state == .completed)
+        let a = selected(net.aEvents), b = selected(net.bEvents)
+        #expect(a?.remote.address == net.bHost)
+        #expect(b?.remote.address == net.aHost)
+        #expect(net.a.core.state == .completed && net.b.core.state == .completed)
         #expect(net.sent < 20, "\(net.sent) packets for one pair")
     }
 
     @Test func aBothControllingConflictIsResolvedByTheTieBreaker() {
-        var net = pair(aRole: .controlling, bRole: .controlling)
-        signal(&net)
+        let net = pair(aRole: .controlling, bRole: .controlling)
+        signal(net)
         net.run(for: 3)
         // a's tie-breaker (7) is the smaller: a gives way.
-        #expect(net.a.events.contains(.roleChanged(.controlled)), "\(net.a.events)")
-        #expect(net.a.agent.role == .controlled && net.b.agent.role == .controlling)
-        #expect(selected(net.a.events) != nil && selected(net.b.events) != nil)
+        #expect(net.aEvents.contains(.roleChanged(.controlled)), "\(net.aEvents)")
+        #expect(net.a.core.role == .controlled && net.b.core.role == .controlling)
+        #expect(selected(net.aEvents) != nil && selected(net.bEvents) != nil)
     }
 
     @Test func aBothControlledConflictIsResolvedToo() {
-        var net = pair(aRole: .controlled, bRole: .controlled)
-        signal(&net)
+        let net = pair(aRole: .controlled, bRole: .controlled)
+        signal(net)
         net.run(for: 3)
-        #expect(net.b.agent.role == .controlling && net.a.agent.role == .controlled, "\(net.a.events) \(net.b.events)")
-        #expect(selected(net.a.events) != nil && selected(net.b.events) != nil)
+        #expect(net.b.core.role == .controlling && net.a.core.role == .controlled, "\(net.aEvents) \(net.bEvents)")
+        #expect(selected(net.aEvents) != nil && selected(net.bEvents) != nil)
     }
 
     @Test func aPeerBehindANATIsLearntAsPeerReflexive() {
         // b only has a's private host address, which it cannot reach; a's checks
         // arrive from the NAT's mapping.
-        var net = pair(natOnA: true)
-        signal(&net)
+        let net = pair(natOnA: true)
+        signal(net)
         net.run(for: 3)
-        let b = selected(net.b.events)
-        #expect(b?.remote.address == net.a.outside, "\(net.b.events)")
+        let b = selected(net.bEvents)
+        #expect(b?.remote.address == net.aOutside, "\(net.bEvents)")
         #expect(b?.remote.type == .prflx)
-        #expect(selected(net.a.events)?.remote.address == net.b.host)
+        #expect(selected(net.aEvents)?.remote.address == net.bHost)
         // a learnt its own mapping from b's answer.
-        #expect(net.a.agent.localCandidates.contains { $0.candidate.type == .prflx && $0.candidate.address == net.a.outside })
+        #expect(net.a.core.localCandidates.contains { $0.candidate.type == .prflx && $0.candidate.address == net.aOutside })
     }
 
     @Test func noCandidatesFromThePeerStillConnectsThroughItsChecks() {
-        var net = pair()
-        signal(&net, aLearnsB: true, bLearnsA: false)
+        let net = pair()
+        signal(net, aLearnsB: true, bLearnsA: false)
         net.run(for: 3)
-        #expect(selected(net.b.events)?.remote.type == .prflx)
-        #expect(selected(net.a.events) != nil)
+        #expect(selected(net.bEvents)?.remote.type == .prflx)
+        #expect(selected(net.aEvents) != nil)
     }
 
     /// The callee checks as soon as it has the offer, so its first check can reach
@@ -152,114 +146,114 @@ struct ICEAgentTests {
     /// peer-reflexive. The answer's candidates then replace it, pairs included,
     /// so a second, worse host of the callee does not outrank it.
     @Test func aCheckBeforeTheDescriptionDoesNotDemoteTheSignalledCandidate() {
-        var net = pair()
+        let net = pair()
         let other = TransportAddress(ip: ip(127, 0, 0, 1), port: 5000)
-        net.b.agent.addLocal(.host(other, base: 0, localPreference: 65534))
-        net.b.agent.setRemote(net.a.agent.local, candidates: net.a.agent.advertised)
+        net.b.handle(.addLocal(.host(other, base: 0, localPreference: 65534)))
+        net.b.handle(.setRemote(net.a.core.local, candidates: net.a.core.advertised, complete: true))
         net.run(for: 0.01)   // B's first check reaches A, which knows nothing of B yet
-        #expect(net.a.agent.remoteCandidates.map(\.type) == [.prflx])
-        net.a.agent.setRemote(net.b.agent.local, candidates: net.b.agent.advertised)
-        #expect(net.a.agent.remoteCandidates.map(\.type) == [.host, .host])
+        #expect(net.a.core.remoteCandidates.map(\.type) == [.prflx])
+        net.a.handle(.setRemote(net.b.core.local, candidates: net.b.core.advertised, complete: true))
+        #expect(net.a.core.remoteCandidates.map(\.type) == [.host, .host])
         // The best pair succeeds and, nothing better being out, is nominated at once
         // (not after the nomination delay that a falsely better pair would cost).
         net.run(for: 0.05)
-        #expect(selected(net.a.events)?.remote.address == net.b.host, "the better host, signalled after the check")
-        #expect(selected(net.a.events)?.remote.type == .host)
+        #expect(selected(net.aEvents)?.remote.address == net.bHost, "the better host, signalled after the check")
+        #expect(selected(net.aEvents)?.remote.type == .host)
     }
 
     @Test func unreachablePeersFailOnceEveryCheckTimedOut() {
-        var net = pair()
+        let net = pair()
         net.blackhole = true
-        signal(&net)
+        signal(net)
         net.run(for: 5)
-        #expect(!net.a.events.contains { if case .failed = $0 { true } else { false } }, "failed before the checks gave up")
+        #expect(!net.aEvents.contains { if case .failed = $0 { true } else { false } }, "failed before the checks gave up")
         net.run(for: 10)
-        #expect(net.a.events.contains { if case .failed = $0 { true } else { false } }, "\(net.a.events)")
-        #expect(net.a.agent.state == .failed)
-        #expect(selected(net.a.events) == nil)
+        #expect(net.aEvents.contains { if case .failed = $0 { true } else { false } }, "\(net.aEvents)")
+        #expect(net.a.core.state == .failed)
+        #expect(selected(net.aEvents) == nil)
     }
 
     @Test func withNoPairsAtAllTheAgentWaitsForChecksBeforeFailing() {
-        var net = pair()
+        let net = pair()
         net.blackhole = true
-        signal(&net, aLearnsB: false, bLearnsA: false)
+        signal(net, aLearnsB: false, bLearnsA: false)
         net.run(for: 3)
-        #expect(net.a.agent.state == .checking, "failed before a peer's check could have taught a pair")
+        #expect(net.a.core.state == .checking, "failed before a peer's check could have taught a pair")
         net.run(for: 10)
-        #expect(net.a.agent.state == .failed && net.a.events.contains(.failed("no candidate pairs")), "\(net.a.events)")
+        #expect(net.a.core.state == .failed && net.aEvents.contains(.failed("no candidate pairs")), "\(net.aEvents)")
     }
 
     @Test func consentIsRefreshedWhileThePeerAnswersAndLostWhenItGoesSilent() {
-        var net = pair()
-        signal(&net)
+        let net = pair()
+        signal(net)
         net.run(for: 2)
-        #expect(selected(net.a.events) != nil)
+        #expect(selected(net.aEvents) != nil)
         let before = net.sent
         net.run(for: 60)
-        #expect(!lostConsent(net.a.events))
+        #expect(!lostConsent(net.aEvents))
         // About one consent check each way every 5 s.
         #expect((net.sent - before) >= 2 * 8 && (net.sent - before) <= 2 * 2 * 16, "\(net.sent - before) packets in 60 s")
         net.blackhole = true
         net.run(for: 25)
-        #expect(!lostConsent(net.a.events))
+        #expect(!lostConsent(net.aEvents))
         net.run(for: 10)
-        #expect(lostConsent(net.a.events), "consent held without answers")
+        #expect(lostConsent(net.aEvents), "consent held without answers")
     }
 
     @Test func consentLostStaysLostThroughARestartUntilItsChecksSelectAPair() {
-        var net = pair()
-        signal(&net)
+        let net = pair()
+        signal(net)
         net.run(for: 2)
-        let first = selected(net.a.events)
+        let first = selected(net.aEvents)
         net.blackhole = true
         net.run(for: 35)
-        #expect(lostConsent(net.a.events))
-        #expect(net.a.agent.consentExpired && net.a.agent.state == .failed)
+        #expect(lostConsent(net.aEvents))
+        #expect(net.a.core.consentExpired && net.a.core.state == .failed)
         // The restart's signalling takes a while; the lost pair is not lost a second time, nor usable.
         net.blackhole = false
-        net.a.agent.restart()
-        net.b.agent.restart()
-        net.a.events = []
+        net.a.handle(.restart(local: .random(), candidates: nil))
+        net.b.handle(.restart(local: .random(), candidates: nil))
+        net.aEvents = []
         net.run(for: 5)
-        #expect(net.a.events.isEmpty, "\(net.a.events)")
-        #expect(net.a.agent.consentExpired && net.a.agent.state == .checking)
-        signal(&net)
+        #expect(net.aEvents.isEmpty, "\(net.aEvents)")
+        #expect(net.a.core.consentExpired && net.a.core.state == .checking)
+        signal(net)
         net.run(for: 2)
-        #expect(selected(net.a.events) == first && !net.a.agent.consentExpired)
+        #expect(selected(net.aEvents) == first && !net.a.core.consentExpired)
         // Consent is checked again on the new selection, and holds.
         net.run(for: 60)
-        #expect(!lostConsent(net.a.events), "\(net.a.events)")
+        #expect(!lostConsent(net.aEvents), "\(net.aEvents)")
     }
 
     @Test func aConsentThatExpiresWhileARestartWaitsDoesNotStopTheRestart() {
-        var net = pair()
-        signal(&net)
+        let net = pair()
+        signal(net)
         net.run(for: 2)
-        net.a.agent.restart()
-        net.b.agent.restart()
-        net.a.events = []
+        net.a.handle(.restart(local: .random(), candidates: nil))
+        net.b.handle(.restart(local: .random(), candidates: nil))
+        net.aEvents = []
         // The new descriptions take longer than the consent timeout to arrive.
         net.run(for: 35)
-        #expect(lostConsent(net.a.events), "\(net.a.events)")
-        #expect(net.a.agent.consentExpired && net.a.agent.state == .checking)
-        signal(&net)
+        #expect(lostConsent(net.aEvents), "\(net.aEvents)")
+        #expect(net.a.core.consentExpired && net.a.core.state == .checking)
+        signal(net)
         net.run(for: 2)
-        #expect(selected(net.a.events) != nil && !net.a.agent.consentExpired && net.a.agent.state == .completed, "\(net.a.events)")
+        #expect(selected(net.aEvents) != nil && !net.a.core.consentExpired && net.a.core.state == .completed, "\(net.aEvents)")
     }
 
     @Test func aRestartWithNewCredentialsConnectsAgain() {
-        var net = pair()
-        signal(&net)
+        let net = pair()
+        signal(net)
         net.run(for: 2)
-        let old = net.a.agent.local
-        net.a.agent.restart()
-        net.b.agent.restart()
-        #expect(net.a.agent.local != old)
-        #expect(net.a.agent.selected != nil, "media keeps its pair during the restart")
-        net.a.events = []; net.b.events = []
-        signal(&net)
+        let old = net.a.core.local
+        net.a.handle(.restart(local: .random(), candidates: nil))
+        net.b.handle(.restart(local: .random(), candidates: nil))
+        #expect(net.a.core.local != old)
+        #expect(net.a.core.selected != nil, "media keeps its pair during the restart")
+        net.aEvents = []; net.bEvents = []
+        signal(net)
         net.run(for: 2)
-        #expect(selected(net.a.events) != nil && selected(net.b.events) != nil)
+        #expect(selected(net.aEvents) != nil && selected(net.bEvents) != nil)
     }
 
     @Test func checksWithAWrongPasswordOrUsernameAreRefusedAndFormNoPair() throws {
@@ -275,22 +269,27 @@ struct ICEAgentTests {
         for (bytes, code) in [(check(username: "abcd:wxyz", password: "wrongwrongwrongwrongwr"), 401),
                               (check(username: "nope:wxyz", password: "0123456789012345678901"), 401),
                               (Message(type: .bindingRequest, attributes: [.username("abcd:wxyz")]).encode(fingerprint: true), 400)] {
-            let answer = agent.receive(bytes, from: peer, base: 0, now: .seconds(1))
-            let out = try #require(answer)
+            let wasICE = agent.receive(bytes, from: peer, base: 0, now: .seconds(1))
+            #expect(wasICE)
+            let out = agent.drainActions()
             guard case .send(let reply, _, _)? = out.first, let m = try? Message(decoding: reply),
                   case .errorCode(let e)? = try? m.value(.errorCode) else { Issue.record("no error response: \(out)"); continue }
             #expect(e.code == code)
         }
         #expect(agent.remoteCandidates.isEmpty, "an unauthenticated check taught a candidate")
         // Not STUN, truncated STUN, a response to nobody: not the agent's, no crash.
-        #expect(agent.receive([0x80, 0, 1, 2, 3], from: peer, base: 0, now: .seconds(1)) == nil)
+        let notSTUN = agent.receive([0x80, 0, 1, 2, 3], from: peer, base: 0, now: .seconds(1))
+        #expect(!notSTUN)
         let good = check(username: "abcd:wxyz", password: "0123456789012345678901")
         for n in 0..<good.count { _ = agent.receive(Array(good.prefix(n)), from: peer, base: 0, now: .seconds(1)) }
+        _ = agent.drainActions()
         let stray = Message(type: .bindingSuccess, attributes: [.xorMappedAddress(peer)]).encode(fingerprint: true)
-        #expect(agent.receive(stray, from: peer, base: 0, now: .seconds(1)) == nil)
+        let strayWasICE = agent.receive(stray, from: peer, base: 0, now: .seconds(1))
+        #expect(!strayWasICE)
         // The right password is answered, signed, and the sender becomes a candidate.
-        let answer = agent.receive(good, from: peer, base: 0, now: .seconds(1))
-        let out = try #require(answer)
+        let goodWasICE = agent.receive(good, from: peer, base: 0, now: .seconds(1))
+        #expect(goodWasICE)
+        let out = agent.drainActions()
         guard case .send(let reply, _, let to)? = out.first else { Issue.record("\(out)"); return }
         let m = try Message(decoding: reply)
         #expect(to == peer && m.type == .bindingSuccess)

@@ -111,49 +111,66 @@ struct ClientTransactionTests {
         var t = ClientTransaction(transactionID: id, request: [1, 2, 3])
         var sends: [Int] = []
         var now = Timestamp.zero
-        var action = t.start(now: now)
+        t.handle(.start, now: now)
         while true {
-            switch action {
-            case .send(let bytes, let wake):
-                #expect(bytes == [1, 2, 3])
-                sends.append(Self.ms(now))
-                now = wake
-            case .wait(let until):
-                now = until
-            case .timedOut:
-                #expect(sends == [0, 500, 1500, 3500, 7500, 15500, 31500])
-                #expect(Self.ms(now) == 39500)
-                #expect(t.state == .timedOut)
-                return
-            case .none:
+            for action in t.drainActions() {
+                switch action {
+                case .send(let bytes):
+                    #expect(bytes == [1, 2, 3])
+                    sends.append(Self.ms(now))
+                case .timedOut:
+                    #expect(sends == [0, 500, 1500, 3500, 7500, 15500, 31500])
+                    #expect(Self.ms(now) == 39500)
+                    #expect(t.state == .timedOut)
+                    #expect(t.nextDeadline == nil)
+                    return
+                case .answered:
+                    Issue.record("answered without a response")
+                    return
+                }
+            }
+            guard let next = t.nextDeadline else {
                 Issue.record("transaction ended without timing out")
                 return
             }
-            action = t.timerFired(now: now)
+            now = next
+            t.handleTimeout(now: now)
         }
     }
 
     @Test func earlyTimerWaitsAndResponseEndsIt() throws {
         let id = TransactionID.random()
         var t = ClientTransaction(transactionID: id, request: [])
-        _ = t.start(now: .zero)
-        #expect(t.timerFired(now: .zero + .milliseconds(100)) == .wait(until: .zero + .milliseconds(500)))
-        let other = t.receive(Message(type: .bindingSuccess))  // another transaction
-        let request = t.receive(Message(type: .bindingRequest, transactionID: id))  // not a response
-        let answer = t.receive(Message(type: .bindingError, transactionID: id))
-        #expect(!other && !request && answer)
+        t.handle(.start, now: .zero)
+        #expect(t.drainActions() == [.send([])])
+        t.handleTimeout(now: .zero + .milliseconds(100))
+        #expect(t.drainActions().isEmpty)
+        #expect(t.nextDeadline == .zero + .milliseconds(500))
+        t.handle(.response(Message(type: .bindingSuccess)), now: .zero)  // another transaction
+        t.handle(.response(Message(type: .bindingRequest, transactionID: id)), now: .zero)  // not a response
+        #expect(t.drainActions().isEmpty)
+        let answer = Message(type: .bindingError, transactionID: id)
+        t.handle(.response(answer), now: .zero)
+        #expect(t.drainActions() == [.answered(answer)])
         #expect(t.state == .answered)
-        #expect(t.timerFired(now: .zero + .seconds(100)) == .none)
+        #expect(t.nextDeadline == nil)
+        t.handleTimeout(now: .zero + .seconds(100))
+        #expect(t.drainActions().isEmpty)
+        let again = t.receive(answer)
+        #expect(!again, "a transaction is answered once")
     }
 
     @Test func reliableSendsOnceThenTimesOut() {
         var t = ClientTransaction(transactionID: .random(), request: [9], reliability: .reliable())
-        guard case .send(_, let wake) = t.start(now: .zero) else {
-            Issue.record("no first send")
+        t.handle(.start, now: .zero)
+        #expect(t.drainActions() == [.send([9])])
+        guard let wake = t.nextDeadline else {
+            Issue.record("no deadline")
             return
         }
         #expect(Self.ms(wake) == 39500)
-        #expect(t.timerFired(now: wake) == .timedOut)
+        t.handleTimeout(now: wake)
+        #expect(t.drainActions() == [.timedOut])
         #expect(t.transmissions == 1)
     }
 }

@@ -1,25 +1,14 @@
 @testable import Secure
+import TestSupport
 import Testing
 import TusaBase
 
-/// Two or more `SecureEndpoint`s joined by a simulated network on a virtual
-/// clock: datagrams are delivered after a delay, and may be lost, duplicated or
-/// reordered by a seeded generator. Tests drive it step by step.
+/// Two or more `SecureEndpoint`s on TestSupport's `VirtualNetwork` (its clock,
+/// delay, loss, duplication and jitter from a seeded generator, tamper hook and
+/// wire log). Tests drive it step by step.
 final class SimulatedNetwork {
-    struct Datagram {
-        var bytes: [UInt8]
-        var from: TransportAddress
-        var to: TransportAddress
-        var at: Timestamp
-    }
-
-    struct Impairment {
-        var loss = 0.0
-        var duplicate = 0.0
-        /// Extra random delay up to this, so packets overtake each other.
-        var jitter: Duration = .zero
-        var delay: Duration = .milliseconds(10)
-    }
+    typealias Datagram = VirtualNetwork.Datagram
+    typealias Impairment = VirtualNetwork.Impairment
 
     final class Node {
         let endpoint: SecureEndpoint
@@ -34,35 +23,40 @@ final class SimulatedNetwork {
         }
     }
 
-    var now = Timestamp.seconds(1000)
+    let network = VirtualNetwork(clock: VirtualClock(.seconds(1000)))
+    var now: Timestamp { network.now }
     var nodes: [Node] = []
-    var inFlight: [Datagram] = []
-    var impairment = Impairment()
-    var rng = SplitMix(seed: 42)
+    var impairment: Impairment {
+        get { network.impairment }
+        set { network.impairment = newValue }
+    }
+    /// Datagrams on their way (a test may hold them back).
+    var inFlight: [Datagram] {
+        get { network.inFlight }
+        set { network.inFlight = newValue }
+    }
     /// Every datagram put on the wire, for replay tests.
-    var wire: [Datagram] = []
+    var wire: [Datagram] { network.wire }
     /// A hook to drop or rewrite a datagram before delivery (nil drops it).
-    var tamper: ((Datagram) -> Datagram?)?
+    var tamper: ((Datagram) -> Datagram?)? {
+        get { network.tamper }
+        set { network.tamper = newValue }
+    }
 
     func addNode(_ identity: Identity = .generate(), port: UInt16, configuration: SecureConfiguration = .init()) -> Node {
         let address = TransportAddress(ip: .v4(0x7F00_0001), port: port)
         let node = Node(endpoint: SecureEndpoint(identity: identity, configuration: configuration, now: now), address: address)
         nodes.append(node)
+        network.attach(address)
         return node
     }
 
     func send(_ bytes: [UInt8], from: TransportAddress, to: TransportAddress) {
-        let d = Datagram(bytes: bytes, from: from, to: to, at: now)
-        wire.append(d)
-        if rng.chance(impairment.loss) { return }
-        let copies = rng.chance(impairment.duplicate) ? 2 : 1
-        for _ in 0..<copies {
-            var delay = impairment.delay
-            if impairment.jitter > .zero {
-                delay += .nanoseconds(Int64(rng.next() % UInt64(impairment.jitter.nanoseconds)))
-            }
-            inFlight.append(Datagram(bytes: bytes, from: from, to: to, at: now + delay))
-        }
+        // Every address is public here (a node may move to a new one): the
+        // delivery finds the node, or nobody.
+        network.attach(from)
+        network.attach(to)
+        network.send(bytes, from: from, to: to)
     }
 
     /// Moves every node's queued outputs onto the wire and records its events.
@@ -110,18 +104,13 @@ final class SimulatedNetwork {
     /// Advances the clock to `t`, delivering datagrams and running timers in order.
     func run(until t: Timestamp) {
         while true {
-            let nextPacket = inFlight.map(\.at).min()
+            let nextPacket = network.nextDelivery
             let nextTimer = nodes.compactMap { $0.endpoint.nextDeadline }.min()
             let next = [nextPacket, nextTimer].compactMap { $0 }.min()
             guard let next, next <= t else { break }
-            now = max(now, next)
-            if let i = inFlight.firstIndex(where: { $0.at <= now }) {
-                let d = inFlight.remove(at: i)
-                if let tamper {
-                    if let changed = tamper(d) { deliver(changed) }
-                } else {
-                    deliver(d)
-                }
+            network.clock.advance(to: next)
+            if let d = network.popDue() {
+                deliver(d)
                 continue
             }
             for node in nodes {
@@ -131,26 +120,10 @@ final class SimulatedNetwork {
                 }
             }
         }
-        now = max(now, t)
+        network.clock.advance(to: t)
     }
 
     func run(for d: Duration) { run(until: now + d) }
-}
-
-/// A small deterministic generator (SplitMix64) so impaired runs repeat exactly.
-struct SplitMix {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-    mutating func chance(_ p: Double) -> Bool {
-        p > 0 && Double(next() % 1_000_000) / 1_000_000 < p
-    }
 }
 
 extension SimulatedNetwork {
