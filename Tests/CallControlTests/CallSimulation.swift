@@ -1,5 +1,6 @@
 import CallControl
 import Secure
+import Testing
 import TusaBase
 
 /// Two call controllers on one virtual clock, wired through a simulated
@@ -85,7 +86,11 @@ struct CallSimulation {
             let next = sides.compactMap { $0.controller.nextDeadline }.min()
             guard let next, next <= target else { break }
             wakes += 1
-            precondition(wakes < 100_000, "the controllers keep waking at \(next)")
+            if wakes > 100_000 {
+                // A deadline that passes without anything changing: a driver would spin.
+                Issue.record("the controllers keep waking at \(next) and do nothing")
+                break
+            }
             now = max(now, next)
             for i in sides.indices where sides[i].controller.nextDeadline.map({ $0 <= now }) ?? false {
                 if hearing[i] { sides[i].controller.handle(.mediaArrived(at: now), now: now) }
