@@ -313,6 +313,7 @@ public final class CallAgent: @unchecked Sendable {
             throw CallError.ice(error)
         }
     }
+
     /// Our candidates: this machine's addresses, and with the rendezvous' TURN grant
     /// an allocation (relayed) and the address the relay saw (server-reflexive).
     /// `again`: a restart, with a fresh allocation (the old one may be unreachable

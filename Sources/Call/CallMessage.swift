@@ -19,6 +19,7 @@ extension CallMessage.Path {
 }
 
 extension CallMessage.Codec {
+    /// What a codec configuration is called on the wire.
     public init(_ c: CodecConfiguration) {
         self.init(name: c.kind.rawValue, sampleRate: c.sampleRate, frameMilliseconds: c.frameDuration.milliseconds, bitrate: c.bitrate)
     }

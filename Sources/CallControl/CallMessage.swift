@@ -48,12 +48,14 @@ public struct CallMessage: Codable, Equatable, Sendable {
         self.kind = kind; self.call = call; self.path = path; self.codec = codec; self.reason = reason
     }
 
+    /// The message as the JSON object sealed to the peer.
     public func encoded() -> [UInt8] {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         return (try? Array(encoder.encode(self))) ?? []
     }
 
+    /// A message a peer sent; a typed error for anything else (never a crash).
     public init(decoding bytes: [UInt8]) throws(CallMessageError) {
         do { self = try JSONDecoder().decode(CallMessage.self, from: Data(bytes)) } catch {
             throw .malformed("not a call message")
