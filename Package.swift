@@ -22,6 +22,7 @@ let package = Package(
         .library(name: "Voice", targets: ["Voice"]),
         .library(name: "Rendezvous", targets: ["Rendezvous"]),
         .library(name: "ICE", targets: ["ICE"]),
+        .library(name: "CallControl", targets: ["CallControl"]),
         .library(name: "Call", targets: ["Call"]),
         .executable(name: "tusa", targets: ["tusa"]),
     ],
@@ -91,11 +92,20 @@ let package = Package(
             dependencies: ["TusaBase", "STUN"],
             swiftSettings: strict
         ),
+        // Sans-IO call decisions: the call message, hang-ups, ICE restarts (silence,
+        // consent lost, address change), glare, rejoining the rendezvous, the time
+        // limit. No sockets, no clocks.
+        .target(
+            name: "CallControl",
+            dependencies: ["TusaBase", "Secure"],
+            swiftSettings: strict
+        ),
         // The call layer: signaling through the rendezvous + path + secure session +
-        // the voice pipeline on a real-time clock; statistics and the quality report.
+        // the voice pipeline on a real-time clock, hosting the CallController;
+        // statistics and the quality report.
         .target(
             name: "Call",
-            dependencies: ["Transport", "Secure", "Voice", "Rendezvous", "TusaBase", "STUN", "TURN", "ICE"],
+            dependencies: ["CallControl", "Transport", "Secure", "Voice", "Rendezvous", "TusaBase", "STUN", "TURN", "ICE"],
             swiftSettings: strict
         ),
         // Client-side SwiftNIO drivers hosting the sans-IO cores: the secure UDP
@@ -231,6 +241,12 @@ let package = Package(
         .testTarget(
             name: "ICETests",
             dependencies: ["ICE", "TusaBase", "STUN", "TestSupport"],
+            swiftSettings: strict
+        ),
+        // The call controller on a virtual clock: hang-ups, restarts, glare, rejoins.
+        .testTarget(
+            name: "CallControlTests",
+            dependencies: ["CallControl", "Secure", "TusaBase"],
             swiftSettings: strict
         ),
         .testTarget(

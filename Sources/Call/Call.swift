@@ -9,20 +9,6 @@ import Transport
 import TusaBase
 import Voice
 
-/// How a call ended, for the report and the exit code.
-public enum CallEnd: String, Sendable, Codable {
-    /// We hung up (our input ended, or the user stopped us).
-    case localHangup = "local-hangup"
-    /// The peer sent a hang-up.
-    case remoteHangup = "remote-hangup"
-    /// Nothing authenticated came from the peer for the secure layer's timeout.
-    case peerVanished = "peer-vanished"
-    /// The time limit (`--duration`) ran out.
-    case timeLimit = "time-limit"
-    /// Our audio input or output failed (the report's `audioError` says how).
-    case audioFailed = "audio-error"
-}
-
 /// The report at the end of a call (and, live, its status line).
 public struct CallReport: Sendable, Codable, Equatable {
     public var peer: String
@@ -115,6 +101,9 @@ public enum CandidatePolicy: String, Sendable, CaseIterable {
 
 /// One side of a call: signaling through a registered rendezvous connection, the
 /// secure session on a UDP endpoint, the voice session on its real-time clock.
+/// The call's decisions are a ``CallController``'s; this drives it: it awaits
+/// events (the rendezvous, the endpoint, the voice session, the controller's
+/// deadline) and performs the controller's actions.
 public final class CallAgent: @unchecked Sendable {
     public struct Options: Sendable {
         public var codec = CodecConfiguration()
@@ -141,6 +130,15 @@ public final class CallAgent: @unchecked Sendable {
         /// Called about once a second with the live report.
         public var onStatus: (@Sendable (CallReport) -> Void)?
         public init() {}
+
+        /// The controller's timing.
+        var control: CallController.Configuration {
+            var c = CallController.Configuration()
+            c.restartAfterSilence = restartAfterSilence
+            c.networkCheckInterval = networkCheckInterval
+            c.maximumDuration = maximumDuration
+            return c
+        }
     }
 
     /// The secure layer for calls: receiver reports every 2 s (the encoder's loss hint
@@ -155,25 +153,39 @@ public final class CallAgent: @unchecked Sendable {
         return c
     }
 
-    /// The rendezvous connection and what came through it; replaced when the
-    /// connection drops mid-call (a relay restart), so that ICE restarts can be signalled.
+    /// The rendezvous connection; replaced when the connection drops mid-call (a
+    /// relay restart), so that ICE restarts can be signalled.
     private struct Link {
         var connection: RendezvousConnection
-        var inbox: Mailbox<(from: PublicKey, payload: [UInt8])>
+        /// Counts registrations: a closed connection's end is news only for the current one.
+        var generation = 0
+        /// Whether the current connection closed (and nobody registered again yet).
+        var closed = false
+        /// Connections made here after the first (closed when the call ends).
+        var reconnected: [RendezvousConnection] = []
+        /// The tasks passing each connection's payloads on to `events`.
+        var listeners: [Task<Void, Never>] = []
     }
     private let lock = NSLock()
     private var link: Link
-    /// Connections made here after the first (closed when the call ends).
-    private var reconnected: [RendezvousConnection] = []
     private var rendezvous: RendezvousConnection { lock.withLock { link.connection } }
-    private var inbox: Mailbox<(from: PublicKey, payload: [UInt8])> { lock.withLock { link.inbox } }
+    /// Everything the agent awaits, in arrival order.
+    private let events: AsyncStream<CallEvent>
+    private let feed: AsyncStream<CallEvent>.Continuation
     private let identity: Identity
     private let options: Options
     private let logger: Logger
 
     public init(rendezvous: RendezvousConnection, identity: Identity, options: Options = .init(), logger: Logger = Logger(label: "tusa.call")) {
         self.identity = identity; self.options = options; self.logger = logger
-        link = Link(connection: rendezvous, inbox: Mailbox(rendezvous.incoming))
+        (events, feed) = AsyncStream<CallEvent>.makeStream()
+        link = Link(connection: rendezvous)
+        listen(to: rendezvous, generation: 0)
+    }
+
+    deinit {
+        for task in link.listeners { task.cancel() }
+        feed.finish()
     }
 
     /// ICE for calls: checks paced at 20 ms (two candidates a side is the common
@@ -185,43 +197,61 @@ public final class CallAgent: @unchecked Sendable {
         return c
     }
 
+    /// The driver's clock: the monotonic one media arrivals are stamped with.
+    private static func now() -> Timestamp { Timestamp(nanoseconds: UInt64(max(0, monotonicNanoseconds()))) }
+
     /// Calls `peer`: offer, answer, connectivity checks, handshake on the selected
     /// pair, voice until the input ends (then hangs up), the peer hangs up or
     /// vanishes, or the time limit.
     public func call(_ peer: PublicKey, source: AudioSource?, sink: AudioSink?) async throws -> CallReport {
         let dialed = monotonicNanoseconds()
         let router = MediaRouter()
+        var inbox = events.makeAsyncIterator()
         let endpoint = try await SecureUDPEndpoint.bind(identity: identity, configuration: Self.secure, mediaHandler: router.handler, logger: logger)
-        defer { Task { await endpoint.close() } }
-        let callID = UUID().uuidString
-        let local = try await startICE(endpoint, role: .controlling)
-        let offer = CallMessage(kind: .offer, call: callID, path: .init(local), codec: .init(options.codec))
-        try await rendezvous.send(offer.encoded(), to: peer)
-        let answer = try await waitFor(call: callID, from: peer, kinds: [.answer, .reject], timeout: options.ringTimeout)
-        if answer.kind == .reject { throw CallError.rejected(answer.reason ?? "no reason given") }
-        guard let remote = answer.path?.iceDescription, !remote.candidates.isEmpty else {
-            throw CallError.noPath("the answer has no usable candidate")
+        return try await closing(endpoint) {
+            let callID = UUID().uuidString
+            let local = try await startICE(endpoint, role: .controlling)
+            let offer = CallMessage(kind: .offer, call: callID, path: .init(local), codec: .init(options.codec))
+            try await rendezvous.send(offer.encoded(), to: peer)
+            let answer = try await waitFor(call: callID, from: peer, kinds: [.answer, .reject], timeout: options.ringTimeout, inbox: &inbox)
+            if answer.kind == .reject { throw CallError.rejected(answer.reason ?? "no reason given") }
+            guard let remote = answer.path?.iceDescription, !remote.candidates.isEmpty else {
+                throw CallError.noPath("the answer has no usable candidate")
+            }
+            let pair = try await connectICE(endpoint, to: remote)
+            let connected = monotonicNanoseconds()
+            let peerID: PeerID
+            do throws(SecureTransportError) { peerID = try await endpoint.connect(to: peer, at: pair.remote.address, timeout: .seconds(5)) } catch {
+                throw CallError.handshakeFailed(pair, error)
+            }
+            try await endpoint.followICE(peerID)
+            return try await run(role: .caller, peer: peer, peerID: peerID, callID: callID, endpoint: endpoint, router: router,
+                                 codec: options.codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected,
+                                 inbox: &inbox)
         }
-        let pair = try await connectICE(endpoint, to: remote)
-        let connected = monotonicNanoseconds()
-        let peerID: PeerID
-        do { peerID = try await endpoint.connect(to: peer, at: pair.remote.address, timeout: .seconds(5)) } catch {
-            throw CallError.noPath("the handshake on \(pair) failed: \(error)")
-        }
-        try await endpoint.followICE(peerID)
-        return try await run(role: "caller", peer: peer, peerID: peerID, callID: callID, endpoint: endpoint, router: router,
-                             codec: options.codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected)
     }
 
     /// Waits for an offer (from anyone, or from `only`), answers it and runs the call.
     public func answer(only: PublicKey? = nil, source: AudioSource?, sink: AudioSink?) async throws -> CallReport {
-        let deadline = ContinuousClock.now + options.ringTimeout
+        var inbox = events.makeAsyncIterator()
+        var alarm = Alarm(feed: feed)
+        defer { alarm.cancel() }
+        let deadline = Self.now() + options.ringTimeout
         while true {
-            let remaining = deadline - ContinuousClock.now
-            guard remaining > .zero, let (from, bytes) = await inbox.next(within: remaining) else {
-                throw CallError.timedOut("no call within \(options.ringTimeout)")
+            alarm.set(deadline, now: Self.now())
+            guard let event = await inbox.next() else { throw CallError.timedOut("no call within \(options.ringTimeout)") }
+            let from: PublicKey, bytes: [UInt8]
+            switch event {
+            case .signal(let f, let payload): from = f; bytes = payload
+            case .wake:
+                alarm.rang()
+                if Self.now() >= deadline { throw CallError.timedOut("no call within \(options.ringTimeout)") }
+                continue
+            case .rendezvousClosed(let generation): closed(generation); continue
+            case .endpoint, .sourceEnded, .sinkFailed: continue
             }
             guard only == nil || only == from, let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else { continue }
+            alarm.cancel()
             let dialed = monotonicNanoseconds()
             // Whatever stops the set-up is sent to the caller as a refusal (it does not wait for an answer).
             let codec: CodecConfiguration, remote: ICEDescription, endpoint: SecureUDPEndpoint, local: ICEDescription
@@ -242,21 +272,34 @@ public final class CallAgent: @unchecked Sendable {
                 try? await rendezvous.send(CallMessage(kind: .reject, call: offer.call, reason: "\(error)").encoded(), to: from)
                 throw error
             }
-            defer { Task { await endpoint.close() } }
-            // Checks (and the relay's permissions for the caller) start while the answer travels.
-            async let checks = connectICE(endpoint, to: remote)
-            let reply = CallMessage(kind: .answer, call: offer.call, path: .init(local), codec: offer.codec)
-            try await rendezvous.send(reply.encoded(), to: from)
-            let pair = try await checks
-            let connected = monotonicNanoseconds()
-            let peerID: PeerID
-            do { peerID = try await endpoint.waitForPeer(from, timeout: .seconds(10)) } catch {
-                throw CallError.noPath("the caller's handshake did not arrive on \(pair): \(error)")
+            return try await closing(endpoint) {
+                // Checks (and the relay's permissions for the caller) start while the answer travels.
+                async let checks = connectICE(endpoint, to: remote)
+                let reply = CallMessage(kind: .answer, call: offer.call, path: .init(local), codec: offer.codec)
+                try await rendezvous.send(reply.encoded(), to: from)
+                let pair = try await checks
+                let connected = monotonicNanoseconds()
+                let peerID: PeerID
+                do throws(SecureTransportError) { peerID = try await endpoint.waitForPeer(from, timeout: .seconds(10)) } catch {
+                    throw CallError.handshakeMissing(pair, error)
+                }
+                try await endpoint.followICE(peerID)
+                return try await run(role: .callee, peer: from, peerID: peerID, callID: offer.call, endpoint: endpoint, router: router,
+                                     codec: codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected,
+                                     inbox: &inbox)
             }
-            try await endpoint.followICE(peerID)
-            return try await run(role: "callee", peer: from, peerID: peerID, callID: offer.call, endpoint: endpoint, router: router,
-                                 codec: codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected)
         }
+    }
+
+    /// Runs `body`, then closes the endpoint (awaited) however it ended.
+    private func closing<T>(_ endpoint: SecureUDPEndpoint, _ body: () async throws -> T) async throws -> T {
+        let result: T
+        do { result = try await body() } catch {
+            await endpoint.close()
+            throw error
+        }
+        await endpoint.close()
+        return result
     }
 
     /// Gathers (host addresses, the relay's allocation and mapped address) and
@@ -264,10 +307,10 @@ public final class CallAgent: @unchecked Sendable {
     private func startICE(_ endpoint: SecureUDPEndpoint, role: ICERole) async throws -> ICEDescription {
         let candidates = try await gather(endpoint, again: false)
         let stun = options.candidatePolicy == .all && rendezvous.turn == nil ? options.stunServer : nil
-        do {
+        do throws(SecureTransportError) {
             return try await endpoint.startICE(role: role, candidates: candidates, stunServer: stun, configuration: Self.ice)
         } catch {
-            throw CallError.noPath("\(error)")
+            throw CallError.ice(error)
         }
     }
 
@@ -317,22 +360,46 @@ public final class CallAgent: @unchecked Sendable {
         return candidates
     }
 
+    /// Passes `connection`'s payloads on to `events`, then its end.
+    private func listen(to connection: RendezvousConnection, generation: Int) {
+        let feed = feed
+        let task = Task {
+            for await (from, payload) in connection.incoming { feed.yield(.signal(from: from, payload: payload)) }
+            feed.yield(.rendezvousClosed(generation: generation))
+        }
+        lock.withLock { link.listeners.append(task) }
+    }
+
+    /// A connection closed: news when it is the current one. True then.
+    @discardableResult
+    private func closed(_ generation: Int) -> Bool {
+        lock.withLock {
+            guard generation == link.generation else { return false }
+            link.closed = true
+            return true
+        }
+    }
+
     /// A new registration at the rendezvous after the connection dropped (a relay
     /// restart), or (`replacing`) after our addresses changed, when the old
     /// connection may be dead without knowing it; the server drops the old registration.
-    private func reconnect(replacing: Bool = false) async {
+    private func reconnect(replacing: Bool) async throws(RendezvousConnectionError) {
         let old = rendezvous, server = old.server
-        do {
-            let c = try await RendezvousConnection.connect(to: server, identity: identity.privateKey, timeout: .seconds(2))
-            lock.withLock {
-                link = Link(connection: c, inbox: Mailbox(c.incoming))
-                reconnected.append(c)
-            }
-            if replacing { await old.close() }
-            logger.info("registered again at the rendezvous", metadata: ["server": "\(server)"])
-        } catch {
+        let c: RendezvousConnection
+        do { c = try await RendezvousConnection.connect(to: server, identity: identity.privateKey, timeout: .seconds(2)) } catch {
             logger.info("the rendezvous is still unreachable", metadata: ["error": "\(error)"])
+            throw error as? RendezvousConnectionError ?? .closed("\(error)")
         }
+        let generation = lock.withLock {
+            link.generation += 1
+            link.connection = c
+            link.closed = false
+            link.reconnected.append(c)
+            return link.generation
+        }
+        listen(to: c, generation: generation)
+        if replacing { await old.close() }
+        logger.info("registered again at the rendezvous", metadata: ["server": "\(server)"])
     }
 
     /// An ICE restart's checks against the peer's new description, in the background.
@@ -345,26 +412,22 @@ public final class CallAgent: @unchecked Sendable {
         }
     }
 
-    /// An ICE restart's local half: gather again, new credentials, and the new
-    /// description sent to the peer as `kind` (a restart, or the answer to one).
-    /// False when there was nothing to signal.
-    private func restartICE(_ endpoint: SecureUDPEndpoint, signal kind: CallMessage.Kind, call: String, to peer: PublicKey) async -> Bool {
-        let ours: ICEDescription
+    /// An ICE restart's local half: gather again, new credentials. Nil when there
+    /// was nothing to signal.
+    private func restartICE(_ endpoint: SecureUDPEndpoint) async -> ICEDescription? {
         do {
             let candidates = try await gather(endpoint, again: true)
-            guard !candidates.isEmpty else { return false }
-            ours = try await endpoint.restartICE(candidates: candidates)
+            guard !candidates.isEmpty else { return nil }
+            return try await endpoint.restartICE(candidates: candidates)
         } catch {
             logger.warning("ICE restart failed", metadata: ["error": "\(error)"])
-            return false
+            return nil
         }
-        try? await rendezvous.send(CallMessage(kind: kind, call: call, path: .init(ours)).encoded(), to: peer)
-        return true
     }
 
-    private func connectICE(_ endpoint: SecureUDPEndpoint, to remote: ICEDescription) async throws -> ICEPair {
-        do { return try await endpoint.connectICE(to: remote, timeout: options.connectTimeout) } catch {
-            throw CallError.noPath("\(error)")
+    private func connectICE(_ endpoint: SecureUDPEndpoint, to remote: ICEDescription) async throws(CallError) -> ICEPair {
+        do throws(SecureTransportError) { return try await endpoint.connectICE(to: remote, timeout: options.connectTimeout) } catch {
+            throw .ice(error)
         }
     }
 
@@ -384,11 +447,15 @@ public final class CallAgent: @unchecked Sendable {
         return Array((udp + tcp).prefix(4))
     }
 
-    private func run(role: String, peer: PublicKey, peerID: PeerID, callID: String, endpoint: SecureUDPEndpoint, router: MediaRouter,
+    /// The established call: hosts a ``CallController`` until it ends the call.
+    private func run(role: CallRole, peer: PublicKey, peerID: PeerID, callID: String, endpoint: SecureUDPEndpoint, router: MediaRouter,
                      codec: CodecConfiguration, source: AudioSource?, sink: AudioSink?, dialed: Int64,
-                     pair: ICEPair, connected: Int64) async throws -> CallReport {
+                     pair: ICEPair, connected: Int64, inbox: inout AsyncStream<CallEvent>.Iterator) async throws -> CallReport {
         let session = try VoiceSession(endpoint: endpoint, peer: peerID, codec: codec, router: router, source: source, sink: sink,
                                        echoCancellation: options.echoCancellation)
+        let feed = feed
+        session.onSourceEnded = { feed.yield(.sourceEnded) }
+        session.onSinkFailed = { feed.yield(.sinkFailed) }
         if let impairment = options.impairment {
             await endpoint.impairMedia(impairment.decider(frameMilliseconds: codec.frameDuration.milliseconds))
         }
@@ -397,108 +464,111 @@ public final class CallAgent: @unchecked Sendable {
         var remote = (try? await endpoint.describe(peerID))??.address.map { "\($0)" } ?? "?"
         var path = Path(pair: pair, connected: Double(connected - dialed) / 1e6)
         var moves = 0
-        var ended = CallEnd.localHangup
-        let limit = options.maximumDuration.map { ContinuousClock.now + $0 }
-        var lastStatus = ContinuousClock.now
-        let events = Mailbox(endpoint.events)
-        // Restart ICE when the peer falls silent (we moved, its NAT rebound us, the
-        // relay restarted): the path is found again through the rendezvous.
-        var heard = (packets: 0, at: ContinuousClock.now)
-        var lastRestart: ContinuousClock.Instant?
-        var lastReconnect: ContinuousClock.Instant?
-        var restarts = 0
-        // ICE lost the peer's consent (RFC 7675): the endpoint sends nothing on the pair; restart now.
-        var consentLost = false
-        // This machine's addresses changed (we moved): restart now, with the new candidates.
-        var addresses = Set(hostAddresses(includeLoopback: options.includeLoopback))
-        var lastAddressCheck = ContinuousClock.now
-        var networkChanged = false
-        defer {
-            let made = lock.withLock { reconnected }
-            Task { for c in made { await c.close() } }
+        let roleName = role.rawValue
+        var controller = CallController(role: role, peer: peer, call: callID, configuration: options.control,
+                                        localAddresses: Set(hostAddresses(includeLoopback: options.includeLoopback)), now: Self.now())
+        if lock.withLock({ link.closed }) { controller.handle(.rendezvousLost, now: Self.now()) }
+        let endpointEvents = Task {
+            for await event in endpoint.events { feed.yield(.endpoint(event)) }
         }
-        loop: while true {
-            if inbox.finished, lastReconnect.map({ ContinuousClock.now - $0 >= .seconds(1) }) ?? true {
-                lastReconnect = ContinuousClock.now
-                await reconnect()
-            }
-            // Signaling (hang-up, ICE restarts) and endpoint events, polled every 50 ms.
-            while let (from, bytes) = inbox.take() {
-                guard from == peer, let m = try? CallMessage(decoding: bytes), m.call == callID else { continue }
-                switch m.kind {
-                case .hangup:
-                    ended = .remoteHangup; break loop
-                case .restart:
-                    // Both sides restarting at once: the controlling side's restart wins.
-                    if role == "caller", let lastRestart, ContinuousClock.now - lastRestart < .seconds(1) { continue }
-                    guard let theirs = m.path?.iceDescription, await restartICE(endpoint, signal: .restartAnswer, call: callID, to: peer) else { continue }
-                    lastRestart = ContinuousClock.now
-                    restarts += 1
-                    recheck(endpoint, theirs)
-                case .restartAnswer:
-                    guard let theirs = m.path?.iceDescription else { continue }
-                    recheck(endpoint, theirs)
-                default:
-                    break
+        var alarm = Alarm(feed: feed)
+        var heard: Timestamp?
+        var ended: CallEnd?
+        /// Tells the controller when the peer's media last arrived (its silence rule).
+        func hear(_ controller: inout CallController) {
+            guard let ns = router.lastArrival else { return }
+            let at = Timestamp(nanoseconds: UInt64(max(0, ns)))
+            guard heard != at else { return }
+            heard = at
+            controller.handle(.mediaArrived(at: at), now: Self.now())
+        }
+        while ended == nil {
+            // Everything the controller asked for, in order; what an action learns goes back in at once.
+            while ended == nil, let action = controller.pollAction() {
+                switch action {
+                case .send(let message):
+                    do { try await rendezvous.send(message.encoded(), to: peer) } catch {
+                        controller.handle(.sendFailed(message), now: Self.now())
+                    }
+                case .restartICE(let why):
+                    if why != .peerRestarted {
+                        logger.info("\(why): ICE restart", metadata: ["restart": "\(controller.iceRestarts + 1)"])
+                    }
+                    if let ours = await restartICE(endpoint) {
+                        controller.handle(.iceRestarted(.init(ours)), now: Self.now())
+                    } else {
+                        controller.handle(.iceRestartFailed, now: Self.now())
+                    }
+                case .checkICE(let theirs):
+                    recheck(endpoint, theirs.iceDescription)
+                case .rejoinRendezvous(let replacing):
+                    do {
+                        try await reconnect(replacing: replacing)
+                        controller.handle(.rendezvousRejoined, now: Self.now())
+                    } catch {
+                        controller.handle(.rejoinFailed, now: Self.now())
+                    }
+                case .lookAtLocalAddresses:
+                    let current = Set(hostAddresses(includeLoopback: options.includeLoopback)), before = controller.localAddresses
+                    if current != before {
+                        logger.info("this machine's addresses changed", metadata: [
+                            "gone": "\(before.subtracting(current).map { "\($0)" }.sorted())",
+                            "new": "\(current.subtracting(before).map { "\($0)" }.sorted())"])
+                    }
+                    controller.handle(.localAddresses(current), now: Self.now())
+                case .report:
+                    session.setRoundTrip(await endpoint.roundTripTime(of: peerID))
+                    if let onStatus = options.onStatus {
+                        onStatus(report(session, role: roleName, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
+                                        firstAudio: session.firstPlayedNanoseconds, started: started, ended: .localHangup, moves: moves,
+                                        restarts: controller.iceRestarts))
+                    }
+                case .end(let reason):
+                    ended = reason
                 }
             }
-            let received = session.statistics.packetsReceived
-            if received != heard.packets { heard = (received, ContinuousClock.now) }
-            if let every = options.networkCheckInterval, ContinuousClock.now - lastAddressCheck >= every {
-                lastAddressCheck = ContinuousClock.now
-                let current = Set(hostAddresses(includeLoopback: options.includeLoopback))
-                if current != addresses {
-                    logger.info("this machine's addresses changed", metadata: [
-                        "gone": "\(addresses.subtracting(current).map { "\($0)" }.sorted())",
-                        "new": "\(current.subtracting(addresses).map { "\($0)" }.sorted())"])
-                    addresses = current
-                    networkChanged = true
-                }
-            }
-            if consentLost || networkChanged || ContinuousClock.now - heard.at >= options.restartAfterSilence,
-               lastRestart.map({ ContinuousClock.now - $0 >= options.restartAfterSilence * 2 }) ?? true {
-                lastRestart = ContinuousClock.now
-                let why = networkChanged ? "our addresses changed" : consentLost ? "the peer withdrew its consent" : "the peer fell silent"
-                logger.info("\(why): ICE restart", metadata: ["restart": "\(restarts + 1)"])
-                consentLost = false
-                // (Our old connection to the rendezvous may have gone with our old address.)
-                if networkChanged { await reconnect(replacing: true) }
-                networkChanged = false
-                if await restartICE(endpoint, signal: .restart, call: callID, to: peer) { restarts += 1 }
-            }
-            while let event = events.take() {
+            if ended != nil { break }
+            alarm.set(controller.nextDeadline, now: Self.now())
+            guard let event = await inbox.next() else { break }
+            switch event {
+            case .wake:
+                alarm.rang()
+                hear(&controller)
+                controller.handleTimeout(now: Self.now())
+            case .signal(let from, let payload):
+                guard let message = try? CallMessage(decoding: payload) else { continue }
+                hear(&controller)
+                controller.handle(.signal(message, from: from), now: Self.now())
+            case .rendezvousClosed(let generation):
+                if closed(generation) { controller.handle(.rendezvousLost, now: Self.now()) }
+            case .sourceEnded, .sinkFailed:
+                // (One snapshot: a source that failed also ended.)
+                controller.handle(session.statistics.audioError != nil ? .audioFailed : .hangUp, now: Self.now())
+            case .endpoint(let event):
                 switch event {
                 case .session(.control(let id, let report)) where id == peerID: session.handle(report: report)
-                case .session(.peerGone(let id)) where id == peerID: ended = .peerVanished; break loop
+                case .session(.peerGone(let id)) where id == peerID: controller.handle(.peerGone, now: Self.now())
                 case .session(.peerMoved(let id, _, let to)) where id == peerID: moves += 1; remote = "\(to)"
                 case .ice(.selected(let p)):
                     logger.info("ICE selected a pair", metadata: ["pair": "\(p)"])
                     path = Path(pair: p, connected: path.connected); remote = "\(p.remote.address)"
-                    consentLost = false
+                    controller.handle(.iceSelected, now: Self.now())
                 case .ice(.consentLost(let p)):
                     logger.warning("ICE lost the peer's consent: nothing more is sent on the pair", metadata: ["pair": "\(p)"])
-                    consentLost = true
+                    controller.handle(.iceConsentLost, now: Self.now())
                 default: break
                 }
             }
-            session.setRoundTrip(await endpoint.roundTripTime(of: peerID))
-            let voice = session.statistics   // (one snapshot: a failing source also ends)
-            if voice.audioError != nil { ended = .audioFailed; break loop }
-            if voice.sourceEnded { ended = .localHangup; break loop }
-            if let limit, ContinuousClock.now >= limit { ended = .timeLimit; break loop }
-            if let onStatus = options.onStatus, ContinuousClock.now - lastStatus >= .seconds(1) {
-                lastStatus = ContinuousClock.now
-                onStatus(report(session, role: role, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
-                                firstAudio: session.firstPlayedNanoseconds, started: started, ended: .localHangup, moves: moves, restarts: restarts))
-            }
-            try? await Task.sleep(for: .milliseconds(50))
         }
-        if ended != .remoteHangup && ended != .peerVanished {
-            try? await rendezvous.send(CallMessage(kind: .hangup, call: callID).encoded(), to: peer)
-        }
+        alarm.cancel()
+        endpointEvents.cancel()
+        session.setRoundTrip(await endpoint.roundTripTime(of: peerID))
         await session.stop()
-        return report(session, role: role, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
-                      firstAudio: session.firstPlayedNanoseconds, started: started, ended: ended, moves: moves, restarts: restarts)
+        let made = lock.withLock { link.reconnected }
+        for c in made { await c.close() }
+        return report(session, role: roleName, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
+                      firstAudio: session.firstPlayedNanoseconds, started: started, ended: ended ?? .localHangup, moves: moves,
+                      restarts: controller.iceRestarts)
     }
 
     /// What the report says of the path: the selected pair and when it was first selected.
@@ -534,51 +604,27 @@ public final class CallAgent: @unchecked Sendable {
             sendBitrate: s.encoderBitrate, audioError: s.audioError)
     }
 
+    /// The peer's answer (or refusal) to our offer, awaited among the agent's events.
     private func waitFor(call: String, from peer: PublicKey, kinds: Set<CallMessage.Kind>, timeout: Duration,
-                         ) async throws -> CallMessage {
-        let deadline = ContinuousClock.now + timeout
+                         inbox: inout AsyncStream<CallEvent>.Iterator) async throws(CallError) -> CallMessage {
+        var alarm = Alarm(feed: feed)
+        defer { alarm.cancel() }
+        let deadline = Self.now() + timeout
         while true {
-            let remaining = deadline - ContinuousClock.now
-            guard remaining > .zero, let (from, bytes) = await inbox.next(within: remaining) else {
-                throw CallError.timedOut("no answer within \(timeout)")
+            alarm.set(deadline, now: Self.now())
+            guard let event = await inbox.next() else { throw .timedOut("no answer within \(timeout)") }
+            switch event {
+            case .signal(let from, let bytes):
+                guard from == peer, let m = try? CallMessage(decoding: bytes), m.call == call, kinds.contains(m.kind) else { continue }
+                return m
+            case .wake:
+                alarm.rang()
+                if Self.now() >= deadline { throw .timedOut("no answer within \(timeout)") }
+            case .rendezvousClosed(let generation):
+                closed(generation)
+            case .endpoint, .sourceEnded, .sinkFailed:
+                continue
             }
-            guard from == peer, let m = try? CallMessage(decoding: bytes), m.call == call, kinds.contains(m.kind) else { continue }
-            return m
-        }
-    }
-}
-
-/// A stream's elements, collected by a task, taken without consuming the stream
-/// from a racing task (cancelling an AsyncStream's consumer would end the stream).
-final class Mailbox<T: Sendable>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var items: [T] = []
-    private var ended = false
-    private var task: Task<Void, Never>?
-
-    init(_ stream: AsyncStream<T>) {
-        task = Task { [weak self] in
-            for await item in stream { self?.put(item) }
-            self?.lock.withLock { self?.ended = true }
-        }
-    }
-
-    /// The stream ended (and everything it had was taken).
-    var finished: Bool { lock.withLock { ended && items.isEmpty } }
-
-    deinit { task?.cancel() }
-
-    private func put(_ item: T) { lock.withLock { items.append(item) } }
-
-    func take() -> T? { lock.withLock { items.isEmpty ? nil : items.removeFirst() } }
-
-    /// The next element within `timeout`, or nil.
-    func next(within timeout: Duration) async -> T? {
-        let deadline = ContinuousClock.now + timeout
-        while true {
-            if let item = take() { return item }
-            if ContinuousClock.now >= deadline { return nil }
-            try? await Task.sleep(for: .milliseconds(5))
         }
     }
 }

@@ -17,6 +17,7 @@ public func monotonicNanoseconds() -> Int64 {
 public final class MediaRouter: Sendable {
     private let target = Mutex<(peer: PeerID, receiver: VoiceReceiver, payloadType: UInt8)?>(nil)
     private let counters = Mutex<(packets: Int, bytes: Int, other: Int, first: Int64?)>((0, 0, 0, nil))
+    private let last = Atomic<Int64>(0)
 
     public init() {}
 
@@ -28,6 +29,7 @@ public final class MediaRouter: Sendable {
                 t.receiver.receive(sequence: header.sequenceNumber, timestamp: header.timestamp, payload: payload, arrivalNanoseconds: now)
                 return true
             }
+            if accepted { last.store(now, ordering: .relaxed) }
             counters.withLock { c in
                 if accepted { c.packets += 1; c.bytes += payload.count; if c.first == nil { c.first = now } } else { c.other += 1 }
             }
@@ -39,6 +41,11 @@ public final class MediaRouter: Sendable {
     var received: (packets: Int, bytes: Int, other: Int, first: Int64?) { counters.withLock { $0 } }
     /// When the first packet of the call's audio arrived (monotonic ns).
     public var firstArrival: Int64? { counters.withLock { $0.first } }
+    /// When the latest packet of the call's audio arrived (monotonic ns).
+    public var lastArrival: Int64? {
+        let ns = last.load(ordering: .relaxed)
+        return ns == 0 ? nil : ns
+    }
 }
 
 /// A live snapshot of a call's voice.
@@ -112,6 +119,9 @@ public final class VoiceSession: @unchecked Sendable {
     private let done = DispatchSemaphore(value: 0)
     /// Called once on the audio thread when the source has no more audio.
     public var onSourceEnded: (@Sendable () -> Void)?
+    /// Called once on the audio thread when writing the audio received failed
+    /// (``VoiceSessionStatistics/audioError`` says how).
+    public var onSinkFailed: (@Sendable () -> Void)?
 
     public init(endpoint: SecureUDPEndpoint, peer: PeerID, codec: CodecConfiguration, router: MediaRouter,
                 source: AudioSource?, sink: AudioSink?, echoCancellation: Bool = false, taps: PCMTaps? = nil) throws(VoiceError) {
@@ -259,6 +269,7 @@ public final class VoiceSession: @unchecked Sendable {
                 } catch {
                     sinkFailed = true
                     stats.withLock { s in if s.audioError == nil { s.audioError = "cannot write the audio received: \(error)" } }
+                    onSinkFailed?()
                 }
             }
             if slot == chunksPerFrame - 1 {

@@ -1,0 +1,19 @@
+import Secure
+import Transport
+
+/// What a call's driver awaits, from every source at once: the rendezvous
+/// connection, the endpoint, the voice session and the controller's timer.
+enum CallEvent: Sendable {
+    /// A payload from a peer through the rendezvous.
+    case signal(from: PublicKey, payload: [UInt8])
+    /// The rendezvous connection of this generation closed (``CallAgent`` makes a
+    /// new generation each time it registers again).
+    case rendezvousClosed(generation: Int)
+    case endpoint(SecureUDPEvent)
+    /// The audio to send ended (or failed to be read).
+    case sourceEnded
+    /// Writing the audio received failed.
+    case sinkFailed
+    /// A deadline passed (the controller's, or the ring timeout).
+    case wake
+}
