@@ -116,7 +116,8 @@ public final class VoiceSession: @unchecked Sendable {
     private let bitrate: Mutex<BitrateController?>
     private let firstPlayed = AtomicBox()
     private var thread: Thread?
-    private let done = DispatchSemaphore(value: 0)
+    /// The audio thread's end, and whoever awaits it in ``stop()``.
+    private let threadExit = Mutex<(ended: Bool, waiter: CheckedContinuation<Void, Never>?)>((false, nil))
     /// Called once on the audio thread when the source has no more audio.
     public var onSourceEnded: (@Sendable () -> Void)?
     /// Called once on the audio thread when writing the audio received failed
@@ -155,7 +156,16 @@ public final class VoiceSession: @unchecked Sendable {
     public func start() {
         guard !running.exchange(true, ordering: .acquiringAndReleasing) else { return }
         router.attach(receiver, peer: peer, payloadType: Self.payloadType)
-        let t = Thread { [self] in self.loop(); self.done.signal() }
+        // A thread of its own, not a task: the audio clock must never wait for the cooperative pool.
+        let t = Thread { [self] in
+            self.loop()
+            let waiter = threadExit.withLock { exit in
+                exit.ended = true
+                defer { exit.waiter = nil }
+                return exit.waiter
+            }
+            waiter?.resume()
+        }
         t.name = "tusa.voice"
         t.qualityOfService = .userInteractive
         thread = t
@@ -166,7 +176,11 @@ public final class VoiceSession: @unchecked Sendable {
     public func stop() async {
         guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-            DispatchQueue.global().async { self.done.wait(); c.resume() }
+            let ended = threadExit.withLock { exit in
+                if !exit.ended { exit.waiter = c }
+                return exit.ended
+            }
+            if ended { c.resume() }
         }
         router.detach()
         sink?.close()

@@ -1,4 +1,6 @@
-/// The handshake patterns offered (Noise rev 34, section 7).
+// swift-format-ignore: AlwaysUseLowerCamelCase
+/// The handshake patterns offered (Noise rev 34, section 7), named as the
+/// specification names them.
 public enum NoisePattern: String, Sendable, CaseIterable {
     /// <- s … -> e, es, s, ss  <- e, ee, se  (the product's pattern)
     case IK

@@ -19,6 +19,8 @@ enum SharedVectors {
         let ciphertext: String
     }
 
+    // The cacophony file's own field names.
+    // swift-format-ignore: AlwaysUseLowerCamelCase
     struct NoiseVector: Decodable, Sendable, CustomTestStringConvertible {
         let protocol_name: String
         let init_prologue: String
