@@ -93,12 +93,22 @@ public final class SecureEndpoint {
     private var perSource: SourceLimiter
     private let ownMAC1Key: [UInt8]
     private var lastPoll: Timestamp?
+    /// Every random byte the endpoint draws: ephemeral keys, sender indices,
+    /// SSRCs, initial sequence numbers, cookie secrets and nonces.
+    private var random: any SecureRandom
 
-    public init(identity: Identity, configuration: SecureConfiguration = .init(), now: Timestamp) {
+    /// - Parameter random: the source of every random byte (libsodium's by default;
+    ///   tests pass a ``SeededRandom`` for runs that repeat byte for byte).
+    public init(
+        identity: Identity, configuration: SecureConfiguration = .init(), random: any SecureRandom = SystemRandom(),
+        now: Timestamp
+    ) {
         Sodium.ensureInitialized()
         self.identity = identity
         self.configuration = configuration
-        cookies = CookieChecker(responder: identity.publicKey, now: now)
+        var random = random
+        cookies = CookieChecker(responder: identity.publicKey, now: now, random: &random)
+        self.random = random
         handshakeBudget = TokenBucket(rate: configuration.handshakeRate, burst: configuration.handshakeBurst, now: now)
         perSource = SourceLimiter(rate: configuration.handshakeRatePerSource, burst: configuration.handshakeRatePerSource * 2)
         ownMAC1Key = MAC.mac1Key(for: identity.publicKey)
@@ -115,7 +125,11 @@ public final class SecureEndpoint {
         }
         let id = PeerID(rawValue: nextPeerID)
         nextPeerID += 1
-        let p = PeerState(id: id, key: key, address: address, clockRate: configuration.mediaClockRate)
+        // RFC 3550: a random SSRC and a random initial sequence number.
+        let ssrc = random.nonZeroUInt32()
+        let sequence = UInt64(UInt16(truncatingIfNeeded: random.uint32()))
+        let p = PeerState(
+            id: id, key: key, address: address, localSSRC: ssrc, firstSequence: sequence, configuration: configuration)
         peers[id] = p
         peerByKey[key] = id
         return id
@@ -140,11 +154,11 @@ public final class SecureEndpoint {
     }
 
     /// The round-trip time from the latest report that echoed one of ours.
-    public func roundTripTime(of id: PeerID) -> Duration? { peers[id]?.roundTrip }
+    public func roundTripTime(of id: PeerID) -> Duration? { peers[id]?.reports.roundTrip }
     /// What we received from the peer so far.
-    public func reception(of id: PeerID) -> ReceptionStatistics? { peers[id]?.reception }
+    public func reception(of id: PeerID) -> ReceptionStatistics? { peers[id]?.reports.reception }
     /// The latest report the peer sent us (its view of our media).
-    public func lastReport(from id: PeerID) -> ControlReport? { peers[id]?.lastPeerReport?.report }
+    public func lastReport(from id: PeerID) -> ControlReport? { peers[id]?.reports.lastPeerReport?.report }
 
     /// Points a peer at a new address (e.g. after ICE picks a path).
     public func setAddress(_ address: TransportAddress, of id: PeerID) { peers[id]?.address = address }
@@ -261,7 +275,7 @@ public final class SecureEndpoint {
                 p.replay.accept(ext)
                 if p.highestReceived.map({ ext > $0 }) ?? true { p.highestReceived = ext }
                 keys.lowestReceived = min(keys.lowestReceived ?? ext, ext)
-                p.reception.record(extendedSequence: ext, rtpTimestamp: header.timestamp, arrival: now)
+                p.reports.record(extendedSequence: ext, rtpTimestamp: header.timestamp, arrival: now)
                 authenticated(p, keys: keys, from: source, newest: ext == p.highestReceived, now: now)
                 statistics.mediaOpened += 1
                 return .media(id, header, payload: range)
@@ -288,21 +302,9 @@ public final class SecureEndpoint {
             else { continue }
             p.controlReplay.accept(UInt64(index))
             authenticated(p, keys: keys, from: source, newest: true, now: now)
-            if report.kind == .report {
-                p.lastPeerReport = (report, now)
-                // The peer's first report gets one at once: it echoes the peer's timestamp.
-                if !p.answeredFirstReport, configuration.reportInterval > .zero, p.current != nil {
-                    p.answeredFirstReport = true
-                    p.lastReportSent = now
-                    p.reportsSent += 1
-                    try? sendControl(makeReport(p, now: now), to: p.id, now: now)
-                }
-                if let rtt = ControlReport.roundTrip(
-                    now: ControlReport.compactTimestamp(nanoseconds: now.nanoseconds),
-                    lastReportTimestamp: report.lastReportTimestamp, delaySinceLastReport: report.delaySinceLastReport)
-                {
-                    p.roundTrip = rtt
-                }
+            // The peer's first report gets one at once: it echoes the peer's timestamp.
+            if report.kind == .report, p.reports.peerReported(report, now: now, canAnswer: p.current != nil) {
+                try? sendControl(p.reports.makeReport(now: now), to: p.id, now: now)
             }
             if report.kind != .keepalive { outbox.append(.event(.control(id, report))) }
             return .handled
@@ -318,16 +320,27 @@ public final class SecureEndpoint {
             promote(p, keys: keys, now: now)
             outbox.append(.event(.established(p.id, key: p.key, rekey: p.everEstablished)))
             p.everEstablished = true
-            p.lastReportSent = p.lastReportSent ?? now
+            p.reports.sessionStarted(now: now)
         }
-        if newest, source != p.address {
-            if let last = p.lastRoam, now - last < configuration.roamInterval { return }
-            let old = p.address
+        if newest { roam(p, to: source, now: now) }
+    }
+
+    /// The one roaming rule, for every authenticated packet (media, control,
+    /// handshake initiation and response): the peer's address follows its
+    /// newest authenticated packet, at most once per `roamInterval`; each move
+    /// is counted in `statistics.roams` and reported as `peerMoved`. A peer's
+    /// first address is not a move.
+    private func roam(_ p: PeerState, to source: TransportAddress, now: Timestamp) {
+        guard source != p.address else { return }
+        guard let old = p.address else {
             p.address = source
-            p.lastRoam = now
-            statistics.roams += 1
-            if let old { outbox.append(.event(.peerMoved(p.id, from: old, to: source))) }
+            return
         }
+        if let last = p.lastRoam, now - last < configuration.roamInterval { return }
+        p.address = source
+        p.lastRoam = now
+        statistics.roams += 1
+        outbox.append(.event(.peerMoved(p.id, from: old, to: source)))
     }
 
     /// `keys` became the keys to send with: older ones linger, then retire.
@@ -358,8 +371,9 @@ public final class SecureEndpoint {
         let senderIndex = m.readUInt32(at: 4)
         if !handshakeBudget.take(1, now: now) {
             // Under load: only initiations proving their source address get work.
-            guard cookies.mac2Valid(m, mac2: HandshakeWire.initiationMAC2, from: source, now: now) else {
-                outbox.append(.send(cookies.reply(receiverIndex: senderIndex, mac1: mac1, to: source, now: now), to: source))
+            guard cookies.mac2Valid(m, mac2: HandshakeWire.initiationMAC2, from: source, now: now, random: &random) else {
+                let reply = cookies.reply(receiverIndex: senderIndex, mac1: mac1, to: source, now: now, random: &random)
+                outbox.append(.send(reply, to: source))
                 statistics.cookieRepliesSent += 1
                 return dropHandshake(.cookieRequired)
             }
@@ -394,6 +408,7 @@ public final class SecureEndpoint {
         let localIndex = freshIndex()
         let keys: NoiseTransportKeys
         var response = [UInt8](repeating: 0, count: HandshakeWire.responseLength)
+        noise.useEphemeral(random.privateKey())
         do {
             let m2 = try noise.writeMessage(payload: responsePayload)
             guard m2.count == HandshakeWire.responseNoise.count else { return dropHandshake(.malformed) }
@@ -414,13 +429,7 @@ public final class SecureEndpoint {
             p.pending = nil
         }
         install(p, Keypair(keys: keys, initiator: false, now: now), logging: keys)
-        p.address = p.address ?? source
-        if p.address != source, p.lastRoam.map({ now - $0 >= configuration.roamInterval }) ?? true {
-            let old = p.address
-            p.address = source
-            p.lastRoam = now
-            if let old { outbox.append(.event(.peerMoved(p.id, from: old, to: source))) }
-        }
+        roam(p, to: source, now: now)
         p.lastReceived = now
         outbox.append(.send(response, to: source))
         return .handled
@@ -451,10 +460,10 @@ public final class SecureEndpoint {
         promote(p, keys: keypair, now: now)
         statistics.handshakesCompleted += 1
         p.lastReceived = now
-        if p.address != source { p.address = source }
+        roam(p, to: source, now: now)
         outbox.append(.event(.established(p.id, key: p.key, rekey: p.everEstablished)))
         p.everEstablished = true
-        p.lastReportSent = p.lastReportSent ?? now
+        p.reports.sessionStarted(now: now)
         // Confirm the keys to the responder at once (it may not send before).
         try? sendControl(ControlReport(kind: .keepalive), to: id, now: now)
         return .handled
@@ -485,14 +494,14 @@ public final class SecureEndpoint {
             p.controlReplay = ReplayWindow()
             p.highestReceived = nil
             p.retiredBelow = nil
-            p.reception = ReceptionStatistics(clockRate: configuration.mediaClockRate)
+            p.reports.restartReception()
         }
         peerBySSRC[ssrc] = p.id
     }
 
     private func freshIndex() -> UInt32 {
         while true {
-            let i = UInt32.random(in: 1...UInt32.max)
+            let i = random.nonZeroUInt32()
             if pendingByIndex[i] == nil { return i }
         }
     }
@@ -511,7 +520,7 @@ public final class SecureEndpoint {
         do {
             noise = try NoiseHandshake(
                 pattern: .IK, hash: .blake2b, initiator: true, prologue: HandshakeWire.prologue,
-                localStatic: identity.privateKey, remoteStatic: p.key)
+                localStatic: identity.privateKey, remoteStatic: p.key, localEphemeral: random.privateKey())
             let m1 = try noise.writeMessage(payload: payload)
             guard m1.count == HandshakeWire.initiationNoise.count else { return }
             m.replaceSubrange(HandshakeWire.initiationNoise, with: m1)
@@ -558,25 +567,6 @@ public final class SecureEndpoint {
         if due { startHandshake(p, now: now, rekey: true) }
     }
 
-    /// A receiver report for `p`: what we saw of its media since the last one,
-    /// and the echo of its latest report for its round-trip time.
-    private func makeReport(_ p: PeerState, now: Timestamp) -> ControlReport {
-        let fraction = p.reception.takeFractionLost()
-        // The loss hint follows the reported loss, smoothed so one bad interval does not swing the encoder.
-        p.smoothedLoss = 0.7 * p.smoothedLoss + 0.3 * Double(fraction) / 256
-        var echo: UInt32 = 0, held: UInt32 = 0
-        if let (report, at) = p.lastPeerReport, report.timestamp != 0 {
-            echo = report.timestamp
-            held = UInt32(truncatingIfNeeded: (now.nanoseconds &- at.nanoseconds) << 16 / 1_000_000_000)
-        }
-        let stamp = ControlReport.compactTimestamp(nanoseconds: now.nanoseconds)
-        return ControlReport(
-            kind: .report, highestSequence: p.reception.highestSequence,
-            cumulativeLost: UInt32(clamping: p.reception.cumulativeLost), fractionLost: fraction,
-            jitter: p.reception.jitter, lastReportTimestamp: echo, delaySinceLastReport: held,
-            lossHint: UInt8(min(100, (p.smoothedLoss * 100).rounded(.up))), timestamp: stamp == 0 ? 1 : stamp)
-    }
-
     // MARK: Timers
 
     /// Runs every timer due at `now`; drain `outputs()` afterwards.
@@ -611,10 +601,8 @@ public final class SecureEndpoint {
             }
             if let keys = p.current {
                 maybeRekey(p, keys: keys, now: now)
-                if configuration.reportInterval > .zero, now - (p.lastReportSent ?? .zero) >= reportInterval(p) {
-                    p.lastReportSent = now
-                    p.reportsSent += 1
-                    try? sendControl(makeReport(p, now: now), to: p.id, now: now)
+                if p.reports.isDue(now: now) {
+                    try? sendControl(p.reports.makeReport(now: now), to: p.id, now: now)
                 }
                 if now - max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) >= configuration.keepaliveInterval {
                     p.lastKeepaliveAttempt = now
@@ -622,11 +610,6 @@ public final class SecureEndpoint {
                 }
             }
         }
-    }
-
-    /// The wait before `p`'s next report: short before the first.
-    private func reportInterval(_ p: PeerState) -> Duration {
-        p.reportsSent == 0 ? min(configuration.firstReportAfter, configuration.reportInterval) : configuration.reportInterval
     }
 
     /// When `poll` must run next, or nil when nothing is scheduled.
@@ -643,7 +626,7 @@ public final class SecureEndpoint {
             consider(last + configuration.peerTimeout)
             if p.pending == nil { consider(last + configuration.rehandshakeAfterSilence) }
             if let keys = p.current {
-                if configuration.reportInterval > .zero { consider((p.lastReportSent ?? .zero) + reportInterval(p)) }
+                if let due = p.reports.nextReportAt { consider(due) }
                 consider(max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) + configuration.keepaliveInterval)
                 if p.pending == nil {
                     consider(keys.createdAt + configuration.rekeyAfter + (keys.initiator ? .zero : configuration.handshakeTimeout))
@@ -721,22 +704,19 @@ final class PeerState {
     var lastSent: Timestamp?
     var lastReceived: Timestamp?
     var lastKeepaliveAttempt: Timestamp?
-    var reception: ReceptionStatistics
-    var lastReportSent: Timestamp?
-    var reportsSent = 0
-    var answeredFirstReport = false
-    var lastPeerReport: (report: ControlReport, at: Timestamp)?
-    var roundTrip: Duration?
-    var smoothedLoss = 0.0
+    /// Receiver reports: reception statistics, the round trip, the loss hint.
+    var reports: ReceiverReports
 
-    init(id: PeerID, key: PublicKey, address: TransportAddress?, clockRate: UInt32) {
-        reception = ReceptionStatistics(clockRate: clockRate)
+    init(
+        id: PeerID, key: PublicKey, address: TransportAddress?, localSSRC: UInt32, firstSequence: UInt64,
+        configuration c: SecureConfiguration
+    ) {
+        reports = ReceiverReports(clockRate: c.mediaClockRate, interval: c.reportInterval, firstReportAfter: c.firstReportAfter)
         self.id = id
         self.key = key
         self.address = address
-        localSSRC = UInt32.random(in: 1...UInt32.max)
-        // RFC 3550: a random initial sequence number.
-        nextSequence = UInt64(UInt16.random(in: 0...UInt16.max))
+        self.localSSRC = localSSRC
+        nextSequence = firstSequence
     }
 
     var hasKeys: Bool { !keypairs.isEmpty }

@@ -271,10 +271,12 @@ import TusaBase
         // Whoever sees an initiation's mac1 can seal a valid cookie reply to it (the cookie key
         // derives from B's public key): forge one for each initiation A sends.
         var forger = CookieChecker(responder: b.endpoint.identity.publicKey, now: net.now)
+        var random: any SecureRandom = SystemRandom()
         var sent = 0
         for _ in 0..<50 {
             var reply = forger.reply(
-                receiverIndex: latest.readUInt32(at: 4), mac1: latest[HandshakeWire.initiationMAC1], to: a.address, now: net.now)
+                receiverIndex: latest.readUInt32(at: 4), mac1: latest[HandshakeWire.initiationMAC1], to: a.address, now: net.now,
+                random: &random)
             #expect(a.endpoint.receive(&reply, from: b.address, now: net.now) == .handled)
             for case .send(let bytes, _) in a.endpoint.outputs() {
                 sent += 1

@@ -44,9 +44,13 @@ final class SimulatedNetwork {
     /// A hook to drop or rewrite a datagram before delivery (nil drops it).
     var tamper: ((Datagram) -> Datagram?)?
 
-    func addNode(_ identity: Identity = .generate(), port: UInt16, configuration: SecureConfiguration = .init()) -> Node {
+    func addNode(
+        _ identity: Identity = .generate(), port: UInt16, configuration: SecureConfiguration = .init(),
+        random: any SecureRandom = SystemRandom()
+    ) -> Node {
         let address = TransportAddress(ip: .v4(0x7F00_0001), port: port)
-        let node = Node(endpoint: SecureEndpoint(identity: identity, configuration: configuration, now: now), address: address)
+        let endpoint = SecureEndpoint(identity: identity, configuration: configuration, random: random, now: now)
+        let node = Node(endpoint: endpoint, address: address)
         nodes.append(node)
         return node
     }
