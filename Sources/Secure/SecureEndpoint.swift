@@ -6,7 +6,8 @@ public struct PeerID: Hashable, Sendable, CustomStringConvertible {
     public var description: String { "peer\(rawValue)" }
 }
 
-/// Something the driver must do or learn after a call into the endpoint.
+/// Something the driver must do or learn after a call into the endpoint: the
+/// endpoint's `SansIOCore.Action`, drained with `pollAction()`.
 public enum SecureOutput: Sendable, Equatable {
     /// Send these bytes to this address (handshake messages, keepalives, reports).
     case send([UInt8], to: TransportAddress)
@@ -39,7 +40,7 @@ public enum SecureReceive: Equatable, Sendable {
     /// An authenticated media packet: its RTP header and where its plaintext
     /// payload now lies in the buffer that was passed in (decrypted in place).
     case media(PeerID, RTPHeader, payload: Range<Int>)
-    /// A handshake or control message was handled: drain `outputs()`.
+    /// A handshake or control message was handled: drain `pollAction()`.
     case handled
     case dropped(PacketDropReason)
     case droppedHandshake(HandshakeDropReason)
@@ -70,8 +71,14 @@ public struct SecureStatistics: Sendable, Equatable {
 /// handshakes (`HandshakeWire`), media sealed as RTP (`MediaCipher`), encrypted
 /// control reports, rekeying with overlapping keys, a replay window, roaming,
 /// keepalives and dead-peer detection. It takes bytes, addresses and times and
-/// returns what to send; the driver owns the socket and the clock and calls
-/// `poll(now:)` at `nextDeadline`.
+/// returns what to send; the driver owns the socket and the clock.
+///
+/// It is a `SansIOCore`: requests go in with `handle(_:now:)`, timers run in
+/// `handleTimeout(now:)` at `nextDeadline`, and what to send or report comes out
+/// of `pollAction()`. The hot paths are calls of their own — `receive(_:from:now:)`
+/// opens a datagram in place, `sealMedia(to:…into:now:)` seals into the caller's
+/// buffer, `sendControl(_:to:now:)` says why it cannot send — and whatever they
+/// leave to do comes out of `pollAction()` too.
 ///
 /// Sequence numbers continue across rekeys (one RTP stream per SSRC), so one
 /// replay window covers every epoch; each key's nonces are the extended
@@ -88,11 +95,13 @@ public final class SecureEndpoint {
     private var pendingByIndex: [UInt32: PeerID] = [:]
     private var nextPeerID = 0
     private var outbox: [SecureOutput] = []
+    /// The next action `pollAction()` returns (the queue is emptied once drained).
+    private var outboxHead = 0
     private var cookies: CookieChecker
     private var handshakeBudget: TokenBucket
     private var perSource: SourceLimiter
     private let ownMAC1Key: [UInt8]
-    private var lastPoll: Timestamp?
+    private var lastTimeout: Timestamp?
     /// Every random byte the endpoint draws: ephemeral keys, sender indices,
     /// SSRCs, initial sequence numbers, cookie secrets and nonces.
     private var random: any SecureRandom
@@ -140,11 +149,13 @@ public final class SecureEndpoint {
         guard let p = peers.removeValue(forKey: id) else { return }
         peerByKey[p.key] = nil
         if let r = p.remoteSSRC { peerBySSRC[r] = nil }
-        if let h = p.pending { pendingByIndex[h.localIndex] = nil }
-        p.retireAll()
+        abandonInitiation(p)
+        p.keys.retireAll()
     }
 
     public func peer(for key: PublicKey) -> PeerID? { peerByKey[key] }
+    /// A peer's whole state (tests look at its handshake state and key slots).
+    func state(of id: PeerID) -> PeerState? { peers[id] }
     public func key(of id: PeerID) -> PublicKey? { peers[id]?.key }
     public func address(of id: PeerID) -> TransportAddress? { peers[id]?.address }
     public func isEstablished(_ id: PeerID) -> Bool { peers[id]?.sendKeys(now: nil, configuration) != nil }
@@ -164,19 +175,13 @@ public final class SecureEndpoint {
     public func setAddress(_ address: TransportAddress, of id: PeerID) { peers[id]?.address = address }
 
     /// Starts a handshake with `id` (the initiation goes to its address).
-    public func connect(_ id: PeerID, now: Timestamp) {
-        guard let p = peers[id], p.pending == nil else { return }
+    private func connect(_ id: PeerID, now: Timestamp) {
+        guard let p = peers[id], p.handshake.initiation == nil else { return }
         startHandshake(p, now: now, rekey: p.hasKeys)
     }
 
-    /// Whether `outputs()` has anything (cheap: for drivers that drain only then).
-    public var hasOutputs: Bool { !outbox.isEmpty }
-
-    /// What to send and what happened since the last call.
-    public func outputs() -> [SecureOutput] {
-        defer { outbox.removeAll(keepingCapacity: true) }
-        return outbox
-    }
+    /// Whether `pollAction()` has anything (cheap: for drivers that drain only then).
+    public var hasOutputs: Bool { outboxHead < outbox.count }
 
     // MARK: Sending media
 
@@ -190,7 +195,7 @@ public final class SecureEndpoint {
         guard let p = peers[id] else { throw SecureSendError.unknownPeer }
         guard let address = p.address else { throw SecureSendError.noAddress }
         guard let keys = p.sendKeys(now: now, configuration) else {
-            if p.pending == nil { startHandshake(p, now: now, rekey: p.hasKeys) }
+            if p.handshake.initiation == nil { startHandshake(p, now: now, rekey: p.hasKeys) }
             throw SecureSendError.notEstablished
         }
         let needed = 12 + payload.count + 16
@@ -208,7 +213,8 @@ public final class SecureEndpoint {
         return (n, address)
     }
 
-    /// Seals a control report for `id` and queues it in `outputs()`.
+    /// Seals a control report for `id` and queues it for `pollAction()`; throws
+    /// when it cannot (`handle(.sendControl(_:to:), now:)` drops it then).
     public func sendControl(_ report: ControlReport, to id: PeerID, now: Timestamp) throws {
         guard let p = peers[id] else { throw SecureSendError.unknownPeer }
         guard let address = p.address else { throw SecureSendError.noAddress }
@@ -266,22 +272,22 @@ public final class SecureEndpoint {
         }
         if let floor = p.retiredBelow, ext < floor { return drop(.wrongEpoch) }
         // Newest first; all but the last usable key are verified before opening in place.
-        let last = p.keypairs.lastIndex { $0.usable(now: now, configuration) }
-        for (i, keys) in p.keypairs.enumerated() where keys.usable(now: now, configuration) {
-            // `try?` flattens: nil when the key does not authenticate it (or cannot be used).
-            if let range = try? keys.receive.openMediaIfAuthentic(
-                packet: packet, headerLength: header.headerLength, extendedSequence: ext, verifyFirst: i != last)
-            {
-                p.replay.accept(ext)
-                if p.highestReceived.map({ ext > $0 }) ?? true { p.highestReceived = ext }
-                keys.lowestReceived = min(keys.lowestReceived ?? ext, ext)
-                p.reports.record(extendedSequence: ext, rtpTimestamp: header.timestamp, arrival: now)
-                authenticated(p, keys: keys, from: source, newest: ext == p.highestReceived, now: now)
-                statistics.mediaOpened += 1
-                return .media(id, header, payload: range)
-            }
+        let last = p.keys.lastUsable(now: now, configuration)
+        func openWith(_ keys: Keypair?) -> SecureReceive? {
+            guard let keys, keys.usable(now: now, configuration),
+                // `try?` flattens: nil when the key does not authenticate it (or cannot be used).
+                let range = try? keys.receive.openMediaIfAuthentic(
+                    packet: packet, headerLength: header.headerLength, extendedSequence: ext, verifyFirst: keys !== last)
+            else { return nil }
+            p.replay.accept(ext)
+            if p.highestReceived.map({ ext > $0 }) ?? true { p.highestReceived = ext }
+            keys.lowestReceived = min(keys.lowestReceived ?? ext, ext)
+            p.reports.record(extendedSequence: ext, rtpTimestamp: header.timestamp, arrival: now)
+            authenticated(p, keys: keys, from: source, newest: ext == p.highestReceived, now: now)
+            statistics.mediaOpened += 1
+            return .media(id, header, payload: range)
         }
-        return drop(.authenticationFailed)
+        return openWith(p.keys.next) ?? openWith(p.keys.current) ?? openWith(p.keys.previous) ?? drop(.authenticationFailed)
     }
 
     private func receiveControl(_ packet: UnsafeMutableRawBufferPointer, from source: TransportAddress, now: Timestamp) -> SecureReceive {
@@ -295,15 +301,15 @@ public final class SecureEndpoint {
         case .replayed: return drop(.replayed)
         case .tooOld: return drop(.tooOld)
         }
-        let last = p.keypairs.lastIndex { $0.usable(now: now, configuration) }
-        for (i, keys) in p.keypairs.enumerated() where keys.usable(now: now, configuration) {
-            guard (try? keys.receive.decryptControlIfAuthentic(packet: packet, verifyFirst: i != last)) != nil,
+        let last = p.keys.lastUsable(now: now, configuration)
+        for keys in p.keys.all where keys.usable(now: now, configuration) {
+            guard (try? keys.receive.decryptControlIfAuthentic(packet: packet, verifyFirst: keys !== last)) != nil,
                 let report = try? MediaCipher.decodeControlBody(packet)
             else { continue }
             p.controlReplay.accept(UInt64(index))
             authenticated(p, keys: keys, from: source, newest: true, now: now)
             // The peer's first report gets one at once: it echoes the peer's timestamp.
-            if report.kind == .report, p.reports.peerReported(report, now: now, canAnswer: p.current != nil) {
+            if report.kind == .report, p.reports.peerReported(report, now: now, canAnswer: p.keys.current != nil) {
                 try? sendControl(p.reports.makeReport(now: now), to: p.id, now: now)
             }
             if report.kind != .keepalive { outbox.append(.event(.control(id, report))) }
@@ -316,8 +322,10 @@ public final class SecureEndpoint {
     private func authenticated(_ p: PeerState, keys: Keypair, from source: TransportAddress, newest: Bool, now: Timestamp) {
         p.lastReceived = now
         if !keys.confirmed {
+            // The initiator's first packet under the keys we answered with: they seal from now on.
             keys.confirmed = true
-            promote(p, keys: keys, now: now)
+            if case .responseCreated = p.handshake { p.handshake = .zeroed }
+            makeCurrent(p, keys, now: now)
             outbox.append(.event(.established(p.id, key: p.key, rekey: p.everEstablished)))
             p.everEstablished = true
             p.reports.sessionStarted(now: now)
@@ -343,12 +351,19 @@ public final class SecureEndpoint {
         outbox.append(.event(.peerMoved(p.id, from: old, to: source)))
     }
 
-    /// `keys` became the keys to send with: older ones linger, then retire.
-    private func promote(_ p: PeerState, keys: Keypair, now: Timestamp) {
-        p.current = keys
-        for other in p.keypairs where other !== keys && other.retireAt == nil && other.createdAt <= keys.createdAt {
-            other.retireAt = now + configuration.previousKeysLinger
+    /// `keys` seal from now on: the current keys become `previous` and linger
+    /// for `previousKeysLinger`, the previous ones retire; keys still waiting in
+    /// `next` from an older handshake linger too.
+    private func makeCurrent(_ p: PeerState, _ keys: Keypair, now: Timestamp) {
+        let linger = now + configuration.previousKeysLinger
+        if p.keys.next === keys { p.keys.next = nil }
+        if let old = p.keys.current, old !== keys {
+            if let oldest = p.keys.previous { retire(p, oldest) }
+            old.retireAt = old.retireAt ?? linger
+            p.keys.previous = old
         }
+        p.keys.current = keys
+        if let waiting = p.keys.next, waiting.retireAt == nil, waiting.createdAt <= keys.createdAt { waiting.retireAt = linger }
     }
 
     // MARK: Handshake
@@ -424,11 +439,11 @@ public final class SecureEndpoint {
         p.lastTimestamp = stamp
         setRemoteSSRC(p, remoteSSRC)
         // A simultaneous initiation of ours loses to theirs when their key sorts lower (both sides agree).
-        if let mine = p.pending, initiatorKey.bytes.lexicographicallyPrecedes(identity.publicKey.bytes) {
-            pendingByIndex[mine.localIndex] = nil
-            p.pending = nil
+        if p.handshake.initiation != nil, initiatorKey.bytes.lexicographicallyPrecedes(identity.publicKey.bytes) {
+            abandonInitiation(p)
         }
-        install(p, Keypair(keys: keys, initiator: false, now: now), logging: keys)
+        installNext(p, Keypair(keys: keys, initiator: false, now: now), logging: keys)
+        if p.handshake.initiation == nil { p.handshake = .responseCreated }
         roam(p, to: source, now: now)
         p.lastReceived = now
         outbox.append(.send(response, to: source))
@@ -441,7 +456,9 @@ public final class SecureEndpoint {
             return dropHandshake(.badMAC)
         }
         let receiverIndex = m.readUInt32(at: 8)
-        guard let id = pendingByIndex[receiverIndex], let p = peers[id], let pending = p.pending, pending.localIndex == receiverIndex else {
+        guard let id = pendingByIndex[receiverIndex], let p = peers[id], let pending = p.handshake.initiation,
+            pending.localIndex == receiverIndex
+        else {
             return dropHandshake(.unexpected)
         }
         let payload: [UInt8]
@@ -451,13 +468,13 @@ public final class SecureEndpoint {
             keys = try pending.noise.split()
         } catch { return dropHandshake(.authenticationFailed) }
         guard payload.count == 4 else { return dropHandshake(.malformed) }
-        pendingByIndex[receiverIndex] = nil
-        p.pending = nil
+        // Response consumed: the keys seal at once (their confirmation is on its way to the responder).
+        abandonInitiation(p)
         setRemoteSSRC(p, payload.readUInt32(at: 0))
         let keypair = Keypair(keys: keys, initiator: true, now: now)
         keypair.confirmed = true
-        install(p, keypair, logging: keys)
-        promote(p, keys: keypair, now: now)
+        logKeys(p, keys)
+        makeCurrent(p, keypair, now: now)
         statistics.handshakesCompleted += 1
         p.lastReceived = now
         roam(p, to: source, now: now)
@@ -472,7 +489,9 @@ public final class SecureEndpoint {
     private func receiveCookieReply(_ m: [UInt8], now: Timestamp) -> SecureReceive {
         guard m.count == HandshakeWire.cookieReplyLength else { return dropHandshake(.malformed) }
         let index = m.readUInt32(at: 4)
-        guard let id = pendingByIndex[index], let p = peers[id], let pending = p.pending else { return dropHandshake(.unexpected) }
+        guard let id = pendingByIndex[index], let p = peers[id], let pending = p.handshake.initiation else {
+            return dropHandshake(.unexpected)
+        }
         guard let cookie = CookieChecker.openReply(m, responder: p.key, lastMAC1: pending.lastMAC1) else {
             return dropHandshake(.badMAC)
         }
@@ -510,8 +529,7 @@ public final class SecureEndpoint {
         _ p: PeerState, now: Timestamp, rekey: Bool, firstAttempt: Timestamp? = nil, cookieRetry: Bool = false
     ) {
         guard let address = p.address else { return }
-        if let old = p.pending { pendingByIndex[old.localIndex] = nil }
-        p.pending = nil
+        abandonInitiation(p)
         let index = freshIndex()
         var payload = TAI64N(unixNanoseconds: configuration.unixNanosecondsAtZero &+ now.nanoseconds).bytes
         payload.appendUInt32(p.localSSRC)
@@ -532,16 +550,29 @@ public final class SecureEndpoint {
         if let (cookie, at) = p.cookie, now - at < CookieChecker.secretLifetime {
             m.replaceSubrange(HandshakeWire.initiationMAC2, with: MAC.mac(m[..<HandshakeWire.initiationMAC2.lowerBound], key: cookie))
         }
-        p.pending = PendingHandshake(
+        p.handshake = .initiationCreated(Initiation(
             noise: noise, localIndex: index, firstAttempt: firstAttempt ?? now, lastSent: now, lastMAC1: mac1, rekey: rekey,
-            cookieRetry: cookieRetry)
+            cookieRetry: cookieRetry))
         pendingByIndex[index] = p.id
         outbox.append(.send(m, to: address))
     }
 
-    private func install(_ p: PeerState, _ keys: Keypair, logging raw: NoiseTransportKeys) {
-        p.keypairs.insert(keys, at: 0)
-        while p.keypairs.count > 3, let oldest = p.keypairs.last { retire(p, oldest) }
+    /// Our initiation, if one is under way, is given up (its index answers nothing any more).
+    private func abandonInitiation(_ p: PeerState) {
+        guard let mine = p.handshake.initiation else { return }
+        pendingByIndex[mine.localIndex] = nil
+        p.handshake = .zeroed
+    }
+
+    /// The keys of a handshake we answered wait in `next` for the initiator's
+    /// first packet; keys that waited there before, never confirmed, retire.
+    private func installNext(_ p: PeerState, _ keys: Keypair, logging raw: NoiseTransportKeys) {
+        if let unconfirmed = p.keys.next { retire(p, unconfirmed) }
+        p.keys.next = keys
+        logKeys(p, raw)
+    }
+
+    private func logKeys(_ p: PeerState, _ raw: NoiseTransportKeys) {
         if configuration.keyLog, let remote = p.remoteSSRC {
             outbox.append(.event(.keyLog(KeyLog.line(ssrc: p.localSSRC, key: raw.send))))
             outbox.append(.event(.keyLog(KeyLog.line(ssrc: remote, key: raw.receive))))
@@ -550,16 +581,15 @@ public final class SecureEndpoint {
 
     private func retire(_ p: PeerState, _ keys: Keypair) {
         keys.retire()
-        p.keypairs.removeAll { $0 === keys }
-        if p.current === keys { p.current = nil }
+        p.keys.remove(keys)
         // Packets below the oldest sequence the remaining keys opened belong to retired keys.
-        if let floor = p.keypairs.compactMap(\.lowestReceived).min() {
+        if let floor = p.keys.all.compactMap(\.lowestReceived).min() {
             p.retiredBelow = max(p.retiredBelow ?? floor, floor)
         }
     }
 
     private func maybeRekey(_ p: PeerState, keys: Keypair, now: Timestamp) {
-        guard p.pending == nil else { return }
+        guard p.handshake.initiation == nil else { return }
         let age = now - keys.createdAt
         let due = keys.sentPackets >= configuration.rekeyAfterPackets
             || (keys.initiator && age >= configuration.rekeyAfter)
@@ -569,18 +599,18 @@ public final class SecureEndpoint {
 
     // MARK: Timers
 
-    /// Runs every timer due at `now`; drain `outputs()` afterwards.
-    public func poll(now: Timestamp) {
-        lastPoll = now
+    /// Runs every timer due at `now`: key expiry, handshake retries and timeouts,
+    /// dead peers, rekeys, receiver reports, keepalives.
+    public func handleTimeout(now: Timestamp) {
+        lastTimeout = now
         for p in peers.values.sorted(by: { $0.id.rawValue < $1.id.rawValue }) {
-            for keys in p.keypairs {
+            for keys in p.keys.all {
                 if let at = keys.retireAt, at <= now { retire(p, keys) }
                 else if now - keys.createdAt >= configuration.rejectAfter { retire(p, keys) }
             }
-            if let h = p.pending, now - h.lastSent >= configuration.handshakeRetry {
+            if let h = p.handshake.initiation, now - h.lastSent >= configuration.handshakeRetry {
                 if now - h.firstAttempt >= configuration.handshakeTimeout {
-                    pendingByIndex[h.localIndex] = nil
-                    p.pending = nil
+                    abandonInitiation(p)
                     outbox.append(.event(.handshakeFailed(p.id)))
                 } else {
                     startHandshake(p, now: now, rekey: h.rekey, firstAttempt: h.firstAttempt)
@@ -590,16 +620,16 @@ public final class SecureEndpoint {
             let silent = now - (p.lastReceived ?? now)
             if silent >= configuration.peerTimeout {
                 outbox.append(.event(.peerGone(p.id)))
-                if let h = p.pending { pendingByIndex[h.localIndex] = nil }
-                p.pending = nil
-                p.retireAll()
+                abandonInitiation(p)
+                p.handshake = .zeroed
+                p.keys.retireAll()
                 p.everEstablished = false
                 continue
             }
-            if silent >= configuration.rehandshakeAfterSilence, p.pending == nil {
+            if silent >= configuration.rehandshakeAfterSilence, p.handshake.initiation == nil {
                 startHandshake(p, now: now, rekey: true)
             }
-            if let keys = p.current {
+            if let keys = p.keys.current {
                 maybeRekey(p, keys: keys, now: now)
                 if p.reports.isDue(now: now) {
                     try? sendControl(p.reports.makeReport(now: now), to: p.id, now: now)
@@ -612,125 +642,68 @@ public final class SecureEndpoint {
         }
     }
 
-    /// When `poll` must run next, or nil when nothing is scheduled.
+    /// When `handleTimeout(now:)` must run next, or nil when nothing is scheduled.
     public var nextDeadline: Timestamp? {
         var best: Timestamp?
         func consider(_ t: Timestamp) { best = best.map { min($0, t) } ?? t }
         for p in peers.values {
-            for keys in p.keypairs {
+            for keys in p.keys.all {
                 if let at = keys.retireAt { consider(at) }
                 consider(keys.createdAt + configuration.rejectAfter)
             }
-            if let h = p.pending { consider(h.lastSent + configuration.handshakeRetry) }
+            if let h = p.handshake.initiation { consider(h.lastSent + configuration.handshakeRetry) }
             guard p.everEstablished, let last = p.lastReceived else { continue }
             consider(last + configuration.peerTimeout)
-            if p.pending == nil { consider(last + configuration.rehandshakeAfterSilence) }
-            if let keys = p.current {
+            if p.handshake.initiation == nil { consider(last + configuration.rehandshakeAfterSilence) }
+            if let keys = p.keys.current {
                 if let due = p.reports.nextReportAt { consider(due) }
                 consider(max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) + configuration.keepaliveInterval)
-                if p.pending == nil {
+                if p.handshake.initiation == nil {
                     consider(keys.createdAt + configuration.rekeyAfter + (keys.initiator ? .zero : configuration.handshakeTimeout))
                 }
             }
         }
         // Never ask to be woken again at the instant just polled (no busy loop
         // even if a timer could not make progress).
-        if let b = best, let last = lastPoll { return max(b, last + .milliseconds(1)) }
+        if let b = best, let last = lastTimeout { return max(b, last + .milliseconds(1)) }
         return best
     }
 }
 
-/// One handshake's keys, both directions.
-final class Keypair {
-    let send: MediaCipher
-    let receive: MediaCipher
-    let createdAt: Timestamp
-    /// Whether we initiated the handshake that made these keys.
-    let initiator: Bool
-    /// An initiator's keys are confirmed at once; a responder's by the first packet opened with them.
-    var confirmed = false
-    var sentPackets: UInt64 = 0
-    var lowestReceived: UInt64?
-    var retireAt: Timestamp?
-
-    init(keys: NoiseTransportKeys, initiator: Bool, now: Timestamp) {
-        send = MediaCipher(key: keys.send)
-        receive = MediaCipher(key: keys.receive)
-        createdAt = now
-        self.initiator = initiator
+extension SecureEndpoint: SansIOCore {
+    /// What a driver asks of the endpoint outside the hot paths.
+    public enum Input: Sendable, Equatable {
+        /// Start a handshake with the peer (at its known address); nothing if one is under way.
+        case connect(PeerID)
+        /// Seal and send a control report; dropped when it cannot be sent (see `sendControl(_:to:now:)`).
+        case sendControl(ControlReport, to: PeerID)
+        /// A datagram off the socket. Handshakes and control are handled in full;
+        /// media is opened and counted but its payload goes nowhere: drivers hand
+        /// media to `receive(_:from:now:)`, which opens it in place.
+        case datagram([UInt8], from: TransportAddress)
     }
 
-    func usable(now: Timestamp, _ c: SecureConfiguration) -> Bool { now - createdAt < c.rejectAfter }
+    public typealias Action = SecureOutput
 
-    func retire() {
-        send.retire()
-        receive.retire()
-    }
-}
-
-struct PendingHandshake {
-    let noise: NoiseHandshake
-    let localIndex: UInt32
-    let firstAttempt: Timestamp
-    let lastSent: Timestamp
-    let lastMAC1: [UInt8]
-    let rekey: Bool
-    /// This attempt was sent at once on a cookie reply (the next one waits for the retry timer).
-    let cookieRetry: Bool
-}
-
-final class PeerState {
-    let id: PeerID
-    let key: PublicKey
-    var address: TransportAddress?
-    var lastRoam: Timestamp?
-    var lastTimestamp: TAI64N?
-    var pending: PendingHandshake?
-    var cookie: ([UInt8], Timestamp)?
-    /// Newest first, at most three.
-    var keypairs: [Keypair] = []
-    /// The keys media is sealed with.
-    var current: Keypair?
-    var everEstablished = false
-
-    let localSSRC: UInt32
-    var remoteSSRC: UInt32?
-    var nextSequence: UInt64
-    var nextControlIndex: UInt32 = 0
-    var replay = ReplayWindow()
-    var controlReplay = ReplayWindow()
-    var highestReceived: UInt64?
-    var retiredBelow: UInt64?
-    var lastSent: Timestamp?
-    var lastReceived: Timestamp?
-    var lastKeepaliveAttempt: Timestamp?
-    /// Receiver reports: reception statistics, the round trip, the loss hint.
-    var reports: ReceiverReports
-
-    init(
-        id: PeerID, key: PublicKey, address: TransportAddress?, localSSRC: UInt32, firstSequence: UInt64,
-        configuration c: SecureConfiguration
-    ) {
-        reports = ReceiverReports(clockRate: c.mediaClockRate, interval: c.reportInterval, firstReportAfter: c.firstReportAfter)
-        self.id = id
-        self.key = key
-        self.address = address
-        self.localSSRC = localSSRC
-        nextSequence = firstSequence
+    public func handle(_ input: Input, now: Timestamp) {
+        switch input {
+        case .connect(let id):
+            connect(id, now: now)
+        case .sendControl(let report, let id):
+            try? sendControl(report, to: id, now: now)
+        case .datagram(var bytes, let source):
+            _ = receive(&bytes, from: source, now: now)
+        }
     }
 
-    var hasKeys: Bool { !keypairs.isEmpty }
-
-    /// The keys to seal with: the current ones if confirmed and not expired.
-    func sendKeys(now: Timestamp?, _ c: SecureConfiguration) -> Keypair? {
-        guard let k = current, k.confirmed else { return nil }
-        if let now, !k.usable(now: now, c) { return nil }
-        return k
-    }
-
-    func retireAll() {
-        for k in keypairs { k.retire() }
-        keypairs.removeAll()
-        current = nil
+    public func pollAction() -> SecureOutput? {
+        guard outboxHead < outbox.count else { return nil }
+        let action = outbox[outboxHead]
+        outboxHead += 1
+        if outboxHead == outbox.count {
+            outbox.removeAll(keepingCapacity: true)
+            outboxHead = 0
+        }
+        return action
     }
 }

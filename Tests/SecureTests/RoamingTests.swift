@@ -50,13 +50,13 @@ import TusaBase
             case .media:
                 try net.sendMedia(mover, to: moverPeer, payload: [1, 2, 3])
             case .control:
-                try mover.endpoint.sendControl(ControlReport(kind: .report, timestamp: 1), to: moverPeer, now: net.now)
+                mover.endpoint.handle(.sendControl(ControlReport(kind: .report, timestamp: 1), to: moverPeer), now: net.now)
                 net.flush(mover)
             case .initiation:
-                mover.endpoint.connect(moverPeer, now: net.now)
+                mover.endpoint.handle(.connect(moverPeer), now: net.now)
                 net.flush(mover)
             case .response:
-                observer.endpoint.connect(observed, now: net.now)
+                observer.endpoint.handle(.connect(observed), now: net.now)
                 net.flush(observer)
             }
             net.run(for: .milliseconds(50))

@@ -20,7 +20,7 @@ import TusaBase
         let b = net.addNode(try identity(2), port: 2000, configuration: config, random: SeededRandom(seed: seeds.1))
         let bAtA = a.endpoint.addPeer(b.endpoint.identity.publicKey, address: b.address)
         let aAtB = b.endpoint.addPeer(a.endpoint.identity.publicKey)
-        a.endpoint.connect(bAtA, now: net.now)
+        a.endpoint.handle(.connect(bAtA), now: net.now)
         net.flush(a)
         net.run(for: .seconds(1))
         for i in 0..<300 {

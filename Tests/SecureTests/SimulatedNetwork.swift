@@ -71,7 +71,7 @@ final class SimulatedNetwork {
 
     /// Moves every node's queued outputs onto the wire and records its events.
     func flush(_ node: Node) {
-        for out in node.endpoint.outputs() {
+        while let out = node.endpoint.pollAction() {
             switch out {
             case .send(let bytes, let to):
                 node.sent.append(bytes)
@@ -130,7 +130,7 @@ final class SimulatedNetwork {
             }
             for node in nodes {
                 if let d = node.endpoint.nextDeadline, d <= now {
-                    node.endpoint.poll(now: now)
+                    node.endpoint.handleTimeout(now: now)
                     flush(node)
                 }
             }
@@ -139,6 +139,15 @@ final class SimulatedNetwork {
     }
 
     func run(for d: Duration) { run(until: now + d) }
+}
+
+extension SecureEndpoint {
+    /// Every action waiting, in order.
+    func takeActions() -> [SecureOutput] {
+        var actions: [SecureOutput] = []
+        while let a = pollAction() { actions.append(a) }
+        return actions
+    }
 }
 
 /// A small deterministic generator (SplitMix64) so impaired runs repeat exactly.
@@ -169,7 +178,7 @@ extension SimulatedNetwork {
         let bAtA = a.endpoint.addPeer(b.endpoint.identity.publicKey, address: b.address)
         let aAtB = b.endpoint.addPeer(a.endpoint.identity.publicKey)
         if connect {
-            a.endpoint.connect(bAtA, now: net.now)
+            a.endpoint.handle(.connect(bAtA), now: net.now)
             net.flush(a)
             net.run(for: .seconds(1))
         }
