@@ -123,45 +123,49 @@ struct CookieChecker {
     private let cookieKey: [UInt8]
     static let secretLifetime: Duration = .seconds(120)
 
-    init(responder: PublicKey, now: Timestamp) {
-        secret = CookieChecker.randomBytes(32)
+    /// Secrets and reply nonces are drawn from the caller's `random`.
+    init(responder: PublicKey, now: Timestamp, random: inout any SecureRandom) {
+        secret = random.bytes(32)
         secretBorn = now
         cookieKey = MAC.cookieKey(for: responder)
     }
 
-    static func randomBytes(_ n: Int) -> [UInt8] {
-        Sodium.ensureInitialized()
-        var b = [UInt8](repeating: 0, count: n)
-        b.withUnsafeMutableBytes { Sodium.randomBytes($0) }
-        return b
+    init(responder: PublicKey, now: Timestamp) {
+        var system: any SecureRandom = SystemRandom()
+        self.init(responder: responder, now: now, random: &system)
     }
 
-    private mutating func rotate(now: Timestamp) {
+    private mutating func rotate(now: Timestamp, random: inout any SecureRandom) {
         if now - secretBorn >= CookieChecker.secretLifetime {
-            secret = CookieChecker.randomBytes(32)
+            secret = random.bytes(32)
             secretBorn = now
         }
     }
 
     /// The cookie for `source`: BLAKE2b-128 keyed by the secret over its IP and port.
-    mutating func cookie(for source: TransportAddress, now: Timestamp) -> [UInt8] {
-        rotate(now: now)
+    mutating func cookie(for source: TransportAddress, now: Timestamp, random: inout any SecureRandom) -> [UInt8] {
+        rotate(now: now, random: &random)
         var addr = source.ip.bytes
         addr.appendUInt16(source.port)
         return MAC.blake2b([addr[...]], key: secret, outputLength: 16)
     }
 
     /// Whether `message`'s mac2 (the 16 bytes at `mac2`) is right for `source`.
-    mutating func mac2Valid(_ message: [UInt8], mac2: Range<Int>, from source: TransportAddress, now: Timestamp) -> Bool {
-        let key = cookie(for: source, now: now)
+    mutating func mac2Valid(
+        _ message: [UInt8], mac2: Range<Int>, from source: TransportAddress, now: Timestamp, random: inout any SecureRandom
+    ) -> Bool {
+        let key = cookie(for: source, now: now, random: &random)
         return MAC.equal(message[mac2], MAC.mac(message[..<mac2.lowerBound], key: key))
     }
 
     /// A cookie reply to an initiation whose sender index is `receiverIndex`
     /// and whose mac1 is `mac1` (the reply's associated data).
-    mutating func reply(receiverIndex: UInt32, mac1: ArraySlice<UInt8>, to source: TransportAddress, now: Timestamp) -> [UInt8] {
-        let cookie = cookie(for: source, now: now)
-        let nonce = CookieChecker.randomBytes(24)
+    mutating func reply(
+        receiverIndex: UInt32, mac1: ArraySlice<UInt8>, to source: TransportAddress, now: Timestamp,
+        random: inout any SecureRandom
+    ) -> [UInt8] {
+        let cookie = cookie(for: source, now: now, random: &random)
+        let nonce = random.bytes(24)
         var out = [UInt8](repeating: 0, count: HandshakeWire.cookieReplyLength)
         out[0] = HandshakeWire.cookieReply
         out.writeUInt32(receiverIndex, at: 4)

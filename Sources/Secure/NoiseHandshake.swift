@@ -85,7 +85,8 @@ public final class NoiseHandshake {
     /// - Parameters:
     ///   - localStatic: this side's static key, if the pattern sends or pre-shares one.
     ///   - remoteStatic: the peer's static key, for the initiator of IK/NK.
-    ///   - localEphemeral: a fixed ephemeral key; for test vectors only.
+    ///   - localEphemeral: the ephemeral key to use (test vectors, or one drawn from the
+    ///     caller's random source); when nil, a fresh one from libsodium.
     ///   - psk: the 32-byte pre-shared key, for IKpsk2 only.
     public init(pattern: NoisePattern, hash: NoiseHash = .blake2b, initiator: Bool, prologue: [UInt8],
                 localStatic: PrivateKey?, remoteStatic: PublicKey?, localEphemeral: PrivateKey? = nil,
@@ -161,6 +162,10 @@ public final class NoiseHandshake {
             localEphemeral = nil
         }
     }
+
+    /// The ephemeral key the next `e` token writes, drawn by the caller from its
+    /// own random source (the responder draws it only once message 1 authenticated).
+    func useEphemeral(_ key: PrivateKey) { presetEphemeral = key }
 
     /// WriteMessage: the next handshake message carrying `payload`.
     public func writeMessage(payload: [UInt8]) throws -> [UInt8] {

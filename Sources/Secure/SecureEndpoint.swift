@@ -6,7 +6,8 @@ public struct PeerID: Hashable, Sendable, CustomStringConvertible {
     public var description: String { "peer\(rawValue)" }
 }
 
-/// Something the driver must do or learn after a call into the endpoint.
+/// Something the driver must do or learn after a call into the endpoint: the
+/// endpoint's `SansIOCore.Action`, drained with `pollAction()`.
 public enum SecureOutput: Sendable, Equatable {
     /// Send these bytes to this address (handshake messages, keepalives, reports).
     case send([UInt8], to: TransportAddress)
@@ -39,7 +40,7 @@ public enum SecureReceive: Equatable, Sendable {
     /// An authenticated media packet: its RTP header and where its plaintext
     /// payload now lies in the buffer that was passed in (decrypted in place).
     case media(PeerID, RTPHeader, payload: Range<Int>)
-    /// A handshake or control message was handled: drain `outputs()`.
+    /// A handshake or control message was handled: drain `pollAction()`.
     case handled
     case dropped(PacketDropReason)
     case droppedHandshake(HandshakeDropReason)
@@ -70,8 +71,14 @@ public struct SecureStatistics: Sendable, Equatable {
 /// handshakes (`HandshakeWire`), media sealed as RTP (`MediaCipher`), encrypted
 /// control reports, rekeying with overlapping keys, a replay window, roaming,
 /// keepalives and dead-peer detection. It takes bytes, addresses and times and
-/// returns what to send; the driver owns the socket and the clock and calls
-/// `poll(now:)` at `nextDeadline`.
+/// returns what to send; the driver owns the socket and the clock.
+///
+/// It is a `SansIOCore`: requests go in with `handle(_:now:)`, timers run in
+/// `handleTimeout(now:)` at `nextDeadline`, and what to send or report comes out
+/// of `pollAction()`. The hot paths are calls of their own — `receive(_:from:now:)`
+/// opens a datagram in place, `sealMedia(to:…into:now:)` seals into the caller's
+/// buffer, `sendControl(_:to:now:)` says why it cannot send — and whatever they
+/// leave to do comes out of `pollAction()` too.
 ///
 /// Sequence numbers continue across rekeys (one RTP stream per SSRC), so one
 /// replay window covers every epoch; each key's nonces are the extended
@@ -88,17 +95,29 @@ public final class SecureEndpoint {
     private var pendingByIndex: [UInt32: PeerID] = [:]
     private var nextPeerID = 0
     private var outbox: [SecureOutput] = []
+    /// The next action `pollAction()` returns (the queue is emptied once drained).
+    private var outboxHead = 0
     private var cookies: CookieChecker
     private var handshakeBudget: TokenBucket
     private var perSource: SourceLimiter
     private let ownMAC1Key: [UInt8]
-    private var lastPoll: Timestamp?
+    private var lastTimeout: Timestamp?
+    /// Every random byte the endpoint draws: ephemeral keys, sender indices,
+    /// SSRCs, initial sequence numbers, cookie secrets and nonces.
+    private var random: any SecureRandom
 
-    public init(identity: Identity, configuration: SecureConfiguration = .init(), now: Timestamp) {
+    /// - Parameter random: the source of every random byte (libsodium's by default;
+    ///   tests pass a ``SeededRandom`` for runs that repeat byte for byte).
+    public init(
+        identity: Identity, configuration: SecureConfiguration = .init(), random: any SecureRandom = SystemRandom(),
+        now: Timestamp
+    ) {
         Sodium.ensureInitialized()
         self.identity = identity
         self.configuration = configuration
-        cookies = CookieChecker(responder: identity.publicKey, now: now)
+        var random = random
+        cookies = CookieChecker(responder: identity.publicKey, now: now, random: &random)
+        self.random = random
         handshakeBudget = TokenBucket(rate: configuration.handshakeRate, burst: configuration.handshakeBurst, now: now)
         perSource = SourceLimiter(rate: configuration.handshakeRatePerSource, burst: configuration.handshakeRatePerSource * 2)
         ownMAC1Key = MAC.mac1Key(for: identity.publicKey)
@@ -115,7 +134,11 @@ public final class SecureEndpoint {
         }
         let id = PeerID(rawValue: nextPeerID)
         nextPeerID += 1
-        let p = PeerState(id: id, key: key, address: address, clockRate: configuration.mediaClockRate)
+        // RFC 3550: a random SSRC and a random initial sequence number.
+        let ssrc = random.nonZeroUInt32()
+        let sequence = UInt64(UInt16(truncatingIfNeeded: random.uint32()))
+        let p = PeerState(
+            id: id, key: key, address: address, localSSRC: ssrc, firstSequence: sequence, configuration: configuration)
         peers[id] = p
         peerByKey[key] = id
         return id
@@ -126,11 +149,13 @@ public final class SecureEndpoint {
         guard let p = peers.removeValue(forKey: id) else { return }
         peerByKey[p.key] = nil
         if let r = p.remoteSSRC { peerBySSRC[r] = nil }
-        if let h = p.pending { pendingByIndex[h.localIndex] = nil }
-        p.retireAll()
+        abandonInitiation(p)
+        p.keys.retireAll()
     }
 
     public func peer(for key: PublicKey) -> PeerID? { peerByKey[key] }
+    /// A peer's whole state (tests look at its handshake state and key slots).
+    func state(of id: PeerID) -> PeerState? { peers[id] }
     public func key(of id: PeerID) -> PublicKey? { peers[id]?.key }
     public func address(of id: PeerID) -> TransportAddress? { peers[id]?.address }
     public func isEstablished(_ id: PeerID) -> Bool { peers[id]?.sendKeys(now: nil, configuration) != nil }
@@ -140,29 +165,23 @@ public final class SecureEndpoint {
     }
 
     /// The round-trip time from the latest report that echoed one of ours.
-    public func roundTripTime(of id: PeerID) -> Duration? { peers[id]?.roundTrip }
+    public func roundTripTime(of id: PeerID) -> Duration? { peers[id]?.reports.roundTrip }
     /// What we received from the peer so far.
-    public func reception(of id: PeerID) -> ReceptionStatistics? { peers[id]?.reception }
+    public func reception(of id: PeerID) -> ReceptionStatistics? { peers[id]?.reports.reception }
     /// The latest report the peer sent us (its view of our media).
-    public func lastReport(from id: PeerID) -> ControlReport? { peers[id]?.lastPeerReport?.report }
+    public func lastReport(from id: PeerID) -> ControlReport? { peers[id]?.reports.lastPeerReport?.report }
 
     /// Points a peer at a new address (e.g. after ICE picks a path).
     public func setAddress(_ address: TransportAddress, of id: PeerID) { peers[id]?.address = address }
 
     /// Starts a handshake with `id` (the initiation goes to its address).
-    public func connect(_ id: PeerID, now: Timestamp) {
-        guard let p = peers[id], p.pending == nil else { return }
+    private func connect(_ id: PeerID, now: Timestamp) {
+        guard let p = peers[id], p.handshake.initiation == nil else { return }
         startHandshake(p, now: now, rekey: p.hasKeys)
     }
 
-    /// Whether `outputs()` has anything (cheap: for drivers that drain only then).
-    public var hasOutputs: Bool { !outbox.isEmpty }
-
-    /// What to send and what happened since the last call.
-    public func outputs() -> [SecureOutput] {
-        defer { outbox.removeAll(keepingCapacity: true) }
-        return outbox
-    }
+    /// Whether `pollAction()` has anything (cheap: for drivers that drain only then).
+    public var hasOutputs: Bool { outboxHead < outbox.count }
 
     // MARK: Sending media
 
@@ -176,7 +195,7 @@ public final class SecureEndpoint {
         guard let p = peers[id] else { throw SecureSendError.unknownPeer }
         guard let address = p.address else { throw SecureSendError.noAddress }
         guard let keys = p.sendKeys(now: now, configuration) else {
-            if p.pending == nil { startHandshake(p, now: now, rekey: p.hasKeys) }
+            if p.handshake.initiation == nil { startHandshake(p, now: now, rekey: p.hasKeys) }
             throw SecureSendError.notEstablished
         }
         let needed = 12 + payload.count + 16
@@ -194,7 +213,8 @@ public final class SecureEndpoint {
         return (n, address)
     }
 
-    /// Seals a control report for `id` and queues it in `outputs()`.
+    /// Seals a control report for `id` and queues it for `pollAction()`; throws
+    /// when it cannot (`handle(.sendControl(_:to:), now:)` drops it then).
     public func sendControl(_ report: ControlReport, to id: PeerID, now: Timestamp) throws {
         guard let p = peers[id] else { throw SecureSendError.unknownPeer }
         guard let address = p.address else { throw SecureSendError.noAddress }
@@ -252,22 +272,22 @@ public final class SecureEndpoint {
         }
         if let floor = p.retiredBelow, ext < floor { return drop(.wrongEpoch) }
         // Newest first; all but the last usable key are verified before opening in place.
-        let last = p.keypairs.lastIndex { $0.usable(now: now, configuration) }
-        for (i, keys) in p.keypairs.enumerated() where keys.usable(now: now, configuration) {
-            // `try?` flattens: nil when the key does not authenticate it (or cannot be used).
-            if let range = try? keys.receive.openMediaIfAuthentic(
-                packet: packet, headerLength: header.headerLength, extendedSequence: ext, verifyFirst: i != last)
-            {
-                p.replay.accept(ext)
-                if p.highestReceived.map({ ext > $0 }) ?? true { p.highestReceived = ext }
-                keys.lowestReceived = min(keys.lowestReceived ?? ext, ext)
-                p.reception.record(extendedSequence: ext, rtpTimestamp: header.timestamp, arrival: now)
-                authenticated(p, keys: keys, from: source, newest: ext == p.highestReceived, now: now)
-                statistics.mediaOpened += 1
-                return .media(id, header, payload: range)
-            }
+        let last = p.keys.lastUsable(now: now, configuration)
+        func openWith(_ keys: Keypair?) -> SecureReceive? {
+            guard let keys, keys.usable(now: now, configuration),
+                // `try?` flattens: nil when the key does not authenticate it (or cannot be used).
+                let range = try? keys.receive.openMediaIfAuthentic(
+                    packet: packet, headerLength: header.headerLength, extendedSequence: ext, verifyFirst: keys !== last)
+            else { return nil }
+            p.replay.accept(ext)
+            if p.highestReceived.map({ ext > $0 }) ?? true { p.highestReceived = ext }
+            keys.lowestReceived = min(keys.lowestReceived ?? ext, ext)
+            p.reports.record(extendedSequence: ext, rtpTimestamp: header.timestamp, arrival: now)
+            authenticated(p, keys: keys, from: source, newest: ext == p.highestReceived, now: now)
+            statistics.mediaOpened += 1
+            return .media(id, header, payload: range)
         }
-        return drop(.authenticationFailed)
+        return openWith(p.keys.next) ?? openWith(p.keys.current) ?? openWith(p.keys.previous) ?? drop(.authenticationFailed)
     }
 
     private func receiveControl(_ packet: UnsafeMutableRawBufferPointer, from source: TransportAddress, now: Timestamp) -> SecureReceive {
@@ -281,28 +301,16 @@ public final class SecureEndpoint {
         case .replayed: return drop(.replayed)
         case .tooOld: return drop(.tooOld)
         }
-        let last = p.keypairs.lastIndex { $0.usable(now: now, configuration) }
-        for (i, keys) in p.keypairs.enumerated() where keys.usable(now: now, configuration) {
-            guard (try? keys.receive.decryptControlIfAuthentic(packet: packet, verifyFirst: i != last)) != nil,
+        let last = p.keys.lastUsable(now: now, configuration)
+        for keys in p.keys.all where keys.usable(now: now, configuration) {
+            guard (try? keys.receive.decryptControlIfAuthentic(packet: packet, verifyFirst: keys !== last)) != nil,
                 let report = try? MediaCipher.decodeControlBody(packet)
             else { continue }
             p.controlReplay.accept(UInt64(index))
             authenticated(p, keys: keys, from: source, newest: true, now: now)
-            if report.kind == .report {
-                p.lastPeerReport = (report, now)
-                // The peer's first report gets one at once: it echoes the peer's timestamp.
-                if !p.answeredFirstReport, configuration.reportInterval > .zero, p.current != nil {
-                    p.answeredFirstReport = true
-                    p.lastReportSent = now
-                    p.reportsSent += 1
-                    try? sendControl(makeReport(p, now: now), to: p.id, now: now)
-                }
-                if let rtt = ControlReport.roundTrip(
-                    now: ControlReport.compactTimestamp(nanoseconds: now.nanoseconds),
-                    lastReportTimestamp: report.lastReportTimestamp, delaySinceLastReport: report.delaySinceLastReport)
-                {
-                    p.roundTrip = rtt
-                }
+            // The peer's first report gets one at once: it echoes the peer's timestamp.
+            if report.kind == .report, p.reports.peerReported(report, now: now, canAnswer: p.keys.current != nil) {
+                try? sendControl(p.reports.makeReport(now: now), to: p.id, now: now)
             }
             if report.kind != .keepalive { outbox.append(.event(.control(id, report))) }
             return .handled
@@ -314,28 +322,48 @@ public final class SecureEndpoint {
     private func authenticated(_ p: PeerState, keys: Keypair, from source: TransportAddress, newest: Bool, now: Timestamp) {
         p.lastReceived = now
         if !keys.confirmed {
+            // The initiator's first packet under the keys we answered with: they seal from now on.
             keys.confirmed = true
-            promote(p, keys: keys, now: now)
+            if case .responseCreated = p.handshake { p.handshake = .zeroed }
+            makeCurrent(p, keys, now: now)
             outbox.append(.event(.established(p.id, key: p.key, rekey: p.everEstablished)))
             p.everEstablished = true
-            p.lastReportSent = p.lastReportSent ?? now
+            p.reports.sessionStarted(now: now)
         }
-        if newest, source != p.address {
-            if let last = p.lastRoam, now - last < configuration.roamInterval { return }
-            let old = p.address
-            p.address = source
-            p.lastRoam = now
-            statistics.roams += 1
-            if let old { outbox.append(.event(.peerMoved(p.id, from: old, to: source))) }
-        }
+        if newest { roam(p, to: source, now: now) }
     }
 
-    /// `keys` became the keys to send with: older ones linger, then retire.
-    private func promote(_ p: PeerState, keys: Keypair, now: Timestamp) {
-        p.current = keys
-        for other in p.keypairs where other !== keys && other.retireAt == nil && other.createdAt <= keys.createdAt {
-            other.retireAt = now + configuration.previousKeysLinger
+    /// The one roaming rule, for every authenticated packet (media, control,
+    /// handshake initiation and response): the peer's address follows its
+    /// newest authenticated packet, at most once per `roamInterval`; each move
+    /// is counted in `statistics.roams` and reported as `peerMoved`. A peer's
+    /// first address is not a move.
+    private func roam(_ p: PeerState, to source: TransportAddress, now: Timestamp) {
+        guard source != p.address else { return }
+        guard let old = p.address else {
+            p.address = source
+            return
         }
+        if let last = p.lastRoam, now - last < configuration.roamInterval { return }
+        p.address = source
+        p.lastRoam = now
+        statistics.roams += 1
+        outbox.append(.event(.peerMoved(p.id, from: old, to: source)))
+    }
+
+    /// `keys` seal from now on: the current keys become `previous` and linger
+    /// for `previousKeysLinger`, the previous ones retire; keys still waiting in
+    /// `next` from an older handshake linger too.
+    private func makeCurrent(_ p: PeerState, _ keys: Keypair, now: Timestamp) {
+        let linger = now + configuration.previousKeysLinger
+        if p.keys.next === keys { p.keys.next = nil }
+        if let old = p.keys.current, old !== keys {
+            if let oldest = p.keys.previous { retire(p, oldest) }
+            old.retireAt = old.retireAt ?? linger
+            p.keys.previous = old
+        }
+        p.keys.current = keys
+        if let waiting = p.keys.next, waiting.retireAt == nil, waiting.createdAt <= keys.createdAt { waiting.retireAt = linger }
     }
 
     // MARK: Handshake
@@ -358,8 +386,9 @@ public final class SecureEndpoint {
         let senderIndex = m.readUInt32(at: 4)
         if !handshakeBudget.take(1, now: now) {
             // Under load: only initiations proving their source address get work.
-            guard cookies.mac2Valid(m, mac2: HandshakeWire.initiationMAC2, from: source, now: now) else {
-                outbox.append(.send(cookies.reply(receiverIndex: senderIndex, mac1: mac1, to: source, now: now), to: source))
+            guard cookies.mac2Valid(m, mac2: HandshakeWire.initiationMAC2, from: source, now: now, random: &random) else {
+                let reply = cookies.reply(receiverIndex: senderIndex, mac1: mac1, to: source, now: now, random: &random)
+                outbox.append(.send(reply, to: source))
                 statistics.cookieRepliesSent += 1
                 return dropHandshake(.cookieRequired)
             }
@@ -394,6 +423,7 @@ public final class SecureEndpoint {
         let localIndex = freshIndex()
         let keys: NoiseTransportKeys
         var response = [UInt8](repeating: 0, count: HandshakeWire.responseLength)
+        noise.useEphemeral(random.privateKey())
         do {
             let m2 = try noise.writeMessage(payload: responsePayload)
             guard m2.count == HandshakeWire.responseNoise.count else { return dropHandshake(.malformed) }
@@ -409,18 +439,12 @@ public final class SecureEndpoint {
         p.lastTimestamp = stamp
         setRemoteSSRC(p, remoteSSRC)
         // A simultaneous initiation of ours loses to theirs when their key sorts lower (both sides agree).
-        if let mine = p.pending, initiatorKey.bytes.lexicographicallyPrecedes(identity.publicKey.bytes) {
-            pendingByIndex[mine.localIndex] = nil
-            p.pending = nil
+        if p.handshake.initiation != nil, initiatorKey.bytes.lexicographicallyPrecedes(identity.publicKey.bytes) {
+            abandonInitiation(p)
         }
-        install(p, Keypair(keys: keys, initiator: false, now: now), logging: keys)
-        p.address = p.address ?? source
-        if p.address != source, p.lastRoam.map({ now - $0 >= configuration.roamInterval }) ?? true {
-            let old = p.address
-            p.address = source
-            p.lastRoam = now
-            if let old { outbox.append(.event(.peerMoved(p.id, from: old, to: source))) }
-        }
+        installNext(p, Keypair(keys: keys, initiator: false, now: now), logging: keys)
+        if p.handshake.initiation == nil { p.handshake = .responseCreated }
+        roam(p, to: source, now: now)
         p.lastReceived = now
         outbox.append(.send(response, to: source))
         return .handled
@@ -432,7 +456,9 @@ public final class SecureEndpoint {
             return dropHandshake(.badMAC)
         }
         let receiverIndex = m.readUInt32(at: 8)
-        guard let id = pendingByIndex[receiverIndex], let p = peers[id], let pending = p.pending, pending.localIndex == receiverIndex else {
+        guard let id = pendingByIndex[receiverIndex], let p = peers[id], let pending = p.handshake.initiation,
+            pending.localIndex == receiverIndex
+        else {
             return dropHandshake(.unexpected)
         }
         let payload: [UInt8]
@@ -442,19 +468,19 @@ public final class SecureEndpoint {
             keys = try pending.noise.split()
         } catch { return dropHandshake(.authenticationFailed) }
         guard payload.count == 4 else { return dropHandshake(.malformed) }
-        pendingByIndex[receiverIndex] = nil
-        p.pending = nil
+        // Response consumed: the keys seal at once (their confirmation is on its way to the responder).
+        abandonInitiation(p)
         setRemoteSSRC(p, payload.readUInt32(at: 0))
         let keypair = Keypair(keys: keys, initiator: true, now: now)
         keypair.confirmed = true
-        install(p, keypair, logging: keys)
-        promote(p, keys: keypair, now: now)
+        logKeys(p, keys)
+        makeCurrent(p, keypair, now: now)
         statistics.handshakesCompleted += 1
         p.lastReceived = now
-        if p.address != source { p.address = source }
+        roam(p, to: source, now: now)
         outbox.append(.event(.established(p.id, key: p.key, rekey: p.everEstablished)))
         p.everEstablished = true
-        p.lastReportSent = p.lastReportSent ?? now
+        p.reports.sessionStarted(now: now)
         // Confirm the keys to the responder at once (it may not send before).
         try? sendControl(ControlReport(kind: .keepalive), to: id, now: now)
         return .handled
@@ -463,7 +489,9 @@ public final class SecureEndpoint {
     private func receiveCookieReply(_ m: [UInt8], now: Timestamp) -> SecureReceive {
         guard m.count == HandshakeWire.cookieReplyLength else { return dropHandshake(.malformed) }
         let index = m.readUInt32(at: 4)
-        guard let id = pendingByIndex[index], let p = peers[id], let pending = p.pending else { return dropHandshake(.unexpected) }
+        guard let id = pendingByIndex[index], let p = peers[id], let pending = p.handshake.initiation else {
+            return dropHandshake(.unexpected)
+        }
         guard let cookie = CookieChecker.openReply(m, responder: p.key, lastMAC1: pending.lastMAC1) else {
             return dropHandshake(.badMAC)
         }
@@ -485,14 +513,14 @@ public final class SecureEndpoint {
             p.controlReplay = ReplayWindow()
             p.highestReceived = nil
             p.retiredBelow = nil
-            p.reception = ReceptionStatistics(clockRate: configuration.mediaClockRate)
+            p.reports.restartReception()
         }
         peerBySSRC[ssrc] = p.id
     }
 
     private func freshIndex() -> UInt32 {
         while true {
-            let i = UInt32.random(in: 1...UInt32.max)
+            let i = random.nonZeroUInt32()
             if pendingByIndex[i] == nil { return i }
         }
     }
@@ -501,8 +529,7 @@ public final class SecureEndpoint {
         _ p: PeerState, now: Timestamp, rekey: Bool, firstAttempt: Timestamp? = nil, cookieRetry: Bool = false
     ) {
         guard let address = p.address else { return }
-        if let old = p.pending { pendingByIndex[old.localIndex] = nil }
-        p.pending = nil
+        abandonInitiation(p)
         let index = freshIndex()
         var payload = TAI64N(unixNanoseconds: configuration.unixNanosecondsAtZero &+ now.nanoseconds).bytes
         payload.appendUInt32(p.localSSRC)
@@ -511,7 +538,7 @@ public final class SecureEndpoint {
         do {
             noise = try NoiseHandshake(
                 pattern: .IK, hash: .blake2b, initiator: true, prologue: HandshakeWire.prologue,
-                localStatic: identity.privateKey, remoteStatic: p.key)
+                localStatic: identity.privateKey, remoteStatic: p.key, localEphemeral: random.privateKey())
             let m1 = try noise.writeMessage(payload: payload)
             guard m1.count == HandshakeWire.initiationNoise.count else { return }
             m.replaceSubrange(HandshakeWire.initiationNoise, with: m1)
@@ -523,16 +550,29 @@ public final class SecureEndpoint {
         if let (cookie, at) = p.cookie, now - at < CookieChecker.secretLifetime {
             m.replaceSubrange(HandshakeWire.initiationMAC2, with: MAC.mac(m[..<HandshakeWire.initiationMAC2.lowerBound], key: cookie))
         }
-        p.pending = PendingHandshake(
+        p.handshake = .initiationCreated(Initiation(
             noise: noise, localIndex: index, firstAttempt: firstAttempt ?? now, lastSent: now, lastMAC1: mac1, rekey: rekey,
-            cookieRetry: cookieRetry)
+            cookieRetry: cookieRetry))
         pendingByIndex[index] = p.id
         outbox.append(.send(m, to: address))
     }
 
-    private func install(_ p: PeerState, _ keys: Keypair, logging raw: NoiseTransportKeys) {
-        p.keypairs.insert(keys, at: 0)
-        while p.keypairs.count > 3, let oldest = p.keypairs.last { retire(p, oldest) }
+    /// Our initiation, if one is under way, is given up (its index answers nothing any more).
+    private func abandonInitiation(_ p: PeerState) {
+        guard let mine = p.handshake.initiation else { return }
+        pendingByIndex[mine.localIndex] = nil
+        p.handshake = .zeroed
+    }
+
+    /// The keys of a handshake we answered wait in `next` for the initiator's
+    /// first packet; keys that waited there before, never confirmed, retire.
+    private func installNext(_ p: PeerState, _ keys: Keypair, logging raw: NoiseTransportKeys) {
+        if let unconfirmed = p.keys.next { retire(p, unconfirmed) }
+        p.keys.next = keys
+        logKeys(p, raw)
+    }
+
+    private func logKeys(_ p: PeerState, _ raw: NoiseTransportKeys) {
         if configuration.keyLog, let remote = p.remoteSSRC {
             outbox.append(.event(.keyLog(KeyLog.line(ssrc: p.localSSRC, key: raw.send))))
             outbox.append(.event(.keyLog(KeyLog.line(ssrc: remote, key: raw.receive))))
@@ -541,16 +581,15 @@ public final class SecureEndpoint {
 
     private func retire(_ p: PeerState, _ keys: Keypair) {
         keys.retire()
-        p.keypairs.removeAll { $0 === keys }
-        if p.current === keys { p.current = nil }
+        p.keys.remove(keys)
         // Packets below the oldest sequence the remaining keys opened belong to retired keys.
-        if let floor = p.keypairs.compactMap(\.lowestReceived).min() {
+        if let floor = p.keys.all.compactMap(\.lowestReceived).min() {
             p.retiredBelow = max(p.retiredBelow ?? floor, floor)
         }
     }
 
     private func maybeRekey(_ p: PeerState, keys: Keypair, now: Timestamp) {
-        guard p.pending == nil else { return }
+        guard p.handshake.initiation == nil else { return }
         let age = now - keys.createdAt
         let due = keys.sentPackets >= configuration.rekeyAfterPackets
             || (keys.initiator && age >= configuration.rekeyAfter)
@@ -558,39 +597,20 @@ public final class SecureEndpoint {
         if due { startHandshake(p, now: now, rekey: true) }
     }
 
-    /// A receiver report for `p`: what we saw of its media since the last one,
-    /// and the echo of its latest report for its round-trip time.
-    private func makeReport(_ p: PeerState, now: Timestamp) -> ControlReport {
-        let fraction = p.reception.takeFractionLost()
-        // The loss hint follows the reported loss, smoothed so one bad interval does not swing the encoder.
-        p.smoothedLoss = 0.7 * p.smoothedLoss + 0.3 * Double(fraction) / 256
-        var echo: UInt32 = 0, held: UInt32 = 0
-        if let (report, at) = p.lastPeerReport, report.timestamp != 0 {
-            echo = report.timestamp
-            held = UInt32(truncatingIfNeeded: (now.nanoseconds &- at.nanoseconds) << 16 / 1_000_000_000)
-        }
-        let stamp = ControlReport.compactTimestamp(nanoseconds: now.nanoseconds)
-        return ControlReport(
-            kind: .report, highestSequence: p.reception.highestSequence,
-            cumulativeLost: UInt32(clamping: p.reception.cumulativeLost), fractionLost: fraction,
-            jitter: p.reception.jitter, lastReportTimestamp: echo, delaySinceLastReport: held,
-            lossHint: UInt8(min(100, (p.smoothedLoss * 100).rounded(.up))), timestamp: stamp == 0 ? 1 : stamp)
-    }
-
     // MARK: Timers
 
-    /// Runs every timer due at `now`; drain `outputs()` afterwards.
-    public func poll(now: Timestamp) {
-        lastPoll = now
+    /// Runs every timer due at `now`: key expiry, handshake retries and timeouts,
+    /// dead peers, rekeys, receiver reports, keepalives.
+    public func handleTimeout(now: Timestamp) {
+        lastTimeout = now
         for p in peers.values.sorted(by: { $0.id.rawValue < $1.id.rawValue }) {
-            for keys in p.keypairs {
+            for keys in p.keys.all {
                 if let at = keys.retireAt, at <= now { retire(p, keys) }
                 else if now - keys.createdAt >= configuration.rejectAfter { retire(p, keys) }
             }
-            if let h = p.pending, now - h.lastSent >= configuration.handshakeRetry {
+            if let h = p.handshake.initiation, now - h.lastSent >= configuration.handshakeRetry {
                 if now - h.firstAttempt >= configuration.handshakeTimeout {
-                    pendingByIndex[h.localIndex] = nil
-                    p.pending = nil
+                    abandonInitiation(p)
                     outbox.append(.event(.handshakeFailed(p.id)))
                 } else {
                     startHandshake(p, now: now, rekey: h.rekey, firstAttempt: h.firstAttempt)
@@ -600,21 +620,19 @@ public final class SecureEndpoint {
             let silent = now - (p.lastReceived ?? now)
             if silent >= configuration.peerTimeout {
                 outbox.append(.event(.peerGone(p.id)))
-                if let h = p.pending { pendingByIndex[h.localIndex] = nil }
-                p.pending = nil
-                p.retireAll()
+                abandonInitiation(p)
+                p.handshake = .zeroed
+                p.keys.retireAll()
                 p.everEstablished = false
                 continue
             }
-            if silent >= configuration.rehandshakeAfterSilence, p.pending == nil {
+            if silent >= configuration.rehandshakeAfterSilence, p.handshake.initiation == nil {
                 startHandshake(p, now: now, rekey: true)
             }
-            if let keys = p.current {
+            if let keys = p.keys.current {
                 maybeRekey(p, keys: keys, now: now)
-                if configuration.reportInterval > .zero, now - (p.lastReportSent ?? .zero) >= reportInterval(p) {
-                    p.lastReportSent = now
-                    p.reportsSent += 1
-                    try? sendControl(makeReport(p, now: now), to: p.id, now: now)
+                if p.reports.isDue(now: now) {
+                    try? sendControl(p.reports.makeReport(now: now), to: p.id, now: now)
                 }
                 if now - max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) >= configuration.keepaliveInterval {
                     p.lastKeepaliveAttempt = now
@@ -624,133 +642,68 @@ public final class SecureEndpoint {
         }
     }
 
-    /// The wait before `p`'s next report: short before the first.
-    private func reportInterval(_ p: PeerState) -> Duration {
-        p.reportsSent == 0 ? min(configuration.firstReportAfter, configuration.reportInterval) : configuration.reportInterval
-    }
-
-    /// When `poll` must run next, or nil when nothing is scheduled.
+    /// When `handleTimeout(now:)` must run next, or nil when nothing is scheduled.
     public var nextDeadline: Timestamp? {
         var best: Timestamp?
         func consider(_ t: Timestamp) { best = best.map { min($0, t) } ?? t }
         for p in peers.values {
-            for keys in p.keypairs {
+            for keys in p.keys.all {
                 if let at = keys.retireAt { consider(at) }
                 consider(keys.createdAt + configuration.rejectAfter)
             }
-            if let h = p.pending { consider(h.lastSent + configuration.handshakeRetry) }
+            if let h = p.handshake.initiation { consider(h.lastSent + configuration.handshakeRetry) }
             guard p.everEstablished, let last = p.lastReceived else { continue }
             consider(last + configuration.peerTimeout)
-            if p.pending == nil { consider(last + configuration.rehandshakeAfterSilence) }
-            if let keys = p.current {
-                if configuration.reportInterval > .zero { consider((p.lastReportSent ?? .zero) + reportInterval(p)) }
+            if p.handshake.initiation == nil { consider(last + configuration.rehandshakeAfterSilence) }
+            if let keys = p.keys.current {
+                if let due = p.reports.nextReportAt { consider(due) }
                 consider(max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) + configuration.keepaliveInterval)
-                if p.pending == nil {
+                if p.handshake.initiation == nil {
                     consider(keys.createdAt + configuration.rekeyAfter + (keys.initiator ? .zero : configuration.handshakeTimeout))
                 }
             }
         }
         // Never ask to be woken again at the instant just polled (no busy loop
         // even if a timer could not make progress).
-        if let b = best, let last = lastPoll { return max(b, last + .milliseconds(1)) }
+        if let b = best, let last = lastTimeout { return max(b, last + .milliseconds(1)) }
         return best
     }
 }
 
-/// One handshake's keys, both directions.
-final class Keypair {
-    let send: MediaCipher
-    let receive: MediaCipher
-    let createdAt: Timestamp
-    /// Whether we initiated the handshake that made these keys.
-    let initiator: Bool
-    /// An initiator's keys are confirmed at once; a responder's by the first packet opened with them.
-    var confirmed = false
-    var sentPackets: UInt64 = 0
-    var lowestReceived: UInt64?
-    var retireAt: Timestamp?
-
-    init(keys: NoiseTransportKeys, initiator: Bool, now: Timestamp) {
-        send = MediaCipher(key: keys.send)
-        receive = MediaCipher(key: keys.receive)
-        createdAt = now
-        self.initiator = initiator
+extension SecureEndpoint: SansIOCore {
+    /// What a driver asks of the endpoint outside the hot paths.
+    public enum Input: Sendable, Equatable {
+        /// Start a handshake with the peer (at its known address); nothing if one is under way.
+        case connect(PeerID)
+        /// Seal and send a control report; dropped when it cannot be sent (see `sendControl(_:to:now:)`).
+        case sendControl(ControlReport, to: PeerID)
+        /// A datagram off the socket. Handshakes and control are handled in full;
+        /// media is opened and counted but its payload goes nowhere: drivers hand
+        /// media to `receive(_:from:now:)`, which opens it in place.
+        case datagram([UInt8], from: TransportAddress)
     }
 
-    func usable(now: Timestamp, _ c: SecureConfiguration) -> Bool { now - createdAt < c.rejectAfter }
+    public typealias Action = SecureOutput
 
-    func retire() {
-        send.retire()
-        receive.retire()
-    }
-}
-
-struct PendingHandshake {
-    let noise: NoiseHandshake
-    let localIndex: UInt32
-    let firstAttempt: Timestamp
-    let lastSent: Timestamp
-    let lastMAC1: [UInt8]
-    let rekey: Bool
-    /// This attempt was sent at once on a cookie reply (the next one waits for the retry timer).
-    let cookieRetry: Bool
-}
-
-final class PeerState {
-    let id: PeerID
-    let key: PublicKey
-    var address: TransportAddress?
-    var lastRoam: Timestamp?
-    var lastTimestamp: TAI64N?
-    var pending: PendingHandshake?
-    var cookie: ([UInt8], Timestamp)?
-    /// Newest first, at most three.
-    var keypairs: [Keypair] = []
-    /// The keys media is sealed with.
-    var current: Keypair?
-    var everEstablished = false
-
-    let localSSRC: UInt32
-    var remoteSSRC: UInt32?
-    var nextSequence: UInt64
-    var nextControlIndex: UInt32 = 0
-    var replay = ReplayWindow()
-    var controlReplay = ReplayWindow()
-    var highestReceived: UInt64?
-    var retiredBelow: UInt64?
-    var lastSent: Timestamp?
-    var lastReceived: Timestamp?
-    var lastKeepaliveAttempt: Timestamp?
-    var reception: ReceptionStatistics
-    var lastReportSent: Timestamp?
-    var reportsSent = 0
-    var answeredFirstReport = false
-    var lastPeerReport: (report: ControlReport, at: Timestamp)?
-    var roundTrip: Duration?
-    var smoothedLoss = 0.0
-
-    init(id: PeerID, key: PublicKey, address: TransportAddress?, clockRate: UInt32) {
-        reception = ReceptionStatistics(clockRate: clockRate)
-        self.id = id
-        self.key = key
-        self.address = address
-        localSSRC = UInt32.random(in: 1...UInt32.max)
-        // RFC 3550: a random initial sequence number.
-        nextSequence = UInt64(UInt16.random(in: 0...UInt16.max))
+    public func handle(_ input: Input, now: Timestamp) {
+        switch input {
+        case .connect(let id):
+            connect(id, now: now)
+        case .sendControl(let report, let id):
+            try? sendControl(report, to: id, now: now)
+        case .datagram(var bytes, let source):
+            _ = receive(&bytes, from: source, now: now)
+        }
     }
 
-    var hasKeys: Bool { !keypairs.isEmpty }
-
-    /// The keys to seal with: the current ones if confirmed and not expired.
-    func sendKeys(now: Timestamp?, _ c: SecureConfiguration) -> Keypair? {
-        guard let k = current, k.confirmed else { return nil }
-        if let now, !k.usable(now: now, c) { return nil }
-        return k
-    }
-
-    func retireAll() {
-        for k in keypairs { k.retire() }
-        keypairs.removeAll()
-        current = nil
+    public func pollAction() -> SecureOutput? {
+        guard outboxHead < outbox.count else { return nil }
+        let action = outbox[outboxHead]
+        outboxHead += 1
+        if outboxHead == outbox.count {
+            outbox.removeAll(keepingCapacity: true)
+            outboxHead = 0
+        }
+        return action
     }
 }

@@ -32,10 +32,10 @@ public enum SecureFuzzChecks {
             var d = bytes
             if let first, !d.isEmpty { d[0] = first }
             if case .media = e.receive(&d, from: from, now: now) { preconditionFailure("unauthenticated media accepted") }
-            _ = e.outputs()
+            while e.pollAction() != nil {}
         }
-        e.poll(now: now + .seconds(60))
-        _ = e.outputs()
+        e.handleTimeout(now: now + .seconds(60))
+        while e.pollAction() != nil {}
     }
 
     /// The input as it would come off the socket.

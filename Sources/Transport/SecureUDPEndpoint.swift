@@ -170,8 +170,7 @@ public final class SecureUDPEndpoint: Sendable {
             let id = e.core.addPeer(key, address: address)
             e.core.setAddress(address, of: id)
             e.waitEstablished(id, promise: promise, timeout: timeout)
-            e.core.connect(id, now: Timestamp.now())
-            e.pump()
+            e.host.handle(.connect(id))
         }
         do { return try await promise.futureResult.get() } catch let e as SecureTransportError { throw e } catch { throw .closed }
     }
@@ -215,8 +214,11 @@ public final class SecureUDPEndpoint: Sendable {
     /// Seals and sends a control report.
     public func sendControl(_ report: ControlReport, to peer: PeerID) async throws(SecureTransportError) {
         try await onLoop { e in
-            do { try e.core.sendControl(report, to: peer, now: Timestamp.now()) } catch let s as SecureSendError { throw SecureTransportError.send(s) }
-            e.pump()
+            do {
+                try e.host.with { core, now in try core.sendControl(report, to: peer, now: now) }
+            } catch let s as SecureSendError {
+                throw SecureTransportError.send(s)
+            }
         }
     }
 
@@ -328,15 +330,22 @@ public final class SecureUDPEndpoint: Sendable {
 
 /// The endpoint's state, confined to the channel's event loop.
 final class SecureEngine {
+    /// The session core, run by `host`; the hot paths (sealing, opening) and
+    /// calls that leave nothing to do (addresses, reads) reach it directly.
     let core: SecureEndpoint
+    /// Performs what the core leaves to do and keeps its timer armed.
+    private(set) lazy var host = CoreHost(
+        core, on: channel.eventLoop,
+        perform: { [weak self] action in self?.perform(action) },
+        afterActions: { [weak self] in self?.afterActions() })
+    /// Within a read burst, writes wait for the burst's one flush (`channelReadComplete`).
+    var inReadBurst = false
     private let channel: Channel
     private let continuation: AsyncStream<SecureUDPEvent>.Continuation
     private let mediaHandler: SecureUDPEndpoint.MediaHandler?
     private let keyLog: KeyLogFile?
     private let logger: Logger
     private var binding = BindingServer()
-    private var timer: Scheduled<Void>?
-    private var timerAt: Timestamp?
     private var waiters: [PeerID: [EventLoopPromise<PeerID>]] = [:]
     private var closed = false
     /// Reused for every datagram: opened in place here, never allocated per packet.
@@ -419,12 +428,12 @@ final class SecureEngine {
                 continuation.yield(.media(peer, header, payload: Array(payload)))
             }
             // A media packet can confirm new keys or move the peer: report that at once.
-            if core.hasOutputs { pump(flush: false) }
+            if core.hasOutputs { performLeftovers() }
         case .handled:
-            pump()
+            performLeftovers()
         case .dropped, .droppedHandshake:
             // A drop changes nothing but may answer (a cookie reply under load).
-            if core.hasOutputs { pump(flush: false) }
+            if core.hasOutputs { performLeftovers() }
         }
     }
 
@@ -473,7 +482,7 @@ final class SecureEngine {
             }
         }
         // Sealing may have started a handshake (no keys yet, or a rekey due): send it, arm its timer.
-        if core.hasOutputs { pump(flush: false) }
+        if core.hasOutputs { performLeftovers() }
     }
 
     /// Media that could not be sealed (no keys yet, unknown peer).
@@ -520,16 +529,21 @@ final class SecureEngine {
         }
     }
 
-    /// Sends what the core queued, reports its events, re-arms the timer.
-    func pump(flush: Bool = true) {
-        for out in core.outputs() {
-            switch out {
-            case .send(let bytes, let to): write(bytes, to: to)
-            case .event(let event): report(event)
-            }
+    /// What a hot-path call on the core left to do: the host performs it and re-arms the timer.
+    private func performLeftovers() {
+        host.with { _, _ in }
+    }
+
+    private func perform(_ action: SecureOutput) {
+        switch action {
+        case .send(let bytes, let to): write(bytes, to: to)
+        case .event(let event): report(event)
         }
-        if flush { self.flush() }
-        armTimer()
+    }
+
+    /// One flush per run of actions, or per read burst while one is under way.
+    private func afterActions() {
+        if !inReadBurst { flush() }
     }
 
     private func report(_ event: SecureEvent) {
@@ -545,23 +559,6 @@ final class SecureEngine {
             break
         }
         continuation.yield(.session(event))
-    }
-
-    private func armTimer() {
-        let next = core.nextDeadline
-        guard next != timerAt, !closed else { return }
-        timer?.cancel()
-        timer = nil
-        timerAt = next
-        guard let next else { return }
-        let bound = NIOLoopBound(self, eventLoop: channel.eventLoop)
-        timer = channel.eventLoop.scheduleTask(deadline: .uptimeNanoseconds(next.nanoseconds)) {
-            let e = bound.value
-            e.timer = nil
-            e.timerAt = nil
-            e.core.poll(now: Timestamp.now())
-            e.pump()
-        }
     }
 
     func waitEstablished(_ id: PeerID, promise: EventLoopPromise<PeerID>, timeout: Duration) {
@@ -620,8 +617,7 @@ final class SecureEngine {
 
     func shutDown() {
         closed = true
-        timer?.cancel()
-        timer = nil
+        host.stop()
         for (_, ws) in waiters { for w in ws { w.fail(SecureTransportError.closed) } }
         waiters.removeAll()
         turnEngine?.shutDown(.closed)
@@ -641,10 +637,12 @@ final class SecureDatagramHandler: ChannelInboundHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let envelope = unwrapInboundIn(data)
         guard let source = TransportAddress(envelope.remoteAddress) else { return }
+        engine.inReadBurst = true
         engine.received(envelope.data, from: source)
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
+        engine.inReadBurst = false
         engine.flush()
     }
 

@@ -56,7 +56,7 @@ import TusaBase
         let a = net.addNode(port: 1000)
         let b = net.addNode(port: 2000)
         let bAtA = a.endpoint.addPeer(b.endpoint.identity.publicKey, address: b.address)
-        a.endpoint.connect(bAtA, now: net.now)
+        a.endpoint.handle(.connect(bAtA), now: net.now)
         net.flush(a)
         net.run(for: .milliseconds(500))
         #expect(b.drops == [.droppedHandshake(.unknownPeer)])
@@ -66,7 +66,7 @@ import TusaBase
         open.acceptUnknownPeers = true
         let c = net.addNode(port: 3000, configuration: open)
         let cAtA = a.endpoint.addPeer(c.endpoint.identity.publicKey, address: c.address)
-        a.endpoint.connect(cAtA, now: net.now)
+        a.endpoint.handle(.connect(cAtA), now: net.now)
         net.flush(a)
         net.run(for: .milliseconds(500))
         #expect(a.endpoint.isEstablished(cAtA))
@@ -83,14 +83,14 @@ import TusaBase
             if d.bytes.first == HandshakeWire.initiation, dropped < 2 { dropped += 1; return nil }
             return d
         }
-        a.endpoint.connect(bAtA, now: net.now)
+        a.endpoint.handle(.connect(bAtA), now: net.now)
         net.flush(a)
         net.run(for: .seconds(4))
         #expect(a.endpoint.isEstablished(bAtA), "the third initiation gets through")
 
         let (net2, a2, _, bAtA2, _) = SimulatedNetwork.pair(configuration: config, connect: false)
         net2.tamper = { _ in nil }
-        a2.endpoint.connect(bAtA2, now: net2.now)
+        a2.endpoint.handle(.connect(bAtA2), now: net2.now)
         net2.flush(a2)
         net2.run(for: .seconds(7))
         #expect(a2.events.contains(.handshakeFailed(bAtA2)))
@@ -209,7 +209,7 @@ import TusaBase
 
     @Test func bitFlipsInHandshakeMessagesAreRefused() throws {
         let (net, a, b, bAtA, _) = SimulatedNetwork.pair(connect: false)
-        a.endpoint.connect(bAtA, now: net.now)
+        a.endpoint.handle(.connect(bAtA), now: net.now)
         net.flush(a)
         let initiation = try #require(net.inFlight.first).bytes
         // mac2 is only checked while the responder is under load (see floodMeetsCookies...).
@@ -218,11 +218,11 @@ import TusaBase
             forged[byte] ^= 0x10
             let r = b.endpoint.receive(&forged, from: a.address, now: net.now)
             #expect(r != .handled, "flipped byte \(byte) of the initiation was accepted")
-            _ = b.endpoint.outputs()
+            _ = b.endpoint.takeActions()
         }
         var genuine = initiation
         #expect(b.endpoint.receive(&genuine, from: a.address, now: net.now) == .handled)
-        let response = try #require(b.endpoint.outputs().compactMap { if case .send(let bytes, _) = $0 { bytes } else { nil } }.first)
+        let response = try #require(b.endpoint.takeActions().compactMap { if case .send(let bytes, _) = $0 { bytes } else { nil } }.first)
         for byte in 0..<response.count where !HandshakeWire.responseMAC2.contains(byte) {
             var forged = response
             forged[byte] ^= 0x10
@@ -244,20 +244,20 @@ import TusaBase
         // A flood of valid-mac1 initiations (replays of a stranger's, from many sources) exhausts B's budget.
         let stranger = net.addNode(port: 4000, configuration: config)
         let bAtS = stranger.endpoint.addPeer(b.endpoint.identity.publicKey, address: b.address)
-        stranger.endpoint.connect(bAtS, now: net.now)
-        let floodPacket = try #require(stranger.endpoint.outputs().compactMap { if case .send(let x, _) = $0 { x } else { nil } }.first)
+        stranger.endpoint.handle(.connect(bAtS), now: net.now)
+        let floodPacket = try #require(stranger.endpoint.takeActions().compactMap { if case .send(let x, _) = $0 { x } else { nil } }.first)
         var cookieReplies = 0
         for i in 0..<200 {
             var m = floodPacket
             let r = b.endpoint.receive(&m, from: TransportAddress(ip: .v4(0x0A00_0000 | UInt32(i)), port: 5000), now: net.now)
             if r == .droppedHandshake(.cookieRequired) { cookieReplies += 1 }
-            for case .send(let reply, _) in b.endpoint.outputs() {
+            for case .send(let reply, _) in b.endpoint.takeActions() {
                 #expect(reply.count == HandshakeWire.cookieReplyLength && reply.count <= m.count)
             }
         }
         #expect(cookieReplies >= 198, "once the budget is spent, no Diffie-Hellman work without a cookie")
         // A is then asked for a cookie, gets it, and completes with mac2.
-        a.endpoint.connect(bAtA, now: net.now)
+        a.endpoint.handle(.connect(bAtA), now: net.now)
         net.flush(a)
         net.run(for: .seconds(2))
         #expect(a.endpoint.isEstablished(bAtA) && b.endpoint.isEstablished(aAtB))
@@ -266,17 +266,19 @@ import TusaBase
 
     @Test func aStreamOfCookieRepliesCausesOneImmediateRetryNotOnePerReply() throws {
         let (net, a, b, bAtA, _) = SimulatedNetwork.pair(connect: false)
-        a.endpoint.connect(bAtA, now: net.now)
-        var latest = try #require(a.endpoint.outputs().compactMap { if case .send(let x, _) = $0 { x } else { nil } }.first)
+        a.endpoint.handle(.connect(bAtA), now: net.now)
+        var latest = try #require(a.endpoint.takeActions().compactMap { if case .send(let x, _) = $0 { x } else { nil } }.first)
         // Whoever sees an initiation's mac1 can seal a valid cookie reply to it (the cookie key
         // derives from B's public key): forge one for each initiation A sends.
         var forger = CookieChecker(responder: b.endpoint.identity.publicKey, now: net.now)
+        var random: any SecureRandom = SystemRandom()
         var sent = 0
         for _ in 0..<50 {
             var reply = forger.reply(
-                receiverIndex: latest.readUInt32(at: 4), mac1: latest[HandshakeWire.initiationMAC1], to: a.address, now: net.now)
+                receiverIndex: latest.readUInt32(at: 4), mac1: latest[HandshakeWire.initiationMAC1], to: a.address, now: net.now,
+                random: &random)
             #expect(a.endpoint.receive(&reply, from: b.address, now: net.now) == .handled)
-            for case .send(let bytes, _) in a.endpoint.outputs() {
+            for case .send(let bytes, _) in a.endpoint.takeActions() {
                 sent += 1
                 latest = bytes
             }

@@ -43,9 +43,13 @@ final class SimulatedNetwork {
         set { network.tamper = newValue }
     }
 
-    func addNode(_ identity: Identity = .generate(), port: UInt16, configuration: SecureConfiguration = .init()) -> Node {
+    func addNode(
+        _ identity: Identity = .generate(), port: UInt16, configuration: SecureConfiguration = .init(),
+        random: any SecureRandom = SystemRandom()
+    ) -> Node {
         let address = TransportAddress(ip: .v4(0x7F00_0001), port: port)
-        let node = Node(endpoint: SecureEndpoint(identity: identity, configuration: configuration, now: now), address: address)
+        let endpoint = SecureEndpoint(identity: identity, configuration: configuration, random: random, now: now)
+        let node = Node(endpoint: endpoint, address: address)
         nodes.append(node)
         network.attach(address)
         return node
@@ -61,7 +65,7 @@ final class SimulatedNetwork {
 
     /// Moves every node's queued outputs onto the wire and records its events.
     func flush(_ node: Node) {
-        for out in node.endpoint.outputs() {
+        while let out = node.endpoint.pollAction() {
             switch out {
             case .send(let bytes, let to):
                 node.sent.append(bytes)
@@ -115,7 +119,7 @@ final class SimulatedNetwork {
             }
             for node in nodes {
                 if let d = node.endpoint.nextDeadline, d <= now {
-                    node.endpoint.poll(now: now)
+                    node.endpoint.handleTimeout(now: now)
                     flush(node)
                 }
             }
@@ -138,10 +142,18 @@ extension SimulatedNetwork {
         let bAtA = a.endpoint.addPeer(b.endpoint.identity.publicKey, address: b.address)
         let aAtB = b.endpoint.addPeer(a.endpoint.identity.publicKey)
         if connect {
-            a.endpoint.connect(bAtA, now: net.now)
+            a.endpoint.handle(.connect(bAtA), now: net.now)
             net.flush(a)
             net.run(for: .seconds(1))
         }
         return (net, a, b, bAtA, aAtB)
+    }
+}
+extension SecureEndpoint {
+    /// Every action waiting, in order (`drainActions()` for a reference the test holds in a `let`).
+    func takeActions() -> [SecureOutput] {
+        var actions: [SecureOutput] = []
+        while let a = pollAction() { actions.append(a) }
+        return actions
     }
 }

@@ -1,0 +1,56 @@
+import TusaBase
+
+/// Everything a `SecureEndpoint` keeps for one peer: who it is and where, its
+/// handshake (`HandshakeState`), its keys (`KeySlots`), the two RTP streams
+/// (ours to it and its to us, with their replay windows), liveness, and its
+/// receiver reports.
+final class PeerState {
+    let id: PeerID
+    let key: PublicKey
+    var address: TransportAddress?
+    var lastRoam: Timestamp?
+    /// The newest initiation timestamp accepted from the peer (older ones are replays).
+    var lastTimestamp: TAI64N?
+    var handshake = HandshakeState.zeroed
+    /// The latest cookie the peer's responder gave us, and when.
+    var cookie: ([UInt8], Timestamp)?
+    var keys = KeySlots()
+    /// Keys were confirmed both ways at least once since the peer last went silent.
+    var everEstablished = false
+
+    let localSSRC: UInt32
+    var remoteSSRC: UInt32?
+    var nextSequence: UInt64
+    var nextControlIndex: UInt32 = 0
+    var replay = ReplayWindow()
+    var controlReplay = ReplayWindow()
+    var highestReceived: UInt64?
+    /// Media below this sequence number was sealed under keys now retired.
+    var retiredBelow: UInt64?
+    var lastSent: Timestamp?
+    var lastReceived: Timestamp?
+    var lastKeepaliveAttempt: Timestamp?
+    /// Receiver reports: reception statistics, the round trip, the loss hint.
+    var reports: ReceiverReports
+
+    init(
+        id: PeerID, key: PublicKey, address: TransportAddress?, localSSRC: UInt32, firstSequence: UInt64,
+        configuration c: SecureConfiguration
+    ) {
+        reports = ReceiverReports(clockRate: c.mediaClockRate, interval: c.reportInterval, firstReportAfter: c.firstReportAfter)
+        self.id = id
+        self.key = key
+        self.address = address
+        self.localSSRC = localSSRC
+        nextSequence = firstSequence
+    }
+
+    var hasKeys: Bool { !keys.isEmpty }
+
+    /// The keys to seal with: the current ones if confirmed and not expired.
+    func sendKeys(now: Timestamp?, _ c: SecureConfiguration) -> Keypair? {
+        guard let k = keys.current, k.confirmed else { return nil }
+        if let now, !k.usable(now: now, c) { return nil }
+        return k
+    }
+}
