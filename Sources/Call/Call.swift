@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import ICE
 import Logging
 import Rendezvous
@@ -104,7 +105,7 @@ public enum CandidatePolicy: String, Sendable, CaseIterable {
 /// The call's decisions are a ``CallController``'s; this drives it: it awaits
 /// events (the rendezvous, the endpoint, the voice session, the controller's
 /// deadline) and performs the controller's actions.
-public final class CallAgent: @unchecked Sendable {
+public final class CallAgent: Sendable {
     public struct Options: Sendable {
         public var codec = CodecConfiguration()
         /// How long to wait for an answer, or for an offer.
@@ -166,9 +167,8 @@ public final class CallAgent: @unchecked Sendable {
         /// The tasks passing each connection's payloads on to `events`.
         var listeners: [Task<Void, Never>] = []
     }
-    private let lock = NSLock()
-    private var link: Link
-    private var rendezvous: RendezvousConnection { lock.withLock { link.connection } }
+    private let link: Mutex<Link>
+    private var rendezvous: RendezvousConnection { link.withLock { $0.connection } }
     /// Everything the agent awaits, in arrival order.
     private let events: AsyncStream<CallEvent>
     private let feed: AsyncStream<CallEvent>.Continuation
@@ -179,12 +179,12 @@ public final class CallAgent: @unchecked Sendable {
     public init(rendezvous: RendezvousConnection, identity: Identity, options: Options = .init(), logger: Logger = Logger(label: "tusa.call")) {
         self.identity = identity; self.options = options; self.logger = logger
         (events, feed) = AsyncStream<CallEvent>.makeStream()
-        link = Link(connection: rendezvous)
+        link = Mutex(Link(connection: rendezvous))
         listen(to: rendezvous, generation: 0)
     }
 
     deinit {
-        for task in link.listeners { task.cancel() }
+        for task in link.withLock({ $0.listeners }) { task.cancel() }
         feed.finish()
     }
 
@@ -367,13 +367,13 @@ public final class CallAgent: @unchecked Sendable {
             for await (from, payload) in connection.incoming { feed.yield(.signal(from: from, payload: payload)) }
             feed.yield(.rendezvousClosed(generation: generation))
         }
-        lock.withLock { link.listeners.append(task) }
+        link.withLock { $0.listeners.append(task) }
     }
 
     /// A connection closed: news when it is the current one. True then.
     @discardableResult
     private func closed(_ generation: Int) -> Bool {
-        lock.withLock {
+        link.withLock { link in
             guard generation == link.generation else { return false }
             link.closed = true
             return true
@@ -390,7 +390,7 @@ public final class CallAgent: @unchecked Sendable {
             logger.info("the rendezvous is still unreachable", metadata: ["error": "\(error)"])
             throw error as? RendezvousConnectionError ?? .closed("\(error)")
         }
-        let generation = lock.withLock {
+        let generation = link.withLock { link in
             link.generation += 1
             link.connection = c
             link.closed = false
@@ -467,7 +467,7 @@ public final class CallAgent: @unchecked Sendable {
         let roleName = role.rawValue
         var controller = CallController(role: role, peer: peer, call: callID, configuration: options.control,
                                         localAddresses: Set(hostAddresses(includeLoopback: options.includeLoopback)), now: Self.now())
-        if lock.withLock({ link.closed }) { controller.handle(.rendezvousLost, now: Self.now()) }
+        if link.withLock({ $0.closed }) { controller.handle(.rendezvousLost, now: Self.now()) }
         let endpointEvents = Task {
             for await event in endpoint.events { feed.yield(.endpoint(event)) }
         }
@@ -564,7 +564,7 @@ public final class CallAgent: @unchecked Sendable {
         endpointEvents.cancel()
         session.setRoundTrip(await endpoint.roundTripTime(of: peerID))
         await session.stop()
-        let made = lock.withLock { link.reconnected }
+        let made = link.withLock { $0.reconnected }
         for c in made { await c.close() }
         return report(session, role: roleName, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
                       firstAudio: session.firstPlayedNanoseconds, started: started, ended: ended ?? .localHangup, moves: moves,
