@@ -85,6 +85,7 @@ final class TCPListenerHandler: ChannelInboundHandler {
         guard let lane, let tuple else { return }
         lane.connections[tuple] = nil
         lane.core.connectionClosed(tuple, now: TURNLane.now)
+        lane.reportEvents()
         self.lane = nil
     }
 

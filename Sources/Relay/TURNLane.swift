@@ -112,20 +112,26 @@ final class TURNLane: TURNRelayPorts {
         let placeholder = PortsTrampoline()
         self.core = TURNServer(configuration: configuration, relayPorts: placeholder)
         placeholder.target = self
-        let log = logger
-        core.onEvent = { event in
+    }
+
+    /// Logs the events the core left (allocations made and deleted, failed
+    /// authentications). Cheap when there are none: every hot-path call ends here.
+    @inline(__always)
+    func reportEvents() {
+        while let action = core.pollAction() {
+            guard case .event(let event) = action else { continue }
             switch event {
             case .allocated(let tuple, let user, let relays, let lifetime):
-                log.info("allocation", metadata: [
+                logger.info("allocation", metadata: [
                     "client": "\(tuple)", "user": "\(user)", "relays": "\(relays.map(\.description))", "lifetime": "\(lifetime)",
                 ])
             case .deleted(let tuple, let relays, let reason, let toPeer, let toClient):
-                log.info("allocation deleted", metadata: [
+                logger.info("allocation deleted", metadata: [
                     "client": "\(tuple)", "relays": "\(relays.map(\.description))", "reason": "\(reason)",
                     "packets-to-peer": "\(toPeer)", "packets-to-client": "\(toClient)",
                 ])
             case .authFailed(let tuple, let user):
-                log.notice("authentication failed", metadata: ["client": "\(tuple)", "user": "\(user)"])
+                logger.notice("authentication failed", metadata: ["client": "\(tuple)", "user": "\(user)"])
             }
         }
     }
@@ -136,7 +142,8 @@ final class TURNLane: TURNRelayPorts {
     func start() {
         let lane = NIOLoopBound(self, eventLoop: loop)
         sweep = loop.scheduleRepeatedTask(initialDelay: Self.sweepInterval, delay: Self.sweepInterval) { _ in
-            lane.value.core.expire(now: Self.now)
+            lane.value.core.handleTimeout(now: Self.now)
+            lane.value.reportEvents()
         }
         guard relaySet >= 0, poller == nil else { return }
         guard let poller = RelayPoller(relaySet: relaySet, name: "tusa-relay-poll") else {
@@ -171,6 +178,7 @@ final class TURNLane: TURNRelayPorts {
         stopped = true
         sweep?.cancel()
         core.deleteAll(now: Self.now)
+        reportEvents()
         for address in Array(relays.keys) { closeRelay(address) }
         poller?.stop()
         poller = nil
@@ -185,6 +193,7 @@ final class TURNLane: TURNRelayPorts {
     /// Relayed payloads are queued until ``flushRelays()``.
     func handleClient(_ bytes: ByteBuffer, from tuple: FiveTuple) -> [UInt8]? {
         guard !stopped else { return nil }
+        defer { reportEvents() }
         return bytes.withUnsafeReadableBytes { raw -> [UInt8]? in
             switch core.handleClient(raw, from: tuple, now: Self.now) {
             case .reply(let answer): return answer

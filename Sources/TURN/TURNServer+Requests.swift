@@ -107,7 +107,7 @@ extension TURNServer {
         statistics.authFailures += 1
         let outcome = challenge(401, reply, tuple, now)
         // Reported only when answered, so the per-source challenge limit bounds the log too.
-        if case .reply = outcome { onEvent?(.authFailed(tuple, username: Self.printable(username))) }
+        if case .reply = outcome { report(.authFailed(tuple, username: Self.printable(username))) }
         return outcome
     }
 
@@ -263,7 +263,7 @@ extension TURNServer {
         perUser[username, default: 0] += 1
         statistics.allocationsCreated += 1
         statistics.allocationsActive = allocations.count
-        onEvent?(.allocated(tuple, username: username, relays: relays, lifetime: granted))
+        report(.allocated(tuple, username: username, relays: relays, lifetime: granted))
         return .reply(bytes)
     }
 

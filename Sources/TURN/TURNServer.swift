@@ -109,13 +109,22 @@ public enum TURNEvent: Sendable {
 /// driver hands it packets with the time and performs what it returns; relay
 /// sockets are opened through ``TURNRelayPorts``. Confine one instance to one
 /// thread (the service runs one per event loop).
+///
+/// It is a ``SansIOCore`` (inputs through `handle`, actions out of `pollAction()`,
+/// `handleTimeout(now:)` at `nextDeadline`); a relay's hot path calls
+/// ``handleClient(_:from:now:)`` and ``handlePeer(_:from:allocation:now:)``
+/// directly, which return what to do at once without copying the payload, and
+/// drains `pollAction()` for the events (allocations made and deleted, failed
+/// authentications) that any call may leave.
 public final class TURNServer {
     public let configuration: TURNServerConfiguration
     let nonces: StatelessNonce
     let ports: any TURNRelayPorts
     public internal(set) var statistics = TURNStatistics()
-    /// Called for events worth logging.
-    public var onEvent: ((TURNEvent) -> Void)?
+    /// What the driver is to do, in order (``pollAction()``).
+    var actions: [Action] = []
+    /// When ``handleTimeout(now:)`` last swept.
+    var lastSweep: Timestamp?
 
     var allocations: [FiveTuple: TURNAllocation] = [:]
     var byRelay: [TransportAddress: TURNAllocation] = [:]
@@ -317,7 +326,7 @@ public final class TURNServer {
         release(reservationOf: a.username)
         statistics.allocationsActive = allocations.count
         if reason != "expired" { statistics.allocationsDeleted += 1 }
-        onEvent?(.deleted(tuple, relays: a.relays, reason: reason, packetsToPeer: a.packetsToPeer, packetsToClient: a.packetsToClient))
+        report(.deleted(tuple, relays: a.relays, reason: reason, packetsToPeer: a.packetsToPeer, packetsToClient: a.packetsToClient))
     }
 
     /// One fewer allocation or held port for a user's quota.

@@ -9,14 +9,16 @@ import TusaBase
 // the client behind a symmetric NAT, a peer on the public side, datagrams both
 // ways through the relay.
 
-/// The TURN server core at its listening address and its relays.
+/// The TURN server core at its listening address and its relays, driven only
+/// through the SansIOCore contract: datagrams in, actions out, sweeps at its deadline.
 private final class TURNServerNode: VirtualNode {
     let listening: TransportAddress
     let server: TURNServer
     let ports: RecordingPorts
     let network: VirtualNetwork
+    var events: [TURNEvent] = []
     var addresses: [TransportAddress] { [listening] + Array(ports.open) }
-    var nextDeadline: Timestamp? { nil }
+    var nextDeadline: Timestamp? { server.nextDeadline }
 
     init(at listening: TransportAddress, on network: VirtualNetwork) {
         self.listening = listening
@@ -24,21 +26,26 @@ private final class TURNServerNode: VirtualNode {
         (server, ports) = TURNServerTests.makeServer()
     }
 
-    func handleTimeout(now: Timestamp) {}
+    func handleTimeout(now: Timestamp) {
+        server.handleTimeout(now: now)
+        perform()
+    }
 
     func receive(_ d: VirtualNetwork.Datagram, now: Timestamp) {
         if d.to == listening {
-            switch server.handleClient(d.bytes, from: FiveTuple(client: d.from, server: listening, transport: .udp), now: now) {
-            case .reply(let bytes): network.send(bytes, from: listening, to: d.from)
-            case .relay(let allocation, let peer, let payload):
-                guard let relay = allocation.relays.first else { return }
-                network.send(Array(d.bytes[payload]), from: relay, to: peer)
-            case .drop: break
-            }
-        } else if let allocation = server.allocation(relay: d.to) {
-            switch server.handlePeer(d.bytes, from: d.from, allocation: allocation, now: now) {
-            case .indication(let bytes, let tuple): network.send(bytes, from: listening, to: tuple.client)
-            case .channel, .drop: break
+            server.handle(.fromClient(d.bytes, FiveTuple(client: d.from, server: listening, transport: .udp)), now: now)
+        } else {
+            server.handle(.fromPeer(d.bytes, from: d.from, relay: d.to), now: now)
+        }
+        perform()
+    }
+
+    private func perform() {
+        while let action = server.pollAction() {
+            switch action {
+            case .sendToClient(let bytes, let tuple): network.send(bytes, from: tuple.server, to: tuple.client)
+            case .sendToPeer(let payload, let relay, let peer): network.send(payload, from: relay, to: peer)
+            case .event(let event): events.append(event)
             }
         }
     }
@@ -127,5 +134,12 @@ struct TURNOverVirtualNetworkTests {
         #expect(peer.received.map(\.bytes) == [[4, 5]])
         #expect(peer.received.first?.from == allocation.relayed)
         #expect(network.spins == 0)
+        // The server reported the allocation, and its sweeps (at its own deadline)
+        // delete it once its lifetime is over without a refresh.
+        #expect(server.events.contains { if case .allocated = $0 { true } else { false } })
+        client.client = try TURNClient(configuration: .init(username: "alice", password: "wonderland"))  // no more refreshes
+        network.run(for: .seconds(Int64(allocation.lifetime.components.seconds) + 2))
+        #expect(server.events.contains { if case .deleted(_, _, "expired", _, _) = $0 { true } else { false } })
+        #expect(server.server.allocationCount == 0)
     }
 }
