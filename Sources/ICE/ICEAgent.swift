@@ -133,7 +133,7 @@ public struct ICEAgent: Sendable {
     private var consentTransactions: [TransactionID] = []
     private var lastConsent = Timestamp.zero
     private var nextConsentAt = Timestamp.zero
-    private var random: UInt64
+    private var random: SplitMix64
 
     /// - Parameter gatheringComplete: false while server-reflexive or relayed
     ///   candidates may still come (then call ``localCandidatesComplete()``).
@@ -145,7 +145,7 @@ public struct ICEAgent: Sendable {
         self.localCandidates = candidates
         self.tieBreaker = tieBreaker
         self.configuration = configuration
-        self.random = tieBreaker | 1
+        self.random = SplitMix64(seed: tieBreaker | 1)
     }
 
     /// The candidates to advertise, best first.
@@ -536,12 +536,7 @@ public struct ICEAgent: Sendable {
     }
 
     private mutating func jittered(_ d: Duration) -> Duration {
-        random = random &+ 0x9E37_79B9_7F4A_7C15
-        var z = random
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        z ^= z >> 31
-        let factor = 0.8 + 0.4 * Double(z >> 11) / Double(1 << 53)
+        let factor = 0.8 + 0.4 * random.uniform()
         return d * factor
     }
 }

@@ -38,7 +38,7 @@ final class SimulatedNetwork {
     var nodes: [Node] = []
     var inFlight: [Datagram] = []
     var impairment = Impairment()
-    var rng = SplitMix(seed: 42)
+    var rng = SplitMix64(seed: 42)
     /// Every datagram put on the wire, for replay tests.
     var wire: [Datagram] = []
     /// A hook to drop or rewrite a datagram before delivery (nil drops it).
@@ -137,17 +137,8 @@ final class SimulatedNetwork {
     func run(for d: Duration) { run(until: now + d) }
 }
 
-/// A small deterministic generator (SplitMix64) so impaired runs repeat exactly.
-struct SplitMix {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
+extension SplitMix64 {
+    /// True with probability `p` (SplitMix64 from TusaBase, so impaired runs repeat exactly).
     mutating func chance(_ p: Double) -> Bool {
         p > 0 && Double(next() % 1_000_000) / 1_000_000 < p
     }
