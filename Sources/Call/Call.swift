@@ -86,23 +86,9 @@ public struct CallReport: Sendable, Codable, Equatable {
 }
 
 /// This machine's IPv4 addresses (host candidates), best first: loopback, when
-/// included, last (it reaches only this machine).
+/// included, last (it reaches only this machine). ``NetworkInterfaces/addresses(_:includeLoopback:)``.
 public func hostAddresses(includeLoopback: Bool) -> [IPAddress] {
-    var result: [IPAddress] = [], loopbacks: [IPAddress] = []
-    var list: UnsafeMutablePointer<ifaddrs>?
-    guard getifaddrs(&list) == 0 else { return includeLoopback ? [.v4(0x7F00_0001)] : [] }
-    defer { freeifaddrs(list) }
-    var p = list
-    while let entry = p {
-        defer { p = entry.pointee.ifa_next }
-        guard let sa = entry.pointee.ifa_addr, sa.pointee.sa_family == sa_family_t(AF_INET),
-              entry.pointee.ifa_flags & UInt32(IFF_UP) != 0 else { continue }
-        let ip = IPAddress.v4(sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt32(bigEndian: $0.pointee.sin_addr.s_addr) })
-        let loopback = entry.pointee.ifa_flags & UInt32(IFF_LOOPBACK) != 0
-        guard !result.contains(ip), !loopbacks.contains(ip) else { continue }
-        if loopback { loopbacks.append(ip) } else { result.append(ip) }
-    }
-    return result + (includeLoopback ? loopbacks : [])
+    NetworkInterfaces.addresses(.ipv4, includeLoopback: includeLoopback)
 }
 
 /// Which candidates a call offers (WebRTC's iceTransportPolicy).
