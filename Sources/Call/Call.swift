@@ -357,14 +357,12 @@ public final class CallAgent: @unchecked Sendable {
     /// The TURN servers of a grant's URIs (`turn:HOST:PORT?transport=udp|tcp`), UDP first.
     static func turnServers(_ grant: TURNGrant) -> [(TransportAddress, TURNClientConnection.TransportProtocol)] {
         var udp: [(TransportAddress, TURNClientConnection.TransportProtocol)] = [], tcp = udp
-        for uri in grant.uris where uri.hasPrefix("turn:") {
-            let parts = uri.dropFirst(5).split(separator: "?", maxSplits: 1)
-            let query = parts.count > 1 ? String(parts[1]) : ""
-            guard let address = TransportAddress(String(parts.first ?? ""), defaultPort: 3478) else { continue }
-            switch query {
-            case "", "transport=udp": udp.append((address, .udp))
-            case "transport=tcp": tcp.append((address, .tcp))
-            default: continue
+        for text in grant.uris {
+            // turns: (TLS) is not spoken here; host names are not resolved.
+            guard let uri = try? TURNURI(parsing: text), uri.scheme == .turn, let address = uri.address else { continue }
+            switch uri.transport ?? .udp {
+            case .udp: udp.append((address, .udp))
+            case .tcp: tcp.append((address, .tcp))
             }
         }
         return Array((udp + tcp).prefix(4))
