@@ -277,6 +277,17 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        .testTarget(
+            name: "TransportTests",
+            dependencies: ["Transport", "TusaBase"],
+            swiftSettings: strict
+        ),
+        // Capture-side pieces without real peers (the rtpdump writer).
+        .testTarget(
+            name: "TusaInteropTests",
+            dependencies: ["TusaInterop", "TusaBase"],
+            swiftSettings: strict
+        ),
         // Shared by the test targets: the shared corpus beside the project.
         .target(
             name: "TestSupport",

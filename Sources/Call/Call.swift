@@ -73,23 +73,9 @@ public struct CallReport: Sendable, Codable, Equatable {
 }
 
 /// This machine's IPv4 addresses (host candidates), best first: loopback, when
-/// included, last (it reaches only this machine).
+/// included, last (it reaches only this machine). ``NetworkInterfaces/addresses(_:includeLoopback:)``.
 public func hostAddresses(includeLoopback: Bool) -> [IPAddress] {
-    var result: [IPAddress] = [], loopbacks: [IPAddress] = []
-    var list: UnsafeMutablePointer<ifaddrs>?
-    guard getifaddrs(&list) == 0 else { return includeLoopback ? [.v4(0x7F00_0001)] : [] }
-    defer { freeifaddrs(list) }
-    var p = list
-    while let entry = p {
-        defer { p = entry.pointee.ifa_next }
-        guard let sa = entry.pointee.ifa_addr, sa.pointee.sa_family == sa_family_t(AF_INET),
-              entry.pointee.ifa_flags & UInt32(IFF_UP) != 0 else { continue }
-        let ip = IPAddress.v4(sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt32(bigEndian: $0.pointee.sin_addr.s_addr) })
-        let loopback = entry.pointee.ifa_flags & UInt32(IFF_LOOPBACK) != 0
-        guard !result.contains(ip), !loopbacks.contains(ip) else { continue }
-        if loopback { loopbacks.append(ip) } else { result.append(ip) }
-    }
-    return result + (includeLoopback ? loopbacks : [])
+    NetworkInterfaces.addresses(.ipv4, includeLoopback: includeLoopback)
 }
 
 /// Which candidates a call offers (WebRTC's iceTransportPolicy).
@@ -434,14 +420,12 @@ public final class CallAgent: Sendable {
     /// The TURN servers of a grant's URIs (`turn:HOST:PORT?transport=udp|tcp`), UDP first.
     static func turnServers(_ grant: TURNGrant) -> [(TransportAddress, TURNClientConnection.TransportProtocol)] {
         var udp: [(TransportAddress, TURNClientConnection.TransportProtocol)] = [], tcp = udp
-        for uri in grant.uris where uri.hasPrefix("turn:") {
-            let parts = uri.dropFirst(5).split(separator: "?", maxSplits: 1)
-            let query = parts.count > 1 ? String(parts[1]) : ""
-            guard let address = TransportAddress(String(parts.first ?? ""), defaultPort: 3478) else { continue }
-            switch query {
-            case "", "transport=udp": udp.append((address, .udp))
-            case "transport=tcp": tcp.append((address, .tcp))
-            default: continue
+        for text in grant.uris {
+            // turns: (TLS) is not spoken here; host names are not resolved.
+            guard let uri = try? TURNURI(parsing: text), uri.scheme == .turn, let address = uri.address else { continue }
+            switch uri.transport ?? .udp {
+            case .udp: udp.append((address, .udp))
+            case .tcp: tcp.append((address, .tcp))
             }
         }
         return Array((udp + tcp).prefix(4))

@@ -154,7 +154,7 @@ public struct ICEAgent: SansIOCore, Sendable {
     private var consentTransactions: [TransactionID] = []
     private var lastConsent = Timestamp.zero
     private var nextConsentAt = Timestamp.zero
-    private var random: UInt64
+    private var random: SplitMix64
     /// What ``pollAction()`` gives next, in order.
     private var queued: [ICEOutput] = []
 
@@ -168,7 +168,7 @@ public struct ICEAgent: SansIOCore, Sendable {
         self.localCandidates = candidates
         self.tieBreaker = tieBreaker
         self.configuration = configuration
-        self.random = tieBreaker | 1
+        self.random = SplitMix64(seed: tieBreaker | 1)
     }
 
     /// The candidates to advertise, best first.
@@ -602,12 +602,7 @@ public struct ICEAgent: SansIOCore, Sendable {
     }
 
     private mutating func jittered(_ d: Duration) -> Duration {
-        random = random &+ 0x9E37_79B9_7F4A_7C15
-        var z = random
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        z ^= z >> 31
-        let factor = 0.8 + 0.4 * Double(z >> 11) / Double(1 << 53)
+        let factor = 0.8 + 0.4 * random.uniform()
         return d * factor
     }
 }

@@ -576,18 +576,7 @@ extension RelayAddressPlan {
 
     /// The first up, non-loopback interface address of a family; loopback when there is none.
     static func hostAddress(family: UInt8) -> IPAddress? {
-        guard let interfaces = try? System.enumerateDevices() else { return nil }
-        var loopback: IPAddress?
-        for device in interfaces {
-            guard let address = device.address.flatMap(TransportAddress.init), address.ip.family == family else { continue }
-            if case .v6(let high, _) = address.ip, high >> 54 == 0x3FA { continue }  // fe80::/10 needs a scope
-            if address.ip == .v4(0x7F00_0001) || address.ip == .v6(high: 0, low: 1) {
-                loopback = address.ip
-            } else {
-                return address.ip
-            }
-        }
-        return loopback
+        NetworkInterfaces.addresses(family == 0x01 ? .ipv4 : .ipv6, includeLoopback: true).first
     }
 }
 

@@ -212,7 +212,7 @@ public struct InteropChecker: Sendable {
 
         /// A first byte of 0–3 and the magic cookie: meant as STUN, so it must decode.
         static func looksLikeSTUN(_ p: [UInt8]) -> Bool {
-            p.count >= 8 && p[0] < 4 && p[4] == 0x21 && p[5] == 0x12 && p[6] == 0xA4 && p[7] == 0x42
+            p.count >= 8 && PacketKind.classify(p) == .stun && p[4] == 0x21 && p[5] == 0x12 && p[6] == 0xA4 && p[7] == 0x42
         }
 
         /// First bits 01: ChannelData, channels 0x4000–0x7FFF (RFC 5766's range, which coturn uses).

@@ -43,10 +43,10 @@ extension Interop {
             let decryptor = MediaDecryptor(keys: keys)
             var streams: [UInt32: (media: Int, control: Int, failed: Int)] = [:]
             var noKey: Set<UInt32> = []
-            var dump = RTPDump()
+            var dump = RTPDumpWriter()
             for d in cap.udp {
                 var bytes = d.payload
-                if let first = bytes.first, (64...79).contains(first) {
+                if PacketKind.classify(bytes) == .channelData {
                     guard let frame = try? ChannelData(decoding: bytes) else { continue }
                     bytes = frame.data
                 }
@@ -85,33 +85,5 @@ extension Interop {
             FileHandle.standardError.write(Data("tusa interop decrypt: \(message)\n".utf8))
             Foundation.exit(1)
         }
-    }
-}
-
-/// The rtptools rtpdump format ("#!rtpplay1.0 address/port"), which Wireshark reads.
-struct RTPDump {
-    private(set) var bytes: [UInt8] = []
-    private(set) var count = 0
-    private var start: Double?
-
-    mutating func add(_ packet: [UInt8], at time: Double) {
-        if start == nil {
-            start = time
-            bytes += Array("#!rtpplay1.0 0.0.0.0/0\n".utf8)
-            let sec = UInt32(clamping: Int(time))
-            let usec = UInt32(clamping: Int((time - Double(Int(time))) * 1e6))
-            bytes.appendUInt32(sec)
-            bytes.appendUInt32(usec)
-            bytes.appendUInt32(0)  // source address
-            bytes.appendUInt16(0)  // port
-            bytes.appendUInt16(0)  // padding
-        }
-        guard packet.count <= 65_535 - 8 else { return }
-        let offset = UInt32(clamping: Int(((time - (start ?? time)) * 1000).rounded()))
-        bytes.appendUInt16(UInt16(packet.count + 8))
-        bytes.appendUInt16(UInt16(packet.count))
-        bytes.appendUInt32(offset)
-        bytes += packet
-        count += 1
     }
 }

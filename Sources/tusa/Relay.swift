@@ -254,11 +254,12 @@ struct Relay: AsyncParsableCommand {
     private func serve() async throws {
         let configuration: RelayService.Configuration
         let metricsAddress: TransportAddress?
-        do {
-            configuration = try makeConfiguration()
-            metricsAddress = try makeMetricsAddress()
+        do throws(RelayConfigurationError) {
+            let options = self.options
+            configuration = try options.configuration()
+            metricsAddress = try options.metricsAddress()
         } catch {
-            throw failure(error.message)
+            throw failure(error.description)
         }
 
         let level = logLevel.level
@@ -315,19 +316,8 @@ struct Relay: AsyncParsableCommand {
         if let turn = configuration.turn, let secret = turn.credentials.restSecrets.first {
             core.turn = TURNIssuer(secret: secret, uris: [])
         }
-        let external = configuration.turn?.externalIP ?? [:]
         return RendezvousService(address: TransportAddress(ip: ip, port: port), configuration: core, turnURIs: {
-            try await service.boundSockets().compactMap { socket -> String? in
-                let kind: String
-                switch socket.kind {
-                case .udp: kind = "udp"
-                case .tcp: kind = "tcp"
-                default: return nil
-                }
-                var address = socket.address
-                if let advertised = external[address.ip.family] { address = TransportAddress(ip: advertised, port: address.port) }
-                return "turn:\(address)?transport=\(kind)"
-            }
+            try await service.turnURIs().map(\.description)
         }, logger: logger)
     }
 
@@ -335,150 +325,48 @@ struct Relay: AsyncParsableCommand {
         var message: String
     }
 
-    private func makeConfiguration() throws(ConfigurationProblem) -> RelayService.Configuration {
-        var listenAddresses: [TransportAddress] = []
-        for text in listen {
-            guard let address = TransportAddress(text, defaultPort: 3478) else {
-                throw ConfigurationProblem(message: "--listen '\(text)' is not IP:PORT or [IPv6]:PORT")
-            }
-            listenAddresses.append(address)
-        }
-        for text in listeningIPs {
-            guard let ip = IPAddress(text) else {
-                throw ConfigurationProblem(message: "--listening-ip '\(text)' is not an IP address")
-            }
-            listenAddresses.append(TransportAddress(ip: ip, port: listeningPort ?? 3478))
-        }
-        if let listeningPort, listeningIPs.isEmpty {
-            // coturn's listening-port alone: every address, on that port.
-            guard listen.isEmpty else {
-                throw ConfigurationProblem(message: "--listening-port applies to --listening-ip addresses, not to --listen (which has its own port)")
-            }
-            listenAddresses = RelayService.Configuration.defaultListenAddresses.map {
-                TransportAddress(ip: $0.ip, port: listeningPort)
-            }
-        }
-        var alternate: TransportAddress?
-        if let text = alternateAddress {
-            guard let address = TransportAddress(text) else {
-                throw ConfigurationProblem(message: "--alt-address '\(text)' is not IP:PORT or [IPv6]:PORT")
-            }
-            alternate = address
-        }
-        guard (1...1024).contains(threads) else {
-            throw ConfigurationProblem(message: "--threads must be between 1 and 1024, not \(threads)")
-        }
-        let addresses = listenAddresses.isEmpty ? RelayService.Configuration.defaultListenAddresses : listenAddresses
-        var configuration = RelayService.Configuration(
-            listenAddresses: addresses,
-            alternateAddress: alternate, software: software, udp: !noUDP, tcp: !noTCP, threads: threads, gso: !noGSO)
-        if !noTLS {
-            switch (certificate, privateKey) {
-            case (let cert?, let key?): configuration.tls = TLSSettings(certificateFile: cert, privateKeyFile: key, port: tlsPort)
-            case (nil, nil): break
-            default: throw ConfigurationProblem(message: "--cert and --pkey go together")
-            }
-        }
-        guard maxTCPConnections >= 1 else { throw ConfigurationProblem(message: "--max-tcp-connections must be at least 1") }
-        configuration.maxTCPConnections = maxTCPConnections
-        if let turn = try makeTURN() {
-            configuration.turn = turn
-            var plan = RelayAddressPlan.derived(from: addresses, minPort: minPort, maxPort: maxPort)
-            if !relayIPs.isEmpty {
-                plan.ips = []
-                for text in relayIPs {
-                    guard let ip = IPAddress(text) else { throw ConfigurationProblem(message: "--relay-ip '\(text)' is not an IP address") }
-                    plan.ips.removeAll { $0.family == ip.family }
-                    plan.ips.append(ip)
-                }
-            }
-            guard minPort > 0, minPort <= maxPort else {
-                throw ConfigurationProblem(message: "--min-port \(minPort) and --max-port \(maxPort) leave no relay ports")
-            }
-            if plan.ips.isEmpty { throw ConfigurationProblem(message: "no relay IP: give --relay-ip") }
-            configuration.relayPlan = plan
-        }
-        do {
-            try configuration.validate()
-        } catch {
-            throw ConfigurationProblem(message: error.message)
-        }
-        return configuration
-    }
-
-    /// Where to serve metrics; nil without --prometheus.
-    private func makeMetricsAddress() throws(ConfigurationProblem) -> TransportAddress? {
-        guard prometheus else { return nil }
-        guard let ip = IPAddress(prometheusAddress) else {
-            throw ConfigurationProblem(message: "--prometheus-address '\(prometheusAddress)' is not an IP address")
-        }
-        return TransportAddress(ip: ip, port: prometheusPort)
-    }
-
-    /// The TURN configuration, or nil when no credentials (and no --no-auth) were given: STUN only.
-    private func makeTURN() throws(ConfigurationProblem) -> TURNServerConfiguration? {
-        var fileUsers: [String] = []
-        if let userFile {
-            guard let text = try? String(contentsOfFile: userFile, encoding: .utf8) else {
-                throw ConfigurationProblem(message: "--user-file '\(userFile)' cannot be read")
-            }
-            for line in text.split(whereSeparator: \.isNewline) {
-                let entry = line.trimmingCharacters(in: .whitespaces)
-                if !entry.isEmpty && !entry.hasPrefix("#") { fileUsers.append(entry) }
-            }
-        }
-        if useAuthSecret && staticAuthSecrets.isEmpty {
-            throw ConfigurationProblem(message: "--use-auth-secret needs --static-auth-secret")
-        }
-        let secrets = useAuthSecret || !staticAuthSecrets.isEmpty ? staticAuthSecrets : []
-        guard noAuth || !users.isEmpty || !fileUsers.isEmpty || !secrets.isEmpty else { return nil }
-        var turn = TURNServerConfiguration(realm: realm)
-        turn.software = software
-        turn.anonymous = noAuth
-        do {
-            for spec in users + fileUsers { try turn.credentials.addUser(spec: spec) }
-        } catch {
-            throw ConfigurationProblem(message: error.message)
-        }
-        turn.credentials.restSecrets = secrets
-        var allowed: [IPRange] = []
-        var denied: [IPRange] = []
-        for (texts, name) in [(allowedPeerIPs, "--allowed-peer-ip"), (deniedPeerIPs, "--denied-peer-ip")] {
-            for text in texts {
-                guard let ranges = IPRange.parseList(text) else {
-                    throw ConfigurationProblem(message: "\(name) '\(text)' is not IP, IP/LEN or FIRST-LAST")
-                }
-                if name == "--allowed-peer-ip" { allowed += ranges } else { denied += ranges }
-            }
-        }
-        turn.peerFilter = PeerFilter(allowLoopback: allowLoopbackPeers, allowed: allowed, denied: denied)
-        for text in externalIPs {
-            let publicPart = String(text.split(separator: "/", maxSplits: 1).first ?? "")
-            guard let ip = IPAddress(publicPart) else {
-                throw ConfigurationProblem(message: "--external-ip '\(text)' is not PUBLIC or PUBLIC/PRIVATE")
-            }
-            turn.externalIP[ip.family] = ip
-        }
-        guard userQuota >= 0, totalQuota >= 0, maxBPS >= 0 else {
-            throw ConfigurationProblem(message: "quotas and --max-bps cannot be negative")
-        }
-        turn.userQuota = userQuota
-        turn.totalQuota = totalQuota
-        turn.maxBandwidth = maxBPS
-        guard maxAllocateLifetime >= 600 else {
-            throw ConfigurationProblem(message: "--max-allocate-lifetime must be at least the default 600 s")
-        }
-        turn.maxLifetime = maxAllocateLifetime
-        guard (1...86_400).contains(staleNonce) else {
-            throw ConfigurationProblem(message: "--stale-nonce must be between 1 and 86400 seconds")
-        }
-        turn.nonceLifetime = .seconds(staleNonce)
-        turn.strictAmplification = strictAmplification
-        guard challengeRate >= 0, challengeRate.isFinite else { throw ConfigurationProblem(message: "--challenge-rate cannot be negative") }
-        turn.challengeRate = challengeRate
-        turn.challengeBurst = challengeRate * 2
-        if strictChannelNumbers { turn.channelNumbers = ChannelNumber.validRange }
-        return turn
+    /// The flags as the relay library's options (which check them).
+    private var options: RelayOptions {
+        var o = RelayOptions()
+        o.listen = listen
+        o.listeningIPs = listeningIPs
+        o.listeningPort = listeningPort
+        o.alternateAddress = alternateAddress
+        o.software = software
+        o.udp = !noUDP
+        o.tcp = !noTCP
+        o.gso = !noGSO
+        o.threads = threads
+        o.users = users
+        o.userFile = userFile
+        o.realm = realm
+        o.useAuthSecret = useAuthSecret
+        o.staticAuthSecrets = staticAuthSecrets
+        o.noAuth = noAuth
+        o.relayIPs = relayIPs
+        o.externalIPs = externalIPs
+        o.minPort = minPort
+        o.maxPort = maxPort
+        o.allowLoopbackPeers = allowLoopbackPeers
+        o.allowedPeerIPs = allowedPeerIPs
+        o.deniedPeerIPs = deniedPeerIPs
+        o.userQuota = userQuota
+        o.totalQuota = totalQuota
+        o.maxBPS = maxBPS
+        o.maxAllocateLifetime = maxAllocateLifetime
+        o.staleNonce = staleNonce
+        o.strictChannelNumbers = strictChannelNumbers
+        o.challengeRate = challengeRate
+        o.strictAmplification = strictAmplification
+        o.certificate = certificate
+        o.privateKey = privateKey
+        o.tlsPort = tlsPort
+        o.noTLS = noTLS
+        o.maxTCPConnections = maxTCPConnections
+        o.prometheus = prometheus
+        o.prometheusPort = prometheusPort
+        o.prometheusAddress = prometheusAddress
+        return o
     }
 
     /// Says what was wrong in one line on standard error; throw the result to exit with status 1.

@@ -35,11 +35,11 @@ struct Stun: AsyncParsableCommand {
             guard let a = TransportAddress(local, defaultPort: 0) else { Self.fail("--local '\(local)' is not IP[:PORT]") }
             localAddress = SocketAddress(a)
         } else {
-            localAddress = Self.sourceAddress(toward: serverAddress)
+            localAddress = NATBehaviorDiscovery.sourceAddress(toward: serverAddress)
         }
         do {
             if behavior {
-                try await discover(serverAddress, local: localAddress, wait: wait)
+                await discover(serverAddress, local: localAddress, wait: wait)
             } else {
                 let client = try await STUNClient.open(local: localAddress, connectedTo: SocketAddress(serverAddress))
                 defer { Task { await client.close() } }
@@ -53,103 +53,29 @@ struct Stun: AsyncParsableCommand {
         }
     }
 
-    func discover(_ server: TransportAddress, local: SocketAddress, wait: Duration) async throws {
-        let client = try await STUNClient.open(local: local)
-        defer { Task { await client.close() } }
-        // Test I.
-        let first = try await client.binding(to: server, timeout: wait)
-        print("mapped address: \(first.mapped)")
-        guard let other = first.otherAddress else {
-            Self.fail("\(server) does not support RFC 5780 behaviour discovery (no OTHER-ADDRESS); run it with an alternate address")
-        }
-        print("other address: \(other)")
-        let ownAddress = client.localAddress.flatMap { $0.ip == .v4(0) ? nil : $0 }
-        // Mapping: tests II and III, unless the server sees our own address.
-        var mapping: MappingBehavior? = .noNAT
-        if ownAddress != first.mapped {
-            let second = try await client.binding(to: TransportAddress(ip: other.ip, port: server.port), timeout: wait)
-            mapping = MappingBehavior.classify(local: ownAddress, x1: first.mapped, x2: second.mapped, x3: nil)
-            if mapping == nil {
-                let third = try await client.binding(to: other, timeout: wait)
-                mapping = MappingBehavior.classify(local: ownAddress, x1: first.mapped, x2: second.mapped, x3: third.mapped)
-            }
-        }
-        // Filtering: test II (change IP and port), test III (change port), on a
-        // fresh socket: the mapping tests above sent to the alternate IP, which
-        // an address-dependent filter would now let through.
-        await client.close()
-        let filterClient = try await STUNClient.open(local: local)
-        defer { Task { await filterClient.close() } }
-        _ = try await filterClient.binding(to: server, timeout: wait)
-        let filterWait = min(wait, .seconds(3))
-        let changedBoth = try await answered {
-            try await filterClient.binding(to: server, change: [.changeIP, .changePort], timeout: filterWait)
-        }
-        let changedPort = try await changedBoth ? true : answered {
-            try await filterClient.binding(to: server, change: [.changePort], timeout: filterWait)
-        }
-        let filtering = FilteringBehavior.classify(changedIPAndPortAnswered: changedBoth, changedPortAnswered: changedPort)
-        guard let mapping else { Self.fail("mapping tests gave no answer") }
-        let nat = NATBehavior(mapping: mapping, filtering: filtering)
-        print("mapping: \(mapping.rawValue)")
-        print("filtering: \(filtering.rawValue)")
-        print("NAT type: \(nat.classicName)")
-    }
-
-    /// Whether a request got an answer: a timeout means "no"; any other error
-    /// (an error response, an unreachable server) propagates.
-    func answered(_ body: () async throws -> BindingResult) async throws -> Bool {
-        do {
-            _ = try await body()
-            return true
-        } catch let error as STUNClientError where error.code == .timeout {
-            return false
+    func discover(_ server: TransportAddress, local: SocketAddress, wait: Duration) async {
+        do throws(NATBehaviorDiscoveryError) {
+            let found = try await NATBehaviorDiscovery.run(server: server, local: local, timeout: wait)
+            print("mapped address: \(found.mapped)")
+            print("other address: \(found.other)")
+            print("mapping: \(found.behavior.mapping.rawValue)")
+            print("filtering: \(found.behavior.filtering.rawValue)")
+            print("NAT type: \(found.behavior.classicName)")
+        } catch {
+            // What was learnt before the failure, as the tests went.
+            if let mapped = error.mapped { print("mapped address: \(mapped)") }
+            if let other = error.other { print("other address: \(other)") }
+            Self.fail(error.description)
         }
     }
 
     /// HOST[:PORT] → an address, resolving names; a clear error otherwise.
     static func resolve(_ text: String) -> TransportAddress {
-        if let a = TransportAddress(text, defaultPort: 3478) { return a }
-        var host = text
-        var port: UInt16 = 3478
-        if let colon = text.lastIndex(of: ":"), !text.contains("]"), text.filter({ $0 == ":" }).count == 1 {
-            guard let p = UInt16(text[text.index(after: colon)...]) else { fail("'\(text)': bad port") }
-            host = String(text[..<colon])
-            port = p
+        do throws(AddressResolutionError) {
+            return try AddressResolver.resolve(text, defaultPort: 3478)
+        } catch {
+            fail(error.description)
         }
-        guard let resolved = try? SocketAddress.makeAddressResolvingHost(host, port: Int(port)),
-            let address = TransportAddress(resolved)
-        else { fail("cannot resolve '\(host)'") }
-        return address
-    }
-
-    /// The local IP the kernel would use toward `server` (a connected UDP
-    /// socket's own address), so that "no NAT" can be recognised.
-    static func sourceAddress(toward server: TransportAddress) -> SocketAddress {
-        let fallback = SocketAddress(TransportAddress(ip: server.ip.isIPv4 ? .v4(0) : .v6(high: 0, low: 0), port: 0))
-        let fd = socket(server.ip.isIPv4 ? AF_INET : AF_INET6, Int32(SOCK_DGRAM.rawValue), 0)
-        guard fd >= 0 else { return fallback }
-        defer { close(fd) }
-        let target = SocketAddress(server)
-        var storage = sockaddr_storage()
-        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        let connected = target.withSockAddr { sa, len in Glibc.connect(fd, sa, socklen_t(len)) } == 0
-        let named = withUnsafeMutablePointer(to: &storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
-        } == 0
-        guard connected, named else { return fallback }
-        let own: SocketAddress
-        switch Int32(storage.ss_family) {
-        case AF_INET:
-            own = withUnsafeBytes(of: storage) { SocketAddress($0.load(as: sockaddr_in.self), host: "") }
-        case AF_INET6:
-            own = withUnsafeBytes(of: storage) { SocketAddress($0.load(as: sockaddr_in6.self), host: "") }
-        default:
-            return fallback
-        }
-        guard var address = TransportAddress(own) else { return fallback }
-        address.port = 0
-        return SocketAddress(address)
     }
 
     static func fail(_ message: String) -> Never {

@@ -164,19 +164,15 @@ struct Turn: AsyncParsableCommand {
 
     /// HOST[:PORT] or [V6]:PORT → an address, resolving names; a clear error otherwise.
     static func resolve(_ text: String, defaultPort: UInt16?, what: String) -> TransportAddress {
-        if let a = TransportAddress(text, defaultPort: defaultPort) { return a }
-        var host = text
-        var port = defaultPort
-        if !text.contains("]"), text.filter({ $0 == ":" }).count == 1, let colon = text.lastIndex(of: ":") {
-            guard let p = UInt16(text[text.index(after: colon)...]) else { fail("\(what) '\(text)': bad port") }
-            host = String(text[..<colon])
-            port = p
+        do throws(AddressResolutionError) {
+            return try AddressResolver.resolve(text, defaultPort: defaultPort)
+        } catch {
+            switch error {
+            case .badPort(let text): fail("\(what) '\(text)': bad port")
+            case .missingPort(let text): fail("\(what) '\(text)' needs a port (ADDR:PORT)")
+            case .unresolvable(let host): fail("cannot resolve \(what) '\(host)'")
+            }
         }
-        guard let port else { fail("\(what) '\(text)' needs a port (ADDR:PORT)") }
-        guard let resolved = try? SocketAddress.makeAddressResolvingHost(host, port: Int(port)),
-            let address = TransportAddress(resolved)
-        else { fail("cannot resolve \(what) '\(host)'") }
-        return address
     }
 
     static func warn(_ message: String) {

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TusaBase
 import TusaInterop
 
 // MARK: - Locations
@@ -225,7 +226,7 @@ struct CaptureReaderErrorTests: CaptureFixtures {
 
     @Test("random and mutated input never crashes")
     func randomInput() throws {
-        var rng = CaptureTestRandom(seed: 0x7475_7361)
+        var rng = SplitMix64(seed: 0x7475_7361)
         // Random frames behind every supported link type exercise the header bounds checks.
         for linkType: UInt32 in [0, 1, 12, 101, 108, 113, 228, 229, 276] {
             var records: [CaptureTestRecord] = []
@@ -511,19 +512,6 @@ struct TCPStreamReassemblerTests: CaptureFixtures {
 // MARK: - Helpers
 
 private enum CaptureTsharkFailure: Error { case exit(Int32, String) }
-
-/// A deterministic pseudo-random generator for the robustness test.
-private struct CaptureTestRandom {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 private struct CaptureTestRecord {
     var bytes: [UInt8]
