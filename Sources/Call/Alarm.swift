@@ -17,7 +17,8 @@ struct Alarm {
         task = nil
         self.deadline = deadline
         guard let deadline else { return }
-        let delay = deadline - now, feed = feed
+        let delay = deadline - now
+        let feed = feed
         task = Task {
             if delay > .zero { try? await Task.sleep(for: delay) }
             if !Task.isCancelled { feed.yield(.wake) }

@@ -1,10 +1,10 @@
 import Foundation
-import Synchronization
 import ICE
 import Logging
 import Rendezvous
 import STUN
 import Secure
+import Synchronization
 import TURN
 import Transport
 import TusaBase
@@ -46,9 +46,10 @@ public struct CallReport: Sendable, Codable, Equatable {
 
     public var statusLine: String {
         let rtt = roundTripMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-"
-        return String(format: "%@ %@ | rtt %@ | loss %.1f%% | jitter %.0f ms | buffer %.0f ms | MOS %.2f | sent %d recv %d",
-                      path, remoteAddress, rtt, lossPercent, jitterMilliseconds, jitterBufferDelayMilliseconds, estimatedMOS,
-                      packetsSent, packetsReceived)
+        return String(
+            format: "%@ %@ | rtt %@ | loss %.1f%% | jitter %.0f ms | buffer %.0f ms | MOS %.2f | sent %d recv %d",
+            path, remoteAddress, rtt, lossPercent, jitterMilliseconds, jitterBufferDelayMilliseconds, estimatedMOS,
+            packetsSent, packetsReceived)
     }
 
     public var humanReadable: String {
@@ -59,11 +60,14 @@ public struct CallReport: Sendable, Codable, Equatable {
         ]
         if let c = connectMilliseconds { lines.append(String(format: "  connected (ICE) in %.0f ms", c)) }
         if let d = dialToFirstAudioMilliseconds { lines.append(String(format: "  dial to first audio: %.0f ms", d)) }
-        lines.append(String(format: "  duration %.1f s, sent %d, received %d packets", durationSeconds, packetsSent, packetsReceived))
+        lines.append(
+            String(format: "  duration %.1f s, sent %d, received %d packets", durationSeconds, packetsSent, packetsReceived))
         lines.append("  sending at \(sendBitrate / 1000) kb/s")
-        lines.append(String(format: "  loss %.1f%% (peer saw %.1f%%), jitter %.0f ms, rtt %@, buffer %.0f ms",
-                            lossPercent, remoteLossPercent, jitterMilliseconds,
-                            roundTripMilliseconds.map { String(format: "%.1f ms", $0) } ?? "-", jitterBufferDelayMilliseconds))
+        lines.append(
+            String(
+                format: "  loss %.1f%% (peer saw %.1f%%), jitter %.0f ms, rtt %@, buffer %.0f ms",
+                lossPercent, remoteLossPercent, jitterMilliseconds,
+                roundTripMilliseconds.map { String(format: "%.1f ms", $0) } ?? "-", jitterBufferDelayMilliseconds))
         lines.append("  concealed \(framesConcealed) frames, \(framesRecoveredByFEC) rebuilt by FEC")
         if iceRestarts > 0 { lines.append("  ICE restarted \(iceRestarts)×") }
         if let audioError { lines.append("  audio error: \(audioError)") }
@@ -135,7 +139,7 @@ public final class CallAgent: Sendable {
     static var secure: SecureConfiguration {
         var c = SecureConfiguration()
         c.reportInterval = .seconds(2)
-        c.rehandshakeAfterSilence = .seconds(4)   // a peer that moved and lost its keys' path
+        c.rehandshakeAfterSilence = .seconds(4)  // a peer that moved and lost its keys' path
         c.peerTimeout = .seconds(10)
         return c
     }
@@ -162,8 +166,13 @@ public final class CallAgent: Sendable {
     private let options: Options
     private let logger: Logger
 
-    public init(rendezvous: RendezvousConnection, identity: Identity, options: Options = .init(), logger: Logger = Logger(label: "tusa.call")) {
-        self.identity = identity; self.options = options; self.logger = logger
+    public init(
+        rendezvous: RendezvousConnection, identity: Identity, options: Options = .init(),
+        logger: Logger = Logger(label: "tusa.call")
+    ) {
+        self.identity = identity
+        self.options = options
+        self.logger = logger
         (events, feed) = AsyncStream<CallEvent>.makeStream()
         link = Mutex(Link(connection: rendezvous))
         listen(to: rendezvous, generation: 0)
@@ -193,13 +202,15 @@ public final class CallAgent: Sendable {
         let dialed = monotonicNanoseconds()
         let router = MediaRouter()
         var inbox = events.makeAsyncIterator()
-        let endpoint = try await SecureUDPEndpoint.bind(identity: identity, configuration: Self.secure, mediaHandler: router.handler, logger: logger)
+        let endpoint = try await SecureUDPEndpoint.bind(
+            identity: identity, configuration: Self.secure, mediaHandler: router.handler, logger: logger)
         return try await closing(endpoint) {
             let callID = UUID().uuidString
             let local = try await startICE(endpoint, role: .controlling)
             let offer = CallMessage(kind: .offer, call: callID, path: .init(local), codec: .init(options.codec))
             try await rendezvous.send(offer.encoded(), to: peer)
-            let answer = try await waitFor(call: callID, from: peer, kinds: [.answer, .reject], timeout: options.ringTimeout, inbox: &inbox)
+            let answer = try await waitFor(
+                call: callID, from: peer, kinds: [.answer, .reject], timeout: options.ringTimeout, inbox: &inbox)
             if answer.kind == .reject { throw CallError.rejected(answer.reason ?? "no reason given") }
             guard let remote = answer.path?.iceDescription, !remote.candidates.isEmpty else {
                 throw CallError.noPath("the answer has no usable candidate")
@@ -207,13 +218,16 @@ public final class CallAgent: Sendable {
             let pair = try await connectICE(endpoint, to: remote)
             let connected = monotonicNanoseconds()
             let peerID: PeerID
-            do throws(SecureTransportError) { peerID = try await endpoint.connect(to: peer, at: pair.remote.address, timeout: .seconds(5)) } catch {
+            do throws(SecureTransportError) {
+                peerID = try await endpoint.connect(to: peer, at: pair.remote.address, timeout: .seconds(5))
+            } catch {
                 throw CallError.handshakeFailed(pair, error)
             }
             try await endpoint.followICE(peerID)
-            return try await run(role: .caller, peer: peer, peerID: peerID, callID: callID, endpoint: endpoint, router: router,
-                                 codec: options.codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected,
-                                 inbox: &inbox)
+            return try await run(
+                role: .caller, peer: peer, peerID: peerID, callID: callID, endpoint: endpoint, router: router,
+                codec: options.codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected,
+                inbox: &inbox)
         }
     }
 
@@ -226,27 +240,40 @@ public final class CallAgent: Sendable {
         while true {
             alarm.set(deadline, now: Self.now())
             guard let event = await inbox.next() else { throw CallError.timedOut("no call within \(options.ringTimeout)") }
-            let from: PublicKey, bytes: [UInt8]
+            let from: PublicKey
+            let bytes: [UInt8]
             switch event {
-            case .signal(let f, let payload): from = f; bytes = payload
+            case .signal(let f, let payload):
+                from = f
+                bytes = payload
             case .wake:
                 alarm.rang()
                 if Self.now() >= deadline { throw CallError.timedOut("no call within \(options.ringTimeout)") }
                 continue
-            case .rendezvousClosed(let generation): closed(generation); continue
+            case .rendezvousClosed(let generation):
+                closed(generation)
+                continue
             case .endpoint, .sourceEnded, .sinkFailed: continue
             }
-            guard only == nil || only == from, let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else { continue }
+            guard only == nil || only == from, let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else {
+                continue
+            }
             alarm.cancel()
             let dialed = monotonicNanoseconds()
             // Whatever stops the set-up is sent to the caller as a refusal (it does not wait for an answer).
-            let codec: CodecConfiguration, remote: ICEDescription, endpoint: SecureUDPEndpoint, local: ICEDescription
+            let codec: CodecConfiguration
+            let remote: ICEDescription
+            let endpoint: SecureUDPEndpoint
+            let local: ICEDescription
             let router = MediaRouter()
             do {
                 codec = try offer.codec?.configuration() ?? options.codec
-                guard let r = offer.path?.iceDescription, !r.candidates.isEmpty else { throw CallError.noPath("the offer has no usable candidate") }
+                guard let r = offer.path?.iceDescription, !r.candidates.isEmpty else {
+                    throw CallError.noPath("the offer has no usable candidate")
+                }
                 remote = r
-                endpoint = try await SecureUDPEndpoint.bind(identity: identity, configuration: Self.secure, mediaHandler: router.handler, logger: logger)
+                endpoint = try await SecureUDPEndpoint.bind(
+                    identity: identity, configuration: Self.secure, mediaHandler: router.handler, logger: logger)
                 do {
                     _ = try await endpoint.addPeer(from)
                     local = try await startICE(endpoint, role: .controlled)
@@ -270,9 +297,10 @@ public final class CallAgent: Sendable {
                     throw CallError.handshakeMissing(pair, error)
                 }
                 try await endpoint.followICE(peerID)
-                return try await run(role: .callee, peer: from, peerID: peerID, callID: offer.call, endpoint: endpoint, router: router,
-                                     codec: codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected,
-                                     inbox: &inbox)
+                return try await run(
+                    role: .callee, peer: from, peerID: peerID, callID: offer.call, endpoint: endpoint, router: router,
+                    codec: codec, source: source, sink: sink, dialed: dialed, pair: pair, connected: connected,
+                    inbox: &inbox)
             }
         }
     }
@@ -308,7 +336,9 @@ public final class CallAgent: Sendable {
         var candidates: [ICELocalCandidate] = []
         if options.candidatePolicy == .all {
             candidates = hostAddresses(includeLoopback: options.includeLoopback).enumerated().map { i, ip in
-                .host(TransportAddress(ip: ip, port: endpoint.localAddress.port), base: ICEBase.socket, localPreference: UInt32(65535 - i))
+                .host(
+                    TransportAddress(ip: ip, port: endpoint.localAddress.port), base: ICEBase.socket,
+                    localPreference: UInt32(65535 - i))
             }
         }
         var relayProblem: String?
@@ -321,12 +351,15 @@ public final class CallAgent: Sendable {
             for (server, transport) in servers {
                 do {
                     let timeout: Duration = transport == .udp ? .milliseconds(1500) : .seconds(5)
-                    let allocation = first ? try await endpoint.useRelay(server, over: transport, configuration: configuration, timeout: timeout)
-                                           : try await endpoint.replaceRelay(server, over: transport, configuration: configuration, timeout: timeout)
+                    let allocation =
+                        first
+                        ? try await endpoint.useRelay(server, over: transport, configuration: configuration, timeout: timeout)
+                        : try await endpoint.replaceRelay(server, over: transport, configuration: configuration, timeout: timeout)
                     candidates.append(.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay))
                     // (Over TCP the mapped address is the TCP connection's: no UDP candidate.)
                     if transport == .udp, options.candidatePolicy == .all, let mapped = allocation.mapped,
-                       !candidates.contains(where: { $0.candidate.address == mapped }) {
+                        !candidates.contains(where: { $0.candidate.address == mapped })
+                    {
                         candidates.append(.serverReflexive(mapped, baseAddress: endpoint.localAddress, base: ICEBase.socket))
                     }
                     relayProblem = nil
@@ -334,7 +367,9 @@ public final class CallAgent: Sendable {
                 } catch {
                     first = false
                     relayProblem = "\(transport.rawValue) \(server): \(error)"
-                    logger.warning("no relayed candidate", metadata: ["server": "\(server)", "transport": "\(transport.rawValue)", "error": "\(error)"])
+                    logger.warning(
+                        "no relayed candidate",
+                        metadata: ["server": "\(server)", "transport": "\(transport.rawValue)", "error": "\(error)"])
                 }
             }
         } else {
@@ -370,7 +405,8 @@ public final class CallAgent: Sendable {
     /// restart), or (`replacing`) after our addresses changed, when the old
     /// connection may be dead without knowing it; the server drops the old registration.
     private func reconnect(replacing: Bool) async throws(RendezvousConnectionError) {
-        let old = rendezvous, server = old.server
+        let old = rendezvous
+        let server = old.server
         let c: RendezvousConnection
         do { c = try await RendezvousConnection.connect(to: server, identity: identity.privateKey, timeout: .seconds(2)) } catch {
             logger.info("the rendezvous is still unreachable", metadata: ["error": "\(error)"])
@@ -390,7 +426,8 @@ public final class CallAgent: Sendable {
 
     /// An ICE restart's checks against the peer's new description, in the background.
     private func recheck(_ endpoint: SecureUDPEndpoint, _ theirs: ICEDescription) {
-        let timeout = options.connectTimeout, logger = logger
+        let timeout = options.connectTimeout
+        let logger = logger
         Task {
             do { try await endpoint.connectICE(to: theirs, timeout: timeout) } catch {
                 logger.warning("ICE restart found no pair", metadata: ["error": "\(error)"])
@@ -412,14 +449,17 @@ public final class CallAgent: Sendable {
     }
 
     private func connectICE(_ endpoint: SecureUDPEndpoint, to remote: ICEDescription) async throws(CallError) -> ICEPair {
-        do throws(SecureTransportError) { return try await endpoint.connectICE(to: remote, timeout: options.connectTimeout) } catch {
+        do throws(SecureTransportError) {
+            return try await endpoint.connectICE(to: remote, timeout: options.connectTimeout)
+        } catch {
             throw .ice(error)
         }
     }
 
     /// The TURN servers of a grant's URIs (`turn:HOST:PORT?transport=udp|tcp`), UDP first.
     static func turnServers(_ grant: TURNGrant) -> [(TransportAddress, TURNClientConnection.TransportProtocol)] {
-        var udp: [(TransportAddress, TURNClientConnection.TransportProtocol)] = [], tcp = udp
+        var udp: [(TransportAddress, TURNClientConnection.TransportProtocol)] = []
+        var tcp = udp
         for text in grant.uris {
             // turns: (TLS) is not spoken here; host names are not resolved.
             guard let uri = try? TURNURI(parsing: text), uri.scheme == .turn, let address = uri.address else { continue }
@@ -432,11 +472,14 @@ public final class CallAgent: Sendable {
     }
 
     /// The established call: hosts a ``CallController`` until it ends the call.
-    private func run(role: CallRole, peer: PublicKey, peerID: PeerID, callID: String, endpoint: SecureUDPEndpoint, router: MediaRouter,
-                     codec: CodecConfiguration, source: AudioSource?, sink: AudioSink?, dialed: Int64,
-                     pair: ICEPair, connected: Int64, inbox: inout AsyncStream<CallEvent>.Iterator) async throws -> CallReport {
-        let session = try VoiceSession(endpoint: endpoint, peer: peerID, codec: codec, router: router, source: source, sink: sink,
-                                       echoCancellation: options.echoCancellation)
+    private func run(
+        role: CallRole, peer: PublicKey, peerID: PeerID, callID: String, endpoint: SecureUDPEndpoint, router: MediaRouter,
+        codec: CodecConfiguration, source: AudioSource?, sink: AudioSink?, dialed: Int64,
+        pair: ICEPair, connected: Int64, inbox: inout AsyncStream<CallEvent>.Iterator
+    ) async throws -> CallReport {
+        let session = try VoiceSession(
+            endpoint: endpoint, peer: peerID, codec: codec, router: router, source: source, sink: sink,
+            echoCancellation: options.echoCancellation)
         let feed = feed
         session.onSourceEnded = { feed.yield(.sourceEnded) }
         session.onSinkFailed = { feed.yield(.sinkFailed) }
@@ -449,8 +492,9 @@ public final class CallAgent: Sendable {
         var path = Path(pair: pair, connected: Double(connected - dialed) / 1e6)
         var moves = 0
         let roleName = role.rawValue
-        var controller = CallController(role: role, peer: peer, call: callID, configuration: options.control,
-                                        localAddresses: Set(hostAddresses(includeLoopback: options.includeLoopback)), now: Self.now())
+        var controller = CallController(
+            role: role, peer: peer, call: callID, configuration: options.control,
+            localAddresses: Set(hostAddresses(includeLoopback: options.includeLoopback)), now: Self.now())
         if link.withLock({ $0.closed }) { controller.handle(.rendezvousLost, now: Self.now()) }
         let endpointEvents = Task {
             for await event in endpoint.events { feed.yield(.endpoint(event)) }
@@ -493,19 +537,25 @@ public final class CallAgent: Sendable {
                         controller.handle(.rejoinFailed, now: Self.now())
                     }
                 case .lookAtLocalAddresses:
-                    let current = Set(hostAddresses(includeLoopback: options.includeLoopback)), before = controller.localAddresses
+                    let current = Set(hostAddresses(includeLoopback: options.includeLoopback))
+                    let before = controller.localAddresses
                     if current != before {
-                        logger.info("this machine's addresses changed", metadata: [
-                            "gone": "\(before.subtracting(current).map { "\($0)" }.sorted())",
-                            "new": "\(current.subtracting(before).map { "\($0)" }.sorted())"])
+                        logger.info(
+                            "this machine's addresses changed",
+                            metadata: [
+                                "gone": "\(before.subtracting(current).map { "\($0)" }.sorted())",
+                                "new": "\(current.subtracting(before).map { "\($0)" }.sorted())",
+                            ])
                     }
                     controller.handle(.localAddresses(current), now: Self.now())
                 case .report:
                     session.setRoundTrip(await endpoint.roundTripTime(of: peerID))
                     if let onStatus = options.onStatus {
-                        onStatus(report(session, role: roleName, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
-                                        firstAudio: session.firstPlayedNanoseconds, started: started, ended: .localHangup, moves: moves,
-                                        restarts: controller.iceRestarts))
+                        onStatus(
+                            report(
+                                session, role: roleName, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
+                                firstAudio: session.firstPlayedNanoseconds, started: started, ended: .localHangup, moves: moves,
+                                restarts: controller.iceRestarts))
                     }
                 case .end(let reason):
                     ended = reason
@@ -532,10 +582,13 @@ public final class CallAgent: Sendable {
                 switch event {
                 case .session(.control(let id, let report)) where id == peerID: session.handle(report: report)
                 case .session(.peerGone(let id)) where id == peerID: controller.handle(.peerGone, now: Self.now())
-                case .session(.peerMoved(let id, _, let to)) where id == peerID: moves += 1; remote = "\(to)"
+                case .session(.peerMoved(let id, _, let to)) where id == peerID:
+                    moves += 1
+                    remote = "\(to)"
                 case .ice(.selected(let p)):
                     logger.info("ICE selected a pair", metadata: ["pair": "\(p)"])
-                    path = Path(pair: p, connected: path.connected); remote = "\(p.remote.address)"
+                    path = Path(pair: p, connected: path.connected)
+                    remote = "\(p.remote.address)"
                     controller.handle(.iceSelected, now: Self.now())
                 case .ice(.consentLost(let p)):
                     logger.warning("ICE lost the peer's consent: nothing more is sent on the pair", metadata: ["pair": "\(p)"])
@@ -550,9 +603,10 @@ public final class CallAgent: Sendable {
         await session.stop()
         let made = link.withLock { $0.reconnected }
         for c in made { await c.close() }
-        return report(session, role: roleName, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
-                      firstAudio: session.firstPlayedNanoseconds, started: started, ended: ended ?? .localHangup, moves: moves,
-                      restarts: controller.iceRestarts)
+        return report(
+            session, role: roleName, peer: peer, path: path, remote: remote, codec: codec, dialed: dialed,
+            firstAudio: session.firstPlayedNanoseconds, started: started, ended: ended ?? .localHangup, moves: moves,
+            restarts: controller.iceRestarts)
     }
 
     /// What the report says of the path: the selected pair and when it was first selected.
@@ -568,29 +622,36 @@ public final class CallAgent: Sendable {
         }
     }
 
-    private func report(_ session: VoiceSession, role: String, peer: PublicKey, path: Path, remote: String, codec: CodecConfiguration,
-                        dialed: Int64, firstAudio: Int64?, started: Int64, ended: CallEnd, moves: Int, restarts: Int) -> CallReport {
+    private func report(
+        _ session: VoiceSession, role: String, peer: PublicKey, path: Path, remote: String, codec: CodecConfiguration,
+        dialed: Int64, firstAudio: Int64?, started: Int64, ended: CallEnd, moves: Int, restarts: Int
+    ) -> CallReport {
         let s = session.statistics
         let p = s.playout
-        let lost = p.lostPackets   // missing at their turn: lost on the way or too late
+        let lost = p.lostPackets  // missing at their turn: lost on the way or too late
         let expected = max(1, p.packetsPlayed + lost)
         return CallReport(
             peer: Fingerprint.digits(of: peer), role: role, path: path.relayed ? "relayed" : "direct", remoteAddress: remote,
-            codec: "\(codec.kind.rawValue) \(codec.sampleRate / 1000) kHz \(codec.bitrate / 1000) kb/s", frameMilliseconds: codec.frameDuration.milliseconds,
+            codec: "\(codec.kind.rawValue) \(codec.sampleRate / 1000) kHz \(codec.bitrate / 1000) kb/s",
+            frameMilliseconds: codec.frameDuration.milliseconds,
             dialToFirstAudioMilliseconds: firstAudio.map { Double($0 - dialed) / 1e6 },
             durationSeconds: Double(monotonicNanoseconds() - started) / 1e9,
             packetsSent: s.packetsSent, packetsReceived: s.packetsReceived,
             lossPercent: 100 * Double(lost) / Double(expected), remoteLossPercent: s.remoteLossPercent,
             jitterMilliseconds: s.remoteJitterMilliseconds, roundTripMilliseconds: s.roundTripMilliseconds,
             jitterBufferDelayMilliseconds: p.delayMeanMilliseconds, framesConcealed: p.framesConcealed,
-            framesRecoveredByFEC: p.framesRecoveredByFEC, estimatedMOS: s.estimatedMOS(frameMilliseconds: codec.frameDuration.milliseconds),
-            ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected, iceRestarts: restarts,
+            framesRecoveredByFEC: p.framesRecoveredByFEC,
+            estimatedMOS: s.estimatedMOS(frameMilliseconds: codec.frameDuration.milliseconds),
+            ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected,
+            iceRestarts: restarts,
             sendBitrate: s.encoderBitrate, audioError: s.audioError)
     }
 
     /// The peer's answer (or refusal) to our offer, awaited among the agent's events.
-    private func waitFor(call: String, from peer: PublicKey, kinds: Set<CallMessage.Kind>, timeout: Duration,
-                         inbox: inout AsyncStream<CallEvent>.Iterator) async throws(CallError) -> CallMessage {
+    private func waitFor(
+        call: String, from peer: PublicKey, kinds: Set<CallMessage.Kind>, timeout: Duration,
+        inbox: inout AsyncStream<CallEvent>.Iterator
+    ) async throws(CallError) -> CallMessage {
         var alarm = Alarm(feed: feed)
         defer { alarm.cancel() }
         let deadline = Self.now() + timeout
@@ -599,7 +660,9 @@ public final class CallAgent: Sendable {
             guard let event = await inbox.next() else { throw .timedOut("no answer within \(timeout)") }
             switch event {
             case .signal(let from, let bytes):
-                guard from == peer, let m = try? CallMessage(decoding: bytes), m.call == call, kinds.contains(m.kind) else { continue }
+                guard from == peer, let m = try? CallMessage(decoding: bytes), m.call == call, kinds.contains(m.kind) else {
+                    continue
+                }
                 return m
             case .wake:
                 alarm.rang()

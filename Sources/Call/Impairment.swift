@@ -19,7 +19,9 @@ public struct Impairment: Sendable, Equatable {
             let (name, value) = (kv[0].lowercased(), kv[1].lowercased())
             func number(_ v: String, _ suffix: String) throws(CallError) -> Double {
                 let digits = v.hasSuffix(suffix) ? String(v.dropLast(suffix.count)) : v
-                guard let d = Double(digits), d.isFinite, d >= 0 else { throw .malformed("impairment \(name)=\(value): not a number") }
+                guard let d = Double(digits), d.isFinite, d >= 0 else {
+                    throw .malformed("impairment \(name)=\(value): not a number")
+                }
                 return d
             }
             switch name {
@@ -46,12 +48,17 @@ public struct Impairment: Sendable, Equatable {
     /// The per-datagram decision for `SecureUDPEndpoint.impairMedia`: walks a generated
     /// trace (10 minutes of frames, then again), nil for a lost packet, else its delay.
     public func decider(frameMilliseconds: Int) -> @Sendable () -> Duration? {
-        let trace = NetworkTrace.generate(model, packets: 600_000 / frameMilliseconds, frameMilliseconds: frameMilliseconds, seed: seed)
+        let trace = NetworkTrace.generate(
+            model, packets: 600_000 / frameMilliseconds, frameMilliseconds: frameMilliseconds, seed: seed)
         let entries = trace.entries
         let index = Mutex(0)
         return {
             guard !entries.isEmpty else { return .zero }
-            let e = entries[index.withLock { i in defer { i += 1 }; return i % entries.count }]
+            let e = entries[
+                index.withLock { i in
+                    defer { i += 1 }
+                    return i % entries.count
+                }]
             guard let arrival = e.arrivalMilliseconds else { return nil }
             return .microseconds(Int64(max(0, arrival - e.sendMilliseconds) * 1000))
         }

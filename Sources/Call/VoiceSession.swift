@@ -26,17 +26,26 @@ public final class MediaRouter: Sendable {
             let now = monotonicNanoseconds()
             let accepted = target.withLock { t -> Bool in
                 guard let t, t.peer == peer, t.payloadType == header.payloadType else { return false }
-                t.receiver.receive(sequence: header.sequenceNumber, timestamp: header.timestamp, payload: payload, arrivalNanoseconds: now)
+                t.receiver.receive(
+                    sequence: header.sequenceNumber, timestamp: header.timestamp, payload: payload, arrivalNanoseconds: now)
                 return true
             }
             if accepted { last.store(now, ordering: .relaxed) }
             counters.withLock { c in
-                if accepted { c.packets += 1; c.bytes += payload.count; if c.first == nil { c.first = now } } else { c.other += 1 }
+                if accepted {
+                    c.packets += 1
+                    c.bytes += payload.count
+                    if c.first == nil { c.first = now }
+                } else {
+                    c.other += 1
+                }
             }
         }
     }
 
-    func attach(_ receiver: VoiceReceiver, peer: PeerID, payloadType: UInt8) { target.withLock { $0 = (peer, receiver, payloadType) } }
+    func attach(_ receiver: VoiceReceiver, peer: PeerID, payloadType: UInt8) {
+        target.withLock { $0 = (peer, receiver, payloadType) }
+    }
     func detach() { target.withLock { $0 = nil } }
     var received: (packets: Int, bytes: Int, other: Int, first: Int64?) { counters.withLock { $0 } }
     /// When the first packet of the call's audio arrived (monotonic ns).
@@ -87,7 +96,8 @@ public enum EModel {
         let id = 0.024 * d + (d > 177.3 ? 0.11 * (d - 177.3) : 0)
         // Opus narrowband at 24 kb/s: equipment impairment about that of G.729 (11);
         // Bpl about 20 with FEC and concealment, 10 with concealment alone.
-        let ie = 11.0, bpl = fec ? 20.0 : 10.0
+        let ie = 11.0
+        let bpl = fec ? 20.0 : 10.0
         let ieEff = ie + (95 - ie) * lossPercent / (lossPercent + bpl)
         let r = max(0, min(100, 93.2 - id - ieEff))
         return 1 + 0.035 * r + r * (r - 60) * (100 - r) * 7e-6
@@ -124,22 +134,33 @@ public final class VoiceSession: @unchecked Sendable {
     /// (``VoiceSessionStatistics/audioError`` says how).
     public var onSinkFailed: (@Sendable () -> Void)?
 
-    public init(endpoint: SecureUDPEndpoint, peer: PeerID, codec: CodecConfiguration, router: MediaRouter,
-                source: AudioSource?, sink: AudioSink?, echoCancellation: Bool = false, taps: PCMTaps? = nil) throws(VoiceError) {
+    public init(
+        endpoint: SecureUDPEndpoint, peer: PeerID, codec: CodecConfiguration, router: MediaRouter,
+        source: AudioSource?, sink: AudioSink?, echoCancellation: Bool = false, taps: PCMTaps? = nil
+    ) throws(VoiceError) {
         self.codec = codec
         self.endpoint = endpoint
         self.peer = peer
         self.router = router
-        var sequence: UInt16 = 0, timestamp: UInt32 = 0
+        var sequence: UInt16 = 0
+        var timestamp: UInt32 = 0
         withUnsafeMutableBytes(of: &sequence) { Sodium.randomBytes($0) }
         withUnsafeMutableBytes(of: &timestamp) { Sodium.randomBytes($0) }
-        sender = try VoiceSender(codec: codec, capture: echoCancellation ? CaptureConfiguration() : nil, taps: taps,
-                                 initialSequence: sequence, initialTimestamp: timestamp)
+        sender = try VoiceSender(
+            codec: codec, capture: echoCancellation ? CaptureConfiguration() : nil, taps: taps,
+            initialSequence: sequence, initialTimestamp: timestamp)
         receiver = try VoiceReceiver(codec: codec, taps: taps)
-        self.source = try source.map { s throws(VoiceError) in try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame) }
+        self.source = try source.map { s throws(VoiceError) in
+            try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame)
+        }
         self.sink = sink
-        sinkResampler = try sink.flatMap { s throws(VoiceError) in s.sampleRate == codec.sampleRate ? nil : try Resampler(from: codec.sampleRate, to: s.sampleRate) }
-        stats.withLock { $0.encoderLossHint = codec.packetLossPercent; $0.encoderBitrate = codec.bitrate }
+        sinkResampler = try sink.flatMap { s throws(VoiceError) in
+            s.sampleRate == codec.sampleRate ? nil : try Resampler(from: codec.sampleRate, to: s.sampleRate)
+        }
+        stats.withLock {
+            $0.encoderLossHint = codec.packetLossPercent
+            $0.encoderBitrate = codec.bitrate
+        }
         // (L16 has one bitrate.)
         bitrate = Mutex(codec.kind == .l16 ? nil : BitrateController(maximum: codec.bitrate))
         let first = firstPlayed
@@ -202,7 +223,9 @@ public final class VoiceSession: @unchecked Sendable {
     /// The secure layer's round-trip time, measured when each report arrived.
     public func setRoundTrip(_ rtt: Duration?) {
         guard let rtt else { return }
-        stats.withLock { $0.roundTripMilliseconds = Double(rtt.components.seconds) * 1000 + Double(rtt.components.attoseconds) / 1e15 }
+        stats.withLock {
+            $0.roundTripMilliseconds = Double(rtt.components.seconds) * 1000 + Double(rtt.components.attoseconds) / 1e15
+        }
     }
 
     public var statistics: VoiceSessionStatistics {
@@ -222,8 +245,8 @@ public final class VoiceSession: @unchecked Sendable {
         let chunksPerFrame = max(1, spf / chunk)
         let tickNs = Int64(Self.renderMilliseconds) * 1_000_000
         var captured = [Int16](repeating: 0, count: spf)
-        var played = [Int16](repeating: 0, count: spf)      // the last whole frame played: the echo reference
-        var playing = [Int16](repeating: 0, count: spf)     // the frame being played, chunk by chunk
+        var played = [Int16](repeating: 0, count: spf)  // the last whole frame played: the echo reference
+        var playing = [Int16](repeating: 0, count: spf)  // the frame being played, chunk by chunk
         var out = [Int16](repeating: 0, count: chunk)
         var resampled = [Int16](repeating: 0, count: sinkResampler.map { $0.outputCapacity(forInput: chunk) } ?? 0)
         var payload = [UInt8](repeating: 0, count: sender.maximumPayloadSize)
@@ -255,14 +278,18 @@ public final class VoiceSession: @unchecked Sendable {
                         }
                     }
                     if let frame, frame.byteCount > 0 {
-                        endpoint.send(Array(payload[0..<frame.byteCount]), to: peer, payloadType: Self.payloadType, timestamp: frame.timestamp)
+                        endpoint.send(
+                            Array(payload[0..<frame.byteCount]), to: peer, payloadType: Self.payloadType,
+                            timestamp: frame.timestamp)
                         sent += 1
                     }
                 } else {
                     sourceDone = true
                     stats.withLock { s in
                         s.sourceEnded = true
-                        if let error = source.error, s.audioError == nil { s.audioError = "cannot read the audio to send: \(error)" }
+                        if let error = source.error, s.audioError == nil {
+                            s.audioError = "cannot read the audio to send: \(error)"
+                        }
                     }
                     onSourceEnded?()
                 }
@@ -275,8 +302,12 @@ public final class VoiceSession: @unchecked Sendable {
             if let sink, !sinkFailed {
                 do {
                     if let sinkResampler {
-                        let n = out.withUnsafeBufferPointer { p in resampled.withUnsafeMutableBufferPointer { (try? sinkResampler.process(p, into: $0)) ?? 0 } }
-                        try resampled.withUnsafeBufferPointer { b throws(VoiceError) in try sink.write(UnsafeBufferPointer(rebasing: b[0..<n])) }
+                        let n = out.withUnsafeBufferPointer { p in
+                            resampled.withUnsafeMutableBufferPointer { (try? sinkResampler.process(p, into: $0)) ?? 0 }
+                        }
+                        try resampled.withUnsafeBufferPointer { b throws(VoiceError) in
+                            try sink.write(UnsafeBufferPointer(rebasing: b[0..<n]))
+                        }
                     } else {
                         try out.withUnsafeBufferPointer { b throws(VoiceError) in try sink.write(b) }
                     }
@@ -288,13 +319,17 @@ public final class VoiceSession: @unchecked Sendable {
             }
             if slot == chunksPerFrame - 1 {
                 let playout = receiver.statistics
-                stats.withLock { $0.packetsSent = sent; $0.playout = playout }
+                stats.withLock {
+                    $0.packetsSent = sent
+                    $0.playout = playout
+                }
             }
             // Sleep to the next tick (absolute, so jitter does not accumulate); after a
             // stall of more than 20 ticks, re-anchor instead of bursting.
             let remaining = next - monotonicNanoseconds()
-            if remaining < -20 * tickNs { next = monotonicNanoseconds() }
-            else if remaining > 0 {
+            if remaining < -20 * tickNs {
+                next = monotonicNanoseconds()
+            } else if remaining > 0 {
                 var ts = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
                 while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
             }
@@ -331,10 +366,15 @@ final class FrameSource {
                 ended = true
                 break
             }
-            if n == 0 { ended = true; break }
+            if n == 0 {
+                ended = true
+                break
+            }
             if let resampler {
                 let m = input.withUnsafeBufferPointer { i in
-                    converted.withUnsafeMutableBufferPointer { (try? resampler.process(UnsafeBufferPointer(rebasing: i[0..<n]), into: $0)) ?? 0 }
+                    converted.withUnsafeMutableBufferPointer {
+                        (try? resampler.process(UnsafeBufferPointer(rebasing: i[0..<n]), into: $0)) ?? 0
+                    }
                 }
                 fifo.append(contentsOf: converted[0..<m])
             } else {

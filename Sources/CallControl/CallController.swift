@@ -71,11 +71,19 @@ public struct CallController: SansIOCore {
     private var actions: [Action] = []
 
     /// A call that starts now, with the media path up.
-    public init(role: CallRole, peer: PublicKey, call: String, configuration: Configuration = .init(),
-                localAddresses: Set<IPAddress>, now: Timestamp) {
-        self.role = role; self.peer = peer; self.call = call; self.configuration = configuration
+    public init(
+        role: CallRole, peer: PublicKey, call: String, configuration: Configuration = .init(),
+        localAddresses: Set<IPAddress>, now: Timestamp
+    ) {
+        self.role = role
+        self.peer = peer
+        self.call = call
+        self.configuration = configuration
         self.localAddresses = localAddresses
-        started = now; heard = now; lastAddressCheck = now; lastStatus = now
+        started = now
+        heard = now
+        lastAddressCheck = now
+        lastStatus = now
     }
 
     public mutating func handle(_ input: Input, now: Timestamp) {
@@ -88,7 +96,7 @@ public struct CallController: SansIOCore {
             if at > heard { heard = at }
         case .iceSelected:
             consentLost = false
-            unsent = nil   // the path works again: an old restart would only start another round
+            unsent = nil  // the path works again: an old restart would only start another round
         case .iceConsentLost:
             consentLost = true
         case .peerGone:
@@ -206,7 +214,8 @@ public struct CallController: SansIOCore {
             actions.append(.lookAtLocalAddresses)
         }
         if restarting == nil, consentLost || networkChanged || now - heard >= configuration.restartAfterSilence,
-           lastRestart.map({ now - $0 >= configuration.restartAfterSilence * 2 }) ?? true {
+            lastRestart.map({ now - $0 >= configuration.restartAfterSilence * 2 }) ?? true
+        {
             lastRestart = now
             let why: ICERestartReason = networkChanged ? .addressesChanged : consentLost ? .consentLost : .peerFellSilent
             consentLost = false

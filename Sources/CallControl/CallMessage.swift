@@ -20,7 +20,9 @@ public struct CallMessage: Codable, Equatable, Sendable {
         /// `candidate:` attribute values (RFC 8839 syntax).
         public var candidates: [String]
         public init(ufrag: String, password: String, candidates: [String]) {
-            self.ufrag = ufrag; self.password = password; self.candidates = candidates
+            self.ufrag = ufrag
+            self.password = password
+            self.candidates = candidates
         }
     }
 
@@ -31,7 +33,10 @@ public struct CallMessage: Codable, Equatable, Sendable {
         public var frameMilliseconds: Int
         public var bitrate: Int
         public init(name: String, sampleRate: Int, frameMilliseconds: Int, bitrate: Int) {
-            self.name = name; self.sampleRate = sampleRate; self.frameMilliseconds = frameMilliseconds; self.bitrate = bitrate
+            self.name = name
+            self.sampleRate = sampleRate
+            self.frameMilliseconds = frameMilliseconds
+            self.bitrate = bitrate
         }
     }
 
@@ -45,7 +50,11 @@ public struct CallMessage: Codable, Equatable, Sendable {
     public var reason: String?
 
     public init(kind: Kind, call: String, path: Path? = nil, codec: Codec? = nil, reason: String? = nil) {
-        self.kind = kind; self.call = call; self.path = path; self.codec = codec; self.reason = reason
+        self.kind = kind
+        self.call = call
+        self.path = path
+        self.codec = codec
+        self.reason = reason
     }
 
     /// The message as the JSON object sealed to the peer.

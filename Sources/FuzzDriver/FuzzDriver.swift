@@ -18,14 +18,14 @@ public func fuzzOneInput(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
 }
 
 #if FUZZING
-// libFuzzer's C symbol, named as it is.
-// swift-format-ignore: AlwaysUseLowerCamelCase
-@_silgen_name("LLVMFuzzerRunDriver")
-func LLVMFuzzerRunDriver(
-    _ argc: UnsafeMutablePointer<CInt>,
-    _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>>,
-    _ callback: @convention(c) (UnsafePointer<UInt8>, Int) -> CInt
-) -> CInt
+    // libFuzzer's C symbol, named as it is.
+    // swift-format-ignore: AlwaysUseLowerCamelCase
+    @_silgen_name("LLVMFuzzerRunDriver")
+    func LLVMFuzzerRunDriver(
+        _ argc: UnsafeMutablePointer<CInt>,
+        _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>>,
+        _ callback: @convention(c) (UnsafePointer<UInt8>, Int) -> CInt
+    ) -> CInt
 #endif
 
 public enum FuzzDriver {
@@ -34,22 +34,22 @@ public enum FuzzDriver {
     public static func run(name: String, check: @escaping ([UInt8]) -> Void) {
         registeredCheck = check
         #if FUZZING
-        var argc = CommandLine.argc
-        var argv = CommandLine.unsafeArgv
-        exit(LLVMFuzzerRunDriver(&argc, &argv, { data, size in fuzzOneInput(data, size) }))
+            var argc = CommandLine.argc
+            var argv = CommandLine.unsafeArgv
+            exit(LLVMFuzzerRunDriver(&argc, &argv, { data, size in fuzzOneInput(data, size) }))
         #else
-        let paths = CommandLine.arguments.dropFirst()
-        if paths.isEmpty {
-            print("usage: \(name) FILE... (replays inputs through the fuzz checks)")
-        }
-        for path in paths {
-            guard let data = FileManager.default.contents(atPath: path) else {
-                print("\(path): cannot read")
-                continue
+            let paths = CommandLine.arguments.dropFirst()
+            if paths.isEmpty {
+                print("usage: \(name) FILE... (replays inputs through the fuzz checks)")
             }
-            check(Array(data))
-            print("\(path): ok")
-        }
+            for path in paths {
+                guard let data = FileManager.default.contents(atPath: path) else {
+                    print("\(path): cannot read")
+                    continue
+                }
+                check(Array(data))
+                print("\(path): ok")
+            }
         #endif
     }
 }

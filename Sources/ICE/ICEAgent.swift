@@ -28,7 +28,11 @@ public struct ICECredentials: Hashable, Sendable {
 
     /// Whether these credentials can be used on the wire (ice-char only, RFC 8839 lengths).
     public var isValid: Bool {
-        func iceChars(_ s: String) -> Bool { s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2B || $0 == 0x2F } }
+        func iceChars(_ s: String) -> Bool {
+            s.utf8.allSatisfy {
+                ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2B || $0 == 0x2F
+            }
+        }
         return (4...256).contains(ufrag.utf8.count) && (22...256).contains(pwd.utf8.count) && iceChars(ufrag) && iceChars(pwd)
     }
 }
@@ -160,8 +164,10 @@ public struct ICEAgent: SansIOCore, Sendable {
 
     /// - Parameter gatheringComplete: false while server-reflexive or relayed
     ///   candidates may still come (then call ``localCandidatesComplete()``).
-    public init(role: ICERole, local: ICECredentials = .random(), candidates: [ICELocalCandidate], gatheringComplete: Bool = true,
-                tieBreaker: UInt64 = UInt64.random(in: 1...UInt64.max), configuration: ICEConfiguration = .init()) {
+    public init(
+        role: ICERole, local: ICECredentials = .random(), candidates: [ICELocalCandidate], gatheringComplete: Bool = true,
+        tieBreaker: UInt64 = UInt64.random(in: 1...UInt64.max), configuration: ICEConfiguration = .init()
+    ) {
         self.localComplete = gatheringComplete
         self.role = role
         self.local = local
@@ -208,7 +214,9 @@ public struct ICEAgent: SansIOCore, Sendable {
 
     /// A candidate gathered late (server-reflexive or relayed, trickled).
     public mutating func addLocal(_ candidate: ICELocalCandidate) {
-        guard !localCandidates.contains(where: { $0.base == candidate.base && $0.candidate.address == candidate.candidate.address }) else { return }
+        guard
+            !localCandidates.contains(where: { $0.base == candidate.base && $0.candidate.address == candidate.candidate.address })
+        else { return }
         localCandidates.append(candidate)
         guard candidate.candidate.type != .srflx else { return }
         for r in remoteCandidates { addPair(candidate, r) }
@@ -270,19 +278,19 @@ public struct ICEAgent: SansIOCore, Sendable {
         guard let message = try? Message(decoding: bytes), message.type.method == .binding else { return nil }
         switch message.type.messageClass {
         case .request: return handleRequest(message, from: source, base: base, now: now)
-        case .indication: return []   // keepalive
+        case .indication: return []  // keepalive
         case .successResponse, .errorResponse: return handleResponse(message, from: source, base: base, now: now)
         }
     }
 
     private mutating func handleRequest(_ m: Message, from source: TransportAddress, base: Int, now: Timestamp) -> [ICEOutput] {
-        guard m.checkFingerprint() == .valid else { return [] }   // RFC 8445 §7.3: FINGERPRINT is required
+        guard m.checkFingerprint() == .valid else { return [] }  // RFC 8445 §7.3: FINGERPRINT is required
         guard case .username(let username)? = try? m.value(.username),
-              m.attribute(.messageIntegrity) != nil
+            m.attribute(.messageIntegrity) != nil
         else { return [errorResponse(m, 400, base: base, to: source)] }
         let parts = username.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)
         guard parts.count == 2, parts[0] == local.ufrag, let key = try? IntegrityKey.shortTerm(password: local.pwd),
-              m.checkMessageIntegrity(key: key) == .valid
+            m.checkMessageIntegrity(key: key) == .valid
         else { return [errorResponse(m, 401, base: base, to: source)] }
 
         var out: [ICEOutput] = []
@@ -303,7 +311,8 @@ public struct ICEAgent: SansIOCore, Sendable {
         out.append(.send(response.encode(integrity: key, fingerprint: true), base: base, to: source))
 
         // The sender is a candidate (peer-reflexive if new), and the pair gets a triggered check.
-        if !remoteCandidates.contains(where: { $0.address == source }), remoteCandidates.count < configuration.maxRemoteCandidates {
+        if !remoteCandidates.contains(where: { $0.address == source }), remoteCandidates.count < configuration.maxRemoteCandidates
+        {
             var priority = ICECandidate.priority(type: .prflx)
             if case .priority(let p)? = try? m.value(.priority) { priority = p }
             prflxCount += 1
@@ -311,7 +320,9 @@ public struct ICEAgent: SansIOCore, Sendable {
             remoteCandidates.append(candidate)
             if let l = hostOrRelay(base: base) { addPair(l, candidate) }
         }
-        guard let index = pairs.firstIndex(where: { $0.pair.base == base && $0.pair.remote.address == source }) else { return out }
+        guard let index = pairs.firstIndex(where: { $0.pair.base == base && $0.pair.remote.address == source }) else {
+            return out
+        }
         let useCandidate = m.attribute(.useCandidate) != nil
         if useCandidate && role == .controlled { pairs[index].nominatedByPeer = true }
         switch pairs[index].state {
@@ -321,7 +332,7 @@ public struct ICEAgent: SansIOCore, Sendable {
             if pairs[index].state != .inProgress || pairs[index].transactionIsNomination == false {
                 if pairs[index].state != .inProgress { pairs[index].state = .waiting }
                 if !triggered.contains(index) { triggered.append(index) }
-                if nextCheckAt > now { nextCheckAt = now }   // answer a peer's check at once
+                if nextCheckAt > now { nextCheckAt = now }  // answer a peer's check at once
             }
         }
         return out
@@ -330,16 +341,22 @@ public struct ICEAgent: SansIOCore, Sendable {
     private mutating func handleResponse(_ m: Message, from source: TransportAddress, base: Int, now: Timestamp) -> [ICEOutput]? {
         if let c = consentTransactions.firstIndex(of: m.transactionID) {
             guard let remote, let key = try? IntegrityKey.shortTerm(password: remote.pwd),
-                  m.checkMessageIntegrity(key: key) == .valid else { return [] }
+                m.checkMessageIntegrity(key: key) == .valid
+            else { return [] }
             consentTransactions.remove(at: c)
-            if m.type.messageClass == .successResponse, let s = selected, s.base == base, s.remote.address == source { lastConsent = now }
+            if m.type.messageClass == .successResponse, let s = selected, s.base == base, s.remote.address == source {
+                lastConsent = now
+            }
             return []
         }
-        guard let index = pairs.firstIndex(where: {
-            $0.transaction?.transactionID == m.transactionID || $0.earlierTransactions.contains(m.transactionID)
-        }) else { return nil }
+        guard
+            let index = pairs.firstIndex(where: {
+                $0.transaction?.transactionID == m.transactionID || $0.earlierTransactions.contains(m.transactionID)
+            })
+        else { return nil }
         guard let remote, let key = try? IntegrityKey.shortTerm(password: remote.pwd),
-              m.checkMessageIntegrity(key: key) == .valid else { return [] }   // forged or stale: ignore
+            m.checkMessageIntegrity(key: key) == .valid
+        else { return [] }  // forged or stale: ignore
         var out: [ICEOutput] = []
         let wasNomination = pairs[index].transactionIsNomination
         pairs[index].transaction = nil
@@ -361,17 +378,22 @@ public struct ICEAgent: SansIOCore, Sendable {
             return out
         }
         if case .xorMappedAddress(let mapped)? = try? m.value(.xorMappedAddress), localCandidates.count < 64,
-           !localCandidates.contains(where: { $0.base == base && $0.candidate.address == mapped }) {
+            !localCandidates.contains(where: { $0.base == base && $0.candidate.address == mapped })
+        {
             let l = pairs[index].pair.local.candidate
-            localCandidates.append(ICELocalCandidate(ICECandidate(
-                foundation: ICELocalCandidate.foundation(.prflx, mapped.ip, base: base),
-                priority: ICECandidate.priority(type: .prflx, localPreference: (l.priority >> 8) & 0xFFFF),
-                address: mapped, type: .prflx, relatedAddress: l.address), base: base))
+            localCandidates.append(
+                ICELocalCandidate(
+                    ICECandidate(
+                        foundation: ICELocalCandidate.foundation(.prflx, mapped.ip, base: base),
+                        priority: ICECandidate.priority(type: .prflx, localPreference: (l.priority >> 8) & 0xFFFF),
+                        address: mapped, type: .prflx, relatedAddress: l.address), base: base))
         }
         pairs[index].state = .succeeded
         if firstValidAt == nil { firstValidAt = now }
         let foundation = pairFoundation(pairs[index].pair)
-        for i in pairs.indices where pairs[i].state == .frozen && pairFoundation(pairs[i].pair) == foundation { pairs[i].state = .waiting }
+        for i in pairs.indices where pairs[i].state == .frozen && pairFoundation(pairs[i].pair) == foundation {
+            pairs[i].state = .waiting
+        }
         if let s = selected, s == pairs[index].pair { lastConsent = now }
         if (role == .controlling && wasNomination) || (role == .controlled && pairs[index].nominatedByPeer) {
             select(index, now: now, &out)
@@ -386,20 +408,28 @@ public struct ICEAgent: SansIOCore, Sendable {
         var t: Timestamp?
         func consider(_ x: Timestamp?) { if let x, t == nil || x < t! { t = x } }
         for p in pairs { if let tr = p.transaction, tr.state == .waiting { consider(tr.deadline) } }
-        if state != .failed, remote != nil, !triggered.isEmpty || (state == .checking && pairs.contains { $0.state == .waiting || $0.state == .frozen }) {
+        if state != .failed, remote != nil,
+            !triggered.isEmpty || (state == .checking && pairs.contains { $0.state == .waiting || $0.state == .frozen })
+        {
             consider(nextCheckAt)
         }
         // (Never a time that has passed unless handleTimeout will act on it: the driver would spin.)
         if state == .checking, role == .controlling, let f = firstValidAt, let best = bestValid(),
-           !pairs.contains(where: { $0.transactionIsNomination }) {
+            !pairs.contains(where: { $0.transactionIsNomination })
+        {
             // At once when no better pair is still being tried, else after the delay.
             let betterOut = pairs.contains { $0.priority > pairs[best].priority && $0.state != .failed && $0.state != .succeeded }
             consider(betterOut ? f + configuration.nominationDelay : f)
         }
         // Every pair failed (the last one by an error response): failure is due now.
         if state == .checking, remoteComplete, localComplete, triggered.isEmpty, !pairs.isEmpty,
-           !pairs.contains(where: { $0.state != .failed }) { consider(.zero) }
-        if state == .checking, pairs.isEmpty, remoteComplete, localComplete, let since = checkingSince { consider(since + checkGiveUp) }
+            !pairs.contains(where: { $0.state != .failed })
+        {
+            consider(.zero)
+        }
+        if state == .checking, pairs.isEmpty, remoteComplete, localComplete, let since = checkingSince {
+            consider(since + checkGiveUp)
+        }
         if selected != nil, state != .failed, !consentExpired {
             consider(nextConsentAt)
             consider(lastConsent + configuration.consentTimeout)
@@ -447,15 +477,17 @@ public struct ICEAgent: SansIOCore, Sendable {
         }
         // Nomination by the controlling agent.
         if state == .checking, role == .controlling, let best = bestValid(),
-           !pairs.contains(where: { $0.transactionIsNomination }), shouldNominate(best, now: now) {
+            !pairs.contains(where: { $0.transactionIsNomination }), shouldNominate(best, now: now)
+        {
             sendCheck(best, nominate: true, now: now, &out)
         }
         // Failure: nothing left to try and nothing more to come.
         // (With no pairs at all, a peer's checks may still teach one: wait as long as a check would.)
         if remote != nil, checkingSince == nil { checkingSince = now }
         if state == .checking, remoteComplete, localComplete, triggered.isEmpty,
-           !pairs.contains(where: { $0.state != .failed }),
-           !pairs.isEmpty || now - (checkingSince ?? now) >= checkGiveUp {
+            !pairs.contains(where: { $0.state != .failed }),
+            !pairs.isEmpty || now - (checkingSince ?? now) >= checkGiveUp
+        {
             state = .failed
             out.append(.event(.failed(pairs.isEmpty ? "no candidate pairs" : "all \(pairs.count) candidate pairs failed")))
         }
@@ -486,14 +518,19 @@ public struct ICEAgent: SansIOCore, Sendable {
 
     /// How long one check takes to give up (all transmissions and the final wait).
     private var checkGiveUp: Duration {
-        var total = Duration.zero, rto = configuration.checkRTO
-        for _ in 1..<max(1, configuration.checkTransmissions) { total += rto; rto = rto * 2 }
+        var total = Duration.zero
+        var rto = configuration.checkRTO
+        for _ in 1..<max(1, configuration.checkTransmissions) {
+            total += rto
+            rto = rto * 2
+        }
         return total + configuration.checkRTO * configuration.checkFinalWait
     }
 
     private mutating func addPair(_ l: ICELocalCandidate, _ r: ICECandidate) {
         guard l.candidate.address.ip.family == r.address.ip.family,
-              !pairs.contains(where: { $0.pair.base == l.base && $0.pair.remote.address == r.address }) else { return }
+            !pairs.contains(where: { $0.pair.base == l.base && $0.pair.remote.address == r.address })
+        else { return }
         let pair = ICEPair(local: l, remote: r)
         let g = UInt64(role == .controlling ? l.candidate.priority : r.priority)
         let d = UInt64(role == .controlling ? r.priority : l.candidate.priority)
@@ -503,8 +540,9 @@ public struct ICEAgent: SansIOCore, Sendable {
         let frozen = pairs.contains { pairFoundation($0.pair) == foundation }
         pairs.append(PairEntry(pair: pair, priority: priority, state: frozen ? .frozen : .waiting))
         if pairs.count > configuration.maxPairs,
-           let worst = pairs.indices.filter({ pairs[$0].state == .frozen || pairs[$0].state == .waiting })
-            .min(by: { pairs[$0].priority < pairs[$1].priority }) {
+            let worst = pairs.indices.filter({ pairs[$0].state == .frozen || pairs[$0].state == .waiting })
+                .min(by: { pairs[$0].priority < pairs[$1].priority })
+        {
             pairs.remove(at: worst)
             triggered = triggered.compactMap { $0 == worst ? nil : ($0 > worst ? $0 - 1 : $0) }
         }
@@ -518,8 +556,10 @@ public struct ICEAgent: SansIOCore, Sendable {
 
     private mutating func recomputePriorities() {
         for i in pairs.indices {
-            let l = UInt64(pairs[i].pair.local.candidate.priority), r = UInt64(pairs[i].pair.remote.priority)
-            let g = role == .controlling ? l : r, d = role == .controlling ? r : l
+            let l = UInt64(pairs[i].pair.local.candidate.priority)
+            let r = UInt64(pairs[i].pair.remote.priority)
+            let g = role == .controlling ? l : r
+            let d = role == .controlling ? r : l
             pairs[i].priority = (min(g, d) << 32) + 2 * max(g, d) + (g > d ? 1 : 0)
         }
     }
@@ -531,9 +571,12 @@ public struct ICEAgent: SansIOCore, Sendable {
     }
 
     private mutating func bestWaiting() -> Int? {
-        if let w = pairs.indices.filter({ pairs[$0].state == .waiting }).max(by: { pairs[$0].priority < pairs[$1].priority }) { return w }
+        if let w = pairs.indices.filter({ pairs[$0].state == .waiting }).max(by: { pairs[$0].priority < pairs[$1].priority }) {
+            return w
+        }
         // Nothing waiting: unfreeze the best frozen pair.
-        guard let f = pairs.indices.filter({ pairs[$0].state == .frozen }).max(by: { pairs[$0].priority < pairs[$1].priority }) else { return nil }
+        guard let f = pairs.indices.filter({ pairs[$0].state == .frozen }).max(by: { pairs[$0].priority < pairs[$1].priority })
+        else { return nil }
         pairs[f].state = .waiting
         return f
     }
@@ -557,17 +600,23 @@ public struct ICEAgent: SansIOCore, Sendable {
             if pairs[i].earlierTransactions.count > 4 { pairs[i].earlierTransactions.removeFirst() }
         }
         let check = checkRequest(pairs[i].pair, nominate: nominate, remote: remote)
-        var tr = ClientTransaction(transactionID: check.transactionID, request: check.bytes,
-                                   reliability: .unreliable(rto: configuration.checkRTO, rc: configuration.checkTransmissions,
-                                                            rm: configuration.checkFinalWait))
+        var tr = ClientTransaction(
+            transactionID: check.transactionID, request: check.bytes,
+            reliability: .unreliable(
+                rto: configuration.checkRTO, rc: configuration.checkTransmissions,
+                rm: configuration.checkFinalWait))
         tr.handle(.start, now: now)
-        if case .send(let bytes)? = tr.pollAction() { out.append(.send(bytes, base: pairs[i].pair.base, to: pairs[i].pair.remote.address)) }
+        if case .send(let bytes)? = tr.pollAction() {
+            out.append(.send(bytes, base: pairs[i].pair.base, to: pairs[i].pair.remote.address))
+        }
         pairs[i].transaction = tr
         pairs[i].transactionIsNomination = nominate
         if pairs[i].state != .succeeded { pairs[i].state = .inProgress }
     }
 
-    private func checkRequest(_ pair: ICEPair, nominate: Bool, remote: ICECredentials) -> (transactionID: TransactionID, bytes: [UInt8]) {
+    private func checkRequest(_ pair: ICEPair, nominate: Bool, remote: ICECredentials) -> (
+        transactionID: TransactionID, bytes: [UInt8]
+    ) {
         let l = pair.local.candidate
         var attributes: [Attribute] = [
             .username("\(remote.ufrag):\(local.ufrag)"),
@@ -581,8 +630,11 @@ public struct ICEAgent: SansIOCore, Sendable {
     }
 
     private func errorResponse(_ request: Message, _ code: Int, base: Int, to: TransportAddress) -> ICEOutput {
-        let m = Message(type: .bindingError, transactionID: request.transactionID,
-                        attributes: [.errorCode(ErrorCodeValue(code: code, reason: code == 487 ? "Role Conflict" : ErrorCodeValue.defaultReason(code)))])
+        let m = Message(
+            type: .bindingError, transactionID: request.transactionID,
+            attributes: [
+                .errorCode(ErrorCodeValue(code: code, reason: code == 487 ? "Role Conflict" : ErrorCodeValue.defaultReason(code)))
+            ])
         return .send(m.encode(fingerprint: true), base: base, to: to)
     }
 
@@ -591,7 +643,10 @@ public struct ICEAgent: SansIOCore, Sendable {
         if let s = selected, s == pair, state == .completed { return }
         // The controlled side follows a later nomination only if it is better.
         if role == .controlled, state == .completed, let s = selected,
-           let current = pairs.first(where: { $0.pair == s }), current.priority > pairs[index].priority { return }
+            let current = pairs.first(where: { $0.pair == s }), current.priority > pairs[index].priority
+        {
+            return
+        }
         selected = pair
         state = .completed
         consentExpired = false

@@ -41,8 +41,10 @@ public struct ICECandidate: Hashable, Sendable, CustomStringConvertible {
     /// For reflexive and relayed candidates: the base (or the mapped address).
     public var relatedAddress: TransportAddress?
 
-    public init(foundation: String, component: Int = 1, priority: UInt32, address: TransportAddress,
-                type: ICECandidateType, relatedAddress: TransportAddress? = nil) {
+    public init(
+        foundation: String, component: Int = 1, priority: UInt32, address: TransportAddress,
+        type: ICECandidateType, relatedAddress: TransportAddress? = nil
+    ) {
         self.foundation = foundation
         self.component = component
         self.priority = priority
@@ -83,7 +85,8 @@ public struct ICECandidate: Hashable, Sendable, CustomStringConvertible {
         guard f[6] == "typ", let type = ICECandidateType(rawValue: f[7]) else { throw fail("candidate type") }
         var related: TransportAddress?
         var i = 8
-        var raddr: IPAddress?, rport: UInt16?
+        var raddr: IPAddress?
+        var rport: UInt16?
         while i + 1 < f.count {
             switch f[i] {
             case "raddr": raddr = IPAddress(f[i + 1])
@@ -93,8 +96,9 @@ public struct ICECandidate: Hashable, Sendable, CustomStringConvertible {
             i += 2
         }
         if let raddr, let rport { related = TransportAddress(ip: raddr, port: rport) }
-        self.init(foundation: f[0], component: component, priority: priority,
-                  address: TransportAddress(ip: ip, port: port), type: type, relatedAddress: related)
+        self.init(
+            foundation: f[0], component: component, priority: priority,
+            address: TransportAddress(ip: ip, port: port), type: type, relatedAddress: related)
     }
 }
 
@@ -121,25 +125,35 @@ public struct ICELocalCandidate: Hashable, Sendable {
     /// A host candidate on `base` bound to `address`; `localPreference` orders
     /// several interfaces (the higher, the better).
     public static func host(_ address: TransportAddress, base: Int, localPreference: UInt32 = 65535) -> ICELocalCandidate {
-        ICELocalCandidate(ICECandidate(foundation: foundation(.host, address.ip, base: nil),
-                                       priority: ICECandidate.priority(type: .host, localPreference: localPreference),
-                                       address: address, type: .host), base: base)
+        ICELocalCandidate(
+            ICECandidate(
+                foundation: foundation(.host, address.ip, base: nil),
+                priority: ICECandidate.priority(type: .host, localPreference: localPreference),
+                address: address, type: .host), base: base)
     }
 
     /// A server-reflexive candidate found through a STUN server from `base` (whose address is `baseAddress`).
-    public static func serverReflexive(_ mapped: TransportAddress, baseAddress: TransportAddress, base: Int,
-                                       localPreference: UInt32 = 65535) -> ICELocalCandidate {
-        ICELocalCandidate(ICECandidate(foundation: foundation(.srflx, baseAddress.ip, base: nil),
-                                       priority: ICECandidate.priority(type: .srflx, localPreference: localPreference),
-                                       address: mapped, type: .srflx, relatedAddress: baseAddress), base: base)
+    public static func serverReflexive(
+        _ mapped: TransportAddress, baseAddress: TransportAddress, base: Int,
+        localPreference: UInt32 = 65535
+    ) -> ICELocalCandidate {
+        ICELocalCandidate(
+            ICECandidate(
+                foundation: foundation(.srflx, baseAddress.ip, base: nil),
+                priority: ICECandidate.priority(type: .srflx, localPreference: localPreference),
+                address: mapped, type: .srflx, relatedAddress: baseAddress), base: base)
     }
 
     /// A relayed candidate: the TURN allocation `base` whose relayed address is `relayed`.
-    public static func relayed(_ relayed: TransportAddress, mapped: TransportAddress?, base: Int,
-                               localPreference: UInt32 = 65535) -> ICELocalCandidate {
-        ICELocalCandidate(ICECandidate(foundation: foundation(.relay, relayed.ip, base: nil),
-                                       priority: ICECandidate.priority(type: .relay, localPreference: localPreference),
-                                       address: relayed, type: .relay, relatedAddress: mapped), base: base)
+    public static func relayed(
+        _ relayed: TransportAddress, mapped: TransportAddress?, base: Int,
+        localPreference: UInt32 = 65535
+    ) -> ICELocalCandidate {
+        ICELocalCandidate(
+            ICECandidate(
+                foundation: foundation(.relay, relayed.ip, base: nil),
+                priority: ICECandidate.priority(type: .relay, localPreference: localPreference),
+                address: relayed, type: .relay, relatedAddress: mapped), base: base)
     }
 
     /// RFC 8445 §5.1.1.3: the same for candidates of one type, one base IP and one server.

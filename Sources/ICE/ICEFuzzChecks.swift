@@ -13,8 +13,9 @@ public enum ICEFuzzChecks {
 
     public static func exercise(_ bytes: [UInt8]) {
         for role in [ICERole.controlling, .controlled] {
-            var agent = ICEAgent(role: role, local: local,
-                                 candidates: [.host(TransportAddress(ip: .v4(0x7F00_0001), port: 9000), base: 0)], tieBreaker: 5)
+            var agent = ICEAgent(
+                role: role, local: local,
+                candidates: [.host(TransportAddress(ip: .v4(0x7F00_0001), port: 9000), base: 0)], tieBreaker: 5)
             agent.setRemote(remote, candidates: [ICECandidate(foundation: "1", priority: 1, address: peer, type: .host)])
             var now = Timestamp.seconds(1)
             agent.handleTimeout(now: now)
@@ -24,7 +25,9 @@ public enum ICEFuzzChecks {
             if let m = try? Message(decoding: bytes) {
                 let key = try? IntegrityKey.shortTerm(password: m.type.messageClass == .request ? local.pwd : remote.pwd)
                 var stripped = m
-                stripped.attributes.removeAll { $0.type == .messageIntegrity || $0.type == .fingerprint || $0.type == .messageIntegritySHA256 }
+                stripped.attributes.removeAll {
+                    $0.type == .messageIntegrity || $0.type == .fingerprint || $0.type == .messageIntegritySHA256
+                }
                 agent.handle(.datagram(stripped.encode(integrity: key, fingerprint: true), from: peer, base: 0), now: now)
                 _ = agent.drainActions()
             }

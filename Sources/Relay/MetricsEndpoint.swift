@@ -157,7 +157,8 @@ final class MetricsHTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         let keepAlive = head.isKeepAlive
         if !keepAlive { headers.add(name: "Connection", value: "close") }
 
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
+        context.write(
+            wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
         if !body.isEmpty {
             context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
         }

@@ -6,9 +6,9 @@ import Transport
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #endif
 
 // The relay sockets' I/O, without a NIO channel per socket: a relay socket is a
@@ -130,12 +130,14 @@ final class RelayPoller: Sendable {
         }
         var thread = pthread_t()
         let box = Unmanaged.passRetained(body).toOpaque()
-        let started = pthread_create(&thread, nil, { argument in
-            guard let argument else { return nil }
-            let body = Unmanaged<ThreadBody>.fromOpaque(argument).takeRetainedValue()
-            body.run()
-            return nil
-        }, box)
+        let started = pthread_create(
+            &thread, nil,
+            { argument in
+                guard let argument else { return nil }
+                let body = Unmanaged<ThreadBody>.fromOpaque(argument).takeRetainedValue()
+                body.run()
+                return nil
+            }, box)
         guard started == 0 else {
             Unmanaged<ThreadBody>.fromOpaque(box).release()
             closeAll()
@@ -270,7 +272,9 @@ final class PeerOutbox {
                 firstEntry[count] = cursor
                 messages[count].iov_start = Int32(iovCount)
                 messages[count].to_length = first.peer.store(into: &messages[count].to)
-                iovs[iovCount] = iovec(iov_base: UnsafeMutableRawPointer(mutating: base.baseAddress.map { $0 + first.offset }), iov_len: first.length)
+                iovs[iovCount] = iovec(
+                    iov_base: UnsafeMutableRawPointer(mutating: base.baseAddress.map { $0 + first.offset }), iov_len: first.length
+                )
                 iovCount += 1
                 var segments = 1
                 cursor = first.next
@@ -279,7 +283,9 @@ final class PeerOutbox {
                     while cursor >= 0, segments < limit {
                         let next = entries[cursor]
                         guard next.length == first.length, next.peer == first.peer else { break }
-                        iovs[iovCount] = iovec(iov_base: UnsafeMutableRawPointer(mutating: base.baseAddress.map { $0 + next.offset }), iov_len: next.length)
+                        iovs[iovCount] = iovec(
+                            iov_base: UnsafeMutableRawPointer(mutating: base.baseAddress.map { $0 + next.offset }),
+                            iov_len: next.length)
                         iovCount += 1
                         segments += 1
                         cursor = next.next

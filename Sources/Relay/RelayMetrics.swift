@@ -100,11 +100,14 @@ public final class RelayMetrics: Sendable {
                 add(counter, turn.drops[index], index < old.drops.count ? old.drops[index] : 0)
             }
             for (code, count) in turn.errors {
-                let counter = state.errorCounters[code] ?? {
-                    let made = Counter(label: "tusa_error_responses_total", dimensions: [("code", "\(code)")], factory: factory)
-                    state.errorCounters[code] = made
-                    return made
-                }()
+                let counter =
+                    state.errorCounters[code]
+                    ?? {
+                        let made = Counter(
+                            label: "tusa_error_responses_total", dimensions: [("code", "\(code)")], factory: factory)
+                        state.errorCounters[code] = made
+                        return made
+                    }()
                 add(counter, count, old.errors[code] ?? 0)
             }
             add(stunResponses, stun.responses, state.stun.responses)

@@ -10,11 +10,11 @@ import Transport
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// The STUN Binding service on UDP and TCP, as a ServiceLifecycle `Service`.
@@ -186,7 +186,10 @@ public final class RelayService: Service, Sendable {
         let channels: [any Channel]
         do {
             try configuration.validate()
-            if let tls = configuration.tls { tlsContext.withLockedValue { $0 = nil }; try loadTLS(tls) }
+            if let tls = configuration.tls {
+                tlsContext.withLockedValue { $0 = nil }
+                try loadTLS(tls)
+            }
             turnLanes.withLockedValue { $0 = nil }
             if let turn = configuration.turn {
                 let plan = configuration.relayPlan ?? RelayAddressPlan.derived(from: configuration.listenAddresses)
@@ -194,17 +197,20 @@ public final class RelayService: Service, Sendable {
                 let gso = configuration.gso
                 for loop in group.makeIterator() {
                     let logger = self.logger
-                    lanes.append(try await loop.submit {
-                        let lane = TURNLane(loop: loop, configuration: turn, plan: plan, logger: logger, gso: gso)
-                        lane.start()
-                        return NIOLoopBound(lane, eventLoop: loop)
-                    }.get())
+                    lanes.append(
+                        try await loop.submit {
+                            let lane = TURNLane(loop: loop, configuration: turn, plan: plan, logger: logger, gso: gso)
+                            lane.start()
+                            return NIOLoopBound(lane, eventLoop: loop)
+                        }.get())
                 }
                 turnLanes.withLockedValue { $0 = TURNLanes(lanes) }
-                logger.info("TURN relay", metadata: [
-                    "realm": "\(turn.realm)", "relay-ips": "\(plan.ips.map(\.description))",
-                    "ports": "\(plan.minPort)-\(plan.maxPort)", "anonymous": "\(turn.anonymous)",
-                ])
+                logger.info(
+                    "TURN relay",
+                    metadata: [
+                        "realm": "\(turn.realm)", "relay-ips": "\(plan.ips.map(\.description))",
+                        "ports": "\(plan.minPort)-\(plan.maxPort)", "anonymous": "\(turn.anonymous)",
+                    ])
             }
             let (sockets, bound) = try await bindAll(on: group)
             channels = bound
@@ -257,7 +263,12 @@ public final class RelayService: Service, Sendable {
     /// Stops every TURN lane (allocations, relay sockets, poller threads) before
     /// the event loops go, and keeps their final counters.
     private func stopTURNLanes() async {
-        guard let lanes = turnLanes.withLockedValue({ lanes in defer { lanes = nil }; return lanes }) else { return }
+        guard
+            let lanes = turnLanes.withLockedValue({ lanes in
+                defer { lanes = nil }
+                return lanes
+            })
+        else { return }
         for lane in lanes.all {
             let statistics = try? await lane.eventLoop.submit {
                 lane.value.stop()
@@ -415,12 +426,14 @@ public final class RelayService: Service, Sendable {
         do {
             let chain = try NIOSSLCertificate.fromPEMFile(tls.certificateFile)
             let key = try NIOSSLPrivateKey(file: tls.privateKeyFile, format: .pem)
-            var config = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
+            var config = TLSConfiguration.makeServerConfiguration(
+                certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
             config.minimumTLSVersion = .tlsv12
             let context = try NIOSSLContext(configuration: config)
             tlsContext.withLockedValue { $0 = context }
         } catch {
-            throw RelayServiceError(.invalidConfiguration, "TLS certificate \(tls.certificateFile) or key \(tls.privateKeyFile) unusable: \(error)")
+            throw RelayServiceError(
+                .invalidConfiguration, "TLS certificate \(tls.certificateFile) or key \(tls.privateKeyFile) unusable: \(error)")
         }
     }
 

@@ -23,8 +23,10 @@ public final class RendezvousService: Service, Sendable {
 
     /// `turnURIs`, when given, supplies the URIs of TURN grants once known (after the
     /// relay bound its sockets); `configuration.turn` supplies the secret and lifetime.
-    public init(address: TransportAddress, configuration: RendezvousServerConfiguration = .init(),
-                turnURIs: (@Sendable () async throws -> [String])? = nil, logger: Logger) {
+    public init(
+        address: TransportAddress, configuration: RendezvousServerConfiguration = .init(),
+        turnURIs: (@Sendable () async throws -> [String])? = nil, logger: Logger
+    ) {
         self.address = address
         self.configuration = configuration
         self.turnURIs = turnURIs
@@ -68,7 +70,8 @@ public final class RendezvousService: Service, Sendable {
                 }
                 .bind(to: SocketAddress(address)).get()
         } catch {
-            let failure = RelayServiceError(.bindFailed, "cannot serve the rendezvous on tcp \(address): \(RelayServiceError.reason(error))")
+            let failure = RelayServiceError(
+                .bindFailed, "cannot serve the rendezvous on tcp \(address): \(RelayServiceError.reason(error))")
             bound.resolve(.failure(failure))
             try? await group.shutdownGracefully()
             throw failure

@@ -9,9 +9,9 @@ import Transport
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #endif
 
 /// Where relay sockets are bound: the IPs per family and the port range.
@@ -122,14 +122,19 @@ final class TURNLane: TURNRelayPorts {
             guard case .event(let event) = action else { continue }
             switch event {
             case .allocated(let tuple, let user, let relays, let lifetime):
-                logger.info("allocation", metadata: [
-                    "client": "\(tuple)", "user": "\(user)", "relays": "\(relays.map(\.description))", "lifetime": "\(lifetime)",
-                ])
+                logger.info(
+                    "allocation",
+                    metadata: [
+                        "client": "\(tuple)", "user": "\(user)", "relays": "\(relays.map(\.description))",
+                        "lifetime": "\(lifetime)",
+                    ])
             case .deleted(let tuple, let relays, let reason, let toPeer, let toClient):
-                logger.info("allocation deleted", metadata: [
-                    "client": "\(tuple)", "relays": "\(relays.map(\.description))", "reason": "\(reason)",
-                    "packets-to-peer": "\(toPeer)", "packets-to-client": "\(toClient)",
-                ])
+                logger.info(
+                    "allocation deleted",
+                    metadata: [
+                        "client": "\(tuple)", "relays": "\(relays.map(\.description))", "reason": "\(reason)",
+                        "packets-to-peer": "\(toPeer)", "packets-to-client": "\(toClient)",
+                    ])
             case .authFailed(let tuple, let user):
                 logger.notice("authentication failed", metadata: ["client": "\(tuple)", "user": "\(user)"])
             }
@@ -167,7 +172,9 @@ final class TURNLane: TURNRelayPorts {
                 case .failure(let error):
                     // Still ours to close when NIO refuses it.
                     close(wake)
-                    lane.logger.error("cannot watch the relay poller's pipe; peers' datagrams will not be read", metadata: ["error": "\(error)"])
+                    lane.logger.error(
+                        "cannot watch the relay poller's pipe; peers' datagrams will not be read", metadata: ["error": "\(error)"]
+                    )
                 }
             }
     }
@@ -307,7 +314,8 @@ final class TURNLane: TURNRelayPorts {
 
     /// Adds a ChannelData frame (UDP: no padding) to this relay socket's group of its size.
     private func appendChannelData(
-        _ number: UInt16, _ payload: UnsafeRawBufferPointer, to client: TransportAddress, on channel: any Channel, socket: RelaySocket
+        _ number: UInt16, _ payload: UnsafeRawBufferPointer, to client: TransportAddress, on channel: any Channel,
+        socket: RelaySocket
     ) {
         let length = 4 + payload.count
         let segmentable = toClients.enabled && length <= UDPListenerHandler.maxSegmentSize
@@ -358,7 +366,8 @@ final class TURNLane: TURNRelayPorts {
                     promise.futureResult.whenComplete { result in
                         switch result {
                         case .success: lane.value.toClients.confirmed = true
-                        case .failure(let error): lane.value.toClients.disable("\(error)", logger: log, what: "ChannelData toward clients")
+                        case .failure(let error):
+                            lane.value.toClients.disable("\(error)", logger: log, what: "ChannelData toward clients")
                         }
                     }
                     group.channel.write(envelope, promise: promise)
@@ -381,10 +390,13 @@ final class TURNLane: TURNRelayPorts {
 
     func serves(family: UInt8) -> Bool { plan.ip(for: family) != nil }
 
-    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
+    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (
+        relay: TransportAddress, reserved: TransportAddress?
+    )? {
         guard !stopped, relaySet >= 0, let ip = plan.ip(for: family), plan.minPort <= plan.maxPort else { return nil }
         // Port arithmetic in Int: the range may end at 65535.
-        let lo = Int(plan.minPort), hi = Int(plan.maxPort)
+        let lo = Int(plan.minPort)
+        let hi = Int(plan.maxPort)
         let span = hi - lo + 1
         var port = nextPort[family] ?? lo + Int.random(in: 0..<span)
         for _ in 0..<min(span, 4096) {
@@ -491,10 +503,14 @@ final class TURNLane: TURNRelayPorts {
 private final class PortsTrampoline: TURNRelayPorts {
     weak var target: TURNLane?
     func serves(family: UInt8) -> Bool { target?.serves(family: family) ?? false }
-    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
+    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (
+        relay: TransportAddress, reserved: TransportAddress?
+    )? {
         target?.openRelay(family: family, even: even, reserveNext: reserveNext, dontFragment: dontFragment)
     }
-    func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool { target?.openReserved(address, dontFragment: dontFragment) ?? false }
+    func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool {
+        target?.openReserved(address, dontFragment: dontFragment) ?? false
+    }
     func attach(_ relay: TransportAddress, to allocation: TURNAllocation) { target?.attach(relay, to: allocation) }
     func closeRelay(_ address: TransportAddress) { target?.closeRelay(address) }
 }
@@ -560,7 +576,9 @@ extension RelayAddressPlan {
     /// Relay IPs from the listen addresses: each family's first specific
     /// address, else (wildcard listening) the host's first non-loopback
     /// address of that family, else loopback.
-    public static func derived(from listen: [TransportAddress], minPort: UInt16 = 49152, maxPort: UInt16 = 65535) -> RelayAddressPlan {
+    public static func derived(from listen: [TransportAddress], minPort: UInt16 = 49152, maxPort: UInt16 = 65535)
+        -> RelayAddressPlan
+    {
         var ips: [IPAddress] = []
         for family: UInt8 in [0x01, 0x02] {
             let mine = listen.filter { $0.ip.family == family }

@@ -133,7 +133,8 @@ final class UDPListenerHandler: ChannelInboundHandler {
             if let answer = lane.handleClient(request, from: tuple) {
                 var response = allocator.buffer(capacity: answer.count)
                 response.writeBytes(answer)
-                context.write(wrapOutboundOut(AddressedEnvelope(remoteAddress: envelope.remoteAddress, data: response)), promise: nil)
+                context.write(
+                    wrapOutboundOut(AddressedEnvelope(remoteAddress: envelope.remoteAddress, data: response)), promise: nil)
                 counters.responses += 1
             }
             return
@@ -214,7 +215,8 @@ final class UDPListenerHandler: ChannelInboundHandler {
                 promise.futureResult.whenComplete { result in
                     switch result {
                     case .success: handler.value.gso.confirmed = true
-                    case .failure(let error): handler.value.gso.disable("\(error)", logger: handler.value.logger, what: "Binding answers")
+                    case .failure(let error):
+                        handler.value.gso.disable("\(error)", logger: handler.value.logger, what: "Binding answers")
                     }
                 }
                 context.write(wrapOutboundOut(envelope), promise: promise)

@@ -97,7 +97,8 @@ public struct RendezvousClient: Sendable {
         for frame in try framer.append(bytes) {
             switch try RendezvousMessage(decoding: frame) {
             case .hello(let challenge, let serverKey):
-                guard let proof = try? RegistrationProof.make(identity: identity, serverKey: serverKey, challenge: challenge) else {
+                guard let proof = try? RegistrationProof.make(identity: identity, serverKey: serverKey, challenge: challenge)
+                else {
                     throw .malformed("hello: the server's key is not usable")
                 }
                 actions.append(.write(RendezvousFrame.frame(.register(key: identity.publicKey, proof: proof))))
@@ -113,7 +114,9 @@ public struct RendezvousClient: Sendable {
                 requestDeadlines[id] = nil
                 actions.append(.event(.sent(id: id)))
             case .deliver(let from, let sealed):
-                do { actions.append(.event(.received(from: from, payload: try Sealing.open(sealed, from: from, to: identity)))) } catch {
+                do {
+                    actions.append(.event(.received(from: from, payload: try Sealing.open(sealed, from: from, to: identity))))
+                } catch {
                     actions.append(.event(.unopenable(from: from)))
                 }
             case .error(let code, let detail, let id):

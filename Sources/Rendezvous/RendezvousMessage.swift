@@ -13,7 +13,10 @@ public struct TURNGrant: Codable, Equatable, Sendable {
     public var uris: [String]
 
     public init(username: String, password: String, expiry: UInt64, uris: [String]) {
-        self.username = username; self.password = password; self.expiry = expiry; self.uris = uris
+        self.username = username
+        self.password = password
+        self.expiry = expiry
+        self.uris = uris
     }
 }
 
@@ -86,21 +89,49 @@ public enum RendezvousMessage: Equatable, Sendable {
     public func encode() -> [UInt8] {
         var w = Wire(type: "")
         switch self {
-        case .hello(let c, let k): w.type = "hello"; w.challenge = b64(c); w.key = k.base64
-        case .register(let k, let p): w.type = "register"; w.key = k.base64; w.proof = b64(p)
-        case .registered(let t): w.type = "registered"; w.turn = t
-        case .lookup(let id, let k): w.type = "lookup"; w.id = id; w.key = k.base64
-        case .lookupResult(let id, let k, let o): w.type = "lookup-result"; w.id = id; w.key = k.base64; w.online = o
-        case .send(let id, let to, let s): w.type = "send"; w.id = id; w.to = to.base64; w.sealed = b64(s)
-        case .sent(let id): w.type = "sent"; w.id = id
-        case .deliver(let f, let s): w.type = "deliver"; w.from = f.base64; w.sealed = b64(s)
-        case .error(let c, let d, let id): w.type = "error"; w.code = c.rawValue; w.detail = d; w.id = id
+        case .hello(let c, let k):
+            w.type = "hello"
+            w.challenge = b64(c)
+            w.key = k.base64
+        case .register(let k, let p):
+            w.type = "register"
+            w.key = k.base64
+            w.proof = b64(p)
+        case .registered(let t):
+            w.type = "registered"
+            w.turn = t
+        case .lookup(let id, let k):
+            w.type = "lookup"
+            w.id = id
+            w.key = k.base64
+        case .lookupResult(let id, let k, let o):
+            w.type = "lookup-result"
+            w.id = id
+            w.key = k.base64
+            w.online = o
+        case .send(let id, let to, let s):
+            w.type = "send"
+            w.id = id
+            w.to = to.base64
+            w.sealed = b64(s)
+        case .sent(let id):
+            w.type = "sent"
+            w.id = id
+        case .deliver(let f, let s):
+            w.type = "deliver"
+            w.from = f.base64
+            w.sealed = b64(s)
+        case .error(let c, let d, let id):
+            w.type = "error"
+            w.code = c.rawValue
+            w.detail = d
+            w.id = id
         case .ping: w.type = "ping"
         case .pong: w.type = "pong"
         }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return (try? Array(encoder.encode(w))) ?? []   // encoding plain strings and numbers cannot fail
+        return (try? Array(encoder.encode(w))) ?? []  // encoding plain strings and numbers cannot fail
     }
 
     public init(decoding frame: [UInt8]) throws(RendezvousError) {
@@ -127,7 +158,8 @@ public enum RendezvousMessage: Equatable, Sendable {
         case "register": self = .register(key: try key(w.key, "key"), proof: try bytes(w.proof, "proof"))
         case "registered": self = .registered(turn: w.turn)
         case "lookup": self = .lookup(id: try need(w.id, "id"), key: try key(w.key, "key"))
-        case "lookup-result": self = .lookupResult(id: try need(w.id, "id"), key: try key(w.key, "key"), online: try need(w.online, "online"))
+        case "lookup-result":
+            self = .lookupResult(id: try need(w.id, "id"), key: try key(w.key, "key"), online: try need(w.online, "online"))
         case "send": self = .send(id: try need(w.id, "id"), to: try key(w.to, "to"), sealed: try bytes(w.sealed, "sealed"))
         case "sent": self = .sent(id: try need(w.id, "id"))
         case "deliver": self = .deliver(from: try key(w.from, "from"), sealed: try bytes(w.sealed, "sealed"))
@@ -184,7 +216,10 @@ public struct RendezvousFrame: Sendable {
         var offset = 0
         while buffer.count - offset >= 2 {
             let length = Int(buffer[offset]) << 8 | Int(buffer[offset + 1])
-            guard length <= Self.maximumLength else { buffer = []; throw .tooLarge(length) }
+            guard length <= Self.maximumLength else {
+                buffer = []
+                throw .tooLarge(length)
+            }
             guard buffer.count - offset - 2 >= length else { break }
             frames.append(Array(buffer[(offset + 2)..<(offset + 2 + length)]))
             offset += 2 + length

@@ -42,7 +42,9 @@ public struct TURNIssuer: Sendable {
     public var lifetime: Duration
     public var uris: [String]
     public init(secret: String, lifetime: Duration = .seconds(3600), uris: [String]) {
-        self.secret = secret; self.lifetime = lifetime; self.uris = uris
+        self.secret = secret
+        self.lifetime = lifetime
+        self.uris = uris
     }
 
     /// Credentials for `key` valid from `unixSeconds` for `lifetime`. The username's
@@ -100,19 +102,28 @@ public struct RendezvousServer: Sendable {
     mutating func accept(_ id: ConnectionID, now: Timestamp) -> [RendezvousAction] {
         guard connections.count < configuration.maximumConnections else {
             count(.full)
-            return [.send(id, RendezvousFrame.frame(.error(code: .full, detail: "the rendezvous holds \(connections.count) connections", id: nil))), .close(id)]
+            return [
+                .send(
+                    id,
+                    RendezvousFrame.frame(
+                        .error(code: .full, detail: "the rendezvous holds \(connections.count) connections", id: nil))),
+                .close(id),
+            ]
         }
         var challenge = [UInt8](repeating: 0, count: 32)
         challenge.withUnsafeMutableBytes { Sodium.randomBytes($0) }
-        let c = Connection(serverKey: .generate(), challenge: challenge, lastHeard: now, opened: now,
-                           tokens: configuration.requestBurst, tokensAt: now)
+        let c = Connection(
+            serverKey: .generate(), challenge: challenge, lastHeard: now, opened: now,
+            tokens: configuration.requestBurst, tokensAt: now)
         connections[id] = c
         statistics.connections = connections.count
         return [.send(id, RendezvousFrame.frame(.hello(challenge: challenge, serverKey: c.serverKey.publicKey)))]
     }
 
     /// Bytes from a connection. `unixSeconds` dates TURN credentials.
-    mutating func receive(_ id: ConnectionID, _ bytes: some Collection<UInt8>, now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
+    mutating func receive(_ id: ConnectionID, _ bytes: some Collection<UInt8>, now: Timestamp, unixSeconds: UInt64)
+        -> [RendezvousAction]
+    {
         guard var c = connections[id] else { return [] }
         let frames: [[UInt8]]
         do { frames = try c.framer.append(bytes) } catch {
@@ -122,7 +133,7 @@ public struct RendezvousServer: Sendable {
         connections[id] = c
         var actions: [RendezvousAction] = []
         for frame in frames {
-            guard connections[id] != nil else { break }   // closed by an earlier frame
+            guard connections[id] != nil else { break }  // closed by an earlier frame
             actions += handle(id, frame, now: now, unixSeconds: unixSeconds)
         }
         return actions
@@ -144,7 +155,8 @@ public struct RendezvousServer: Sendable {
         var actions: [RendezvousAction] = []
         for (id, c) in connections {
             if c.key == nil, now - c.opened >= configuration.registrationTimeout {
-                actions += refuse(id, .timeout, "no registration within \(configuration.registrationTimeout)", requestID: nil, close: true)
+                actions += refuse(
+                    id, .timeout, "no registration within \(configuration.registrationTimeout)", requestID: nil, close: true)
             } else if c.key != nil, now - c.lastHeard >= configuration.idleTimeout {
                 actions += refuse(id, .timeout, "silent for \(configuration.idleTimeout)", requestID: nil, close: true)
             }
@@ -165,14 +177,17 @@ public struct RendezvousServer: Sendable {
     /// Whether a key is registered now.
     public func isOnline(_ key: PublicKey) -> Bool { registry[key] != nil }
 
-    private mutating func handle(_ id: ConnectionID, _ frame: [UInt8], now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
+    private mutating func handle(_ id: ConnectionID, _ frame: [UInt8], now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction]
+    {
         guard var c = connections[id] else { return [] }
         let elapsed = Double((now - c.tokensAt).components.seconds) + Double((now - c.tokensAt).components.attoseconds) / 1e18
         c.tokens = min(configuration.requestBurst, c.tokens + max(0, elapsed) * configuration.requestsPerSecond)
         c.tokensAt = now
         guard c.tokens >= 1 else {
             connections[id] = c
-            return refuse(id, .rateLimited, "more than \(Int(configuration.requestsPerSecond)) requests a second", requestID: nil, close: true)
+            return refuse(
+                id, .rateLimited, "more than \(Int(configuration.requestsPerSecond)) requests a second", requestID: nil,
+                close: true)
         }
         c.tokens -= 1
         connections[id] = c
@@ -182,7 +197,9 @@ public struct RendezvousServer: Sendable {
         }
         switch message {
         case .register(let key, let proof):
-            if c.key != nil { return refuse(id, .alreadyRegistered, "this connection is registered already", requestID: nil, close: false) }
+            if c.key != nil {
+                return refuse(id, .alreadyRegistered, "this connection is registered already", requestID: nil, close: false)
+            }
             guard RegistrationProof.verify(proof, key: key, server: c.serverKey, challenge: c.challenge) else {
                 return refuse(id, .badProof, "the proof does not match \(key)", requestID: nil, close: true)
             }
@@ -199,10 +216,14 @@ public struct RendezvousServer: Sendable {
             let grant = configuration.turn?.grant(for: key, unixSeconds: unixSeconds)
             return actions + [.send(id, RendezvousFrame.frame(.registered(turn: grant)))]
         case .lookup(let requestID, let key):
-            guard c.key != nil else { return refuse(id, .notRegistered, "register before lookup", requestID: requestID, close: false) }
+            guard c.key != nil else {
+                return refuse(id, .notRegistered, "register before lookup", requestID: requestID, close: false)
+            }
             return [.send(id, RendezvousFrame.frame(.lookupResult(id: requestID, key: key, online: registry[key] != nil)))]
         case .send(let requestID, let to, let sealed):
-            guard let from = c.key else { return refuse(id, .notRegistered, "register before send", requestID: requestID, close: false) }
+            guard let from = c.key else {
+                return refuse(id, .notRegistered, "register before send", requestID: requestID, close: false)
+            }
             guard let target = registry[to] else {
                 let known = seen[to].map { now - $0 < configuration.rememberFor } ?? false
                 return known
@@ -210,8 +231,10 @@ public struct RendezvousServer: Sendable {
                     : refuse(id, .unknownPeer, "no peer registered under \(to)", requestID: requestID, close: false)
             }
             statistics.delivered += 1
-            return [.send(target, RendezvousFrame.frame(.deliver(from: from, sealed: sealed))),
-                    .send(id, RendezvousFrame.frame(.sent(id: requestID)))]
+            return [
+                .send(target, RendezvousFrame.frame(.deliver(from: from, sealed: sealed))),
+                .send(id, RendezvousFrame.frame(.sent(id: requestID))),
+            ]
         case .ping:
             return [.send(id, RendezvousFrame.frame(.pong))]
         case .pong:
@@ -221,7 +244,9 @@ public struct RendezvousServer: Sendable {
         }
     }
 
-    private mutating func refuse(_ id: ConnectionID, _ code: RendezvousErrorCode, _ detail: String, requestID: UInt32?, close: Bool) -> [RendezvousAction] {
+    private mutating func refuse(
+        _ id: ConnectionID, _ code: RendezvousErrorCode, _ detail: String, requestID: UInt32?, close: Bool
+    ) -> [RendezvousAction] {
         count(code)
         var actions: [RendezvousAction] = [.send(id, RendezvousFrame.frame(.error(code: code, detail: detail, id: requestID)))]
         if close {
@@ -238,7 +263,9 @@ public struct RendezvousServer: Sendable {
     }
 
     private mutating func remember(_ key: PublicKey, _ now: Timestamp) {
-        if seen.count >= configuration.rememberedKeys, let oldest = seen.min(by: { $0.value < $1.value })?.key { seen[oldest] = nil }
+        if seen.count >= configuration.rememberedKeys, let oldest = seen.min(by: { $0.value < $1.value })?.key {
+            seen[oldest] = nil
+        }
         seen[key] = now
     }
 

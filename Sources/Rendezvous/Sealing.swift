@@ -15,8 +15,9 @@ public enum Sealing {
 
     public static func seal(_ plaintext: [UInt8], from sender: PrivateKey, to recipient: PublicKey) throws -> [UInt8] {
         let e = PrivateKey.generate()
-        let key = try derive(ephemeral: e.publicKey, sender: sender.publicKey, recipient: recipient,
-                             dh1: e.sharedSecret(with: recipient), dh2: sender.sharedSecret(with: recipient))
+        let key = try derive(
+            ephemeral: e.publicKey, sender: sender.publicKey, recipient: recipient,
+            dh1: e.sharedSecret(with: recipient), dh2: sender.sharedSecret(with: recipient))
         var nonce = [UInt8](repeating: 0, count: XAEAD.nonceLength)
         nonce.withUnsafeMutableBytes { Sodium.randomBytes($0) }
         let ad = e.publicKey.bytes + sender.publicKey.bytes + recipient.bytes
@@ -25,22 +26,29 @@ public enum Sealing {
 
     /// Opens what `sender` sealed to `recipient`; `.unsealable` when it was tampered
     /// with, sealed by someone else, or for another key.
-    public static func open(_ sealed: [UInt8], from sender: PublicKey, to recipient: PrivateKey) throws(RendezvousError) -> [UInt8] {
+    public static func open(_ sealed: [UInt8], from sender: PublicKey, to recipient: PrivateKey) throws(RendezvousError)
+        -> [UInt8]
+    {
         guard sealed.count >= overhead, let e = try? PublicKey(bytes: sealed[0..<32]) else { throw .unsealable }
         let nonce = Array(sealed[32..<(32 + XAEAD.nonceLength)])
         let ciphertext = Array(sealed[(32 + XAEAD.nonceLength)...])
         do {
-            let key = try derive(ephemeral: e, sender: sender, recipient: recipient.publicKey,
-                                 dh1: recipient.sharedSecret(with: e), dh2: recipient.sharedSecret(with: sender))
-            return try XAEAD.open(key: key, nonce: nonce, ad: e.bytes + sender.bytes + recipient.publicKey.bytes, ciphertext: ciphertext)
+            let key = try derive(
+                ephemeral: e, sender: sender, recipient: recipient.publicKey,
+                dh1: recipient.sharedSecret(with: e), dh2: recipient.sharedSecret(with: sender))
+            return try XAEAD.open(
+                key: key, nonce: nonce, ad: e.bytes + sender.bytes + recipient.publicKey.bytes, ciphertext: ciphertext)
         } catch {
             throw .unsealable
         }
     }
 
-    private static func derive(ephemeral: PublicKey, sender: PublicKey, recipient: PublicKey,
-                               dh1: SecretKey, dh2: SecretKey) throws -> SecretKey {
-        let a = dh1.withUnsafeBytes { Array($0) }, b = dh2.withUnsafeBytes { Array($0) }
+    private static func derive(
+        ephemeral: PublicKey, sender: PublicKey, recipient: PublicKey,
+        dh1: SecretKey, dh2: SecretKey
+    ) throws -> SecretKey {
+        let a = dh1.withUnsafeBytes { Array($0) }
+        let b = dh2.withUnsafeBytes { Array($0) }
         return try SecretKey(bytes: Blake2b.hash(parts: [label, a, b, ephemeral.bytes, sender.bytes, recipient.bytes]))
     }
 }

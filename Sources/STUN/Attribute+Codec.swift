@@ -242,7 +242,9 @@ extension Attribute {
         v += Array(e.reason.utf8)
     }
 
-    private static func passwordAlgorithm(_ v: [UInt8], at i: Int, _ t: AttributeType) throws(STUNError) -> (PasswordAlgorithm, Int) {
+    private static func passwordAlgorithm(_ v: [UInt8], at i: Int, _ t: AttributeType) throws(STUNError) -> (
+        PasswordAlgorithm, Int
+    ) {
         guard i + 4 <= v.count else { throw .badAttribute(t, "truncated algorithm entry at offset \(i)") }
         let number = v.readUInt16(at: i)
         let length = Int(v.readUInt16(at: i + 2))

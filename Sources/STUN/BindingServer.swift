@@ -270,7 +270,9 @@ public struct BindingServer: Sendable {
         w.zeros(padded4(reasonBytes.count) - reasonBytes.count)
     }
 
-    private func writeAddress(_ w: inout RawWriter, _ type: AttributeType, _ a: TransportAddress, xor tid: UnsafeRawBufferPointer?) {
+    private func writeAddress(
+        _ w: inout RawWriter, _ type: AttributeType, _ a: TransportAddress, xor tid: UnsafeRawBufferPointer?
+    ) {
         let r = tid.map { RawReader(bytes: $0) }
         w.u16(type.rawValue)
         w.u16(a.ip.isIPv4 ? 8 : 20)
@@ -306,7 +308,9 @@ public struct BindingServer: Sendable {
         guard let base = message.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return false }
         let r = RawReader(bytes: message)
         let coveredLength = UInt16(truncatingIfNeeded: offset + 8 - 20)
-        var header: (UInt8, UInt8, UInt8, UInt8) = (message[0], message[1], UInt8(coveredLength >> 8), UInt8(truncatingIfNeeded: coveredLength))
+        var header: (UInt8, UInt8, UInt8, UInt8) = (
+            message[0], message[1], UInt8(coveredLength >> 8), UInt8(truncatingIfNeeded: coveredLength)
+        )
         var crc = withUnsafeBytes(of: &header) { h in
             CZlib.crc32(0, h.baseAddress?.assumingMemoryBound(to: UInt8.self), 4)
         }

@@ -4,10 +4,11 @@ import TusaBase
 /// invariants that must hold for any input. For fuzz targets and tests: it
 /// traps (on purpose) when an invariant breaks, so that a fuzzer reports it.
 public enum FuzzChecks {
-    private static let server = BindingServer(configuration: .init(
-        primary: TransportAddress(ip: .v4(0x7F00_0001), port: 3478),
-        alternate: TransportAddress(ip: .v4(0x7F00_0002), port: 3479),
-        software: "tusa fuzz"))
+    private static let server = BindingServer(
+        configuration: .init(
+            primary: TransportAddress(ip: .v4(0x7F00_0001), port: 3478),
+            alternate: TransportAddress(ip: .v4(0x7F00_0002), port: 3479),
+            software: "tusa fuzz"))
 
     public static func exercise(_ bytes: [UInt8]) {
         // Messages: a decoded message must round-trip, and typing its
@@ -54,7 +55,9 @@ public enum FuzzChecks {
         for origin in BindingServer.Origin.all {
             var out = [UInt8](repeating: 0, count: server.responseCapacity(requestLength: bytes.count))
             let outcome = bytes.withUnsafeBytes { b in
-                out.withUnsafeMutableBytes { server.handle(b, from: TransportAddress(ip: .v4(1), port: 1), arrivedOn: origin, into: $0) }
+                out.withUnsafeMutableBytes {
+                    server.handle(b, from: TransportAddress(ip: .v4(1), port: 1), arrivedOn: origin, into: $0)
+                }
             }
             precondition(outcome != .drop(.noRoom), "responseCapacity was too small")
             if let reply = server.handle(bytes, from: TransportAddress(ip: .v6(high: 1, low: 2), port: 9), arrivedOn: origin) {

@@ -11,7 +11,9 @@ public enum MappingBehavior: String, Hashable, Sendable {
     /// Classifies from the mapped addresses of RFC 5780's tests I–III: `x1`
     /// from the primary address, `x2` from the alternate IP and primary port,
     /// `x3` from the alternate IP and port (nil when not needed).
-    public static func classify(local: TransportAddress?, x1: TransportAddress, x2: TransportAddress, x3: TransportAddress?) -> MappingBehavior? {
+    public static func classify(local: TransportAddress?, x1: TransportAddress, x2: TransportAddress, x3: TransportAddress?)
+        -> MappingBehavior?
+    {
         if let local, local == x1 { return .noNAT }
         if x1 == x2 { return .endpointIndependent }
         guard let x3 else { return nil }

@@ -41,6 +41,9 @@ public struct TransactionID: Hashable, Sendable, CustomStringConvertible {
     }
 
     public var description: String {
-        bytes.map { let s = String($0, radix: 16); return s.count == 1 ? "0" + s : s }.joined()
+        bytes.map {
+            let s = String($0, radix: 16)
+            return s.count == 1 ? "0" + s : s
+        }.joined()
     }
 }

@@ -28,11 +28,15 @@ enum AEADConstruction: Sendable {
     /// memory, in place) and writes the 16-byte tag to `tag`. No checks: the
     /// callers have sized everything.
     @inline(__always)
-    func sealDetached(key: UnsafeRawPointer, nonce: UnsafeRawPointer, ad: UnsafeRawBufferPointer,
-                      plaintext: UnsafeRawBufferPointer, ciphertext: UnsafeMutableRawPointer,
-                      tag: UnsafeMutableRawPointer) {
-        let c = ciphertext.assumingMemoryBound(to: UInt8.self), t = tag.assumingMemoryBound(to: UInt8.self)
-        let n = nonce.assumingMemoryBound(to: UInt8.self), k = key.assumingMemoryBound(to: UInt8.self)
+    func sealDetached(
+        key: UnsafeRawPointer, nonce: UnsafeRawPointer, ad: UnsafeRawBufferPointer,
+        plaintext: UnsafeRawBufferPointer, ciphertext: UnsafeMutableRawPointer,
+        tag: UnsafeMutableRawPointer
+    ) {
+        let c = ciphertext.assumingMemoryBound(to: UInt8.self)
+        let t = tag.assumingMemoryBound(to: UInt8.self)
+        let n = nonce.assumingMemoryBound(to: UInt8.self)
+        let k = key.assumingMemoryBound(to: UInt8.self)
         switch self {
         case .chaCha20Poly1305IETF:
             _ = crypto_aead_chacha20poly1305_ietf_encrypt_detached(
@@ -47,11 +51,15 @@ enum AEADConstruction: Sendable {
     /// libsodium zeroes the output (so an in-place open destroys the
     /// ciphertext); `plaintext == nil` only verifies and writes nothing.
     @inline(__always)
-    func openDetached(key: UnsafeRawPointer, nonce: UnsafeRawPointer, ad: UnsafeRawBufferPointer,
-                      ciphertext: UnsafeRawBufferPointer, tag: UnsafeRawPointer,
-                      plaintext: UnsafeMutableRawPointer?) -> Bool {
-        let m = plaintext?.assumingMemoryBound(to: UInt8.self), t = tag.assumingMemoryBound(to: UInt8.self)
-        let n = nonce.assumingMemoryBound(to: UInt8.self), k = key.assumingMemoryBound(to: UInt8.self)
+    func openDetached(
+        key: UnsafeRawPointer, nonce: UnsafeRawPointer, ad: UnsafeRawBufferPointer,
+        ciphertext: UnsafeRawBufferPointer, tag: UnsafeRawPointer,
+        plaintext: UnsafeMutableRawPointer?
+    ) -> Bool {
+        let m = plaintext?.assumingMemoryBound(to: UInt8.self)
+        let t = tag.assumingMemoryBound(to: UInt8.self)
+        let n = nonce.assumingMemoryBound(to: UInt8.self)
+        let k = key.assumingMemoryBound(to: UInt8.self)
         switch self {
         case .chaCha20Poly1305IETF:
             return crypto_aead_chacha20poly1305_ietf_decrypt_detached(
@@ -62,21 +70,26 @@ enum AEADConstruction: Sendable {
         }
     }
 
-    func seal(key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
-              plaintext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    func seal(
+        key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
+        plaintext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         Sodium.ensureInitialized()
         guard nonce.count == nonceLength else { throw SecureError.malformed("nonce must be \(nonceLength) bytes") }
         let needed = plaintext.count + AEAD.tagLength
         guard out.count >= needed else { throw SecureError.bufferTooSmall(needed: needed, have: out.count) }
         key.withUnsafeBytes { k in
-            sealDetached(key: k.basePointer, nonce: nonce.basePointer, ad: ad, plaintext: plaintext,
-                         ciphertext: out.basePointer, tag: out.basePointer + plaintext.count)
+            sealDetached(
+                key: k.basePointer, nonce: nonce.basePointer, ad: ad, plaintext: plaintext,
+                ciphertext: out.basePointer, tag: out.basePointer + plaintext.count)
         }
         return needed
     }
 
-    func open(key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
-              ciphertext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    func open(
+        key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
+        ciphertext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         Sodium.ensureInitialized()
         guard nonce.count == nonceLength else { throw SecureError.malformed("nonce must be \(nonceLength) bytes") }
         guard ciphertext.count >= AEAD.tagLength else { throw SecureError.truncated }
@@ -84,8 +97,9 @@ enum AEADConstruction: Sendable {
         guard out.count >= length else { throw SecureError.bufferTooSmall(needed: length, have: out.count) }
         let body = UnsafeRawBufferPointer(rebasing: ciphertext[..<length])
         let ok = key.withUnsafeBytes { k in
-            openDetached(key: k.basePointer, nonce: nonce.basePointer, ad: ad, ciphertext: body,
-                         tag: ciphertext.basePointer + length, plaintext: out.basePointer)
+            openDetached(
+                key: k.basePointer, nonce: nonce.basePointer, ad: ad, ciphertext: body,
+                tag: ciphertext.basePointer + length, plaintext: out.basePointer)
         }
         guard ok else { throw SecureError.authenticationFailed }
         return length
@@ -126,15 +140,19 @@ public enum AEAD {
 
     /// Writes ciphertext ‖ tag to `out`; returns `plaintext.count + 16`.
     /// `out` may start at `plaintext` (in place) but must not otherwise overlap it.
-    public static func seal(key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
-                            plaintext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public static func seal(
+        key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
+        plaintext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         try AEADConstruction.chaCha20Poly1305IETF.seal(key: key, nonce: nonce, ad: ad, plaintext: plaintext, into: out)
     }
 
     /// Checks the tag of ciphertext ‖ tag and writes the plaintext to `out`;
     /// returns its length. On `.authenticationFailed` `out` is zeroed.
-    public static func open(key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
-                            ciphertext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public static func open(
+        key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
+        ciphertext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         try AEADConstruction.chaCha20Poly1305IETF.open(key: key, nonce: nonce, ad: ad, ciphertext: ciphertext, into: out)
     }
 
@@ -154,13 +172,17 @@ public enum XAEAD {
     public static let nonceLength = 24
     public static let tagLength = 16
 
-    public static func seal(key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
-                            plaintext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public static func seal(
+        key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
+        plaintext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         try AEADConstruction.xChaCha20Poly1305.seal(key: key, nonce: nonce, ad: ad, plaintext: plaintext, into: out)
     }
 
-    public static func open(key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
-                            ciphertext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public static func open(
+        key: SecretKey, nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer,
+        ciphertext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         try AEADConstruction.xChaCha20Poly1305.open(key: key, nonce: nonce, ad: ad, ciphertext: ciphertext, into: out)
     }
 

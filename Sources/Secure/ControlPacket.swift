@@ -24,7 +24,7 @@ public enum ControlPacket {
         guard packet.count >= length else { throw SecureError.truncated }
         guard packet.count == length else { throw SecureError.malformed("control packet of \(packet.count) bytes") }
         guard packet[0] == 0x80, packet[1] == payloadType, packet.loadBigEndianUInt16(at: 2) == lengthField,
-              packet[8] == name[0], packet[9] == name[1], packet[10] == name[2], packet[11] == name[3]
+            packet[8] == name[0], packet[9] == name[1], packet[10] == name[2], packet[11] == name[3]
         else { throw SecureError.malformed("not a Tusa control packet") }
         let e = packet.loadBigEndianUInt32(at: prefixLength + ControlReport.encodedLength)
         guard e & 0x8000_0000 != 0 else { throw SecureError.malformed("control packet without the E bit") }
@@ -48,12 +48,15 @@ extension MediaCipher {
     /// Seals `report` as a control packet (`ControlPacket.length` = 64 bytes)
     /// into `out`; returns its length. `index` must be ≤ 2^31 − 1 and never
     /// repeat under this key.
-    public func sealControl(_ report: ControlReport, ssrc: UInt32, index: UInt32,
-                            into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public func sealControl(
+        _ report: ControlReport, ssrc: UInt32, index: UInt32,
+        into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         guard index <= ControlPacket.maxIndex else { throw SecureError.nonceExhausted }
         let total = ControlPacket.length
         guard out.count >= total else { throw SecureError.bufferTooSmall(needed: total, have: out.count) }
-        let body = ControlPacket.prefixLength, trailer = body + ControlReport.encodedLength
+        let body = ControlPacket.prefixLength
+        let trailer = body + ControlReport.encodedLength
         out[0] = 0x80
         out[1] = ControlPacket.payloadType
         out.storeBigEndian(ControlPacket.lengthField, at: 2)
@@ -62,9 +65,10 @@ extension MediaCipher {
         _ = try report.encode(into: UnsafeMutableRawBufferPointer(rebasing: out[body..<trailer]))
         out.storeBigEndian(index | 0x8000_0000, at: trailer)
         try withControlAD(out, trailer: trailer) { ad in
-            try seal(domain: Self.controlDomain, index: UInt64(index), ad: ad,
-                     plaintext: UnsafeRawBufferPointer(rebasing: out[body..<trailer]),
-                     ciphertext: out.basePointer + body, tag: out.basePointer + trailer + 4)
+            try seal(
+                domain: Self.controlDomain, index: UInt64(index), ad: ad,
+                plaintext: UnsafeRawBufferPointer(rebasing: out[body..<trailer]),
+                ciphertext: out.basePointer + body, tag: out.basePointer + trailer + 4)
         }
         return total
     }
@@ -79,12 +83,14 @@ extension MediaCipher {
     /// `verifyOnly`: check the tag and write nothing.
     func decryptControl(packet: UnsafeMutableRawBufferPointer, verifyOnly: Bool = false) throws -> (ssrc: UInt32, index: UInt32) {
         let (ssrc, index) = try ControlPacket.peek(UnsafeRawBufferPointer(packet))
-        let body = ControlPacket.prefixLength, trailer = body + ControlReport.encodedLength
+        let body = ControlPacket.prefixLength
+        let trailer = body + ControlReport.encodedLength
         try withControlAD(packet, trailer: trailer) { ad in
-            try open(domain: Self.controlDomain, index: UInt64(index), ad: ad,
-                     ciphertext: UnsafeRawBufferPointer(rebasing: packet[body..<trailer]),
-                     tag: UnsafeRawPointer(packet.basePointer + trailer + 4),
-                     plaintext: verifyOnly ? nil : packet.basePointer + body)
+            try open(
+                domain: Self.controlDomain, index: UInt64(index), ad: ad,
+                ciphertext: UnsafeRawBufferPointer(rebasing: packet[body..<trailer]),
+                tag: UnsafeRawPointer(packet.basePointer + trailer + 4),
+                plaintext: verifyOnly ? nil : packet.basePointer + body)
         }
         return (ssrc, index)
     }
@@ -93,7 +99,9 @@ extension MediaCipher {
     /// the packet untouched, if it does not (`verifyFirst`: as for
     /// `openMediaIfAuthentic`; a retired key authenticates nothing). Throws for
     /// a packet that is not a control packet.
-    func decryptControlIfAuthentic(packet: UnsafeMutableRawBufferPointer, verifyFirst: Bool) throws -> (ssrc: UInt32, index: UInt32)? {
+    func decryptControlIfAuthentic(packet: UnsafeMutableRawBufferPointer, verifyFirst: Bool) throws -> (
+        ssrc: UInt32, index: UInt32
+    )? {
         if isRetired { return nil }
         do {
             if verifyFirst { _ = try decryptControl(packet: packet, verifyOnly: true) }
@@ -124,8 +132,10 @@ extension MediaCipher {
 
     /// The AD of a control packet: its 12-byte prefix ‖ the E‖index word,
     /// gathered on the stack.
-    private func withControlAD<R>(_ packet: UnsafeMutableRawBufferPointer, trailer: Int,
-                                  _ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+    private func withControlAD<R>(
+        _ packet: UnsafeMutableRawBufferPointer, trailer: Int,
+        _ body: (UnsafeRawBufferPointer) throws -> R
+    ) rethrows -> R {
         try withUnsafeTemporaryAllocation(byteCount: ControlPacket.prefixLength + 4, alignment: 4) { ad in
             ad.copyMemory(from: UnsafeRawBufferPointer(rebasing: packet[..<ControlPacket.prefixLength]))
             for i in 0..<4 { ad[ControlPacket.prefixLength + i] = packet[trailer + i] }
@@ -149,9 +159,12 @@ public struct ControlReceiver: Sendable {
 
     public init() {}
 
-    public mutating func receive(_ packet: UnsafeMutableRawBufferPointer, with cipher: MediaCipher,
-                                 orElse fallback: MediaCipher? = nil) -> Result<ReceivedControl, PacketDropReason> {
-        let index: UInt32, ssrc: UInt32
+    public mutating func receive(
+        _ packet: UnsafeMutableRawBufferPointer, with cipher: MediaCipher,
+        orElse fallback: MediaCipher? = nil
+    ) -> Result<ReceivedControl, PacketDropReason> {
+        let index: UInt32
+        let ssrc: UInt32
         do {
             (ssrc, index) = try ControlPacket.peek(UnsafeRawBufferPointer(packet))
             let verdict = window.check(UInt64(index))
@@ -174,8 +187,10 @@ public struct ControlReceiver: Sendable {
         return .success(ReceivedControl(ssrc: ssrc, index: index, report: report))
     }
 
-    public mutating func receive(_ packet: [UInt8], with cipher: MediaCipher,
-                                 orElse fallback: MediaCipher? = nil) -> Result<ReceivedControl, PacketDropReason> {
+    public mutating func receive(
+        _ packet: [UInt8], with cipher: MediaCipher,
+        orElse fallback: MediaCipher? = nil
+    ) -> Result<ReceivedControl, PacketDropReason> {
         var copy = packet
         return copy.withUnsafeMutableBytes { receive($0, with: cipher, orElse: fallback) }
     }

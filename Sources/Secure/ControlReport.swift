@@ -39,9 +39,11 @@ public struct ControlReport: Sendable, Equatable {
     /// The sender's compact clock when it sent this report (`compactTimestamp`), for the peer to echo.
     public var timestamp: UInt32
 
-    public init(kind: Kind = .report, highestSequence: UInt64 = 0, cumulativeLost: UInt32 = 0,
-                fractionLost: UInt8 = 0, jitter: UInt32 = 0, lastReportTimestamp: UInt32 = 0,
-                delaySinceLastReport: UInt32 = 0, lossHint: UInt8 = 0, timestamp: UInt32 = 0) {
+    public init(
+        kind: Kind = .report, highestSequence: UInt64 = 0, cumulativeLost: UInt32 = 0,
+        fractionLost: UInt8 = 0, jitter: UInt32 = 0, lastReportTimestamp: UInt32 = 0,
+        delaySinceLastReport: UInt32 = 0, lossHint: UInt8 = 0, timestamp: UInt32 = 0
+    ) {
         self.kind = kind
         self.highestSequence = highestSequence
         self.cumulativeLost = cumulativeLost
@@ -96,7 +98,8 @@ public struct ControlReport: Sendable, Equatable {
         guard bytes[0] == version else { throw SecureError.unsupportedVersion(bytes[0]) }
         guard bytes.count == encodedLength else {
             throw bytes.count < encodedLength
-                ? SecureError.truncated : SecureError.malformed("control report of \(bytes.count) bytes, expected \(encodedLength)")
+                ? SecureError.truncated
+                : SecureError.malformed("control report of \(bytes.count) bytes, expected \(encodedLength)")
         }
         guard let kind = Kind(rawValue: bytes[1]) else { throw SecureError.malformed("unknown control kind \(bytes[1])") }
         guard bytes[3] <= 100 else { throw SecureError.malformed("loss hint \(bytes[3]) above 100") }

@@ -21,8 +21,9 @@ enum Base64 {
         var end: UnsafePointer<CChar>? = nil
         let rc = chars.withUnsafeBufferPointer { c in
             c.withMemoryRebound(to: CChar.self) { cc in
-                sodium_base642bin(&out, out.count, cc.baseAddress, cc.count, nil, &written, &end,
-                                  Int32(sodium_base64_VARIANT_ORIGINAL))
+                sodium_base642bin(
+                    &out, out.count, cc.baseAddress, cc.count, nil, &written, &end,
+                    Int32(sodium_base64_VARIANT_ORIGINAL))
             }
         }
         // Trailing garbage leaves `end` short of the input's end.

@@ -34,8 +34,9 @@ final class HashEngine {
     init(_ function: NoiseHash) {
         Sodium.ensureInitialized()
         self.function = function
-        stateSize = max(crypto_generichash_blake2b_statebytes(), crypto_hash_sha512_statebytes(),
-                        crypto_hash_sha256_statebytes())
+        stateSize = max(
+            crypto_generichash_blake2b_statebytes(), crypto_hash_sha512_statebytes(),
+            crypto_hash_sha256_statebytes())
         state = UnsafeMutableRawPointer.allocate(byteCount: stateSize, alignment: 64)
         scratch = SecureBytes(count: 128 + 64)
     }
@@ -85,16 +86,21 @@ final class HashEngine {
         for i in 0..<blockLength { b[i] ^= 0x36 }
         hash([UnsafeRawBufferPointer(start: block, count: blockLength)] + parts, into: inner)
         for i in 0..<blockLength { b[i] ^= 0x36 ^ 0x5C }
-        hash([UnsafeRawBufferPointer(start: block, count: blockLength),
-              UnsafeRawBufferPointer(start: inner, count: hashLength)], into: out)
+        hash(
+            [
+                UnsafeRawBufferPointer(start: block, count: blockLength),
+                UnsafeRawBufferPointer(start: inner, count: hashLength),
+            ], into: out)
         scratch.zero()
     }
 
     /// HKDF(chainingKey, ikm, n) per Noise 4.3: writes n (2 or 3) outputs of
     /// HASHLEN bytes. `tempKey` is HASHLEN bytes of scratch the caller zeroes.
     /// Outputs may alias `chainingKey` (it is read only for the first HMAC).
-    func hkdf(chainingKey: UnsafeRawBufferPointer, ikm: UnsafeRawBufferPointer, tempKey: UnsafeMutableRawPointer,
-              outputs: [UnsafeMutableRawPointer]) {
+    func hkdf(
+        chainingKey: UnsafeRawBufferPointer, ikm: UnsafeRawBufferPointer, tempKey: UnsafeMutableRawPointer,
+        outputs: [UnsafeMutableRawPointer]
+    ) {
         let n = hashLength
         hmac(key: chainingKey, [ikm], into: tempKey)
         let k = UnsafeRawBufferPointer(start: tempKey, count: n)
@@ -119,16 +125,20 @@ public enum Blake2b {
 
     /// BLAKE2b-`outputLength`(key, data). `outputLength` must be 16…64 and
     /// the key at most 64 bytes (programmer errors, checked by precondition).
-    public static func hash(_ data: some Collection<UInt8>, key: some Collection<UInt8> = [UInt8](),
-                            outputLength: Int = 32) -> [UInt8] {
+    public static func hash(
+        _ data: some Collection<UInt8>, key: some Collection<UInt8> = [UInt8](),
+        outputLength: Int = 32
+    ) -> [UInt8] {
         let hasher = Hasher(key: key, outputLength: outputLength)
         hasher.update(data)
         return hasher.finalize()
     }
 
     /// BLAKE2b over the concatenation of `parts`, without building it.
-    public static func hash(parts: [[UInt8]], key: some Collection<UInt8> = [UInt8](),
-                            outputLength: Int = 32) -> [UInt8] {
+    public static func hash(
+        parts: [[UInt8]], key: some Collection<UInt8> = [UInt8](),
+        outputLength: Int = 32
+    ) -> [UInt8] {
         let hasher = Hasher(key: key, outputLength: outputLength)
         for p in parts { hasher.update(p) }
         return hasher.finalize()
@@ -136,12 +146,15 @@ public enum Blake2b {
 
     /// Into caller memory (`out.count` is the output length), no allocation
     /// beyond the state: for MACs over packets.
-    public static func hash(_ data: UnsafeRawBufferPointer, key: UnsafeRawBufferPointer,
-                            into out: UnsafeMutableRawBufferPointer) {
+    public static func hash(
+        _ data: UnsafeRawBufferPointer, key: UnsafeRawBufferPointer,
+        into out: UnsafeMutableRawBufferPointer
+    ) {
         Sodium.ensureInitialized()
         precondition((minOutputLength...maxOutputLength).contains(out.count) && key.count <= maxKeyLength)
-        crypto_generichash(out.basePointer, out.count, data.basePointer, UInt64(data.count),
-                           key.count == 0 ? nil : key.basePointer, key.count)
+        crypto_generichash(
+            out.basePointer, out.count, data.basePointer, UInt64(data.count),
+            key.count == 0 ? nil : key.basePointer, key.count)
     }
 
     /// Incremental BLAKE2b over several parts. One owner; not thread-safe.
@@ -153,8 +166,9 @@ public enum Blake2b {
 
         public init(key: some Collection<UInt8> = [UInt8](), outputLength: Int = 32) {
             Sodium.ensureInitialized()
-            precondition((Blake2b.minOutputLength...Blake2b.maxOutputLength).contains(outputLength),
-                         "BLAKE2b output length must be 16...64")
+            precondition(
+                (Blake2b.minOutputLength...Blake2b.maxOutputLength).contains(outputLength),
+                "BLAKE2b output length must be 16...64")
             precondition(key.count <= Blake2b.maxKeyLength, "BLAKE2b key must be at most 64 bytes")
             self.outputLength = outputLength
             size = crypto_generichash_statebytes()
@@ -175,8 +189,9 @@ public enum Blake2b {
         public func update(_ data: UnsafeRawBufferPointer) {
             precondition(!finished, "Blake2b.Hasher used after finalize()")
             guard data.count > 0 else { return }
-            crypto_generichash_update(OpaquePointer(state),
-                                      data.basePointer, UInt64(data.count))
+            crypto_generichash_update(
+                OpaquePointer(state),
+                data.basePointer, UInt64(data.count))
         }
 
         public func update(_ data: some Collection<UInt8>) {
@@ -187,8 +202,9 @@ public enum Blake2b {
         public func finalize(into out: UnsafeMutableRawBufferPointer) {
             precondition(!finished && out.count == outputLength)
             finished = true
-            crypto_generichash_final(OpaquePointer(state),
-                                     out.basePointer, outputLength)
+            crypto_generichash_final(
+                OpaquePointer(state),
+                out.basePointer, outputLength)
         }
 
         public func finalize() -> [UInt8] {

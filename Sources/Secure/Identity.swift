@@ -1,11 +1,12 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import CSodium
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 /// Why an identity key file could not be written or read.
 public enum IdentityFileError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -100,7 +101,9 @@ public struct Identity: Sendable {
             }
             if n == 0 { break }
             bytes.append(contentsOf: chunk[..<n])
-            guard bytes.count <= 16384 else { throw IdentityFileError.malformed(path, line: 0, reason: "file too large for a key file") }
+            guard bytes.count <= 16384 else {
+                throw IdentityFileError.malformed(path, line: 0, reason: "file too large for a key file")
+            }
         }
         return try parse(String(decoding: bytes, as: UTF8.self), path: path)
     }

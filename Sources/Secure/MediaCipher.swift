@@ -40,8 +40,10 @@ public final class MediaCipher {
     /// Encrypts `plaintext` to `ciphertext` (the same memory or disjoint)
     /// and writes the tag to `tag`.
     @inline(__always)
-    func seal(domain: UInt8, index: UInt64, ad: UnsafeRawBufferPointer, plaintext: UnsafeRawBufferPointer,
-              ciphertext: UnsafeMutableRawPointer, tag: UnsafeMutableRawPointer) throws {
+    func seal(
+        domain: UInt8, index: UInt64, ad: UnsafeRawBufferPointer, plaintext: UnsafeRawBufferPointer,
+        ciphertext: UnsafeMutableRawPointer, tag: UnsafeMutableRawPointer
+    ) throws {
         guard !isRetired else { throw SecureError.keyRetired }
         withNonce(domain: domain, index: index) { nonce in
             AEADConstruction.chaCha20Poly1305IETF.sealDetached(
@@ -54,9 +56,11 @@ public final class MediaCipher {
     /// ciphertext's own memory for in place, which libsodium zeroes on
     /// failure), or only checks when `plaintext` is nil.
     @inline(__always)
-    func open(domain: UInt8, index: UInt64, ad: UnsafeRawBufferPointer,
-              ciphertext: UnsafeRawBufferPointer, tag: UnsafeRawPointer,
-              plaintext: UnsafeMutableRawPointer?) throws {
+    func open(
+        domain: UInt8, index: UInt64, ad: UnsafeRawBufferPointer,
+        ciphertext: UnsafeRawBufferPointer, tag: UnsafeRawPointer,
+        plaintext: UnsafeMutableRawPointer?
+    ) throws {
         guard !isRetired else { throw SecureError.keyRetired }
         let ok = withNonce(domain: domain, index: index) { nonce in
             AEADConstruction.chaCha20Poly1305IETF.openDetached(
@@ -71,24 +75,29 @@ public final class MediaCipher {
     /// returns 12 + payload + 16. `payload` may already sit at `out[12...]`
     /// (sealed in place) but must not otherwise overlap `out`.
     /// `extendedSequence` must end in `header.sequenceNumber`.
-    public func sealMedia(header: RTPHeader, payload: UnsafeRawBufferPointer, extendedSequence: UInt64,
-                          into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public func sealMedia(
+        header: RTPHeader, payload: UnsafeRawBufferPointer, extendedSequence: UInt64,
+        into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         let needed = RTPHeader.fixedLength + payload.count + Self.tagLength
         guard out.count >= needed else { throw SecureError.bufferTooSmall(needed: needed, have: out.count) }
         guard UInt16(truncatingIfNeeded: extendedSequence) == header.sequenceNumber else {
             throw SecureError.malformed("extended sequence does not end in the header's sequence number")
         }
         let headerLength = try header.write(into: out)
-        try seal(domain: Self.mediaDomain, index: extendedSequence,
-                 ad: UnsafeRawBufferPointer(rebasing: out[..<headerLength]), plaintext: payload,
-                 ciphertext: out.basePointer + headerLength, tag: out.basePointer + headerLength + payload.count)
+        try seal(
+            domain: Self.mediaDomain, index: extendedSequence,
+            ad: UnsafeRawBufferPointer(rebasing: out[..<headerLength]), plaintext: payload,
+            ciphertext: out.basePointer + headerLength, tag: out.basePointer + headerLength + payload.count)
         return needed
     }
 
     /// As above with a header already on the wire in `out[..<headerLength]`
     /// (CSRCs or an extension included): only the payload is written.
-    public func sealMedia(headerLength: Int, payload: UnsafeRawBufferPointer, extendedSequence: UInt64,
-                          into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public func sealMedia(
+        headerLength: Int, payload: UnsafeRawBufferPointer, extendedSequence: UInt64,
+        into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         let needed = headerLength + payload.count + Self.tagLength
         guard out.count >= needed else { throw SecureError.bufferTooSmall(needed: needed, have: out.count) }
         let header = try RTPHeader.parse(UnsafeRawBufferPointer(rebasing: out[..<headerLength]))
@@ -96,9 +105,10 @@ public final class MediaCipher {
         guard UInt16(truncatingIfNeeded: extendedSequence) == header.sequenceNumber else {
             throw SecureError.malformed("extended sequence does not end in the header's sequence number")
         }
-        try seal(domain: Self.mediaDomain, index: extendedSequence,
-                 ad: UnsafeRawBufferPointer(rebasing: out[..<headerLength]), plaintext: payload,
-                 ciphertext: out.basePointer + headerLength, tag: out.basePointer + headerLength + payload.count)
+        try seal(
+            domain: Self.mediaDomain, index: extendedSequence,
+            ad: UnsafeRawBufferPointer(rebasing: out[..<headerLength]), plaintext: payload,
+            ciphertext: out.basePointer + headerLength, tag: out.basePointer + headerLength + payload.count)
         return needed
     }
 
@@ -106,40 +116,49 @@ public final class MediaCipher {
     /// place; returns where the plaintext payload is. On failure libsodium
     /// zeroes the payload bytes: to try a second key, check with
     /// `authenticatesMedia` first (or let `MediaReceiver` do it).
-    public func openMedia(packet: UnsafeMutableRawBufferPointer, headerLength: Int,
-                          extendedSequence: UInt64) throws -> Range<Int> {
+    public func openMedia(
+        packet: UnsafeMutableRawBufferPointer, headerLength: Int,
+        extendedSequence: UInt64
+    ) throws -> Range<Int> {
         let body = try Self.mediaBody(UnsafeRawBufferPointer(packet), headerLength: headerLength)
-        try open(domain: Self.mediaDomain, index: extendedSequence,
-                 ad: UnsafeRawBufferPointer(rebasing: packet[..<headerLength]),
-                 ciphertext: UnsafeRawBufferPointer(rebasing: packet[body]),
-                 tag: UnsafeRawPointer(packet.basePointer + body.upperBound),
-                 plaintext: packet.basePointer + headerLength)
+        try open(
+            domain: Self.mediaDomain, index: extendedSequence,
+            ad: UnsafeRawBufferPointer(rebasing: packet[..<headerLength]),
+            ciphertext: UnsafeRawBufferPointer(rebasing: packet[body]),
+            tag: UnsafeRawPointer(packet.basePointer + body.upperBound),
+            plaintext: packet.basePointer + headerLength)
         return body
     }
 
     /// Decrypts the payload into `out` (the packet is not written); returns
     /// the payload length.
-    public func openMedia(packet: UnsafeRawBufferPointer, headerLength: Int, extendedSequence: UInt64,
-                          into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public func openMedia(
+        packet: UnsafeRawBufferPointer, headerLength: Int, extendedSequence: UInt64,
+        into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         let body = try Self.mediaBody(packet, headerLength: headerLength)
         guard out.count >= body.count else { throw SecureError.bufferTooSmall(needed: body.count, have: out.count) }
-        try open(domain: Self.mediaDomain, index: extendedSequence,
-                 ad: UnsafeRawBufferPointer(rebasing: packet[..<headerLength]),
-                 ciphertext: UnsafeRawBufferPointer(rebasing: packet[body]),
-                 tag: packet.basePointer + body.upperBound, plaintext: out.basePointer)
+        try open(
+            domain: Self.mediaDomain, index: extendedSequence,
+            ad: UnsafeRawBufferPointer(rebasing: packet[..<headerLength]),
+            ciphertext: UnsafeRawBufferPointer(rebasing: packet[body]),
+            tag: packet.basePointer + body.upperBound, plaintext: out.basePointer)
         return body.count
     }
 
     /// Whether the packet authenticates under this key; writes nothing.
     /// Throws only for a truncated packet or a retired key.
-    public func authenticatesMedia(packet: UnsafeRawBufferPointer, headerLength: Int,
-                                   extendedSequence: UInt64) throws -> Bool {
+    public func authenticatesMedia(
+        packet: UnsafeRawBufferPointer, headerLength: Int,
+        extendedSequence: UInt64
+    ) throws -> Bool {
         let body = try Self.mediaBody(packet, headerLength: headerLength)
         do {
-            try open(domain: Self.mediaDomain, index: extendedSequence,
-                     ad: UnsafeRawBufferPointer(rebasing: packet[..<headerLength]),
-                     ciphertext: UnsafeRawBufferPointer(rebasing: packet[body]),
-                     tag: packet.basePointer + body.upperBound, plaintext: nil)
+            try open(
+                domain: Self.mediaDomain, index: extendedSequence,
+                ad: UnsafeRawBufferPointer(rebasing: packet[..<headerLength]),
+                ciphertext: UnsafeRawBufferPointer(rebasing: packet[body]),
+                tag: packet.basePointer + body.upperBound, plaintext: nil)
             return true
         } catch SecureError.authenticationFailed {
             return false
@@ -151,11 +170,16 @@ public final class MediaCipher {
     /// writing before decrypting: needed whenever another key may still be
     /// tried, since a failed in-place open zeroes the payload. A retired key
     /// authenticates nothing (nil). Throws only for a packet too short to hold a tag.
-    public func openMediaIfAuthentic(packet: UnsafeMutableRawBufferPointer, headerLength: Int,
-                                     extendedSequence: UInt64, verifyFirst: Bool) throws -> Range<Int>? {
+    public func openMediaIfAuthentic(
+        packet: UnsafeMutableRawBufferPointer, headerLength: Int,
+        extendedSequence: UInt64, verifyFirst: Bool
+    ) throws -> Range<Int>? {
         if isRetired { return nil }
-        if verifyFirst, try !authenticatesMedia(packet: UnsafeRawBufferPointer(packet), headerLength: headerLength,
-                                                 extendedSequence: extendedSequence) {
+        if verifyFirst,
+            try !authenticatesMedia(
+                packet: UnsafeRawBufferPointer(packet), headerLength: headerLength,
+                extendedSequence: extendedSequence)
+        {
             return nil
         }
         do {
@@ -177,7 +201,9 @@ public final class MediaCipher {
     public func sealMedia(header: RTPHeader, payload: [UInt8], extendedSequence: UInt64) throws -> [UInt8] {
         var out = [UInt8](repeating: 0, count: RTPHeader.fixedLength + payload.count + Self.tagLength)
         _ = try payload.withUnsafeBytes { p in
-            try out.withUnsafeMutableBytes { try sealMedia(header: header, payload: p, extendedSequence: extendedSequence, into: $0) }
+            try out.withUnsafeMutableBytes {
+                try sealMedia(header: header, payload: p, extendedSequence: extendedSequence, into: $0)
+            }
         }
         return out
     }

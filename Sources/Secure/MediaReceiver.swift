@@ -44,12 +44,17 @@ public struct MediaReceiver: Sendable {
     /// Opens an inspected packet in place with `cipher` (or `fallback` when
     /// `cipher` does not authenticate it); accepts its index in the window
     /// only when it authenticates.
-    public mutating func open(_ packet: UnsafeMutableRawBufferPointer, _ inbound: InboundMedia,
-                              with cipher: MediaCipher, orElse fallback: MediaCipher? = nil)
-        -> Result<ReceivedMedia, PacketDropReason> {
-        let headerLength = inbound.header.headerLength, ext = inbound.extendedSequence
+    public mutating func open(
+        _ packet: UnsafeMutableRawBufferPointer, _ inbound: InboundMedia,
+        with cipher: MediaCipher, orElse fallback: MediaCipher? = nil
+    )
+        -> Result<ReceivedMedia, PacketDropReason>
+    {
+        let headerLength = inbound.header.headerLength
+        let ext = inbound.extendedSequence
         func attempt(_ c: MediaCipher, verifyFirst: Bool) throws -> Range<Int>? {
-            try c.openMediaIfAuthentic(packet: packet, headerLength: headerLength, extendedSequence: ext, verifyFirst: verifyFirst)
+            try c.openMediaIfAuthentic(
+                packet: packet, headerLength: headerLength, extendedSequence: ext, verifyFirst: verifyFirst)
         }
         do {
             var tried = cipher
@@ -61,8 +66,10 @@ public struct MediaReceiver: Sendable {
             guard let payload else { return .failure(tried.isRetired ? .wrongEpoch : .authenticationFailed) }
             let usedFallback = tried !== cipher
             window.accept(ext)
-            return .success(ReceivedMedia(header: inbound.header, extendedSequence: ext, payload: payload,
-                                          openedWithFallback: usedFallback))
+            return .success(
+                ReceivedMedia(
+                    header: inbound.header, extendedSequence: ext, payload: payload,
+                    openedWithFallback: usedFallback))
         } catch let e as SecureError {
             return .failure(PacketDropReason(e))
         } catch {
@@ -71,8 +78,10 @@ public struct MediaReceiver: Sendable {
     }
 
     /// `inspect` then `open` with one cipher.
-    public mutating func receive(_ packet: UnsafeMutableRawBufferPointer, with cipher: MediaCipher,
-                                 orElse fallback: MediaCipher? = nil) -> Result<ReceivedMedia, PacketDropReason> {
+    public mutating func receive(
+        _ packet: UnsafeMutableRawBufferPointer, with cipher: MediaCipher,
+        orElse fallback: MediaCipher? = nil
+    ) -> Result<ReceivedMedia, PacketDropReason> {
         switch inspect(UnsafeRawBufferPointer(packet)) {
         case .failure(let reason): .failure(reason)
         case .success(let inbound): open(packet, inbound, with: cipher, orElse: fallback)
@@ -81,7 +90,8 @@ public struct MediaReceiver: Sendable {
 
     /// Convenience for tests (allocates): the header and plaintext payload.
     public mutating func receive(_ packet: [UInt8], with cipher: MediaCipher, orElse fallback: MediaCipher? = nil)
-        -> Result<(header: RTPHeader, payload: [UInt8]), PacketDropReason> {
+        -> Result<(header: RTPHeader, payload: [UInt8]), PacketDropReason>
+    {
         var copy = packet
         return copy.withUnsafeMutableBytes { p in
             receive(p, with: cipher, orElse: fallback).map { (header: $0.header, payload: Array(p[$0.payload])) }

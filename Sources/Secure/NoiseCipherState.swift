@@ -47,8 +47,10 @@ public final class NoiseCipherState {
 
     /// EncryptWithAd: ciphertext ‖ tag into `out` (plaintext + 16 bytes), or
     /// the plaintext itself while there is no key. Returns the length written.
-    public func encrypt(ad: UnsafeRawBufferPointer, plaintext: UnsafeRawBufferPointer,
-                        into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public func encrypt(
+        ad: UnsafeRawBufferPointer, plaintext: UnsafeRawBufferPointer,
+        into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         guard hasKey else {
             guard out.count >= plaintext.count else {
                 throw SecureError.bufferTooSmall(needed: plaintext.count, have: out.count)
@@ -70,8 +72,10 @@ public final class NoiseCipherState {
 
     /// DecryptWithAd: plaintext into `out`; the counter advances only when
     /// the tag checks (section 5.1).
-    public func decrypt(ad: UnsafeRawBufferPointer, ciphertext: UnsafeRawBufferPointer,
-                        into out: UnsafeMutableRawBufferPointer) throws -> Int {
+    public func decrypt(
+        ad: UnsafeRawBufferPointer, ciphertext: UnsafeRawBufferPointer,
+        into out: UnsafeMutableRawBufferPointer
+    ) throws -> Int {
         guard hasKey else {
             guard out.count >= ciphertext.count else {
                 throw SecureError.bufferTooSmall(needed: ciphertext.count, have: out.count)

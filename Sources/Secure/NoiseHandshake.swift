@@ -71,7 +71,10 @@ public final class NoiseHandshake {
     public let isInitiator: Bool
     public var protocolName: String { "Noise_\(pattern.rawValue)_25519_ChaChaPoly_\(hash.name)" }
 
-    private enum Phase { case running, complete, split, failed(String) }
+    private enum Phase {
+        case running, complete, split
+        case failed(String)
+    }
     private var phase = Phase.running
     private var messageIndex = 0
     private let symmetric: NoiseSymmetricState
@@ -88,9 +91,11 @@ public final class NoiseHandshake {
     ///   - localEphemeral: the ephemeral key to use (test vectors, or one drawn from the
     ///     caller's random source); when nil, a fresh one from libsodium.
     ///   - psk: the 32-byte pre-shared key, for IKpsk2 only.
-    public init(pattern: NoisePattern, hash: NoiseHash = .blake2b, initiator: Bool, prologue: [UInt8],
-                localStatic: PrivateKey?, remoteStatic: PublicKey?, localEphemeral: PrivateKey? = nil,
-                psk: SecretKey? = nil) throws {
+    public init(
+        pattern: NoisePattern, hash: NoiseHash = .blake2b, initiator: Bool, prologue: [UInt8],
+        localStatic: PrivateKey?, remoteStatic: PublicKey?, localEphemeral: PrivateKey? = nil,
+        psk: SecretKey? = nil
+    ) throws {
         let needs = pattern.requirements(initiator: initiator)
         if needs.local && localStatic == nil {
             throw SecureError.handshakeState("\(pattern) \(initiator ? "initiator" : "responder") needs a local static key")
@@ -246,16 +251,17 @@ public final class NoiseHandshake {
     /// ee, es, se, ss: the first letter is the initiator's key, the second
     /// the responder's; each side uses its private half and the peer's public.
     private func mixDH(_ token: NoisePattern.Token) throws {
-        let (initiatorKey, responderKey): (Character, Character) = switch token {
-        case .ee: ("e", "e")
-        case .es: ("e", "s")
-        case .se: ("s", "e")
-        default: ("s", "s")
-        }
+        let (initiatorKey, responderKey): (Character, Character) =
+            switch token {
+            case .ee: ("e", "e")
+            case .es: ("e", "s")
+            case .se: ("s", "e")
+            default: ("s", "s")
+            }
         let mine = isInitiator ? initiatorKey : responderKey
         let theirs = isInitiator ? responderKey : initiatorKey
         guard let local = mine == "e" ? localEphemeral : localStatic,
-              let remote = theirs == "e" ? remoteEphemeralKey : remoteStaticKey
+            let remote = theirs == "e" ? remoteEphemeralKey : remoteStaticKey
         else { throw SecureError.handshakeState("missing key for \(token)") }
         try local.diffieHellman(with: remote, into: symmetric.dhScratch)
         symmetric.mixKeyWithDH()

@@ -41,8 +41,9 @@ final class NoiseSymmetricState {
 
     /// MixKey(ikm): ck, temp_k = HKDF(ck, ikm, 2); InitializeKey(temp_k[0..<32]).
     func mixKey(_ ikm: UnsafeRawBufferPointer) {
-        engine.hkdf(chainingKey: UnsafeRawBufferPointer(start: ck, count: hashLength), ikm: ikm, tempKey: tempKey,
-                    outputs: [ck, out2])
+        engine.hkdf(
+            chainingKey: UnsafeRawBufferPointer(start: ck, count: hashLength), ikm: ikm, tempKey: tempKey,
+            outputs: [ck, out2])
         cipher.initializeKey(UnsafeRawBufferPointer(start: out2, count: 32))
         sodium_memzero(out2, 64)
     }
@@ -55,8 +56,9 @@ final class NoiseSymmetricState {
 
     /// MixKeyAndHash(ikm) for psk tokens: ck, temp_h, temp_k = HKDF(ck, ikm, 3).
     func mixKeyAndHash(_ ikm: UnsafeRawBufferPointer) {
-        engine.hkdf(chainingKey: UnsafeRawBufferPointer(start: ck, count: hashLength), ikm: ikm, tempKey: tempKey,
-                    outputs: [ck, out2, out3])
+        engine.hkdf(
+            chainingKey: UnsafeRawBufferPointer(start: ck, count: hashLength), ikm: ikm, tempKey: tempKey,
+            outputs: [ck, out2, out3])
         mixHash(UnsafeRawBufferPointer(start: out2, count: hashLength))
         cipher.initializeKey(UnsafeRawBufferPointer(start: out3, count: 32))
         sodium_memzero(out2, 64)
@@ -85,8 +87,9 @@ final class NoiseSymmetricState {
     /// Split(): the two transport keys (first 32 bytes of each HKDF output).
     /// Zeroes ck afterwards; h stays for `handshakeHash`.
     func split() -> (SecretKey, SecretKey) {
-        engine.hkdf(chainingKey: UnsafeRawBufferPointer(start: ck, count: hashLength),
-                    ikm: UnsafeRawBufferPointer(start: nil, count: 0), tempKey: tempKey, outputs: [out2, out3])
+        engine.hkdf(
+            chainingKey: UnsafeRawBufferPointer(start: ck, count: hashLength),
+            ikm: UnsafeRawBufferPointer(start: nil, count: 0), tempKey: tempKey, outputs: [out2, out3])
         let k1 = SecretKey.filling { $0.copyMemory(from: UnsafeRawBufferPointer(start: out2, count: 32)) }
         let k2 = SecretKey.filling { $0.copyMemory(from: UnsafeRawBufferPointer(start: out3, count: 32)) }
         clearSecrets()

@@ -35,7 +35,8 @@ public struct RTPHeader: Sendable, Equatable {
     /// `.truncated` when the CSRC list or extension runs past the end.
     public static func parse(_ bytes: UnsafeRawBufferPointer) throws -> RTPHeader {
         guard bytes.count >= fixedLength else { throw SecureError.truncated }
-        let b0 = bytes[0], b1 = bytes[1]
+        let b0 = bytes[0]
+        let b1 = bytes[1]
         guard b0 >> 6 == 2 else { throw SecureError.malformed("RTP version \(b0 >> 6), expected 2") }
         let csrcCount = Int(b0 & 0x0F)
         var length = fixedLength + 4 * csrcCount

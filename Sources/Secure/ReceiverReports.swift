@@ -86,7 +86,8 @@ public struct ReceiverReports: Sendable {
         let fraction = reception.takeFractionLost()
         // The loss hint follows the reported loss, smoothed so one bad interval does not swing the encoder.
         smoothedLoss = 0.7 * smoothedLoss + 0.3 * Double(fraction) / 256
-        var echo: UInt32 = 0, held: UInt32 = 0
+        var echo: UInt32 = 0
+        var held: UInt32 = 0
         if let (report, at) = lastPeerReport, report.timestamp != 0 {
             echo = report.timestamp
             held = UInt32(truncatingIfNeeded: (now.nanoseconds &- at.nanoseconds) << 16 / 1_000_000_000)

@@ -41,7 +41,8 @@ public struct ReplayWindow: Sendable, Equatable {
         if let top = highest {
             if index > top {
                 // Clear the blocks the window moves into (at most all of them).
-                let oldBlock = top >> 6, newBlock = index >> 6
+                let oldBlock = top >> 6
+                let newBlock = index >> 6
                 let steps = min(newBlock - oldBlock, UInt64(Self.blockCount))
                 var b = newBlock
                 for _ in 0..<steps {

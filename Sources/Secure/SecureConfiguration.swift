@@ -1,4 +1,3 @@
-
 /// Timers and limits of a `SecureEndpoint`. The defaults suit voice calls.
 public struct SecureConfiguration: Sendable {
     /// The initiator of the current keys starts a new handshake this long after

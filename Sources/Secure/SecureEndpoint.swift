@@ -232,7 +232,8 @@ public final class SecureEndpoint {
 
     /// Handles one datagram whose first byte is a handshake type (4...15) or
     /// RTP/RTCP (128...191). Media is decrypted in place in `datagram`.
-    public func receive(_ datagram: UnsafeMutableRawBufferPointer, from source: TransportAddress, now: Timestamp) -> SecureReceive {
+    public func receive(_ datagram: UnsafeMutableRawBufferPointer, from source: TransportAddress, now: Timestamp) -> SecureReceive
+    {
         guard let first = datagram.first else { return drop(.truncated) }
         if HandshakeWire.isHandshake(firstByte: first) {
             return receiveHandshake(Array(datagram), from: source, now: now)
@@ -259,7 +260,9 @@ public final class SecureEndpoint {
         return .droppedHandshake(reason)
     }
 
-    private func receiveMedia(_ packet: UnsafeMutableRawBufferPointer, from source: TransportAddress, now: Timestamp) -> SecureReceive {
+    private func receiveMedia(_ packet: UnsafeMutableRawBufferPointer, from source: TransportAddress, now: Timestamp)
+        -> SecureReceive
+    {
         let header: RTPHeader
         do { header = try RTPHeader.parse(UnsafeRawBufferPointer(packet)) } catch { return drop(.malformed) }
         guard packet.count >= header.headerLength + 16 else { return drop(.truncated) }
@@ -290,8 +293,11 @@ public final class SecureEndpoint {
         return openWith(p.keys.next) ?? openWith(p.keys.current) ?? openWith(p.keys.previous) ?? drop(.authenticationFailed)
     }
 
-    private func receiveControl(_ packet: UnsafeMutableRawBufferPointer, from source: TransportAddress, now: Timestamp) -> SecureReceive {
-        let ssrc: UInt32, index: UInt32
+    private func receiveControl(_ packet: UnsafeMutableRawBufferPointer, from source: TransportAddress, now: Timestamp)
+        -> SecureReceive
+    {
+        let ssrc: UInt32
+        let index: UInt32
         do { (ssrc, index) = try ControlPacket.peek(UnsafeRawBufferPointer(packet)) } catch let e as SecureError {
             return drop(PacketDropReason(e))
         } catch { return drop(.malformed) }
@@ -452,7 +458,8 @@ public final class SecureEndpoint {
 
     private func receiveResponse(_ m: [UInt8], from source: TransportAddress, now: Timestamp) -> SecureReceive {
         guard m.count == HandshakeWire.responseLength, m[1] == 0, m[2] == 0, m[3] == 0 else { return dropHandshake(.malformed) }
-        guard MAC.equal(m[HandshakeWire.responseMAC1], MAC.mac(m[..<HandshakeWire.responseMAC1.lowerBound], key: ownMAC1Key)) else {
+        guard MAC.equal(m[HandshakeWire.responseMAC1], MAC.mac(m[..<HandshakeWire.responseMAC1.lowerBound], key: ownMAC1Key))
+        else {
             return dropHandshake(.badMAC)
         }
         let receiverIndex = m.readUInt32(at: 8)
@@ -548,11 +555,13 @@ public final class SecureEndpoint {
         let mac1 = MAC.mac(m[..<HandshakeWire.initiationMAC1.lowerBound], key: MAC.mac1Key(for: p.key))
         m.replaceSubrange(HandshakeWire.initiationMAC1, with: mac1)
         if let (cookie, at) = p.cookie, now - at < CookieChecker.secretLifetime {
-            m.replaceSubrange(HandshakeWire.initiationMAC2, with: MAC.mac(m[..<HandshakeWire.initiationMAC2.lowerBound], key: cookie))
+            m.replaceSubrange(
+                HandshakeWire.initiationMAC2, with: MAC.mac(m[..<HandshakeWire.initiationMAC2.lowerBound], key: cookie))
         }
-        p.handshake = .initiationCreated(Initiation(
-            noise: noise, localIndex: index, firstAttempt: firstAttempt ?? now, lastSent: now, lastMAC1: mac1, rekey: rekey,
-            cookieRetry: cookieRetry))
+        p.handshake = .initiationCreated(
+            Initiation(
+                noise: noise, localIndex: index, firstAttempt: firstAttempt ?? now, lastSent: now, lastMAC1: mac1, rekey: rekey,
+                cookieRetry: cookieRetry))
         pendingByIndex[index] = p.id
         outbox.append(.send(m, to: address))
     }
@@ -591,7 +600,8 @@ public final class SecureEndpoint {
     private func maybeRekey(_ p: PeerState, keys: Keypair, now: Timestamp) {
         guard p.handshake.initiation == nil else { return }
         let age = now - keys.createdAt
-        let due = keys.sentPackets >= configuration.rekeyAfterPackets
+        let due =
+            keys.sentPackets >= configuration.rekeyAfterPackets
             || (keys.initiator && age >= configuration.rekeyAfter)
             || (!keys.initiator && age >= configuration.rekeyAfter + configuration.handshakeTimeout)
         if due { startHandshake(p, now: now, rekey: true) }
@@ -605,8 +615,11 @@ public final class SecureEndpoint {
         lastTimeout = now
         for p in peers.values.sorted(by: { $0.id.rawValue < $1.id.rawValue }) {
             for keys in p.keys.all {
-                if let at = keys.retireAt, at <= now { retire(p, keys) }
-                else if now - keys.createdAt >= configuration.rejectAfter { retire(p, keys) }
+                if let at = keys.retireAt, at <= now {
+                    retire(p, keys)
+                } else if now - keys.createdAt >= configuration.rejectAfter {
+                    retire(p, keys)
+                }
             }
             if let h = p.handshake.initiation, now - h.lastSent >= configuration.handshakeRetry {
                 if now - h.firstAttempt >= configuration.handshakeTimeout {
@@ -659,7 +672,8 @@ public final class SecureEndpoint {
                 if let due = p.reports.nextReportAt { consider(due) }
                 consider(max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) + configuration.keepaliveInterval)
                 if p.handshake.initiation == nil {
-                    consider(keys.createdAt + configuration.rekeyAfter + (keys.initiator ? .zero : configuration.handshakeTimeout))
+                    consider(
+                        keys.createdAt + configuration.rekeyAfter + (keys.initiator ? .zero : configuration.handshakeTimeout))
                 }
             }
         }

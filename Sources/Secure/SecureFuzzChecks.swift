@@ -105,15 +105,18 @@ public enum SecureFuzzChecks {
     /// with the input XORed in.
     private static func handshake(_ bytes: [UInt8]) {
         func responder() -> NoiseHandshake? {
-            try? NoiseHandshake(pattern: .IK, initiator: false, prologue: [], localStatic: responderStatic,
-                                remoteStatic: nil)
+            try? NoiseHandshake(
+                pattern: .IK, initiator: false, prologue: [], localStatic: responderStatic,
+                remoteStatic: nil)
         }
         if let r = responder(), (try? r.readMessage(bytes)) != nil {
             _ = try? r.writeMessage(payload: [])
         }
-        guard let i = try? NoiseHandshake(pattern: .IK, initiator: true, prologue: [], localStatic: initiatorStatic,
-                                          remoteStatic: responderStatic.publicKey, localEphemeral: initiatorEphemeral),
-              let valid = try? i.writeMessage(payload: Array(bytes.prefix(32))), let r = responder()
+        guard
+            let i = try? NoiseHandshake(
+                pattern: .IK, initiator: true, prologue: [], localStatic: initiatorStatic,
+                remoteStatic: responderStatic.publicKey, localEphemeral: initiatorEphemeral),
+            let valid = try? i.writeMessage(payload: Array(bytes.prefix(32))), let r = responder()
         else { preconditionFailure("building IK message 1 failed") }
         var message = valid
         _ = mutate(&message, with: bytes)

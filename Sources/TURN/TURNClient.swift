@@ -228,7 +228,9 @@ public struct TURNClient: Sendable {
             return ChannelData(channel: channel.number.rawValue, data: payload).encode(padded: configuration.isStream)
         }
         // 20 header + 12 (IPv4) or 24 (IPv6) XOR-PEER-ADDRESS + 4 DATA header + 8 FINGERPRINT.
-        guard payload.count <= 65_535 - 56 else { throw .invalidArgument("\(payload.count) bytes do not fit in a Send indication") }
+        guard payload.count <= 65_535 - 56 else {
+            throw .invalidArgument("\(payload.count) bytes do not fit in a Send indication")
+        }
         let indication = Message(
             type: MessageType(method: .send, class: .indication),
             attributes: [.xorPeerAddress(peer), .data(payload)])
@@ -391,9 +393,10 @@ public struct TURNClient: Sendable {
         transaction.handle(.start, now: now)
         guard case .send(let first)? = transaction.pollAction(), let wakeAt = transaction.nextDeadline else { return }
         actions.append(.transmit(first))
-        pending.append(Pending(
-            purpose: purpose, operation: operation, transaction: transaction, wakeAt: wakeAt, key: auth?.key,
-            staleNonces: staleNonces))
+        pending.append(
+            Pending(
+                purpose: purpose, operation: operation, transaction: transaction, wakeAt: wakeAt, key: auth?.key,
+                staleNonces: staleNonces))
     }
 
     private mutating func response(_ message: Message, now: Timestamp) {
@@ -442,7 +445,11 @@ public struct TURNClient: Sendable {
         case ErrorCodeValue.unauthenticated:
             guard p.key == nil else {
                 // Credentials were sent and refused.
-                fail(p, .authenticationFailed("\(error.code) \(error.reason) for user '\(username)'" + (auth.map { " in realm '\($0.realm)'" } ?? "")), now: now)
+                fail(
+                    p,
+                    .authenticationFailed(
+                        "\(error.code) \(error.reason) for user '\(username)'" + (auth.map { " in realm '\($0.realm)'" } ?? "")),
+                    now: now)
                 return
             }
             retry(p, meeting: message, staleNonces: p.staleNonces, now: now)
@@ -477,7 +484,9 @@ public struct TURNClient: Sendable {
             guard phase == .allocating else { return }
             var relayed: [TransportAddress] = []
             for raw in message.effectiveAttributes where raw.type == .xorRelayedAddress {
-                if case .xorRelayedAddress(let a)? = try? Attribute(raw, transactionID: message.transactionID) { relayed.append(a) }
+                if case .xorRelayedAddress(let a)? = try? Attribute(raw, transactionID: message.transactionID) {
+                    relayed.append(a)
+                }
             }
             guard let first = relayed.first else {
                 fail(p, .badResponse("Allocate success without XOR-RELAYED-ADDRESS"), now: now)

@@ -84,7 +84,8 @@ struct TURNClientAuth: Hashable, Sendable {
         }
         let key: IntegrityKey
         do {
-            key = try IntegrityKey.longTerm(username: username, realm: realm, password: configuration.password, algorithm: algorithm)
+            key = try IntegrityKey.longTerm(
+                username: username, realm: realm, password: configuration.password, algorithm: algorithm)
         } catch {
             throw .authenticationFailed("cannot derive a key for realm '\(realm)': \(error.message)")
         }

@@ -37,7 +37,8 @@ public enum TURNFuzzChecks {
         }
         guard (try? client.allocate(now: .zero)) != nil,
             answer(.errorResponse, [.errorCode(ErrorCodeValue(code: 401, reason: "")), .realm("fuzz"), .nonce("n")], key: nil),
-            answer(.successResponse, [.xorRelayedAddress(TransportAddress(ip: .v4(0xC000_0201), port: 1)), .lifetime(600)], key: key),
+            answer(
+                .successResponse, [.xorRelayedAddress(TransportAddress(ip: .v4(0xC000_0201), port: 1)), .lifetime(600)], key: key),
             (try? client.bindChannel(to: peer, now: .zero)) != nil,
             answer(.successResponse, [], key: key),
             (try? client.createPermission(for: [permitted], now: .zero)) != nil,
@@ -83,7 +84,9 @@ enum TURNFuzz {
     final class Ports: TURNRelayPorts {
         var next: UInt16 = 1
         func serves(family: UInt8) -> Bool { true }
-        func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
+        func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (
+            relay: TransportAddress, reserved: TransportAddress?
+        )? {
             next = next &+ 2
             let ip: IPAddress = family == 0x01 ? .v4(0x0A00_0001) : .v6(high: 1, low: 1)
             return (TransportAddress(ip: ip, port: next), reserveNext ? TransportAddress(ip: ip, port: next &+ 1) : nil)
@@ -93,7 +96,9 @@ enum TURNFuzz {
         func closeRelay(_ address: TransportAddress) {}
     }
 
-    static let tuple = FiveTuple(client: TransportAddress(ip: .v4(0xCB00_7105), port: 4000), server: TransportAddress(ip: .v4(0xC633_6401), port: 3478), transport: .udp)
+    static let tuple = FiveTuple(
+        client: TransportAddress(ip: .v4(0xCB00_7105), port: 4000), server: TransportAddress(ip: .v4(0xC633_6401), port: 3478),
+        transport: .udp)
     static let peer = TransportAddress(ip: .v4(0xCB00_7163), port: 5000)
 
     nonisolated(unsafe) static var authenticating: TURNServer = {
@@ -110,8 +115,14 @@ enum TURNFuzz {
         c.anonymous = true
         c.peerFilter = .permitAll
         let server = TURNServer(configuration: c, relayPorts: Ports())
-        _ = server.handleClient(Message(type: MessageType(method: .allocate, class: .request), attributes: [.requestedTransport(17)]).encode(), from: tuple, now: .zero)
-        _ = server.handleClient(Message(type: MessageType(method: .channelBind, class: .request), attributes: [.channelNumber(0x4000), .xorPeerAddress(peer)]).encode(), from: tuple, now: .zero)
+        _ = server.handleClient(
+            Message(type: MessageType(method: .allocate, class: .request), attributes: [.requestedTransport(17)]).encode(),
+            from: tuple, now: .zero)
+        _ = server.handleClient(
+            Message(
+                type: MessageType(method: .channelBind, class: .request),
+                attributes: [.channelNumber(0x4000), .xorPeerAddress(peer)]
+            ).encode(), from: tuple, now: .zero)
         return server
     }
 
@@ -129,7 +140,8 @@ enum TURNFuzz {
         if anonymous.allocation(for: tuple) == nil { anonymous = makeAnonymous() }
         switch anonymous.handleClient(bytes, from: tuple, now: .seconds(1)) {
         case .reply(let r): precondition((try? Message(decoding: r)) != nil, "TURN reply does not decode")
-        case .relay(_, _, let range): precondition(range.lowerBound >= 0 && range.upperBound <= bytes.count, "relay range outside the input")
+        case .relay(_, _, let range):
+            precondition(range.lowerBound >= 0 && range.upperBound <= bytes.count, "relay range outside the input")
         case .drop: break
         }
         if let a = anonymous.allocation(for: tuple) {

@@ -21,7 +21,9 @@ extension TURNServer {
 
         /// An answer of `messageClass` to the request: same method and transaction.
         func answer(_ messageClass: MessageClass, _ attributes: [Attribute] = []) -> Message {
-            Message(type: MessageType(method: request.type.method, class: messageClass), transactionID: request.transactionID, attributes: attributes)
+            Message(
+                type: MessageType(method: request.type.method, class: messageClass), transactionID: request.transactionID,
+                attributes: attributes)
         }
     }
 
@@ -115,7 +117,11 @@ extension TURNServer {
     static func printable(_ s: String) -> String {
         var out = ""
         for scalar in s.unicodeScalars.prefix(64) {
-            if scalar.value < 0x20 || scalar.value == 0x7F { out += "\\u{\(String(scalar.value, radix: 16))}" } else { out.unicodeScalars.append(scalar) }
+            if scalar.value < 0x20 || scalar.value == 0x7F {
+                out += "\\u{\(String(scalar.value, radix: 16))}"
+            } else {
+                out.unicodeScalars.append(scalar)
+            }
         }
         return s.unicodeScalars.count > 64 ? out + "…" : out
     }
@@ -124,10 +130,13 @@ extension TURNServer {
     /// no SOFTWARE, FINGERPRINT only when the request had one; rate-limited per source.
     private func challenge(_ code: Int, _ reply: Reply, _ tuple: FiveTuple, _ now: Timestamp) -> TURNClientOutcome {
         guard challengeLimiter.allow(tuple.client.ip, now: now) else { return drop(.challengeRateLimited) }
-        let e = reply.answer(.errorResponse, [
-            .errorCode(ErrorCodeValue(code: code, reason: ErrorCodeValue.defaultReason(code))),
-            .realm(configuration.realm), .nonce(nonces.mint(for: tuple.client, now: now)), .passwordAlgorithms([.md5, .sha256]),
-        ])
+        let e = reply.answer(
+            .errorResponse,
+            [
+                .errorCode(ErrorCodeValue(code: code, reason: ErrorCodeValue.defaultReason(code))),
+                .realm(configuration.realm), .nonce(nonces.mint(for: tuple.client, now: now)),
+                .passwordAlgorithms([.md5, .sha256]),
+            ])
         let bytes = e.encode(fingerprint: reply.fingerprint)
         if configuration.strictAmplification && bytes.count > reply.size { return drop(.amplification) }
         statistics.challenges += 1
@@ -138,7 +147,9 @@ extension TURNServer {
     // MARK: - Answers
 
     func error(_ code: Int, _ reason: String?, _ reply: Reply, _ extra: [Attribute] = []) -> TURNClientOutcome {
-        let e = reply.answer(.errorResponse, [.errorCode(ErrorCodeValue(code: code, reason: reason ?? ErrorCodeValue.defaultReason(code)))] + extra)
+        let e = reply.answer(
+            .errorResponse, [.errorCode(ErrorCodeValue(code: code, reason: reason ?? ErrorCodeValue.defaultReason(code)))] + extra
+        )
         return send(e, reply, code: code)
     }
 
@@ -180,8 +191,13 @@ extension TURNServer {
         }
         let attrs: [Attribute]
         do { attrs = try m.typedAttributes() } catch { return self.error(400, "Malformed attribute", reply) }
-        var transport: UInt8?, lifetime: UInt32?, family: UInt8?, additional: UInt8?
-        var even: Bool?, token: UInt64?, dontFragment = false
+        var transport: UInt8?
+        var lifetime: UInt32?
+        var family: UInt8?
+        var additional: UInt8?
+        var even: Bool?
+        var token: UInt64?
+        var dontFragment = false
         for a in attrs {
             switch a {
             case .requestedTransport(let t): transport = transport ?? t
@@ -205,13 +221,17 @@ extension TURNServer {
 
         let username = reply.auth?.username ?? ""
         if configuration.userQuota > 0, perUser[username, default: 0] >= configuration.userQuota { return error(486, nil, reply) }
-        if configuration.totalQuota > 0, allocations.count + reservations.count >= configuration.totalQuota { return error(508, nil, reply) }
+        if configuration.totalQuota > 0, allocations.count + reservations.count >= configuration.totalQuota {
+            return error(508, nil, reply)
+        }
 
         var relays: [TransportAddress] = []
         var reserved: UInt64?
         var addressError: ErrorCodeValue?
         if let token {
-            guard let r = reservations.removeValue(forKey: token) else { return error(508, "Reservation unknown or expired", reply) }
+            guard let r = reservations.removeValue(forKey: token) else {
+                return error(508, "Reservation unknown or expired", reply)
+            }
             release(reservationOf: r.owner)
             guard r.expiry > now, ports.openReserved(r.address, dontFragment: dontFragment) else {
                 ports.closeRelay(r.address)
@@ -221,7 +241,10 @@ extension TURNServer {
         } else {
             let primary = family ?? 0x01
             guard ports.serves(family: primary) else { return error(440, nil, reply) }
-            guard let opened = ports.openRelay(family: primary, even: even != nil, reserveNext: even == true, dontFragment: dontFragment) else {
+            guard
+                let opened = ports.openRelay(
+                    family: primary, even: even != nil, reserveNext: even == true, dontFragment: dontFragment)
+            else {
                 return error(508, nil, reply)
             }
             relays.append(opened.relay)
@@ -234,7 +257,9 @@ extension TURNServer {
                 reserved = t
             }
             if additional == 0x02 {
-                if ports.serves(family: 0x02), let v6 = ports.openRelay(family: 0x02, even: false, reserveNext: false, dontFragment: dontFragment) {
+                if ports.serves(family: 0x02),
+                    let v6 = ports.openRelay(family: 0x02, even: false, reserveNext: false, dontFragment: dontFragment)
+                {
                     relays.append(v6.relay)
                 } else {
                     addressError = ErrorCodeValue(code: 440, reason: ErrorCodeValue.defaultReason(440))
@@ -311,7 +336,9 @@ extension TURNServer {
             guard configuration.peerFilter.permits(ip) else { return error(403, "Peer address not allowed", reply) }
         }
         let new = Set(peers).filter { a.permissions[$0] == nil }.count
-        guard a.permissions.count + new <= configuration.maxPermissionsPerAllocation else { return error(508, "Too many permissions", reply) }
+        guard a.permissions.count + new <= configuration.maxPermissionsPerAllocation else {
+            return error(508, "Too many permissions", reply)
+        }
         let expiry = now + configuration.permissionLifetime
         for ip in peers { a.permissions[ip] = expiry }
         return success([], reply)
@@ -325,7 +352,9 @@ extension TURNServer {
         else { return error(400, "Missing CHANNEL-NUMBER or XOR-PEER-ADDRESS", reply) }
         guard configuration.channelNumbers.contains(number) else { return error(400, "Channel number out of range", reply) }
         guard a.serves(family: peer.ip.family) else { return error(443, nil, reply) }
-        guard configuration.peerFilter.permits(peer.ip), !isOwn(peer, from: a) else { return error(403, "Peer address not allowed", reply) }
+        guard configuration.peerFilter.permits(peer.ip), !isOwn(peer, from: a) else {
+            return error(403, "Peer address not allowed", reply)
+        }
         if a.channels[number] == nil, a.channels.count >= configuration.maxChannelsPerAllocation {
             return error(508, "Too many channels", reply)
         }

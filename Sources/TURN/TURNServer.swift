@@ -9,7 +9,9 @@ public protocol TURNRelayPorts: AnyObject {
     func serves(family: UInt8) -> Bool
     /// Opens a relay socket of `family`; with `even`, on an even port; with
     /// `reserveNext`, also holds port+1 and returns it. Nil when no port is free.
-    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)?
+    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (
+        relay: TransportAddress, reserved: TransportAddress?
+    )?
     /// Turns a held port (from `reserveNext`) into a relay socket.
     func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool
     /// Tells the driver which allocation a relay socket now serves.
@@ -248,7 +250,9 @@ public final class TURNServer {
         return .indication(m.encode(), to: a.tuple)
     }
 
-    public func handlePeer(_ payload: [UInt8], from peer: TransportAddress, allocation: TURNAllocation, now: Timestamp) -> TURNPeerOutcome {
+    public func handlePeer(_ payload: [UInt8], from peer: TransportAddress, allocation: TURNAllocation, now: Timestamp)
+        -> TURNPeerOutcome
+    {
         payload.withUnsafeBytes { handlePeer($0, from: peer, allocation: allocation, now: now) }
     }
 
@@ -326,7 +330,8 @@ public final class TURNServer {
         release(reservationOf: a.username)
         statistics.allocationsActive = allocations.count
         if reason != "expired" { statistics.allocationsDeleted += 1 }
-        report(.deleted(tuple, relays: a.relays, reason: reason, packetsToPeer: a.packetsToPeer, packetsToClient: a.packetsToClient))
+        report(
+            .deleted(tuple, relays: a.relays, reason: reason, packetsToPeer: a.packetsToPeer, packetsToClient: a.packetsToClient))
     }
 
     /// One fewer allocation or held port for a user's quota.

@@ -100,7 +100,9 @@ public struct TURNURI: Hashable, Sendable, CustomStringConvertible {
         guard !host.isEmpty else { throw .missingHost(text) }
         var port: UInt16?
         if let portText {
-            guard !portText.isEmpty, portText.allSatisfy({ $0.isASCII && $0.isNumber }), let value = UInt16(portText) else { throw .badPort(text) }
+            guard !portText.isEmpty, portText.allSatisfy({ $0.isASCII && $0.isNumber }), let value = UInt16(portText) else {
+                throw .badPort(text)
+            }
             port = value
         }
         self.init(scheme: scheme, host: String(host), port: port, transport: transport)

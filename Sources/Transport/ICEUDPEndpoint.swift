@@ -54,10 +54,15 @@ public final class ICEUDPEndpoint: Sendable {
     /// The agent's events, in order.
     public let events: AsyncStream<ICEEvent>
 
-    private init(channel: any Channel, engine: NIOLoopBound<ICEEngine>, localAddress: TransportAddress,
-                 incoming: AsyncStream<[UInt8]>, events: AsyncStream<ICEEvent>) {
-        self.channel = channel; self.engine = engine; self.localAddress = localAddress
-        self.incoming = incoming; self.events = events
+    private init(
+        channel: any Channel, engine: NIOLoopBound<ICEEngine>, localAddress: TransportAddress,
+        incoming: AsyncStream<[UInt8]>, events: AsyncStream<ICEEvent>
+    ) {
+        self.channel = channel
+        self.engine = engine
+        self.localAddress = localAddress
+        self.incoming = incoming
+        self.events = events
     }
 
     /// Binds a UDP socket on `host` (port 0: any) as an ICE agent in `role`.
@@ -66,9 +71,11 @@ public final class ICEUDPEndpoint: Sendable {
     ///   - hostAddresses: the host candidates' IPs; by default the bound IP
     ///     (which must then not be a wildcard).
     ///   - stunServer: where to learn a server-reflexive candidate (RFC 8489 Binding).
-    public static func bind(host: String, port: Int = 0, role: ICERole, hostAddresses: [IPAddress]? = nil,
-                            stunServer: TransportAddress? = nil, configuration: ICEConfiguration = .init(),
-                            group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws(ICEEndpointError) -> ICEUDPEndpoint {
+    public static func bind(
+        host: String, port: Int = 0, role: ICERole, hostAddresses: [IPAddress]? = nil,
+        stunServer: TransportAddress? = nil, configuration: ICEConfiguration = .init(),
+        group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) async throws(ICEEndpointError) -> ICEUDPEndpoint {
         let (incoming, incomingYield) = AsyncStream.makeStream(of: [UInt8].self, bufferingPolicy: .bufferingNewest(1024))
         let (events, eventsYield) = AsyncStream.makeStream(of: ICEEvent.self, bufferingPolicy: .bufferingNewest(256))
         let channel: any Channel
@@ -76,13 +83,15 @@ public final class ICEUDPEndpoint: Sendable {
             channel = try await DatagramBootstrap(group: group)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(ICEDatagramHandler(
-                            channel: channel, incoming: incomingYield, events: eventsYield))
+                        try channel.pipeline.syncOperations.addHandler(
+                            ICEDatagramHandler(
+                                channel: channel, incoming: incomingYield, events: eventsYield))
                     }
                 }
                 .bind(host: host, port: port).get()
         } catch {
-            incomingYield.finish(); eventsYield.finish()
+            incomingYield.finish()
+            eventsYield.finish()
             throw .bind("\(host):\(port): \(error)")
         }
         guard let local = channel.localAddress.flatMap({ TransportAddress($0) }) else {
@@ -91,13 +100,16 @@ public final class ICEUDPEndpoint: Sendable {
         }
         let ips = hostAddresses ?? [local.ip]
         let candidates = ips.enumerated().map { i, ip in
-            ICELocalCandidate.host(TransportAddress(ip: ip, port: local.port), base: 0, localPreference: UInt32(65535 - min(i, 65535)))
+            ICELocalCandidate.host(
+                TransportAddress(ip: ip, port: local.port), base: 0, localPreference: UInt32(65535 - min(i, 65535)))
         }
         do {
             let engine = try await channel.eventLoop.submit {
                 let engine = try channel.pipeline.syncOperations.handler(type: ICEDatagramHandler.self).engine
-                engine.start(ICEAgent(role: role, candidates: candidates, gatheringComplete: stunServer == nil, configuration: configuration),
-                             stunServer: stunServer, local: local)
+                engine.start(
+                    ICEAgent(
+                        role: role, candidates: candidates, gatheringComplete: stunServer == nil, configuration: configuration),
+                    stunServer: stunServer, local: local)
                 return NIOLoopBound(engine, eventLoop: channel.eventLoop)
             }.get()
             return ICEUDPEndpoint(channel: channel, engine: engine, localAddress: local, incoming: incoming, events: events)
@@ -107,7 +119,9 @@ public final class ICEUDPEndpoint: Sendable {
         }
     }
 
-    private func onLoop<T: Sendable>(_ body: @escaping @Sendable (ICEEngine) throws(ICEEndpointError) -> T) async throws(ICEEndpointError) -> T {
+    private func onLoop<T: Sendable>(_ body: @escaping @Sendable (ICEEngine) throws(ICEEndpointError) -> T)
+        async throws(ICEEndpointError) -> T
+    {
         let engine = self.engine
         do {
             return try await channel.eventLoop.submit { try engine.value.run(body) }.get()
@@ -150,8 +164,13 @@ public final class ICEUDPEndpoint: Sendable {
     public func send(_ bytes: [UInt8]) async throws(ICEEndpointError) {
         let channel = self.channel
         try await onLoop { e throws(ICEEndpointError) in
-            guard let agent = e.agent, let pair = agent.selected, agent.state != .failed, !agent.consentExpired else { throw .notConnected }
-            channel.write(AddressedEnvelope(remoteAddress: SocketAddress(pair.remote.address), data: channel.allocator.buffer(bytes: bytes)), promise: nil)
+            guard let agent = e.agent, let pair = agent.selected, agent.state != .failed, !agent.consentExpired else {
+                throw .notConnected
+            }
+            channel.write(
+                AddressedEnvelope(
+                    remoteAddress: SocketAddress(pair.remote.address), data: channel.allocator.buffer(bytes: bytes)), promise: nil
+            )
             channel.flush()
         }
     }
@@ -197,10 +216,12 @@ final class ICEEngine {
     private(set) var closed = false
 
     init(eventLoop: any EventLoop, output: @escaping Output, flush: @escaping () -> Void, onEvent: @escaping (ICEEvent) -> Void) {
-        self.eventLoop = eventLoop; self.output = output; self.flushOutput = flush; self.onEvent = onEvent
+        self.eventLoop = eventLoop
+        self.output = output
+        self.flushOutput = flush
+        self.onEvent = onEvent
         gatheredPromise = eventLoop.makePromise()
     }
-
 
     func run<T>(_ body: (ICEEngine) throws(ICEEndpointError) -> T) throws(ICEEndpointError) -> T {
         guard !closed else { throw .closed }
@@ -218,8 +239,9 @@ final class ICEEngine {
         self.local = local
         if let stunServer {
             let m = Message(type: .bindingRequest)
-            let tr = ClientTransaction(transactionID: m.transactionID, request: m.encode(fingerprint: true),
-                                       reliability: .unreliable(rto: .milliseconds(250), rc: 4, rm: 4))
+            let tr = ClientTransaction(
+                transactionID: m.transactionID, request: m.encode(fingerprint: true),
+                reliability: .unreliable(rto: .milliseconds(250), rc: 4, rm: 4))
             let gatheringHost = CoreHost(tr, on: eventLoop) { [weak self] action in
                 self?.performGathering(action)
             } afterActions: { [weak self] in
@@ -332,9 +354,13 @@ final class ICEEngine {
             onEvent(e)
             switch e {
             case .selected(let pair):
-                waiter?.succeed(pair); waiter = nil; connectTimeout?.cancel()
+                waiter?.succeed(pair)
+                waiter = nil
+                connectTimeout?.cancel()
             case .failed(let why):
-                waiter?.fail(ICEEndpointError.failed(why)); waiter = nil; connectTimeout?.cancel()
+                waiter?.fail(ICEEndpointError.failed(why))
+                waiter = nil
+                connectTimeout?.cancel()
             case .consentLost, .roleChanged:
                 break
             }
@@ -347,8 +373,10 @@ final class ICEEngine {
         host?.stop()
         gathering?.host.stop()
         connectTimeout?.cancel()
-        waiter?.fail(ICEEndpointError.closed); waiter = nil
-        gatheredPromise?.succeed(()); gatheredPromise = nil
+        waiter?.fail(ICEEndpointError.closed)
+        waiter = nil
+        gatheredPromise?.succeed(())
+        gatheredPromise = nil
     }
 }
 
@@ -366,7 +394,9 @@ final class ICEDatagramHandler: ChannelInboundHandler {
         engine = ICEEngine(
             eventLoop: channel.eventLoop,
             output: { bytes, _, to in
-                channel.write(AddressedEnvelope(remoteAddress: SocketAddress(to), data: channel.allocator.buffer(bytes: bytes)), promise: nil)
+                channel.write(
+                    AddressedEnvelope(remoteAddress: SocketAddress(to), data: channel.allocator.buffer(bytes: bytes)),
+                    promise: nil)
             },
             flush: { channel.flush() },
             onEvent: { events.yield($0) })

@@ -4,9 +4,9 @@ import STUN
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #endif
 
 /// What RFC 5780 behaviour discovery found against one server.
@@ -121,9 +121,12 @@ public enum NATBehaviorDiscovery {
             let changedBoth = try await answered { () async throws(STUNClientError) in
                 try await filterClient.binding(to: server, change: [.changeIP, .changePort], timeout: filterWait)
             }
-            let changedPort = try await changedBoth ? true : answered { () async throws(STUNClientError) in
-                try await filterClient.binding(to: server, change: [.changePort], timeout: filterWait)
-            }
+            let changedPort =
+                try await changedBoth
+                ? true
+                : answered { () async throws(STUNClientError) in
+                    try await filterClient.binding(to: server, change: [.changePort], timeout: filterWait)
+                }
             let filtering = FilteringBehavior.classify(changedIPAndPortAnswered: changedBoth, changedPortAnswered: changedPort)
             guard let mapping else { throw failure(.mappingUnanswered) }
             return NATBehaviorDiscoveryResult(
@@ -149,9 +152,10 @@ public enum NATBehaviorDiscovery {
         var storage = sockaddr_storage()
         var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
         let connected = target.withSockAddr { sa, len in connect(fd, sa, socklen_t(len)) } == 0
-        let named = withUnsafeMutablePointer(to: &storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
-        } == 0
+        let named =
+            withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+            } == 0
         guard connected, named else { return fallback }
         let own: SocketAddress
         switch Int32(storage.ss_family) {
@@ -167,7 +171,8 @@ public enum NATBehaviorDiscovery {
         return SocketAddress(address)
     }
 
-    private static func open(local: SocketAddress, server: TransportAddress) async throws(NATBehaviorDiscoveryError) -> STUNClient {
+    private static func open(local: SocketAddress, server: TransportAddress) async throws(NATBehaviorDiscoveryError) -> STUNClient
+    {
         do {
             return try await STUNClient.open(local: local)
         } catch {
@@ -177,11 +182,12 @@ public enum NATBehaviorDiscovery {
 
     /// Whether a request got an answer: a timeout means "no"; any other error
     /// (an error response, an unreachable server) propagates.
-    private static func answered(_ body: () async throws(STUNClientError) -> BindingResult) async throws(STUNClientError) -> Bool {
+    private static func answered(_ body: () async throws(STUNClientError) -> BindingResult) async throws(STUNClientError) -> Bool
+    {
         do throws(STUNClientError) {
             _ = try await body()
             return true
-        } catch where error.code == .timeout {
+        } catch  where error.code == .timeout {
             return false
         }
     }

@@ -1,9 +1,9 @@
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #endif
 
 /// This machine's interface addresses: host candidates for calls, relay IPs
@@ -24,7 +24,8 @@ public enum NetworkInterfaces {
     /// loopback alone (or nothing).
     public static func addresses(_ family: Family = .ipv4, includeLoopback: Bool) -> [IPAddress] {
         let loopbackAddress: IPAddress = family == .ipv4 ? .v4(0x7F00_0001) : .v6(high: 0, low: 1)
-        var result: [IPAddress] = [], loopbacks: [IPAddress] = []
+        var result: [IPAddress] = []
+        var loopbacks: [IPAddress] = []
         var list: UnsafeMutablePointer<ifaddrs>?
         guard getifaddrs(&list) == 0 else { return includeLoopback ? [loopbackAddress] : [] }
         defer { freeifaddrs(list) }
@@ -35,9 +36,12 @@ public enum NetworkInterfaces {
             let ip: IPAddress
             switch (family, Int32(sa.pointee.sa_family)) {
             case (.ipv4, AF_INET):
-                ip = .v4(sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt32(bigEndian: $0.pointee.sin_addr.s_addr) })
+                ip = .v4(
+                    sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt32(bigEndian: $0.pointee.sin_addr.s_addr) })
             case (.ipv6, AF_INET6):
-                let bytes = sa.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { withUnsafeBytes(of: $0.pointee.sin6_addr) { Array($0) } }
+                let bytes = sa.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) {
+                    withUnsafeBytes(of: $0.pointee.sin6_addr) { Array($0) }
+                }
                 let high = bytes[0..<8].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
                 let low = bytes[8..<16].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
                 if high >> 54 == 0x3FA { continue }  // fe80::/10 needs a scope

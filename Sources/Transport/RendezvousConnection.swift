@@ -43,17 +43,25 @@ public final class RendezvousConnection: Sendable {
     private let channel: any Channel
     private let driver: NIOLoopBound<RendezvousDriver>
 
-    private init(server: TransportAddress, identity: PublicKey, turn: TURNGrant?, channel: any Channel,
-                 driver: NIOLoopBound<RendezvousDriver>, incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>,
-                 requestTimeout: Duration) {
-        self.server = server; self.identity = identity; self.turn = turn; self.channel = channel; self.driver = driver
+    private init(
+        server: TransportAddress, identity: PublicKey, turn: TURNGrant?, channel: any Channel,
+        driver: NIOLoopBound<RendezvousDriver>, incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>,
+        requestTimeout: Duration
+    ) {
+        self.server = server
+        self.identity = identity
+        self.turn = turn
+        self.channel = channel
+        self.driver = driver
         self.incoming = incoming
         self.requestTimeout = requestTimeout
     }
 
     /// Connects, registers `identity` and returns once the server confirmed it.
-    public static func connect(to server: TransportAddress, identity: PrivateKey, timeout: Duration = .seconds(10),
-                               group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> RendezvousConnection {
+    public static func connect(
+        to server: TransportAddress, identity: PrivateKey, timeout: Duration = .seconds(10),
+        group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) async throws -> RendezvousConnection {
         let (stream, yield) = AsyncStream<(from: PublicKey, payload: [UInt8])>.makeStream()
         var timing = RendezvousClient.Timing()
         timing.registration = timeout
@@ -85,10 +93,13 @@ public final class RendezvousConnection: Sendable {
             throw error
         }
         let driver = try await channel.eventLoop.submit {
-            NIOLoopBound(try channel.pipeline.syncOperations.handler(type: RendezvousClientHandler.self).driver, eventLoop: channel.eventLoop)
+            NIOLoopBound(
+                try channel.pipeline.syncOperations.handler(type: RendezvousClientHandler.self).driver,
+                eventLoop: channel.eventLoop)
         }.get()
-        return RendezvousConnection(server: server, identity: identity.publicKey, turn: turn, channel: channel, driver: driver,
-                                    incoming: stream, requestTimeout: timing.request)
+        return RendezvousConnection(
+            server: server, identity: identity.publicKey, turn: turn, channel: channel, driver: driver,
+            incoming: stream, requestTimeout: timing.request)
     }
 
     /// Whether `peer` is registered now.
@@ -127,8 +138,10 @@ final class RendezvousDriver {
     private let yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation
     private var closedReason: String?
 
-    init(core: RendezvousClient, server: TransportAddress, channel: any Channel, registered: EventLoopPromise<TURNGrant?>,
-         yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation) {
+    init(
+        core: RendezvousClient, server: TransportAddress, channel: any Channel, registered: EventLoopPromise<TURNGrant?>,
+        yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation
+    ) {
         self.server = server
         self.channel = channel
         self.registered = registered

@@ -157,7 +157,6 @@ final class ClientHandler: ChannelInboundHandler {
 
     private var pending: [TransactionID: Pending] = [:]
 
-
     func start(
         _ transaction: ClientTransaction, to destination: TransportAddress, timeout: Duration,
         promise: EventLoopPromise<(Message, TransportAddress, Duration)>, channel: Channel

@@ -23,9 +23,11 @@ extension SecureUDPEndpoint {
     ///   from this STUN server (waiting at most `gatherTimeout`); not the relay's
     ///   address when ``useRelay(_:configuration:)`` ran (its allocation already
     ///   told the mapped address).
-    public func startICE(role: ICERole, candidates: [ICELocalCandidate], credentials: ICECredentials = .random(),
-                         stunServer: TransportAddress? = nil, gatherTimeout: Duration = .seconds(1),
-                         configuration: ICEConfiguration = .init()) async throws(SecureTransportError) -> ICEDescription {
+    public func startICE(
+        role: ICERole, candidates: [ICELocalCandidate], credentials: ICECredentials = .random(),
+        stunServer: TransportAddress? = nil, gatherTimeout: Duration = .seconds(1),
+        configuration: ICEConfiguration = .init()
+    ) async throws(SecureTransportError) -> ICEDescription {
         guard credentials.isValid else { throw .ice(.badDescription("ice-ufrag/ice-pwd are not valid (4+/22+ ice-chars)")) }
         guard !candidates.isEmpty || stunServer != nil else { throw .ice(.badDescription("no local candidates")) }
         let local = localAddress
@@ -36,9 +38,11 @@ extension SecureUDPEndpoint {
             }
             let engine = e.makeICEEngine()
             e.ice = engine
-            engine.start(ICEAgent(role: role, local: credentials, candidates: candidates, gatheringComplete: stunServer == nil,
-                                  configuration: configuration),
-                         stunServer: stunServer, local: local)
+            engine.start(
+                ICEAgent(
+                    role: role, local: credentials, candidates: candidates, gatheringComplete: stunServer == nil,
+                    configuration: configuration),
+                stunServer: stunServer, local: local)
             return engine.gathered(timeout: gatherTimeout)
         }
         _ = try? await gathered.get()
@@ -52,7 +56,9 @@ extension SecureUDPEndpoint {
     /// pair (or throws when every pair failed, or after `timeout`). With a relay,
     /// permissions for the peer's candidate addresses are installed first.
     @discardableResult
-    public func connectICE(to remote: ICEDescription, timeout: Duration = .seconds(10)) async throws(SecureTransportError) -> ICEPair {
+    public func connectICE(to remote: ICEDescription, timeout: Duration = .seconds(10)) async throws(SecureTransportError)
+        -> ICEPair
+    {
         guard remote.credentials.isValid else { throw .ice(.badDescription("the peer's ice-ufrag/ice-pwd are not valid")) }
         if let turn = try await onLoop({ $0.turn }) {
             // One request per address: the relay refuses some (its own networks), and

@@ -8,11 +8,11 @@ import TURN
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// What a `SecureUDPEndpoint` reports.
@@ -79,7 +79,10 @@ public final class SecureUDPEndpoint: Sendable {
     /// plaintext payload valid only during the call (no copy, no allocation).
     public typealias MediaHandler = @Sendable (PeerID, RTPHeader, UnsafeRawBufferPointer) -> Void
 
-    private init(channel: Channel, engine: NIOLoopBound<SecureEngine>, localAddress: TransportAddress, publicKey: PublicKey, events: AsyncStream<SecureUDPEvent>) {
+    private init(
+        channel: Channel, engine: NIOLoopBound<SecureEngine>, localAddress: TransportAddress, publicKey: PublicKey,
+        events: AsyncStream<SecureUDPEvent>
+    ) {
         self.channel = channel
         self.engine = engine
         self.localAddress = localAddress
@@ -103,8 +106,9 @@ public final class SecureUDPEndpoint: Sendable {
         var keyLog: KeyLogFile?
         let keyLogPath = keyLogPath ?? getenv("TUSA_KEYLOG").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
         if let keyLogPath {
-            logger.warning("media keys are logged (TUSA_KEYLOG / keyLogPath): whoever reads the file can decrypt these calls",
-                           metadata: ["file": "\(keyLogPath)"])
+            logger.warning(
+                "media keys are logged (TUSA_KEYLOG / keyLogPath): whoever reads the file can decrypt these calls",
+                metadata: ["file": "\(keyLogPath)"])
             do { keyLog = try KeyLogFile(path: keyLogPath) } catch { throw .keyLog("\(error)") }
             configuration.keyLog = true
         }
@@ -133,10 +137,15 @@ public final class SecureUDPEndpoint: Sendable {
         }
         do {
             let engine = try await channel.eventLoop.submit {
-                NIOLoopBound(try channel.pipeline.syncOperations.handler(type: SecureDatagramHandler.self).engine, eventLoop: channel.eventLoop)
+                NIOLoopBound(
+                    try channel.pipeline.syncOperations.handler(type: SecureDatagramHandler.self).engine,
+                    eventLoop: channel.eventLoop)
             }.get()
-            guard let local = channel.localAddress.flatMap({ TransportAddress($0) }) else { throw SecureTransportError.bind("no local address") }
-            return SecureUDPEndpoint(channel: channel, engine: engine, localAddress: local, publicKey: identity.publicKey, events: stream)
+            guard let local = channel.localAddress.flatMap({ TransportAddress($0) }) else {
+                throw SecureTransportError.bind("no local address")
+            }
+            return SecureUDPEndpoint(
+                channel: channel, engine: engine, localAddress: local, publicKey: identity.publicKey, events: stream)
         } catch {
             try? await channel.close()
             continuation.finish()
@@ -162,7 +171,9 @@ public final class SecureUDPEndpoint: Sendable {
 
     /// Handshakes with the peer with `key` at `address` and waits until keys are in place both ways.
     @discardableResult
-    public func connect(to key: PublicKey, at address: TransportAddress, timeout: Duration = .seconds(10)) async throws(SecureTransportError) -> PeerID {
+    public func connect(to key: PublicKey, at address: TransportAddress, timeout: Duration = .seconds(10))
+        async throws(SecureTransportError) -> PeerID
+    {
         let promise = channel.eventLoop.makePromise(of: PeerID.self)
         let engine = self.engine
         channel.eventLoop.execute {
@@ -225,7 +236,9 @@ public final class SecureUDPEndpoint: Sendable {
     /// Allocates on a TURN server over this socket. Peers reached with
     /// `reach(_:viaRelay: true)` then go through it.
     @discardableResult
-    public func useRelay(_ server: TransportAddress, configuration: TURNClient.Configuration) async throws(SecureTransportError) -> TURNClientAllocation {
+    public func useRelay(_ server: TransportAddress, configuration: TURNClient.Configuration) async throws(SecureTransportError)
+        -> TURNClientAllocation
+    {
         try await useRelay(server, over: .udp, configuration: configuration)
     }
 
@@ -234,20 +247,26 @@ public final class SecureUDPEndpoint: Sendable {
     /// UDP to peers). Gives up after `timeout`. With a relay already in use, it is
     /// the one that allocates (``replaceRelay(_:over:configuration:timeout:)`` changes it).
     @discardableResult
-    public func useRelay(_ server: TransportAddress, over transport: TURNClientConnection.TransportProtocol,
-                         configuration: TURNClient.Configuration, timeout: Duration = .seconds(10)) async throws(SecureTransportError) -> TURNClientAllocation {
+    public func useRelay(
+        _ server: TransportAddress, over transport: TURNClientConnection.TransportProtocol,
+        configuration: TURNClient.Configuration, timeout: Duration = .seconds(10)
+    ) async throws(SecureTransportError) -> TURNClientAllocation {
         let turn: TURNClientConnection
         switch transport {
         case .udp:
             turn = try await onLoop { e in try e.attachRelay(server: server, configuration: configuration) }
         case .tcp:
-            if let existing = try await onLoop({ $0.turn }) { turn = existing } else {
+            if let existing = try await onLoop({ $0.turn }) {
+                turn = existing
+            } else {
                 let c: TURNClientConnection
                 do {
-                    c = try await TURNClientConnection.connect(to: server, over: .tcp, configuration: configuration,
-                                                               connectTimeout: timeout, group: channel.eventLoop)
+                    c = try await TURNClientConnection.connect(
+                        to: server, over: .tcp, configuration: configuration,
+                        connectTimeout: timeout, group: channel.eventLoop)
                 } catch { throw .relay(error) }
-                let engine = self.engine, loop = channel.eventLoop
+                let engine = self.engine
+                let loop = channel.eventLoop
                 _ = try await onLoop { $0.attachStreamRelay(c) }
                 // Data from peers comes through the connection's stream; opened on our loop.
                 Task {
@@ -266,8 +285,10 @@ public final class SecureUDPEndpoint: Sendable {
     /// the new one. Peers reached through the old relay are reached directly until
     /// told otherwise.
     @discardableResult
-    public func replaceRelay(_ server: TransportAddress, over transport: TURNClientConnection.TransportProtocol = .udp,
-                             configuration: TURNClient.Configuration, timeout: Duration = .seconds(10)) async throws(SecureTransportError) -> TURNClientAllocation {
+    public func replaceRelay(
+        _ server: TransportAddress, over transport: TURNClientConnection.TransportProtocol = .udp,
+        configuration: TURNClient.Configuration, timeout: Duration = .seconds(10)
+    ) async throws(SecureTransportError) -> TURNClientAllocation {
         if let old = try await onLoop({ $0.turn }) { try? await old.close(timeout: .milliseconds(500)) }
         _ = try await onLoop { $0.detachRelay() }
         return try await useRelay(server, over: transport, configuration: configuration, timeout: timeout)
@@ -310,7 +331,9 @@ public final class SecureUDPEndpoint: Sendable {
     }
 
     /// The peer's current address and our and its SSRCs.
-    public func describe(_ peer: PeerID) async throws(SecureTransportError) -> (address: TransportAddress?, local: UInt32, remote: UInt32?)? {
+    public func describe(_ peer: PeerID) async throws(SecureTransportError) -> (
+        address: TransportAddress?, local: UInt32, remote: UInt32?
+    )? {
         try await onLoop { e in
             guard let s = e.core.ssrcs(of: peer) else { return nil }
             return (e.core.address(of: peer), s.local, s.remote)
@@ -380,7 +403,6 @@ final class SecureEngine {
         self.keyLog = keyLog
         self.logger = logger
     }
-
 
     // MARK: input
 
@@ -467,9 +489,10 @@ final class SecureEngine {
             if let impair = mediaImpairment {
                 // The project's impairment layer: after sealing (the sequence number is
                 // spent, so the receiver sees the loss), before the socket.
-                guard let delay = impair() else { return }   // dropped
+                guard let delay = impair() else { return }  // dropped
                 if delay > .zero {
-                    let engine = NIOLoopBound(self, eventLoop: channel.eventLoop), late = buffer
+                    let engine = NIOLoopBound(self, eventLoop: channel.eventLoop)
+                    let late = buffer
                     channel.eventLoop.scheduleTask(in: .nanoseconds(delay.nanoseconds)) {
                         engine.value.write(late, to: destination)
                         engine.value.flush()

@@ -6,11 +6,11 @@ import TURN
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// A TURN client connection (RFC 8656) to one server over UDP or TCP: hosts
@@ -156,7 +156,8 @@ public final class TURNClientConnection: Sendable {
     /// Installs permissions for peers' IP addresses; they are then refreshed every 240 s.
     public func createPermission(for peers: [IPAddress], timeout: Duration? = nil) async throws(TURNClientError) {
         try await operation(Void.self) { engine, promise in
-            engine.start(method: .createPermission, waiter: .done(promise), timeout: timeout) { core, now throws(TURNClientError) in
+            engine.start(method: .createPermission, waiter: .done(promise), timeout: timeout) {
+                core, now throws(TURNClientError) in
                 try core.createPermission(for: peers, now: now)
             }
         }

@@ -23,7 +23,8 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
     }
 
     public static func - (a: Timestamp, b: Timestamp) -> Duration {
-        a >= b ? .nanoseconds(Int64(clamping: a.nanoseconds - b.nanoseconds))
+        a >= b
+            ? .nanoseconds(Int64(clamping: a.nanoseconds - b.nanoseconds))
             : .nanoseconds(-Int64(clamping: b.nanoseconds - a.nanoseconds))
     }
 

@@ -116,6 +116,7 @@ final class CaptureReader {
         if lower.contains("permission denied") || lower.contains("is a directory") {
             return CaptureError(code: .unreadable, path: path, message: "cannot open file (libpcap: \(text))")
         }
-        return CaptureError(code: .malformed, path: path, frame: frame, message: "malformed capture file \(place) (libpcap: \(text))")
+        return CaptureError(
+            code: .malformed, path: path, frame: frame, message: "malformed capture file \(place) (libpcap: \(text))")
     }
 }

@@ -17,7 +17,8 @@ enum IPAddressText {
         for i in stride(from: 0, to: 16, by: 2) {
             groups.append(UInt16(b[i]) << 8 | UInt16(b[i + 1]))
         }
-        var bestStart = -1, bestLength = 0
+        var bestStart = -1
+        var bestLength = 0
         var i = 0
         while i < groups.count {
             if groups[i] == 0 {

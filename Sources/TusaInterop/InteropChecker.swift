@@ -67,7 +67,13 @@ public struct InteropChecker: Sendable {
             let a: CaptureEndpoint
             let b: CaptureEndpoint
             init(_ x: CaptureEndpoint, _ y: CaptureEndpoint) {
-                if x < y { a = x; b = y } else { a = y; b = x }
+                if x < y {
+                    a = x
+                    b = y
+                } else {
+                    a = y
+                    b = x
+                }
             }
         }
 
@@ -104,9 +110,10 @@ public struct InteropChecker: Sendable {
                 do {
                     frame = try framer.next()
                 } catch {
-                    report.failures.append(InteropFailure(
-                        packet: stream.frame(at: offset) ?? stream.firstFrame,
-                        reason: "TCP \(stream.source) → \(stream.destination): cannot frame at byte \(offset): \(error)"))
+                    report.failures.append(
+                        InteropFailure(
+                            packet: stream.frame(at: offset) ?? stream.firstFrame,
+                            reason: "TCP \(stream.source) → \(stream.destination): cannot frame at byte \(offset): \(error)"))
                     report.failed += 1
                     return
                 }
@@ -115,26 +122,36 @@ public struct InteropChecker: Sendable {
                 switch frame {
                 case .stun(let b), .channelData(let b): bytes = b
                 }
-                checkUnit(bytes, packet: stream.frame(at: offset) ?? stream.firstFrame, channelDataAllowed: true, padded: true, into: &report)
+                checkUnit(
+                    bytes, packet: stream.frame(at: offset) ?? stream.firstFrame, channelDataAllowed: true, padded: true,
+                    into: &report)
                 offset += bytes.count
             }
             if framer.bufferedByteCount > 0 {
-                report.failures.append(InteropFailure(
-                    packet: stream.frame(at: offset) ?? stream.firstFrame,
-                    reason: "TCP \(stream.source) → \(stream.destination): \(framer.bufferedByteCount) bytes at the end are not a whole frame"))
+                report.failures.append(
+                    InteropFailure(
+                        packet: stream.frame(at: offset) ?? stream.firstFrame,
+                        reason:
+                            "TCP \(stream.source) → \(stream.destination): \(framer.bufferedByteCount) bytes at the end are not a whole frame"
+                    ))
                 report.failed += 1
             }
             if stream.missingBytes > 0 {
-                report.failures.append(InteropFailure(
-                    packet: stream.firstFrame,
-                    reason: "TCP \(stream.source) → \(stream.destination): \(stream.missingBytes) bytes missing from the capture"))
+                report.failures.append(
+                    InteropFailure(
+                        packet: stream.firstFrame,
+                        reason:
+                            "TCP \(stream.source) → \(stream.destination): \(stream.missingBytes) bytes missing from the capture")
+                )
                 report.failed += 1
             }
         }
 
         /// Checks one STUN message or ChannelData frame.
         /// - Parameter padded: for ChannelData, whether padding is required (streams), or nil to keep what came.
-        mutating func checkUnit(_ bytes: [UInt8], packet: Int, channelDataAllowed: Bool, padded: Bool?, into report: inout InteropReport) {
+        mutating func checkUnit(
+            _ bytes: [UInt8], packet: Int, channelDataAllowed: Bool, padded: Bool?, into report: inout InteropReport
+        ) {
             report.packets += 1
             var problems: [String] = []
             defer {
@@ -201,8 +218,10 @@ public struct InteropChecker: Sendable {
                 checked += 1
                 if keys.isEmpty {
                     unverifiable = true
-                    report.notes.append(InteropFailure(
-                        packet: packet, reason: "\(m.type): \(name) not verified: no credentials (\(Self.who(m, isResponse: isResponse)))"))
+                    report.notes.append(
+                        InteropFailure(
+                            packet: packet,
+                            reason: "\(m.type): \(name) not verified: no credentials (\(Self.who(m, isResponse: isResponse)))"))
                 } else if !keys.contains(where: { check($0.key) == .valid }) {
                     problems.append("\(m.type): \(name) invalid with \(keys.map(\.label).joined(separator: ", "))")
                 }

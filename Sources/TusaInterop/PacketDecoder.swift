@@ -28,7 +28,8 @@ struct PacketDecoder: Sendable {
     func decode(frame: Int, timestamp: Double, bytes: [UInt8], originalLength: Int) -> Verdict {
         let cut = bytes.count < originalLength
         func short(_ what: String) -> Verdict {
-            cut ? .skipped("\(what): frame cut by the snapshot length (\(bytes.count) of \(originalLength) bytes captured)")
+            cut
+                ? .skipped("\(what): frame cut by the snapshot length (\(bytes.count) of \(originalLength) bytes captured)")
                 : .skipped("malformed: \(what)")
         }
 
@@ -63,14 +64,15 @@ struct PacketDecoder: Sendable {
             guard let payload = w.copy(8, length: udpLength - 8) else {
                 return short("UDP length \(udpLength) exceeds the \(w.count) bytes of IP payload")
             }
-            return .udp(CapturedDatagram(
-                frame: frame, timestamp: timestamp,
-                source: CaptureEndpoint(address: network.source, port: sport),
-                destination: CaptureEndpoint(address: network.destination, port: dport),
-                payload: payload))
+            return .udp(
+                CapturedDatagram(
+                    frame: frame, timestamp: timestamp,
+                    source: CaptureEndpoint(address: network.source, port: sport),
+                    destination: CaptureEndpoint(address: network.destination, port: dport),
+                    payload: payload))
         case 6:
             guard let sport = w.u16(0), let dport = w.u16(2), let seq = w.u32(4), let ack = w.u32(8),
-                  let offsetByte = w.u8(12), let flagByte = w.u8(13), let window = w.u16(14), w.count >= 20
+                let offsetByte = w.u8(12), let flagByte = w.u8(13), let window = w.u16(14), w.count >= 20
             else {
                 return short("TCP header shorter than 20 bytes")
             }
@@ -80,12 +82,13 @@ struct PacketDecoder: Sendable {
                 return short("TCP header length \(headerLength) exceeds the \(w.count) bytes of IP payload")
             }
             let flags = CapturedSegment.Flags(rawValue: UInt16(offsetByte & 1) << 8 | UInt16(flagByte))
-            return .tcp(CapturedSegment(
-                frame: frame, timestamp: timestamp,
-                source: CaptureEndpoint(address: network.source, port: sport),
-                destination: CaptureEndpoint(address: network.destination, port: dport),
-                sequence: seq, acknowledgment: ack, flags: flags, window: window,
-                payload: payload.array()))
+            return .tcp(
+                CapturedSegment(
+                    frame: frame, timestamp: timestamp,
+                    source: CaptureEndpoint(address: network.source, port: sport),
+                    destination: CaptureEndpoint(address: network.destination, port: dport),
+                    sequence: seq, acknowledgment: ack, flags: flags, window: window,
+                    payload: payload.array()))
         default:
             return .ignored
         }
@@ -104,7 +107,7 @@ struct PacketDecoder: Sendable {
         let headerLength = Int(first & 0x0F) * 4
         guard headerLength >= 20 else { return .failure(Problem(what: "IPv4 header length \(headerLength) < 20")) }
         guard w.count >= headerLength, let total = w.u16(2), let fragmentField = w.u16(6), let proto = w.u8(9),
-              let src = w.copy(12, length: 4), let dst = w.copy(16, length: 4)
+            let src = w.copy(12, length: 4), let dst = w.copy(16, length: 4)
         else {
             return .failure(Problem(what: "IPv4 header (\(headerLength) bytes) longer than the \(w.count) bytes present"))
         }
@@ -124,15 +127,16 @@ struct PacketDecoder: Sendable {
         if fragmentField & 0x2000 != 0 {
             return .failure(Problem(what: "IPv4 fragmented datagram (first fragment; not reassembled)", fragment: true))
         }
-        return .success(Network(
-            source: IPAddressText.ipv4(src), destination: IPAddressText.ipv4(dst), proto: proto, payload: payload))
+        return .success(
+            Network(
+                source: IPAddressText.ipv4(src), destination: IPAddressText.ipv4(dst), proto: proto, payload: payload))
     }
 
     private static func ipv6(_ w: ByteWindow) -> Result<Network, Problem> {
         guard let first = w.u8(0) else { return .failure(Problem(what: "empty IPv6 packet")) }
         guard first >> 4 == 6 else { return .failure(Problem(what: "IPv6 header with version \(first >> 4)")) }
         guard let payloadLength = w.u16(4), var next = w.u8(6),
-              let src = w.copy(8, length: 16), let dst = w.copy(24, length: 16)
+            let src = w.copy(8, length: 16), let dst = w.copy(24, length: 16)
         else {
             return .failure(Problem(what: "IPv6 header shorter than 40 bytes"))
         }
@@ -166,14 +170,16 @@ struct PacketDecoder: Sendable {
                 offset += length
             case 44:
                 let fragmentOffset = packet.u16(offset + 2).map { Int($0 >> 3) * 8 } ?? 0
-                return .failure(Problem(
-                    what: "IPv6 fragment at offset \(fragmentOffset) (fragments are not reassembled)", fragment: true))
+                return .failure(
+                    Problem(
+                        what: "IPv6 fragment at offset \(fragmentOffset) (fragments are not reassembled)", fragment: true))
             default:
                 guard let payload = packet.dropping(offset) else {
                     return .failure(Problem(what: "IPv6 extension headers exceed the packet"))
                 }
-                return .success(Network(
-                    source: IPAddressText.ipv6(src), destination: IPAddressText.ipv6(dst), proto: next, payload: payload))
+                return .success(
+                    Network(
+                        source: IPAddressText.ipv6(src), destination: IPAddressText.ipv6(dst), proto: next, payload: payload))
             }
         }
     }

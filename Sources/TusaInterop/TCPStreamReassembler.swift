@@ -107,8 +107,9 @@ public struct TCPStreamReassembler: Sendable {
         }
         if !segment.payload.isEmpty {
             // SYN data (TCP Fast Open) starts after the sequence number the SYN consumes.
-            direction.pieces.append(Piece(
-                start: start + (isSYN ? 1 : 0), payload: segment.payload, frame: segment.frame, arrival: arrivals))
+            direction.pieces.append(
+                Piece(
+                    start: start + (isSYN ? 1 : 0), payload: segment.payload, frame: segment.frame, arrival: arrivals))
         }
         connections[index].directions[directionIndex] = direction
     }

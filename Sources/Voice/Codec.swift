@@ -96,7 +96,8 @@ public protocol VoiceDecoder: AnyObject {
     func decode(_ packet: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int
     /// Rebuilds the frame *before* `nextPacket` from the redundancy it carries
     /// (Opus in-band FEC). Without redundancy this is the codec's concealment.
-    func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int
+    func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError)
+        -> Int
     /// The codec's packet-loss concealment for one missing frame.
     func conceal(into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int
     /// Whether `decodeRedundancy` can recover anything for this codec and configuration.

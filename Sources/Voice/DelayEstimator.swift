@@ -33,8 +33,13 @@ public struct DelayEstimator: Sendable {
     public mutating func reset() {
         for i in 0..<Self.bins { histogram[i] = 0 }
         for i in 0..<minima.count { minima[i] = .infinity }
-        minimaSecond = Int.min; minimumDelay = .infinity; quantileDelay = 0
-        peak = 0; lastSpikeMs = -.infinity; peakUntilMs = -.infinity; count = 0
+        minimaSecond = Int.min
+        minimumDelay = .infinity
+        quantileDelay = 0
+        peak = 0
+        lastSpikeMs = -.infinity
+        peakUntilMs = -.infinity
+        count = 0
     }
 
     /// The target relative delay in ms (quantile, or the held spike peak).
@@ -50,7 +55,10 @@ public struct DelayEstimator: Sendable {
                 for i in 0..<minima.count { minima[i] = .infinity }
             } else {
                 var s = minimaSecond + 1
-                while s <= second { minima[((s % minima.count) + minima.count) % minima.count] = .infinity; s += 1 }
+                while s <= second {
+                    minima[((s % minima.count) + minima.count) % minima.count] = .infinity
+                    s += 1
+                }
             }
             minimaSecond = second
         }
@@ -71,7 +79,10 @@ public struct DelayEstimator: Sendable {
             return
         }
         var total = 0.0
-        for i in 0..<Self.bins { histogram[i] *= forgetting; total += histogram[i] }
+        for i in 0..<Self.bins {
+            histogram[i] *= forgetting
+            total += histogram[i]
+        }
         let bin = Int(min(Double(Self.bins - 1), rel / Self.binMilliseconds))
         histogram[bin] += 1 - forgetting
         total += 1 - forgetting
@@ -79,7 +90,10 @@ public struct DelayEstimator: Sendable {
         let want = quantile * total
         for i in 0..<Self.bins {
             acc += histogram[i]
-            if acc >= want { quantileDelay = Double(i + 1) * Self.binMilliseconds; break }
+            if acc >= want {
+                quantileDelay = Double(i + 1) * Self.binMilliseconds
+                break
+            }
         }
     }
 }

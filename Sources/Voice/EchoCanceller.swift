@@ -6,7 +6,8 @@ func checkFrameSize(_ frameSize: Int, sampleRate: Int) throws(VoiceError) {
     }
     let allowed = [sampleRate / 100, sampleRate / 50]
     guard allowed.contains(frameSize) else {
-        throw .invalidConfiguration("frameSize must be 10 or 20 ms at \(sampleRate) Hz (\(allowed[0]) or \(allowed[1]) samples), not \(frameSize)")
+        throw .invalidConfiguration(
+            "frameSize must be 10 or 20 ms at \(sampleRate) Hz (\(allowed[0]) or \(allowed[1]) samples), not \(frameSize)")
     }
 }
 
@@ -45,8 +46,12 @@ public final class EchoCanceller {
     }
 
     /// `capture` with the echo of `reference` (the far-end frame played when it was recorded) removed.
-    public func process(capture: UnsafeBufferPointer<Int16>, reference: UnsafeBufferPointer<Int16>, into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) {
-        try check(capture.count); try check(reference.count); try check(output.count)
+    public func process(
+        capture: UnsafeBufferPointer<Int16>, reference: UnsafeBufferPointer<Int16>, into output: UnsafeMutableBufferPointer<Int16>
+    ) throws(VoiceError) {
+        try check(capture.count)
+        try check(reference.count)
+        try check(output.count)
         guard let c = capture.baseAddress, let r = reference.baseAddress, let o = output.baseAddress else { return }
         speex_echo_cancellation(state, c, r, o)
     }
@@ -59,8 +64,10 @@ public final class EchoCanceller {
     }
 
     /// A frame was just captured (device-driven use): cancels against the buffered playback.
-    public func capture(_ captured: UnsafeBufferPointer<Int16>, into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) {
-        try check(captured.count); try check(output.count)
+    public func capture(_ captured: UnsafeBufferPointer<Int16>, into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError)
+    {
+        try check(captured.count)
+        try check(output.count)
         guard let c = captured.baseAddress, let o = output.baseAddress else { return }
         speex_echo_capture(state, c, o)
     }
@@ -105,17 +112,24 @@ public final class Preprocessor {
     /// Kept alive: the preprocessor reads the echo canceller's state every frame.
     private let echoCanceller: EchoCanceller?
 
-    public init(sampleRate: Int = voiceSampleRate, frameSize: Int, configuration: PreprocessorConfiguration = .init(), echoCanceller: EchoCanceller? = nil) throws(VoiceError) {
+    public init(
+        sampleRate: Int = voiceSampleRate, frameSize: Int, configuration: PreprocessorConfiguration = .init(),
+        echoCanceller: EchoCanceller? = nil
+    ) throws(VoiceError) {
         try checkFrameSize(frameSize, sampleRate: sampleRate)
         let c = configuration
-        guard (-90...0).contains(c.noiseSuppressDB), (-90...0).contains(c.echoSuppressDB), (-90...0).contains(c.echoSuppressActiveDB) else {
+        guard (-90...0).contains(c.noiseSuppressDB), (-90...0).contains(c.echoSuppressDB),
+            (-90...0).contains(c.echoSuppressActiveDB)
+        else {
             throw .invalidConfiguration("suppression levels must be -90...0 dB")
         }
         guard (1...32768).contains(c.agcLevel) else {
             throw .invalidConfiguration("agcLevel must be 1...32768, not \(c.agcLevel)")
         }
         if let echoCanceller, echoCanceller.frameSize != frameSize || echoCanceller.sampleRate != sampleRate {
-            throw .invalidConfiguration("the echo canceller runs \(echoCanceller.frameSize) samples at \(echoCanceller.sampleRate) Hz, the preprocessor \(frameSize) at \(sampleRate)")
+            throw .invalidConfiguration(
+                "the echo canceller runs \(echoCanceller.frameSize) samples at \(echoCanceller.sampleRate) Hz, the preprocessor \(frameSize) at \(sampleRate)"
+            )
         }
         guard let state = speex_preprocess_state_init(Int32(frameSize), Int32(sampleRate)) else {
             throw .library("speex_preprocess_state_init", code: -1)
@@ -171,17 +185,25 @@ public final class CaptureProcessor {
     public let echoCanceller: EchoCanceller?
     public let preprocessor: Preprocessor
 
-    public init(frameSize: Int, sampleRate: Int = voiceSampleRate, echoCancellation: Bool = true, tailMilliseconds: Int = 128, preprocessor: PreprocessorConfiguration = .init()) throws(VoiceError) {
-        let echo = echoCancellation
+    public init(
+        frameSize: Int, sampleRate: Int = voiceSampleRate, echoCancellation: Bool = true, tailMilliseconds: Int = 128,
+        preprocessor: PreprocessorConfiguration = .init()
+    ) throws(VoiceError) {
+        let echo =
+            echoCancellation
             ? try EchoCanceller(sampleRate: sampleRate, frameSize: frameSize, tailMilliseconds: tailMilliseconds)
             : nil
         self.echoCanceller = echo
-        self.preprocessor = try Preprocessor(sampleRate: sampleRate, frameSize: frameSize, configuration: preprocessor, echoCanceller: echo)
+        self.preprocessor = try Preprocessor(
+            sampleRate: sampleRate, frameSize: frameSize, configuration: preprocessor, echoCanceller: echo)
         self.frameSize = frameSize
     }
 
     /// `captured` and the far-end `reference` played when it was recorded → the cleaned frame; returns VAD.
-    public func process(captured: UnsafeBufferPointer<Int16>, reference: UnsafeBufferPointer<Int16>, into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Bool {
+    public func process(
+        captured: UnsafeBufferPointer<Int16>, reference: UnsafeBufferPointer<Int16>,
+        into output: UnsafeMutableBufferPointer<Int16>
+    ) throws(VoiceError) -> Bool {
         if let echoCanceller {
             try echoCanceller.process(capture: captured, reference: reference, into: output)
         } else {

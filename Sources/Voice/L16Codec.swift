@@ -46,14 +46,17 @@ public final class L16Decoder: VoiceDecoder {
         gain = 1
         return n
     }
-    public func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
+    public func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>)
+        throws(VoiceError) -> Int
+    {
         try conceal(into: pcm)
     }
     /// Repeats the last frame, its gain halving per frame (ramped within the frame).
     public func conceal(into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
         let n = configuration.samplesPerFrame
         guard pcm.count >= n else { throw .bufferTooSmall(needed: n, available: pcm.count) }
-        let g0 = gain, g1 = gain * 0.5
+        let g0 = gain
+        let g1 = gain * 0.5
         for i in 0..<n {
             let g = g0 + (g1 - g0) * Float(i) / Float(n)
             pcm[i] = Int16(Float(last[i]) * g)
@@ -61,5 +64,8 @@ public final class L16Decoder: VoiceDecoder {
         gain = g1
         return n
     }
-    public func reset() { last.update(repeating: 0); gain = 1 }
+    public func reset() {
+        last.update(repeating: 0)
+        gain = 1
+    }
 }

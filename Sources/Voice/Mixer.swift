@@ -75,7 +75,10 @@ public struct RoomEcho {
     private var history: [Float]
     private var position = 0
 
-    public init(sampleRate: Int = voiceSampleRate, delayMilliseconds: Double = 20, reverbMilliseconds: Double = 60, gainDB: Double = -6, seed: UInt64 = 1) {
+    public init(
+        sampleRate: Int = voiceSampleRate, delayMilliseconds: Double = 20, reverbMilliseconds: Double = 60, gainDB: Double = -6,
+        seed: UInt64 = 1
+    ) {
         self.sampleRate = sampleRate
         let delay = max(0, Int(delayMilliseconds * Double(sampleRate) / 1000))
         let tail = max(1, Int(reverbMilliseconds * Double(sampleRate) / 1000))
@@ -120,7 +123,8 @@ public struct RoomEcho {
 public enum EchoMetrics {
     /// Echo return loss enhancement in dB: 10·log10(energy of the echo / energy of what is left).
     public static func erle(echo: ArraySlice<Int16>, residual: ArraySlice<Int16>) -> Double {
-        let e = energy(echo), r = energy(residual)
+        let e = energy(echo)
+        let r = energy(residual)
         return 10 * log10((e + 1) / (r + 1))
     }
 

@@ -19,20 +19,27 @@ public struct NetworkModel: Sendable, Hashable {
     public var duplicateRate: Double
     public var clockDriftPPM: Double
 
-    public init(baseDelayMilliseconds: Double = 20, jitterMilliseconds: Double = 0, lossRate: Double = 0,
-                meanBurstLength: Double = 1, spikeIntervalSeconds: Double = 0, spikeMilliseconds: Double = 0,
-                duplicateRate: Double = 0, clockDriftPPM: Double = 0) {
-        self.baseDelayMilliseconds = baseDelayMilliseconds; self.jitterMilliseconds = jitterMilliseconds
-        self.lossRate = lossRate; self.meanBurstLength = meanBurstLength
-        self.spikeIntervalSeconds = spikeIntervalSeconds; self.spikeMilliseconds = spikeMilliseconds
-        self.duplicateRate = duplicateRate; self.clockDriftPPM = clockDriftPPM
+    public init(
+        baseDelayMilliseconds: Double = 20, jitterMilliseconds: Double = 0, lossRate: Double = 0,
+        meanBurstLength: Double = 1, spikeIntervalSeconds: Double = 0, spikeMilliseconds: Double = 0,
+        duplicateRate: Double = 0, clockDriftPPM: Double = 0
+    ) {
+        self.baseDelayMilliseconds = baseDelayMilliseconds
+        self.jitterMilliseconds = jitterMilliseconds
+        self.lossRate = lossRate
+        self.meanBurstLength = meanBurstLength
+        self.spikeIntervalSeconds = spikeIntervalSeconds
+        self.spikeMilliseconds = spikeMilliseconds
+        self.duplicateRate = duplicateRate
+        self.clockDriftPPM = clockDriftPPM
     }
 
     /// 20 ms base, 10 ms mean exponential jitter, 1 % loss.
     public static let steady = NetworkModel(baseDelayMilliseconds: 20, jitterMilliseconds: 10, lossRate: 0.01)
     /// Steady plus a 300 ms spike every 10 s.
-    public static let spiky = NetworkModel(baseDelayMilliseconds: 20, jitterMilliseconds: 10, lossRate: 0.01,
-                                           spikeIntervalSeconds: 10, spikeMilliseconds: 300)
+    public static let spiky = NetworkModel(
+        baseDelayMilliseconds: 20, jitterMilliseconds: 10, lossRate: 0.01,
+        spikeIntervalSeconds: 10, spikeMilliseconds: 300)
 }
 
 /// A per-packet network trace.
@@ -51,14 +58,17 @@ public struct NetworkTrace: Sendable, Hashable {
         /// nil = lost.
         public var arrivalMilliseconds: Double?
         public init(sequence: Int, sendMilliseconds: Double, arrivalMilliseconds: Double?) {
-            self.sequence = sequence; self.sendMilliseconds = sendMilliseconds; self.arrivalMilliseconds = arrivalMilliseconds
+            self.sequence = sequence
+            self.sendMilliseconds = sendMilliseconds
+            self.arrivalMilliseconds = arrivalMilliseconds
         }
     }
     public var frameMilliseconds: Int
     public var entries: [Entry]
 
     public init(frameMilliseconds: Int, entries: [Entry]) {
-        self.frameMilliseconds = frameMilliseconds; self.entries = entries
+        self.frameMilliseconds = frameMilliseconds
+        self.entries = entries
     }
 
     public init(parsing text: String) throws(VoiceError) {
@@ -75,17 +85,24 @@ public struct NetworkTrace: Sendable, Hashable {
                 guard fields.count == 2, let f = Int(fields[1]), f > 0, f <= 1000 else {
                     throw .file(path: "trace", reason: "line \(lineNumber): expected `frame-ms <1...1000>`")
                 }
-                frame = f; continue
+                frame = f
+                continue
             }
             guard fields.count == 3 else {
                 throw .file(path: "trace", reason: "line \(lineNumber): expected `<sequence> <send-ms> <arrival-ms|lost>`")
             }
-            guard let seq = Int(fields[0]), seq >= 0, seq <= 100_000_000 else { throw .file(path: "trace", reason: "line \(lineNumber): bad sequence `\(fields[0])`") }
-            guard let send = Double(fields[1]), send.isFinite, abs(send) <= 1e9 else { throw .file(path: "trace", reason: "line \(lineNumber): bad send time `\(fields[1])`") }
+            guard let seq = Int(fields[0]), seq >= 0, seq <= 100_000_000 else {
+                throw .file(path: "trace", reason: "line \(lineNumber): bad sequence `\(fields[0])`")
+            }
+            guard let send = Double(fields[1]), send.isFinite, abs(send) <= 1e9 else {
+                throw .file(path: "trace", reason: "line \(lineNumber): bad send time `\(fields[1])`")
+            }
             var arrival: Double?
             if fields[2] != "lost" {
                 guard let a = Double(fields[2]), a.isFinite, a >= send, a <= 1e9 else {
-                    throw .file(path: "trace", reason: "line \(lineNumber): bad arrival time `\(fields[2])` (a number ≥ send time, or `lost`)")
+                    throw .file(
+                        path: "trace",
+                        reason: "line \(lineNumber): bad arrival time `\(fields[2])` (a number ≥ send time, or `lost`)")
                 }
                 arrival = a
             }

@@ -21,7 +21,7 @@ public final class OpusVoiceEncoder: VoiceEncoder {
         try Self.validate(configuration)
         var error: Int32 = OPUS_OK
         guard let state = opus_encoder_create(Int32(configuration.sampleRate), 1, OPUS_APPLICATION_VOIP, &error),
-              error == OPUS_OK
+            error == OPUS_OK
         else { throw .library("opus_encoder_create: \(opusMessage(error))", code: error) }
         self.state = state
         self.configuration = configuration
@@ -64,8 +64,9 @@ public final class OpusVoiceEncoder: VoiceEncoder {
             throw .invalidConfiguration("packet buffer is empty; size it with maximumPacketSize (\(maximumPacketSize))")
         }
         let capacity = Int32(min(packet.count, maximumPacketSize))
-        let written = opus_encode(state, input, Int32(configuration.samplesPerFrame),
-                                  output.assumingMemoryBound(to: UInt8.self), capacity)
+        let written = opus_encode(
+            state, input, Int32(configuration.samplesPerFrame),
+            output.assumingMemoryBound(to: UInt8.self), capacity)
         guard written >= 0 else { throw .library("opus_encode: \(opusMessage(written))", code: written) }
         if configuration.discontinuousTransmission && written <= 2 { return 0 }
         return Int(written)
@@ -101,7 +102,8 @@ public final class OpusVoiceDecoder: VoiceDecoder {
             throw .invalidConfiguration("OpusVoiceDecoder needs kind .opus, got .\(configuration.kind.rawValue)")
         }
         guard CodecLimits.opusSampleRates.contains(configuration.sampleRate) else {
-            throw .invalidConfiguration("Opus sampleRate \(configuration.sampleRate) Hz is not 8000 (narrowband) or 16000 (wideband)")
+            throw .invalidConfiguration(
+                "Opus sampleRate \(configuration.sampleRate) Hz is not 8000 (narrowband) or 16000 (wideband)")
         }
         var error: Int32 = OPUS_OK
         guard let state = opus_decoder_create(Int32(configuration.sampleRate), 1, &error), error == OPUS_OK else {
@@ -152,7 +154,9 @@ public final class OpusVoiceDecoder: VoiceDecoder {
         return Int(frame)
     }
 
-    public func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
+    public func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>)
+        throws(VoiceError) -> Int
+    {
         let out = try output(pcm)
         try CodecLimits.checkPacket(nextPacket)
         guard let data = nextPacket.baseAddress?.assumingMemoryBound(to: UInt8.self) else { throw .invalidPacket("empty packet") }

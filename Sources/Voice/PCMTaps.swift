@@ -2,7 +2,9 @@ import Glibc
 
 /// A point in the voice pipeline whose PCM can be recorded.
 public enum PCMStage: String, CaseIterable, Sendable {
-    case captured, echoCancelled = "echo-cancelled", sent, received, played
+    case captured
+    case echoCancelled = "echo-cancelled"
+    case sent, received, played
 
     fileprivate var slot: Int {
         switch self {
@@ -25,7 +27,9 @@ public final class PCMTaps {
     public private(set) var firstError: VoiceError?
 
     /// Creates `directory` if needed and opens one file per tapped stage.
-    public init(directory: String, sampleRate: Int = voiceSampleRate, stages: Set<PCMStage> = Set(PCMStage.allCases)) throws(VoiceError) {
+    public init(directory: String, sampleRate: Int = voiceSampleRate, stages: Set<PCMStage> = Set(PCMStage.allCases))
+        throws(VoiceError)
+    {
         if mkdir(directory, 0o755) != 0 && errno != EEXIST {
             throw .file(path: directory, reason: String(cString: strerror(errno)))
         }

@@ -25,17 +25,26 @@ public struct PlayoutConfiguration: Sendable, Hashable {
     /// Concealment fades to comfort noise after this many missing frames.
     public var comfortNoiseAfterFrames: Int
 
-    public init(sampleRate: Int = voiceSampleRate, frameDuration: FrameDuration = .ms20, capacity: Int = 64,
-                maximumPayloadSize: Int = 1500, minimumDelayMilliseconds: Int = 0, maximumDelayMilliseconds: Int = 400,
-                targetQuantile: Double = 0.95, maximumStretch: Double = 0.05, comfortNoiseAfterFrames: Int = 8) {
-        self.sampleRate = sampleRate; self.frameDuration = frameDuration; self.capacity = capacity
-        self.maximumPayloadSize = maximumPayloadSize; self.minimumDelayMilliseconds = minimumDelayMilliseconds
-        self.maximumDelayMilliseconds = maximumDelayMilliseconds; self.targetQuantile = targetQuantile
-        self.maximumStretch = maximumStretch; self.comfortNoiseAfterFrames = comfortNoiseAfterFrames
+    public init(
+        sampleRate: Int = voiceSampleRate, frameDuration: FrameDuration = .ms20, capacity: Int = 64,
+        maximumPayloadSize: Int = 1500, minimumDelayMilliseconds: Int = 0, maximumDelayMilliseconds: Int = 400,
+        targetQuantile: Double = 0.95, maximumStretch: Double = 0.05, comfortNoiseAfterFrames: Int = 8
+    ) {
+        self.sampleRate = sampleRate
+        self.frameDuration = frameDuration
+        self.capacity = capacity
+        self.maximumPayloadSize = maximumPayloadSize
+        self.minimumDelayMilliseconds = minimumDelayMilliseconds
+        self.maximumDelayMilliseconds = maximumDelayMilliseconds
+        self.targetQuantile = targetQuantile
+        self.maximumStretch = maximumStretch
+        self.comfortNoiseAfterFrames = comfortNoiseAfterFrames
     }
 
     func validate() throws(VoiceError) {
-        guard [8000, 16000, 24000, 48000].contains(sampleRate) else { throw .invalidConfiguration("sampleRate \(sampleRate) not in 8000/16000/24000/48000") }
+        guard [8000, 16000, 24000, 48000].contains(sampleRate) else {
+            throw .invalidConfiguration("sampleRate \(sampleRate) not in 8000/16000/24000/48000")
+        }
         guard (4...4096).contains(capacity) else { throw .invalidConfiguration("capacity \(capacity) not in 4...4096") }
         guard (1...65536).contains(maximumPayloadSize) else { throw .invalidConfiguration("maximumPayloadSize not in 1...65536") }
         guard minimumDelayMilliseconds >= 0, maximumDelayMilliseconds > minimumDelayMilliseconds, maximumDelayMilliseconds <= 2000
@@ -122,7 +131,10 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
     public init(decoder: any VoiceDecoder, configuration: PlayoutConfiguration = .init()) throws(VoiceError) {
         try configuration.validate()
         guard decoder.configuration.samplesPerFrame == configuration.frameDuration.samples(atRate: configuration.sampleRate)
-        else { throw .invalidConfiguration("decoder frame (\(decoder.configuration.samplesPerFrame) samples) differs from the playout frame") }
+        else {
+            throw .invalidConfiguration(
+                "decoder frame (\(decoder.configuration.samplesPerFrame) samples) differs from the playout frame")
+        }
         self.configuration = configuration
         self.decoder = decoder
         spf = configuration.frameDuration.samples(atRate: configuration.sampleRate)
@@ -138,22 +150,47 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         slotArrivalMs = Array(repeating: 0, count: cap)
         slotPlayed = Array(repeating: false, count: cap)
         estimator = DelayEstimator(quantile: configuration.targetQuantile)
-        frame = .allocate(capacity: spf); frame.initialize(repeating: 0)
-        concealFrame = .allocate(capacity: spf); concealFrame.initialize(repeating: 0)
-        stretched = .allocate(capacity: 2 * spf); stretched.initialize(repeating: 0)
-        fifo = .allocate(capacity: 4 * spf); fifo.initialize(repeating: 0)
+        frame = .allocate(capacity: spf)
+        frame.initialize(repeating: 0)
+        concealFrame = .allocate(capacity: spf)
+        concealFrame.initialize(repeating: 0)
+        stretched = .allocate(capacity: 2 * spf)
+        stretched.initialize(repeating: 0)
+        fifo = .allocate(capacity: 4 * spf)
+        fifo.initialize(repeating: 0)
     }
 
     deinit {
-        payloads.deallocate(); frame.deallocate(); concealFrame.deallocate(); stretched.deallocate(); fifo.deallocate()
+        payloads.deallocate()
+        frame.deallocate()
+        concealFrame.deallocate()
+        stretched.deallocate()
+        fifo.deallocate()
     }
 
     public func reset() {
-        for i in 0..<slotTs.count { slotTs[i] = .min; slotPlayed[i] = false }
-        haveFirst = false; playing = false; fifoStart = 0; fifoCount = 0; concealRun = 0
-        estimator.reset(); stats = PlayoutStatistics(); delays.reset(); speechSamples = 0; lastGapMs = -.infinity
-        missingShare = 0; waitedTs = .min; silentRun = 0; waitedFrames = 0
-        for i in 0..<secondMaxima.count { secondMaxima[i] = -.infinity; secondMaximaAt[i] = .min }
+        for i in 0..<slotTs.count {
+            slotTs[i] = .min
+            slotPlayed[i] = false
+        }
+        haveFirst = false
+        playing = false
+        fifoStart = 0
+        fifoCount = 0
+        concealRun = 0
+        estimator.reset()
+        stats = PlayoutStatistics()
+        delays.reset()
+        speechSamples = 0
+        lastGapMs = -.infinity
+        missingShare = 0
+        waitedTs = .min
+        silentRun = 0
+        waitedFrames = 0
+        for i in 0..<secondMaxima.count {
+            secondMaxima[i] = -.infinity
+            secondMaximaAt[i] = .min
+        }
         decoder.reset()
     }
 
@@ -191,8 +228,9 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         // Packets come a frame at a time, so the look-ahead is a whole frame above the
         // one-frame floor of the playout point.
         if fecHeld(nowMs) { t = max(t, floorMs) + frameMs }
-        return min(Double(configuration.maximumDelayMilliseconds) - frameMs,
-                   max(Double(configuration.minimumDelayMilliseconds), t))
+        return min(
+            Double(configuration.maximumDelayMilliseconds) - frameMs,
+            max(Double(configuration.minimumDelayMilliseconds), t))
     }
 
     public func insert(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64) {
@@ -201,40 +239,61 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         if haveFirst {
             ext = lastExtTs + Int64(Int32(bitPattern: timestamp &- lastRawTs))
         } else {
-            ext = Int64(timestamp); haveFirst = true; newestExtTs = ext
+            ext = Int64(timestamp)
+            haveFirst = true
+            newestExtTs = ext
         }
-        if ext > lastExtTs || stats.packetsReceived == 1 { lastExtTs = ext; lastRawTs = timestamp }
+        if ext > lastExtTs || stats.packetsReceived == 1 {
+            lastExtTs = ext
+            lastRawTs = timestamp
+        }
         let arrivalMs = Double(arrivalNanoseconds) / 1e6
         let s = slot(ext)
-        if slotTs[s] == ext { stats.duplicates += 1; return }
+        if slotTs[s] == ext {
+            stats.duplicates += 1
+            return
+        }
         if playing && ext < nextTs {
-            stats.latePackets += 1; stats.concealedByCause.late += 1; return
+            stats.latePackets += 1
+            stats.concealedByCause.late += 1
+            return
         }
         guard payload.count <= configuration.maximumPayloadSize, payload.count > 0 else { return }
         if playing && ext >= nextTs + Int64(slotTs.count * spf) {
             // Too far ahead for the slots. With nothing buffered it is a new talk spurt after a
             // timestamp jump (DTX, sender restart): re-anchor and wait for the start delay again.
             guard !anyBuffered(after: nextTs - 1) else { return }
-            playing = false; nextTs = ext; fifoCount = 0
+            playing = false
+            nextTs = ext
+            fifoCount = 0
         }
-        if ext > newestExtTs + Int64(spf) { lastGapMs = arrivalMs }   // a packet (or more) missing before this one
+        if ext > newestExtTs + Int64(spf) { lastGapMs = arrivalMs }  // a packet (or more) missing before this one
         if ext > newestExtTs {
             let missing = Double(min((ext - newestExtTs) / Int64(spf) - 1, 50))
             for _ in 0..<Int(missing) { missingShare += (1 - missingShare) / 200 }
             missingShare -= missingShare / 200
         } else if ext < newestExtTs {
-            missingShare = max(0, missingShare - 1.0 / 200)   // a gap filled late: it was jitter
+            missingShare = max(0, missingShare - 1.0 / 200)  // a gap filled late: it was jitter
         }
         let absolute = arrivalMs - Double(ext) * 1000 / rate
         estimator.add(absoluteDelayMs: absolute, arrivalMs: arrivalMs)
-        let second = Int64((arrivalMs / 1000).rounded(.down)), k = Int((second % 10 + 10) % 10)
+        let second = Int64((arrivalMs / 1000).rounded(.down))
+        let k = Int((second % 10 + 10) % 10)
         let relative = absolute - estimator.minimumDelay
-        if secondMaximaAt[k] != second { secondMaximaAt[k] = second; secondMaxima[k] = relative }
-        else if relative > secondMaxima[k] { secondMaxima[k] = relative }
-        if let base = payload.baseAddress {
-            (payloads + s * configuration.maximumPayloadSize).update(from: base.assumingMemoryBound(to: UInt8.self), count: payload.count)
+        if secondMaximaAt[k] != second {
+            secondMaximaAt[k] = second
+            secondMaxima[k] = relative
+        } else if relative > secondMaxima[k] {
+            secondMaxima[k] = relative
         }
-        slotTs[s] = ext; slotLength[s] = payload.count; slotArrivalMs[s] = arrivalMs; slotPlayed[s] = false
+        if let base = payload.baseAddress {
+            (payloads + s * configuration.maximumPayloadSize).update(
+                from: base.assumingMemoryBound(to: UInt8.self), count: payload.count)
+        }
+        slotTs[s] = ext
+        slotLength[s] = payload.count
+        slotArrivalMs[s] = arrivalMs
+        slotPlayed[s] = false
         if ext > newestExtTs { newestExtTs = ext }
         if !playing && ext < nextTs || !playing && stats.packetsReceived - stats.duplicates == 1 { nextTs = ext }
     }
@@ -253,17 +312,23 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             if fifoCount == 0 {
                 let playMs = nowMs + Double(filled) * 1000 / rate
                 if !playing {
-                    if haveFirst && playMs - (Double(nextTs) * 1000 / rate + estimator.minimumDelay) >= max(targetMs(playMs), floorMs) {
+                    if haveFirst
+                        && playMs - (Double(nextTs) * 1000 / rate + estimator.minimumDelay) >= max(targetMs(playMs), floorMs)
+                    {
                         playing = true
                     } else {
-                        output[filled] = 0; filled += 1; continue
+                        output[filled] = 0
+                        filled += 1
+                        continue
                     }
                 }
                 produce(playMs: playMs)
             }
             let n = min(fifoCount, output.count - filled)
             for i in 0..<n { output[filled + i] = fifo[(fifoStart + i) % fifo.count] }
-            fifoStart = (fifoStart + n) % fifo.count; fifoCount -= n; filled += n
+            fifoStart = (fifoStart + n) % fifo.count
+            fifoCount -= n
+            filled += n
         }
     }
 
@@ -280,7 +345,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
 
     private func comfortNoise(into p: UnsafeMutableBufferPointer<Int16>) {
         for i in 0..<spf {
-            noiseState = noiseState &* 6364136223846793005 &+ 1442695040888963407
+            noiseState = noiseState &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
             let u = Double(Int64(bitPattern: noiseState) >> 11) / Double(1 << 52)  // -1...1
             noiseLow = 0.7 * noiseLow + 0.3 * u
             p[i] = Int16(clamping: Int(noiseLow * noiseFloor * 3))
@@ -289,15 +354,19 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
 
     private func decode(slot s: Int, into p: UnsafeMutableBufferPointer<Int16>) -> Bool {
         let raw = UnsafeRawBufferPointer(start: payloads + s * configuration.maximumPayloadSize, count: slotLength[s])
-        do { _ = try decoder.decode(raw, into: p); return true } catch { return false }
+        do {
+            _ = try decoder.decode(raw, into: p)
+            return true
+        } catch { return false }
     }
 
     private func concealOne(into p: UnsafeMutableBufferPointer<Int16>) {
         if concealRun >= configuration.comfortNoiseAfterFrames {
-            comfortNoise(into: p); stats.framesComfortNoise += 1
+            comfortNoise(into: p)
+            stats.framesComfortNoise += 1
         } else {
             do { _ = try decoder.conceal(into: p) } catch { p.update(repeating: 0) }
-            if concealRun == configuration.comfortNoiseAfterFrames - 1 {   // fade into comfort noise
+            if concealRun == configuration.comfortNoiseAfterFrames - 1 {  // fade into comfort noise
                 for i in 0..<spf {
                     let w = Double(i) / Double(spf)
                     p[i] = Int16(clamping: Int(Double(p[i]) * (1 - w)))
@@ -310,7 +379,8 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
 
     private func endConcealment() {
         if concealRun > 0 && Double(concealRun) * frameMs >= 150 {
-            stats.interruptions += 1; stats.interruptionMilliseconds += Int(Double(concealRun) * frameMs)
+            stats.interruptions += 1
+            stats.interruptionMilliseconds += Int(Double(concealRun) * frameMs)
         }
         concealRun = 0
     }
@@ -325,21 +395,32 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             if current > Double(configuration.maximumDelayMilliseconds) {
                 if nextTs < newestExtTs { stats.catchUps += 1 }
                 while current > target + frameMs && nextTs < newestExtTs {
-                    if let s = present(nextTs) { slotPlayed[s] = true; stats.framesDroppedInCatchUp += 1 }
-                    nextTs += Int64(spf); current -= frameMs
+                    if let s = present(nextTs) {
+                        slotPlayed[s] = true
+                        stats.framesDroppedInCatchUp += 1
+                    }
+                    nextTs += Int64(spf)
+                    current -= frameMs
                 }
             }
             if let s = present(nextTs) {
-                waitedFrames = 0   // the wait, if any, was for this packet: it was late, not lost
+                waitedFrames = 0  // the wait, if any, was for this packet: it was late, not lost
                 let hadConcealed = concealRun > 0
-                if hadConcealed {   // continuation to cross-fade from
-                    if concealRun >= configuration.comfortNoiseAfterFrames { comfortNoise(into: concealFrame) }
-                    else { do { _ = try decoder.conceal(into: concealFrame) } catch { concealFrame.update(repeating: 0) } }
+                if hadConcealed {  // continuation to cross-fade from
+                    if concealRun >= configuration.comfortNoiseAfterFrames {
+                        comfortNoise(into: concealFrame)
+                    } else {
+                        do { _ = try decoder.conceal(into: concealFrame) } catch { concealFrame.update(repeating: 0) }
+                    }
                 }
                 slotPlayed[s] = true
                 guard decode(slot: s, into: frame) else {
-                    nextTs += Int64(spf); stats.lostPackets += 1; stats.concealedByCause.lost += 1
-                    concealOne(into: frame); push(frame, spf); return
+                    nextTs += Int64(spf)
+                    stats.lostPackets += 1
+                    stats.concealedByCause.lost += 1
+                    concealOne(into: frame)
+                    push(frame, spf)
+                    return
                 }
                 stats.framesDecoded += 1
                 if hadConcealed {
@@ -357,10 +438,17 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                 // (the losses already cost quality; a warp inside an utterance adds to it).
                 let careful = missingShare > lossyShare || fecHeld(playMs)
                 let inPause = silent && (!careful || silentRun >= pauseFrames)
-                if level < noiseFloor { noiseFloor = max(1, level) } else if level < 4 * noiseFloor { noiseFloor = min(300, noiseFloor * 1.01) } else { noiseFloor = min(300, noiseFloor * 1.0005) }
+                if level < noiseFloor {
+                    noiseFloor = max(1, level)
+                } else if level < 4 * noiseFloor {
+                    noiseFloor = min(300, noiseFloor * 1.01)
+                } else {
+                    noiseFloor = min(300, noiseFloor * 1.0005)
+                }
                 let late = current - target
                 if !silent { speechSamples += spf }
-                let budget = configuration.maximumStretch * Double(speechSamples) + (configuration.maximumStretch > 0 ? Double(spf) : 0)
+                let budget =
+                    configuration.maximumStretch * Double(speechSamples) + (configuration.maximumStretch > 0 ? Double(spf) : 0)
                 let stretchedSoFar = Double(stats.accelerateSamples + stats.expandSamples)
                 // Accelerate: too much delay.
                 // Only with the next packet already buffered, so shortening never causes an underrun.
@@ -372,31 +460,47 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                     // A whole silent frame goes only when a frame too much is buffered: dropping
                     // it earlier would land below the target and invite an insertion (oscillation).
                     if inPause {
-                        stats.framesDroppedInSilence += 1; played(s, playMs)
-                        nextTs += Int64(spf); continue
+                        stats.framesDroppedInSilence += 1
+                        played(s, playMs)
+                        nextTs += Int64(spf)
+                        continue
                     }
                     if !silent && stretchedSoFar + Double(maxLag) <= budget {
-                        let n = TimeStretch.accelerate(UnsafeBufferPointer(frame), into: stretched, minLag: minLag, maxLag: maxLag)
+                        let n = TimeStretch.accelerate(
+                            UnsafeBufferPointer(frame), into: stretched, minLag: minLag, maxLag: maxLag)
                         if n > 0 {
                             stats.accelerateSamples += spf - n
-                            played(s, playMs); nextTs += Int64(spf); push(stretched, n); return
+                            played(s, playMs)
+                            nextTs += Int64(spf)
+                            push(stretched, n)
+                            return
                         }
                     }
                 } else if inPause ? late < -frameMs / 4 : late < -frameMs {
                     if inPause {
-                        played(s, playMs); nextTs += Int64(spf); push(frame, spf)
+                        played(s, playMs)
+                        nextTs += Int64(spf)
+                        push(frame, spf)
                         comfortNoise(into: concealFrame)
-                        push(concealFrame, spf); stats.framesInsertedInSilence += 1; return
+                        push(concealFrame, spf)
+                        stats.framesInsertedInSilence += 1
+                        return
                     }
                     if stretchedSoFar + Double(maxLag) <= budget {
                         let n = TimeStretch.expand(UnsafeBufferPointer(frame), into: stretched, minLag: minLag, maxLag: maxLag)
                         if n > 0 {
                             stats.expandSamples += n - spf
-                            played(s, playMs); nextTs += Int64(spf); push(stretched, n); return
+                            played(s, playMs)
+                            nextTs += Int64(spf)
+                            push(stretched, n)
+                            return
                         }
                     }
                 }
-                played(s, playMs); nextTs += Int64(spf); push(frame, spf); return
+                played(s, playMs)
+                nextTs += Int64(spf)
+                push(frame, spf)
+                return
             }
             // Missing. Lost (conceal or recover it, and move on) when a later packet is
             // already here. Otherwise it may just be late (jitter, a delay spike, a sender
@@ -415,30 +519,38 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             let overdue = !mayWait
             if !overdue && !laterBuffered { waitedTs = nextTs }
             if laterBuffered && waitedFrames > 0 {
-                waitedFrames -= 1; stats.lostPackets += 1
-                stats.concealedByCause.bufferEmpty -= 1; stats.concealedByCause.lost += 1   // it was lost, not late
-                nextTs += Int64(spf); continue
+                waitedFrames -= 1
+                stats.lostPackets += 1
+                stats.concealedByCause.bufferEmpty -= 1
+                stats.concealedByCause.lost += 1  // it was lost, not late
+                nextTs += Int64(spf)
+                continue
             }
             if laterBuffered || overdue {
                 stats.lostPackets += 1
                 if decoder.recoversFromNextPacket, let n = present(nextTs + Int64(spf)) {
                     let raw = UnsafeRawBufferPointer(start: payloads + n * configuration.maximumPayloadSize, count: slotLength[n])
                     if (try? decoder.decodeRedundancy(from: raw, into: frame)) != nil {
-                        stats.framesRecoveredByFEC += 1; endConcealment()
-                        nextTs += Int64(spf); push(frame, spf); return
+                        stats.framesRecoveredByFEC += 1
+                        endConcealment()
+                        nextTs += Int64(spf)
+                        push(frame, spf)
+                        return
                     }
                 }
                 // Known lost when later packets came; otherwise the buffer simply ran dry.
                 if laterBuffered { stats.concealedByCause.lost += 1 } else { stats.concealedByCause.bufferEmpty += 1 }
                 nextTs += Int64(spf)
             } else {
-                stats.concealedByCause.bufferEmpty += 1   // underrun: the playout point waits
+                stats.concealedByCause.bufferEmpty += 1  // underrun: the playout point waits
                 // On a steady path a missing packet is most likely lost: should a later one
                 // come first, this frame stands in for it. On a jittery path the wait is the
                 // delay growth the jitter asks for, whatever the packet turns out to be.
                 if steady { waitedFrames += 1 }
             }
-            concealOne(into: frame); push(frame, spf); return
+            concealOne(into: frame)
+            push(frame, spf)
+            return
         }
     }
 

@@ -56,7 +56,7 @@ public struct PlayoutStatistics: Sendable, Hashable, CustomStringConvertible {
         | late loss rate | \(fmt(lateLossRate * 100))% |
         """
     }
-    private func fmt(_ v: Double) -> String { String(Int((v * 10).rounded())) .withDecimal }
+    private func fmt(_ v: Double) -> String { String(Int((v * 10).rounded())).withDecimal }
 }
 
 extension String {
@@ -83,15 +83,24 @@ struct DelayHistogram {
     private var sum = 0.0
     mutating func add(_ ms: Double) {
         let b = max(0, min(bins.count - 1, Int(ms.rounded(.down))))
-        bins[b] += 1; count += 1; sum += ms
+        bins[b] += 1
+        count += 1
+        sum += ms
     }
-    mutating func reset() { for i in 0..<bins.count { bins[i] = 0 }; count = 0; sum = 0 }
+    mutating func reset() {
+        for i in 0..<bins.count { bins[i] = 0 }
+        count = 0
+        sum = 0
+    }
     var mean: Double { count > 0 ? sum / Double(count) : 0 }
     func quantile(_ q: Double) -> Double {
         guard count > 0 else { return 0 }
         let want = Int((q * Double(count)).rounded(.up))
         var acc = 0
-        for i in 0..<bins.count { acc += bins[i]; if acc >= want { return Double(i) + 0.5 } }
+        for i in 0..<bins.count {
+            acc += bins[i]
+            if acc >= want { return Double(i) + 0.5 }
+        }
         return Double(bins.count)
     }
 }

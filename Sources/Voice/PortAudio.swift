@@ -34,13 +34,16 @@ private let paInt16: UInt = 0x0000_0008
 final class PortAudioLibrary: @unchecked Sendable {
     typealias Simple = @convention(c) () -> Int32
     typealias GetDeviceInfo = @convention(c) (Int32) -> UnsafeRawPointer?
-    typealias OpenStream = @convention(c) (
-        UnsafeMutablePointer<UnsafeMutableRawPointer?>, UnsafeRawPointer?, UnsafeRawPointer?, Double, UInt, UInt,
-        UnsafeRawPointer?, UnsafeMutableRawPointer?
-    ) -> Int32
-    typealias OpenDefaultStream = @convention(c) (
-        UnsafeMutablePointer<UnsafeMutableRawPointer?>, Int32, Int32, UInt, Double, UInt, UnsafeRawPointer?, UnsafeMutableRawPointer?
-    ) -> Int32
+    typealias OpenStream =
+        @convention(c) (
+            UnsafeMutablePointer<UnsafeMutableRawPointer?>, UnsafeRawPointer?, UnsafeRawPointer?, Double, UInt, UInt,
+            UnsafeRawPointer?, UnsafeMutableRawPointer?
+        ) -> Int32
+    typealias OpenDefaultStream =
+        @convention(c) (
+            UnsafeMutablePointer<UnsafeMutableRawPointer?>, Int32, Int32, UInt, Double, UInt, UnsafeRawPointer?,
+            UnsafeMutableRawPointer?
+        ) -> Int32
     typealias StreamCall = @convention(c) (UnsafeMutableRawPointer) -> Int32
     typealias ReadStream = @convention(c) (UnsafeMutableRawPointer, UnsafeMutableRawPointer, UInt) -> Int32
     typealias WriteStream = @convention(c) (UnsafeMutableRawPointer, UnsafeRawPointer, UInt) -> Int32
@@ -164,13 +167,18 @@ public final class PortAudioDevice: AudioSource, AudioSink {
     private var stream: UnsafeMutableRawPointer?
 
     /// Opens and starts a stream. `deviceName` picks the first device whose name contains it; nil: the defaults.
-    public convenience init(sampleRate: Int, framesPerBuffer: Int, capture: Bool, render: Bool, deviceName: String? = nil) throws(VoiceError) {
-        try self.init(library: try Self.library(), sampleRate: sampleRate, framesPerBuffer: framesPerBuffer,
-                      capture: capture, render: render, deviceName: deviceName)
+    public convenience init(sampleRate: Int, framesPerBuffer: Int, capture: Bool, render: Bool, deviceName: String? = nil)
+        throws(VoiceError)
+    {
+        try self.init(
+            library: try Self.library(), sampleRate: sampleRate, framesPerBuffer: framesPerBuffer,
+            capture: capture, render: render, deviceName: deviceName)
     }
 
-    init(library api: PortAudioLibrary, sampleRate: Int, framesPerBuffer: Int, capture: Bool, render: Bool,
-         deviceName: String?) throws(VoiceError) {
+    init(
+        library api: PortAudioLibrary, sampleRate: Int, framesPerBuffer: Int, capture: Bool, render: Bool,
+        deviceName: String?
+    ) throws(VoiceError) {
         guard capture || render else { throw .invalidConfiguration("PortAudioDevice needs capture, render or both") }
         guard (8_000...192_000).contains(sampleRate) else {
             throw .invalidConfiguration("device sampleRate \(sampleRate) Hz is outside 8000...192000")
@@ -185,16 +193,19 @@ public final class PortAudioDevice: AudioSource, AudioSink {
         self.render = render
         try api.start()
         do {
-            stream = try Self.open(api, sampleRate: sampleRate, framesPerBuffer: framesPerBuffer,
-                                   capture: capture, render: render, deviceName: deviceName)
+            stream = try Self.open(
+                api, sampleRate: sampleRate, framesPerBuffer: framesPerBuffer,
+                capture: capture, render: render, deviceName: deviceName)
         } catch {
             _ = api.terminate()
             throw error
         }
     }
 
-    private static func open(_ api: PortAudioLibrary, sampleRate: Int, framesPerBuffer: Int, capture: Bool, render: Bool,
-                             deviceName: String?) throws(VoiceError) -> UnsafeMutableRawPointer {
+    private static func open(
+        _ api: PortAudioLibrary, sampleRate: Int, framesPerBuffer: Int, capture: Bool, render: Bool,
+        deviceName: String?
+    ) throws(VoiceError) -> UnsafeMutableRawPointer {
         var inputDevice = capture ? api.defaultInputDevice() : paNoDevice
         var outputDevice = render ? api.defaultOutputDevice() : paNoDevice
         let devices = api.devices()
@@ -224,15 +235,18 @@ public final class PortAudioDevice: AudioSource, AudioSink {
             guard let info = devices.first(where: { $0.index == index })?.info else { return 0.05 }
             return input ? info.defaultLowInputLatency : info.defaultLowOutputLatency
         }
-        var inputParameters = PaStreamParameters(device: inputDevice, channelCount: 1, sampleFormat: paInt16,
-                                                 suggestedLatency: latency(inputDevice, input: true), hostApiSpecificStreamInfo: nil)
-        var outputParameters = PaStreamParameters(device: outputDevice, channelCount: 1, sampleFormat: paInt16,
-                                                  suggestedLatency: latency(outputDevice, input: false), hostApiSpecificStreamInfo: nil)
+        var inputParameters = PaStreamParameters(
+            device: inputDevice, channelCount: 1, sampleFormat: paInt16,
+            suggestedLatency: latency(inputDevice, input: true), hostApiSpecificStreamInfo: nil)
+        var outputParameters = PaStreamParameters(
+            device: outputDevice, channelCount: 1, sampleFormat: paInt16,
+            suggestedLatency: latency(outputDevice, input: false), hostApiSpecificStreamInfo: nil)
         var stream: UnsafeMutableRawPointer?
         let result = withUnsafePointer(to: &inputParameters) { input in
             withUnsafePointer(to: &outputParameters) { output in
-                api.openStream(&stream, capture ? UnsafeRawPointer(input) : nil, render ? UnsafeRawPointer(output) : nil,
-                               Double(sampleRate), UInt(framesPerBuffer), 0, nil, nil)
+                api.openStream(
+                    &stream, capture ? UnsafeRawPointer(input) : nil, render ? UnsafeRawPointer(output) : nil,
+                    Double(sampleRate), UInt(framesPerBuffer), 0, nil, nil)
             }
         }
         guard result == paNoError, let stream else { throw .device("Pa_OpenStream: \(api.message(result)) (\(result))") }

@@ -17,7 +17,7 @@ public final class Resampler {
         }
         var error: Int32 = 0
         guard let state = speex_resampler_init(1, UInt32(inputRate), UInt32(outputRate), Int32(quality), &error),
-              error == 0
+            error == 0
         else { throw .library("speex_resampler_init(\(inputRate) → \(outputRate))", code: error) }
         self.state = state
         self.inputRate = inputRate
@@ -32,7 +32,9 @@ public final class Resampler {
     }
 
     /// Consumes all of `input`; returns the samples written to `output`.
-    public func process(_ input: UnsafeBufferPointer<Int16>, into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
+    public func process(_ input: UnsafeBufferPointer<Int16>, into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError)
+        -> Int
+    {
         let needed = outputCapacity(forInput: input.count)
         guard output.count >= needed else { throw .bufferTooSmall(needed: needed, available: output.count) }
         guard let inBase = input.baseAddress, !input.isEmpty else { return 0 }

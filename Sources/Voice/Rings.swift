@@ -33,8 +33,11 @@ public final class PacketRing: @unchecked Sendable {
     }
 
     deinit {
-        storage.deallocate(); lengths.deallocate(); sequences.deallocate()
-        timestamps.deallocate(); arrivals.deallocate()
+        storage.deallocate()
+        lengths.deallocate()
+        sequences.deallocate()
+        timestamps.deallocate()
+        arrivals.deallocate()
     }
 
     /// Producer: copies the packet in. False (and counted) when the ring is full or the packet too large.
@@ -59,12 +62,15 @@ public final class PacketRing: @unchecked Sendable {
 
     /// Consumer: hands the oldest packet to `body`, then frees its slot. False when empty.
     @discardableResult
-    public func pop(_ body: (_ sequence: UInt16, _ timestamp: UInt32, _ arrivalNanoseconds: Int64, _ payload: UnsafeRawBufferPointer) -> Void) -> Bool {
+    public func pop(
+        _ body: (_ sequence: UInt16, _ timestamp: UInt32, _ arrivalNanoseconds: Int64, _ payload: UnsafeRawBufferPointer) -> Void
+    ) -> Bool {
         let t = tail.load(ordering: .relaxed)
         guard head.load(ordering: .acquiring) > t else { return false }
         let slot = t % slots
-        body(sequences[slot], timestamps[slot], arrivals[slot],
-             UnsafeRawBufferPointer(start: storage + slot * maximumPacketSize, count: lengths[slot]))
+        body(
+            sequences[slot], timestamps[slot], arrivals[slot],
+            UnsafeRawBufferPointer(start: storage + slot * maximumPacketSize, count: lengths[slot]))
         tail.store(t + 1, ordering: .releasing)
         return true
     }

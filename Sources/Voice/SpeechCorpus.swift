@@ -18,7 +18,9 @@ public enum SpeechCorpus {
 
     /// Utterances in a fixed order starting at `offsetUtterance`, concatenated and
     /// repeated until `seconds` long, resampled to `sampleRate`.
-    public static func speech(seconds: Double, sampleRate: Int = voiceSampleRate, offsetUtterance: Int = 0) throws(VoiceError) -> [Int16] {
+    public static func speech(seconds: Double, sampleRate: Int = voiceSampleRate, offsetUtterance: Int = 0) throws(VoiceError)
+        -> [Int16]
+    {
         guard seconds > 0 else { throw .invalidConfiguration("seconds must be positive") }
         var all: [Int16] = []
         var index = 0

@@ -155,7 +155,8 @@ public final class SpeexVoiceDecoder: VoiceDecoder {
 
     static func validateFormat(_ c: CodecConfiguration) throws(VoiceError) {
         guard c.sampleRate == 8_000 else {
-            throw .invalidConfiguration("Speex supports narrowband only: sampleRate must be 8000 Hz, not \(c.sampleRate) (use Opus for wideband)")
+            throw .invalidConfiguration(
+                "Speex supports narrowband only: sampleRate must be 8000 Hz, not \(c.sampleRate) (use Opus for wideband)")
         }
         guard c.frameDuration == .ms20 else {
             throw .invalidConfiguration("Speex narrowband frames are 20 ms; \(c.frameDuration.milliseconds) ms is not supported")
@@ -190,7 +191,9 @@ public final class SpeexVoiceDecoder: VoiceDecoder {
     }
 
     /// Speex carries no redundancy: this is `conceal` (the packet is only checked for size).
-    public func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
+    public func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>)
+        throws(VoiceError) -> Int
+    {
         _ = try output(pcm)
         try CodecLimits.checkPacket(nextPacket)
         return try conceal(into: pcm)

@@ -26,11 +26,15 @@ public final class SpeexJitterPlayout: PlayoutBuffer, PlayoutTimingReporting {
 
     /// `marginMilliseconds`: speexdsp's JITTER_BUFFER_SET_MARGIN (extra delay); `lateCost`: its
     /// JITTER_BUFFER_SET_LATE_COST (default 50); nil keeps the library default.
-    public init(decoder: any VoiceDecoder, configuration: PlayoutConfiguration = .init(),
-                marginMilliseconds: Int? = nil, lateCost: Int? = nil) throws(VoiceError) {
+    public init(
+        decoder: any VoiceDecoder, configuration: PlayoutConfiguration = .init(),
+        marginMilliseconds: Int? = nil, lateCost: Int? = nil
+    ) throws(VoiceError) {
         try configuration.validate()
         spf = configuration.frameDuration.samples(atRate: configuration.sampleRate)
-        guard decoder.configuration.samplesPerFrame == spf else { throw .invalidConfiguration("decoder frame differs from the playout frame") }
+        guard decoder.configuration.samplesPerFrame == spf else {
+            throw .invalidConfiguration("decoder frame differs from the playout frame")
+        }
         guard let jb = jitter_buffer_init(Int32(spf)) else { throw .library("jitter_buffer_init failed", code: -1) }
         self.jitter = jb
         self.configuration = configuration
@@ -45,13 +49,18 @@ public final class SpeexJitterPlayout: PlayoutBuffer, PlayoutTimingReporting {
             jitter_buffer_ctl(jb, JITTER_BUFFER_SET_LATE_COST, &c)
         }
         packet = .allocate(capacity: configuration.maximumPayloadSize)
-        frame = .allocate(capacity: spf); frame.initialize(repeating: 0)
+        frame = .allocate(capacity: spf)
+        frame.initialize(repeating: 0)
         frameOffset = spf
         arrivalMs = Array(repeating: 0, count: configuration.capacity * 4)
         arrivalTs = Array(repeating: 0, count: configuration.capacity * 4)
     }
 
-    deinit { jitter_buffer_destroy(jitter); packet.deallocate(); frame.deallocate() }
+    deinit {
+        jitter_buffer_destroy(jitter)
+        packet.deallocate()
+        frame.deallocate()
+    }
 
     public var statistics: PlayoutStatistics {
         var s = stats
@@ -70,9 +79,10 @@ public final class SpeexJitterPlayout: PlayoutBuffer, PlayoutTimingReporting {
         p.span = spx_uint32_t(spf)
         p.sequence = UInt16(sequence)
         p.user_data = 0
-        jitter_buffer_put(jitter, &p)   // speexdsp copies the data
+        jitter_buffer_put(jitter, &p)  // speexdsp copies the data
         let i = Int(timestamp / UInt32(spf)) % arrivalMs.count
-        arrivalMs[i] = Double(arrivalNanoseconds) / 1e6; arrivalTs[i] = timestamp
+        arrivalMs[i] = Double(arrivalNanoseconds) / 1e6
+        arrivalTs[i] = timestamp
         started = true
     }
 
@@ -81,13 +91,18 @@ public final class SpeexJitterPlayout: PlayoutBuffer, PlayoutTimingReporting {
         let nowMs = Double(nowNanoseconds) / 1e6
         while filled < output.count {
             if frameOffset == spf {
-                if !started { output[filled] = 0; filled += 1; continue }
+                if !started {
+                    output[filled] = 0
+                    filled += 1
+                    continue
+                }
                 produce(playMs: nowMs + Double(filled) * 1000 / rate)
                 frameOffset = 0
             }
             let n = min(spf - frameOffset, output.count - filled)
             for i in 0..<n { output[filled + i] = frame[frameOffset + i] }
-            frameOffset += n; filled += n
+            frameOffset += n
+            filled += n
         }
     }
 
@@ -102,9 +117,11 @@ public final class SpeexJitterPlayout: PlayoutBuffer, PlayoutTimingReporting {
             let raw = UnsafeRawBufferPointer(start: packet, count: Int(p.len))
             if (try? decoder.decode(raw, into: frame)) != nil {
                 ok = true
-                stats.framesDecoded += 1; stats.packetsPlayed += 1
+                stats.framesDecoded += 1
+                stats.packetsPlayed += 1
                 if concealRun > 0 && concealRun * configuration.frameDuration.milliseconds >= 150 {
-                    stats.interruptions += 1; stats.interruptionMilliseconds += concealRun * configuration.frameDuration.milliseconds
+                    stats.interruptions += 1
+                    stats.interruptionMilliseconds += concealRun * configuration.frameDuration.milliseconds
                 }
                 concealRun = 0
                 let i = Int(p.timestamp / UInt32(spf)) % arrivalMs.count
@@ -116,7 +133,9 @@ public final class SpeexJitterPlayout: PlayoutBuffer, PlayoutTimingReporting {
         }
         if !ok {
             if (try? decoder.conceal(into: frame)) == nil { frame.update(repeating: 0) }
-            stats.framesConcealed += 1; stats.lostPackets += 1; concealRun += 1
+            stats.framesConcealed += 1
+            stats.lostPackets += 1
+            concealRun += 1
         }
         jitter_buffer_tick(jitter)
     }

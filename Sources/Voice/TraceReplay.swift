@@ -15,8 +15,10 @@ public struct TraceReplayResult: Sendable {
 /// Delay needs the player to be `PlayoutTimingReporting`; otherwise delays are 0.
 public struct TraceReplay {
     /// packets[i] is the payload of sequence i (timestamps are i * samplesPerFrame); returns the played PCM.
-    public static func run(trace: NetworkTrace, packets: [[UInt8]], playout: any PlayoutBuffer, samplesPerFrame: Int,
-                           sampleRate: Int, pullSamples: Int? = nil) -> TraceReplayResult {
+    public static func run(
+        trace: NetworkTrace, packets: [[UInt8]], playout: any PlayoutBuffer, samplesPerFrame: Int,
+        sampleRate: Int, pullSamples: Int? = nil
+    ) -> TraceReplayResult {
         let pull = max(1, pullSamples ?? samplesPerFrame)
         let arrivals = trace.entries.compactMap { e -> (Double, Int)? in
             guard let a = e.arrivalMilliseconds, e.sequence >= 0, e.sequence < packets.count else { return nil }
@@ -26,7 +28,8 @@ public struct TraceReplay {
         var arrived = [Bool](repeating: false, count: packets.count)
         var sent = Set<Int>()
         for e in trace.entries where e.sequence >= 0 && e.sequence < packets.count {
-            sendMs[e.sequence] = e.sendMilliseconds; sent.insert(e.sequence)
+            sendMs[e.sequence] = e.sendMilliseconds
+            sent.insert(e.sequence)
             if e.arrivalMilliseconds != nil { arrived[e.sequence] = true }
         }
         let minTransit = trace.minimumTransitMilliseconds
@@ -49,13 +52,16 @@ public struct TraceReplay {
             while next < arrivals.count && arrivals[next].0 <= t {
                 let seq = arrivals[next].1
                 packets[seq].withUnsafeBytes { raw in
-                    playout.insert(sequence: UInt16(truncatingIfNeeded: seq), timestamp: UInt32(truncatingIfNeeded: seq * samplesPerFrame),
-                                   payload: raw, arrivalNanoseconds: Int64(arrivals[next].0 * 1e6))
+                    playout.insert(
+                        sequence: UInt16(truncatingIfNeeded: seq), timestamp: UInt32(truncatingIfNeeded: seq * samplesPerFrame),
+                        payload: raw, arrivalNanoseconds: Int64(arrivals[next].0 * 1e6))
                 }
                 next += 1
             }
             output.withUnsafeMutableBufferPointer { out in
-                playout.pull(nowNanoseconds: Int64(t * 1e6), into: UnsafeMutableBufferPointer(rebasing: out[(index * pull)..<((index + 1) * pull)]))
+                playout.pull(
+                    nowNanoseconds: Int64(t * 1e6),
+                    into: UnsafeMutableBufferPointer(rebasing: out[(index * pull)..<((index + 1) * pull)]))
             }
             index += 1
             t = Double(index) * periodMs

@@ -155,7 +155,8 @@ public final class VoiceReceiver: PlayoutBuffer, PlayoutTimingReporting, @unchec
         config.sampleRate = codec.sampleRate
         config.frameDuration = codec.frameDuration
         let decoder = try makeDecoder(codec)
-        self.playout = baseline
+        self.playout =
+            baseline
             ? try SpeexJitterPlayout(decoder: decoder, configuration: config)
             : try Playout(decoder: decoder, configuration: config)
         self.ring = PacketRing(slots: ringSlots, maximumPacketSize: config.maximumPayloadSize)

@@ -6,8 +6,10 @@ private func sndfileError(_ file: OpaquePointer?) -> String {
 }
 
 /// Opens `path` for writing with `channels` channels (16-bit PCM WAV unless `format` says otherwise).
-private func openForWriting(path: String, sampleRate: Int, channels: Int,
-                            format: Int32 = Int32(SF_FORMAT_WAV | SF_FORMAT_PCM_16)) throws(VoiceError) -> OpaquePointer {
+private func openForWriting(
+    path: String, sampleRate: Int, channels: Int,
+    format: Int32 = Int32(SF_FORMAT_WAV | SF_FORMAT_PCM_16)
+) throws(VoiceError) -> OpaquePointer {
     guard sampleRate > 0, sampleRate <= 768_000 else {
         throw .file(path: path, reason: "sample rate \(sampleRate) Hz is outside 1...768000")
     }
@@ -16,7 +18,9 @@ private func openForWriting(path: String, sampleRate: Int, channels: Int,
     info.samplerate = Int32(sampleRate)
     info.channels = Int32(channels)
     info.format = format
-    guard sf_format_check(&info) != 0 else { throw .file(path: path, reason: "format 0x\(String(format, radix: 16)) not writable") }
+    guard sf_format_check(&info) != 0 else {
+        throw .file(path: path, reason: "format 0x\(String(format, radix: 16)) not writable")
+    }
     guard let file = sf_open(path, Int32(SFM_WRITE), &info) else {
         throw .file(path: path, reason: sndfileError(nil))
     }
@@ -158,8 +162,10 @@ public enum WAVFile {
 
     /// Writes `channels` interleaved channels, 16-bit PCM WAV unless `format` (SF_FORMAT_*) says otherwise
     /// (used by tests for multichannel and other formats).
-    static func write(path: String, interleaved samples: [Int16], channels: Int, sampleRate: Int,
-                      format: Int32 = Int32(SF_FORMAT_WAV | SF_FORMAT_PCM_16)) throws(VoiceError) {
+    static func write(
+        path: String, interleaved samples: [Int16], channels: Int, sampleRate: Int,
+        format: Int32 = Int32(SF_FORMAT_WAV | SF_FORMAT_PCM_16)
+    ) throws(VoiceError) {
         let file = try openForWriting(path: path, sampleRate: sampleRate, channels: channels, format: format)
         defer { sf_close(file) }
         let frames = samples.count / max(1, channels)

@@ -11,16 +11,27 @@ import Voice
 
 /// What `tusa call` and `tusa answer` share: the rendezvous, the identity, audio and codec.
 struct CallOptions: ParsableArguments {
-    @Option(name: .customLong("rendezvous"), help: ArgumentHelp("The relay's rendezvous, HOST:PORT (tusa relay --rendezvous-port).", valueName: "host:port"))
+    @Option(
+        name: .customLong("rendezvous"),
+        help: ArgumentHelp("The relay's rendezvous, HOST:PORT (tusa relay --rendezvous-port).", valueName: "host:port"))
     var rendezvous: String
 
-    @Option(name: .customLong("identity"), help: ArgumentHelp("Identity key file (tusa keygen); default ~/.config/tusa/identity.key, or a fresh key for this call when that is missing.", valueName: "file"))
+    @Option(
+        name: .customLong("identity"),
+        help: ArgumentHelp(
+            "Identity key file (tusa keygen); default ~/.config/tusa/identity.key, or a fresh key for this call when that is missing.",
+            valueName: "file"))
     var identity: String?
 
-    @Option(name: .customLong("in"), help: ArgumentHelp("What to send: a WAV file, 'device' (the default input), 'tone' or 'silence'.", valueName: "file.wav|device"))
+    @Option(
+        name: .customLong("in"),
+        help: ArgumentHelp(
+            "What to send: a WAV file, 'device' (the default input), 'tone' or 'silence'.", valueName: "file.wav|device"))
     var input = "silence"
 
-    @Option(name: .customLong("out"), help: ArgumentHelp("Where what you hear goes: a WAV file (8 kHz), 'device' or 'none'.", valueName: "file.wav|device"))
+    @Option(
+        name: .customLong("out"),
+        help: ArgumentHelp("Where what you hear goes: a WAV file (8 kHz), 'device' or 'none'.", valueName: "file.wav|device"))
     var output = "none"
 
     @Option(help: "opus, speex or l16.")
@@ -35,13 +46,23 @@ struct CallOptions: ParsableArguments {
     @Option(help: "Hang up after this many seconds (default: when the input ends, or the peer hangs up).")
     var duration: Double?
 
-    @Option(help: ArgumentHelp("Impair outgoing media: loss=10%,burst=3,jitter=30ms,delay=20ms,spike=300ms/10s,seed=N (any subset).", valueName: "spec"))
+    @Option(
+        help: ArgumentHelp(
+            "Impair outgoing media: loss=10%,burst=3,jitter=30ms,delay=20ms,spike=300ms/10s,seed=N (any subset).",
+            valueName: "spec"))
     var impair: String?
 
-    @Flag(name: .customLong("relay-only"), help: "Offer only the relay's candidate: the peer never learns this machine's addresses, and media always goes through the relay (needs a relay that hands out TURN credentials).")
+    @Flag(
+        name: .customLong("relay-only"),
+        help:
+            "Offer only the relay's candidate: the peer never learns this machine's addresses, and media always goes through the relay (needs a relay that hands out TURN credentials)."
+    )
     var relayOnly = false
 
-    @Option(help: ArgumentHelp("A STUN server for a server-reflexive candidate, when the rendezvous hands out no TURN credentials.", valueName: "host:port"))
+    @Option(
+        help: ArgumentHelp(
+            "A STUN server for a server-reflexive candidate, when the rendezvous hands out no TURN credentials.",
+            valueName: "host:port"))
     var stun: String?
 
     @Flag(help: "Print the final report as JSON on standard output.")
@@ -62,7 +83,7 @@ struct CallOptions: ParsableArguments {
         guard (6_000...128_000).contains(bitrate) else { throw ValidationError("--bitrate must be 6000-128000") }
         var c = CodecConfiguration(kind: kind, frameDuration: duration, bitrate: bitrate)
         if kind == .l16 { c.inbandFEC = false }
-        _ = try makeEncoder(c)   // a configuration the codec refuses fails here, with its reason
+        _ = try makeEncoder(c)  // a configuration the codec refuses fails here, with its reason
         return c
     }
 
@@ -97,7 +118,9 @@ struct CallOptions: ParsableArguments {
         o.maximumDuration = duration.map { .milliseconds(Int64($0 * 1000)) }
         o.candidatePolicy = relayOnly ? .relay : .all
         if let stun {
-            guard let address = TransportAddress(stun, defaultPort: 3478) else { throw ValidationError("--stun '\(stun)' is not HOST[:PORT]") }
+            guard let address = TransportAddress(stun, defaultPort: 3478) else {
+                throw ValidationError("--stun '\(stun)' is not HOST[:PORT]")
+            }
             o.stunServer = address
         }
         if let impair {
@@ -142,7 +165,9 @@ struct CallCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "call",
         abstract: "Place an end-to-end encrypted call to PEER (its public key) through a relay's rendezvous.",
-        discussion: "Exit status: 0 when the call ran and ended normally, 64 on bad usage, 2 when the call could not be placed or failed, or its audio could not be read or written.")
+        discussion:
+            "Exit status: 0 when the call ran and ended normally, 64 on bad usage, 2 when the call could not be placed or failed, or its audio could not be read or written."
+    )
 
     @Argument(help: "The peer's public key (base64, as tusa keygen prints it).")
     var peer: String
@@ -150,7 +175,9 @@ struct CallCommand: AsyncParsableCommand {
     @OptionGroup var options: CallOptions
 
     func run() async throws {
-        guard let key = PublicKey(base64: peer) else { throw ValidationError("PEER '\(peer)' is not a 32-byte base64 public key") }
+        guard let key = PublicKey(base64: peer) else {
+            throw ValidationError("PEER '\(peer)' is not a 32-byte base64 public key")
+        }
         let (identity, server, agentOptions, source, sink) = try prepare(options)
         let report: CallReport
         do {
@@ -172,7 +199,9 @@ struct AnswerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "answer",
         abstract: "Register at a relay's rendezvous, wait for a call and answer it.",
-        discussion: "Prints 'answering as KEY' once registered. Exit status: 0 when a call ran and ended normally, 64 on bad usage, 2 when no call came or it failed, or its audio could not be read or written.")
+        discussion:
+            "Prints 'answering as KEY' once registered. Exit status: 0 when a call ran and ended normally, 64 on bad usage, 2 when no call came or it failed, or its audio could not be read or written."
+    )
 
     @Option(help: ArgumentHelp("Answer only this caller (public key).", valueName: "key"))
     var from: String?
@@ -184,7 +213,9 @@ struct AnswerCommand: AsyncParsableCommand {
 
     func run() async throws {
         let only = try from.map { text -> PublicKey in
-            guard let k = PublicKey(base64: text) else { throw ValidationError("--from '\(text)' is not a 32-byte base64 public key") }
+            guard let k = PublicKey(base64: text) else {
+                throw ValidationError("--from '\(text)' is not a 32-byte base64 public key")
+            }
             return k
         }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
@@ -215,7 +246,8 @@ private func prepare(_ options: CallOptions) throws -> (Identity, TransportAddre
     do { identity = try options.loadIdentity() } catch { throw ValidationError("\(error)") }
     let server = try options.server()
     let agentOptions = try options.agentOptions()
-    let source: AudioSource?, sink: AudioSink?
+    let source: AudioSource?
+    let sink: AudioSink?
     do {
         source = try options.source()
         sink = try options.sink()

@@ -65,10 +65,14 @@ extension Interop {
                 }
             }
             for (ssrc, s) in streams.sorted(by: { $0.key < $1.key }) {
-                print("SSRC 0x\(String(ssrc, radix: 16)): \(s.media) media and \(s.control) control packets decrypted, \(s.failed) failed")
+                print(
+                    "SSRC 0x\(String(ssrc, radix: 16)): \(s.media) media and \(s.control) control packets decrypted, \(s.failed) failed"
+                )
             }
             if !noKey.isEmpty {
-                print("no key for \(noKey.count) SSRC(s): \(noKey.sorted().map { "0x" + String($0, radix: 16) }.joined(separator: " "))")
+                print(
+                    "no key for \(noKey.count) SSRC(s): \(noKey.sorted().map { "0x" + String($0, radix: 16) }.joined(separator: " "))"
+                )
             }
             if let out {
                 do { try Data(dump.bytes).write(to: URL(fileURLWithPath: out)) } catch {

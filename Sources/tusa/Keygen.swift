@@ -36,7 +36,8 @@ struct Keygen: ParsableCommand {
             let path = out ?? Self.defaultPath
             let dir = (path as NSString).deletingLastPathComponent
             if !dir.isEmpty, !FileManager.default.fileExists(atPath: dir) {
-                try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+                try FileManager.default.createDirectory(
+                    atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             }
             let identity = Identity.generate()
             try identity.write(to: path, overwrite: force)

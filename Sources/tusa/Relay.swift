@@ -10,11 +10,11 @@ import Transport
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// `tusa relay`: the STUN Binding service on UDP and TCP until SIGTERM or SIGINT.
@@ -27,7 +27,8 @@ import Darwin
 /// ``MetricsEndpoint`` serves the relay's metrics.
 struct Relay: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Serve STUN (RFC 8489, RFC 5780 behaviour discovery) and, given credentials, TURN (RFC 8656) on UDP, TCP and TLS.",
+        abstract:
+            "Serve STUN (RFC 8489, RFC 5780 behaviour discovery) and, given credentials, TURN (RFC 8656) on UDP, TCP and TLS.",
         discussion: """
             Prints one 'listening udp|tcp ADDRESS' line per bound socket to standard output \
             (and 'metrics http://ADDRESS/metrics' with --prometheus), then serves until SIGTERM \
@@ -93,7 +94,9 @@ struct Relay: AsyncParsableCommand {
     @Flag(name: .customLong("no-udp"), help: "Do not listen on UDP.")
     var noUDP = false
 
-    @Flag(name: .customLong("no-gso"), help: "Send every UDP answer on its own, without GSO (for NICs without TX checksum offload, or IPsec paths).")
+    @Flag(
+        name: .customLong("no-gso"),
+        help: "Send every UDP answer on its own, without GSO (for NICs without TX checksum offload, or IPsec paths).")
     var noGSO = false
 
     @Option(help: "Event-loop threads; above 1, one SO_REUSEPORT UDP socket per thread and address.")
@@ -104,31 +107,54 @@ struct Relay: AsyncParsableCommand {
 
     // TURN (RFC 8656). Option names follow coturn's where they overlap.
 
-    @Option(name: [.customShort("u"), .customLong("user")], help: ArgumentHelp("A TURN user, NAME:PASSWORD or NAME:0xMD5KEY (coturn's form); repeatable.", valueName: "name:password"))
+    @Option(
+        name: [.customShort("u"), .customLong("user")],
+        help: ArgumentHelp("A TURN user, NAME:PASSWORD or NAME:0xMD5KEY (coturn's form); repeatable.", valueName: "name:password")
+    )
     var users: [String] = []
 
-    @Option(name: .customLong("user-file"), help: ArgumentHelp("A file of TURN users, one NAME:PASSWORD per line (# comments).", valueName: "file"))
+    @Option(
+        name: .customLong("user-file"),
+        help: ArgumentHelp("A file of TURN users, one NAME:PASSWORD per line (# comments).", valueName: "file"))
     var userFile: String?
 
     @Option(name: [.customShort("r"), .customLong("realm")], help: "The TURN realm.")
     var realm = "tusa"
 
-    @Flag(name: .customLong("use-auth-secret"), help: "Accept coturn REST-API ephemeral credentials (username EXPIRY[:USER], password base64(HMAC-SHA1(secret, username))).")
+    @Flag(
+        name: .customLong("use-auth-secret"),
+        help:
+            "Accept coturn REST-API ephemeral credentials (username EXPIRY[:USER], password base64(HMAC-SHA1(secret, username)))."
+    )
     var useAuthSecret = false
 
-    @Option(name: .customLong("static-auth-secret"), help: ArgumentHelp("A REST-API shared secret; repeatable (rotation).", valueName: "secret"))
+    @Option(
+        name: .customLong("static-auth-secret"),
+        help: ArgumentHelp("A REST-API shared secret; repeatable (rotation).", valueName: "secret"))
     var staticAuthSecrets: [String] = []
 
-    @Flag(name: [.customShort("a"), .customLong("lt-cred-mech")], help: "Long-term credentials (the default whenever users or secrets are given; accepted for coturn compatibility).")
+    @Flag(
+        name: [.customShort("a"), .customLong("lt-cred-mech")],
+        help: "Long-term credentials (the default whenever users or secrets are given; accepted for coturn compatibility).")
     var longTermCredentials = false
 
-    @Flag(name: [.customShort("z"), .customLong("no-auth")], help: "Serve TURN without authentication. Anyone can relay through you: only for closed networks.")
+    @Flag(
+        name: [.customShort("z"), .customLong("no-auth")],
+        help: "Serve TURN without authentication. Anyone can relay through you: only for closed networks.")
     var noAuth = false
 
-    @Option(name: .customLong("relay-ip"), help: ArgumentHelp("IP to bind relay sockets on (one per family); default: the listen address, or the host's first address when listening on a wildcard.", valueName: "ip"))
+    @Option(
+        name: .customLong("relay-ip"),
+        help: ArgumentHelp(
+            "IP to bind relay sockets on (one per family); default: the listen address, or the host's first address when listening on a wildcard.",
+            valueName: "ip"))
     var relayIPs: [String] = []
 
-    @Option(name: [.customShort("X"), .customLong("external-ip")], help: ArgumentHelp("Public IP to advertise for relays behind 1:1 NAT: PUBLIC or PUBLIC/PRIVATE; repeatable (one per family).", valueName: "ip"))
+    @Option(
+        name: [.customShort("X"), .customLong("external-ip")],
+        help: ArgumentHelp(
+            "Public IP to advertise for relays behind 1:1 NAT: PUBLIC or PUBLIC/PRIVATE; repeatable (one per family).",
+            valueName: "ip"))
     var externalIPs: [String] = []
 
     @Option(name: .customLong("min-port"), help: "Lowest relay port.")
@@ -140,13 +166,20 @@ struct Relay: AsyncParsableCommand {
     @Flag(name: .customLong("allow-loopback-peers"), help: "Let clients relay to loopback peers (refused by default).")
     var allowLoopbackPeers = false
 
-    @Option(name: .customLong("allowed-peer-ip"), help: ArgumentHelp("Peer range to allow even if denied by default: IP, IP/LEN or FIRST-LAST; repeatable.", valueName: "range"))
+    @Option(
+        name: .customLong("allowed-peer-ip"),
+        help: ArgumentHelp(
+            "Peer range to allow even if denied by default: IP, IP/LEN or FIRST-LAST; repeatable.", valueName: "range"))
     var allowedPeerIPs: [String] = []
 
-    @Option(name: .customLong("denied-peer-ip"), help: ArgumentHelp("Peer range to refuse: IP, IP/LEN or FIRST-LAST; repeatable.", valueName: "range"))
+    @Option(
+        name: .customLong("denied-peer-ip"),
+        help: ArgumentHelp("Peer range to refuse: IP, IP/LEN or FIRST-LAST; repeatable.", valueName: "range"))
     var deniedPeerIPs: [String] = []
 
-    @Option(name: .customLong("user-quota"), help: "Allocations (and held EVEN-PORT reservations) one user may hold at once, per --threads thread (0: no limit).")
+    @Option(
+        name: .customLong("user-quota"),
+        help: "Allocations (and held EVEN-PORT reservations) one user may hold at once, per --threads thread (0: no limit).")
     var userQuota = 1000
 
     @Option(name: .customLong("total-quota"), help: "Allocations the server holds at once, per --threads thread (0: no limit).")
@@ -161,7 +194,9 @@ struct Relay: AsyncParsableCommand {
     @Option(name: .customLong("stale-nonce"), help: "Seconds a nonce stays valid.")
     var staleNonce = 600
 
-    @Option(name: .customLong("cert"), help: ArgumentHelp("PEM certificate chain: serve STUN/TURN over TLS too (with --pkey).", valueName: "file"))
+    @Option(
+        name: .customLong("cert"),
+        help: ArgumentHelp("PEM certificate chain: serve STUN/TURN over TLS too (with --pkey).", valueName: "file"))
     var certificate: String?
 
     @Option(name: .customLong("pkey"), help: ArgumentHelp("PEM private key of --cert.", valueName: "file"))
@@ -176,13 +211,23 @@ struct Relay: AsyncParsableCommand {
     @Option(name: .customLong("max-tcp-connections"), help: "TCP and TLS connections open at once; more are closed on accept.")
     var maxTCPConnections = 10_000
 
-    @Flag(name: .customLong("strict-channel-numbers"), help: "Accept only RFC 8656 channel numbers 0x4000-0x4FFF (default: RFC 5766's 0x4000-0x7FFF, which older clients such as coturn's use).")
+    @Flag(
+        name: .customLong("strict-channel-numbers"),
+        help:
+            "Accept only RFC 8656 channel numbers 0x4000-0x4FFF (default: RFC 5766's 0x4000-0x7FFF, which older clients such as coturn's use)."
+    )
     var strictChannelNumbers = false
 
-    @Option(name: .customLong("challenge-rate"), help: "401/438 answers per second to one source IP, bursts of twice that (0: no limit); raise it for many clients behind one NAT.")
+    @Option(
+        name: .customLong("challenge-rate"),
+        help:
+            "401/438 answers per second to one source IP, bursts of twice that (0: no limit); raise it for many clients behind one NAT."
+    )
     var challengeRate: Double = 100
 
-    @Flag(name: .customLong("strict-amplification"), help: "Drop 401/438 challenges larger than their request (no amplification at all; breaks clients with tiny requests).")
+    @Flag(
+        name: .customLong("strict-amplification"),
+        help: "Drop 401/438 challenges larger than their request (no amplification at all; breaks clients with tiny requests).")
     var strictAmplification = false
 
     // Metrics (coturn's flag names).
@@ -198,7 +243,11 @@ struct Relay: AsyncParsableCommand {
 
     // Rendezvous (signaling for `tusa call`).
 
-    @Option(name: .customLong("rendezvous-port"), help: "Serve the rendezvous (peers register by public key and exchange sealed call offers) on this TCP port of the first listen address (0: any free port). Registered peers get TURN REST-API credentials when --static-auth-secret is set. Off unless given.")
+    @Option(
+        name: .customLong("rendezvous-port"),
+        help:
+            "Serve the rendezvous (peers register by public key and exchange sealed call offers) on this TCP port of the first listen address (0: any free port). Registered peers get TURN REST-API credentials when --static-auth-secret is set. Off unless given."
+    )
     var rendezvousPort: UInt16?
 
     func run() async throws {
@@ -301,7 +350,9 @@ struct Relay: AsyncParsableCommand {
         }
         let turn = await service.turnStatistics()
         if configuration.turn != nil {
-            print("turn: \(turn.allocationsCreated) allocations, \(turn.packetsToPeer) packets to peers, \(turn.packetsToClient) to clients, \(turn.authFailures) auth failures, \(turn.totalDrops) drops")
+            print(
+                "turn: \(turn.allocationsCreated) allocations, \(turn.packetsToPeer) packets to peers, \(turn.packetsToClient) to clients, \(turn.authFailures) auth failures, \(turn.totalDrops) drops"
+            )
         }
         print("stopped: \(service.statistics)")
         fflush(nil)
@@ -309,16 +360,20 @@ struct Relay: AsyncParsableCommand {
 
     /// The rendezvous on the first listen address; with REST secrets, registered peers
     /// get credentials (the first secret) for the relay's own TURN sockets.
-    private func makeRendezvous(port: UInt16, configuration: RelayService.Configuration, service: RelayService,
-                                logger: Logger) -> RendezvousService {
+    private func makeRendezvous(
+        port: UInt16, configuration: RelayService.Configuration, service: RelayService,
+        logger: Logger
+    ) -> RendezvousService {
         let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
         var core = RendezvousServerConfiguration()
         if let turn = configuration.turn, let secret = turn.credentials.restSecrets.first {
             core.turn = TURNIssuer(secret: secret, uris: [])
         }
-        return RendezvousService(address: TransportAddress(ip: ip, port: port), configuration: core, turnURIs: {
-            try await service.turnURIs().map(\.description)
-        }, logger: logger)
+        return RendezvousService(
+            address: TransportAddress(ip: ip, port: port), configuration: core,
+            turnURIs: {
+                try await service.turnURIs().map(\.description)
+            }, logger: logger)
     }
 
     private struct ConfigurationProblem: Error {

@@ -11,7 +11,8 @@ import TusaBase
 struct Stun: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print the mapped (server-reflexive) address a STUN server sees.",
-        discussion: "With --behavior, run the RFC 5780 mapping and filtering tests (the server needs an alternate address) and name the NAT type."
+        discussion:
+            "With --behavior, run the RFC 5780 mapping and filtering tests (the server needs an alternate address) and name the NAT type."
     )
 
     @Argument(help: "The STUN server, HOST[:PORT] (default port 3478; IPv6 as [ADDR]:PORT).")

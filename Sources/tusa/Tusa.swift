@@ -7,6 +7,9 @@ struct Tusa: AsyncParsableCommand {
         commandName: "tusa",
         abstract: "Encrypted voice over UDP that gets through NATs.",
         version: TusaVersion.string,
-        subcommands: [Relay.self, Stun.self, Turn.self, Keygen.self, CallCommand.self, AnswerCommand.self, VoiceCommand.self, Interop.self, Version.self]
+        subcommands: [
+            Relay.self, Stun.self, Turn.self, Keygen.self, CallCommand.self, AnswerCommand.self, VoiceCommand.self, Interop.self,
+            Version.self,
+        ]
     )
 }

@@ -85,7 +85,10 @@ extension VoiceCommand {
         @Option(help: "Write the trace used to this file.")
         var saveTrace: String?
 
-        @Option(help: "Playout: tusa (adaptive jitter buffer), speex (speexdsp's jitter buffer + plain concealment), ideal (no network).")
+        @Option(
+            help:
+                "Playout: tusa (adaptive jitter buffer), speex (speexdsp's jitter buffer + plain concealment), ideal (no network)."
+        )
         var playout: String = "tusa"
 
         @Option(help: "Most of the speech time the jitter buffer may stretch or shrink, in percent.")
@@ -97,7 +100,10 @@ extension VoiceCommand {
         @Flag(help: "Run the sender's cleaning chain (echo canceller, noise suppression, VAD).")
         var preprocess = false
 
-        @Option(help: "Write every stage (captured, echo-cancelled with --preprocess, sent, received, played) as WAV files into this directory.")
+        @Option(
+            help:
+                "Write every stage (captured, echo-cancelled with --preprocess, sent, received, played) as WAV files into this directory."
+        )
         var taps: String?
 
         @Flag(help: "Print the report as JSON.")
@@ -184,7 +190,10 @@ extension VoiceCommand {
                 "latePackets": s.latePackets, "lostPackets": s.lostPackets, "framesDecoded": s.framesDecoded,
                 "framesRecoveredByFEC": s.framesRecoveredByFEC, "framesConcealed": s.framesConcealed,
                 "framesComfortNoise": s.framesComfortNoise,
-                "concealedByCause": ["lost": s.concealedByCause.lost, "late": s.concealedByCause.late, "bufferEmpty": s.concealedByCause.bufferEmpty],
+                "concealedByCause": [
+                    "lost": s.concealedByCause.lost, "late": s.concealedByCause.late,
+                    "bufferEmpty": s.concealedByCause.bufferEmpty,
+                ],
                 "accelerateSamples": s.accelerateSamples, "expandSamples": s.expandSamples,
                 "framesDroppedInSilence": s.framesDroppedInSilence, "framesInsertedInSilence": s.framesInsertedInSilence,
                 "catchUps": s.catchUps, "interruptions": s.interruptions, "interruptionMilliseconds": s.interruptionMilliseconds,
@@ -206,17 +215,28 @@ extension VoiceCommand {
             let seconds = Double(result.packetsSent * codec.frameDuration.milliseconds) / 1000
             let kbps = seconds > 0 ? Double(result.payloadBytes * 8) / seconds / 1000 : 0
             var fields: [(String, String)] = [
-                ("codec", "\(codec.kind.rawValue) \(codec.sampleRate) Hz, \(codec.frameDuration.milliseconds) ms, \(codec.bitrate) b/s\(codec.constantBitrate ? " CBR" : " VBR")\(codec.inbandFEC ? ", FEC" : "")"),
+                (
+                    "codec",
+                    "\(codec.kind.rawValue) \(codec.sampleRate) Hz, \(codec.frameDuration.milliseconds) ms, \(codec.bitrate) b/s\(codec.constantBitrate ? " CBR" : " VBR")\(codec.inbandFEC ? ", FEC" : "")"
+                ),
                 ("playout", playout.rawValue),
                 ("input", "\(input) (\(inputRate) Hz)"),
-                ("output", "\(output) (\(result.sampleRate) Hz, \(String(format: "%.2f", Double(result.output.count) / Double(result.sampleRate))) s)"),
+                (
+                    "output",
+                    "\(output) (\(result.sampleRate) Hz, \(String(format: "%.2f", Double(result.output.count) / Double(result.sampleRate))) s)"
+                ),
                 ("packets sent", "\(result.packetsSent) (\(String(format: "%.1f", kbps)) kb/s payload)"),
             ]
             if let replay = result.replay {
                 fields += [
                     ("network loss", String(format: "%.2f %%", replay.networkLossRate * 100)),
                     ("late loss", String(format: "%.2f %%", replay.lateLossRate * 100)),
-                    ("delay mean / p95", String(format: "%.1f / %.1f ms (above the minimum transit)", replay.meanDelayMilliseconds, replay.p95DelayMilliseconds)),
+                    (
+                        "delay mean / p95",
+                        String(
+                            format: "%.1f / %.1f ms (above the minimum transit)", replay.meanDelayMilliseconds,
+                            replay.p95DelayMilliseconds)
+                    ),
                 ]
             }
             if json {
@@ -234,7 +254,8 @@ extension VoiceCommand {
                     object["playoutStatistics"] = Self.dictionary(replay.statistics)
                 }
                 if let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]),
-                   let text = String(data: data, encoding: .utf8) {
+                    let text = String(data: data, encoding: .utf8)
+                {
                     print(text)
                 }
                 return

@@ -46,7 +46,9 @@ struct CallControllerTests {
         let stranger = try PublicKey(bytes: [UInt8](repeating: 7, count: 32))
         sim.feed(0, .signal(Self.hangup, from: stranger))
         sim.feed(0, .signal(CallMessage(kind: .hangup, call: "another-call"), from: sim.callee.key))
-        sim.feed(0, .signal(CallMessage(kind: .restart, call: CallSimulation.callID, path: CallSimulation.path("x", 9)), from: stranger))
+        sim.feed(
+            0,
+            .signal(CallMessage(kind: .restart, call: CallSimulation.callID, path: CallSimulation.path("x", 9)), from: stranger))
         #expect(sim.caller.actions.isEmpty)
         #expect(sim.caller.controller.ended == nil)
     }
@@ -54,15 +56,21 @@ struct CallControllerTests {
     @Test func silenceRestartsICE() {
         var sim = CallSimulation()
         sim.advance(by: .seconds(3))
-        sim.hearing[0] = false   // the caller no longer hears the callee (its NAT rebound the callee)
+        sim.hearing[0] = false  // the caller no longer hears the callee (its NAT rebound the callee)
         sim.advance(by: .milliseconds(1999))
         #expect(sim.caller.actions.restarts.isEmpty)
         sim.advance(by: .milliseconds(1))
         #expect(sim.caller.actions.restarts == [.peerFellSilent])
         // The restart went to the callee, which answered with its own new description.
-        #expect(sim.caller.actions.sent == [CallMessage(kind: .restart, call: CallSimulation.callID, path: CallSimulation.path("a", 1))])
+        #expect(
+            sim.caller.actions.sent == [
+                CallMessage(kind: .restart, call: CallSimulation.callID, path: CallSimulation.path("a", 1))
+            ])
         #expect(sim.callee.actions.restarts == [.peerRestarted])
-        #expect(sim.callee.actions.sent == [CallMessage(kind: .restartAnswer, call: CallSimulation.callID, path: CallSimulation.path("b", 1))])
+        #expect(
+            sim.callee.actions.sent == [
+                CallMessage(kind: .restartAnswer, call: CallSimulation.callID, path: CallSimulation.path("b", 1))
+            ])
         #expect(sim.caller.actions.checks == [CallSimulation.path("b", 1)])
         #expect(sim.converged && sim.mediaFlows)
         #expect(sim.caller.controller.iceRestarts == 1 && sim.callee.controller.iceRestarts == 1)
@@ -73,7 +81,7 @@ struct CallControllerTests {
     @Test func restartsAreFourSecondsApartWhileSilent() {
         var sim = CallSimulation()
         sim.hearing[0] = false
-        sim.holdMessages = true   // nothing reaches the callee: the path never comes back
+        sim.holdMessages = true  // nothing reaches the callee: the path never comes back
         sim.advance(by: .seconds(2))
         #expect(sim.caller.actions.restarts.count == 1)
         sim.advance(by: .milliseconds(3999))
@@ -109,7 +117,7 @@ struct CallControllerTests {
         sim.feed(1, .iceConsentLost)
         sim.advance(by: .seconds(1))
         sim.feed(1, .iceConsentLost)
-        sim.feed(1, .iceSelected)   // consent came back before the restart was allowed
+        sim.feed(1, .iceSelected)  // consent came back before the restart was allowed
         sim.advance(by: .seconds(10))
         #expect(sim.callee.actions.restarts.count == 1)
     }
@@ -117,7 +125,7 @@ struct CallControllerTests {
     @Test func addressChangeRejoinsThenRestarts() {
         var sim = CallSimulation()
         sim.advance(by: .milliseconds(1500))
-        sim.sides[0].addresses = [.v4(0xC0A8_0102)]   // we moved to another network
+        sim.sides[0].addresses = [.v4(0xC0A8_0102)]  // we moved to another network
         sim.advance(by: .milliseconds(499))
         #expect(sim.caller.actions.restarts.isEmpty, "addresses are looked at once a second")
         sim.advance(by: .milliseconds(1))
@@ -136,7 +144,7 @@ struct CallControllerTests {
         var sim = CallSimulation()
         sim.advance(by: .seconds(1))
         sim.mediaFlows = false
-        sim.holdMessages = true   // both restarts cross in the rendezvous
+        sim.holdMessages = true  // both restarts cross in the rendezvous
         sim.advance(by: .seconds(2))
         #expect(sim.caller.actions.restarts == [.peerFellSilent])
         #expect(sim.callee.actions.restarts == [.peerFellSilent])
@@ -158,8 +166,8 @@ struct CallControllerTests {
         var sim = CallSimulation()
         sim.advance(by: .seconds(1))
         sim.holdGathering = [1]
-        sim.feed(1, .iceConsentLost)   // the callee restarts and is still gathering…
-        sim.feed(0, .iceConsentLost)   // …when the caller's restart reaches it
+        sim.feed(1, .iceConsentLost)  // the callee restarts and is still gathering…
+        sim.feed(0, .iceConsentLost)  // …when the caller's restart reaches it
         #expect(sim.callee.actions.restarts == [.consentLost])
         #expect(sim.caller.actions.restarts == [.consentLost])
         #expect(sim.callee.actions.sent.isEmpty && sim.caller.actions.checks.isEmpty)
@@ -205,7 +213,10 @@ struct CallControllerTests {
         sim.advance(by: .milliseconds(1))
         #expect(sim.caller.actions.rejoins.count == 3)
         // Rejoined: the restart goes out, the callee answers, both converge.
-        #expect(sim.caller.actions.sent == [CallMessage(kind: .restart, call: CallSimulation.callID, path: CallSimulation.path("a", 1))])
+        #expect(
+            sim.caller.actions.sent == [
+                CallMessage(kind: .restart, call: CallSimulation.callID, path: CallSimulation.path("a", 1))
+            ])
         #expect(sim.callee.actions.restarts == [.peerRestarted])
         #expect(sim.converged && sim.mediaFlows)
         #expect(sim.caller.controller.iceRestarts == 1)
@@ -214,7 +225,7 @@ struct CallControllerTests {
     @Test func restartRefusedByADeadRendezvousIsSentAgainAfterRejoining() {
         var sim = CallSimulation()
         sim.hearing[0] = false
-        sim.rendezvousUp = false   // gone, but the connection has not noticed yet
+        sim.rendezvousUp = false  // gone, but the connection has not noticed yet
         sim.advance(by: .seconds(2))
         #expect(sim.caller.actions.sent.map(\.kind) == [.restart])
         #expect(sim.callee.actions.restarts.isEmpty)

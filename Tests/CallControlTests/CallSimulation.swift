@@ -46,21 +46,28 @@ struct CallSimulation {
     init(configuration: CallController.Configuration = .init()) {
         let keyA = try! PublicKey(bytes: [UInt8](repeating: 0xA1, count: 32))
         let keyB = try! PublicKey(bytes: [UInt8](repeating: 0xB2, count: 32))
-        let pathA = Self.path("a", 0), pathB = Self.path("b", 0)
+        let pathA = Self.path("a", 0)
+        let pathB = Self.path("b", 0)
         let addresses: Set<IPAddress> = [.v4(0x0A00_0001)]
         let start = Timestamp.seconds(100)
         sides = [
-            Side(controller: CallController(role: .caller, peer: keyB, call: Self.callID, configuration: configuration,
-                                            localAddresses: addresses, now: start),
-                 key: keyA, description: pathA, checking: pathB, addresses: addresses),
-            Side(controller: CallController(role: .callee, peer: keyA, call: Self.callID, configuration: configuration,
-                                            localAddresses: addresses, now: start),
-                 key: keyB, description: pathB, checking: pathA, addresses: addresses),
+            Side(
+                controller: CallController(
+                    role: .caller, peer: keyB, call: Self.callID, configuration: configuration,
+                    localAddresses: addresses, now: start),
+                key: keyA, description: pathA, checking: pathB, addresses: addresses),
+            Side(
+                controller: CallController(
+                    role: .callee, peer: keyA, call: Self.callID, configuration: configuration,
+                    localAddresses: addresses, now: start),
+                key: keyB, description: pathB, checking: pathA, addresses: addresses),
         ]
     }
 
     static func path(_ side: String, _ generation: Int) -> CallMessage.Path {
-        CallMessage.Path(ufrag: "\(side)\(generation)", password: "pw-\(side)\(generation)", candidates: ["candidate:1 1 udp 1 10.0.0.1 4000 typ host"])
+        CallMessage.Path(
+            ufrag: "\(side)\(generation)", password: "pw-\(side)\(generation)",
+            candidates: ["candidate:1 1 udp 1 10.0.0.1 4000 typ host"])
     }
 
     var caller: Side { sides[0] }

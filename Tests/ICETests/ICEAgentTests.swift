@@ -68,14 +68,16 @@ private func events(_ host: VirtualHost<ICEAgent>) -> [ICEEvent] {
 }
 
 private func pair(aRole: ICERole = .controlling, bRole: ICERole = .controlled, natOnA: Bool = false) -> Net {
-    let ha = TransportAddress(ip: ip(10, 0, 0, 1), port: 4000), hb = TransportAddress(ip: ip(192, 0, 2, 7), port: 5000)
+    let ha = TransportAddress(ip: ip(10, 0, 0, 1), port: 4000)
+    let hb = TransportAddress(ip: ip(192, 0, 2, 7), port: 5000)
     let a = ICEAgent(role: aRole, candidates: [.host(ha, base: 0)], tieBreaker: 7)
     let b = ICEAgent(role: bRole, candidates: [.host(hb, base: 0)], tieBreaker: 9)
     return Net(a: a, at: ha, b: b, at: hb, natOnA: natOnA ? .fullCone(ip(203, 0, 113, 1)) : nil)
 }
 
 private func signal(_ net: Net, aLearnsB: Bool = true, bLearnsA: Bool = true) {
-    let ca = net.a.core.local, cb = net.b.core.local
+    let ca = net.a.core.local
+    let cb = net.b.core.local
     net.a.handle(.setRemote(cb, candidates: aLearnsB ? net.b.core.advertised : [], complete: true))
     net.b.handle(.setRemote(ca, candidates: bLearnsA ? net.a.core.advertised : [], complete: true))
 }
@@ -94,7 +96,8 @@ struct ICEAgentTests {
         let net = pair()
         signal(net)
         net.run(for: 2)
-        let a = selected(net.aEvents), b = selected(net.bEvents)
+        let a = selected(net.aEvents)
+        let b = selected(net.bEvents)
         #expect(a?.remote.address == net.bHost)
         #expect(b?.remote.address == net.aHost)
         #expect(net.a.core.state == .completed && net.b.core.state == .completed)
@@ -150,7 +153,7 @@ struct ICEAgentTests {
         let other = TransportAddress(ip: ip(127, 0, 0, 1), port: 5000)
         net.b.handle(.addLocal(.host(other, base: 0, localPreference: 65534)))
         net.b.handle(.setRemote(net.a.core.local, candidates: net.a.core.advertised, complete: true))
-        net.run(for: 0.01)   // B's first check reaches A, which knows nothing of B yet
+        net.run(for: 0.01)  // B's first check reaches A, which knows nothing of B yet
         #expect(net.a.core.remoteCandidates.map(\.type) == [.prflx])
         net.a.handle(.setRemote(net.b.core.local, candidates: net.b.core.advertised, complete: true))
         #expect(net.a.core.remoteCandidates.map(\.type) == [.host, .host])
@@ -250,7 +253,8 @@ struct ICEAgentTests {
         net.b.handle(.restart(local: .random(), candidates: nil))
         #expect(net.a.core.local != old)
         #expect(net.a.core.selected != nil, "media keeps its pair during the restart")
-        net.aEvents = []; net.bEvents = []
+        net.aEvents = []
+        net.bEvents = []
         signal(net)
         net.run(for: 2)
         #expect(selected(net.aEvents) != nil && selected(net.bEvents) != nil)
@@ -258,22 +262,29 @@ struct ICEAgentTests {
 
     @Test func checksWithAWrongPasswordOrUsernameAreRefusedAndFormNoPair() throws {
         let host = TransportAddress(ip: ip(127, 0, 0, 1), port: 9)
-        var agent = ICEAgent(role: .controlled, local: ICECredentials(ufrag: "abcd", pwd: "0123456789012345678901"),
-                             candidates: [.host(host, base: 0)])
+        var agent = ICEAgent(
+            role: .controlled, local: ICECredentials(ufrag: "abcd", pwd: "0123456789012345678901"),
+            candidates: [.host(host, base: 0)])
         agent.setRemote(ICECredentials(ufrag: "wxyz", pwd: "zyxwvutsrqponmlkjihgfe"), candidates: [])
         let peer = TransportAddress(ip: ip(127, 0, 0, 1), port: 7000)
         func check(username: String, password: String) -> [UInt8] {
             Message(type: .bindingRequest, attributes: [.username(username), .priority(1), .iceControlling(1)])
                 .encode(integrity: try? IntegrityKey.shortTerm(password: password), fingerprint: true)
         }
-        for (bytes, code) in [(check(username: "abcd:wxyz", password: "wrongwrongwrongwrongwr"), 401),
-                              (check(username: "nope:wxyz", password: "0123456789012345678901"), 401),
-                              (Message(type: .bindingRequest, attributes: [.username("abcd:wxyz")]).encode(fingerprint: true), 400)] {
+        for (bytes, code) in [
+            (check(username: "abcd:wxyz", password: "wrongwrongwrongwrongwr"), 401),
+            (check(username: "nope:wxyz", password: "0123456789012345678901"), 401),
+            (Message(type: .bindingRequest, attributes: [.username("abcd:wxyz")]).encode(fingerprint: true), 400),
+        ] {
             let wasICE = agent.receive(bytes, from: peer, base: 0, now: .seconds(1))
             #expect(wasICE)
             let out = agent.drainActions()
             guard case .send(let reply, _, _)? = out.first, let m = try? Message(decoding: reply),
-                  case .errorCode(let e)? = try? m.value(.errorCode) else { Issue.record("no error response: \(out)"); continue }
+                case .errorCode(let e)? = try? m.value(.errorCode)
+            else {
+                Issue.record("no error response: \(out)")
+                continue
+            }
             #expect(e.code == code)
         }
         #expect(agent.remoteCandidates.isEmpty, "an unauthenticated check taught a candidate")
@@ -290,7 +301,10 @@ struct ICEAgentTests {
         let goodWasICE = agent.receive(good, from: peer, base: 0, now: .seconds(1))
         #expect(goodWasICE)
         let out = agent.drainActions()
-        guard case .send(let reply, _, let to)? = out.first else { Issue.record("\(out)"); return }
+        guard case .send(let reply, _, let to)? = out.first else {
+            Issue.record("\(out)")
+            return
+        }
         let m = try Message(decoding: reply)
         #expect(to == peer && m.type == .bindingSuccess)
         #expect(m.checkMessageIntegrity(key: try IntegrityKey.shortTerm(password: "0123456789012345678901")) == .valid)
@@ -303,15 +317,18 @@ struct ICEAgentTests {
 @Suite("ICE candidates")
 struct ICECandidateTests {
     @Test func candidateLinesRoundTripAndBadOnesAreTypedErrors() throws {
-        let c = try ICECandidate(sdp: "candidate:842163049 1 udp 1677729535 198.51.100.7 46154 typ srflx raddr 10.0.0.2 rport 46154 generation 0")
+        let c = try ICECandidate(
+            sdp: "candidate:842163049 1 udp 1677729535 198.51.100.7 46154 typ srflx raddr 10.0.0.2 rport 46154 generation 0")
         #expect(c.type == .srflx && c.priority == 1_677_729_535 && c.address.port == 46154)
         #expect(c.relatedAddress == TransportAddress(ip: ip(10, 0, 0, 2), port: 46154))
         #expect(try ICECandidate(sdp: c.sdp) == c)
         let v6 = try ICECandidate(sdp: "1 1 UDP 2130706431 2001:db8::1 5000 typ host")
         #expect(v6.address.ip.family == 2)
-        for bad in ["", "1 1 udp", "1 1 tcp 2130706431 10.0.0.1 9 typ host tcptype active",
-                    "1 1 udp 2130706431 example.com 5000 typ host", "1 1 udp 2130706431 10.0.0.1 70000 typ host",
-                    "1 0 udp 2130706431 10.0.0.1 5000 typ host", "1 1 udp 2130706431 10.0.0.1 5000 typ bogus"] {
+        for bad in [
+            "", "1 1 udp", "1 1 tcp 2130706431 10.0.0.1 9 typ host tcptype active",
+            "1 1 udp 2130706431 example.com 5000 typ host", "1 1 udp 2130706431 10.0.0.1 70000 typ host",
+            "1 0 udp 2130706431 10.0.0.1 5000 typ host", "1 1 udp 2130706431 10.0.0.1 5000 typ bogus",
+        ] {
             #expect(throws: ICECandidateError.self) { try ICECandidate(sdp: bad) }
         }
     }

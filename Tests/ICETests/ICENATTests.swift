@@ -56,8 +56,9 @@ private final class NATPair {
     /// A Binding transaction (the STUN client core) from the site's socket.
     func gather(_ site: Site) -> TransportAddress? {
         let request = Message(type: .bindingRequest)
-        let transaction = ClientTransaction(transactionID: request.transactionID, request: request.encode(fingerprint: true),
-                                            reliability: .unreliable(rto: .milliseconds(250), rc: 4, rm: 4))
+        let transaction = ClientTransaction(
+            transactionID: request.transactionID, request: request.encode(fingerprint: true),
+            reliability: .unreliable(rto: .milliseconds(250), rc: 4, rm: 4))
         let stun = self.stun
         let client = VirtualHost(transaction, at: [site.host], on: network) { d in
             (try? Message(decoding: d.bytes)).map { .response($0) }
@@ -70,7 +71,8 @@ private final class NATPair {
         network.run(for: .seconds(5)) { !client.reported.isEmpty }
         network.detach(client)
         guard case .answered(let response)? = client.reported.first,
-              case .xorMappedAddress(let mapped)? = try? response.value(.xorMappedAddress) else { return nil }
+            case .xorMappedAddress(let mapped)? = try? response.value(.xorMappedAddress)
+        else { return nil }
         return mapped
     }
 
@@ -78,7 +80,8 @@ private final class NATPair {
         var candidates: [ICELocalCandidate] = [.host(site.host, base: 0)]
         if let srflx = site.srflx { candidates.append(.serverReflexive(srflx, baseAddress: site.host, base: 0)) }
         let host = site.host
-        let agent = VirtualHost(ICEAgent(role: role, candidates: candidates, tieBreaker: tieBreaker), at: [host], on: network) { d in
+        let agent = VirtualHost(ICEAgent(role: role, candidates: candidates, tieBreaker: tieBreaker), at: [host], on: network) {
+            d in
             .datagram(d.bytes, from: d.from, base: 0)
         } output: { action in
             guard case .send(let bytes, _, let to) = action else { return nil }
@@ -91,7 +94,8 @@ private final class NATPair {
 
     /// Runs both agents until both selected a pair (or one failed), or 15 s.
     func connect() -> (a: ICEPair?, b: ICEPair?, aFailed: Bool) {
-        let x = agent(a, role: .controlling, tieBreaker: 7), y = agent(b, role: .controlled, tieBreaker: 9)
+        let x = agent(a, role: .controlling, tieBreaker: 7)
+        let y = agent(b, role: .controlled, tieBreaker: 9)
         x.handle(.setRemote(y.core.local, candidates: y.core.advertised, complete: true))
         y.handle(.setRemote(x.core.local, candidates: x.core.advertised, complete: true))
         network.run(for: .seconds(15)) {
@@ -109,10 +113,12 @@ struct ICENATTests {
     /// (port-restricted filtering opens once both have sent).
     @Test func twoConeNATsConnectOnTheServerReflexivePair() throws {
         let net = NATPair(a: .portRestrictedCone(ip(203, 0, 113, 10)), b: .portRestrictedCone(ip(203, 0, 113, 20)))
-        let aSrflx = try #require(net.a.srflx), bSrflx = try #require(net.b.srflx)
+        let aSrflx = try #require(net.a.srflx)
+        let bSrflx = try #require(net.b.srflx)
         #expect(aSrflx.ip == ip(203, 0, 113, 10) && bSrflx.ip == ip(203, 0, 113, 20))
         let (a, b, _) = net.connect()
-        let pa = try #require(a), pb = try #require(b)
+        let pa = try #require(a)
+        let pb = try #require(b)
         #expect(pa.local.candidate.address == net.a.host && pa.remote.address == bSrflx && pa.remote.type == .srflx, "\(pa)")
         #expect(pb.local.candidate.address == net.b.host && pb.remote.address == aSrflx && pb.remote.type == .srflx, "\(pb)")
     }
@@ -124,9 +130,11 @@ struct ICENATTests {
     @Test func aSymmetricNATAgainstARestrictedConeConnectsOnAPeerReflexivePair() throws {
         let natA = NAT.symmetric(ip(203, 0, 113, 10))
         let net = NATPair(a: natA, b: .restrictedCone(ip(203, 0, 113, 20)))
-        let aSrflx = try #require(net.a.srflx), bSrflx = try #require(net.b.srflx)
+        let aSrflx = try #require(net.a.srflx)
+        let bSrflx = try #require(net.b.srflx)
         let (a, b, _) = net.connect()
-        let pa = try #require(a), pb = try #require(b)
+        let pa = try #require(a)
+        let pb = try #require(b)
         let aForB = try #require(net.network.mapping(net.a.nat, of: net.a.host, for: bSrflx))
         #expect(aForB != aSrflx, "a symmetric NAT maps per destination")
         #expect(pa.local.candidate.address == net.a.host && pa.remote.address == bSrflx, "\(pa)")

@@ -11,26 +11,34 @@ import Voice
 
     /// A relay with its rendezvous on loopback (and `extra` arguments): (process, rendezvous port).
     static func relay(_ extra: [String] = []) async throws -> (Harness.Background, UInt16) {
-        let (relay, _) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0"] + extra))
-        let line = try #require(await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+        let (relay, _) = try #require(
+            try await Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0"] + extra))
+        let line = try #require(
+            await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
         return (relay, try #require(line.split(separator: ":").last.flatMap { UInt16($0) }))
     }
 
     /// `tusa answer` in the background (run by `wrapper`, e.g. prlimit, when given), and the key it answers as.
     static func answer(_ port: UInt16, _ extra: [String], wrapper: [String] = []) async throws -> (Harness.Background, String) {
         let tusa = try #require(Harness.tusa)
-        let command = wrapper + [tusa, "answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "20", "--json", "--quiet"] + extra
+        let command =
+            wrapper + [tusa, "answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "20", "--json", "--quiet"] + extra
         let a = try Harness.Background(command[0], Array(command.dropFirst()))
         let line = try #require(await a.waitForMatch(#"answering as [A-Za-z0-9+/=]{44}"#), "\(a.stdout) \(a.stderr)")
         return (a, String(line.dropFirst("answering as ".count)))
     }
 
     /// Both sides exited 0 (the callee within 10 s of the caller); their JSON reports.
-    static func reports(caller: Harness.Result, answerer: Harness.Background) async throws -> (caller: [String: Any], callee: [String: Any]) {
+    static func reports(caller: Harness.Result, answerer: Harness.Background) async throws -> (
+        caller: [String: Any], callee: [String: Any]
+    ) {
         #expect(caller.status == 0, "\(caller.stdout) \(caller.stderr)")
         _ = await answerer.waitForExit(timeout: 10)
         #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
-        return (try #require(Self.json(caller.stdout), "\(caller.stdout)"), try #require(Self.json(answerer.stdout), "\(answerer.stdout)"))
+        return (
+            try #require(Self.json(caller.stdout), "\(caller.stdout)"),
+            try #require(Self.json(answerer.stdout), "\(answerer.stdout)")
+        )
     }
 
     static func json(_ text: String) -> [String: Any]? {
@@ -51,10 +59,18 @@ import Voice
         for shift in 0...maxShift {
             let n = min(a.count, b.count - shift)
             guard n > 50 else { continue }
-            let x = Array(a[0..<n]), y = Array(b[shift..<(shift + n)])
-            let mx = x.reduce(0, +) / Double(n), my = y.reduce(0, +) / Double(n)
-            var sxy = 0.0, sxx = 0.0, syy = 0.0
-            for i in 0..<n { sxy += (x[i] - mx) * (y[i] - my); sxx += (x[i] - mx) * (x[i] - mx); syy += (y[i] - my) * (y[i] - my) }
+            let x = Array(a[0..<n])
+            let y = Array(b[shift..<(shift + n)])
+            let mx = x.reduce(0, +) / Double(n)
+            let my = y.reduce(0, +) / Double(n)
+            var sxy = 0.0
+            var sxx = 0.0
+            var syy = 0.0
+            for i in 0..<n {
+                sxy += (x[i] - mx) * (y[i] - my)
+                sxx += (x[i] - mx) * (x[i] - mx)
+                syy += (y[i] - my) * (y[i] - my)
+            }
             if sxx > 0, syy > 0 { best = max(best, sxy / (sxx * syy).squareRoot()) }
         }
         return best
@@ -68,15 +84,16 @@ import Voice
         defer { unlink(heard) }
         let (answerer, key) = try await Self.answer(port, ["--out", heard])
         defer { answerer.kill() }
-        let caller = try await TURNClientPeerTests.tusa([
-            "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--json", "--quiet",
-        ], timeout: 40)
+        let caller = try await TURNClientPeerTests.tusa(
+            [
+                "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--json", "--quiet",
+            ], timeout: 40)
         let (c, a) = try await Self.reports(caller: caller, answerer: answerer)
         #expect(c["ended"] as? String == "local-hangup")
         #expect(a["ended"] as? String == "remote-hangup")
         #expect(c["path"] as? String == "direct" && a["path"] as? String == "direct")
         let sent = try #require(c["packetsSent"] as? Int)
-        #expect(sent > 300)   // 7.1 s of speech in 20 ms frames
+        #expect(sent > 300)  // 7.1 s of speech in 20 ms frames
         #expect(try #require(a["packetsReceived"] as? Int) >= sent - 5)
         #expect(try #require(a["dialToFirstAudioMilliseconds"] as? Double) > 0)
         #expect(try #require(a["estimatedMOS"] as? Double) > 3.5)
@@ -95,20 +112,26 @@ import Voice
     /// (its own count says so), sealed end to end.
     @Test(.enabled(if: ready, "\(needs)"))
     func relayOnlyCallsGoThroughTheRelayBothWays() async throws {
-        let (relay, port) = try await Self.relay(["--use-auth-secret", "--static-auth-secret", "s3cret", "--realm", "tusa.test", "--allow-loopback-peers"])
+        let (relay, port) = try await Self.relay([
+            "--use-auth-secret", "--static-auth-secret", "s3cret", "--realm", "tusa.test", "--allow-loopback-peers",
+        ])
         defer { relay.kill() }
         let (answerer, key) = try await Self.answer(port, ["--relay-only", "--in", "tone"])
         defer { answerer.kill() }
-        let caller = try await TURNClientPeerTests.tusa([
-            "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "3", "--relay-only", "--json", "--quiet",
-        ], timeout: 40)
+        let caller = try await TURNClientPeerTests.tusa(
+            [
+                "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "3", "--relay-only", "--json",
+                "--quiet",
+            ], timeout: 40)
         let (c, a) = try await Self.reports(caller: caller, answerer: answerer)
         #expect(c["path"] as? String == "relayed" && a["path"] as? String == "relayed", "\(c) \(a)")
         #expect(c["candidatePair"] as? String == "relay -> relay", "\(c)")
-        let sentByCaller = try #require(c["packetsSent"] as? Int), sentByCallee = try #require(a["packetsSent"] as? Int)
+        let sentByCaller = try #require(c["packetsSent"] as? Int)
+        let sentByCallee = try #require(a["packetsSent"] as? Int)
         #expect(sentByCaller > 100 && sentByCallee > 100)
         #expect(try #require(a["packetsReceived"] as? Int) >= sentByCaller - 10)
-        #expect(try #require(c["packetsReceived"] as? Int) >= sentByCallee - 60)   // the callee talks on after the caller's hang-up
+        // The callee talks on after the caller's hang-up.
+        #expect(try #require(c["packetsReceived"] as? Int) >= sentByCallee - 60)
         #expect(try #require(c["connectMilliseconds"] as? Double) < 2000)
         // The relay carried it: both directions, every packet once more through a relayed socket.
         _ = await relay.stop(signal: SIGTERM)
@@ -123,7 +146,8 @@ import Voice
         defer { relay.kill() }
         let (answerer, key) = try await Self.answer(port, ["--duration", "1.5", "--in", "tone"])
         defer { answerer.kill() }
-        let caller = try await TURNClientPeerTests.tusa(["call", key, "--rendezvous", "127.0.0.1:\(port)", "--json", "--quiet"], timeout: 30)
+        let caller = try await TURNClientPeerTests.tusa(
+            ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--json", "--quiet"], timeout: 30)
         #expect(caller.status == 0, "\(caller.stderr)")
         #expect(Self.json(caller.stdout)?["ended"] as? String == "remote-hangup", "\(caller.stdout)")
         _ = await answerer.waitForExit(timeout: 10)
@@ -147,9 +171,10 @@ import Voice
         // 8 kHz 16-bit mono: about 2 s fit in 32 KiB.
         let (answerer, key) = try await Self.answer(port, ["--out", heard], wrapper: [prlimit, "--fsize=32768", "--"])
         defer { answerer.kill() }
-        let caller = try await TURNClientPeerTests.tusa([
-            "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "10", "--json", "--quiet",
-        ], timeout: 30)
+        let caller = try await TURNClientPeerTests.tusa(
+            [
+                "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "10", "--json", "--quiet",
+            ], timeout: 30)
         #expect(caller.status == 0, "\(caller.stderr)")
         #expect(Self.json(caller.stdout)?["ended"] as? String == "remote-hangup", "\(caller.stdout)")
         _ = await answerer.waitForExit(timeout: 10)
@@ -170,9 +195,11 @@ import Voice
         defer { relay.kill() }
         let (answerer, key) = try await Self.answer(port, [])
         defer { answerer.kill() }
-        let caller = try await TURNClientPeerTests.tusa([
-            "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--impair", "loss=20%,seed=3", "--json", "--quiet",
-        ], timeout: 40)
+        let caller = try await TURNClientPeerTests.tusa(
+            [
+                "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--impair", "loss=20%,seed=3", "--json",
+                "--quiet",
+            ], timeout: 40)
         #expect(caller.status == 0, "\(caller.stderr)")
         _ = await answerer.waitForExit(timeout: 10)
         let c = try #require(Self.json(caller.stdout), "\(caller.stdout)")
@@ -184,7 +211,7 @@ import Voice
         #expect(try #require(a["lossPercent"] as? Double) > 8)
         // The caller's encoder followed the callee's reports of heavy loss down from 24 kb/s.
         #expect(try #require(c["sendBitrate"] as? Int) < 22_000, "\(c)")
-        #expect(try #require(a["sendBitrate"] as? Int) == 24_000, "\(a)")   // the way back was clean
+        #expect(try #require(a["sendBitrate"] as? Int) == 24_000, "\(a)")  // the way back was clean
         // Bad specifications are refused before anything starts.
         let bad = try await TURNClientPeerTests.tusa(["call", key, "--rendezvous", "127.0.0.1:\(port)", "--impair", "loss=150%"])
         #expect(bad.status == 64 && bad.stderr.contains("at most 100%"), "\(bad.stderr)")
@@ -202,8 +229,14 @@ import Voice
             (["call", key, "--rendezvous", "127.0.0.1:9"], 2, "cannot reach the rendezvous"),
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--quiet"], 2, "no peer registered under"),
             (["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "0.5", "--quiet"], 2, "no call within"),
-            (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--relay-only", "--quiet"], 2, "relay-only, but no relay: the rendezvous gave no TURN credentials"),
-            (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--stun", "not an address"], 64, "--stun 'not an address' is not HOST[:PORT]"),
+            (
+                ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--relay-only", "--quiet"], 2,
+                "relay-only, but no relay: the rendezvous gave no TURN credentials"
+            ),
+            (
+                ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--stun", "not an address"], 64,
+                "--stun 'not an address' is not HOST[:PORT]"
+            ),
         ]
         for (arguments, status, message) in cases {
             let r = try await TURNClientPeerTests.tusa(arguments, timeout: 20)

@@ -35,7 +35,9 @@ private func sharedCapturePath(_ name: String) -> String {
 
 // MARK: - Real captures, cross-checked with tshark
 
-@Suite("Capture reader: shared interop captures", .enabled(if: captureSharedExists, "../shared/interop absent: shared capture tests skipped"))
+@Suite(
+    "Capture reader: shared interop captures",
+    .enabled(if: captureSharedExists, "../shared/interop absent: shared capture tests skipped"))
 struct CaptureReaderSharedTests: CaptureFixtures {
     @Test("reads every shared capture", arguments: sharedCaptureNames)
     func readsCapture(_ name: String) throws {
@@ -194,7 +196,8 @@ struct CaptureReaderErrorTests: CaptureFixtures {
 
     @Test("a truncated classic pcap names the frame")
     func truncatedClassic() throws {
-        let frame = ethernet(type: 0x0800, ipv4(src: [10, 0, 0, 1], dst: [10, 0, 0, 2], proto: 17, payload: udp(1, 2, [1, 2, 3])))
+        let frame = ethernet(
+            type: 0x0800, ipv4(src: [10, 0, 0, 1], dst: [10, 0, 0, 2], proto: 17, payload: udp(1, 2, [1, 2, 3])))
         let file = pcap(linkType: 1, records: [CaptureTestRecord(frame), CaptureTestRecord(frame)])
         let path = try temporaryFile(Array(file.dropLast(5)))
         defer { try? FileManager.default.removeItem(atPath: path) }
@@ -231,7 +234,10 @@ struct CaptureReaderErrorTests: CaptureFixtures {
         for linkType: UInt32 in [0, 1, 12, 101, 108, 113, 228, 229, 276] {
             var records: [CaptureTestRecord] = []
             let templates: [[UInt8]] = [
-                ethernet(type: 0x8100, [0, 1, 0x08, 0x00] + ipv4(src: [1, 2, 3, 4], dst: [5, 6, 7, 8], proto: 6, payload: tcp(1, 2, seq: 1, flags: 0x18, [9]))),
+                ethernet(
+                    type: 0x8100,
+                    [0, 1, 0x08, 0x00]
+                        + ipv4(src: [1, 2, 3, 4], dst: [5, 6, 7, 8], proto: 6, payload: tcp(1, 2, seq: 1, flags: 0x18, [9]))),
                 ipv6(src: loopback6, dst: loopback6, next: 0, payload: [17, 0, 1, 4, 0, 0, 0, 0] + udp(1, 2, [7])),
                 ipv4(src: [1, 2, 3, 4], dst: [5, 6, 7, 8], proto: 17, payload: udp(1, 2, [1, 2])),
             ]
@@ -276,28 +282,32 @@ struct CaptureReaderErrorTests: CaptureFixtures {
 struct CaptureReaderHandWrittenTests: CaptureFixtures {
     @Test("classic pcap, Ethernet: padding, VLAN tags, IPv4 options, fragments, cut frames")
     func classicEthernet() throws {
-        let a: [UInt8] = [192, 0, 2, 1], b: [UInt8] = [192, 0, 2, 2]
+        let a: [UInt8] = [192, 0, 2, 1]
+        let b: [UInt8] = [192, 0, 2, 2]
         var padded = ethernet(type: 0x0800, ipv4(src: a, dst: b, proto: 17, payload: udp(5000, 3478, [0xDE, 0xAD])))
         padded += [UInt8](repeating: 0xEE, count: 60 - padded.count)  // Ethernet minimum frame
         let tagged = ethernet(
             type: 0x0800, vlans: [0x88A8, 0x8100],
             ipv4(src: a, dst: b, proto: 17, payload: udp(5001, 3478, [1, 2, 3]), options: [1, 1, 1, 0]))
         let moreFragments = ethernet(type: 0x0800, ipv4(src: a, dst: b, proto: 17, payload: udp(1, 2, [1]), fragment: 0x2000))
-        let laterFragment = ethernet(type: 0x0800, ipv4(src: a, dst: b, proto: 17, payload: [1, 2, 3, 4, 5, 6, 7, 8], fragment: 185))
+        let laterFragment = ethernet(
+            type: 0x0800, ipv4(src: a, dst: b, proto: 17, payload: [1, 2, 3, 4, 5, 6, 7, 8], fragment: 185))
         let arp = ethernet(type: 0x0806, [UInt8](repeating: 0, count: 28))
         let full = ethernet(type: 0x0800, ipv4(src: a, dst: b, proto: 17, payload: udp(1, 2, [UInt8](repeating: 7, count: 40))))
         let icmp = ethernet(type: 0x0800, ipv4(src: a, dst: b, proto: 1, payload: [8, 0, 0, 0, 0, 0, 0, 0]))
         let v6 = ethernet(type: 0x86DD, ipv6(src: loopback6, dst: loopback6, next: 17, payload: udp(5002, 3478, [9, 9])))
-        let file = pcap(linkType: 1, records: [
-            CaptureTestRecord(padded, seconds: 1_700_000_000, fraction: 250_000),
-            CaptureTestRecord(tagged),
-            CaptureTestRecord(moreFragments),
-            CaptureTestRecord(laterFragment),
-            CaptureTestRecord(arp),
-            CaptureTestRecord(Array(full.prefix(30)), originalLength: full.count),
-            CaptureTestRecord(icmp),
-            CaptureTestRecord(v6),
-        ])
+        let file = pcap(
+            linkType: 1,
+            records: [
+                CaptureTestRecord(padded, seconds: 1_700_000_000, fraction: 250_000),
+                CaptureTestRecord(tagged),
+                CaptureTestRecord(moreFragments),
+                CaptureTestRecord(laterFragment),
+                CaptureTestRecord(arp),
+                CaptureTestRecord(Array(full.prefix(30)), originalLength: full.count),
+                CaptureTestRecord(icmp),
+                CaptureTestRecord(v6),
+            ])
         let path = try temporaryFile(file)
         defer { try? FileManager.default.removeItem(atPath: path) }
 
@@ -326,13 +336,15 @@ struct CaptureReaderHandWrittenTests: CaptureFixtures {
         let src: [UInt8] = [0x20, 0x01, 0x0D, 0xB8] + [UInt8](repeating: 0, count: 11) + [1]
         let dst: [UInt8] = [0x20, 0x01, 0x0D, 0xB8, 0, 0, 0, 0, 0, 0x11, 0, 0, 0, 0, 0, 2]
         // Hop-by-hop (8) → routing (8) → destination options (16) → UDP.
-        let extensions: [UInt8] = [43, 0, 1, 4, 0, 0, 0, 0]
+        let extensions: [UInt8] =
+            [43, 0, 1, 4, 0, 0, 0, 0]
             + [60, 0, 0, 0, 0, 0, 0, 0]
             + [17, 1, 1, 12] + [UInt8](repeating: 0, count: 12)
         let withExtensions = ipv6(src: src, dst: dst, next: 0, payload: extensions + udp(40000, 3478, Array("stun".utf8)))
         let fragment = ipv6(src: src, dst: dst, next: 44, payload: [17, 0, 0x05, 0xC9, 0, 0, 0, 1] + [1, 2, 3, 4])
         let v4 = ipv4(src: [127, 0, 0, 1], dst: [127, 0, 0, 1], proto: 17, payload: udp(1, 2, [5]))
-        let path = try temporaryFile(pcap(linkType: 101, records: [CaptureTestRecord(withExtensions), CaptureTestRecord(fragment), CaptureTestRecord(v4)]))
+        let path = try temporaryFile(
+            pcap(linkType: 101, records: [CaptureTestRecord(withExtensions), CaptureTestRecord(fragment), CaptureTestRecord(v4)]))
         defer { try? FileManager.default.removeItem(atPath: path) }
 
         let capture = try Capture.read(path: path)
@@ -377,8 +389,9 @@ struct CaptureReaderHandWrittenTests: CaptureFixtures {
     @Test("nanosecond pcap timestamps")
     func nanosecondTimestamps() throws {
         let frame = ipv4(src: [1, 1, 1, 1], dst: [2, 2, 2, 2], proto: 17, payload: udp(1, 2, []))
-        let path = try temporaryFile(pcap(
-            linkType: 228, records: [CaptureTestRecord(frame, seconds: 1_000, fraction: 123_456_789)], nanosecond: true))
+        let path = try temporaryFile(
+            pcap(
+                linkType: 228, records: [CaptureTestRecord(frame, seconds: 1_000, fraction: 123_456_789)], nanosecond: true))
         defer { try? FileManager.default.removeItem(atPath: path) }
         let capture = try Capture.read(path: path)
         #expect(abs((capture.udp.first?.timestamp ?? 0) - 1_000.123456789) < 1e-7)
@@ -387,14 +400,24 @@ struct CaptureReaderHandWrittenTests: CaptureFixtures {
 
     @Test("TCP reassembly: order, retransmission, overlap, hole, 4-tuple reuse")
     func tcpReassemblyFromFile() throws {
-        let c: [UInt8] = [10, 0, 0, 1], s: [UInt8] = [10, 0, 0, 2]
+        let c: [UInt8] = [10, 0, 0, 1]
+        let s: [UInt8] = [10, 0, 0, 2]
         func up(_ seq: UInt32, _ flags: UInt8, _ payload: String = "") -> CaptureTestRecord {
-            CaptureTestRecord(ethernet(type: 0x0800, ipv4(src: c, dst: s, proto: 6, payload: tcp(40000, 3478, seq: seq, flags: flags, Array(payload.utf8)))))
+            CaptureTestRecord(
+                ethernet(
+                    type: 0x0800,
+                    ipv4(src: c, dst: s, proto: 6, payload: tcp(40000, 3478, seq: seq, flags: flags, Array(payload.utf8)))))
         }
         func down(_ seq: UInt32, _ flags: UInt8, _ payload: String = "") -> CaptureTestRecord {
-            CaptureTestRecord(ethernet(type: 0x0800, ipv4(src: s, dst: c, proto: 6, payload: tcp(3478, 40000, seq: seq, flags: flags, Array(payload.utf8)))))
+            CaptureTestRecord(
+                ethernet(
+                    type: 0x0800,
+                    ipv4(src: s, dst: c, proto: 6, payload: tcp(3478, 40000, seq: seq, flags: flags, Array(payload.utf8)))))
         }
-        let syn: UInt8 = 0x02, ack: UInt8 = 0x10, fin: UInt8 = 0x01, psh: UInt8 = 0x08
+        let syn: UInt8 = 0x02
+        let ack: UInt8 = 0x10
+        let fin: UInt8 = 0x01
+        let psh: UInt8 = 0x08
         let records = [
             up(1000, syn),  // 1
             down(5000, syn | ack),  // 2
@@ -424,10 +447,11 @@ struct CaptureReaderHandWrittenTests: CaptureFixtures {
         #expect(first.connection == 0)
         #expect(first.source.description == "10.0.0.1:40000")
         #expect(String(decoding: first.data, as: UTF8.self) == "HELLOWORLDxyztail")
-        #expect(first.chunks == [
-            .init(offset: 0, frame: 5), .init(offset: 5, frame: 4), .init(offset: 10, frame: 7),
-            .init(offset: 13, frame: 8, missingBefore: 6),
-        ])
+        #expect(
+            first.chunks == [
+                .init(offset: 0, frame: 5), .init(offset: 5, frame: 4), .init(offset: 10, frame: 7),
+                .init(offset: 13, frame: 8, missingBefore: 6),
+            ])
         #expect(first.gaps == 1 && first.missingBytes == 6)
         #expect(first.synSeen && first.closed)
         #expect(first.frame(at: 0) == 5 && first.frame(at: 9) == 4 && first.frame(at: 12) == 7 && first.frame(at: 16) == 8)
@@ -567,8 +591,10 @@ extension CaptureFixtures {
     /// Parses `tshark -z follow,tcp,raw,N`: node 0 and node 1, then hex lines (indented by a
     /// tab when sent by node 1).
     func parseFollow(_ text: String) -> (String, String, [UInt8], [UInt8])? {
-        var node0: String?, node1: String?
-        var data0: [UInt8] = [], data1: [UInt8] = []
+        var node0: String?
+        var node1: String?
+        var data0: [UInt8] = []
+        var data1: [UInt8] = []
         for line in text.split(separator: "\n", omittingEmptySubsequences: true) {
             if line.hasPrefix("Node 0: ") {
                 node0 = String(line.dropFirst(8))
@@ -622,7 +648,8 @@ extension CaptureFixtures {
         be16(source) + be16(destination) + be32(seq) + be32(0) + [0x50, flags] + be16(65535) + be16(0) + be16(0) + payload
     }
 
-    func ipv4(src: [UInt8], dst: [UInt8], proto: UInt8, payload: [UInt8], options: [UInt8] = [], fragment: UInt16 = 0) -> [UInt8] {
+    func ipv4(src: [UInt8], dst: [UInt8], proto: UInt8, payload: [UInt8], options: [UInt8] = [], fragment: UInt16 = 0) -> [UInt8]
+    {
         let headerLength = 20 + options.count
         let versionIHL = UInt8(0x40 | (headerLength / 4))
         return [versionIHL, 0] + be16(UInt16(headerLength + payload.count)) + be16(0x1234) + be16(fragment)
@@ -643,9 +670,11 @@ extension CaptureFixtures {
 
     /// A classic little-endian pcap file.
     func pcap(linkType: UInt32, records: [CaptureTestRecord], nanosecond: Bool = false) -> [UInt8] {
-        var file = le32(nanosecond ? 0xA1B2_3C4D : 0xA1B2_C3D4) + le16(2) + le16(4) + le32(0) + le32(0) + le32(65535) + le32(linkType)
+        var file =
+            le32(nanosecond ? 0xA1B2_3C4D : 0xA1B2_C3D4) + le16(2) + le16(4) + le32(0) + le32(0) + le32(65535) + le32(linkType)
         for record in records {
-            file += le32(record.seconds) + le32(record.fraction) + le32(UInt32(record.bytes.count))
+            file +=
+                le32(record.seconds) + le32(record.fraction) + le32(UInt32(record.bytes.count))
                 + le32(UInt32(record.originalLength ?? record.bytes.count)) + record.bytes
         }
         return file

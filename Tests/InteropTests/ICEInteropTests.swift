@@ -13,8 +13,14 @@ import Transport
 /// The next datagram, within `seconds`.
 private func next(_ stream: AsyncStream<[UInt8]>, within seconds: Double) async -> [UInt8]? {
     await withTaskGroup(of: [UInt8]?.self) { group in
-        group.addTask { var it = stream.makeAsyncIterator(); return await it.next() }
-        group.addTask { try? await Task.sleep(for: .seconds(seconds)); return nil }
+        group.addTask {
+            var it = stream.makeAsyncIterator()
+            return await it.next()
+        }
+        group.addTask {
+            try? await Task.sleep(for: .seconds(seconds))
+            return nil
+        }
         defer { group.cancelAll() }
         return await group.next() ?? nil
     }
@@ -30,22 +36,26 @@ private let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTe
 
 @Suite("ICE against aioice", .serialized)
 struct ICEInteropTests {
-    @Test(.enabled(if: Harness.python != nil, "needs .venv with aioice (make test sets it up)"),
-          arguments: [ICERole.controlling, ICERole.controlled])
+    @Test(
+        .enabled(if: Harness.python != nil, "needs .venv with aioice (make test sets it up)"),
+        arguments: [ICERole.controlling, ICERole.controlled])
     func connectivityChecksCompleteWithAioice(ours: ICERole) async throws {
         let python = try #require(Harness.python)
         let theirs = ours == .controlling ? "controlled" : "controlling"
         let peer = try Harness.Background(python, [script, theirs, "--timeout", "30"], withInput: true)
         defer { peer.kill() }
         let offerLine = await peer.waitForMatch(#"\{"ufrag"[^\n]*\}"#, timeout: 15)
-        let offer = try JSONDecoder().decode(WireDescription.self, from: Data(try #require(offerLine, "aioice said: \(peer.stdout) \(peer.stderr)").utf8))
-        let remote = ICEDescription(credentials: ICECredentials(ufrag: offer.ufrag, pwd: offer.pwd),
-                                    candidates: try offer.candidates.map { try ICECandidate(sdp: $0) })
+        let offer = try JSONDecoder().decode(
+            WireDescription.self, from: Data(try #require(offerLine, "aioice said: \(peer.stdout) \(peer.stderr)").utf8))
+        let remote = ICEDescription(
+            credentials: ICECredentials(ufrag: offer.ufrag, pwd: offer.pwd),
+            candidates: try offer.candidates.map { try ICECandidate(sdp: $0) })
         #expect(!remote.candidates.isEmpty, "aioice offered no candidates: \(offer)")
 
         let me = try await ICEUDPEndpoint.bind(host: "127.0.0.1", role: ours)
         let local = try await me.localDescription()
-        let answer = WireDescription(ufrag: local.credentials.ufrag, pwd: local.credentials.pwd, candidates: local.candidates.map(\.sdp))
+        let answer = WireDescription(
+            ufrag: local.credentials.ufrag, pwd: local.credentials.pwd, candidates: local.candidates.map(\.sdp))
         peer.send(String(decoding: try JSONEncoder().encode(answer), as: UTF8.self) + "\n")
 
         let pair: ICEPair
@@ -57,7 +67,9 @@ struct ICEInteropTests {
         let connected = await peer.waitForMatch(#"\{"connected"[^\n]*\}"#, timeout: 15)
         let line = try #require(connected, "aioice did not connect: \(peer.stdout) \(peer.stderr)")
         // Both selected the same pair.
-        #expect(line.contains("\"local\": \"\(pair.remote.address)\"") || line.contains("\"local\":\"\(pair.remote.address)\""), "\(line) vs \(pair)")
+        #expect(
+            line.contains("\"local\": \"\(pair.remote.address)\"") || line.contains("\"local\":\"\(pair.remote.address)\""),
+            "\(line) vs \(pair)")
         #expect(line.contains("\(me.localAddress)"), "\(line) vs \(me.localAddress)")
         #expect(pair.local.candidate.address == me.localAddress)
 
@@ -70,7 +82,9 @@ struct ICEInteropTests {
         _ = await peer.waitForExit(timeout: 10)
         let status = peer.status
         #expect(status == 0, "\(peer.stdout) \(peer.stderr)")
-        #expect(peer.stdout.contains(#""received": "hello from tusa""#) || peer.stdout.contains(#""received":"hello from tusa""#), "\(peer.stdout)")
+        #expect(
+            peer.stdout.contains(#""received": "hello from tusa""#) || peer.stdout.contains(#""received":"hello from tusa""#),
+            "\(peer.stdout)")
         await me.close()
     }
 

@@ -41,8 +41,10 @@ struct InteropCheckerTests {
     }
 
     @Test func rfcVectorsVerifyWithTheirCredentials() {
-        for name in ["rfc5769-2.1-request-short-term.bin", "rfc5769-2.2-response-ipv4.bin", "rfc5769-2.3-response-ipv6.bin",
-                     "rfc5769-2.4-request-long-term.bin", "rfc8489-b.1-request-sha256-userhash-corrected.bin"] {
+        for name in [
+            "rfc5769-2.1-request-short-term.bin", "rfc5769-2.2-response-ipv4.bin", "rfc5769-2.3-response-ipv6.bin",
+            "rfc5769-2.4-request-long-term.bin", "rfc8489-b.1-request-sha256-userhash-corrected.bin",
+        ] {
             let r = InteropChecker(credentials: Self.readmeCredentials).check(path: InteropCorpus.path("messages", name))
             #expect(r.verified == 1, "\(name): \(r.failures) \(r.notes)")
         }

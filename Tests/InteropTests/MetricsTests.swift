@@ -11,7 +11,7 @@ import Transport
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // The relay's Prometheus metrics: RelayMetrics on a registry, the HTTP
@@ -141,10 +141,12 @@ struct MetricsTests {
 
     // MARK: the binary
 
-    @Test("tusa relay -c FILE --prometheus: file options apply, ignored ones are noted, /metrics serves the names",
+    @Test(
+        "tusa relay -c FILE --prometheus: file options apply, ignored ones are noted, /metrics serves the names",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func binaryServesMetricsFromConfigFile() async throws {
-        let config = try TemporaryFile("""
+        let config = try TemporaryFile(
+            """
             # a coturn-style file
             listening-ip=127.0.0.1
             listening-port=0
@@ -160,9 +162,10 @@ struct MetricsTests {
         let address = try #require(metricsAddress(url))
         let response = try await Harness.offPool { try httpGet(address, "/metrics") }
         #expect(response.status == 200)
-        let names = Set(response.body.split(separator: "\n").filter { !$0.hasPrefix("#") }.compactMap {
-            $0.split(whereSeparator: { $0 == "{" || $0 == " " }).first.map(String.init)
-        })
+        let names = Set(
+            response.body.split(separator: "\n").filter { !$0.hasPrefix("#") }.compactMap {
+                $0.split(whereSeparator: { $0 == "{" || $0 == " " }).first.map(String.init)
+            })
         for name in [
             "tusa_allocations_active", "tusa_allocations_created_total", "tusa_allocations_expired_total",
             "tusa_allocations_deleted_total", "tusa_relayed_packets_total", "tusa_relayed_bytes_total",
@@ -172,23 +175,28 @@ struct MetricsTests {
             #expect(names.contains(name), "\(name) missing from /metrics")
         }
         #expect(!relay.stdout.contains("listening tcp"), "--no-tcp from the command line")
-        #expect(relay.stderr.contains("tusa relay: notice: \(config.path):6: ignoring coturn option 'fingerprint'"), "\(relay.stderr)")
+        #expect(
+            relay.stderr.contains("tusa relay: notice: \(config.path):6: ignoring coturn option 'fingerprint'"), "\(relay.stderr)"
+        )
         #expect(relay.stderr.contains("tusa relay: notice: \(config.path):7: ignoring coturn option 'no-cli'"), "\(relay.stderr)")
         #expect(relay.stderr.contains("realm=example.org"), "the file's realm is in the TURN log line: \(relay.stderr)")
         #expect(await relay.stop() == 0)
     }
 
-    @Test("turnutils_uclient's allocations through tusa relay raise tusa_allocations_created_total",
+    @Test(
+        "turnutils_uclient's allocations through tusa relay raise tusa_allocations_created_total",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN)"),
-        .enabled(if: Harness.which("turnutils_uclient") != nil && Harness.which("turnutils_peer") != nil,
+        .enabled(
+            if: Harness.which("turnutils_uclient") != nil && Harness.which("turnutils_peer") != nil,
             "coturn's turnutils_uclient/turnutils_peer not installed (make test installs coturn): skipped"))
     func allocationsRaiseTheCounter() async throws {
         let uclient = try #require(Harness.which("turnutils_uclient"))
         let peerTool = try #require(Harness.which("turnutils_peer"))
         let config = try TemporaryFile("realm=example.org\nuser=alice:wonderland\nallow-loopback-peers\n")
-        let (relay, port) = try #require(try await Harness.startRelay([
-            "--config", config.path, "--listen", "127.0.0.1:0", "--prometheus", "--prometheus-port", "0",
-        ]))
+        let (relay, port) = try #require(
+            try await Harness.startRelay([
+                "--config", config.path, "--listen", "127.0.0.1:0", "--prometheus", "--prometheus-port", "0",
+            ]))
         defer { relay.kill() }
         let url = try #require(await relay.waitForMatch(#"metrics http://127\.0\.0\.1:[0-9]+/metrics"#))
         let address = try #require(metricsAddress(url))
@@ -199,7 +207,9 @@ struct MetricsTests {
         let peer = try Harness.Background(peerTool, ["-L", "127.0.0.1", "-p", "\(peerPort)"])
         defer { peer.kill() }
         try await Task.sleep(for: .milliseconds(300))
-        let run = try await Harness.run(uclient, [
+        let run = try await Harness.run(
+            uclient,
+            [
                 "-u", "alice", "-w", "wonderland", "-p", "\(port)", "-e", "127.0.0.1", "-r", "\(peerPort)",
                 "-n", "3", "-m", "1", "127.0.0.1",
             ], timeout: 30)
@@ -210,7 +220,11 @@ struct MetricsTests {
         let deadline = ContinuousClock.now.advanced(by: .seconds(5))
         while ContinuousClock.now < deadline {
             after = Exposition(try await Harness.offPool { try httpGet(address, "/metrics") }.body)
-            if (after["tusa_allocations_created_total"] ?? 0) >= 1 && (after["tusa_relayed_packets_total{direction=\"to_peer\"}"] ?? 0) >= 1 { break }
+            if (after["tusa_allocations_created_total"] ?? 0) >= 1
+                && (after["tusa_relayed_packets_total{direction=\"to_peer\"}"] ?? 0) >= 1
+            {
+                break
+            }
             try await Task.sleep(for: .milliseconds(200))
         }
         #expect((after["tusa_allocations_created_total"] ?? 0) >= 1, "\(after.text)")
@@ -220,7 +234,8 @@ struct MetricsTests {
         #expect(await relay.stop() == 0)
     }
 
-    @Test("a metrics port in use is a one-line error, status 1",
+    @Test(
+        "a metrics port in use is a one-line error, status 1",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func binaryReportsMetricsPortInUse() async throws {
         let binary = try #require(Harness.tusa)
@@ -229,12 +244,15 @@ struct MetricsTests {
             logger: quietLogger)
         try await withService(holder) {
             let taken = try await holder.boundAddress()
-            let r = try await Harness.run(binary, [
+            let r = try await Harness.run(
+                binary,
+                [
                     "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--prometheus", "--prometheus-port", "\(taken.port)",
                     "--log-level", "critical",
                 ], timeout: 10)
             #expect(r.status == 1)
-            #expect(r.stderr == "tusa relay: error: cannot serve metrics on tcp \(taken): Address already in use\n", "\(r.stderr)")
+            #expect(
+                r.stderr == "tusa relay: error: cannot serve metrics on tcp \(taken): Address already in use\n", "\(r.stderr)")
         }
     }
 }
@@ -283,7 +301,8 @@ private func httpGet(_ server: TransportAddress, _ path: String, method: String 
 
 /// `127.0.0.1:PORT` out of `metrics http://127.0.0.1:PORT/metrics`.
 private func metricsAddress(_ line: String) -> TransportAddress? {
-    guard let start = line.range(of: "http://"), let end = line.range(of: "/metrics", range: start.upperBound..<line.endIndex) else {
+    guard let start = line.range(of: "http://"), let end = line.range(of: "/metrics", range: start.upperBound..<line.endIndex)
+    else {
         return nil
     }
     return TransportAddress(String(line[start.upperBound..<end.lowerBound]))
@@ -308,4 +327,3 @@ private func withService(_ service: some Service, _ body: () async throws -> Voi
     try await running.value
     stopped.cancel()
 }
-

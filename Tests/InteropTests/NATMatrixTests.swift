@@ -13,7 +13,9 @@ import Testing
     /// nil when the matrix can run here, else why not.
     static let unavailable: String? = {
         guard Harness.tusa != nil else { return "needs .build/debug/tusa" }
-        guard let probe = try? Harness.runBlocking("/bin/bash", [script, "--probe"], timeout: 20) else { return "cannot run \(script)" }
+        guard let probe = try? Harness.runBlocking("/bin/bash", [script, "--probe"], timeout: 20) else {
+            return "cannot run \(script)"
+        }
         return probe.status == 0 ? nil : probe.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
     }()
 
@@ -46,7 +48,8 @@ import Testing
     }
 
     static func expectVoiceBothWays(_ o: Outcome) throws {
-        let sentByCaller = try #require(o.caller["packetsSent"] as? Int), sentByCallee = try #require(o.callee["packetsSent"] as? Int)
+        let sentByCaller = try #require(o.caller["packetsSent"] as? Int)
+        let sentByCallee = try #require(o.callee["packetsSent"] as? Int)
         #expect(sentByCaller > 150 && sentByCallee > 150, "\(o.line)")
         #expect(try #require(o.callee["packetsReceived"] as? Int) >= sentByCaller - 10, "\(o.line)")
         #expect(try #require(o.caller["packetsReceived"] as? Int) >= sentByCallee - 60, "\(o.line)")
@@ -114,7 +117,8 @@ import Testing
         #expect(o.calleeLog.contains("our addresses changed: ICE restart"), "\(o.calleeLog.suffix(2000))")
         #expect(o.calleeLog.contains("registered again at the rendezvous"), "\(o.calleeLog.suffix(2000))")
         // A silence-triggered restart loses ~110 frames each way; a second's worth (50) is the bound here.
-        let sentByCaller = try #require(o.caller["packetsSent"] as? Int), sentByCallee = try #require(o.callee["packetsSent"] as? Int)
+        let sentByCaller = try #require(o.caller["packetsSent"] as? Int)
+        let sentByCallee = try #require(o.callee["packetsSent"] as? Int)
         #expect(try #require(o.callee["packetsReceived"] as? Int) >= sentByCaller - 50, "\(o.line)")
         #expect(try #require(o.caller["packetsReceived"] as? Int) >= sentByCallee - 50, "\(o.line)")
     }

@@ -3,7 +3,7 @@ import STUN
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Runs real programs (tusa, coturn's tools, tshark, aioice) for the interop
@@ -154,7 +154,9 @@ enum Harness {
                 let d = h.availableData
                 if d.isEmpty { h.readabilityHandler = nil }
                 guard let self else { return }
-                self.lock.withLock { if d.isEmpty { self.streams[index].closed = true } else { self.streams[index].data.append(d) } }
+                self.lock.withLock {
+                    if d.isEmpty { self.streams[index].closed = true } else { self.streams[index].data.append(d) }
+                }
             }
         }
 
@@ -245,12 +247,16 @@ enum Harness {
 
     /// Starts coturn's turnserver on loopback with no config file (`-n`), as a
     /// STUN-only server (`-z -S`) unless other flags are given; waits until it answers.
-    static func startTurnserver(port: UInt16, listen: [String] = ["127.0.0.1"], extra: [String] = ["-z", "-S"]) async throws -> Background? {
+    static func startTurnserver(port: UInt16, listen: [String] = ["127.0.0.1"], extra: [String] = ["-z", "-S"]) async throws
+        -> Background?
+    {
         guard let turnserver = which("turnserver"), let stunclient = which("turnutils_stunclient") else { return nil }
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-turn-\(UUID())").path
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        var args = ["-n", "-p", "\(port)", "-m", "0", "--no-tls", "--no-dtls", "--no-cli", "--log-file", "\(dir)/turn.log",
-                    "--simple-log", "--no-stdout-log", "-b", "\(dir)/turndb", "--pidfile", "\(dir)/turn.pid"]
+        var args = [
+            "-n", "-p", "\(port)", "-m", "0", "--no-tls", "--no-dtls", "--no-cli", "--log-file", "\(dir)/turn.log",
+            "--simple-log", "--no-stdout-log", "-b", "\(dir)/turndb", "--pidfile", "\(dir)/turn.pid",
+        ]
         for l in listen { args += ["-L", l] }
         let server = try Background(turnserver, args + extra)
         // Ready when a probe gets an answer.

@@ -28,13 +28,15 @@ struct RealPeerTests {
     @Test(.enabled(if: haveTusa && haveCoturn, "needs .build/debug/tusa and coturn"))
     func turnutilsStunclientRFC5780AgainstTusaRelay() async throws {
         let port = Harness.freePortPair()
-        let (relay, _) = try #require(try await Harness.startRelay([
-            "--listen", "127.0.0.1:\(port)", "--alt-address", "127.0.0.2:\(port + 1)", "--no-tcp",
-        ]))
+        let (relay, _) = try #require(
+            try await Harness.startRelay([
+                "--listen", "127.0.0.1:\(port)", "--alt-address", "127.0.0.2:\(port + 1)", "--no-tcp",
+            ]))
         defer { relay.kill() }
         let stunclient = try #require(Harness.which("turnutils_stunclient"))
         for flags in [["-f"], []] {
-            let r = try await Harness.run("/usr/bin/timeout", ["8", stunclient] + flags + ["-p", "\(port)", "127.0.0.1"], timeout: 12)
+            let r = try await Harness.run(
+                "/usr/bin/timeout", ["8", stunclient] + flags + ["-p", "\(port)", "127.0.0.1"], timeout: 12)
             #expect(r.status == 0 && !r.timedOut, "stunclient \(flags): \(r.stdout)")
             for n in 1...3 { #expect(r.stdout.contains("RFC 5780 response \(n)"), "\(flags): \(r.stdout)") }
             #expect(r.stdout.contains("Other addr: : 127.0.0.2:\(port + 1)"), "\(r.stdout)")
@@ -69,7 +71,8 @@ struct RealPeerTests {
         #expect(r.stdout.contains("NAT type: open internet"), "\(r.stdout)")
         // And against tusa relay itself.
         let p2 = Harness.freePortPair()
-        let (relay, _) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:\(p2)", "--alt-address", "127.0.0.2:\(p2 + 1)"]))
+        let (relay, _) = try #require(
+            try await Harness.startRelay(["--listen", "127.0.0.1:\(p2)", "--alt-address", "127.0.0.2:\(p2 + 1)"]))
         defer { relay.kill() }
         let t = try await Harness.run(tusa, ["stun", "--behavior", "--timeout", "2", "127.0.0.1:\(p2)"], timeout: 30)
         #expect(t.status == 0, "\(t.stdout) \(t.stderr)")
@@ -104,7 +107,8 @@ struct RealPeerTests {
         let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0", "--no-tcp"]))
         defer { relay.kill() }
         let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_srflx.py").path
-        let r = try await Harness.run(try #require(Harness.python), [script, "--stun", "127.0.0.1:\(port)", "--timeout", "8"], timeout: 15)
+        let r = try await Harness.run(
+            try #require(Harness.python), [script, "--stun", "127.0.0.1:\(port)", "--timeout", "8"], timeout: 15)
         #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
         let json = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
         let srflx = json?["srflx"] as? [String] ?? []
@@ -113,27 +117,36 @@ struct RealPeerTests {
     }
 
     /// The same peers, recorded live with tshark, then checked by `tusa interop check`.
-    @Test(.enabled(if: haveTusa && haveCoturn && Harness.python != nil && Harness.which("tshark") != nil && Harness.isRoot,
-                   "needs tusa, coturn, aioice, tshark, and root to capture on lo"))
+    @Test(
+        .enabled(
+            if: haveTusa && haveCoturn && Harness.python != nil && Harness.which("tshark") != nil && Harness.isRoot,
+            "needs tusa, coturn, aioice, tshark, and root to capture on lo"))
     func liveCaptureOfRealPeersVerifies() async throws {
         let port = Harness.freePortPair()
-        let (relay, _) = try #require(try await Harness.startRelay([
-            "--listen", "127.0.0.1:\(port)", "--alt-address", "127.0.0.2:\(port + 1)", "--no-tcp",
-        ]))
+        let (relay, _) = try #require(
+            try await Harness.startRelay([
+                "--listen", "127.0.0.1:\(port)", "--alt-address", "127.0.0.2:\(port + 1)", "--no-tcp",
+            ]))
         defer { relay.kill() }
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-live-\(UUID()).pcapng").path
         defer { try? FileManager.default.removeItem(atPath: file) }
-        let tshark = try Harness.Background(try #require(Harness.which("tshark")), [
-            "-i", "lo", "-f", "udp portrange \(port)-\(port + 1)", "-w", file, "-q", "-a", "duration:60",
-        ])
+        let tshark = try Harness.Background(
+            try #require(Harness.which("tshark")),
+            [
+                "-i", "lo", "-f", "udp portrange \(port)-\(port + 1)", "-w", file, "-q", "-a", "duration:60",
+            ])
         // SIGTERM, not SIGINT: under the test runner children inherit SIGINT ignored.
         defer { tshark.kill() }
-        #expect(await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
+        #expect(
+            await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)"
+        )
         let stunclient = try #require(Harness.which("turnutils_stunclient"))
         _ = try await Harness.run("/usr/bin/timeout", ["8", stunclient, "-f", "-p", "\(port)", "127.0.0.1"], timeout: 12)
         let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_srflx.py").path
-        _ = try await Harness.run(try #require(Harness.python), [script, "--stun", "127.0.0.1:\(port)", "--timeout", "8"], timeout: 15)
-        _ = try await Harness.run(try #require(Harness.tusa), ["stun", "--behavior", "--timeout", "1", "127.0.0.1:\(port)"], timeout: 20)
+        _ = try await Harness.run(
+            try #require(Harness.python), [script, "--stun", "127.0.0.1:\(port)", "--timeout", "8"], timeout: 15)
+        _ = try await Harness.run(
+            try #require(Harness.tusa), ["stun", "--behavior", "--timeout", "1", "127.0.0.1:\(port)"], timeout: 20)
         try await Task.sleep(for: .milliseconds(300))
         #expect(await tshark.stop() == 0, "tshark: \(tshark.stderr)")
         let report = InteropChecker().check(path: file)
@@ -149,12 +162,15 @@ struct RealPeerTests {
     /// Tusa's own committed captures (Interop/, made by `make record`) keep verifying.
     @Test func committedCapturesVerify() async throws {
         let dir = Harness.packageRoot.appendingPathComponent("Interop").path
-        let files = ((try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []).filter { $0.hasSuffix(".pcapng") }.sorted()
+        let files = ((try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []).filter { $0.hasSuffix(".pcapng") }
+            .sorted()
         try #require(!files.isEmpty, "Interop/ has no captures: run `make record`")
         for f in files {
             let report = InteropChecker(credentials: TURNRelayPeerTests.interopCredentials).check(path: "\(dir)/\(f)")
             #expect(report.passed, "\(f): \(report.failures)")
-            #expect(report.packets > 0 && report.decoded == report.packets && report.roundTrip == report.packets, "\(f): \(report.summary)")
+            #expect(
+                report.packets > 0 && report.decoded == report.packets && report.roundTrip == report.packets,
+                "\(f): \(report.summary)")
             #expect(report.verified > 0, "\(f): \(report.summary)")
         }
     }

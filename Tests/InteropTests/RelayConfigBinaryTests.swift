@@ -5,7 +5,7 @@ import Testing
 import Transport
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // `tusa relay --config FILE`: the binary reading coturn-format files (the pure
@@ -13,11 +13,14 @@ import Glibc
 
 @Suite("Relay config file: the binary")
 struct RelayConfigBinaryTests {
-    @Test("the command line overrides the file's single-valued options; flags may repeat",
+    @Test(
+        "the command line overrides the file's single-valued options; flags may repeat",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func commandLineOverridesTheFile() async throws {
-        let config = try TemporaryFile("listening-ip=127.0.0.1\nlistening-port=0\nrealm=from-file\nuser=alice:wonderland\nno-tcp\n")
-        let (relay, _) = try #require(try await Harness.startRelay(["-c", config.path, "--realm", "from-command-line", "--no-tcp"]))
+        let config = try TemporaryFile(
+            "listening-ip=127.0.0.1\nlistening-port=0\nrealm=from-file\nuser=alice:wonderland\nno-tcp\n")
+        let (relay, _) = try #require(
+            try await Harness.startRelay(["-c", config.path, "--realm", "from-command-line", "--no-tcp"]))
         defer { relay.kill() }
         #expect(await relay.waitFor(timeout: 5) { _, err in err.contains("realm=") }, "\(relay.stderr)")
         #expect(relay.stderr.contains("realm=from-command-line"), "\(relay.stderr)")
@@ -42,25 +45,30 @@ struct RelayConfigBinaryTests {
         #expect(r.stderr.split(separator: "\n").count == 1, "\(r.stderr)")
     }
 
-    @Test("a missing config file is a one-line error, status 1",
+    @Test(
+        "a missing config file is a one-line error, status 1",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func binaryReportsMissingFile() async throws {
         let binary = try #require(Harness.tusa)
-        let missing = try await Harness.run(binary, ["relay", "--config", "/nonexistent/turnserver.conf", "--listen", "127.0.0.1:0"], timeout: 10)
+        let missing = try await Harness.run(
+            binary, ["relay", "--config", "/nonexistent/turnserver.conf", "--listen", "127.0.0.1:0"], timeout: 10)
         #expect(missing.status == 1)
-        #expect(missing.stderr == "tusa relay: error: cannot read config file '/nonexistent/turnserver.conf'\n", "\(missing.stderr)")
+        #expect(
+            missing.stderr == "tusa relay: error: cannot read config file '/nonexistent/turnserver.conf'\n", "\(missing.stderr)")
     }
 
-    @Test("every config-file option of tusa relay is one of its long flags",
+    @Test(
+        "every config-file option of tusa relay is one of its long flags",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func configOptionsAreRealFlags() async throws {
         let binary = try #require(Harness.tusa)
         let help = try await Harness.run(binary, ["relay", "--help"], timeout: 10)
         for name in RelayConfigFile.relayOptions.keys.sorted() {
-            #expect(help.stdout.contains("--\(name) ") || help.stdout.contains("--\(name)\n") || help.stdout.contains("--\(name),") || help.stdout.contains("--\(name) <"),
+            #expect(
+                help.stdout.contains("--\(name) ") || help.stdout.contains("--\(name)\n") || help.stdout.contains("--\(name),")
+                    || help.stdout.contains("--\(name) <"),
                 "--\(name) is not in tusa relay --help")
         }
         #expect(RelayConfigFile.ignoredCoturnOptions.isDisjoint(with: RelayConfigFile.relayOptions.keys))
     }
 }
-

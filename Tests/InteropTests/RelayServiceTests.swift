@@ -10,11 +10,11 @@ import Transport
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 // The binding service over real loopback sockets, in process and as the
@@ -41,7 +41,8 @@ struct RelayServiceTests {
         try await checkBinding(on: loopbackV4)
     }
 
-    @Test("UDP and TCP over IPv6 answer with the client's own address",
+    @Test(
+        "UDP and TCP over IPv6 answer with the client's own address",
         .enabled(if: ipv6LoopbackAvailable, "::1 is unavailable: IPv6 binding test skipped"))
     func bindingOverIPv6() async throws {
         try await checkBinding(on: loopbackV6)
@@ -203,10 +204,11 @@ struct RelayServiceTests {
         let alternate = TransportAddress(ip: secondLoopbackV4, port: alternatePort)
         let configuration = RelayService.Configuration(listenAddresses: [primary], alternateAddress: alternate)
         try await withBindingService(configuration) { service, sockets in
-            #expect(sockets.filter { $0.kind == .udp }.map(\.address) == [
-                primary, TransportAddress(ip: loopbackV4, port: alternatePort),
-                TransportAddress(ip: secondLoopbackV4, port: primaryPort), alternate,
-            ])
+            #expect(
+                sockets.filter { $0.kind == .udp }.map(\.address) == [
+                    primary, TransportAddress(ip: loopbackV4, port: alternatePort),
+                    TransportAddress(ip: secondLoopbackV4, port: primaryPort), alternate,
+                ])
             #expect(sockets.filter { $0.kind == .tcp }.map(\.address) == [primary])
 
             let client = try TestSocket.udp(bindingTo: loopbackV4)
@@ -260,7 +262,9 @@ struct RelayServiceTests {
             let server = try #require(sockets.first).address
             let clients = try (0..<8).map { _ in try TestSocket.udp(bindingTo: loopbackV4) }
             for client in clients {
-                let (bytes, _) = try await Harness.offPool { try client.exchange(Message(type: .bindingRequest).encode(), with: server) }
+                let (bytes, _) = try await Harness.offPool {
+                    try client.exchange(Message(type: .bindingRequest).encode(), with: server)
+                }
                 #expect(try address(in: try Message(decoding: bytes), .xorMappedAddress) == client.localAddress)
             }
             try await eventually { service.statistics.responses == clients.count }
@@ -321,7 +325,8 @@ struct RelayServiceTests {
 
     // MARK: the binary
 
-    @Test("tusa relay prints its ports, answers, and exits 0 on SIGTERM",
+    @Test(
+        "tusa relay prints its ports, answers, and exits 0 on SIGTERM",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func binaryAnswersAndStopsOnSIGTERM() async throws {
         let binary = try #require(Harness.tusa)
@@ -356,12 +361,14 @@ struct RelayServiceTests {
         #expect(r.stderr.split(separator: "\n").count == 1, "\(r.stderr)")
     }
 
-    @Test("tusa relay reports a port in use and exits 1",
+    @Test(
+        "tusa relay reports a port in use and exits 1",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func binaryReportsPortInUse() async throws {
         let binary = try #require(Harness.tusa)
         let taken = try TestSocket.udp(bindingTo: loopbackV4)
-        let r = try await Harness.run(binary, ["relay", "--listen", "\(taken.localAddress)", "--no-tcp", "--log-level", "critical"], timeout: 10)
+        let r = try await Harness.run(
+            binary, ["relay", "--listen", "\(taken.localAddress)", "--no-tcp", "--log-level", "critical"], timeout: 10)
         #expect(r.status == 1)
         #expect(r.stderr.contains("cannot listen on udp \(taken.localAddress)"), "\(r.stderr)")
     }

@@ -11,9 +11,9 @@ import Transport
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #endif
 
 // The relay sockets' driver (raw fds, recvmmsg/sendmmsg, GSO; Transport/RelayIO.swift)
@@ -128,7 +128,9 @@ struct RelaySocketTests {
         }
     }
 
-    @Test("a dual allocation (ADDITIONAL-ADDRESS-FAMILY) relays over both its relays", .enabled(if: ipv6Available, "no IPv6 loopback"))
+    @Test(
+        "a dual allocation (ADDITIONAL-ADDRESS-FAMILY) relays over both its relays",
+        .enabled(if: ipv6Available, "no IPv6 loopback"))
     func dualAllocation() async throws {
         try await withService(Self.configuration()) { _, server in
             try await Harness.offPool {
@@ -137,7 +139,8 @@ struct RelaySocketTests {
                 let relay6 = try #require(flow.relays.first { !$0.ip.isIPv4 })
                 let peer6 = try TestSocket.udp(bindingTo: loopback6)
                 _ = try Flow.request(
-                    .channelBind, [.channelNumber(0x4001), .xorPeerAddress(peer6.localAddress)], client: flow.client, server: server)
+                    .channelBind, [.channelNumber(0x4001), .xorPeerAddress(peer6.localAddress)], client: flow.client,
+                    server: server)
                 try flow.client.sendDatagram([0x40, 0x01, 0x00, 0x03, 7, 8, 9], to: server)
                 let (up, from) = try #require(try peer6.receive(timeout: 2))
                 #expect(up == [7, 8, 9] && from == relay6)
@@ -166,7 +169,9 @@ struct RelaySocketTests {
                 // Polled: under a full parallel test run the check once raced the close.
                 #expect(waitUntil(2) { isFree(refreshed.relay) }, "Refresh 0 closed the relay socket")
                 // Lifetime 1 s and a 1 s sweep; the reservation lives 1 s too.
-                #expect(waitUntil(5) { isFree(expiring.relay) && isFree(held.relay) && isFree(reserved) }, "expiry closed the relay sockets")
+                #expect(
+                    waitUntil(5) { isFree(expiring.relay) && isFree(held.relay) && isFree(reserved) },
+                    "expiry closed the relay sockets")
                 return [expiring.relay, refreshed.relay, held.relay, reserved]
             }
             let statistics = await service.turnStatistics()
@@ -191,7 +196,11 @@ struct RelaySocketTests {
         "tusa relay: one fd per live allocation, none left after Refresh 0 and held ports' expiry",
         .enabled(if: Harness.tusa != nil, "tusa binary not built"))
     func binaryLeaksNoDescriptors() async throws {
-        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0", "--no-tcp", "-z", "--allow-loopback-peers", "--min-port", "40000", "--max-port", "59999"]))
+        let (relay, port) = try #require(
+            try await Harness.startRelay([
+                "--listen", "127.0.0.1:0", "--no-tcp", "-z", "--allow-loopback-peers", "--min-port", "40000", "--max-port",
+                "59999",
+            ]))
         defer { relay.kill() }
         let pid = relay.process.processIdentifier
         let server = TransportAddress(ip: loopback, port: port)
@@ -250,14 +259,22 @@ private final class Flow {
         }
         relay = relayed
         relays = try answer.typedAttributes().compactMap { if case .xorRelayedAddress(let a) = $0 { a } else { nil } }
-        if case .reservationToken(let t)? = try answer.value(.reservationToken) { reservationToken = t } else { reservationToken = nil }
+        if case .reservationToken(let t)? = try answer.value(.reservationToken) {
+            reservationToken = t
+        } else {
+            reservationToken = nil
+        }
         if channel {
-            _ = try Self.request(.channelBind, [.channelNumber(0x4000), .xorPeerAddress(peer.localAddress)], client: client, server: server)
+            _ = try Self.request(
+                .channelBind, [.channelNumber(0x4000), .xorPeerAddress(peer.localAddress)], client: client, server: server)
         }
     }
 
-    static func request(_ method: STUN.Method, _ attributes: [Attribute], client: TestSocket, server: TransportAddress) throws -> Message {
-        let request = Message(type: MessageType(method: method, class: .request), transactionID: .random(), attributes: attributes)
+    static func request(_ method: STUN.Method, _ attributes: [Attribute], client: TestSocket, server: TransportAddress) throws
+        -> Message
+    {
+        let request = Message(
+            type: MessageType(method: method, class: .request), transactionID: .random(), attributes: attributes)
         let (bytes, _) = try client.exchange(request.encode(fingerprint: true), with: server)
         let answer = try Message(decoding: bytes)
         guard answer.type.messageClass == .successResponse else { throw TestSocketError("\(method) failed: \(answer)") }
@@ -348,4 +365,3 @@ private func waitUntil(_ seconds: Double, _ condition: () -> Bool) -> Bool {
     }
     return true
 }
-

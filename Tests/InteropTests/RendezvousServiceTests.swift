@@ -37,8 +37,14 @@ private func withRendezvous(_ body: (TransportAddress) async throws -> Void) asy
 /// The next payload from `connection`, within `seconds`.
 private func next(_ connection: RendezvousConnection, within seconds: Double = 20) async -> (from: PublicKey, payload: [UInt8])? {
     await withTaskGroup(of: (from: PublicKey, payload: [UInt8])?.self) { group in
-        group.addTask { var it = connection.incoming.makeAsyncIterator(); return await it.next() }
-        group.addTask { try? await Task.sleep(for: .seconds(seconds)); return nil }
+        group.addTask {
+            var it = connection.incoming.makeAsyncIterator()
+            return await it.next()
+        }
+        group.addTask {
+            try? await Task.sleep(for: .seconds(seconds))
+            return nil
+        }
         defer { group.cancelAll() }
         return await group.next() ?? nil
     }
@@ -48,10 +54,11 @@ private func next(_ connection: RendezvousConnection, within seconds: Double = 2
 struct RendezvousServiceTests {
     @Test func peersRegisterLookUpAndExchangeSealedOffers() async throws {
         try await withRendezvous { server in
-            let alice = PrivateKey.generate(), bob = PrivateKey.generate()
+            let alice = PrivateKey.generate()
+            let bob = PrivateKey.generate()
             let a = try await RendezvousConnection.connect(to: server, identity: alice, timeout: .seconds(30))
             let b = try await RendezvousConnection.connect(to: server, identity: bob, timeout: .seconds(30))
-            #expect(a.turn == nil)   // no TURN secret configured here
+            #expect(a.turn == nil)  // no TURN secret configured here
             #expect(try await a.lookup(bob.publicKey))
             #expect(try await !a.lookup(PrivateKey.generate().publicKey))
             let offer = Array("{\"ufrag\":\"x\",\"candidates\":[]}".utf8)
@@ -63,7 +70,7 @@ struct RendezvousServiceTests {
 
             // Offline and unknown callees are told apart.
             await b.close()
-            for _ in 0..<100 {   // until the server has seen bob's connection close
+            for _ in 0..<100 {  // until the server has seen bob's connection close
                 if try await !a.lookup(bob.publicKey) { break }
                 try await Task.sleep(for: .milliseconds(100))
             }
@@ -80,7 +87,10 @@ struct RendezvousServiceTests {
             var closedError: RendezvousConnectionError?
             for _ in 0..<80 {
                 do { _ = try await a.lookup(bob.publicKey) } catch let e as RendezvousConnectionError {
-                    if case .closed = e { closedError = e; break }
+                    if case .closed = e {
+                        closedError = e
+                        break
+                    }
                 }
                 try await Task.sleep(for: .milliseconds(250))
             }
@@ -94,10 +104,15 @@ struct RendezvousServiceTests {
         try await withRendezvous { server in
             let a = try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30))
             let key = PrivateKey.generate().publicKey
-            let clock = ContinuousClock(), start = clock.now
-            var answered = 0, closed = 0, other: [String] = []
+            let clock = ContinuousClock()
+            let start = clock.now
+            var answered = 0
+            var closed = 0
+            var other: [String] = []
             await withTaskGroup(of: Result<Bool, any Error>.self) { group in
-                for _ in 0..<150 { group.addTask { do { return .success(try await a.lookup(key)) } catch { return .failure(error) } } }
+                for _ in 0..<150 {
+                    group.addTask { do { return .success(try await a.lookup(key)) } catch { return .failure(error) } }
+                }
                 for await r in group {
                     switch r {
                     case .success: answered += 1
@@ -108,7 +123,8 @@ struct RendezvousServiceTests {
             }
             #expect(answered <= 101 && closed > 0, "answered \(answered), closed \(closed), other \(other)")
             #expect(other.isEmpty, "\(other)")
-            #expect(start.duration(to: clock.now) < .seconds(9), "requests waited for the timeout instead of failing on the close")
+            #expect(
+                start.duration(to: clock.now) < .seconds(9), "requests waited for the timeout instead of failing on the close")
         }
     }
 
@@ -125,47 +141,64 @@ struct RendezvousServiceTests {
                     guard let hello = try socket.readLengthPrefixed(timeout: 5) else { return ([], false) }
                     try socket.sendAll(bytes)
                     var messages = [try RendezvousMessage(decoding: hello)]
-                    while let frame = try socket.readLengthPrefixed(timeout: 2) { messages.append(try RendezvousMessage(decoding: frame)) }
+                    while let frame = try socket.readLengthPrefixed(timeout: 2) {
+                        messages.append(try RendezvousMessage(decoding: frame))
+                    }
                     let eof = try socket.readLengthPrefixed(timeout: 0.2) == nil
                     return (messages, eof)
                 }
-                guard case .hello = reply.0.first else { Issue.record("no hello: \(reply.0)"); continue }
-                guard case .error(let got, _, _)? = reply.0.dropFirst().first else { Issue.record("\(code): \(reply.0)"); continue }
+                guard case .hello = reply.0.first else {
+                    Issue.record("no hello: \(reply.0)")
+                    continue
+                }
+                guard case .error(let got, _, _)? = reply.0.dropFirst().first else {
+                    Issue.record("\(code): \(reply.0)")
+                    continue
+                }
                 #expect(got == code)
                 #expect(reply.1)
             }
             // A rendezvous that is not there is a typed error, not a hang.
             await #expect(throws: RendezvousConnectionError.self) {
-                _ = try await RendezvousConnection.connect(to: TransportAddress(ip: .v4(0x7F00_0001), port: 9), identity: .generate(), timeout: .seconds(1))
+                _ = try await RendezvousConnection.connect(
+                    to: TransportAddress(ip: .v4(0x7F00_0001), port: 9), identity: .generate(), timeout: .seconds(1))
             }
         }
     }
 
     @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
     func tusaRelayServesTheRendezvousAndItsTURNGrantsWork() async throws {
-        let (relay, port) = try #require(try await Harness.startRelay([
-            "--listen", "127.0.0.1:0", "--use-auth-secret", "--static-auth-secret", "s3cret",
-            "--allow-loopback-peers", "--rendezvous-port", "0",
-        ]))
+        let (relay, port) = try #require(
+            try await Harness.startRelay([
+                "--listen", "127.0.0.1:0", "--use-auth-secret", "--static-auth-secret", "s3cret",
+                "--allow-loopback-peers", "--rendezvous-port", "0",
+            ]))
         defer { relay.kill() }
-        let line = try #require(await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+        let line = try #require(
+            await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
         let rendezvousPort = try #require(line.split(separator: ":").last.flatMap { UInt16($0) })
         let alice = PrivateKey.generate()
-        let a = try await RendezvousConnection.connect(to: TransportAddress(ip: .v4(0x7F00_0001), port: rendezvousPort), identity: alice, timeout: .seconds(30))
+        let a = try await RendezvousConnection.connect(
+            to: TransportAddress(ip: .v4(0x7F00_0001), port: rendezvousPort), identity: alice, timeout: .seconds(30))
         let grant = try #require(a.turn)
         #expect(grant.uris.contains("turn:127.0.0.1:\(port)?transport=udp"), "\(grant.uris)")
         // The relay's own TURN service takes the grant.
         let tusa = try #require(Harness.tusa)
         let peer = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
-        let run = try await Harness.run(tusa, [
-            "turn", "127.0.0.1:\(port)", "--user", "\(grant.username):\(grant.password)",
-            "--peer", "127.0.0.1:\(peer.localAddress.port)", "--count", "3", "--timeout", "3",
-        ], timeout: 20)
+        let run = try await Harness.run(
+            tusa,
+            [
+                "turn", "127.0.0.1:\(port)", "--user", "\(grant.username):\(grant.password)",
+                "--peer", "127.0.0.1:\(peer.localAddress.port)", "--count", "3", "--timeout", "3",
+            ], timeout: 20)
         #expect(run.stdout.contains("relayed address: 127.0.0.1:"), "\(run.stdout) \(run.stderr)")
         // A forged password is refused.
-        let bad = try await Harness.run(tusa, [
-            "turn", "127.0.0.1:\(port)", "--user", "\(grant.username):AAAA", "--peer", "127.0.0.1:9", "--count", "1", "--timeout", "3",
-        ], timeout: 20)
+        let bad = try await Harness.run(
+            tusa,
+            [
+                "turn", "127.0.0.1:\(port)", "--user", "\(grant.username):AAAA", "--peer", "127.0.0.1:9", "--count", "1",
+                "--timeout", "3",
+            ], timeout: 20)
         #expect(bad.status != 0 && !bad.stdout.contains("relayed address"), "\(bad.stdout) \(bad.stderr)")
         await a.close()
         #expect(await relay.stop() == 0, "\(relay.stderr)")

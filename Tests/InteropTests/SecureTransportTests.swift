@@ -9,7 +9,7 @@ import Transport
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // The secure UDP driver on real loopback sockets: direct, and through a real
@@ -30,7 +30,11 @@ private final class Collector: @unchecked Sendable {
             for await e in endpoint.events {
                 guard let self else { return }
                 self.lock.withLock {
-                    if case .media(let p, let h, let payload) = e { self._media.append((p, h, payload)) } else { self._events.append(e) }
+                    if case .media(let p, let h, let payload) = e {
+                        self._media.append((p, h, payload))
+                    } else {
+                        self._events.append(e)
+                    }
                 }
             }
         }
@@ -62,7 +66,8 @@ private func exchange(
         x.send(frame(i), to: xToY, payloadType: payloadType, timestamp: UInt32(i * 160))
         y.send(frame(offset + i), to: yToX, payloadType: payloadType, timestamp: UInt32(i * 160))
     }
-    let gotY = await cy.waitForMedia(count), gotX = await cx.waitForMedia(count)
+    let gotY = await cy.waitForMedia(count)
+    let gotX = await cx.waitForMedia(count)
     #expect(gotY && gotX)
     #expect(cy.media.map(\.2) == (0..<count).map(frame), "in order and intact on loopback")
     #expect(cx.media.map(\.2) == (0..<count).map { frame(offset + $0) })
@@ -74,23 +79,27 @@ struct SecureTransportTests {
     /// its UDP address. (Process waits run off the cooperative pool: a blocked pool
     /// thread stalls other suites' async tests.)
     static func startRelay() async throws -> (Harness.Background, TransportAddress) {
-        let (relay, port) = try #require(try await Harness.startRelay([
-            "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
-        ]))
+        let (relay, port) = try #require(
+            try await Harness.startRelay([
+                "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
+            ]))
         return (relay, TransportAddress(ip: .v4(0x7F00_0001), port: port))
     }
 
     /// Two endpoints on loopback with fresh identities.
     static func twoEndpoints() async throws -> (SecureUDPEndpoint, SecureUDPEndpoint) {
-        (try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate()),
-         try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate()))
+        (
+            try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate()),
+            try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        )
     }
 
     @Test("handshake and media both ways, direct")
     func directCall() async throws {
         let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
         let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
-        let ca = Collector(a), cb = Collector(b)
+        let ca = Collector(a)
+        let cb = Collector(b)
         async let waiting = b.waitForPeer(a.publicKey)
         let bAtA = try await a.connect(to: b.publicKey, at: b.localAddress)
         let aAtB = try await waiting
@@ -136,7 +145,10 @@ struct SecureTransportTests {
         let mallory = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
         var rtp: [UInt8] = [0x80, 111, 0, 1, 0, 0, 0, 0] + [0, 0, 0, 0] + [UInt8](repeating: 0xAA, count: 176)
         if let (_, local, _) = try await a.describe(bAtA) {
-            rtp[8] = UInt8(local >> 24); rtp[9] = UInt8(local >> 16 & 0xFF); rtp[10] = UInt8(local >> 8 & 0xFF); rtp[11] = UInt8(local & 0xFF)
+            rtp[8] = UInt8(local >> 24)
+            rtp[9] = UInt8(local >> 16 & 0xFF)
+            rtp[10] = UInt8(local >> 8 & 0xFF)
+            rtp[11] = UInt8(local & 0xFF)
         }
         for _ in 0..<20 {
             try mallory.sendDatagram(rtp, to: b.localAddress)
@@ -154,13 +166,15 @@ struct SecureTransportTests {
         await b.close()
     }
 
-    @Test("media rides TURN ChannelData through a real tusa relay, end to end sealed",
+    @Test(
+        "media rides TURN ChannelData through a real tusa relay, end to end sealed",
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func throughTusaRelay() async throws {
         let (relay, server) = try await Self.startRelay()
         defer { relay.kill() }
         let (a, b) = try await Self.twoEndpoints()
-        let ca = Collector(a), cb = Collector(b)
+        let ca = Collector(a)
+        let cb = Collector(b)
         // A sits behind the relay: B only ever talks to A's relayed address.
         let allocation = try await a.useRelay(server, configuration: .init(username: "alice", password: "wonderland"))
         try await a.reach(b.localAddress, viaRelay: true)
@@ -178,7 +192,8 @@ struct SecureTransportTests {
     @Test("ICE on the endpoint's socket: checks, the selected pair, then the handshake and media on it")
     func iceThenHandshake() async throws {
         let (a, b) = try await Self.twoEndpoints()
-        let ca = Collector(a), cb = Collector(b)
+        let ca = Collector(a)
+        let cb = Collector(b)
         let da = try await a.startICE(role: .controlling, candidates: [.host(a.localAddress, base: ICEBase.socket)])
         let db = try await b.startICE(role: .controlled, candidates: [.host(b.localAddress, base: ICEBase.socket)])
         async let bPair = b.connectICE(to: da, timeout: .seconds(5))
@@ -192,7 +207,9 @@ struct SecureTransportTests {
         await exchange(a, bAtA, ca, b, aAtB, cb, count: 50, offset: 500, payloadType: 111)
         #expect(ca.events.contains(.ice(.selected(aPair))))
         // A second startICE is refused, and a bad peer description is a typed error.
-        await #expect(throws: SecureTransportError.self) { try await a.startICE(role: .controlling, candidates: [.host(a.localAddress, base: 0)]) }
+        await #expect(throws: SecureTransportError.self) {
+            try await a.startICE(role: .controlling, candidates: [.host(a.localAddress, base: 0)])
+        }
         await #expect(throws: SecureTransportError.self) {
             try await a.connectICE(to: ICEDescription(credentials: ICECredentials(ufrag: "x", pwd: "y"), candidates: []))
         }
@@ -203,11 +220,13 @@ struct SecureTransportTests {
     @Test("consent lost (RFC 7675): nothing more goes to the peer on the pair until an ICE restart selects it again")
     func consentLossStopsSendingUntilARestart() async throws {
         let (a, b) = try await Self.twoEndpoints()
-        let ca = Collector(a), cb = Collector(b)
+        let ca = Collector(a)
+        let cb = Collector(b)
         var quick = ICEConfiguration()
         quick.consentInterval = .milliseconds(200)
         quick.consentTimeout = .seconds(3)
-        let da = try await a.startICE(role: .controlling, candidates: [.host(a.localAddress, base: ICEBase.socket)], configuration: quick)
+        let da = try await a.startICE(
+            role: .controlling, candidates: [.host(a.localAddress, base: ICEBase.socket)], configuration: quick)
         let db = try await b.startICE(role: .controlled, candidates: [.host(b.localAddress, base: ICEBase.socket)])
         async let bPair = b.connectICE(to: da, timeout: .seconds(5))
         let aPair = try await a.connectICE(to: db, timeout: .seconds(5))
@@ -227,7 +246,8 @@ struct SecureTransportTests {
         try await Task.sleep(for: .milliseconds(100))
 
         // A withholds everything from B; B (its pair still selected) still reaches A.
-        let before = cb.media.count, heardFromB = ca.media.count
+        let before = cb.media.count
+        let heardFromB = ca.media.count
         for i in 0..<20 { a.send(frame(100 + i), to: bAtA, payloadType: 111, timestamp: UInt32((100 + i) * 160)) }
         for i in 0..<20 { b.send(frame(900 + i), to: aAtB, payloadType: 111, timestamp: UInt32((100 + i) * 160)) }
         #expect(await ca.waitForMedia(heardFromB + 20), "B's media still reaches A")
@@ -248,15 +268,18 @@ struct SecureTransportTests {
         await b.close()
     }
 
-    @Test("ICE with a relayed candidate over TURN/TCP: the peer reaches A only at the relay",
+    @Test(
+        "ICE with a relayed candidate over TURN/TCP: the peer reaches A only at the relay",
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func iceThroughTURNOverTCP() async throws {
         let (relay, server) = try await Self.startRelay()
         defer { relay.kill() }
         let (a, b) = try await Self.twoEndpoints()
-        let ca = Collector(a), cb = Collector(b)
+        let ca = Collector(a)
+        let cb = Collector(b)
         let allocation = try await a.useRelay(server, over: .tcp, configuration: .init(username: "alice", password: "wonderland"))
-        let da = try await a.startICE(role: .controlling, candidates: [.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay)])
+        let da = try await a.startICE(
+            role: .controlling, candidates: [.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay)])
         let db = try await b.startICE(role: .controlled, candidates: [.host(b.localAddress, base: ICEBase.socket)])
         async let bPair = b.connectICE(to: da, timeout: .seconds(8))
         let aPair = try await a.connectICE(to: db, timeout: .seconds(8))
@@ -272,23 +295,31 @@ struct SecureTransportTests {
         #expect(await relay.stop() == 0)
     }
 
-    @Test("tshark reads the sealed media as RTP without keys; tusa interop decrypt opens it with the key log",
-        .enabled(if: Harness.tusa != nil && Harness.which("tshark") != nil && Harness.isRoot,
-                 "needs tusa, tshark and root to capture on lo"))
+    @Test(
+        "tshark reads the sealed media as RTP without keys; tusa interop decrypt opens it with the key log",
+        .enabled(
+            if: Harness.tusa != nil && Harness.which("tshark") != nil && Harness.isRoot,
+            "needs tusa, tshark and root to capture on lo"))
     func captureDecodesAsRTPAndDecryptsWithTheKeyLog() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-secure-\(UUID())").path
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let keylog = dir + "/keys.log", capture = dir + "/call.pcapng", dump = dir + "/call.rtpdump"
+        let keylog = dir + "/keys.log"
+        let capture = dir + "/call.pcapng"
+        let dump = dir + "/call.rtpdump"
         let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), keyLogPath: keylog)
         let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
         let cb = Collector(b)
         let port = b.localAddress.port
-        let tshark = try Harness.Background(try #require(Harness.which("tshark")), [
-            "-i", "lo", "-f", "udp port \(port)", "-w", capture, "-q", "-a", "duration:60",
-        ])
+        let tshark = try Harness.Background(
+            try #require(Harness.which("tshark")),
+            [
+                "-i", "lo", "-f", "udp port \(port)", "-w", capture, "-q", "-a", "duration:60",
+            ])
         defer { tshark.kill() }
-        #expect(await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
+        #expect(
+            await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)"
+        )
         try await Task.sleep(for: .seconds(1))  // "Capturing on" comes a moment before the filter is live
         async let waiting = b.waitForPeer(a.publicKey)
         let bAtA = try await a.connect(to: b.publicKey, at: b.localAddress)
@@ -305,9 +336,12 @@ struct SecureTransportTests {
         let ssrc = try #require(cb.media.first?.1.ssrc)
 
         // Without keys: RTP fields (SSRC, sequence numbers) as Wireshark shows them.
-        let fields = try await Harness.run(try #require(Harness.which("tshark")), [
-            "-r", capture, "-d", "udp.port==\(port),rtp", "-Y", "rtp && rtp.p_type == 0", "-T", "fields", "-e", "rtp.ssrc", "-e", "rtp.seq",
-        ])
+        let fields = try await Harness.run(
+            try #require(Harness.which("tshark")),
+            [
+                "-r", capture, "-d", "udp.port==\(port),rtp", "-Y", "rtp && rtp.p_type == 0", "-T", "fields", "-e", "rtp.ssrc",
+                "-e", "rtp.seq",
+            ])
         let rows = fields.stdout.split(separator: "\n").map { $0.split(separator: "\t") }
         #expect(rows.count == 40, "\(fields.stdout) \(fields.stderr)")
         #expect(rows.allSatisfy { $0.first.map { UInt32($0.dropFirst(2), radix: 16) } == ssrc })
@@ -315,7 +349,8 @@ struct SecureTransportTests {
         #expect(zip(seqs, seqs.dropFirst()).allSatisfy { ($1 - $0 + 65536) % 65536 == 1 })
 
         // With the key log: every media packet opens; the rtpdump holds the plaintext.
-        let decrypt = try await Harness.run(try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", keylog, "--out", dump])
+        let decrypt = try await Harness.run(
+            try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", keylog, "--out", dump])
         #expect(decrypt.status == 0, "\(decrypt.stdout) \(decrypt.stderr)")
         #expect(decrypt.stdout.contains("SSRC 0x\(String(ssrc, radix: 16)): 40 media"), "\(decrypt.stdout)")
         let written = try [UInt8](Data(contentsOf: URL(fileURLWithPath: dump)))
@@ -324,7 +359,8 @@ struct SecureTransportTests {
             #expect(written.firstRange(of: frame(i)) != nil, "frame \(i) in the clear in the rtpdump")
         }
         // A wrong key log opens nothing and says so.
-        try "TUSA_MEDIA_KEY \(String(format: "%08x", ssrc)) \(String(repeating: "ab", count: 32))\n".write(toFile: keylog, atomically: true, encoding: .utf8)
+        try "TUSA_MEDIA_KEY \(String(format: "%08x", ssrc)) \(String(repeating: "ab", count: 32))\n".write(
+            toFile: keylog, atomically: true, encoding: .utf8)
         let wrong = try await Harness.run(try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", keylog])
         #expect(wrong.status == 1, "\(wrong.stdout)")
     }

@@ -7,14 +7,15 @@ import Transport
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Tusa's TURN client against coturn's `turnserver` with long-term
 /// credentials, relaying to coturn's `turnutils_peer` echo. Everything on loopback.
 @Suite(.serialized)
 struct TURNClientPeerTests {
-    static let haveCoturn = Harness.which("turnserver") != nil && Harness.which("turnutils_stunclient") != nil
+    static let haveCoturn =
+        Harness.which("turnserver") != nil && Harness.which("turnutils_stunclient") != nil
         && Harness.which("turnutils_peer") != nil
     static let haveTusa = Harness.tusa != nil
     static let needs = "needs coturn (turnserver, turnutils_peer, turnutils_stunclient; make test installs it)"
@@ -26,7 +27,9 @@ struct TURNClientPeerTests {
     ) async throws {
         let port = Harness.freePortPair()
         let server = try #require(
-            try await Harness.startTurnserver(port: port, extra: [
+            try await Harness.startTurnserver(
+                port: port,
+                extra: [
                     "-a", "-u", "alice:wonderland", "-r", "example.org", "--allow-loopback-peers",
                 ] + extra), "turnserver did not start")
         defer { server.kill() }
@@ -42,12 +45,20 @@ struct TURNClientPeerTests {
             let bound = try await Harness.offPool { () -> Bool in
                 for _ in 0..<100 {
                     if !peer.process.isRunning { return false }
-                    if !Harness.isFree(ip: "127.0.0.1", port: peerPort) { usleep(50_000); return peer.process.isRunning }
+                    if !Harness.isFree(ip: "127.0.0.1", port: peerPort) {
+                        usleep(50_000)
+                        return peer.process.isRunning
+                    }
                     usleep(20_000)
                 }
                 return false
             }
-            if bound { started = (peer, peerPort) } else { failures.append("\(peerPort): \(peer.stderr)"); await peer.stop(signal: SIGKILL) }
+            if bound {
+                started = (peer, peerPort)
+            } else {
+                failures.append("\(peerPort): \(peer.stderr)")
+                await peer.stop(signal: SIGKILL)
+            }
         }
         let (peer, peerPort) = try #require(started, "turnutils_peer did not bind: \(failures)")
         defer { peer.kill() }
@@ -65,20 +76,25 @@ struct TURNClientPeerTests {
         arguments: [[], ["--tcp"], ["--no-channel"], ["--tcp", "--no-channel"]])
     func tusaTurnRelaysToAnEchoPeer(flags: [String]) async throws {
         try await Self.withServerAndPeer { server, peer in
-            let r = try await Self.tusa([
-                "turn", "127.0.0.1:\(server)", "--user", "alice:wonderland", "--peer", "127.0.0.1:\(peer)",
-                "--count", "20", "--interval-ms", "5", "--timeout", "5",
-            ] + flags)
+            let r = try await Self.tusa(
+                [
+                    "turn", "127.0.0.1:\(server)", "--user", "alice:wonderland", "--peer", "127.0.0.1:\(peer)",
+                    "--count", "20", "--interval-ms", "5", "--timeout", "5",
+                ] + flags)
             #expect(r.status == 0 && !r.timedOut, "\(flags): \(r.stdout) \(r.stderr)")
-            #expect(r.stdout.range(of: #"relayed address: 127\.0\.0\.1:[0-9]+"#, options: .regularExpression) != nil, "\(r.stdout)")
-            #expect(r.stdout.range(of: #"mapped address: 127\.0\.0\.1:[0-9]+"#, options: .regularExpression) != nil, "\(r.stdout)")
+            #expect(
+                r.stdout.range(of: #"relayed address: 127\.0\.0\.1:[0-9]+"#, options: .regularExpression) != nil, "\(r.stdout)")
+            #expect(
+                r.stdout.range(of: #"mapped address: 127\.0\.0\.1:[0-9]+"#, options: .regularExpression) != nil, "\(r.stdout)")
             if flags.contains("--no-channel") {
                 #expect(r.stdout.contains("sending in Send indications"), "\(r.stdout)")
             } else {
                 #expect(r.stdout.contains("channel 0x4000 bound to 127.0.0.1:\(peer)"), "\(r.stdout)")
             }
             #expect(r.stdout.contains("sent 20, received 20, loss 0.0%"), "\(flags): \(r.stdout)")
-            #expect(r.stdout.range(of: #"rtt min/avg/max [0-9.]+/[0-9.]+/[0-9.]+ ms"#, options: .regularExpression) != nil, "\(r.stdout)")
+            #expect(
+                r.stdout.range(of: #"rtt min/avg/max [0-9.]+/[0-9.]+/[0-9.]+ ms"#, options: .regularExpression) != nil,
+                "\(r.stdout)")
             #expect(r.stdout.contains("deallocated"), "\(r.stdout)")
             #expect(r.stderr.isEmpty, "\(r.stderr)")
         }
@@ -87,9 +103,10 @@ struct TURNClientPeerTests {
     @Test(.enabled(if: haveTusa && haveCoturn, "needs .build/debug/tusa; \(needs)"), arguments: [[], ["--tcp"]])
     func wrongPasswordIsAuthenticationFailure(flags: [String]) async throws {
         try await Self.withServerAndPeer { server, peer in
-            let r = try await Self.tusa([
-                "turn", "127.0.0.1:\(server)", "--user", "alice:looking-glass", "--peer", "127.0.0.1:\(peer)",
-            ] + flags)
+            let r = try await Self.tusa(
+                [
+                    "turn", "127.0.0.1:\(server)", "--user", "alice:looking-glass", "--peer", "127.0.0.1:\(peer)",
+                ] + flags)
             #expect(r.status == 1, "\(r.stdout) \(r.stderr)")
             #expect(r.stderr.hasPrefix("tusa turn: "), "\(r.stderr)")
             #expect(r.stderr.contains("authentication failed"), "\(r.stderr)")
@@ -128,7 +145,9 @@ struct TURNClientPeerTests {
             "turn", "127.0.0.1:\(silentServer.localAddress.port)", "--user", "a:b", "--peer", "127.0.0.1:9", "--timeout", "1",
         ])
         #expect(t.status == 1)
-        #expect(t.stderr == "tusa turn: 127.0.0.1:\(silentServer.localAddress.port): no answer to Allocate within 1.0 s\n", "\(t.stderr)")
+        #expect(
+            t.stderr == "tusa turn: 127.0.0.1:\(silentServer.localAddress.port): no answer to Allocate within 1.0 s\n",
+            "\(t.stderr)")
         let bad = try await Self.tusa(["turn", "127.0.0.1:1", "--user", "nocolon", "--peer", "127.0.0.1:9"])
         #expect(bad.status == 1)
         #expect(bad.stderr == "tusa turn: --user 'nocolon' is not USER:PASSWORD\n", "\(bad.stderr)")
@@ -144,7 +163,9 @@ struct TURNClientPeerTests {
         }
     }
 
-    static func exerciseConnection(server port: UInt16, peer peerPort: UInt16, transport: TURNClientConnection.TransportProtocol) async throws {
+    static func exerciseConnection(server port: UInt16, peer peerPort: UInt16, transport: TURNClientConnection.TransportProtocol)
+        async throws
+    {
         let peer = TransportAddress(ip: .v4(0x7F00_0001), port: peerPort)
         let turn = try await TURNClientConnection.connect(
             to: TransportAddress(ip: .v4(0x7F00_0001), port: port), over: transport,

@@ -4,7 +4,7 @@ import Testing
 import TusaInterop
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// `tusa relay` as a TURN server for real clients: coturn's turnutils_uclient
@@ -48,9 +48,15 @@ struct TURNRelayPeerTests {
     }
 
     /// Runs turnutils_uclient and reads its final totals.
-    static func uclient(_ flags: [String], server: UInt16, peer: UInt16, messages: Int = 20, clients: Int = 2) async throws -> UclientResult {
+    static func uclient(_ flags: [String], server: UInt16, peer: UInt16, messages: Int = 20, clients: Int = 2) async throws
+        -> UclientResult
+    {
         let uclient = try #require(Harness.which("turnutils_uclient"))
-        let args = flags + ["-p", "\(server)", "-e", "127.0.0.1", "-r", "\(peer)", "-n", "\(messages)", "-m", "\(clients)", "-l", "120", "127.0.0.1"]
+        let args =
+            flags + [
+                "-p", "\(server)", "-e", "127.0.0.1", "-r", "\(peer)", "-n", "\(messages)", "-m", "\(clients)", "-l", "120",
+                "127.0.0.1",
+            ]
         let r = try await Harness.run("/usr/bin/timeout", ["60", uclient] + args, timeout: 70)
         let out = r.stdout + r.stderr
         func last(_ pattern: String) -> Int? {
@@ -72,8 +78,10 @@ struct TURNRelayPeerTests {
         ("DONT-FRAGMENT and padding", ["-g", "-D", "-u", "alice", "-w", "wonderland"]),
     ]
 
-    @Test(.enabled(if: haveTusa && haveUclient, "needs tusa and coturn's turnutils_uclient/turnutils_peer (make test installs coturn)"),
-          arguments: modes.indices)
+    @Test(
+        .enabled(
+            if: haveTusa && haveUclient, "needs tusa and coturn's turnutils_uclient/turnutils_peer (make test installs coturn)"),
+        arguments: modes.indices)
     func uclientRelaysThroughTusa(mode: Int) async throws {
         let (name, flags) = Self.modes[mode]
         let (peer, peerPort) = try #require(try await Self.startPeer())
@@ -93,8 +101,10 @@ struct TURNRelayPeerTests {
         defer { peer.kill() }
         let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
         defer { relay.kill() }
-        let r = try await Self.uclient(["-u", "alice", "-w", "wonderland"], server: port, peer: peerPort, messages: 20, clients: 50)
-        #expect(r.sent == 50 * 20 * 120 && r.received == r.sent, "sent \(r.sent), received \(r.received)\n\(r.output.suffix(1500))")
+        let r = try await Self.uclient(
+            ["-u", "alice", "-w", "wonderland"], server: port, peer: peerPort, messages: 20, clients: 50)
+        #expect(
+            r.sent == 50 * 20 * 120 && r.received == r.sent, "sent \(r.sent), received \(r.received)\n\(r.output.suffix(1500))")
         #expect(r.lost == 0)
         #expect(await relay.stop() == 0)
         // The relay made one allocation per client at least (uclient adds RTCP ones).
@@ -108,7 +118,8 @@ struct TURNRelayPeerTests {
         defer { peer.kill() }
         let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
         defer { relay.kill() }
-        let r = try await Self.uclient(["-u", "alice", "-w", "not-the-password"], server: port, peer: peerPort, messages: 3, clients: 1)
+        let r = try await Self.uclient(
+            ["-u", "alice", "-w", "not-the-password"], server: port, peer: peerPort, messages: 3, clients: 1)
         #expect(r.received <= 0, "relayed with a wrong password:\n\(r.output.suffix(800))")
         #expect(await relay.stop() == 0)
         #expect(relay.stdout.contains("turn: 0 allocations"), "\(relay.stdout)")
@@ -119,26 +130,32 @@ struct TURNRelayPeerTests {
     func loopbackPeersAreRefusedByDefault() async throws {
         let (peer, peerPort) = try #require(try await Self.startPeer())
         defer { peer.kill() }
-        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland"]))
+        let (relay, port) = try #require(
+            try await Harness.startRelay(["--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland"]))
         defer { relay.kill() }
-        let r = try await Self.uclient(["-u", "alice", "-w", "wonderland"], server: port, peer: peerPort, messages: 3, clients: 1)
+        let r = try await Self.uclient(
+            ["-u", "alice", "-w", "wonderland"], server: port, peer: peerPort, messages: 3, clients: 1)
         #expect(r.received <= 0, "relayed to loopback:\n\(r.output.suffix(800))")
         #expect(r.output.contains("403"), "\(r.output.suffix(800))")
     }
 
-    @Test(.enabled(if: haveTusa && haveUclient && Harness.python != nil,
-                   "needs tusa, turnutils_peer and .venv with aioice (make test sets it up)"),
-          arguments: ["udp", "tcp"])
+    @Test(
+        .enabled(
+            if: haveTusa && haveUclient && Harness.python != nil,
+            "needs tusa, turnutils_peer and .venv with aioice (make test sets it up)"),
+        arguments: ["udp", "tcp"])
     func aioiceRelaysThroughTusa(transport: String) async throws {
         let (peer, peerPort) = try #require(try await Self.startPeer())
         defer { peer.kill() }
         let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
         defer { relay.kill() }
         let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_turn.py").path
-        let r = try await Harness.run(try #require(Harness.python), [
-            script, "--turn", "127.0.0.1:\(port)", "--user", "alice", "--password", "wonderland",
-            "--peer", "127.0.0.1:\(peerPort)", "--transport", transport, "--count", "20",
-        ], timeout: 30)
+        let r = try await Harness.run(
+            try #require(Harness.python),
+            [
+                script, "--turn", "127.0.0.1:\(port)", "--user", "alice", "--password", "wonderland",
+                "--peer", "127.0.0.1:\(peerPort)", "--transport", transport, "--count", "20",
+            ], timeout: 30)
         #expect(r.status == 0, "aioice over \(transport): \(r.stdout) \(r.stderr)")
         #expect(r.stdout.contains(#""received": 20"#), "\(r.stdout)")
     }
@@ -148,42 +165,58 @@ struct TURNRelayPeerTests {
         guard let openssl = Harness.which("openssl") else { return nil }
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-tls-\(UUID())").path
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        let r = try await Harness.run(openssl, ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(dir)/key.pem",
-                                          "-out", "\(dir)/cert.pem", "-days", "2", "-subj", "/CN=localhost"], timeout: 30)
+        let r = try await Harness.run(
+            openssl,
+            [
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(dir)/key.pem",
+                "-out", "\(dir)/cert.pem", "-days", "2", "-subj", "/CN=localhost",
+            ], timeout: 30)
         guard r.status == 0 else { return nil }
         return ("\(dir)/cert.pem", "\(dir)/key.pem")
     }
 
-    @Test(.enabled(if: haveTusa && haveUclient && Harness.python != nil && Harness.which("openssl") != nil,
-                   "needs tusa, coturn's tools, aioice and openssl"))
+    @Test(
+        .enabled(
+            if: haveTusa && haveUclient && Harness.python != nil && Harness.which("openssl") != nil,
+            "needs tusa, coturn's tools, aioice and openssl"))
     func turnOverTLS() async throws {
         let (cert, key) = try #require(try await Self.makeCertificate())
         let (peer, peerPort) = try #require(try await Self.startPeer())
         defer { peer.kill() }
         let tlsPort = Harness.freePort()
-        let (relay, _) = try #require(try await Harness.startRelay(
-            ["--listen", "127.0.0.1:0", "--cert", cert, "--pkey", key, "--tls-listening-port", "\(tlsPort)"] + Self.relayAuth))
+        let (relay, _) = try #require(
+            try await Harness.startRelay(
+                ["--listen", "127.0.0.1:0", "--cert", cert, "--pkey", key, "--tls-listening-port", "\(tlsPort)"] + Self.relayAuth)
+        )
         defer { relay.kill() }
         #expect(await relay.waitForMatch("listening tls 127.0.0.1:\(tlsPort)") != nil, "\(relay.stdout)")
         // coturn's client over TLS (-t -S).
-        let r = try await Self.uclient(["-t", "-S", "-u", "alice", "-w", "wonderland"], server: tlsPort, peer: peerPort, messages: 10, clients: 2)
-        #expect(r.sent > 0 && r.sent == r.received && r.lost == 0, "sent \(r.sent), received \(r.received)\n\(r.output.suffix(1200))")
+        let r = try await Self.uclient(
+            ["-t", "-S", "-u", "alice", "-w", "wonderland"], server: tlsPort, peer: peerPort, messages: 10, clients: 2)
+        #expect(
+            r.sent > 0 && r.sent == r.received && r.lost == 0, "sent \(r.sent), received \(r.received)\n\(r.output.suffix(1200))")
         // aioice's TURN client over TLS.
         let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_turn.py").path
-        let a = try await Harness.run(try #require(Harness.python), [
-            script, "--turn", "127.0.0.1:\(tlsPort)", "--user", "alice", "--password", "wonderland",
-            "--peer", "127.0.0.1:\(peerPort)", "--transport", "tls", "--count", "10",
-        ], timeout: 30)
+        let a = try await Harness.run(
+            try #require(Harness.python),
+            [
+                script, "--turn", "127.0.0.1:\(tlsPort)", "--user", "alice", "--password", "wonderland",
+                "--peer", "127.0.0.1:\(peerPort)", "--transport", "tls", "--count", "10",
+            ], timeout: 30)
         #expect(a.status == 0, "aioice over TLS: \(a.stdout) \(a.stderr)")
         // A bad key file is a one-line start error.
-        let bad = try await Harness.run(try #require(Harness.tusa), ["relay", "--listen", "127.0.0.1:0", "--cert", cert, "--pkey", "/nonexistent"] + Self.relayAuth, timeout: 20)
+        let bad = try await Harness.run(
+            try #require(Harness.tusa),
+            ["relay", "--listen", "127.0.0.1:0", "--cert", cert, "--pkey", "/nonexistent"] + Self.relayAuth, timeout: 20)
         #expect(bad.status == 1 && bad.stderr.hasPrefix("tusa relay: error:"), "\(bad.stderr)")
     }
 
     /// A live capture of uclient (UDP channels, Send indications, TCP) and
     /// aioice through tusa relay verifies with `tusa interop check`.
-    @Test(.enabled(if: haveTusa && haveUclient && Harness.which("tshark") != nil && Harness.isRoot,
-                   "needs tusa, coturn's tools, tshark and root to capture on lo"))
+    @Test(
+        .enabled(
+            if: haveTusa && haveUclient && Harness.which("tshark") != nil && Harness.isRoot,
+            "needs tusa, coturn's tools, tshark and root to capture on lo"))
     func liveTURNCaptureVerifies() async throws {
         let (peer, peerPort) = try #require(try await Self.startPeer())
         defer { peer.kill() }
@@ -191,13 +224,20 @@ struct TURNRelayPeerTests {
         defer { relay.kill() }
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-turn-\(UUID()).pcapng").path
         defer { try? FileManager.default.removeItem(atPath: file) }
-        let tshark = try Harness.Background(try #require(Harness.which("tshark")), [
-            "-i", "lo", "-f", "port \(port)", "-w", file, "-q", "-a", "duration:90",
-        ])
+        let tshark = try Harness.Background(
+            try #require(Harness.which("tshark")),
+            [
+                "-i", "lo", "-f", "port \(port)", "-w", file, "-q", "-a", "duration:90",
+            ])
         defer { tshark.kill() }
-        #expect(await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)")
-        for flags in [["-u", "alice", "-w", "wonderland"], ["-s", "-u", "alice", "-w", "wonderland"], ["-t", "-u", "alice", "-w", "wonderland"],
-                      ["-W", "northwind", "-u", "bob"]] {
+        #expect(
+            await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)"
+        )
+        for flags in [
+            ["-u", "alice", "-w", "wonderland"], ["-s", "-u", "alice", "-w", "wonderland"],
+            ["-t", "-u", "alice", "-w", "wonderland"],
+            ["-W", "northwind", "-u", "bob"],
+        ] {
             _ = try await Self.uclient(flags, server: port, peer: peerPort, messages: 5, clients: 1)
         }
         try await Task.sleep(for: .milliseconds(300))

@@ -13,8 +13,13 @@ import Testing
 
     @Test(.enabled(if: ready, "\(needs)"))
     func simulateWritesWhatTheReceiverHeardAndReportsIt() async throws {
-        let out = Self.temporary("out.wav"), trace = Self.temporary("trace.txt"), taps = Self.temporary("taps")
-        defer { for p in [out, trace] { unlink(p) }; try? FileManager.default.removeItem(atPath: taps) }
+        let out = Self.temporary("out.wav")
+        let trace = Self.temporary("trace.txt")
+        let taps = Self.temporary("taps")
+        defer {
+            for p in [out, trace] { unlink(p) }
+            try? FileManager.default.removeItem(atPath: taps)
+        }
         let r = try await TURNClientPeerTests.tusa([
             "voice", "simulate", "--in", Self.speech, "--out", out, "--loss", "10%", "--jitter", "20",
             "--seed", "3", "--save-trace", trace, "--taps", taps, "--json",
@@ -22,7 +27,7 @@ import Testing
         #expect(r.status == 0, "\(r.stderr)")
         let json = try #require(try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any], "\(r.stdout)")
         let sent = try #require(json["packetsSent"] as? Int)
-        #expect(sent == 150)   // 2.99 s in 20 ms frames
+        #expect(sent == 150)  // 2.99 s in 20 ms frames
         let networkLoss = try #require(json["networkLossRate"] as? Double)
         #expect(networkLoss > 0.03 && networkLoss < 0.2)
         let stats = try #require(json["playoutStatistics"] as? [String: Any])
@@ -45,7 +50,8 @@ import Testing
         let again = try await TURNClientPeerTests.tusa([
             "voice", "simulate", "--in", Self.speech, "--out", out, "--trace", trace, "--json",
         ])
-        let json2 = try #require(try JSONSerialization.jsonObject(with: Data(again.stdout.utf8)) as? [String: Any], "\(again.stdout) \(again.stderr)")
+        let json2 = try #require(
+            try JSONSerialization.jsonObject(with: Data(again.stdout.utf8)) as? [String: Any], "\(again.stdout) \(again.stderr)")
         #expect(json2["networkLossRate"] as? Double == networkLoss)
     }
 

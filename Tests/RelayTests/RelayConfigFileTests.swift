@@ -14,7 +14,8 @@ struct RelayConfigFileTests {
 
     @Test("options map to tusa relay's long flags, in file order, with their lines")
     func mapping() throws {
-        let result = try parse("""
+        let result = try parse(
+            """
             realm=example.org
             user=alice:wonderland
             user=bob:0x0123456789abcdef0123456789abcdef
@@ -37,14 +38,15 @@ struct RelayConfigFileTests {
             prometheus
             prometheus-port=9642
             """)
-        #expect(result.arguments == [
-            "--realm=example.org", "--user=alice:wonderland", "--user=bob:0x0123456789abcdef0123456789abcdef",
-            "--use-auth-secret", "--static-auth-secret=north=wind", "--lt-cred-mech", "--min-port=50000",
-            "--max-port=50100", "--relay-ip=192.0.2.10", "--external-ip=203.0.113.7/192.0.2.10",
-            "--allow-loopback-peers", "--allowed-peer-ip=10.0.0.1-10.0.0.9", "--denied-peer-ip=172.16.0.0/12",
-            "--user-quota=10", "--total-quota=100", "--max-bps=64000", "--max-allocate-lifetime=1800",
-            "--stale-nonce=300", "--no-tcp", "--prometheus", "--prometheus-port=9642",
-        ])
+        #expect(
+            result.arguments == [
+                "--realm=example.org", "--user=alice:wonderland", "--user=bob:0x0123456789abcdef0123456789abcdef",
+                "--use-auth-secret", "--static-auth-secret=north=wind", "--lt-cred-mech", "--min-port=50000",
+                "--max-port=50100", "--relay-ip=192.0.2.10", "--external-ip=203.0.113.7/192.0.2.10",
+                "--allow-loopback-peers", "--allowed-peer-ip=10.0.0.1-10.0.0.9", "--denied-peer-ip=172.16.0.0/12",
+                "--user-quota=10", "--total-quota=100", "--max-bps=64000", "--max-allocate-lifetime=1800",
+                "--stale-nonce=300", "--no-tcp", "--prometheus", "--prometheus-port=9642",
+            ])
         #expect(result.lines == Array(1...21))
         #expect(result.notices.isEmpty)
     }
@@ -59,17 +61,19 @@ struct RelayConfigFileTests {
     @Test("a space, a tab or '=' with blanks around it separates name and value, as in coturn")
     func separators() throws {
         let result = try parse("realm example.org\nuser\talice:wonderland\nmin-port = 50000\nmax-port==50100")
-        #expect(result.arguments == [
-            "--realm=example.org", "--user=alice:wonderland", "--min-port=50000", "--max-port=50100",
-        ])
+        #expect(
+            result.arguments == [
+                "--realm=example.org", "--user=alice:wonderland", "--min-port=50000", "--max-port=50100",
+            ])
     }
 
     @Test("double quotes around a value are removed; a value may begin with a dash")
     func quotesAndDashes() throws {
         let result = try parse("realm=\"example.org\"\nstatic-auth-secret=-starts-with-a-dash\nsoftware=\"tusa relay\"")
-        #expect(result.arguments == [
-            "--realm=example.org", "--static-auth-secret=-starts-with-a-dash", "--software=tusa relay",
-        ])
+        #expect(
+            result.arguments == [
+                "--realm=example.org", "--static-auth-secret=-starts-with-a-dash", "--software=tusa relay",
+            ])
     }
 
     @Test("flags take coturn's booleans: off, no, false and 0 leave them unset")
@@ -92,7 +96,8 @@ struct RelayConfigFileTests {
 
     @Test("coturn options tusa does not use are skipped with one notice each")
     func ignoredCoturnOptions() throws {
-        let result = try parse("""
+        let result = try parse(
+            """
             fingerprint
             realm=example.org
             no-cli
@@ -134,7 +139,8 @@ struct RelayConfigFileTests {
         }
     }
 
-    @Test("coturn's own shipped turnserver.conf loads (every option in it is known or ignored)",
+    @Test(
+        "coturn's own shipped turnserver.conf loads (every option in it is known or ignored)",
         .enabled(if: FileManager.default.fileExists(atPath: "/etc/turnserver.conf"), "coturn not installed"))
     func coturnsOwnSampleLoads() throws {
         // Debian's coturn ships a file of commented-out examples; uncomment each

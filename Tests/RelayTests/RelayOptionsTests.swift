@@ -24,9 +24,10 @@ struct RelayOptionsTests {
         options.listen = ["127.0.0.1:4000", "[::1]"]
         options.listeningIPs = ["127.0.0.2"]
         options.listeningPort = 5000
-        #expect(try options.configuration().listenAddresses == [
-            TransportAddress("127.0.0.1:4000")!, TransportAddress("[::1]:3478")!, TransportAddress("127.0.0.2:5000")!,
-        ])
+        #expect(
+            try options.configuration().listenAddresses == [
+                TransportAddress("127.0.0.1:4000")!, TransportAddress("[::1]:3478")!, TransportAddress("127.0.0.2:5000")!,
+            ])
         var portOnly = RelayOptions()
         portOnly.listeningPort = 6000
         #expect(try portOnly.configuration().listenAddresses.map(\.port) == [6000, 6000])
@@ -59,7 +60,8 @@ struct RelayOptionsTests {
         options.certificate = "cert.pem"
         options.privateKey = "key.pem"
         options.tlsPort = 5350
-        #expect(try options.configuration().tls == TLSSettings(certificateFile: "cert.pem", privateKeyFile: "key.pem", port: 5350))
+        #expect(
+            try options.configuration().tls == TLSSettings(certificateFile: "cert.pem", privateKeyFile: "key.pem", port: 5350))
         options.noTLS = true
         #expect(try options.configuration().tls == nil)
     }
@@ -76,39 +78,113 @@ struct RelayOptionsTests {
 
     /// Options with one mistake, and the error (and message) it gives.
     static let mistakes: [(String, @Sendable (inout RelayOptions) -> Void, RelayConfigurationError, String)] = [
-        ("listen", { $0.listen = ["nowhere"] }, .badListenAddress("nowhere"),
-         "--listen 'nowhere' is not IP:PORT or [IPv6]:PORT"),
-        ("listening-ip", { $0.listeningIPs = ["1.2.3"] }, .badListeningIP("1.2.3"),
-         "--listening-ip '1.2.3' is not an IP address"),
-        ("listening-port with listen", { $0.listen = ["127.0.0.1:1"]; $0.listeningPort = 2 }, .listeningPortWithListen,
-         "--listening-port applies to --listening-ip addresses, not to --listen (which has its own port)"),
-        ("alt-address", { $0.alternateAddress = "127.0.0.1" }, .badAlternateAddress("127.0.0.1"),
-         "--alt-address '127.0.0.1' is not IP:PORT or [IPv6]:PORT"),
+        (
+            "listen", { $0.listen = ["nowhere"] }, .badListenAddress("nowhere"),
+            "--listen 'nowhere' is not IP:PORT or [IPv6]:PORT"
+        ),
+        (
+            "listening-ip", { $0.listeningIPs = ["1.2.3"] }, .badListeningIP("1.2.3"),
+            "--listening-ip '1.2.3' is not an IP address"
+        ),
+        (
+            "listening-port with listen",
+            {
+                $0.listen = ["127.0.0.1:1"]
+                $0.listeningPort = 2
+            }, .listeningPortWithListen,
+            "--listening-port applies to --listening-ip addresses, not to --listen (which has its own port)"
+        ),
+        (
+            "alt-address", { $0.alternateAddress = "127.0.0.1" }, .badAlternateAddress("127.0.0.1"),
+            "--alt-address '127.0.0.1' is not IP:PORT or [IPv6]:PORT"
+        ),
         ("threads", { $0.threads = 0 }, .threadsOutOfRange(0), "--threads must be between 1 and 1024, not 0"),
         ("cert alone", { $0.certificate = "c.pem" }, .certificateWithoutKey, "--cert and --pkey go together"),
-        ("max-tcp-connections", { $0.maxTCPConnections = 0 }, .maxTCPConnectionsTooLow,
-         "--max-tcp-connections must be at least 1"),
-        ("user-file", { $0.userFile = "/nonexistent/users" }, .unreadableUserFile("/nonexistent/users"),
-         "--user-file '/nonexistent/users' cannot be read"),
-        ("use-auth-secret", { $0.useAuthSecret = true }, .authSecretWithoutSecret,
-         "--use-auth-secret needs --static-auth-secret"),
-        ("allowed-peer-ip", { $0.noAuth = true; $0.allowedPeerIPs = ["x"] }, .badPeerRange(option: "--allowed-peer-ip", text: "x"),
-         "--allowed-peer-ip 'x' is not IP, IP/LEN or FIRST-LAST"),
-        ("denied-peer-ip", { $0.noAuth = true; $0.deniedPeerIPs = ["nope"] },
-         .badPeerRange(option: "--denied-peer-ip", text: "nope"),
-         "--denied-peer-ip 'nope' is not IP, IP/LEN or FIRST-LAST"),
-        ("external-ip", { $0.noAuth = true; $0.externalIPs = ["public"] }, .badExternalIP("public"),
-         "--external-ip 'public' is not PUBLIC or PUBLIC/PRIVATE"),
-        ("quota", { $0.noAuth = true; $0.userQuota = -1 }, .negativeQuota, "quotas and --max-bps cannot be negative"),
-        ("max-allocate-lifetime", { $0.noAuth = true; $0.maxAllocateLifetime = 599 }, .allocateLifetimeTooShort,
-         "--max-allocate-lifetime must be at least the default 600 s"),
-        ("stale-nonce", { $0.noAuth = true; $0.staleNonce = 0 }, .staleNonceOutOfRange,
-         "--stale-nonce must be between 1 and 86400 seconds"),
-        ("challenge-rate", { $0.noAuth = true; $0.challengeRate = -1 }, .badChallengeRate, "--challenge-rate cannot be negative"),
-        ("relay-ip", { $0.noAuth = true; $0.listen = ["127.0.0.1:1"]; $0.relayIPs = ["here"] }, .badRelayIP("here"),
-         "--relay-ip 'here' is not an IP address"),
-        ("min-port", { $0.noAuth = true; $0.listen = ["127.0.0.1:1"]; $0.minPort = 0 }, .noRelayPorts(minPort: 0, maxPort: 65535),
-         "--min-port 0 and --max-port 65535 leave no relay ports"),
+        (
+            "max-tcp-connections", { $0.maxTCPConnections = 0 }, .maxTCPConnectionsTooLow,
+            "--max-tcp-connections must be at least 1"
+        ),
+        (
+            "user-file", { $0.userFile = "/nonexistent/users" }, .unreadableUserFile("/nonexistent/users"),
+            "--user-file '/nonexistent/users' cannot be read"
+        ),
+        (
+            "use-auth-secret", { $0.useAuthSecret = true }, .authSecretWithoutSecret,
+            "--use-auth-secret needs --static-auth-secret"
+        ),
+        (
+            "allowed-peer-ip",
+            {
+                $0.noAuth = true
+                $0.allowedPeerIPs = ["x"]
+            }, .badPeerRange(option: "--allowed-peer-ip", text: "x"),
+            "--allowed-peer-ip 'x' is not IP, IP/LEN or FIRST-LAST"
+        ),
+        (
+            "denied-peer-ip",
+            {
+                $0.noAuth = true
+                $0.deniedPeerIPs = ["nope"]
+            },
+            .badPeerRange(option: "--denied-peer-ip", text: "nope"),
+            "--denied-peer-ip 'nope' is not IP, IP/LEN or FIRST-LAST"
+        ),
+        (
+            "external-ip",
+            {
+                $0.noAuth = true
+                $0.externalIPs = ["public"]
+            }, .badExternalIP("public"),
+            "--external-ip 'public' is not PUBLIC or PUBLIC/PRIVATE"
+        ),
+        (
+            "quota",
+            {
+                $0.noAuth = true
+                $0.userQuota = -1
+            }, .negativeQuota, "quotas and --max-bps cannot be negative"
+        ),
+        (
+            "max-allocate-lifetime",
+            {
+                $0.noAuth = true
+                $0.maxAllocateLifetime = 599
+            }, .allocateLifetimeTooShort,
+            "--max-allocate-lifetime must be at least the default 600 s"
+        ),
+        (
+            "stale-nonce",
+            {
+                $0.noAuth = true
+                $0.staleNonce = 0
+            }, .staleNonceOutOfRange,
+            "--stale-nonce must be between 1 and 86400 seconds"
+        ),
+        (
+            "challenge-rate",
+            {
+                $0.noAuth = true
+                $0.challengeRate = -1
+            }, .badChallengeRate, "--challenge-rate cannot be negative"
+        ),
+        (
+            "relay-ip",
+            {
+                $0.noAuth = true
+                $0.listen = ["127.0.0.1:1"]
+                $0.relayIPs = ["here"]
+            }, .badRelayIP("here"),
+            "--relay-ip 'here' is not an IP address"
+        ),
+        (
+            "min-port",
+            {
+                $0.noAuth = true
+                $0.listen = ["127.0.0.1:1"]
+                $0.minPort = 0
+            }, .noRelayPorts(minPort: 0, maxPort: 65535),
+            "--min-port 0 and --max-port 65535 leave no relay ports"
+        ),
     ]
 
     @Test("each mistake names its option", arguments: mistakes.indices)

@@ -1,16 +1,19 @@
 import Logging
 import NIOCore
 import NIOPosix
-@testable import Relay
 import STUN
 import TURN
 import Testing
-@testable import Transport
 import TusaBase
+
+@testable import Relay
+@testable import Transport
 
 /// The lane's relay-port picking on real sockets, at the edges of the port range.
 struct TURNLaneTests {
-    static func withLane<T: Sendable>(min: UInt16, max: UInt16, _ body: @escaping @Sendable (TURNLane) throws -> T) async throws -> T {
+    static func withLane<T: Sendable>(min: UInt16, max: UInt16, _ body: @escaping @Sendable (TURNLane) throws -> T) async throws
+        -> T
+    {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let loop = group.next()
         let config: TURNServerConfiguration = {
@@ -21,11 +24,12 @@ struct TURNLaneTests {
         let plan = RelayAddressPlan(ips: [IPAddress("127.0.0.1")!], minPort: min, maxPort: max)
         let result: Result<T, any Error>
         do {
-            result = .success(try await loop.submit {
-                let lane = TURNLane(loop: loop, configuration: config, plan: plan, logger: Logger(label: "test"))
-                defer { lane.stop() }
-                return try body(lane)
-            }.get())
+            result = .success(
+                try await loop.submit {
+                    let lane = TURNLane(loop: loop, configuration: config, plan: plan, logger: Logger(label: "test"))
+                    defer { lane.stop() }
+                    return try body(lane)
+                }.get())
         } catch {
             result = .failure(error)
         }
@@ -52,7 +56,9 @@ struct TURNLaneTests {
     @Test("an odd lower bound still gives even ports")
     func oddLowerBound() async throws {
         let ports = try await Self.withLane(min: 50_001, max: 50_007) { lane -> [UInt16] in
-            (0..<6).compactMap { _ in lane.openRelay(family: 0x01, even: true, reserveNext: false, dontFragment: false)?.relay.port }
+            (0..<6).compactMap { _ in
+                lane.openRelay(family: 0x01, even: true, reserveNext: false, dontFragment: false)?.relay.port
+            }
         }
         #expect(ports.allSatisfy { $0 % 2 == 0 && (50_002...50_006).contains($0) })
     }

@@ -2,11 +2,12 @@ import Logging
 import NIOCore
 import NIOEmbedded
 import NIOPosix
-@testable import Relay
 import STUN
 import Testing
-@testable import Transport
 import TusaBase
+
+@testable import Relay
+@testable import Transport
 
 /// The UDP driver on an EmbeddedChannel: what a read burst turns into.
 struct UDPListenerHandlerTests {
@@ -19,7 +20,9 @@ struct UDPListenerHandlerTests {
     }
 
     /// Feeds a burst of requests and returns every outbound envelope after read-complete.
-    static func burst(_ requests: [(SocketAddress, ByteBuffer)], gso: Bool = true) throws -> (outbound: [AddressedEnvelope<ByteBuffer>], stats: BindingStatistics) {
+    static func burst(_ requests: [(SocketAddress, ByteBuffer)], gso: Bool = true) throws -> (
+        outbound: [AddressedEnvelope<ByteBuffer>], stats: BindingStatistics
+    ) {
         let channel = EmbeddedChannel()
         let totals = StatisticsBox()
         let handler = UDPListenerHandler(

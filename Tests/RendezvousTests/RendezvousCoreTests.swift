@@ -1,9 +1,10 @@
-@testable import Rendezvous
 import STUN
 import Secure
 import TURN
 import Testing
 import TusaBase
+
+@testable import Rendezvous
 
 /// The rendezvous cores on a virtual clock: a server and clients wired by hand.
 private struct Net {
@@ -35,7 +36,10 @@ private struct Net {
             }
         }
     }
-    mutating func take(_ id: ConnectionID) -> [UInt8] { defer { inbox[id] = [] }; return inbox[id] ?? [] }
+    mutating func take(_ id: ConnectionID) -> [UInt8] {
+        defer { inbox[id] = [] }
+        return inbox[id] ?? []
+    }
 
     /// Client `client` on connection `id`: exchanges until quiet, returns the client's events.
     mutating func pump(_ id: ConnectionID, _ client: inout RendezvousClient) throws -> [RendezvousClient.Event] {
@@ -63,7 +67,9 @@ private struct Net {
         return try pump(id, &client)
     }
 
-    mutating func request(_ id: ConnectionID, _ bytes: [UInt8], _ client: inout RendezvousClient) throws -> [RendezvousClient.Event] {
+    mutating func request(_ id: ConnectionID, _ bytes: [UInt8], _ client: inout RendezvousClient) throws -> [RendezvousClient
+        .Event]
+    {
         feed(.received(id, bytes, unixSeconds: unix))
         return try pump(id, &client)
     }
@@ -108,9 +114,13 @@ extension RendezvousClient {
         var configuration = RendezvousServerConfiguration()
         configuration.turn = TURNIssuer(secret: "s3cret", lifetime: .seconds(600), uris: ["turn:127.0.0.1:3478?transport=udp"])
         var net = Net(configuration)
-        var ca = RendezvousClient(identity: alice), cb = RendezvousClient(identity: bob)
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
         let ea = try net.connect(a, &ca)
-        guard case .registered(let grant?) = ea.first else { Issue.record("\(ea)"); return }
+        guard case .registered(let grant?) = ea.first else {
+            Issue.record("\(ea)")
+            return
+        }
         #expect(ca.isRegistered)
         // The relay's REST-API check accepts what the rendezvous issued.
         #expect(grant.expiry == net.unix + 600)
@@ -143,7 +153,8 @@ extension RendezvousClient {
         #expect(throws: RendezvousError.unsealable) { try Sealing.open(sealed, from: mallory.publicKey, to: bob) }
         #expect(throws: RendezvousError.unsealable) { try Sealing.open(sealed, from: alice.publicKey, to: mallory) }
         for i in stride(from: 0, to: sealed.count, by: 7) {
-            var t = sealed; t[i] ^= 0x40
+            var t = sealed
+            t[i] ^= 0x40
             #expect(throws: RendezvousError.unsealable) { try Sealing.open(t, from: alice.publicKey, to: bob) }
         }
         #expect(throws: RendezvousError.unsealable) { try Sealing.open(Array(sealed.prefix(40)), from: alice.publicKey, to: bob) }
@@ -152,11 +163,15 @@ extension RendezvousClient {
     @Test func aWrongProofIsRefusedAndClosed() throws {
         var net = Net()
         net.feed(.accepted(a))
-        guard case .hello(let challenge, let serverKey) = try net.messages(a).first else { Issue.record("no hello"); return }
+        guard case .hello(let challenge, let serverKey) = try net.messages(a).first else {
+            Issue.record("no hello")
+            return
+        }
         // Proof made with another private key for alice's public key.
         let proof = try RegistrationProof.make(identity: bob, serverKey: serverKey, challenge: challenge)
         net.feed(.received(a, RendezvousFrame.frame(.register(key: alice.publicKey, proof: proof)), unixSeconds: net.unix))
-        #expect(try net.messages(a).first == .error(code: .badProof, detail: "the proof does not match \(alice.publicKey)", id: nil))
+        #expect(
+            try net.messages(a).first == .error(code: .badProof, detail: "the proof does not match \(alice.publicKey)", id: nil))
         #expect(net.closed.contains(a))
         #expect(!net.server.isOnline(alice.publicKey))
         #expect(net.server.statistics.connections == 0)
@@ -164,34 +179,48 @@ extension RendezvousClient {
 
     @Test func offlineAndUnknownCalleesAreToldApart() throws {
         var net = Net()
-        var ca = RendezvousClient(identity: alice), cb = RendezvousClient(identity: bob)
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
         _ = try net.connect(a, &ca)
         let stranger = PrivateKey.generate().publicKey
         let (id1, s1) = try ca.send([1, 2, 3], to: stranger)
-        guard case .refused(.unknownPeer, _, id1)? = try net.request(a, s1, &ca).first else { Issue.record("not unknownPeer"); return }
+        guard case .refused(.unknownPeer, _, id1)? = try net.request(a, s1, &ca).first else {
+            Issue.record("not unknownPeer")
+            return
+        }
         _ = try net.connect(b, &cb)
-        net.feed(.closed(b))   // bob hangs up his connection
+        net.feed(.closed(b))  // bob hangs up his connection
         let (id2, s2) = try ca.send([1, 2, 3], to: bob.publicKey)
-        guard case .refused(.offline, _, id2)? = try net.request(a, s2, &ca).first else { Issue.record("not offline"); return }
+        guard case .refused(.offline, _, id2)? = try net.request(a, s2, &ca).first else {
+            Issue.record("not offline")
+            return
+        }
         let (id3, l) = ca.lookup(bob.publicKey)
         #expect(try net.request(a, l, &ca) == [.lookup(id: id3, key: bob.publicKey, online: false)])
         // Forgotten after rememberFor.
         net.now = net.now + .seconds(24 * 3600 + 1)
-        net.tick()   // also closes alice's silent connection
+        net.tick()  // also closes alice's silent connection
         #expect(net.closed.contains(a))
         var later = RendezvousClient(identity: alice)
         _ = try net.connect(ConnectionID(3), &later)
         let (id4, s4) = try later.send([1], to: bob.publicKey)
-        guard case .refused(.unknownPeer, _, id4)? = try net.request(ConnectionID(3), s4, &later).first else { Issue.record("not forgotten"); return }
+        guard case .refused(.unknownPeer, _, id4)? = try net.request(ConnectionID(3), s4, &later).first else {
+            Issue.record("not forgotten")
+            return
+        }
     }
 
     @Test func aNewerRegistrationOfTheSameKeyReplacesTheOlder() throws {
         var net = Net()
-        var first = RendezvousClient(identity: alice), second = RendezvousClient(identity: alice)
+        var first = RendezvousClient(identity: alice)
+        var second = RendezvousClient(identity: alice)
         _ = try net.connect(a, &first)
         _ = try net.connect(b, &second)
         let events = try net.pump(a, &first)
-        guard case .refused(.replaced, _, nil)? = events.first else { Issue.record("\(events)"); return }
+        guard case .refused(.replaced, _, nil)? = events.first else {
+            Issue.record("\(events)")
+            return
+        }
         #expect(!first.isRegistered && second.isRegistered)
         #expect(net.closed == [a])
         // Deliveries go to the newer connection; the driver's late close of the old one changes nothing.
@@ -200,7 +229,10 @@ extension RendezvousClient {
         // Registering twice on one connection is refused without closing it.
         let again = try RegistrationProof.make(identity: alice, serverKey: PrivateKey.generate().publicKey, challenge: [0])
         net.feed(.received(b, RendezvousFrame.frame(.register(key: alice.publicKey, proof: again)), unixSeconds: net.unix))
-        guard case .refused(.alreadyRegistered, _, nil)? = try net.pump(b, &second).first else { Issue.record("not alreadyRegistered"); return }
+        guard case .refused(.alreadyRegistered, _, nil)? = try net.pump(b, &second).first else {
+            Issue.record("not alreadyRegistered")
+            return
+        }
         #expect(!net.closed.contains(b))
     }
 
@@ -218,7 +250,10 @@ extension RendezvousClient {
         _ = try net.messages(a)
         net.feed(.received(a, [UInt8(body.count >> 8), UInt8(body.count & 0xFF)] + body, unixSeconds: net.unix))
         let reply = try net.messages(a)
-        guard case .error(.malformed, let detail, nil)? = reply.first else { Issue.record("\(reply)"); return }
+        guard case .error(.malformed, let detail, nil)? = reply.first else {
+            Issue.record("\(reply)")
+            return
+        }
         #expect(!detail.isEmpty)
         #expect(net.closed.contains(a))
         #expect(net.server.statistics.connections == 0)
@@ -232,7 +267,10 @@ extension RendezvousClient {
         net.feed(.accepted(a))
         _ = try net.messages(a)
         net.feed(.received(a, [0xFF, 0xFF, 0x7B], unixSeconds: net.unix))
-        guard case .error(.tooLarge, _, nil)? = try net.messages(a).first else { Issue.record("not tooLarge"); return }
+        guard case .error(.tooLarge, _, nil)? = try net.messages(a).first else {
+            Issue.record("not tooLarge")
+            return
+        }
         #expect(net.closed.contains(a))
         // The client refuses to build one.
         var ca = RendezvousClient(identity: alice)
@@ -248,7 +286,10 @@ extension RendezvousClient {
         #expect(net.server.nextDeadline == net.now + .seconds(10))
         net.now = net.now + .seconds(10)
         net.tick()
-        guard case .error(.timeout, _, nil)? = try net.messages(a).first else { Issue.record("no timeout"); return }
+        guard case .error(.timeout, _, nil)? = try net.messages(a).first else {
+            Issue.record("no timeout")
+            return
+        }
         #expect(net.closed.contains(a))
         // A registered connection that pings stays; one that goes silent for 90 s is closed.
         var cb = RendezvousClient(identity: bob)
@@ -316,7 +357,10 @@ extension RendezvousClient {
         #expect(ca.nextDeadline == net.now + .seconds(60))
         // A stream that is not the protocol fails the client once; it then ignores input.
         ca.handle(.received([0, 3, 0x6E, 0x6F, 0x21]), now: net.now)
-        guard case .failed? = ca.pollAction() else { Issue.record("no failure"); return }
+        guard case .failed? = ca.pollAction() else {
+            Issue.record("no failure")
+            return
+        }
         ca.handle(.received([0, 3, 0x6E, 0x6F, 0x21]), now: net.now)
         #expect(ca.pollAction() == nil && ca.nextDeadline == nil)
     }

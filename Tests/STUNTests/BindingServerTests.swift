@@ -1,7 +1,8 @@
-@testable import STUN
 import TestSupport
 import Testing
 import TusaBase
+
+@testable import STUN
 
 struct BindingServerTests {
     static let client4 = TransportAddress("203.0.113.7:40000")!
@@ -11,8 +12,10 @@ struct BindingServerTests {
     static let plain = BindingServer()
     static let rfc5780 = BindingServer(configuration: .init(primary: primary, alternate: alternate, software: "tusa test"))
 
-    static func answer(_ server: BindingServer, _ request: Message, from: TransportAddress = client4,
-                       on: BindingServer.Origin = .primary) throws -> (Message, TransportAddress, BindingServer.Origin)? {
+    static func answer(
+        _ server: BindingServer, _ request: Message, from: TransportAddress = client4,
+        on: BindingServer.Origin = .primary
+    ) throws -> (Message, TransportAddress, BindingServer.Origin)? {
         guard let r = server.handle(request.encode(), from: from, arrivedOn: on) else { return nil }
         let m = try Message(decoding: r.response)
         #expect(m.checkFingerprint() == .valid)
@@ -48,7 +51,8 @@ struct BindingServerTests {
     }
 
     @Test func responseAddressIsRefusedNotReflected() throws {
-        let req = Message(type: .bindingRequest, attributes: [.legacyAddress(.responseAddress, TransportAddress("198.51.100.1:53")!)])
+        let req = Message(
+            type: .bindingRequest, attributes: [.legacyAddress(.responseAddress, TransportAddress("198.51.100.1:53")!)])
         let (m, dest, _) = try #require(try Self.answer(Self.rfc5780, req))
         #expect(m.type == .bindingError)
         #expect(try m.value(.unknownAttributes) == .unknownAttributes([.responseAddress]))
@@ -101,7 +105,8 @@ struct BindingServerTests {
     @Test func dropReasons() {
         func reason(_ bytes: [UInt8]) -> BindingServer.DropReason? {
             var out = [UInt8](repeating: 0, count: 2048)
-            let o = bytes.withUnsafeBytes { b in out.withUnsafeMutableBytes { Self.plain.handle(b, from: Self.client4, into: $0) } }
+            let o = bytes.withUnsafeBytes { b in out.withUnsafeMutableBytes { Self.plain.handle(b, from: Self.client4, into: $0) }
+            }
             if case .drop(let r) = o { return r }
             return nil
         }
@@ -156,7 +161,10 @@ struct BindingServerTests {
 
     @Test func responseCapacityIsAlwaysEnough() throws {
         let longSoftware = String(repeating: "x", count: 700)
-        let servers = [Self.plain, Self.rfc5780, BindingServer(configuration: .init(primary: Self.primary, alternate: Self.alternate, software: longSoftware))]
+        let servers = [
+            Self.plain, Self.rfc5780,
+            BindingServer(configuration: .init(primary: Self.primary, alternate: Self.alternate, software: longSoftware)),
+        ]
         let requests: [Message] = [
             Message(type: .bindingRequest),
             Message(type: .bindingRequest, attributes: [.padding([UInt8](repeating: 0, count: 1500)), .responsePort(9)]),
@@ -169,7 +177,9 @@ struct BindingServerTests {
                 for client in [Self.client4, Self.client6] {
                     let bytes = request.encode(fingerprint: true)
                     var out = [UInt8](repeating: 0, count: server.responseCapacity(requestLength: bytes.count))
-                    let outcome = bytes.withUnsafeBytes { b in out.withUnsafeMutableBytes { server.handle(b, from: client, into: $0) } }
+                    let outcome = bytes.withUnsafeBytes { b in
+                        out.withUnsafeMutableBytes { server.handle(b, from: client, into: $0) }
+                    }
                     guard case .reply = outcome else {
                         Issue.record("\(request): \(outcome)")
                         continue

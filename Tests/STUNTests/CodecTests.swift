@@ -1,20 +1,22 @@
-@testable import STUN
 import Testing
 import TusaBase
 
+@testable import STUN
+
 struct MessageTypeTests {
-    @Test(arguments: [
-        (MessageType.bindingRequest, UInt16(0x0001)),
-        (.bindingSuccess, 0x0101),
-        (.bindingError, 0x0111),
-        (.bindingIndication, 0x0011),
-        (MessageType(method: .allocate, class: .request), 0x0003),
-        (MessageType(method: .allocate, class: .errorResponse), 0x0113),
-        (MessageType(method: .data, class: .indication), 0x0017),
-        (MessageType(method: .send, class: .indication), 0x0016),
-        (MessageType(method: .channelBind, class: .successResponse), 0x0109),
-        (MessageType(method: .connectionAttempt, class: .indication), 0x001C),
-    ] as [(MessageType, UInt16)])
+    @Test(
+        arguments: [
+            (MessageType.bindingRequest, UInt16(0x0001)),
+            (.bindingSuccess, 0x0101),
+            (.bindingError, 0x0111),
+            (.bindingIndication, 0x0011),
+            (MessageType(method: .allocate, class: .request), 0x0003),
+            (MessageType(method: .allocate, class: .errorResponse), 0x0113),
+            (MessageType(method: .data, class: .indication), 0x0017),
+            (MessageType(method: .send, class: .indication), 0x0016),
+            (MessageType(method: .channelBind, class: .successResponse), 0x0109),
+            (MessageType(method: .connectionAttempt, class: .indication), 0x001C),
+        ] as [(MessageType, UInt16)])
     func packsMethodAndClass(type: MessageType, raw: UInt16) {
         #expect(type.rawValue == raw)
         #expect(MessageType(rawValue: raw) == type)
@@ -151,10 +153,13 @@ struct MessageDecodingTests {
 
     @Test func integrityAndFingerprintAreComputedAndChecked() throws {
         let key = try IntegrityKey.longTerm(username: "alice", realm: "example.org", password: "wonderland")
-        let key256 = try IntegrityKey.longTerm(username: "alice", realm: "example.org", password: "wonderland", algorithm: .sha256)
-        let m = Message(type: MessageType(method: .allocate, class: .request), attributes: [
-            .username("alice"), .realm("example.org"), .nonce("n"), .requestedTransport(17),
-        ])
+        let key256 = try IntegrityKey.longTerm(
+            username: "alice", realm: "example.org", password: "wonderland", algorithm: .sha256)
+        let m = Message(
+            type: MessageType(method: .allocate, class: .request),
+            attributes: [
+                .username("alice"), .realm("example.org"), .nonce("n"), .requestedTransport(17),
+            ])
         let bytes = m.encode(integrity: key, integritySHA256: key256, fingerprint: true)
         let d = try Message(decoding: bytes)
         #expect(d.checkMessageIntegrity(key: key) == .valid)

@@ -1,6 +1,7 @@
-@testable import STUN
 import Testing
 import TusaBase
+
+@testable import STUN
 
 struct ChannelDataTests {
     @Test func roundTripsPaddedAndUnpadded() throws {
@@ -71,16 +72,28 @@ struct StreamFramerTests {
         var f = StreamFramer()
         // A TLS ClientHello looks like STUN by its top bits, but has no magic cookie.
         f.append([0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xFC, 0x03, 0x03])
-        #expect(throws: STUNError.self) { var x = f; _ = try x.next() }
+        #expect(throws: STUNError.self) {
+            var x = f
+            _ = try x.next()
+        }
         var e = StreamFramer()
         e.append([0xC0, 0, 0, 0])
-        #expect(throws: STUNError.self) { var x = e; _ = try x.next() }
+        #expect(throws: STUNError.self) {
+            var x = e
+            _ = try x.next()
+        }
         var g = StreamFramer()
         g.append(MessageDecodingTests.header(length: 0, cookie: 0))
-        #expect(throws: STUNError.self) { var x = g; _ = try x.next() }
+        #expect(throws: STUNError.self) {
+            var x = g
+            _ = try x.next()
+        }
         var h = StreamFramer(maximumFrameSize: 100)
         h.append([0x40, 0x00, 0x10, 0x00])
-        #expect(throws: STUNError.self) { var x = h; _ = try x.next() }
+        #expect(throws: STUNError.self) {
+            var x = h
+            _ = try x.next()
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 import Foundation
-@testable import STUN
 import Testing
 import TusaBase
+
+@testable import STUN
 
 /// Every input the fuzzer ever crashed on stays fixed: each file in
 /// FuzzCrashes/ runs through the same checks as the fuzz target.
@@ -20,10 +21,13 @@ struct FuzzRegressionTests {
     /// overrun, attributes cut at every byte, integrity at the very end.
     @Test func truncationsOfAValidMessageNeverTrap() throws {
         let key = try IntegrityKey.shortTerm(password: "pw")
-        let full = Message(type: .bindingRequest, attributes: [
-            .username("u:v"), .priority(1), .xorMappedAddress(TransportAddress("[::1]:1")!), .changeRequest([.changeIP]),
-            .padding([0, 0, 0]),
-        ]).encode(integrity: key, fingerprint: true)
+        let full = Message(
+            type: .bindingRequest,
+            attributes: [
+                .username("u:v"), .priority(1), .xorMappedAddress(TransportAddress("[::1]:1")!), .changeRequest([.changeIP]),
+                .padding([0, 0, 0]),
+            ]
+        ).encode(integrity: key, fingerprint: true)
         for n in 0...full.count {
             var cut = Array(full.prefix(n))
             FuzzChecks.exercise(cut)

@@ -31,21 +31,24 @@ struct NATBehaviorTests {
     @Test("test III maps like test II: address-dependent; unlike it: address-and-port-dependent")
     func testIII() {
         #expect(MappingBehavior.classify(local: Self.local, x1: Self.x1, x2: Self.other, x3: Self.other) == .addressDependent)
-        #expect(MappingBehavior.classify(local: Self.local, x1: Self.x1, x2: Self.other, x3: Self.third) == .addressAndPortDependent)
+        #expect(
+            MappingBehavior.classify(local: Self.local, x1: Self.x1, x2: Self.other, x3: Self.third) == .addressAndPortDependent)
     }
 
     @Test("filtering from the change-request answers")
     func filtering() {
         #expect(FilteringBehavior.classify(changedIPAndPortAnswered: true, changedPortAnswered: true) == .endpointIndependent)
         #expect(FilteringBehavior.classify(changedIPAndPortAnswered: false, changedPortAnswered: true) == .addressDependent)
-        #expect(FilteringBehavior.classify(changedIPAndPortAnswered: false, changedPortAnswered: false) == .addressAndPortDependent)
+        #expect(
+            FilteringBehavior.classify(changedIPAndPortAnswered: false, changedPortAnswered: false) == .addressAndPortDependent)
     }
 
     @Test("classic names")
     func classicNames() {
         #expect(NATBehavior(mapping: .endpointIndependent, filtering: .endpointIndependent).classicName == "full cone")
         #expect(NATBehavior(mapping: .endpointIndependent, filtering: .addressDependent).classicName == "restricted cone")
-        #expect(NATBehavior(mapping: .endpointIndependent, filtering: .addressAndPortDependent).classicName == "port-restricted cone")
+        #expect(
+            NATBehavior(mapping: .endpointIndependent, filtering: .addressAndPortDependent).classicName == "port-restricted cone")
         #expect(NATBehavior(mapping: .addressAndPortDependent, filtering: .addressDependent).classicName == "symmetric")
         #expect(NATBehavior(mapping: .noNAT, filtering: .endpointIndependent).classicName == "open internet (no NAT)")
     }

@@ -1,9 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Testing
 
 @testable import Secure
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 @Suite struct IdentityTests {
     func tempPath() -> String {
@@ -63,7 +64,9 @@ import Testing
         let b = Identity.generate().publicKey
         let fa = Fingerprint.digits(of: a)
         #expect(fa.count == 35)
-        #expect(fa.split(separator: " ").count == 6 && fa.split(separator: " ").allSatisfy { $0.count == 5 && $0.allSatisfy(\.isNumber) })
+        #expect(
+            fa.split(separator: " ").count == 6
+                && fa.split(separator: " ").allSatisfy { $0.count == 5 && $0.allSatisfy(\.isNumber) })
         #expect(fa == Fingerprint.digits(of: a))
         #expect(fa != Fingerprint.digits(of: b))
         #expect(Fingerprint.safetyNumber(a, b) == Fingerprint.safetyNumber(b, a))

@@ -1,6 +1,7 @@
-@testable import Secure
 import Testing
 import TusaBase
+
+@testable import Secure
 
 /// The explicit handshake state and the three key slots through a handshake,
 /// a confirmation, rekeys and the previous keys' linger.
@@ -9,7 +10,8 @@ import TusaBase
         var config = SecureConfiguration()
         config.previousKeysLinger = .seconds(2)
         let (net, a, b, bAtA, aAtB) = SimulatedNetwork.pair(configuration: config, connect: false)
-        let atA = try #require(a.endpoint.state(of: bAtA)), atB = try #require(b.endpoint.state(of: aAtB))
+        let atA = try #require(a.endpoint.state(of: bAtA))
+        let atB = try #require(b.endpoint.state(of: aAtB))
         #expect(atA.handshake.initiation == nil && atA.keys.isEmpty)
 
         a.endpoint.handle(.connect(bAtA), now: net.now)
@@ -17,15 +19,24 @@ import TusaBase
         #expect(atA.handshake.initiation != nil, "initiationCreated")
         // The initiation arrives at B: it answers, its keys wait in next.
         net.run(for: .milliseconds(10))
-        guard case .responseCreated = atB.handshake else { Issue.record("B: \(atB.handshake)"); return }
+        guard case .responseCreated = atB.handshake else {
+            Issue.record("B: \(atB.handshake)")
+            return
+        }
         #expect(atB.keys.next != nil && atB.keys.current == nil && atB.keys.next?.confirmed == false)
         // The response arrives at A: its keys seal at once.
         net.run(for: .milliseconds(10))
-        guard case .zeroed = atA.handshake else { Issue.record("A: \(atA.handshake)"); return }
+        guard case .zeroed = atA.handshake else {
+            Issue.record("A: \(atA.handshake)")
+            return
+        }
         #expect(atA.keys.current?.confirmed == true && atA.keys.next == nil && atA.keys.previous == nil)
         // A's confirmation arrives at B: next becomes current.
         net.run(for: .milliseconds(10))
-        guard case .zeroed = atB.handshake else { Issue.record("B: \(atB.handshake)"); return }
+        guard case .zeroed = atB.handshake else {
+            Issue.record("B: \(atB.handshake)")
+            return
+        }
         #expect(atB.keys.current?.confirmed == true && atB.keys.next == nil)
         let first = try #require(atA.keys.current)
 

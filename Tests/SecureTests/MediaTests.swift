@@ -18,7 +18,7 @@ struct RTPHeaderTests {
     @Test func csrcsAndExtensionCountTowardsTheHeaderLength() throws {
         // CC=2, X=1, extension of 1 word.
         var p: [UInt8] = [0x92, 0x00, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3]
-        p += [0, 0, 0, 4, 0, 0, 0, 5]     // CSRCs
+        p += [0, 0, 0, 4, 0, 0, 0, 5]  // CSRCs
         p += [0xBE, 0xDE, 0, 1, 1, 2, 3, 4]  // extension header + 1 word
         let h = try RTPHeader.parse(p + [0xAA])
         #expect(h.headerLength == 28 && h.csrcCount == 2 && h.hasExtension)
@@ -60,7 +60,9 @@ struct MediaCipherTests {
         let ext: UInt64 = 3 << 16 | 7
         let packet = try cipher.sealMedia(header: header, payload: payload, extendedSequence: ext)
         let nonce: [UInt8] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 7]
-        #expect(try AEAD.open(key: key, nonce: nonce, ad: Array(packet.prefix(12)), ciphertext: Array(packet.dropFirst(12))) == payload)
+        #expect(
+            try AEAD.open(key: key, nonce: nonce, ad: Array(packet.prefix(12)), ciphertext: Array(packet.dropFirst(12)))
+                == payload)
     }
 
     @Test func inPlaceSealAndPreWrittenHeader() throws {
@@ -69,7 +71,8 @@ struct MediaCipherTests {
         _ = try buffer.withUnsafeMutableBytes { try header.write(into: $0) }
         buffer.replaceSubrange(12..<172, with: payload)
         let n = try buffer.withUnsafeMutableBytes { out in
-            try cipher.sealMedia(headerLength: 12, payload: UnsafeRawBufferPointer(rebasing: out[12..<172]), extendedSequence: 7, into: out)
+            try cipher.sealMedia(
+                headerLength: 12, payload: UnsafeRawBufferPointer(rebasing: out[12..<172]), extendedSequence: 7, into: out)
         }
         #expect(n == 188)
         #expect(buffer == (try cipher.sealMedia(header: header, payload: payload, extendedSequence: 7)))
@@ -103,14 +106,17 @@ struct MediaReceiverTests {
     let sender = MediaCipher(key: SecretKey.random())
 
     func packet(_ ext: UInt64, _ body: [UInt8] = [1, 2, 3]) throws -> [UInt8] {
-        try sender.sealMedia(header: RTPHeader(payloadType: 96, sequenceNumber: UInt16(truncatingIfNeeded: ext),
-                                               timestamp: UInt32(truncatingIfNeeded: ext * 960), ssrc: 42),
-                             payload: body, extendedSequence: ext)
+        try sender.sealMedia(
+            header: RTPHeader(
+                payloadType: 96, sequenceNumber: UInt16(truncatingIfNeeded: ext),
+                timestamp: UInt32(truncatingIfNeeded: ext * 960), ssrc: 42),
+            payload: body, extendedSequence: ext)
     }
 
     @Test func acceptsInOrderAndReorderedDropsReplays() throws {
         var r = MediaReceiver()
-        let p5 = try packet(5), p3 = try packet(3)
+        let p5 = try packet(5)
+        let p3 = try packet(3)
         let got = try #require(r.receive(p5, with: sender).success)
         #expect(got.payload == [1, 2, 3] && got.header.sequenceNumber == 5)
         #expect(r.receive(p3, with: sender).success != nil)
@@ -157,7 +163,8 @@ struct MediaReceiverTests {
         // Control packets the same way.
         var c = ControlReceiver()
         let report = ControlReport(kind: .keepalive)
-        #expect(c.receive(try sender.sealControl(report, ssrc: 1, index: 1), with: other, orElse: sender).success?.report == report)
+        #expect(
+            c.receive(try sender.sealControl(report, ssrc: 1, index: 1), with: other, orElse: sender).success?.report == report)
     }
 
     @Test func verifyOnlyAndOutOfPlaceOpensLeaveThePacketAlone() throws {
@@ -167,11 +174,14 @@ struct MediaReceiverTests {
         let checks: (Bool, Bool, Int) = try wire.withUnsafeBytes { p in
             let good = try sender.authenticatesMedia(packet: p, headerLength: 12, extendedSequence: 9)
             let bad = try other.authenticatesMedia(packet: p, headerLength: 12, extendedSequence: 9)
-            let failed = (try? out.withUnsafeMutableBytes {
-                try other.openMedia(packet: p, headerLength: 12, extendedSequence: 9, into: $0)
-            }) == nil
+            let failed =
+                (try? out.withUnsafeMutableBytes {
+                    try other.openMedia(packet: p, headerLength: 12, extendedSequence: 9, into: $0)
+                }) == nil
             #expect(failed)
-            let n = try out.withUnsafeMutableBytes { try sender.openMedia(packet: p, headerLength: 12, extendedSequence: 9, into: $0) }
+            let n = try out.withUnsafeMutableBytes {
+                try sender.openMedia(packet: p, headerLength: 12, extendedSequence: 9, into: $0)
+            }
             return (good, bad, n)
         }
         #expect(checks.0 && !checks.1 && checks.2 == 4)
@@ -191,9 +201,10 @@ struct MediaReceiverTests {
 
 struct ControlTests {
     let cipher = MediaCipher(key: SecretKey.random())
-    let report = ControlReport(kind: .report, highestSequence: 0x1_2345, cumulativeLost: 17, fractionLost: 12,
-                               jitter: 480, lastReportTimestamp: 0xABCD_0001, delaySinceLastReport: 0x8000,
-                               lossHint: 5, timestamp: 0x1234_5678)
+    let report = ControlReport(
+        kind: .report, highestSequence: 0x1_2345, cumulativeLost: 17, fractionLost: 12,
+        jitter: 480, lastReportTimestamp: 0xABCD_0001, delaySinceLastReport: 0x8000,
+        lossHint: 5, timestamp: 0x1234_5678)
 
     @Test func reportEncodingRoundTripsAndIsVersioned() throws {
         let bytes = report.encoded()

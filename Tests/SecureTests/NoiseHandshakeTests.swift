@@ -9,10 +9,12 @@ struct NoiseHandshakeTests {
     let prologue = Array("tusa v1".utf8)
 
     func pair(responderKnownAs: PublicKey? = nil) throws -> (NoiseHandshake, NoiseHandshake) {
-        let i = try NoiseHandshake(pattern: .IK, initiator: true, prologue: prologue, localStatic: initiatorStatic,
-                                   remoteStatic: responderKnownAs ?? responderStatic.publicKey)
-        let r = try NoiseHandshake(pattern: .IK, initiator: false, prologue: prologue, localStatic: responderStatic,
-                                   remoteStatic: nil)
+        let i = try NoiseHandshake(
+            pattern: .IK, initiator: true, prologue: prologue, localStatic: initiatorStatic,
+            remoteStatic: responderKnownAs ?? responderStatic.publicKey)
+        let r = try NoiseHandshake(
+            pattern: .IK, initiator: false, prologue: prologue, localStatic: responderStatic,
+            remoteStatic: nil)
         return (i, r)
     }
 
@@ -28,7 +30,8 @@ struct NoiseHandshakeTests {
         #expect(try i.readMessage(m2) == [])
         #expect(i.isComplete && r.isComplete)
         #expect(i.handshakeHash == r.handshakeHash)
-        let ik = try i.split(), rk = try r.split()
+        let ik = try i.split()
+        let rk = try r.split()
         #expect(ik.send == rk.receive && ik.receive == rk.send && ik.send != ik.receive)
         #expect(throws: SecureError.self) { try i.split() }
         #expect(throws: SecureError.self) { try i.writeMessage(payload: []) }
@@ -57,10 +60,12 @@ struct NoiseHandshakeTests {
         // by building initiators with a fixed ephemeral instead.
         let e = PrivateKey.generate()
         func freshInitiator() throws -> (NoiseHandshake, [UInt8]) {
-            let i = try NoiseHandshake(pattern: .IK, initiator: true, prologue: prologue, localStatic: initiatorStatic,
-                                       remoteStatic: responderStatic.publicKey, localEphemeral: e)
-            let r = try NoiseHandshake(pattern: .IK, initiator: false, prologue: prologue, localStatic: responderStatic,
-                                       remoteStatic: nil)
+            let i = try NoiseHandshake(
+                pattern: .IK, initiator: true, prologue: prologue, localStatic: initiatorStatic,
+                remoteStatic: responderStatic.publicKey, localEphemeral: e)
+            let r = try NoiseHandshake(
+                pattern: .IK, initiator: false, prologue: prologue, localStatic: responderStatic,
+                remoteStatic: nil)
             _ = try r.readMessage(try i.writeMessage(payload: []))
             return (i, try r.writeMessage(payload: Array("welcome".utf8)))
         }
@@ -83,10 +88,12 @@ struct NoiseHandshakeTests {
     }
 
     @Test func differentProloguesDoNotAgree() throws {
-        let i = try NoiseHandshake(pattern: .IK, initiator: true, prologue: [1], localStatic: initiatorStatic,
-                                   remoteStatic: responderStatic.publicKey)
-        let r = try NoiseHandshake(pattern: .IK, initiator: false, prologue: [2], localStatic: responderStatic,
-                                   remoteStatic: nil)
+        let i = try NoiseHandshake(
+            pattern: .IK, initiator: true, prologue: [1], localStatic: initiatorStatic,
+            remoteStatic: responderStatic.publicKey)
+        let r = try NoiseHandshake(
+            pattern: .IK, initiator: false, prologue: [2], localStatic: responderStatic,
+            remoteStatic: nil)
         #expect(throws: SecureError.authenticationFailed) { try r.readMessage(try i.writeMessage(payload: [])) }
     }
 
@@ -132,7 +139,8 @@ struct NoiseHandshakeTests {
 
     @Test func transportCipherStatesCountNoncesAndRefuseReplays() throws {
         let key = SecretKey.random()
-        let send = NoiseCipherState(key: key), receive = NoiseCipherState(key: key)
+        let send = NoiseCipherState(key: key)
+        let receive = NoiseCipherState(key: key)
         let a = try send.encrypt(ad: [1], plaintext: [10])
         let b = try send.encrypt(ad: [1], plaintext: [10])
         #expect(a != b && send.nonce == 2)

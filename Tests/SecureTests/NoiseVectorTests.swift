@@ -11,8 +11,9 @@ struct NoiseVectorTests {
     static func parse(_ name: String) -> (NoisePattern, NoiseHash)? {
         let parts = name.split(separator: "_")
         guard parts.count == 5, parts[0] == "Noise", parts[2] == "25519", parts[3] == "ChaChaPoly",
-              let pattern = NoisePattern(rawValue: String(parts[1])),
-              let hash = NoiseHash.allCases.first(where: { $0.name == parts[4] }) else { return nil }
+            let pattern = NoisePattern(rawValue: String(parts[1])),
+            let hash = NoiseHash.allCases.first(where: { $0.name == parts[4] })
+        else { return nil }
         return (pattern, hash)
     }
 
@@ -61,10 +62,13 @@ struct NoiseVectorTests {
             #expect(try responder.remoteStaticKey == PrivateKey(bytes: hex(s)).publicKey)
         }
 
-        let ik = try initiator.split(), rk = try responder.split()
+        let ik = try initiator.split()
+        let rk = try responder.split()
         #expect(ik.send == rk.receive && ik.receive == rk.send)
-        let initiatorSend = NoiseCipherState(key: ik.send), initiatorReceive = NoiseCipherState(key: ik.receive)
-        let responderSend = NoiseCipherState(key: rk.send), responderReceive = NoiseCipherState(key: rk.receive)
+        let initiatorSend = NoiseCipherState(key: ik.send)
+        let initiatorReceive = NoiseCipherState(key: ik.receive)
+        let responderSend = NoiseCipherState(key: rk.send)
+        let responderReceive = NoiseCipherState(key: rk.receive)
         // Transport messages keep alternating: even index from the initiator.
         for i in index..<v.messages.count {
             let m = v.messages[i]

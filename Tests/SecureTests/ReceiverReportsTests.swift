@@ -40,7 +40,9 @@ import TusaBase
         #expect(first.lossHint == 3)
         // A clean interval lowers the hint gradually, not at once.
         for i in 1...50 {
-            r.record(extendedSequence: UInt64(1100 + i), rtpTimestamp: UInt32(16000 + i * 160), arrival: t + .seconds(2) + .milliseconds(20 * i))
+            r.record(
+                extendedSequence: UInt64(1100 + i), rtpTimestamp: UInt32(16000 + i * 160),
+                arrival: t + .seconds(2) + .milliseconds(20 * i))
         }
         let second = r.makeReport(now: t + .seconds(7))
         #expect(second.fractionLost == 0 && second.lossHint == 3, "0.7 × 2.9 % rounds up to 3")
@@ -50,7 +52,8 @@ import TusaBase
     }
 
     @Test func theRoundTripComesFromThePeersEchoOfOurReport() {
-        var a = reports(), b = reports()
+        var a = reports()
+        var b = reports()
         let t = Timestamp.seconds(50)
         let fromA = a.makeReport(now: t)
         #expect(fromA.lastReportTimestamp == 0, "nothing to echo yet")

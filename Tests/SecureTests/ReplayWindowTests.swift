@@ -16,7 +16,7 @@ struct ReplayWindowTests {
     @Test func windowEdges() {
         var w = ReplayWindow()
         w.accept(5000)
-        #expect(w.check(5000 - 2047) == .fresh)   // oldest judged index
+        #expect(w.check(5000 - 2047) == .fresh)  // oldest judged index
         #expect(w.check(5000 - 2048) == .tooOld)  // one past the edge
         #expect(w.check(5001) == .fresh)
         w.accept(5000 - 2047)

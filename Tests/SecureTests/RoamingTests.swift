@@ -1,6 +1,7 @@
-@testable import Secure
 import Testing
 import TusaBase
+
+@testable import Secure
 
 /// Roaming is one rule for every authenticated packet: the address follows the
 /// newest one at most once per `roamInterval`, each move counted and reported.

@@ -1,6 +1,7 @@
-@testable import Secure
 import Testing
 import TusaBase
+
+@testable import Secure
 
 /// Two `SecureEndpoint`s on a virtual clock and a simulated network.
 @Suite struct SecureEndpointTests {
@@ -80,7 +81,10 @@ import TusaBase
         let (net, a, _, bAtA, _) = SimulatedNetwork.pair(configuration: config, connect: false)
         var dropped = 0
         net.tamper = { d in
-            if d.bytes.first == HandshakeWire.initiation, dropped < 2 { dropped += 1; return nil }
+            if d.bytes.first == HandshakeWire.initiation, dropped < 2 {
+                dropped += 1
+                return nil
+            }
             return d
         }
         a.endpoint.handle(.connect(bAtA), now: net.now)
@@ -107,7 +111,8 @@ import TusaBase
         impair.jitter = .milliseconds(60)
         let (net, a, b, bAtA, aAtB) = SimulatedNetwork.pair(configuration: config, impairment: impair)
         #expect(a.endpoint.isEstablished(bAtA))
-        var sentAB = 0, sentBA = 0
+        var sentAB = 0
+        var sentBA = 0
         for i in 0..<1000 {  // 20 s at 50 packets/s each way
             if (try? net.sendMedia(a, to: bAtA, payload: payload(i))) != nil { sentAB += 1 }
             if (try? net.sendMedia(b, to: aAtB, payload: payload(i))) != nil { sentBA += 1 }
@@ -177,7 +182,9 @@ import TusaBase
         }
         for n in [0, 1, 11, 12, 27] {
             var short = Array(packet.prefix(n))
-            #expect(b.endpoint.receive(&short, from: a.address, now: net.now) != .media(bAtA, try RTPHeader.parse(packet), payload: 12..<172))
+            #expect(
+                b.endpoint.receive(&short, from: a.address, now: net.now)
+                    != .media(bAtA, try RTPHeader.parse(packet), payload: 12..<172))
         }
     }
 
@@ -189,7 +196,9 @@ import TusaBase
         var forged = real
         forged[3] &+= 1
         for i in 12..<forged.count { forged[i] = UInt8.random(in: 0...255) }
-        #expect(b.endpoint.receive(&forged, from: TransportAddress(ip: .v4(0x0A00_0001), port: 9), now: net.now) == .dropped(.authenticationFailed))
+        #expect(
+            b.endpoint.receive(&forged, from: TransportAddress(ip: .v4(0x0A00_0001), port: 9), now: net.now)
+                == .dropped(.authenticationFailed))
         #expect(b.endpoint.address(of: b.endpoint.peer(for: a.endpoint.identity.publicKey)!) == a.address, "no redirect")
         // Nor with its own keys: a session of its own with B is another peer and SSRC.
         var unknown = [UInt8](repeating: 0, count: 40)
@@ -222,11 +231,13 @@ import TusaBase
         }
         var genuine = initiation
         #expect(b.endpoint.receive(&genuine, from: a.address, now: net.now) == .handled)
-        let response = try #require(b.endpoint.takeActions().compactMap { if case .send(let bytes, _) = $0 { bytes } else { nil } }.first)
+        let response = try #require(
+            b.endpoint.takeActions().compactMap { if case .send(let bytes, _) = $0 { bytes } else { nil } }.first)
         for byte in 0..<response.count where !HandshakeWire.responseMAC2.contains(byte) {
             var forged = response
             forged[byte] ^= 0x10
-            #expect(a.endpoint.receive(&forged, from: b.address, now: net.now) != .handled, "flipped byte \(byte) of the response")
+            #expect(
+                a.endpoint.receive(&forged, from: b.address, now: net.now) != .handled, "flipped byte \(byte) of the response")
         }
         var good = response
         #expect(a.endpoint.receive(&good, from: b.address, now: net.now) == .handled)
@@ -245,7 +256,8 @@ import TusaBase
         let stranger = net.addNode(port: 4000, configuration: config)
         let bAtS = stranger.endpoint.addPeer(b.endpoint.identity.publicKey, address: b.address)
         stranger.endpoint.handle(.connect(bAtS), now: net.now)
-        let floodPacket = try #require(stranger.endpoint.takeActions().compactMap { if case .send(let x, _) = $0 { x } else { nil } }.first)
+        let floodPacket = try #require(
+            stranger.endpoint.takeActions().compactMap { if case .send(let x, _) = $0 { x } else { nil } }.first)
         var cookieReplies = 0
         for i in 0..<200 {
             var m = floodPacket
@@ -373,7 +385,9 @@ import TusaBase
         #expect(lines.count >= 4)
         let keys = try KeyLog.parse(lines.joined(separator: "\n"))
         let decryptor = MediaDecryptor(keys: keys)
-        var opened = 0, control = 0, failed = 0
+        var opened = 0
+        var control = 0
+        var failed = 0
         for d in net.wire where d.from == a.address && d.bytes.first == 0x80 {
             var copy = d.bytes
             switch decryptor.open(&copy) {

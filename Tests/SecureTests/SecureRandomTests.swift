@@ -1,6 +1,7 @@
-@testable import Secure
 import Testing
 import TusaBase
+
+@testable import Secure
 
 /// The endpoint's one random source: seeded, a virtual-clock run repeats byte for byte.
 @Suite struct SecureRandomTests {
@@ -49,7 +50,8 @@ import TusaBase
     }
 
     @Test func seededStreamsRepeatAndSystemStreamsDoNot() {
-        var x: any SecureRandom = SeededRandom(seed: 9), y: any SecureRandom = SeededRandom(seed: 9)
+        var x: any SecureRandom = SeededRandom(seed: 9)
+        var y: any SecureRandom = SeededRandom(seed: 9)
         let (bx, by) = (x.bytes(37), y.bytes(37))
         #expect(bx == by)
         let (ux, uy, nz) = (x.uint32(), y.uint32(), x.nonZeroUInt32())
@@ -57,7 +59,8 @@ import TusaBase
         _ = y.nonZeroUInt32()
         let (kx, ky) = (x.privateKey().publicKey, y.privateKey().publicKey)
         #expect(kx == ky)
-        var s: any SecureRandom = SystemRandom(), t: any SecureRandom = SystemRandom()
+        var s: any SecureRandom = SystemRandom()
+        var t: any SecureRandom = SystemRandom()
         let (bs, bt) = (s.bytes(32), t.bytes(32))
         #expect(bs != bt)
     }

@@ -43,7 +43,8 @@ enum SharedVectors {
     /// Every vector in the file (empty when the file is absent).
     static let noiseVectors: [NoiseVector] = {
         guard let data = try? Data(contentsOf: noiseFile),
-              let file = try? JSONDecoder().decode(NoiseFile.self, from: data) else { return [] }
+            let file = try? JSONDecoder().decode(NoiseFile.self, from: data)
+        else { return [] }
         return file.vectors
     }()
 }

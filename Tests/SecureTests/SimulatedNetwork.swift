@@ -1,7 +1,8 @@
-@testable import Secure
 import TestSupport
 import Testing
 import TusaBase
+
+@testable import Secure
 
 /// Two or more `SecureEndpoint`s on TestSupport's `VirtualNetwork` (its clock,
 /// delay, loss, duplication and jitter from a seeded generator, tamper hook and

@@ -1,7 +1,8 @@
-@testable import STUN
-@testable import TURN
 import Testing
 import TusaBase
+
+@testable import STUN
+@testable import TURN
 
 /// The TURN client core against hand-built server answers, on a virtual clock.
 struct TURNClientTests {
@@ -77,7 +78,9 @@ struct TURNClientTests {
     static func challenge(_ request: Message, code: Int = 401, nonce: String = "nonce-1", extra: [Attribute] = []) -> [UInt8] {
         Message(
             type: MessageType(method: request.type.method, class: .errorResponse), transactionID: request.transactionID,
-            attributes: [.errorCode(ErrorCodeValue(code: code, reason: ErrorCodeValue.defaultReason(code))), .realm(realm), .nonce(nonce)] + extra
+            attributes: [
+                .errorCode(ErrorCodeValue(code: code, reason: ErrorCodeValue.defaultReason(code))), .realm(realm), .nonce(nonce),
+            ] + extra
         ).encode(fingerprint: true)
     }
 
@@ -121,7 +124,8 @@ struct TURNClientTests {
 
         f.now = Self.at(0.03)
         f.deliver(Self.answer(second, [.xorRelayedAddress(Self.relayed), .xorMappedAddress(Self.mapped), .lifetime(600)]))
-        let expected = TURNClientAllocation(relayed: Self.relayed, mapped: Self.mapped, lifetime: .seconds(600), expiresAt: Self.at(600.03))
+        let expected = TURNClientAllocation(
+            relayed: Self.relayed, mapped: Self.mapped, lifetime: .seconds(600), expiresAt: Self.at(600.03))
         #expect(f.events() == [.allocated(op, expected)])
         #expect(f.client.phase == .allocated)
         #expect(f.client.allocation == expected)
@@ -158,8 +162,11 @@ struct TURNClientTests {
         let attributes: [Attribute] = [.xorRelayedAddress(Self.relayed), .lifetime(600)]
         // Signed with another password, and not signed at all: as if never received.
         f.deliver(Self.answer(signed, attributes, key: try Self.key("guess")))
-        f.deliver(Message(type: MessageType(method: .allocate, class: .successResponse), transactionID: signed.transactionID,
-                          attributes: attributes).encode())
+        f.deliver(
+            Message(
+                type: MessageType(method: .allocate, class: .successResponse), transactionID: signed.transactionID,
+                attributes: attributes
+            ).encode())
         // An error response with a forged signature neither.
         f.deliver(Self.error(signed, 486, key: try Self.key("guess")))
         #expect(f.client.ignoredResponses == 3)
@@ -175,7 +182,10 @@ struct TURNClientTests {
         #expect(f.events().isEmpty)
         // The real answer counts.
         f.deliver(Self.answer(signed, attributes))
-        guard case .allocated(op, let a)? = f.events().first else { Issue.record("not allocated"); return }
+        guard case .allocated(op, let a)? = f.events().first else {
+            Issue.record("not allocated")
+            return
+        }
         #expect(a.relayed == Self.relayed && a.mapped == nil)
     }
 
@@ -200,7 +210,8 @@ struct TURNClientTests {
         var f = try Fixture { $0.realm = "other.example" }
         let op = try f.client.allocate(now: .zero)
         f.deliver(Self.challenge(try f.request()))
-        #expect(f.events() == [.failed(op, .authenticationFailed("the server's realm is 'example.org', expected 'other.example'"))])
+        #expect(
+            f.events() == [.failed(op, .authenticationFailed("the server's realm is 'example.org', expected 'other.example'"))])
     }
 
     @Test func staleNonceIsRetriedWithTheNewNonce() throws {
@@ -251,7 +262,10 @@ struct TURNClientTests {
         f.deliver(Self.answer(signed, [.xorRelayedAddress(Self.relayed), .lifetime(600)], key: try Self.key()))
         #expect(f.client.ignoredResponses == 1)
         f.deliver(Self.answer(signed, [.xorRelayedAddress(Self.relayed), .lifetime(600)], key: key, sha256: true))
-        guard case .allocated(op, _)? = f.events().first else { Issue.record("not allocated"); return }
+        guard case .allocated(op, _)? = f.events().first else {
+            Issue.record("not allocated")
+            return
+        }
     }
 
     @Test func passwordAlgorithmsWithoutTheCookieMeanMD5() throws {
@@ -268,7 +282,10 @@ struct TURNClientTests {
         let op = try f.client.allocate(now: .zero)
         // The cookie announces algorithms (erratum 6290 bit order: "AAAB"), the list is gone.
         f.deliver(Self.challenge(try f.request(), nonce: "obMatJos2AAABxyz"))
-        guard case .failed(op, .authenticationFailed(let why))? = f.events().first else { Issue.record("not refused"); return }
+        guard case .failed(op, .authenticationFailed(let why))? = f.events().first else {
+            Issue.record("not refused")
+            return
+        }
         #expect(why.contains("offers none"))
         #expect(TURNClientAuth.offersPasswordAlgorithms("obMatJos2gAAA"))
         #expect(TURNClientAuth.offersPasswordAlgorithms("obMatJos2AAAB"))
@@ -289,7 +306,8 @@ struct TURNClientTests {
         #expect(f.events() == [.failed(op, .allocationMismatch(.allocate))])
         op = try f.client.allocate(now: .zero)
         f.deliver(Self.error(try f.request(), 508))
-        #expect(f.events() == [.failed(op, .errorResponse(.allocate, ErrorCodeValue(code: 508, reason: "Insufficient Capacity")))])
+        #expect(
+            f.events() == [.failed(op, .errorResponse(.allocate, ErrorCodeValue(code: 508, reason: "Insufficient Capacity")))])
         #expect(throws: TURNClientError.notAllocated) { _ = try f.client.createPermission(for: [Self.peer.ip], now: .zero) }
         #expect(throws: TURNClientError.notAllocated) { _ = try f.client.wrap([1], for: Self.peer) }
     }
@@ -300,7 +318,9 @@ struct TURNClientTests {
         #expect(throws: TURNClientError.self) {
             _ = try TURNClient(configuration: .init(username: String(repeating: "a", count: 509), password: "x"))
         }
-        #expect(throws: TURNClientError.self) { _ = try TURNClient(configuration: .init(username: "a", password: "b", lifetime: 0)) }
+        #expect(throws: TURNClientError.self) {
+            _ = try TURNClient(configuration: .init(username: "a", password: "b", lifetime: 0))
+        }
     }
 
     // MARK: timers
@@ -451,7 +471,10 @@ struct TURNClientTests {
         _ = f.events()
         f.advance(to: Self.at(240))
         f.deliver(Self.error(try f.request(), 403))
-        #expect(f.events() == [.permissionLost(Self.peer.ip, .errorResponse(.createPermission, ErrorCodeValue(code: 403, reason: "Forbidden")))])
+        #expect(
+            f.events() == [
+                .permissionLost(Self.peer.ip, .errorResponse(.createPermission, ErrorCodeValue(code: 403, reason: "Forbidden")))
+            ])
         #expect(throws: TURNClientError.noPermission(Self.peer.ip)) { _ = try f.client.wrap([1], for: Self.peer) }
     }
 
@@ -490,21 +513,29 @@ struct TURNClientTests {
         _ = try f.allocate()
         _ = try f.client.createPermission(for: [Self.peer.ip], now: f.now)
         f.deliver(Self.answer(try f.request(), []))
-        let data = Message(type: MessageType(method: .data, class: .indication), attributes: [
-            .xorPeerAddress(Self.peer), .data([7, 8, 9]),
-        ]).encode(fingerprint: true)
+        let data = Message(
+            type: MessageType(method: .data, class: .indication),
+            attributes: [
+                .xorPeerAddress(Self.peer), .data([7, 8, 9]),
+            ]
+        ).encode(fingerprint: true)
         #expect(f.deliver(data) == TURNClient.Datagram(peer: Self.peer, payload: [7, 8, 9]))
         // From an address without a permission, or without DATA: dropped.
-        let stranger = Message(type: MessageType(method: .data, class: .indication), attributes: [
-            .xorPeerAddress(Self.otherPeer), .data([1]),
-        ]).encode()
+        let stranger = Message(
+            type: MessageType(method: .data, class: .indication),
+            attributes: [
+                .xorPeerAddress(Self.otherPeer), .data([1]),
+            ]
+        ).encode()
         #expect(f.deliver(stranger) == nil)
-        let empty = Message(type: MessageType(method: .data, class: .indication), attributes: [.xorPeerAddress(Self.peer)]).encode()
+        let empty = Message(type: MessageType(method: .data, class: .indication), attributes: [.xorPeerAddress(Self.peer)])
+            .encode()
         #expect(f.deliver(empty) == nil)
         // ChannelData on a bound channel, padded or not; unknown channels and garbage dropped.
         _ = try f.client.bindChannel(to: Self.peer, now: f.now)
         f.deliver(Self.answer(try f.request(), []))
-        #expect(f.deliver([0x40, 0x00, 0x00, 0x02, 5, 6]) == TURNClient.Datagram(peer: Self.peer, payload: [5, 6], channel: 0x4000))
+        #expect(
+            f.deliver([0x40, 0x00, 0x00, 0x02, 5, 6]) == TURNClient.Datagram(peer: Self.peer, payload: [5, 6], channel: 0x4000))
         #expect(f.deliver([0x40, 0x00, 0x00, 0x02, 5, 6, 0, 0])?.payload == [5, 6])
         #expect(f.deliver([0x40, 0x01, 0x00, 0x01, 5]) == nil)
         #expect(f.deliver([0x40, 0x00, 0x00, 0x09, 5]) == nil)
@@ -520,15 +551,19 @@ struct TURNClientTests {
         let op = try f.client.createPermission(for: [Self.peer.ip], now: f.now)
         let request = try f.request()
         f.client.handle(.received(Self.answer(request, [])), now: f.now)
-        let data = Message(type: MessageType(method: .data, class: .indication), attributes: [
-            .xorPeerAddress(Self.peer), .data([7, 8, 9]),
-        ]).encode(fingerprint: true)
+        let data = Message(
+            type: MessageType(method: .data, class: .indication),
+            attributes: [
+                .xorPeerAddress(Self.peer), .data([7, 8, 9]),
+            ]
+        ).encode(fingerprint: true)
         f.client.handle(.received(data), now: f.now)
         f.client.handle(.received([0x80, 0, 0, 0]), now: f.now)  // not for the client: nothing
-        #expect(f.client.drainActions() == [
-            .event(.permissionsCreated(op, [Self.peer.ip])),
-            .deliver(TURNClient.Datagram(peer: Self.peer, payload: [7, 8, 9])),
-        ])
+        #expect(
+            f.client.drainActions() == [
+                .event(.permissionsCreated(op, [Self.peer.ip])),
+                .deliver(TURNClient.Datagram(peer: Self.peer, payload: [7, 8, 9])),
+            ])
         #expect(f.client.pollAction() == nil)
         // A timeout's retransmission comes out the same way.
         _ = try f.client.bindChannel(to: Self.peer, now: f.now)
@@ -607,13 +642,19 @@ struct TURNClientTests {
         // A challenge with every attribute the client parses, as an answer to
         // the waiting request, corrupted at every byte (FuzzChecks patches the
         // transaction ID in).
-        let challenge = Message(type: MessageType(method: .createPermission, class: .errorResponse), transactionID: fixture.pending, attributes: [
-            .errorCode(ErrorCodeValue(code: 438, reason: "Stale Nonce")), .realm("fuzz"), .nonce("obMatJos2gAAAnonce"),
-            .passwordAlgorithms([.sha256, .md5]), .unknownAttributes([.dontFragment]),
-        ]).encode(fingerprint: true)
-        let data = Message(type: MessageType(method: .data, class: .indication), attributes: [
-            .xorPeerAddress(fixture.peer), .data([1, 2, 3]),
-        ]).encode(fingerprint: true)
+        let challenge = Message(
+            type: MessageType(method: .createPermission, class: .errorResponse), transactionID: fixture.pending,
+            attributes: [
+                .errorCode(ErrorCodeValue(code: 438, reason: "Stale Nonce")), .realm("fuzz"), .nonce("obMatJos2gAAAnonce"),
+                .passwordAlgorithms([.sha256, .md5]), .unknownAttributes([.dontFragment]),
+            ]
+        ).encode(fingerprint: true)
+        let data = Message(
+            type: MessageType(method: .data, class: .indication),
+            attributes: [
+                .xorPeerAddress(fixture.peer), .data([1, 2, 3]),
+            ]
+        ).encode(fingerprint: true)
         for original in [challenge, data, ChannelData(channel: 0x4000, data: [1, 2, 3]).encode(padded: true)] {
             TURNFuzzChecks.exerciseTURNClient(original)
             for i in original.indices {

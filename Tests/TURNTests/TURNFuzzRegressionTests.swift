@@ -28,9 +28,12 @@ struct TURNFuzzRegressionTests {
     /// Requests cut at every byte and corrupted at every byte reach the TURN cores' checks.
     @Test func truncationsOfAnAllocateNeverTrap() throws {
         let key = try IntegrityKey.longTerm(username: "alice", realm: "example.org", password: "wonderland")
-        let full = Message(type: MessageType(method: .allocate, class: .request), attributes: [
-            .requestedTransport(17), .username("alice"), .realm("example.org"), .nonce("n"), .lifetime(600),
-        ]).encode(integrity: key, fingerprint: true)
+        let full = Message(
+            type: MessageType(method: .allocate, class: .request),
+            attributes: [
+                .requestedTransport(17), .username("alice"), .realm("example.org"), .nonce("n"), .lifetime(600),
+            ]
+        ).encode(integrity: key, fingerprint: true)
         for n in 0...full.count { TURNFuzzChecks.exercise(Array(full.prefix(n))) }
         for i in full.indices {
             var bad = full

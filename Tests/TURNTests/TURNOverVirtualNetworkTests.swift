@@ -105,14 +105,17 @@ struct TURNOverVirtualNetworkTests {
         network.attach(peer)
         let nat = network.addNAT(.symmetric(IPAddress("203.0.113.50")!))
         let clientHost = TransportAddress("10.1.1.2:4000")!
-        let client = TURNClientNode(try TURNClient(configuration: .init(username: "alice", password: "wonderland")),
-                                    at: clientHost, server: serverAddress, on: network)
+        let client = TURNClientNode(
+            try TURNClient(configuration: .init(username: "alice", password: "wonderland")),
+            at: clientHost, server: serverAddress, on: network)
         network.attach(client, behind: nat)
 
         _ = try client.client.allocate(now: network.now)
         client.flush()
         network.run(for: .seconds(5)) { client.events.contains { if case .allocated = $0 { true } else { false } } }
-        guard case .allocated(_, let allocation)? = client.events.first(where: { if case .allocated = $0 { true } else { false } }) else {
+        guard
+            case .allocated(_, let allocation)? = client.events.first(where: { if case .allocated = $0 { true } else { false } })
+        else {
             Issue.record("no allocation: \(client.events)")
             return
         }

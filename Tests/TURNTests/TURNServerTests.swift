@@ -1,7 +1,8 @@
-@testable import STUN
-@testable import TURN
 import Testing
 import TusaBase
+
+@testable import STUN
+@testable import TURN
 
 /// Relay ports for the pure core's tests: hands out addresses, records closes.
 final class RecordingPorts: TURNRelayPorts {
@@ -15,7 +16,9 @@ final class RecordingPorts: TURNRelayPorts {
 
     func serves(family: UInt8) -> Bool { families.contains(family) }
 
-    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (relay: TransportAddress, reserved: TransportAddress?)? {
+    func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (
+        relay: TransportAddress, reserved: TransportAddress?
+    )? {
         guard !exhausted else { return nil }
         if even && nextPort % 2 == 1 { nextPort += 1 }
         let ip: IPAddress = family == 0x01 ? IPAddress("192.0.2.10")! : IPAddress("2001:db8::10")!
@@ -106,8 +109,10 @@ struct TURNServerTests {
 
     /// Runs the 401 exchange and an Allocate; returns the success response.
     @discardableResult
-    static func allocate(_ server: TURNServer, _ client: inout TestClient, _ extra: [Attribute] = [.requestedTransport(17)],
-                         now: Timestamp = .zero) throws -> Message {
+    static func allocate(
+        _ server: TURNServer, _ client: inout TestClient, _ extra: [Attribute] = [.requestedTransport(17)],
+        now: Timestamp = .zero
+    ) throws -> Message {
         if client.nonce == nil {
             let challenge = try reply(server.handleClient(client.request(.allocate, extra), from: client.tuple, now: now))
             #expect(errorCode(challenge) == 401)
@@ -122,11 +127,15 @@ struct TURNServerTests {
     @Test func challengeCarriesRealmNonceAndAlgorithmsAndNoSoftware() throws {
         let (server, _) = Self.makeServer { $0.software = "tusa" }
         let client = TestClient()
-        let m = try Self.reply(server.handleClient(client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero))
+        let m = try Self.reply(
+            server.handleClient(client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero))
         #expect(m.type == MessageType(method: .allocate, class: .errorResponse))
         #expect(Self.errorCode(m) == 401)
         #expect(try m.value(.realm) == .realm("example.org"))
-        guard case .nonce(let nonce)? = try m.value(.nonce) else { Issue.record("no nonce"); return }
+        guard case .nonce(let nonce)? = try m.value(.nonce) else {
+            Issue.record("no nonce")
+            return
+        }
         #expect(nonce.hasPrefix("obMatJos2"))
         #expect(try m.value(.passwordAlgorithms) == .passwordAlgorithms([.md5, .sha256]))
         #expect(m.attribute(.software) == nil)
@@ -142,7 +151,10 @@ struct TURNServerTests {
         #expect(m.type == MessageType(method: .allocate, class: .successResponse))
         #expect(m.checkMessageIntegrity(key: client.key) == .valid)
         #expect(try m.value(.xorMappedAddress) == .xorMappedAddress(client.tuple.client))
-        guard case .xorRelayedAddress(let relay)? = try m.value(.xorRelayedAddress) else { Issue.record("no relay"); return }
+        guard case .xorRelayedAddress(let relay)? = try m.value(.xorRelayedAddress) else {
+            Issue.record("no relay")
+            return
+        }
         #expect(ports.open.contains(relay))
         #expect(ports.attached[relay] === server.allocation(for: client.tuple))
         #expect(try m.value(.lifetime) == .lifetime(1200))
@@ -153,17 +165,25 @@ struct TURNServerTests {
     @Test func retransmittedAllocateGetsTheSameAnswerAnotherGets437() throws {
         let (server, _) = Self.makeServer()
         var c = TestClient()
-        let challenge = try Self.reply(server.handleClient(c.request(.allocate, [.requestedTransport(17)]), from: c.tuple, now: .zero))
-        guard case .nonce(let n)? = try challenge.value(.nonce) else { Issue.record("no nonce"); return }
+        let challenge = try Self.reply(
+            server.handleClient(c.request(.allocate, [.requestedTransport(17)]), from: c.tuple, now: .zero))
+        guard case .nonce(let n)? = try challenge.value(.nonce) else {
+            Issue.record("no nonce")
+            return
+        }
         c.nonce = n
         let request = c.request(.allocate, [.requestedTransport(17)])
         guard case .reply(let a) = server.handleClient(request, from: c.tuple, now: .zero),
             case .reply(let b) = server.handleClient(request, from: c.tuple, now: .seconds(1))
-        else { Issue.record("no answers"); return }
+        else {
+            Issue.record("no answers")
+            return
+        }
         #expect(a == b)
         #expect(server.allocationCount == 1)
         // Another transaction on the same 5-tuple is a mismatch.
-        let other = try Self.reply(server.handleClient(c.request(.allocate, [.requestedTransport(17)]), from: c.tuple, now: .seconds(2)))
+        let other = try Self.reply(
+            server.handleClient(c.request(.allocate, [.requestedTransport(17)]), from: c.tuple, now: .seconds(2)))
         #expect(Self.errorCode(other) == 437)
         #expect(other.checkMessageIntegrity(key: c.key) == .valid)
     }
@@ -192,11 +212,13 @@ struct TURNServerTests {
         // A nonce older than its lifetime.
         var late = TestClient("203.0.113.5:40001")
         late.nonce = client.nonce
-        let stale = try Self.reply(server.handleClient(late.request(.allocate, [.requestedTransport(17)]), from: late.tuple, now: .seconds(700)))
+        let stale = try Self.reply(
+            server.handleClient(late.request(.allocate, [.requestedTransport(17)]), from: late.tuple, now: .seconds(700)))
         #expect(Self.errorCode(stale) == 438)
         #expect(stale.attribute(.nonce) != nil)
         // A nonce minted for another client address is not accepted either.
-        let foreign = try Self.reply(server.handleClient(late.request(.allocate, [.requestedTransport(17)]), from: late.tuple, now: .seconds(1)))
+        let foreign = try Self.reply(
+            server.handleClient(late.request(.allocate, [.requestedTransport(17)]), from: late.tuple, now: .seconds(1)))
         #expect(Self.errorCode(foreign) == 438)
     }
 
@@ -205,10 +227,16 @@ struct TURNServerTests {
         var client = TestClient()
         client.algorithm = .sha256
         client.sha256MI = true
-        let challenge = try Self.reply(server.handleClient(client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero))
-        guard case .nonce(let n)? = try challenge.value(.nonce) else { Issue.record("no nonce"); return }
+        let challenge = try Self.reply(
+            server.handleClient(client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero))
+        guard case .nonce(let n)? = try challenge.value(.nonce) else {
+            Issue.record("no nonce")
+            return
+        }
         client.nonce = n
-        let m = try Self.reply(server.handleClient(client.request(.allocate, [.requestedTransport(17)], userhash: true), from: client.tuple, now: .zero))
+        let m = try Self.reply(
+            server.handleClient(
+                client.request(.allocate, [.requestedTransport(17)], userhash: true), from: client.tuple, now: .zero))
         #expect(m.type.messageClass == .successResponse)
         #expect(m.checkMessageIntegritySHA256(key: client.key) == .valid)
         #expect(m.attribute(.messageIntegrity) == nil)
@@ -218,9 +246,11 @@ struct TURNServerTests {
         let (server, _) = Self.makeServer()
         var client = TestClient()
         _ = try Self.allocate(server, &client)
-        var m = Message(type: MessageType(method: .refresh, class: .request), attributes: [
-            .passwordAlgorithm(.sha256), .username("alice"), .realm("example.org"), .nonce(client.nonce!),
-        ])
+        var m = Message(
+            type: MessageType(method: .refresh, class: .request),
+            attributes: [
+                .passwordAlgorithm(.sha256), .username("alice"), .realm("example.org"), .nonce(client.nonce!),
+            ])
         m.append(.software(String(repeating: "x", count: 40)))
         let bytes = m.encode(integrity: client.key)
         #expect(Self.errorCode(try Self.reply(server.handleClient(bytes, from: client.tuple, now: .zero))) == 400)
@@ -251,23 +281,35 @@ struct TURNServerTests {
     @Test func anonymousOnlyWhenAsked() throws {
         let (server, _) = Self.makeServer { $0.anonymous = true }
         let client = TestClient()
-        let m = try Self.reply(server.handleClient(client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero))
+        let m = try Self.reply(
+            server.handleClient(client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero))
         #expect(m.type.messageClass == .successResponse)
         #expect(m.attribute(.messageIntegrity) == nil)
     }
 
     @Test func challengesAreRateLimitedPerSource() throws {
-        let (server, _) = Self.makeServer { $0.challengeRate = 1; $0.challengeBurst = 3 }
+        let (server, _) = Self.makeServer {
+            $0.challengeRate = 1
+            $0.challengeBurst = 3
+        }
         let client = TestClient()
         var answered = 0
         for _ in 0..<10 {
-            if case .reply = server.handleClient(client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero) { answered += 1 }
+            if case .reply = server.handleClient(
+                client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero)
+            {
+                answered += 1
+            }
         }
         #expect(answered == 3)
         #expect(server.statistics.dropped(.challengeRateLimited) == 7)
         // Budget comes back with time.
-        if case .reply = server.handleClient(client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .seconds(2)) {
-        } else { Issue.record("no challenge after the budget refilled") }
+        if case .reply = server.handleClient(
+            client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .seconds(2))
+        {
+        } else {
+            Issue.record("no challenge after the budget refilled")
+        }
     }
 
     @Test func unauthenticatedErrorsNeverOutgrowTheRequest() throws {
@@ -275,23 +317,36 @@ struct TURNServerTests {
         let client = TestClient()
         // An unknown method in a bare 20-byte request: the 400 would be larger, so nothing is sent.
         let tiny = Message(type: MessageType(method: Method(rawValue: 0x0FF), class: .request)).encode()
-        if case .drop(.amplification) = server.handleClient(tiny, from: client.tuple, now: .zero) {} else { Issue.record("tiny request answered") }
+        if case .drop(.amplification) = server.handleClient(tiny, from: client.tuple, now: .zero) {
+        } else {
+            Issue.record("tiny request answered")
+        }
         // The same with room for the answer is answered 400.
-        let padded = Message(type: MessageType(method: Method(rawValue: 0x0FF), class: .request), attributes: [.software(String(repeating: "p", count: 64))]).encode()
+        let padded = Message(
+            type: MessageType(method: Method(rawValue: 0x0FF), class: .request),
+            attributes: [.software(String(repeating: "p", count: 64))]
+        ).encode()
         #expect(Self.errorCode(try Self.reply(server.handleClient(padded, from: client.tuple, now: .zero))) == 400)
         // Strict mode drops a challenge that is larger than its request.
         let (strict, _) = Self.makeServer { $0.strictAmplification = true }
-        if case .drop(.amplification) = strict.handleClient(client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero) {
-        } else { Issue.record("strict mode sent a large challenge") }
+        if case .drop(.amplification) = strict.handleClient(
+            client.request(.allocate, [.requestedTransport(17)]), from: client.tuple, now: .zero)
+        {
+        } else {
+            Issue.record("strict mode sent a large challenge")
+        }
     }
 
     @Test func unknownComprehensionRequiredAttributeIs420() throws {
         let (server, _) = Self.makeServer()
         let client = TestClient()
-        let req = Message(type: MessageType(method: .allocate, class: .request), attributes: [
-            .requestedTransport(17), .unknown(RawAttribute(type: AttributeType(rawValue: 0x7F00), value: [1, 2, 3, 4])),
-            .software(String(repeating: "s", count: 60)),
-        ]).encode()
+        let req = Message(
+            type: MessageType(method: .allocate, class: .request),
+            attributes: [
+                .requestedTransport(17), .unknown(RawAttribute(type: AttributeType(rawValue: 0x7F00), value: [1, 2, 3, 4])),
+                .software(String(repeating: "s", count: 60)),
+            ]
+        ).encode()
         let m = try Self.reply(server.handleClient(req, from: client.tuple, now: .zero))
         #expect(Self.errorCode(m) == 420)
         #expect(try m.value(.unknownAttributes) == .unknownAttributes([AttributeType(rawValue: 0x7F00)]))
@@ -335,7 +390,10 @@ struct TURNServerTests {
         let first = try Self.allocate(server, &a, [.requestedTransport(17), .evenPort(reserveNext: true)])
         guard case .xorRelayedAddress(let relay)? = try first.value(.xorRelayedAddress),
             case .reservationToken(let token)? = try first.value(.reservationToken)
-        else { Issue.record("no relay or token"); return }
+        else {
+            Issue.record("no relay or token")
+            return
+        }
         #expect(relay.port % 2 == 0)
         var b = TestClient("203.0.113.6:40000")
         let second = try Self.allocate(server, &b, [.requestedTransport(17), .reservationToken(token)])
@@ -356,18 +414,25 @@ struct TURNServerTests {
         let (server, ports) = Self.makeServer()
         var a = TestClient()
         let first = try Self.allocate(server, &a, [.requestedTransport(17), .evenPort(reserveNext: true)])
-        guard case .reservationToken(let token)? = try first.value(.reservationToken) else { Issue.record("no token"); return }
+        guard case .reservationToken(let token)? = try first.value(.reservationToken) else {
+            Issue.record("no token")
+            return
+        }
         let held = try #require(ports.held.first)
         var b = TestClient("203.0.113.6:40000")
         // Redeemed after its 30 s but before a sweep: 508, and the held port is closed, not leaked.
-        #expect(Self.errorCode(try Self.allocate(server, &b, [.requestedTransport(17), .reservationToken(token)], now: .seconds(31))) == 508)
+        #expect(
+            Self.errorCode(try Self.allocate(server, &b, [.requestedTransport(17), .reservationToken(token)], now: .seconds(31)))
+                == 508)
         #expect(ports.held.isEmpty && ports.closed.contains(held))
     }
 
     @Test func heldPortsCountAgainstTheUserQuota() throws {
         let (server, _) = Self.makeServer { $0.userQuota = 2 }
         var a = TestClient("203.0.113.5:1")
-        #expect(try Self.allocate(server, &a, [.requestedTransport(17), .evenPort(reserveNext: true)]).type.messageClass == .successResponse)
+        #expect(
+            try Self.allocate(server, &a, [.requestedTransport(17), .evenPort(reserveNext: true)]).type.messageClass
+                == .successResponse)
         var b = TestClient("203.0.113.5:2")
         #expect(Self.errorCode(try Self.allocate(server, &b)) == 486)
         // Once the reservation lapses the slot is free again.
@@ -380,7 +445,10 @@ struct TURNServerTests {
         var client = TestClient()
         let v4only = try Self.allocate(server, &client, [.requestedTransport(17), .additionalAddressFamily(0x02)])
         #expect(v4only.type.messageClass == .successResponse)
-        guard case .addressErrorCode(let family, let e)? = try v4only.value(.addressErrorCode) else { Issue.record("no ADDRESS-ERROR-CODE"); return }
+        guard case .addressErrorCode(let family, let e)? = try v4only.value(.addressErrorCode) else {
+            Issue.record("no ADDRESS-ERROR-CODE")
+            return
+        }
         #expect(family == 0x02 && e.code == 440)
 
         ports.families = [0x01, 0x02]
@@ -390,7 +458,10 @@ struct TURNServerTests {
         #expect(relays.count == 2)
         var six = TestClient("203.0.113.9:2")
         let v6 = try Self.allocate(server, &six, [.requestedTransport(17), .requestedAddressFamily(0x02)])
-        guard case .xorRelayedAddress(let r)? = try v6.value(.xorRelayedAddress) else { Issue.record("no relay"); return }
+        guard case .xorRelayedAddress(let r)? = try v6.value(.xorRelayedAddress) else {
+            Issue.record("no relay")
+            return
+        }
         #expect(!r.ip.isIPv4)
     }
 
@@ -414,7 +485,10 @@ struct TURNServerTests {
         let (server, _) = Self.makeServer { $0.externalIP = [0x01: IPAddress("198.51.100.200")!] }
         var client = TestClient()
         let m = try Self.allocate(server, &client)
-        guard case .xorRelayedAddress(let r)? = try m.value(.xorRelayedAddress) else { Issue.record("no relay"); return }
+        guard case .xorRelayedAddress(let r)? = try m.value(.xorRelayedAddress) else {
+            Issue.record("no relay")
+            return
+        }
         #expect(r.ip == IPAddress("198.51.100.200"))
     }
 
@@ -463,7 +537,9 @@ struct TURNServerTests {
 
     // MARK: - Permissions, channels, data
 
-    static func allocated(_ configure: (inout TURNServerConfiguration) -> Void = { _ in }) throws -> (TURNServer, TestClient, TURNAllocation) {
+    static func allocated(_ configure: (inout TURNServerConfiguration) -> Void = { _ in }) throws -> (
+        TURNServer, TestClient, TURNAllocation
+    ) {
         let (server, _) = makeServer(configure)
         var client = TestClient()
         try allocate(server, &client)
@@ -474,7 +550,9 @@ struct TURNServerTests {
     @Test func createPermissionChecksPeers() throws {
         let (server, client, a) = try Self.allocated()
         func create(_ peers: [TransportAddress]) throws -> Message {
-            try Self.reply(server.handleClient(client.request(.createPermission, peers.map { .xorPeerAddress($0) }), from: client.tuple, now: .zero))
+            try Self.reply(
+                server.handleClient(
+                    client.request(.createPermission, peers.map { .xorPeerAddress($0) }), from: client.tuple, now: .zero))
         }
         #expect(Self.errorCode(try create([])) == 400)
         #expect(Self.errorCode(try create([TransportAddress("127.0.0.1:9")!])) == 403)
@@ -487,7 +565,10 @@ struct TURNServerTests {
 
     @Test func loopbackPeersWhenAllowed() throws {
         let (server, client, _) = try Self.allocated { $0.peerFilter = PeerFilter(allowLoopback: true) }
-        let m = try Self.reply(server.handleClient(client.request(.createPermission, [.xorPeerAddress(TransportAddress("127.0.0.1:9")!)]), from: client.tuple, now: .zero))
+        let m = try Self.reply(
+            server.handleClient(
+                client.request(.createPermission, [.xorPeerAddress(TransportAddress("127.0.0.1:9")!)]), from: client.tuple,
+                now: .zero))
         #expect(m.type.messageClass == .successResponse)
     }
 
@@ -502,7 +583,9 @@ struct TURNServerTests {
         let (server, client, a) = try Self.allocated { $0.nonceLifetime = .seconds(3600) }
         _ = server.handleClient(client.request(.refresh, [.lifetime(3600)]), from: client.tuple, now: .zero)
         func bind(_ number: UInt16, _ peer: TransportAddress, at t: Timestamp = .zero) throws -> Int? {
-            let m = try Self.reply(server.handleClient(client.request(.channelBind, [.channelNumber(number), .xorPeerAddress(peer)]), from: client.tuple, now: t))
+            let m = try Self.reply(
+                server.handleClient(
+                    client.request(.channelBind, [.channelNumber(number), .xorPeerAddress(peer)]), from: client.tuple, now: t))
             return m.type.messageClass == .successResponse ? nil : Self.errorCode(m)
         }
         let other = TransportAddress("198.51.100.7:7")!
@@ -522,9 +605,15 @@ struct TURNServerTests {
 
     @Test func strictChannelRangeOnRequest() throws {
         let (server, client, _) = try Self.allocated { $0.channelNumbers = ChannelNumber.validRange }
-        let m = try Self.reply(server.handleClient(client.request(.channelBind, [.channelNumber(0x5000), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero))
+        let m = try Self.reply(
+            server.handleClient(
+                client.request(.channelBind, [.channelNumber(0x5000), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero
+            ))
         #expect(Self.errorCode(m) == 400)
-        let ok = try Self.reply(server.handleClient(client.request(.channelBind, [.channelNumber(0x4FFF), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero))
+        let ok = try Self.reply(
+            server.handleClient(
+                client.request(.channelBind, [.channelNumber(0x4FFF), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero
+            ))
         #expect(ok.type.messageClass == .successResponse)
     }
 
@@ -532,7 +621,12 @@ struct TURNServerTests {
         let (server, client, _) = try Self.allocated { $0.maxChannelsPerAllocation = 2 }
         var codes: [Int?] = []
         for i in 0..<3 {
-            let m = try Self.reply(server.handleClient(client.request(.channelBind, [.channelNumber(0x4000 + UInt16(i)), .xorPeerAddress(TransportAddress("198.51.100.9:\(1000 + i)")!)]), from: client.tuple, now: .zero))
+            let m = try Self.reply(
+                server.handleClient(
+                    client.request(
+                        .channelBind,
+                        [.channelNumber(0x4000 + UInt16(i)), .xorPeerAddress(TransportAddress("198.51.100.9:\(1000 + i)")!)]),
+                    from: client.tuple, now: .zero))
             codes.append(Self.errorCode(m))
         }
         #expect(codes == [nil, nil, 508])
@@ -543,12 +637,20 @@ struct TURNServerTests {
         server.ownEndpoints = [TransportAddress("198.51.100.1:3478")!, TransportAddress("0.0.0.0:5349")!]
         let relay = try #require(a.relays.first)
         for peer in [relay, TransportAddress("198.51.100.1:3478")!, TransportAddress("203.0.113.200:5349")!] {
-            let m = try Self.reply(server.handleClient(client.request(.channelBind, [.channelNumber(0x4000), .xorPeerAddress(peer)]), from: client.tuple, now: .zero))
+            let m = try Self.reply(
+                server.handleClient(
+                    client.request(.channelBind, [.channelNumber(0x4000), .xorPeerAddress(peer)]), from: client.tuple, now: .zero)
+            )
             #expect(Self.errorCode(m) == 403, "\(peer)")
         }
         _ = server.handleClient(client.request(.createPermission, [.xorPeerAddress(relay)]), from: client.tuple, now: .zero)
-        let send = Message(type: MessageType(method: .send, class: .indication), attributes: [.xorPeerAddress(relay), .data([1])]).encode()
-        if case .drop(.ownAddress) = server.handleClient(send, from: client.tuple, now: .zero) {} else { Issue.record("relayed to its own relay") }
+        let send = Message(
+            type: MessageType(method: .send, class: .indication), attributes: [.xorPeerAddress(relay), .data([1])]
+        ).encode()
+        if case .drop(.ownAddress) = server.handleClient(send, from: client.tuple, now: .zero) {
+        } else {
+            Issue.record("relayed to its own relay")
+        }
     }
 
     /// Two clients that both need the relay (symmetric NATs, relay-only calls) meet
@@ -560,27 +662,42 @@ struct TURNServerTests {
         let b = try #require(server.allocation(for: second.tuple))
         let (relayA, relayB) = (try #require(a.relays.first), try #require(b.relays.first))
         for (client, peer) in [(first, relayB), (second, relayA)] {
-            let m = try Self.reply(server.handleClient(client.request(.createPermission, [.xorPeerAddress(peer)]), from: client.tuple, now: .zero))
+            let m = try Self.reply(
+                server.handleClient(client.request(.createPermission, [.xorPeerAddress(peer)]), from: client.tuple, now: .zero))
             #expect(m.type.messageClass == .successResponse)
         }
-        let bind = try Self.reply(server.handleClient(first.request(.channelBind, [.channelNumber(0x4000), .xorPeerAddress(relayB)]), from: first.tuple, now: .zero))
+        let bind = try Self.reply(
+            server.handleClient(
+                first.request(.channelBind, [.channelNumber(0x4000), .xorPeerAddress(relayB)]), from: first.tuple, now: .zero))
         #expect(bind.type.messageClass == .successResponse)
-        let send = Message(type: MessageType(method: .send, class: .indication), attributes: [.xorPeerAddress(relayB), .data([1, 2, 3])]).encode()
+        let send = Message(
+            type: MessageType(method: .send, class: .indication), attributes: [.xorPeerAddress(relayB), .data([1, 2, 3])]
+        ).encode()
         guard case .relay(let from, let to, _) = server.handleClient(send, from: first.tuple, now: .zero) else {
-            Issue.record("not relayed to the other allocation's relay"); return
+            Issue.record("not relayed to the other allocation's relay")
+            return
         }
         #expect(from === a && to == relayB)
         // What A's relay sends arrives at B's relay from A's relayed address: B's permission lets it through.
-        if case .drop = server.handlePeer([1, 2, 3], from: relayA, allocation: b, now: .zero) { Issue.record("B dropped A's relay") }
+        if case .drop = server.handlePeer([1, 2, 3], from: relayA, allocation: b, now: .zero) {
+            Issue.record("B dropped A's relay")
+        }
     }
 
     @Test func oversizedPeerDatagramIsDroppedNotTruncated() throws {
         let (server, client, a) = try Self.allocated()
         _ = server.handleClient(client.request(.createPermission, [.xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
         let big = [UInt8](repeating: 7, count: 65_535 - 20)
-        if case .drop(.tooLarge) = server.handlePeer(big, from: Self.peer, allocation: a, now: .zero) {} else { Issue.record("oversized Data indication built") }
-        guard case .indication(let bytes, _) = server.handlePeer([UInt8](repeating: 7, count: 3000), from: Self.peer, allocation: a, now: .zero) else {
-            Issue.record("no indication"); return
+        if case .drop(.tooLarge) = server.handlePeer(big, from: Self.peer, allocation: a, now: .zero) {
+        } else {
+            Issue.record("oversized Data indication built")
+        }
+        guard
+            case .indication(let bytes, _) = server.handlePeer(
+                [UInt8](repeating: 7, count: 3000), from: Self.peer, allocation: a, now: .zero)
+        else {
+            Issue.record("no indication")
+            return
         }
         #expect(try Message(decoding: bytes).value(.data) == .data([UInt8](repeating: 7, count: 3000)))
     }
@@ -594,72 +711,103 @@ struct TURNServerTests {
     @Test func sendIndicationNeedsAPermission() throws {
         let (server, client, a) = try Self.allocated()
         let payload: [UInt8] = Array(0..<100)
-        let send = Message(type: MessageType(method: .send, class: .indication), attributes: [.xorPeerAddress(Self.peer), .data(payload)]).encode()
-        if case .drop(.noPermission) = server.handleClient(send, from: client.tuple, now: .zero) {} else { Issue.record("relayed without permission") }
+        let send = Message(
+            type: MessageType(method: .send, class: .indication), attributes: [.xorPeerAddress(Self.peer), .data(payload)]
+        ).encode()
+        if case .drop(.noPermission) = server.handleClient(send, from: client.tuple, now: .zero) {
+        } else {
+            Issue.record("relayed without permission")
+        }
         _ = server.handleClient(client.request(.createPermission, [.xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
         guard case .relay(let to, let peer, let range) = server.handleClient(send, from: client.tuple, now: .zero) else {
-            Issue.record("not relayed"); return
+            Issue.record("not relayed")
+            return
         }
         #expect(to === a)
         #expect(peer == Self.peer)
         #expect(Array(send[range]) == payload)
         // Permissions last 300 s.
-        if case .drop(.noPermission) = server.handleClient(send, from: client.tuple, now: .seconds(301)) {} else { Issue.record("permission outlived 300 s") }
+        if case .drop(.noPermission) = server.handleClient(send, from: client.tuple, now: .seconds(301)) {
+        } else {
+            Issue.record("permission outlived 300 s")
+        }
         // Another 5-tuple has no allocation.
         var stranger = client
         stranger.tuple.client.port += 1
-        if case .drop(.noAllocation) = server.handleClient(send, from: stranger.tuple, now: .zero) {} else { Issue.record("stranger relayed") }
+        if case .drop(.noAllocation) = server.handleClient(send, from: stranger.tuple, now: .zero) {
+        } else {
+            Issue.record("stranger relayed")
+        }
     }
 
     @Test func channelDataBothWays() throws {
         let (server, client, a) = try Self.allocated()
-        _ = server.handleClient(client.request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
+        _ = server.handleClient(
+            client.request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
         let frame = ChannelData(channel: 0x4001, data: [9, 8, 7]).encode(padded: true)
         guard case .relay(_, let peer, let range) = server.handleClient(frame, from: client.tuple, now: .zero) else {
-            Issue.record("not relayed"); return
+            Issue.record("not relayed")
+            return
         }
         #expect(peer == Self.peer && Array(frame[range]) == [9, 8, 7])
         let unbound = ChannelData(channel: 0x4002, data: [1]).encode()
-        if case .drop(.noChannel) = server.handleClient(unbound, from: client.tuple, now: .zero) {} else { Issue.record("unbound channel relayed") }
+        if case .drop(.noChannel) = server.handleClient(unbound, from: client.tuple, now: .zero) {
+        } else {
+            Issue.record("unbound channel relayed")
+        }
         let short: [UInt8] = [0x40, 0x01, 0x00, 0x09, 1]
-        if case .drop(.malformed) = server.handleClient(short, from: client.tuple, now: .zero) {} else { Issue.record("short frame relayed") }
+        if case .drop(.malformed) = server.handleClient(short, from: client.tuple, now: .zero) {
+        } else {
+            Issue.record("short frame relayed")
+        }
 
         // From the peer: ChannelData on the bound channel.
         guard case .channel(0x4001, let tuple) = server.handlePeer([1, 2], from: Self.peer, allocation: a, now: .zero) else {
-            Issue.record("no channel answer"); return
+            Issue.record("no channel answer")
+            return
         }
         #expect(tuple == client.tuple)
         // The same peer IP on another port has a permission but no channel: Data indication.
         let otherPort = TransportAddress(ip: Self.peer.ip, port: 6000)
         guard case .indication(let bytes, _) = server.handlePeer([5], from: otherPort, allocation: a, now: .zero) else {
-            Issue.record("no indication"); return
+            Issue.record("no indication")
+            return
         }
         let m = try Message(decoding: bytes)
         #expect(m.type == MessageType(method: .data, class: .indication))
         #expect(try m.value(.xorPeerAddress) == .xorPeerAddress(otherPort))
         #expect(try m.value(.data) == .data([5]))
         // A peer without permission is dropped.
-        if case .drop(.noPermission) = server.handlePeer([5], from: TransportAddress("198.51.100.50:1")!, allocation: a, now: .zero) {
-        } else { Issue.record("relayed from a stranger") }
+        if case .drop(.noPermission) = server.handlePeer(
+            [5], from: TransportAddress("198.51.100.50:1")!, allocation: a, now: .zero)
+        {
+        } else {
+            Issue.record("relayed from a stranger")
+        }
         #expect(server.statistics.packetsToPeer == 1 && server.statistics.packetsToClient == 2)
     }
 
     @Test func channelsAndPermissionsExpire() throws {
         let (server, client, a) = try Self.allocated()
         _ = server.handleClient(client.request(.refresh, [.lifetime(3600)]), from: client.tuple, now: .zero)
-        _ = server.handleClient(client.request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
+        _ = server.handleClient(
+            client.request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
         server.expire(now: .seconds(301))
         #expect(a.permissionCount == 0 && a.channelCount == 1)
         server.expire(now: .seconds(601))
         #expect(a.channelCount == 0)
         #expect(server.statistics.permissionsExpired == 1 && server.statistics.channelsExpired == 1)
         let frame = ChannelData(channel: 0x4001, data: [1]).encode()
-        if case .drop(.noChannel) = server.handleClient(frame, from: client.tuple, now: .seconds(601)) {} else { Issue.record("expired channel relayed") }
+        if case .drop(.noChannel) = server.handleClient(frame, from: client.tuple, now: .seconds(601)) {
+        } else {
+            Issue.record("expired channel relayed")
+        }
     }
 
     @Test func bandwidthCapDropsTheExcess() throws {
         let (server, client, a) = try Self.allocated { $0.maxBandwidth = 1000 }
-        _ = server.handleClient(client.request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
+        _ = server.handleClient(
+            client.request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
         let frame = ChannelData(channel: 0x4001, data: [UInt8](repeating: 0, count: 400)).encode()
         var relayed = 0
         for _ in 0..<5 { if case .relay = server.handleClient(frame, from: client.tuple, now: .zero) { relayed += 1 } }
@@ -667,8 +815,13 @@ struct TURNServerTests {
         #expect(server.statistics.dropped(.bandwidth) == 3)
         // The other direction has its own budget.
         if case .channel = server.handlePeer([UInt8](repeating: 0, count: 400), from: Self.peer, allocation: a, now: .zero) {
-        } else { Issue.record("to-client budget spent by to-peer traffic") }
-        if case .relay = server.handleClient(frame, from: client.tuple, now: .seconds(1)) {} else { Issue.record("no budget after a second") }
+        } else {
+            Issue.record("to-client budget spent by to-peer traffic")
+        }
+        if case .relay = server.handleClient(frame, from: client.tuple, now: .seconds(1)) {
+        } else {
+            Issue.record("no budget after a second")
+        }
         _ = a
     }
 
@@ -689,17 +842,22 @@ struct TURNServerTests {
         }
         // A success response is not a request.
         let response = Message(type: MessageType(method: .allocate, class: .successResponse)).encode()
-        if case .drop(.notARequest) = server.handleClient(response, from: t, now: .zero) {} else { Issue.record("response handled") }
+        if case .drop(.notARequest) = server.handleClient(response, from: t, now: .zero) {
+        } else {
+            Issue.record("response handled")
+        }
     }
 
     // MARK: - Pieces
 
     @Test func peerFilterDefaults() {
         let f = PeerFilter()
-        for denied in ["127.0.0.1", "10.9.8.7", "172.16.0.1", "192.168.1.1", "100.64.0.1", "169.254.1.1", "0.1.2.3",
-                       "224.0.0.1", "255.255.255.255", "::", "::1", "fe80::1", "fc00::1", "fd12::1", "ff02::1",
-                       "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::ffff:192.168.0.1", "64:ff9b::10.0.0.1", "64:ff9b::127.0.0.1",
-                       "2002:0a00:0001::1", "2002:7f00:0001::", "64:ff9b:1::8.8.8.8"] {
+        for denied in [
+            "127.0.0.1", "10.9.8.7", "172.16.0.1", "192.168.1.1", "100.64.0.1", "169.254.1.1", "0.1.2.3",
+            "224.0.0.1", "255.255.255.255", "::", "::1", "fe80::1", "fc00::1", "fd12::1", "ff02::1",
+            "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::ffff:192.168.0.1", "64:ff9b::10.0.0.1", "64:ff9b::127.0.0.1",
+            "2002:0a00:0001::1", "2002:7f00:0001::", "64:ff9b:1::8.8.8.8",
+        ] {
             #expect(!f.permits(IPAddress(denied)!), "\(denied)")
         }
         for allowed in ["8.8.8.8", "203.0.113.5", "2001:db8::1", "::ffff:8.8.8.8", "64:ff9b::8.8.8.8", "2002:0808:0808::1"] {
@@ -731,7 +889,8 @@ struct TURNServerTests {
         var c = TURNCredentials(realm: "example.org")
         try c.addUser(spec: "alice:wonderland")
         let key = try IntegrityKey.longTerm(username: "alice", realm: "example.org", password: "wonderland")
-        let hex = key.bytes.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+        let hex = key.bytes.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }
+            .joined()
         try c.addUser(spec: "carol:0x" + hex)
         #expect(c.keys(for: "alice", algorithm: .md5, unixNow: 0) == [key])
         #expect(c.keys(for: "carol", algorithm: .md5, unixNow: 0) == [key])

@@ -1,5 +1,5 @@
-import Testing
 import TURN
+import Testing
 import TusaBase
 
 /// RFC 7065 TURN URIs: what a rendezvous hands out and a caller reads back.
@@ -46,38 +46,44 @@ struct TURNURITests {
         #expect(uri.transport == .udp)
     }
 
-    @Test("formats what it parses, IPv6 in brackets", arguments: [
-        "turn:198.51.100.7:3478?transport=udp",
-        "turn:[2001:db8::1]:3478?transport=tcp",
-        "turns:turn.example.org:5349",
-        "turn:192.0.2.1",
-    ])
+    @Test(
+        "formats what it parses, IPv6 in brackets",
+        arguments: [
+            "turn:198.51.100.7:3478?transport=udp",
+            "turn:[2001:db8::1]:3478?transport=tcp",
+            "turns:turn.example.org:5349",
+            "turn:192.0.2.1",
+        ])
     func roundTrip(_ text: String) throws {
         #expect(try TURNURI(parsing: text).description == text)
     }
 
     @Test("a server socket's URI is what the relay's rendezvous advertises")
     func fromAddress() {
-        #expect(TURNURI(address: TransportAddress("127.0.0.1:3478")!, transport: .udp).description
-            == "turn:127.0.0.1:3478?transport=udp")
-        #expect(TURNURI(address: TransportAddress("[::1]:40000")!, transport: .tcp).description
-            == "turn:[::1]:40000?transport=tcp")
+        #expect(
+            TURNURI(address: TransportAddress("127.0.0.1:3478")!, transport: .udp).description
+                == "turn:127.0.0.1:3478?transport=udp")
+        #expect(
+            TURNURI(address: TransportAddress("[::1]:40000")!, transport: .tcp).description
+                == "turn:[::1]:40000?transport=tcp")
     }
 
-    @Test("says what is wrong", arguments: [
-        ("stun:192.0.2.1:3478", TURNURIError.unknownScheme("stun:192.0.2.1:3478")),
-        ("192.0.2.1:3478", TURNURIError.unknownScheme("192.0.2.1:3478")),
-        ("turn:", TURNURIError.missingHost("turn:")),
-        ("turn::3478", TURNURIError.missingHost("turn::3478")),
-        ("turn:[::1:3478", TURNURIError.badIPv6Literal("turn:[::1:3478")),
-        ("turn:[::1]3478", TURNURIError.badIPv6Literal("turn:[::1]3478")),
-        ("turn:[nothex]:3478", TURNURIError.badIPv6Literal("turn:[nothex]:3478")),
-        ("turn:192.0.2.1:70000", TURNURIError.badPort("turn:192.0.2.1:70000")),
-        ("turn:192.0.2.1:", TURNURIError.badPort("turn:192.0.2.1:")),
-        ("turn:192.0.2.1:+5", TURNURIError.badPort("turn:192.0.2.1:+5")),
-        ("turn:192.0.2.1:3478?transport=sctp", TURNURIError.badQuery("turn:192.0.2.1:3478?transport=sctp")),
-        ("turn:192.0.2.1:3478?foo=bar", TURNURIError.badQuery("turn:192.0.2.1:3478?foo=bar")),
-    ])
+    @Test(
+        "says what is wrong",
+        arguments: [
+            ("stun:192.0.2.1:3478", TURNURIError.unknownScheme("stun:192.0.2.1:3478")),
+            ("192.0.2.1:3478", TURNURIError.unknownScheme("192.0.2.1:3478")),
+            ("turn:", TURNURIError.missingHost("turn:")),
+            ("turn::3478", TURNURIError.missingHost("turn::3478")),
+            ("turn:[::1:3478", TURNURIError.badIPv6Literal("turn:[::1:3478")),
+            ("turn:[::1]3478", TURNURIError.badIPv6Literal("turn:[::1]3478")),
+            ("turn:[nothex]:3478", TURNURIError.badIPv6Literal("turn:[nothex]:3478")),
+            ("turn:192.0.2.1:70000", TURNURIError.badPort("turn:192.0.2.1:70000")),
+            ("turn:192.0.2.1:", TURNURIError.badPort("turn:192.0.2.1:")),
+            ("turn:192.0.2.1:+5", TURNURIError.badPort("turn:192.0.2.1:+5")),
+            ("turn:192.0.2.1:3478?transport=sctp", TURNURIError.badQuery("turn:192.0.2.1:3478?transport=sctp")),
+            ("turn:192.0.2.1:3478?foo=bar", TURNURIError.badQuery("turn:192.0.2.1:3478?foo=bar")),
+        ])
     func errors(_ text: String, _ expected: TURNURIError) {
         #expect(throws: expected) { try TURNURI(parsing: text) }
     }

@@ -27,9 +27,13 @@ public struct NAT: Hashable, Sendable {
     }
 
     /// Endpoint-independent mapping and filtering ("full cone").
-    public static func fullCone(_ ip: IPAddress) -> NAT { NAT(publicIP: ip, mapping: .endpointIndependent, filtering: .endpointIndependent) }
+    public static func fullCone(_ ip: IPAddress) -> NAT {
+        NAT(publicIP: ip, mapping: .endpointIndependent, filtering: .endpointIndependent)
+    }
     /// Endpoint-independent mapping, address-dependent filtering ("restricted cone").
-    public static func restrictedCone(_ ip: IPAddress) -> NAT { NAT(publicIP: ip, mapping: .endpointIndependent, filtering: .addressDependent) }
+    public static func restrictedCone(_ ip: IPAddress) -> NAT {
+        NAT(publicIP: ip, mapping: .endpointIndependent, filtering: .addressDependent)
+    }
     /// Endpoint-independent mapping, address-and-port-dependent filtering ("port-restricted cone").
     public static func portRestrictedCone(_ ip: IPAddress) -> NAT {
         NAT(publicIP: ip, mapping: .endpointIndependent, filtering: .addressAndPortDependent)
@@ -62,11 +66,12 @@ struct NATBox {
 
     /// The external address for a datagram from `inside` to `remote`, made if new.
     mutating func outbound(from inside: TransportAddress, to remote: TransportAddress) -> TransportAddress {
-        let key: TransportAddress? = switch nat.mapping {
-        case .endpointIndependent: nil
-        case .addressDependent: TransportAddress(ip: remote.ip, port: 0)
-        case .addressAndPortDependent: remote
-        }
+        let key: TransportAddress? =
+            switch nat.mapping {
+            case .endpointIndependent: nil
+            case .addressDependent: TransportAddress(ip: remote.ip, port: 0)
+            case .addressAndPortDependent: remote
+            }
         if let i = mappings.firstIndex(where: { $0.inside == inside && $0.key == key }) {
             mappings[i].contacted.insert(remote)
             return mappings[i].external
@@ -80,11 +85,12 @@ struct NATBox {
     /// The inside address a datagram from `remote` to `external` goes to, or nil when filtered.
     func inbound(from remote: TransportAddress, to external: TransportAddress) -> TransportAddress? {
         guard let m = mappings.first(where: { $0.external == external }) else { return nil }
-        let allowed = switch nat.filtering {
-        case .endpointIndependent: true
-        case .addressDependent: m.contacted.contains { $0.ip == remote.ip }
-        case .addressAndPortDependent: m.contacted.contains(remote)
-        }
+        let allowed =
+            switch nat.filtering {
+            case .endpointIndependent: true
+            case .addressDependent: m.contacted.contains { $0.ip == remote.ip }
+            case .addressAndPortDependent: m.contacted.contains(remote)
+            }
         return allowed ? m.inside : nil
     }
 }

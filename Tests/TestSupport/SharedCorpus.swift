@@ -21,4 +21,3 @@ public enum SharedCorpus {
         Array(try Data(contentsOf: root.appendingPathComponent(folder).appendingPathComponent(name)))
     }
 }
-

@@ -101,11 +101,12 @@ public final class VirtualNetwork {
     /// The external address `nat` has mapped `inside` to for `remote`, if any.
     public func mapping(_ nat: NATID, of inside: TransportAddress, for remote: TransportAddress) -> TransportAddress? {
         let box = nats[nat.index]
-        let key: TransportAddress? = switch box.nat.mapping {
-        case .endpointIndependent: nil
-        case .addressDependent: TransportAddress(ip: remote.ip, port: 0)
-        case .addressAndPortDependent: remote
-        }
+        let key: TransportAddress? =
+            switch box.nat.mapping {
+            case .endpointIndependent: nil
+            case .addressDependent: TransportAddress(ip: remote.ip, port: 0)
+            case .addressAndPortDependent: remote
+            }
         return box.mappings.first { $0.inside == inside && $0.key == key }?.external
     }
 

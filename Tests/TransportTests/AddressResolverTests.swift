@@ -5,12 +5,14 @@ import TusaBase
 /// User-given HOST[:PORT] text to an address (`tusa stun`, `tusa turn`).
 @Suite("address resolver")
 struct AddressResolverTests {
-    @Test("IP literals, with and without a port", arguments: [
-        ("192.0.2.1:5000", UInt16?.some(3478), "192.0.2.1:5000"),
-        ("192.0.2.1", UInt16?.some(3478), "192.0.2.1:3478"),
-        ("[2001:db8::1]:5000", UInt16?.none, "[2001:db8::1]:5000"),
-        ("::1", UInt16?.some(3478), "[::1]:3478"),
-    ])
+    @Test(
+        "IP literals, with and without a port",
+        arguments: [
+            ("192.0.2.1:5000", UInt16?.some(3478), "192.0.2.1:5000"),
+            ("192.0.2.1", UInt16?.some(3478), "192.0.2.1:3478"),
+            ("[2001:db8::1]:5000", UInt16?.none, "[2001:db8::1]:5000"),
+            ("::1", UInt16?.some(3478), "[::1]:3478"),
+        ])
     func literals(_ text: String, _ defaultPort: UInt16?, _ expected: String) throws {
         #expect(try AddressResolver.resolve(text, defaultPort: defaultPort).description == expected)
     }

@@ -1,6 +1,7 @@
 import Glibc
 import Testing
 import TusaBase
+
 @testable import Voice
 
 @Suite struct AudioDeviceTests {
@@ -56,7 +57,7 @@ import TusaBase
         let frames = 5000
         var interleaved: [Int16] = []
         for i in 0..<frames {
-            interleaved.append(Int16(i % 2000))         // left
+            interleaved.append(Int16(i % 2000))  // left
             interleaved.append(Int16(-(i % 1000) * 3))  // right
         }
         try WAVFile.write(path: path, interleaved: interleaved, channels: 2, sampleRate: 22_050)
@@ -75,7 +76,9 @@ import TusaBase
         defer { removeDirectory(directory) }
         let samples = (0..<4000).map { Int16(truncatingIfNeeded: ($0 * 37) % 20_000 - 10_000) }
         // SF_FORMAT_WAV | SF_FORMAT_FLOAT, SF_FORMAT_FLAC | SF_FORMAT_PCM_16, SF_FORMAT_AIFF | SF_FORMAT_PCM_24
-        for (name, format) in [("float.wav", Int32(0x01_0006)), ("speech.flac", Int32(0x17_0002)), ("deep.aiff", Int32(0x02_0003))] {
+        for (name, format) in [
+            ("float.wav", Int32(0x01_0006)), ("speech.flac", Int32(0x17_0002)), ("deep.aiff", Int32(0x02_0003)),
+        ] {
             let path = directory + "/" + name
             try WAVFile.write(path: path, interleaved: samples, channels: 1, sampleRate: 11_025, format: format)
             let back = try WAVFile.read(path: path)
@@ -108,7 +111,10 @@ import TusaBase
                 _ = try WAVFileSource(path: path)
                 Issue.record("\(path) opened")
             } catch {
-                guard case .file(let failedPath, let reason) = error else { Issue.record("\(error)"); continue }
+                guard case .file(let failedPath, let reason) = error else {
+                    Issue.record("\(error)")
+                    continue
+                }
                 #expect(failedPath == path && !reason.isEmpty)
             }
         }
@@ -119,7 +125,9 @@ import TusaBase
         let truncated = try WAVFile.read(path: truncatedPath)
         #expect(truncated.samples.count == 4000 && truncated.samples.allSatisfy { $0 == 300 })
 
-        #expect(throws: VoiceError.self) { try WAVFile.write(path: directory + "/no/such/dir.wav", samples: [1, 2], sampleRate: 8000) }
+        #expect(throws: VoiceError.self) {
+            try WAVFile.write(path: directory + "/no/such/dir.wav", samples: [1, 2], sampleRate: 8000)
+        }
         #expect(throws: VoiceError.self) { _ = try WAVFileSink(path: directory + "/zero.wav", sampleRate: 0) }
     }
 
@@ -141,7 +149,8 @@ import TusaBase
         let b = try readAll(NoiseSource(level: 0.1, sampleRate: 8000, seed: 1, durationSeconds: 0.5), chunk: 100)
         let c = try readAll(NoiseSource(level: 0.1, sampleRate: 8000, seed: 2, durationSeconds: 0.5))
         #expect(a.count == 4000)
-        let sameSeed = a == b, otherSeed = a == c
+        let sameSeed = a == b
+        let otherSeed = a == c
         #expect(sameSeed && !otherSeed)
         #expect(abs(Signal.rms(a) - 3277) < 200, "rms \(Signal.rms(a))")
     }
@@ -196,7 +205,10 @@ import TusaBase
             _ = try PortAudioLibrary.load("libportaudio-missing.so.2")
             Issue.record("a missing library loaded")
         } catch {
-            guard case .unavailable(let message) = error else { Issue.record("\(error)"); return }
+            guard case .unavailable(let message) = error else {
+                Issue.record("\(error)")
+                return
+            }
             #expect(message.contains("libportaudio2"))
         }
     }
@@ -209,13 +221,20 @@ import TusaBase
                 _ = try PortAudioDevice(sampleRate: 8000, framesPerBuffer: 160, capture: true, render: false)
                 Issue.record("opened without the library")
             } catch {
-                guard case .unavailable(let message) = error else { Issue.record("\(error)"); return }
+                guard case .unavailable(let message) = error else {
+                    Issue.record("\(error)")
+                    return
+                }
                 #expect(message.contains("libportaudio2"))
             }
             return
         }
-        #expect(throws: VoiceError.self) { _ = try PortAudioDevice(sampleRate: 8000, framesPerBuffer: 160, capture: false, render: false) }
-        #expect(throws: VoiceError.self) { _ = try PortAudioDevice(sampleRate: 1, framesPerBuffer: 160, capture: true, render: false) }
+        #expect(throws: VoiceError.self) {
+            _ = try PortAudioDevice(sampleRate: 8000, framesPerBuffer: 160, capture: false, render: false)
+        }
+        #expect(throws: VoiceError.self) {
+            _ = try PortAudioDevice(sampleRate: 1, framesPerBuffer: 160, capture: true, render: false)
+        }
         let devices = try PortAudioDevice.listDevices()
         print("PortAudio devices: \(devices)")
         let device: PortAudioDevice
@@ -238,7 +257,8 @@ import TusaBase
         device.close()
         device.close()
         #expect(throws: VoiceError.self) {
-            _ = try PortAudioDevice(sampleRate: 8000, framesPerBuffer: 160, capture: true, render: false, deviceName: "no such device 1234")
+            _ = try PortAudioDevice(
+                sampleRate: 8000, framesPerBuffer: 160, capture: true, render: false, deviceName: "no such device 1234")
         }
     }
 }

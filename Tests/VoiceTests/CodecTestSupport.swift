@@ -1,5 +1,6 @@
 import Dispatch
 import Glibc
+
 @testable import Voice
 
 /// Runs CPU-heavy or spinning test work on a Dispatch thread and hands back its
@@ -51,7 +52,8 @@ enum Signal {
     }
 
     /// max over `lags` of the normalized cross-correlation of reference[n] with test[n + lag].
-    static func bestCorrelation(_ reference: [Int16], _ test: [Int16], lags: ClosedRange<Int>) -> (correlation: Double, lag: Int) {
+    static func bestCorrelation(_ reference: [Int16], _ test: [Int16], lags: ClosedRange<Int>) -> (correlation: Double, lag: Int)
+    {
         var best = (correlation: -1.0, lag: 0)
         reference.withUnsafeBufferPointer { r in
             test.withUnsafeBufferPointer { t in
@@ -59,10 +61,15 @@ enum Signal {
                     let start = max(0, -lag)
                     let end = min(r.count, t.count - lag)
                     guard end > start else { continue }
-                    var rr = 0.0, tt = 0.0, rt = 0.0
+                    var rr = 0.0
+                    var tt = 0.0
+                    var rt = 0.0
                     for i in start..<end {
-                        let a = Double(r[i]), b = Double(t[i + lag])
-                        rr += a * a; tt += b * b; rt += a * b
+                        let a = Double(r[i])
+                        let b = Double(t[i + lag])
+                        rr += a * a
+                        tt += b * b
+                        rt += a * b
                     }
                     let c = rr > 0 && tt > 0 ? rt / (rr * tt).squareRoot() : 0
                     if c > best.correlation { best = (c, lag) }
@@ -76,7 +83,9 @@ enum Signal {
     /// own best lag within `drift` samples of the previous segment's: time-stretched
     /// output drifts against the reference, and this follows it. The first segment
     /// searches `initialLags`.
-    static func trackedSegmentalSNR(reference: [Int16], test: [Int16], initialLags: ClosedRange<Int>, drift: Int = 40, segment: Int = 160) -> Double {
+    static func trackedSegmentalSNR(
+        reference: [Int16], test: [Int16], initialLags: ClosedRange<Int>, drift: Int = 40, segment: Int = 160
+    ) -> Double {
         // The starting lag from the first 4 s only: a whole-signal search over
         // thousands of lags costs seconds of CPU in a debug build.
         var lag = bestCorrelation(Array(reference.prefix(32_000)), test, lags: initialLags).lag
@@ -114,9 +123,11 @@ enum Signal {
         var count = 0
         var i = 0
         while i + segment <= min(reference.count, test.count) {
-            var signal = 0.0, noise = 0.0
+            var signal = 0.0
+            var noise = 0.0
             for j in i..<(i + segment) {
-                let r = Double(reference[j]), t = Double(test[j])
+                let r = Double(reference[j])
+                let t = Double(test[j])
                 signal += r * r
                 noise += (r - t) * (r - t)
             }
@@ -137,11 +148,14 @@ enum Signal {
 
     /// SNR in dB of `test` against `reference` (same alignment), over the given sample ranges.
     static func snr(_ reference: [Int16], _ test: [Int16], ranges: [Range<Int>]) -> Double {
-        var signal = 0.0, noise = 0.0
+        var signal = 0.0
+        var noise = 0.0
         for range in ranges {
             for i in range where i < reference.count && i < test.count {
-                let a = Double(reference[i]), d = Double(test[i]) - a
-                signal += a * a; noise += d * d
+                let a = Double(reference[i])
+                let d = Double(test[i]) - a
+                signal += a * a
+                noise += d * d
             }
         }
         return 10 * log10(max(signal, 1) / max(noise, 1))
@@ -169,7 +183,9 @@ func encodeAll(_ encoder: any VoiceEncoder, _ pcm: [Int16]) throws -> [[UInt8]] 
 /// Decodes packets in order; `lost(i)` says what to do for packet i instead of decoding it.
 enum LossHandling { case decode, conceal, redundancy }
 
-func decodeAll(_ decoder: any VoiceDecoder, _ packets: [[UInt8]], handling: (Int) -> LossHandling = { _ in .decode }) throws -> [Int16] {
+func decodeAll(_ decoder: any VoiceDecoder, _ packets: [[UInt8]], handling: (Int) -> LossHandling = { _ in .decode }) throws
+    -> [Int16]
+{
     let frame = decoder.configuration.samplesPerFrame
     var out = [Int16](repeating: 0, count: frame * packets.count)
     for (i, packet) in packets.enumerated() {
@@ -202,9 +218,14 @@ func temporaryDirectory() -> String? {
 
 /// Removes a directory made by `temporaryDirectory()` and everything under it.
 func removeDirectory(_ path: String) {
-    guard let directory = opendir(path) else { unlink(path); return }
+    guard let directory = opendir(path) else {
+        unlink(path)
+        return
+    }
     while let entry = readdir(directory) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { $0.bindMemory(to: CChar.self).baseAddress.map { String(cString: $0) } ?? "" }
+        let name = withUnsafeBytes(of: entry.pointee.d_name) {
+            $0.bindMemory(to: CChar.self).baseAddress.map { String(cString: $0) } ?? ""
+        }
         if name == "." || name == ".." { continue }
         let child = path + "/" + name
         if entry.pointee.d_type == UInt8(DT_DIR) { removeDirectory(child) } else { unlink(child) }

@@ -1,5 +1,6 @@
 import Testing
 import TusaBase
+
 @testable import Voice
 
 @Suite struct CodecTests {
@@ -8,7 +9,9 @@ import TusaBase
 
     // MARK: round trips on real speech
 
-    private func roundTrip(_ configuration: CodecConfiguration, _ input: [Int16]) throws -> (correlation: Double, lag: Int, decoded: [Int16], packets: [[UInt8]]) {
+    private func roundTrip(_ configuration: CodecConfiguration, _ input: [Int16]) throws -> (
+        correlation: Double, lag: Int, decoded: [Int16], packets: [[UInt8]]
+    ) {
         let encoder = try makeEncoder(configuration)
         let decoder = try makeDecoder(configuration)
         let packets = try encodeAll(encoder, input)
@@ -87,7 +90,9 @@ import TusaBase
         let second = try encodeAll(encoder, Array(Self.speech8k.prefix(8000)))
         #expect(Set(first.map(\.count)) == [60])
         #expect(Set(second.map(\.count)) == [30])
-        #expect(encoder.configuration.bitrate == 12_000 && encoder.configuration.packetLossPercent == 30 && !encoder.configuration.inbandFEC)
+        #expect(
+            encoder.configuration.bitrate == 12_000 && encoder.configuration.packetLossPercent == 30
+                && !encoder.configuration.inbandFEC)
 
         let speex = try makeEncoder(CodecConfiguration(kind: .speex, bitrate: 24_600))
         let high = try encodeAll(speex, Array(Self.speech8k.prefix(4000)))
@@ -171,24 +176,30 @@ import TusaBase
         for kind in [CodecKind.opus, .speex] {
             let configuration = CodecConfiguration(kind: kind)
             let decoder = try makeDecoder(configuration)
-            let valid = try encodeAll(try makeEncoder(CodecConfiguration(kind: kind, bitrate: kind == .opus ? 24_000 : 15_000)),
-                                      Array(Self.speech8k.prefix(16000)))
-            var decoded = 0, rejected = 0
+            let valid = try encodeAll(
+                try makeEncoder(CodecConfiguration(kind: kind, bitrate: kind == .opus ? 24_000 : 15_000)),
+                Array(Self.speech8k.prefix(16000)))
+            var decoded = 0
+            var rejected = 0
             for iteration in 0..<3000 {
                 var packet: [UInt8]
                 switch iteration % 3 {
-                case 0: packet = (0..<Int.random(in: 0...200, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
+                case 0:
+                    packet = (0..<Int.random(in: 0...200, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
                 case 1:
                     let source = valid[Int.random(in: 0..<valid.count, using: &random)]
                     packet = Array(source.prefix(Int.random(in: 0...source.count, using: &random)))
                 default:
                     packet = valid[Int.random(in: 0..<valid.count, using: &random)]
-                    for _ in 0..<4 where !packet.isEmpty { packet[Int.random(in: 0..<packet.count, using: &random)] ^= UInt8.random(in: 1...255, using: &random) }
+                    for _ in 0..<4 where !packet.isEmpty {
+                        packet[Int.random(in: 0..<packet.count, using: &random)] ^= UInt8.random(in: 1...255, using: &random)
+                    }
                 }
                 do {
                     let n = try frame.withUnsafeMutableBufferPointer { out in
                         try packet.withUnsafeBytes { bytes in
-                            iteration % 7 == 0 ? try decoder.decodeRedundancy(from: bytes, into: out) : try decoder.decode(bytes, into: out)
+                            iteration % 7 == 0
+                                ? try decoder.decodeRedundancy(from: bytes, into: out) : try decoder.decode(bytes, into: out)
                         }
                     }
                     #expect(n == configuration.samplesPerFrame)
@@ -213,10 +224,14 @@ import TusaBase
             let oversized = [UInt8](repeating: 0x55, count: 1276)
             for packet in [empty, oversized] {
                 #expect(throws: VoiceError.self) {
-                    _ = try out.withUnsafeMutableBufferPointer { o in try packet.withUnsafeBytes { try decoder.decode($0, into: o) } }
+                    _ = try out.withUnsafeMutableBufferPointer { o in
+                        try packet.withUnsafeBytes { try decoder.decode($0, into: o) }
+                    }
                 }
                 #expect(throws: VoiceError.self) {
-                    _ = try out.withUnsafeMutableBufferPointer { o in try packet.withUnsafeBytes { try decoder.decodeRedundancy(from: $0, into: o) } }
+                    _ = try out.withUnsafeMutableBufferPointer { o in
+                        try packet.withUnsafeBytes { try decoder.decodeRedundancy(from: $0, into: o) }
+                    }
                 }
             }
             var short = [Int16](repeating: 0, count: 100)
@@ -226,7 +241,9 @@ import TusaBase
             let encoder = try makeEncoder(CodecConfiguration(kind: kind, bitrate: kind == .opus ? 24_000 : 15_000))
             var packet = [UInt8](repeating: 0, count: encoder.maximumPacketSize)
             #expect(throws: VoiceError.bufferTooSmall(needed: 160, available: 100)) {
-                _ = try short.withUnsafeBufferPointer { pcm in try packet.withUnsafeMutableBytes { try encoder.encode(pcm, into: $0) } }
+                _ = try short.withUnsafeBufferPointer { pcm in
+                    try packet.withUnsafeMutableBytes { try encoder.encode(pcm, into: $0) }
+                }
             }
         }
         // Opus: a code-3 packet declaring zero frames is invalid; a 20 ms packet into a 10 ms decoder is too long.
@@ -243,7 +260,8 @@ import TusaBase
     }
 
     @Test func tenMillisecondPacketsIntoTwentyMillisecondDecoderFillTheFrame() throws {
-        let packets = try encodeAll(try makeEncoder(CodecConfiguration(kind: .opus, frameDuration: .ms10)), Array(Self.speech8k.prefix(1600)))
+        let packets = try encodeAll(
+            try makeEncoder(CodecConfiguration(kind: .opus, frameDuration: .ms10)), Array(Self.speech8k.prefix(1600)))
         let decoded = try decodeAll(try makeDecoder(CodecConfiguration(kind: .opus, frameDuration: .ms20)), packets)
         #expect(decoded.count == packets.count * 160)
     }
@@ -256,7 +274,10 @@ import TusaBase
                 _ = try makeEncoder(configuration)
                 Issue.record("accepted \(configuration)")
             } catch {
-                guard case .invalidConfiguration(let message) = error else { Issue.record("\(error)"); return }
+                guard case .invalidConfiguration(let message) = error else {
+                    Issue.record("\(error)")
+                    return
+                }
                 #expect(message.contains(text), "\(message)")
             }
         }

@@ -1,5 +1,6 @@
 import Testing
 import TusaBase
+
 @testable import Voice
 
 @Suite struct DelayEstimatorTests {

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import Voice
 
 /// The microphone of a room: the near talker plus the room's echo of what the
@@ -47,8 +48,9 @@ struct EchoScene {
             _ = try mic.withUnsafeBufferPointer { m in
                 try far.withUnsafeBufferPointer { x in
                     try out.withUnsafeMutableBufferPointer { o in
-                        try processor.process(captured: UnsafeBufferPointer(rebasing: m[r]), reference: UnsafeBufferPointer(rebasing: x[r]),
-                                              into: UnsafeMutableBufferPointer(rebasing: o[r]))
+                        try processor.process(
+                            captured: UnsafeBufferPointer(rebasing: m[r]), reference: UnsafeBufferPointer(rebasing: x[r]),
+                            into: UnsafeMutableBufferPointer(rebasing: o[r]))
                     }
                 }
             }
@@ -62,8 +64,11 @@ struct EchoTests {
     @Test func echoIsCancelledByAtLeast25dBAfterConvergence() throws {
         let scene = try EchoScene(seconds: 10, nearTalks: { _ in false })
         let full = try scene.run(CaptureProcessor(frameSize: 160))
-        let aecOnly = try scene.run(CaptureProcessor(
-            frameSize: 160, preprocessor: PreprocessorConfiguration(noiseSuppression: false, voiceActivityDetection: false, echoSuppressDB: 0, echoSuppressActiveDB: 0)))
+        let aecOnly = try scene.run(
+            CaptureProcessor(
+                frameSize: 160,
+                preprocessor: PreprocessorConfiguration(
+                    noiseSuppression: false, voiceActivityDetection: false, echoSuppressDB: 0, echoSuppressActiveDB: 0)))
         let half = full.count / 2
         let erle = EchoMetrics.erle(echo: scene.echo[half..<full.count], residual: full[half...])
         let erleAEC = EchoMetrics.erle(echo: scene.echo[half..<full.count], residual: aecOnly[half...])
@@ -71,8 +76,10 @@ struct EchoTests {
         // The adaptive filter itself does real work, not only the suppressor.
         #expect(erleAEC >= 8, "AEC alone: \(erleAEC) dB")
         // And without the reference there is nothing to cancel.
-        let blind = try scene.run(CaptureProcessor(frameSize: 160, echoCancellation: false,
-            preprocessor: PreprocessorConfiguration(noiseSuppression: false, voiceActivityDetection: false)))
+        let blind = try scene.run(
+            CaptureProcessor(
+                frameSize: 160, echoCancellation: false,
+                preprocessor: PreprocessorConfiguration(noiseSuppression: false, voiceActivityDetection: false)))
         #expect(EchoMetrics.erle(echo: scene.echo[half..<full.count], residual: blind[half...]) < 3)
     }
 
@@ -95,7 +102,8 @@ struct EchoTests {
         // Without the canceller, the echo would stay in: the same comparison is clearly worse.
         let blind = try scene.run(CaptureProcessor(frameSize: 160, echoCancellation: false))
         let blindMatch = Signal.bestCorrelation(Array(alone[range]), Array(blind[range]), lags: -2...2)
-        #expect(match.correlation > blindMatch.correlation, "with canceller \(match.correlation), without \(blindMatch.correlation)")
+        #expect(
+            match.correlation > blindMatch.correlation, "with canceller \(match.correlation), without \(blindMatch.correlation)")
     }
 }
 
@@ -104,7 +112,9 @@ struct EchoTests {
         #expect(throws: VoiceError.self) { _ = try EchoCanceller(frameSize: 100) }
         #expect(throws: VoiceError.self) { _ = try EchoCanceller(sampleRate: 11_025, frameSize: 110) }
         #expect(throws: VoiceError.self) { _ = try EchoCanceller(frameSize: 160, tailMilliseconds: 5) }
-        #expect(throws: VoiceError.self) { _ = try Preprocessor(frameSize: 160, configuration: PreprocessorConfiguration(agcLevel: 0)) }
+        #expect(throws: VoiceError.self) {
+            _ = try Preprocessor(frameSize: 160, configuration: PreprocessorConfiguration(agcLevel: 0))
+        }
         #expect(throws: VoiceError.self) {
             _ = try Preprocessor(frameSize: 80, echoCanceller: try EchoCanceller(frameSize: 160))
         }
@@ -128,7 +138,8 @@ struct EchoTests {
         guard SpeechCorpus.isAvailable else { return }
         let speech = try SpeechCorpus.speech(seconds: 3)
         let pre = try Preprocessor(frameSize: 160)
-        var voiced = 0, silentVoiced = 0
+        var voiced = 0
+        var silentVoiced = 0
         var frame = [Int16](repeating: 0, count: 160)
         for f in 0..<(speech.count / 160) {
             for i in 0..<160 { frame[i] = speech[f * 160 + i] }

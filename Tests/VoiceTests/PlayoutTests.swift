@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import TusaBase
+
 @testable import Voice
 
 /// A decoder whose redundancy decode is recognisable (all samples 1234), for the FEC path.
@@ -9,8 +10,12 @@ final class FakeFECDecoder: VoiceDecoder {
     var configuration: CodecConfiguration { inner.configuration }
     var recoversFromNextPacket: Bool { true }
     init(_ c: CodecConfiguration) { inner = L16Decoder(c) }
-    func decode(_ packet: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int { try inner.decode(packet, into: pcm) }
-    func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
+    func decode(_ packet: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
+        try inner.decode(packet, into: pcm)
+    }
+    func decodeRedundancy(from nextPacket: UnsafeRawBufferPointer, into pcm: UnsafeMutableBufferPointer<Int16>) throws(VoiceError)
+        -> Int
+    {
         for i in 0..<configuration.samplesPerFrame { pcm[i] = 1234 }
         return configuration.samplesPerFrame
     }
@@ -44,7 +49,9 @@ struct Harness {
     }
 
     /// Runs a schedule of (frame index, arrival ms) on a 20 ms pull clock for `ms` milliseconds.
-    func run(_ playout: any PlayoutBuffer, arrivals: [(Int, Double)], ms: Double, seq0: UInt16 = 0, ts0: UInt32 = 0, start: Double = 0) -> [Int16] {
+    func run(
+        _ playout: any PlayoutBuffer, arrivals: [(Int, Double)], ms: Double, seq0: UInt16 = 0, ts0: UInt32 = 0, start: Double = 0
+    ) -> [Int16] {
         let sorted = arrivals.sorted { $0.1 < $1.1 }
         var out = [Int16](repeating: 0, count: Int(ms / 20) * Self.spf)
         var next = 0
@@ -53,13 +60,16 @@ struct Harness {
             while next < sorted.count && sorted[next].1 <= t {
                 let (i, a) = sorted[next]
                 packets[i].withUnsafeBytes { raw in
-                    playout.insert(sequence: seq0 &+ UInt16(truncatingIfNeeded: i), timestamp: ts0 &+ UInt32(i * Self.spf),
-                                   payload: raw, arrivalNanoseconds: Int64(a * 1e6))
+                    playout.insert(
+                        sequence: seq0 &+ UInt16(truncatingIfNeeded: i), timestamp: ts0 &+ UInt32(i * Self.spf),
+                        payload: raw, arrivalNanoseconds: Int64(a * 1e6))
                 }
                 next += 1
             }
             out.withUnsafeMutableBufferPointer { o in
-                playout.pull(nowNanoseconds: Int64(t * 1e6), into: UnsafeMutableBufferPointer(rebasing: o[(k * Self.spf)..<((k + 1) * Self.spf)]))
+                playout.pull(
+                    nowNanoseconds: Int64(t * 1e6),
+                    into: UnsafeMutableBufferPointer(rebasing: o[(k * Self.spf)..<((k + 1) * Self.spf)]))
             }
         }
         return out
@@ -69,7 +79,8 @@ struct Harness {
     func find(_ out: [Int16], frames: Range<Int>) -> Int? {
         let needle = Array(signal[(frames.lowerBound * Self.spf)..<(frames.upperBound * Self.spf)])
         guard out.count >= needle.count else { return nil }
-        for off in 0...(out.count - needle.count) where out[off] == needle[0] && Array(out[off..<(off + needle.count)]) == needle { return off }
+        for off in 0...(out.count - needle.count) where out[off] == needle[0] && Array(out[off..<(off + needle.count)]) == needle
+        { return off }
         return nil
     }
 }
@@ -83,7 +94,10 @@ func on(_ i: Int, _ extra: Double = 0) -> (Int, Double) {
 func maxJump(_ x: ArraySlice<Int16>) -> Int {
     var m = 0
     var prev: Int16? = nil
-    for v in x { if let p = prev { m = max(m, abs(Int(v) - Int(p))) }; prev = v }
+    for v in x {
+        if let p = prev { m = max(m, abs(Int(v) - Int(p))) }
+        prev = v
+    }
     return m
 }
 
@@ -103,8 +117,10 @@ struct PlayoutTests {
     }
 
     @Test func reorderWithinDelayPlaysInOrder() throws {
-        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(minimumDelayMilliseconds: 60, maximumStretch: 0))
-        let arrivals = (0..<200).map { i in on(i, i % 2 == 0 ? 25.0 : 0.0) }   // even frames after the odd ones
+        let p = try Playout(
+            decoder: L16Decoder(Harness.codec),
+            configuration: PlayoutConfiguration(minimumDelayMilliseconds: 60, maximumStretch: 0))
+        let arrivals = (0..<200).map { i in on(i, i % 2 == 0 ? 25.0 : 0.0) }  // even frames after the odd ones
         let out = h.run(p, arrivals: arrivals, ms: 4600)
         #expect(h.find(out, frames: 0..<200) != nil)
         #expect(p.statistics.latePackets == 0)
@@ -120,8 +136,9 @@ struct PlayoutTests {
 
     @Test func sequenceAndTimestampWrap() throws {
         let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
-        let out = h.run(p, arrivals: (0..<200).map { on($0) }, ms: 4400,
-                        seq0: 65530, ts0: UInt32.max - 160 * 5 + 1)
+        let out = h.run(
+            p, arrivals: (0..<200).map { on($0) }, ms: 4400,
+            seq0: 65530, ts0: UInt32.max - 160 * 5 + 1)
         #expect(h.find(out, frames: 0..<200) != nil)
         #expect(p.statistics.packetsPlayed == 200)
     }
@@ -132,7 +149,7 @@ struct PlayoutTests {
         let s = p.statistics
         #expect(s.framesConcealed >= 1)
         #expect(s.lostPackets >= 1)
-        #expect(h.find(out, frames: 52..<200) != nil)   // frame 51's first half is cross-faded
+        #expect(h.find(out, frames: 52..<200) != nil)  // frame 51's first half is cross-faded
         let natural = maxJump(h.signal[...])
         #expect(maxJump(out[...]) <= natural * 3)
     }
@@ -152,7 +169,7 @@ struct PlayoutTests {
         // what follows each burst plays at the same delay as what came before it.
         let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
         let lost: Set<Int> = [60, 61, 62, 120, 121, 122, 123]
-        nonisolated(unsafe) var delays: [Int: Int64] = [:]   // frame -> play time minus send time (ns)
+        nonisolated(unsafe) var delays: [Int: Int64] = [:]  // frame -> play time minus send time (ns)
         p.onPacketPlayed = { ts, playNs in delays[Int(ts) / Harness.spf] = playNs - Int64(ts) / 8 * 1_000_000 }
         _ = h.run(p, arrivals: (0..<200).filter { !lost.contains($0) }.map { on($0) }, ms: 4400)
         let s = p.statistics
@@ -173,11 +190,15 @@ struct PlayoutTests {
         p.onPacketPlayed = { ts, playNs in waits.append(Double(playNs) / 1e6 - (Double(ts) / 8 + 25)) }
         var out = [Int16](repeating: 0, count: pull)
         var next = 0
-        let step = Double(pull) / 8   // ms
+        let step = Double(pull) / 8  // ms
         var t = 3.7
         while t < 4000 {
             while next < 190 && Double(next) * 20 + 25 <= t {
-                h.packets[next].withUnsafeBytes { p.insert(sequence: UInt16(next), timestamp: UInt32(next * 160), payload: $0, arrivalNanoseconds: Int64((Double(next) * 20 + 25) * 1e6)) }
+                h.packets[next].withUnsafeBytes {
+                    p.insert(
+                        sequence: UInt16(next), timestamp: UInt32(next * 160), payload: $0,
+                        arrivalNanoseconds: Int64((Double(next) * 20 + 25) * 1e6))
+                }
                 next += 1
             }
             out.withUnsafeMutableBufferPointer { p.pull(nowNanoseconds: Int64(t * 1e6), into: $0) }
@@ -185,7 +206,9 @@ struct PlayoutTests {
         }
         let steady = Array(waits.dropFirst(5).prefix(150))
         #expect(steady.count == 150)
-        #expect(steady.allSatisfy { $0 >= floor - 0.01 && $0 < floor + step + 0.01 }, "\(Set(steady.map { ($0 * 10).rounded() / 10 }))")
+        #expect(
+            steady.allSatisfy { $0 >= floor - 0.01 && $0 < floor + step + 0.01 },
+            "\(Set(steady.map { ($0 * 10).rounded() / 10 }))")
         #expect(p.statistics.lostPackets == 0 && p.statistics.concealedByCause.lost == 0, "\(p.statistics)")
     }
 
@@ -218,15 +241,16 @@ struct PlayoutTests {
         let p = try Playout(decoder: L16Decoder(Harness.codec))
         _ = h.run(p, arrivals: Array(arrivals.prefix(450)), ms: 9000)
         let before = p.statistics.targetDelayMilliseconds
-        _ = h.run(p, arrivals: arrivals.filter { $0.1 > 9000 }, ms: 0)   // no-op helper call keeps types simple
+        _ = h.run(p, arrivals: arrivals.filter { $0.1 > 9000 }, ms: 0)  // no-op helper call keeps types simple
         let p2 = try Playout(decoder: L16Decoder(Harness.codec))
-        _ = h.run(p2, arrivals: Array(arrivals.prefix(1250)), ms: 25_000)   // 15 s after the spike
+        _ = h.run(p2, arrivals: Array(arrivals.prefix(1250)), ms: 25_000)  // 15 s after the spike
         let after = p2.statistics.targetDelayMilliseconds
         #expect(after <= before + 10, "target \(after) ms 15 s after one spike, \(before) ms before")
     }
 
     @Test func hardMaximumTriggersCatchUp() throws {
-        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(maximumDelayMilliseconds: 200))
+        let p = try Playout(
+            decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(maximumDelayMilliseconds: 200))
         // The path gets 300 ms faster after 2 s (a route change): measured against the new
         // minimum transit, everything buffered is suddenly 300 ms late, above the maximum.
         let arrivals = (0..<200).map { i -> (Int, Double) in
@@ -243,8 +267,9 @@ struct PlayoutTests {
     /// Replays 3 minutes of a 5 ms-jitter trace with the given sender clock drift.
     func driftRun(_ ppm: Double) throws -> TraceReplayResult {
         let frames = 9000
-        let trace = NetworkTrace.generate(NetworkModel(baseDelayMilliseconds: 20, jitterMilliseconds: 5, clockDriftPPM: ppm),
-                                          packets: frames, frameMilliseconds: 20, seed: 3)
+        let trace = NetworkTrace.generate(
+            NetworkModel(baseDelayMilliseconds: 20, jitterMilliseconds: 5, clockDriftPPM: ppm),
+            packets: frames, frameMilliseconds: 20, seed: 3)
         let packets = (0..<frames).map { i in h.packets[i % h.packets.count] }
         let p = try Playout(decoder: L16Decoder(Harness.codec))
         return TraceReplay.run(trace: trace, packets: packets, playout: p, samplesPerFrame: 160, sampleRate: 8000)
@@ -259,14 +284,20 @@ struct PlayoutTests {
             #expect(s.delayP95Milliseconds < base.delayP95Milliseconds + 30, "\(ppm) ppm: \(s)")
             // (End-to-end delay above minimum transit includes the drift itself, ~90 ms on average here: not asserted.)
             // No constant underrun: concealment stays near the drift-free run's (the 0.95 quantile allows a few %).
-            #expect(s.framesConcealed <= base.framesConcealed * 3 / 2 + 20, "\(ppm) ppm: \(s.framesConcealed) vs \(base.framesConcealed) without drift")
+            #expect(
+                s.framesConcealed <= base.framesConcealed * 3 / 2 + 20,
+                "\(ppm) ppm: \(s.framesConcealed) vs \(base.framesConcealed) without drift")
             #expect(s.framesConcealed < 9000 / 20, "\(ppm) ppm: \(s)")
         }
     }
 
     @Test func rejectsBadConfiguration() {
-        #expect(throws: VoiceError.self) { try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(capacity: 1)) }
-        #expect(throws: VoiceError.self) { try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(frameDuration: .ms10)) }
+        #expect(throws: VoiceError.self) {
+            try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(capacity: 1))
+        }
+        #expect(throws: VoiceError.self) {
+            try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(frameDuration: .ms10))
+        }
     }
 
     @Test func speexBaselinePlaysInOrderStream() throws {

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+
 @testable import Voice
 
 private func write(_ ring: AudioRing, _ values: [Int16]) {
@@ -50,7 +51,7 @@ private func read(_ ring: AudioRing, _ count: Int) -> [Int16] {
         let ring = AudioRing(capacity: 5)
         write(ring, [1, 2, 3])
         #expect(read(ring, 2) == [1, 2])
-        write(ring, [4, 5, 6, 7])          // wraps: occupies slots 3, 4, 0, 1
+        write(ring, [4, 5, 6, 7])  // wraps: occupies slots 3, 4, 0, 1
         #expect(ring.count == 5)
         #expect(read(ring, 4) == [3, 4, 5, 6])
         write(ring, [8, 9, 10])
@@ -122,17 +123,25 @@ final class Flag: Sendable {
         let ring = PacketRing(slots: 3, maximumPacketSize: 8)
         for i in 0..<3 {
             let payload: [UInt8] = Array(repeating: UInt8(i), count: i + 1)
-            let pushed = payload.withUnsafeBytes { ring.push(sequence: UInt16(i), timestamp: UInt32(i * 160), arrivalNanoseconds: Int64(i), payload: $0) }
+            let pushed = payload.withUnsafeBytes {
+                ring.push(sequence: UInt16(i), timestamp: UInt32(i * 160), arrivalNanoseconds: Int64(i), payload: $0)
+            }
             #expect(pushed)
         }
         // Full: refused and counted. Too large: refused and counted.
-        #expect([UInt8](repeating: 9, count: 1).withUnsafeBytes { ring.push(sequence: 9, timestamp: 0, arrivalNanoseconds: 0, payload: $0) } == false)
+        #expect(
+            [UInt8](repeating: 9, count: 1).withUnsafeBytes {
+                ring.push(sequence: 9, timestamp: 0, arrivalNanoseconds: 0, payload: $0)
+            } == false)
         var got: [(UInt16, UInt32, Int64, [UInt8])] = []
         while ring.pop({ got.append(($0, $1, $2, Array($3))) }) {}
         #expect(got.map(\.0) == [0, 1, 2])
         #expect(got.map(\.1) == [0, 160, 320])
         #expect(got.map(\.3) == [[0], [1, 1], [2, 2, 2]])
-        #expect([UInt8](repeating: 1, count: 9).withUnsafeBytes { ring.push(sequence: 0, timestamp: 0, arrivalNanoseconds: 0, payload: $0) } == false)
+        #expect(
+            [UInt8](repeating: 1, count: 9).withUnsafeBytes {
+                ring.push(sequence: 0, timestamp: 0, arrivalNanoseconds: 0, payload: $0)
+            } == false)
         #expect(ring.droppedPackets == 2)
         #expect(ring.pop { _, _, _, _ in } == false)
     }
@@ -146,7 +155,10 @@ final class Flag: Sendable {
             // A full ring makes the producer retry; `stop` ends it if the consumer gives up.
             while i < total && !stop.isSet {
                 var v = UInt32(i).bigEndian
-                let ok = withUnsafeBytes(of: &v) { ring.push(sequence: UInt16(truncatingIfNeeded: i), timestamp: UInt32(i), arrivalNanoseconds: Int64(i), payload: $0) }
+                let ok = withUnsafeBytes(of: &v) {
+                    ring.push(
+                        sequence: UInt16(truncatingIfNeeded: i), timestamp: UInt32(i), arrivalNanoseconds: Int64(i), payload: $0)
+                }
                 if ok { i += 1 } else { sched_yield() }
             }
         }
@@ -159,7 +171,11 @@ final class Flag: Sendable {
             while expected < total, Date() < deadline {
                 let popped = ring.pop { seq, ts, arrival, payload in
                     let v = payload.count == 4 ? UInt32(bigEndian: payload.loadUnaligned(as: UInt32.self)) : UInt32.max
-                    if ts != UInt32(expected) || v != ts || arrival != Int64(expected) || seq != UInt16(truncatingIfNeeded: expected) { consistent = false }
+                    if ts != UInt32(expected) || v != ts || arrival != Int64(expected)
+                        || seq != UInt16(truncatingIfNeeded: expected)
+                    {
+                        consistent = false
+                    }
                     expected += 1
                 }
                 if !popped { sched_yield() }
@@ -195,7 +211,9 @@ final class Flag: Sendable {
         }
         #expect(mixer.currentGain < 0.5)
         let quiet = [Int16](repeating: 100, count: 160)
-        for _ in 0..<200 { quiet.withUnsafeBufferPointer { f in out.withUnsafeMutableBufferPointer { mixer.mix([f], into: $0) } } }
+        for _ in 0..<200 {
+            quiet.withUnsafeBufferPointer { f in out.withUnsafeMutableBufferPointer { mixer.mix([f], into: $0) } }
+        }
         #expect(mixer.currentGain > 0.99)
     }
 }
@@ -215,7 +233,9 @@ final class Flag: Sendable {
         while i < input.count {
             let n = min(chunk, input.count - i)
             let produced = try input.withUnsafeBufferPointer { inp in
-                try scratch.withUnsafeMutableBufferPointer { try down.process(UnsafeBufferPointer(rebasing: inp[i..<(i + n)]), into: $0) }
+                try scratch.withUnsafeMutableBufferPointer {
+                    try down.process(UnsafeBufferPointer(rebasing: inp[i..<(i + n)]), into: $0)
+                }
             }
             out += scratch[0..<produced]
             i += n
@@ -230,7 +250,9 @@ final class Flag: Sendable {
         #expect(back.count == input.count)
         // Aligned to within one sample at 8 kHz (the filter delays are whole samples at each rate).
         let tolerance = rate / 8000 + 1
-        let match = Signal.bestCorrelation(Array(input[(rate / 10)..<(rate * 9 / 10)]), Array(back[(rate / 10)..<(rate * 9 / 10)]), lags: -(tolerance + 3)...(tolerance + 3))
+        let match = Signal.bestCorrelation(
+            Array(input[(rate / 10)..<(rate * 9 / 10)]), Array(back[(rate / 10)..<(rate * 9 / 10)]),
+            lags: -(tolerance + 3)...(tolerance + 3))
         #expect(match.correlation > 0.98 && abs(match.lag) <= tolerance, "\(match)")
     }
 

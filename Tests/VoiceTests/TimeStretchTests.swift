@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import TusaBase
+
 @testable import Voice
 
 @Suite("TimeStretch")
@@ -16,14 +17,18 @@ struct TimeStretchTests {
 
     @Test func accelerateRemovesOnePeriodSmoothly() {
         var out = [Int16](repeating: 0, count: 160)
-        let n = x.withUnsafeBufferPointer { src in out.withUnsafeMutableBufferPointer { TimeStretch.accelerate(src, into: $0, minLag: 20, maxLag: 80) } }
+        let n = x.withUnsafeBufferPointer { src in
+            out.withUnsafeMutableBufferPointer { TimeStretch.accelerate(src, into: $0, minLag: 20, maxLag: 80) }
+        }
         #expect(n == 110)
         #expect(maxJump(out[0..<n]) <= maxJump(x[...]) + maxJump(x[...]) / 10)
     }
 
     @Test func expandRepeatsOnePeriodSmoothly() {
         var out = [Int16](repeating: 0, count: 240)
-        let n = x.withUnsafeBufferPointer { src in out.withUnsafeMutableBufferPointer { TimeStretch.expand(src, into: $0, minLag: 20, maxLag: 80) } }
+        let n = x.withUnsafeBufferPointer { src in
+            out.withUnsafeMutableBufferPointer { TimeStretch.expand(src, into: $0, minLag: 20, maxLag: 80) }
+        }
         #expect(n == 210)
         #expect(maxJump(out[0..<n]) <= maxJump(x[...]) + maxJump(x[...]) / 10)
     }
@@ -32,7 +37,9 @@ struct TimeStretchTests {
         var rng = SplitMix64(seed: 1)
         let noise: [Int16] = (0..<160).map { _ in Int16(rng.uniform() * 20000 - 10000) }
         var out = [Int16](repeating: 0, count: 240)
-        let n = noise.withUnsafeBufferPointer { src in out.withUnsafeMutableBufferPointer { TimeStretch.accelerate(src, into: $0, minLag: 20, maxLag: 80) } }
+        let n = noise.withUnsafeBufferPointer { src in
+            out.withUnsafeMutableBufferPointer { TimeStretch.accelerate(src, into: $0, minLag: 20, maxLag: 80) }
+        }
         #expect(n == 0)
     }
 

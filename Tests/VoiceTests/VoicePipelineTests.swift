@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import Voice
 
 @Suite struct VoicePipelineTests {
@@ -10,9 +11,10 @@ import Testing
         var payload = [UInt8](repeating: 0, count: sender.maximumPayloadSize)
         var frames: [EncodedFrame] = []
         for _ in 0..<3 {
-            frames.append(try frame.withUnsafeBufferPointer { f in
-                try payload.withUnsafeMutableBytes { try sender.encode(captured: f, reference: nil, into: $0) }
-            })
+            frames.append(
+                try frame.withUnsafeBufferPointer { f in
+                    try payload.withUnsafeMutableBytes { try sender.encode(captured: f, reference: nil, into: $0) }
+                })
         }
         #expect(frames.map(\.sequence) == [65535, 0, 1])
         #expect(frames.map(\.timestamp) == [UInt32.max - 100, UInt32.max - 100 &+ 160, UInt32.max - 100 &+ 320])
@@ -47,12 +49,14 @@ import Testing
             let now = Int64(i) * 20_000_000
             let frame = try speech.withUnsafeBufferPointer { s in
                 try payload.withUnsafeMutableBytes { p in
-                    try sender.encode(captured: UnsafeBufferPointer(rebasing: s[(i * spf)..<((i + 1) * spf)]), reference: nil, into: p)
+                    try sender.encode(
+                        captured: UnsafeBufferPointer(rebasing: s[(i * spf)..<((i + 1) * spf)]), reference: nil, into: p)
                 }
             }
             payload.withUnsafeBytes { p in
-                _ = receiver.receive(sequence: frame.sequence, timestamp: frame.timestamp,
-                                     payload: UnsafeRawBufferPointer(rebasing: p[0..<frame.byteCount]), arrivalNanoseconds: now + 5_000_000)
+                _ = receiver.receive(
+                    sequence: frame.sequence, timestamp: frame.timestamp,
+                    payload: UnsafeRawBufferPointer(rebasing: p[0..<frame.byteCount]), arrivalNanoseconds: now + 5_000_000)
             }
             out.withUnsafeMutableBufferPointer { receiver.render(nowNanoseconds: now + 5_000_000, into: $0) }
             played += out

@@ -19,10 +19,12 @@ let benchmarks: @Sendable () -> Void = {
     // A typical ICE connectivity check, as browsers send it.
     let tid = TransactionID(high: 0xB7E7_A701, low: 0xBC34_D686_FA87_DFAE)
     let key = try! IntegrityKey.shortTerm(password: "VOkJxbRl1RmTxUk/WvJxBt")
-    let request = Message(type: .bindingRequest, transactionID: tid, attributes: [
-        .software("STUN test client"), .priority(0x6E00_01FF), .iceControlled(0x932F_F9B1_5126_3B36),
-        .username("evtj:h6vY"),
-    ])
+    let request = Message(
+        type: .bindingRequest, transactionID: tid,
+        attributes: [
+            .software("STUN test client"), .priority(0x6E00_01FF), .iceControlled(0x932F_F9B1_5126_3B36),
+            .username("evtj:h6vY"),
+        ])
     let wire = request.encode(integrity: key, fingerprint: true)
     let decoded = try! Message(decoding: wire)
     // The bytes an HMAC and a CRC cover for this message, for the baselines.

@@ -1,9 +1,9 @@
+import BenchSodium
 // Per-packet cost of media protection (MediaCipher, MediaReceiver) side by
 // side with the bare libsodium ChaCha20-Poly1305-IETF calls it is built on,
 // for a 160-byte voice payload behind a 12-byte RTP header; and the Noise IK
 // handshake. Run with `swift package --package-path Benchmarks benchmark --target SecureMedia`.
 import Benchmark
-import BenchSodium
 import Secure
 
 let benchmarks: @Sendable () -> Void = {
@@ -16,10 +16,13 @@ let benchmarks: @Sendable () -> Void = {
     )
 
     /// One voice packet: a 12-byte header for `ext` and the sealed payload.
-    func seal(_ cipher: MediaCipher, _ ext: UInt64, _ payload: UnsafeRawBufferPointer,
-              _ out: UnsafeMutableRawBufferPointer) -> Int? {
-        let header = RTPHeader(payloadType: 111, sequenceNumber: UInt16(truncatingIfNeeded: ext),
-                               timestamp: UInt32(truncatingIfNeeded: ext * 960), ssrc: 0x1234_5678)
+    func seal(
+        _ cipher: MediaCipher, _ ext: UInt64, _ payload: UnsafeRawBufferPointer,
+        _ out: UnsafeMutableRawBufferPointer
+    ) -> Int? {
+        let header = RTPHeader(
+            payloadType: 111, sequenceNumber: UInt16(truncatingIfNeeded: ext),
+            timestamp: UInt32(truncatingIfNeeded: ext * 960), ssrc: 0x1234_5678)
         return try? cipher.sealMedia(header: header, payload: payload, extendedSequence: ext, into: out)
     }
 
@@ -52,11 +55,13 @@ let benchmarks: @Sendable () -> Void = {
                             let base = out.baseAddress!
                             for i in benchmark.scaledIterations {
                                 UnsafeMutableRawPointer(n.baseAddress! + 4).storeBytes(of: UInt64(i).bigEndian, as: UInt64.self)
-                                var clen: UInt64 = 0, mlen: UInt64 = 0
+                                var clen: UInt64 = 0
+                                var mlen: UInt64 = 0
                                 crypto_aead_chacha20poly1305_ietf_encrypt(
                                     base + 12, &clen, p.baseAddress!, 160, base, 12, nil, n.baseAddress!, k.baseAddress!)
-                                blackHole(crypto_aead_chacha20poly1305_ietf_decrypt(
-                                    m.baseAddress!, &mlen, nil, base + 12, clen, base, 12, n.baseAddress!, k.baseAddress!))
+                                blackHole(
+                                    crypto_aead_chacha20poly1305_ietf_decrypt(
+                                        m.baseAddress!, &mlen, nil, base + 12, clen, base, 12, n.baseAddress!, k.baseAddress!))
                             }
                         }
                     }
@@ -79,15 +84,20 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
-    let initiatorStatic = PrivateKey.generate(), responderStatic = PrivateKey.generate()
-    Benchmark("Noise_IK_25519_ChaChaPoly_BLAKE2b handshake (write1, read1, write2, read2, split)",
-              configuration: .init(scalingFactor: .one, maxIterations: 2_000)) { benchmark in
+    let initiatorStatic = PrivateKey.generate()
+    let responderStatic = PrivateKey.generate()
+    Benchmark(
+        "Noise_IK_25519_ChaChaPoly_BLAKE2b handshake (write1, read1, write2, read2, split)",
+        configuration: .init(scalingFactor: .one, maxIterations: 2_000)
+    ) { benchmark in
         for _ in benchmark.scaledIterations {
             do {
-                let i = try NoiseHandshake(pattern: .IK, initiator: true, prologue: [], localStatic: initiatorStatic,
-                                           remoteStatic: responderStatic.publicKey)
-                let r = try NoiseHandshake(pattern: .IK, initiator: false, prologue: [], localStatic: responderStatic,
-                                           remoteStatic: nil)
+                let i = try NoiseHandshake(
+                    pattern: .IK, initiator: true, prologue: [], localStatic: initiatorStatic,
+                    remoteStatic: responderStatic.publicKey)
+                let r = try NoiseHandshake(
+                    pattern: .IK, initiator: false, prologue: [], localStatic: responderStatic,
+                    remoteStatic: nil)
                 _ = try r.readMessage(try i.writeMessage(payload: []))
                 _ = try i.readMessage(try r.writeMessage(payload: []))
                 blackHole(try i.split())

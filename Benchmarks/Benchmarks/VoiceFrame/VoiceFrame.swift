@@ -1,10 +1,10 @@
-import Foundation
 // Allocations and time per 20 ms voice frame through the product path after
 // warm-up: VoiceSender.encode (echo canceller + preprocessor + Opus encode) and
 // VoiceReceiver.receive + render (packet ring + jitter buffer + Opus decode).
 // The rule is that a frame allocates nothing: mallocCountTotal must be 0.
 // Run with `swift package --package-path Benchmarks benchmark --target VoiceFrame`.
 import Benchmark
+import Foundation
 import Voice
 
 let benchmarks: @Sendable () -> Void = {
@@ -32,7 +32,8 @@ let benchmarks: @Sendable () -> Void = {
     let mic = signal(140, 0)
     let far = signal(210, 1)
 
-    Benchmark("VoiceSender.encode + VoiceReceiver.receive/render, one 20 ms frame (Opus, AEC, preprocessor, jitter buffer)") { benchmark in
+    Benchmark("VoiceSender.encode + VoiceReceiver.receive/render, one 20 ms frame (Opus, AEC, preprocessor, jitter buffer)") {
+        benchmark in
         let codec = CodecConfiguration()
         guard let sender = try? VoiceSender(codec: codec), let receiver = try? VoiceReceiver(codec: codec) else { return }
         var payload = [UInt8](repeating: 0, count: sender.maximumPayloadSize)
@@ -48,10 +49,12 @@ let benchmarks: @Sendable () -> Void = {
                             let now = Int64(i) * 20_000_000
                             if let encoded = try? sender.encode(
                                 captured: UnsafeBufferPointer(rebasing: m[range]),
-                                reference: UnsafeBufferPointer(rebasing: f[range]), into: out) {
-                                receiver.receive(sequence: encoded.sequence, timestamp: encoded.timestamp,
-                                                 payload: UnsafeRawBufferPointer(rebasing: out[0..<encoded.byteCount]),
-                                                 arrivalNanoseconds: now + 5_000_000)
+                                reference: UnsafeBufferPointer(rebasing: f[range]), into: out)
+                            {
+                                receiver.receive(
+                                    sequence: encoded.sequence, timestamp: encoded.timestamp,
+                                    payload: UnsafeRawBufferPointer(rebasing: out[0..<encoded.byteCount]),
+                                    arrivalNanoseconds: now + 5_000_000)
                             }
                             receiver.render(nowNanoseconds: now + 5_000_000, into: play)
                             i += 1

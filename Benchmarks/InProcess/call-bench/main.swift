@@ -27,7 +27,11 @@ final class ClickSource: AudioSource, @unchecked Sendable {
     let frame: Int, period: Int, total: Int
     private var index = 0
     let reads = Mutex<[Int64]>([])
-    init(frame: Int, period: Int, frames: Int) { self.frame = frame; self.period = period; total = frames }
+    init(frame: Int, period: Int, frames: Int) {
+        self.frame = frame
+        self.period = period
+        total = frames
+    }
     func read(into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
         guard index < total else { return 0 }
         let now = monotonicNanoseconds()
@@ -64,7 +68,8 @@ func run(frameMs: Int, seconds: Int) async throws -> (dial: Double?, mouthToEar:
     var options = CallAgent.Options()
     options.codec.frameDuration = FrameDuration(rawValue: frameMs) ?? .ms20
     let frames = seconds * 1000 / frameMs
-    let calleeIdentity = Identity.generate(), callerIdentity = Identity.generate()
+    let calleeIdentity = Identity.generate()
+    let callerIdentity = Identity.generate()
     let calleeConnection = try await RendezvousConnection.connect(to: server, identity: calleeIdentity.privateKey)
     let callerConnection = try await RendezvousConnection.connect(to: server, identity: callerIdentity.privateKey)
     let sink = TimedSink()
@@ -75,7 +80,8 @@ func run(frameMs: Int, seconds: Int) async throws -> (dial: Double?, mouthToEar:
     let caller = CallAgent(rendezvous: callerConnection, identity: callerIdentity, options: options, logger: logger)
     let report = try await caller.call(calleeIdentity.publicKey, source: source, sink: nil)
     _ = try? await answering.value
-    await calleeConnection.close(); await callerConnection.close()
+    await calleeConnection.close()
+    await callerConnection.close()
     await group.triggerGracefulShutdown()
 
     // Onsets at the callee: the first sample above a threshold after at least 100 ms of quiet.
@@ -87,7 +93,9 @@ func run(frameMs: Int, seconds: Int) async throws -> (dial: Double?, mouthToEar:
             if abs(Int(v)) > 3000 {
                 if quiet >= 800 { onsets.append(Double(t) + Double(i) * 1e9 / 8000) }
                 quiet = 0
-            } else { quiet += 1 }
+            } else {
+                quiet += 1
+            }
         }
     }
     // Each click was spoken one frame before its frame was read (the frame fills first).
@@ -101,8 +109,14 @@ func run(frameMs: Int, seconds: Int) async throws -> (dial: Double?, mouthToEar:
     return (report.dialToFirstAudioMilliseconds, delays, report)
 }
 
-func median(_ x: [Double]) -> Double { let s = x.sorted(); return s.isEmpty ? .nan : s[s.count / 2] }
-func percentile(_ x: [Double], _ p: Double) -> Double { let s = x.sorted(); return s.isEmpty ? .nan : s[min(s.count - 1, Int(Double(s.count) * p))] }
+func median(_ x: [Double]) -> Double {
+    let s = x.sorted()
+    return s.isEmpty ? .nan : s[s.count / 2]
+}
+func percentile(_ x: [Double], _ p: Double) -> Double {
+    let s = x.sorted()
+    return s.isEmpty ? .nan : s[min(s.count - 1, Int(Double(s.count) * p))]
+}
 
 let seconds = Int(CommandLine.arguments.dropFirst().first ?? "") ?? 10
 print("## Calls on loopback (call-bench, \(seconds) s per call, Opus 8 kHz 24 kb/s, direct path)")
@@ -116,8 +130,11 @@ for (frameMs, target) in [(20, 45.0), (10, 25.0)] {
         let med = median(delays)
         let ok = med <= target && (dial ?? .infinity) < 200
         if !ok { failed = true }
-        print(String(format: "| %d ms | %.0f | %.1f / %.1f / %.1f | %d | ≤ %.0f ms, dial < 200 ms: %@ |",
-                     frameMs, dial ?? .nan, med, percentile(delays, 0.95), delays.max() ?? .nan, delays.count, target, ok ? "met" : "NOT met"))
+        print(
+            String(
+                format: "| %d ms | %.0f | %.1f / %.1f / %.1f | %d | ≤ %.0f ms, dial < 200 ms: %@ |",
+                frameMs, dial ?? .nan, med, percentile(delays, 0.95), delays.max() ?? .nan, delays.count, target,
+                ok ? "met" : "NOT met"))
     } catch {
         print("| \(frameMs) ms | call failed: \(error) | | | |")
         failed = true

@@ -83,8 +83,12 @@ func handshakes() {
         t = t + .milliseconds(1)
         a.handle(.connect(bAtA), now: t)
         guard var initiation = sendBytes(actions(of: a)).first else { return false }
-        guard b.receive(&initiation, from: aAddr, now: t) == .handled, var response = sendBytes(actions(of: b)).first else { return false }
-        guard a.receive(&response, from: bAddr, now: t) == .handled, var confirm = sendBytes(actions(of: a)).first else { return false }
+        guard b.receive(&initiation, from: aAddr, now: t) == .handled, var response = sendBytes(actions(of: b)).first else {
+            return false
+        }
+        guard a.receive(&response, from: bAddr, now: t) == .handled, var confirm = sendBytes(actions(of: a)).first else {
+            return false
+        }
         _ = b.receive(&confirm, from: aAddr, now: t)
         _ = actions(of: b)
         return true
@@ -97,7 +101,10 @@ func handshakes() {
     }
     let elapsed = monotonicSeconds() - start
     let perHandshake = elapsed / Double(n) * 1e6
-    print(String(format: "handshakes: %d in %.2f s = %.0f/s (%.1f µs each, both sides, one core)", n, elapsed, Double(n) / elapsed, perHandshake))
+    print(
+        String(
+            format: "handshakes: %d in %.2f s = %.0f/s (%.1f µs each, both sides, one core)", n, elapsed, Double(n) / elapsed,
+            perHandshake))
 
     // The responder under a flood: one genuine initiation replayed from many sources.
     var flood = SecureConfiguration()
@@ -128,10 +135,14 @@ func handshakes() {
     }
     let cookieRate = floodRate(packet, expect: .droppedHandshake(.cookieRequired))
     let badRate = floodRate(badMAC, expect: .droppedHandshake(.badMAC))
-    print(String(format: "flood, valid mac1 under load (cookie reply, no DH): %.0f/s (%.2f µs each, %.3f× a handshake's cost)",
-                 cookieRate, 1e6 / cookieRate, (1e6 / cookieRate) / perHandshake))
-    print(String(format: "flood, bad mac1 (dropped): %.0f/s (%.2f µs each, %.4f× a handshake's cost)",
-                 badRate, 1e6 / badRate, (1e6 / badRate) / perHandshake))
+    print(
+        String(
+            format: "flood, valid mac1 under load (cookie reply, no DH): %.0f/s (%.2f µs each, %.3f× a handshake's cost)",
+            cookieRate, 1e6 / cookieRate, (1e6 / cookieRate) / perHandshake))
+    print(
+        String(
+            format: "flood, bad mac1 (dropped): %.0f/s (%.2f µs each, %.4f× a handshake's cost)",
+            badRate, 1e6 / badRate, (1e6 / badRate) / perHandshake))
 }
 
 // MARK: driver
@@ -177,16 +188,20 @@ func driver() async throws {
     // Sealed, through the secure driver.
     let counter = NIOLockedValueBox(0)
     let a = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
-    let b = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: { _, _, _ in
-        counter.withLockedValue { $0 += 1 }
-    })
+    let b = try await SecureUDPEndpoint.bind(
+        host: "127.0.0.1", identity: .generate(),
+        mediaHandler: { _, _, _ in
+            counter.withLockedValue { $0 += 1 }
+        })
     async let waiting = b.waitForPeer(a.publicKey)
     let peer = try await a.connect(to: b.publicKey, at: b.localAddress)
     _ = try await waiting
     let frames = [[UInt8]](repeating: payload, count: batch)
-    let secure = await run(label: "secure driver, sealed 160-byte payloads", send: {
-        a.send(batch: frames, to: peer, payloadType: 0, timestamp: 0, timestampStep: 160)
-    }, received: { counter.withLockedValue { $0 } })
+    let secure = await run(
+        label: "secure driver, sealed 160-byte payloads",
+        send: {
+            a.send(batch: frames, to: peer, payloadType: 0, timestamp: 0, timestampStep: 160)
+        }, received: { counter.withLockedValue { $0 } })
     let stats = try await b.statistics()
     await a.close()
     await b.close()
@@ -202,16 +217,18 @@ func driver() async throws {
     let sender = try await DatagramBootstrap(group: group).bind(host: "127.0.0.1", port: 0).get()
     let to = try require(receiver.localAddress)
     let plain = [UInt8](repeating: 0x5A, count: 12 + 160 + 16)
-    let plainRate = await run(label: "plain NIO UDP, unsealed 188-byte datagrams", send: {
-        sender.eventLoop.execute {
-            for _ in 0..<batch {
-                var buf = sender.allocator.buffer(capacity: plain.count)
-                buf.writeBytes(plain)
-                sender.write(AddressedEnvelope(remoteAddress: to, data: buf), promise: nil)
+    let plainRate = await run(
+        label: "plain NIO UDP, unsealed 188-byte datagrams",
+        send: {
+            sender.eventLoop.execute {
+                for _ in 0..<batch {
+                    var buf = sender.allocator.buffer(capacity: plain.count)
+                    buf.writeBytes(plain)
+                    sender.write(AddressedEnvelope(remoteAddress: to, data: buf), promise: nil)
+                }
+                sender.flush()
             }
-            sender.flush()
-        }
-    }, received: { handler.count.withLockedValue { $0 } })
+        }, received: { handler.count.withLockedValue { $0 } })
     try await sender.close()
     try await receiver.close()
     print(String(format: "secure / plain = %.2f (drops at the receiver: %@)", secure / plainRate, "\(stats.dropped)"))

@@ -64,18 +64,24 @@ struct CPUBench: ParsableCommand {
         let callSeconds = Double(frames * duration.milliseconds) / 1000
         let oursPerCallSecond = median(ours) / callSeconds
         let barePerCallSecond = median(bare) / callSeconds
-        print("CPU per call-second, Opus \(codec.sampleRate) Hz \(duration.milliseconds) ms \(codec.bitrate) b/s CBR FEC complexity \(complexity), echo canceller (\(128) ms tail) + preprocessor, real speech with room echo; median of \(rounds) alternating runs of \(String(format: "%.0f", callSeconds)) s")
+        print(
+            "CPU per call-second, Opus \(codec.sampleRate) Hz \(duration.milliseconds) ms \(codec.bitrate) b/s CBR FEC complexity \(complexity), echo canceller (\(128) ms tail) + preprocessor, real speech with room echo; median of \(rounds) alternating runs of \(String(format: "%.0f", callSeconds)) s"
+        )
         print("")
         print("| | CPU ms per call-second | µs per frame | calls per core |")
         print("|---|---|---|---|")
         for (name, v) in [("bare library calls", barePerCallSecond), ("tusa pipeline", oursPerCallSecond)] {
             let perFrame = v * 1e6 / (1000 / Double(duration.milliseconds))
-            print("| \(name) | \(String(format: "%.2f", v * 1000)) | \(String(format: "%.0f", perFrame)) | \(String(format: "%.0f", 1 / v)) |")
+            print(
+                "| \(name) | \(String(format: "%.2f", v * 1000)) | \(String(format: "%.0f", perFrame)) | \(String(format: "%.0f", 1 / v)) |"
+            )
         }
         let ratio = oursPerCallSecond / barePerCallSecond
         print("")
         print("- pipeline / bare: \(String(format: "%.3f", ratio))× (target ≤ 1.2×) — \(ratio <= 1.2 ? "met" : "NOT met")")
-        print("- calls per core: \(String(format: "%.0f", 1 / oursPerCallSecond)) (target ≥ 60) — \(1 / oursPerCallSecond >= 60 ? "met" : "NOT met")")
+        print(
+            "- calls per core: \(String(format: "%.0f", 1 / oursPerCallSecond)) (target ≥ 60) — \(1 / oursPerCallSecond >= 60 ? "met" : "NOT met")"
+        )
     }
 
     private func median(_ v: [Double]) -> Double {
@@ -85,7 +91,8 @@ struct CPUBench: ParsableCommand {
 
     /// CPU seconds (this thread) spent in `body`.
     private func measure(_ body: () throws -> Void) throws -> Double {
-        var a = timespec(), b = timespec()
+        var a = timespec()
+        var b = timespec()
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a)
         try body()
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b)
@@ -124,7 +131,9 @@ struct CPUBench: ParsableCommand {
                             let range = (i * spf)..<((i + 1) * spf)
                             let now = Int64(i) * frameNanoseconds
                             packets[i].withUnsafeBytes { p in
-                                _ = receiver.receive(sequence: UInt16(truncatingIfNeeded: i), timestamp: UInt32(truncatingIfNeeded: i * spf), payload: p, arrivalNanoseconds: now)
+                                _ = receiver.receive(
+                                    sequence: UInt16(truncatingIfNeeded: i), timestamp: UInt32(truncatingIfNeeded: i * spf),
+                                    payload: p, arrivalNanoseconds: now)
                             }
                             receiver.render(nowNanoseconds: now, into: play)
                             _ = try sender.encode(
@@ -142,13 +151,15 @@ struct CPUBench: ParsableCommand {
         let spf = Int32(codec.samplesPerFrame)
         var error: Int32 = 0
         guard let enc = opus_encoder_create(Int32(codec.sampleRate), 1, OPUS_APPLICATION_VOIP, &error),
-              let dec = opus_decoder_create(Int32(codec.sampleRate), 1, &error),
-              let echo = speex_echo_state_init(spf, Int32(codec.sampleRate * 128 / 1000)),
-              let pre = speex_preprocess_state_init(spf, Int32(codec.sampleRate))
+            let dec = opus_decoder_create(Int32(codec.sampleRate), 1, &error),
+            let echo = speex_echo_state_init(spf, Int32(codec.sampleRate * 128 / 1000)),
+            let pre = speex_preprocess_state_init(spf, Int32(codec.sampleRate))
         else { throw ValidationError("library init failed") }
         defer {
-            opus_encoder_destroy(enc); opus_decoder_destroy(dec)
-            speex_echo_state_destroy(echo); speex_preprocess_state_destroy(pre)
+            opus_encoder_destroy(enc)
+            opus_decoder_destroy(dec)
+            speex_echo_state_destroy(echo)
+            speex_preprocess_state_destroy(pre)
         }
         BareSetup.configure(encoder: enc, codec: codec)
         var rate = Int32(codec.sampleRate)
@@ -164,7 +175,8 @@ struct CPUBench: ParsableCommand {
                     decoded.withUnsafeMutableBufferPointer { d in
                         out.withUnsafeMutableBufferPointer { o in
                             guard let mb = m.baseAddress, let fb = f.baseAddress, let cb = c.baseAddress,
-                                  let db = d.baseAddress, let ob = o.baseAddress else { return }
+                                let db = d.baseAddress, let ob = o.baseAddress
+                            else { return }
                             for i in 0..<frames {
                                 let start = i * Int(spf)
                                 packets[i].withUnsafeBufferPointer { p in

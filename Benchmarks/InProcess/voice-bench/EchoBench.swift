@@ -40,20 +40,25 @@ struct EchoBench: ParsableCommand {
                 _ = try mic.withUnsafeBufferPointer { m in
                     try far.withUnsafeBufferPointer { x in
                         try out.withUnsafeMutableBufferPointer { o in
-                            try p.process(captured: UnsafeBufferPointer(rebasing: m[r]), reference: UnsafeBufferPointer(rebasing: x[r]),
-                                          into: UnsafeMutableBufferPointer(rebasing: o[r]))
+                            try p.process(
+                                captured: UnsafeBufferPointer(rebasing: m[r]), reference: UnsafeBufferPointer(rebasing: x[r]),
+                                into: UnsafeMutableBufferPointer(rebasing: o[r]))
                         }
                     }
                 }
             }
             return out
         }
-        let aecOnlyConfig = PreprocessorConfiguration(noiseSuppression: false, voiceActivityDetection: false, echoSuppressDB: 0, echoSuppressActiveDB: 0)
+        let aecOnlyConfig = PreprocessorConfiguration(
+            noiseSuppression: false, voiceActivityDetection: false, echoSuppressDB: 0, echoSuppressActiveDB: 0)
         let full = try run(CaptureProcessor(frameSize: frame, tailMilliseconds: tail), mic: mic, far: far)
-        let aecOnly = try run(CaptureProcessor(frameSize: frame, tailMilliseconds: tail, preprocessor: aecOnlyConfig), mic: mic, far: far)
+        let aecOnly = try run(
+            CaptureProcessor(frameSize: frame, tailMilliseconds: tail, preprocessor: aecOnlyConfig), mic: mic, far: far)
         let alone = try run(CaptureProcessor(frameSize: frame, tailMilliseconds: tail), mic: near, far: silent)
 
-        print("Echo: real speech (pocketsphinx-testdata) through RoomEcho (20 ms delay, 60 ms reverb, \(echoGain) dB), 8 kHz, 20 ms frames, \(tail) ms tail; far end only until \(String(format: "%.1f", Double(doubleTalkStart) / 8000)) s, then double talk")
+        print(
+            "Echo: real speech (pocketsphinx-testdata) through RoomEcho (20 ms delay, 60 ms reverb, \(echoGain) dB), 8 kHz, 20 ms frames, \(tail) ms tail; far end only until \(String(format: "%.1f", Double(doubleTalkStart) / 8000)) s, then double talk"
+        )
         print("")
         print("| second | ERLE AEC only (dB) | ERLE AEC + preprocessor (dB) |")
         print("|---|---|---|")
@@ -61,7 +66,9 @@ struct EchoBench: ParsableCommand {
         var window = 0
         while (window + 1) * second <= doubleTalkStart {
             let r = (window * second)..<((window + 1) * second)
-            print("| \(window + 1) | \(String(format: "%.1f", EchoMetrics.erle(echo: echo[r], residual: aecOnly[r]))) | \(String(format: "%.1f", EchoMetrics.erle(echo: echo[r], residual: full[r]))) |")
+            print(
+                "| \(window + 1) | \(String(format: "%.1f", EchoMetrics.erle(echo: echo[r], residual: aecOnly[r]))) | \(String(format: "%.1f", EchoMetrics.erle(echo: echo[r], residual: full[r]))) |"
+            )
             window += 1
         }
         let converged = (doubleTalkStart / 2)..<doubleTalkStart
@@ -71,32 +78,46 @@ struct EchoBench: ParsableCommand {
         let attenuation = 10 * log10(EchoMetrics.energy(alone[dt]) / max(EchoMetrics.energy(full[dt]), 1))
         let correlation = Self.correlation(Array(alone[dt]), Array(full[dt]))
         print("")
-        print("- after convergence (second half of the far-end-only part): ERLE \(String(format: "%.1f", erle)) dB with the preprocessor, \(String(format: "%.1f", erleAEC)) dB AEC alone (target ≥ 25 dB) — \(erle >= 25 ? "met" : "NOT met")")
-        print("- double talk: near talker \(String(format: "%.1f", attenuation)) dB below what the same chain passes without echo, correlation \(String(format: "%.3f", correlation)) with it")
+        print(
+            "- after convergence (second half of the far-end-only part): ERLE \(String(format: "%.1f", erle)) dB with the preprocessor, \(String(format: "%.1f", erleAEC)) dB AEC alone (target ≥ 25 dB) — \(erle >= 25 ? "met" : "NOT met")"
+        )
+        print(
+            "- double talk: near talker \(String(format: "%.1f", attenuation)) dB below what the same chain passes without echo, correlation \(String(format: "%.3f", correlation)) with it"
+        )
 
         // Cost: CaptureProcessor against the bare speex_echo_cancellation + speex_preprocess_run.
         let rounds = 5
-        var ours: [Double] = [], bare: [Double] = []
+        var ours: [Double] = []
+        var bare: [Double] = []
         for _ in 0..<rounds {
-            ours.append(try Self.cpu { _ = try run(CaptureProcessor(frameSize: frame, tailMilliseconds: tail), mic: mic, far: far) })
+            ours.append(
+                try Self.cpu { _ = try run(CaptureProcessor(frameSize: frame, tailMilliseconds: tail), mic: mic, far: far) })
             bare.append(try Self.cpu { try Self.bareChain(mic: mic, far: far, frames: frames, frame: frame, tail: tail) })
         }
         let o = ours.sorted()[rounds / 2] / Double(frames) * 1e6
         let b = bare.sorted()[rounds / 2] / Double(frames) * 1e6
-        print("- µs per 20 ms frame: CaptureProcessor \(String(format: "%.1f", o)), bare speexdsp calls \(String(format: "%.1f", b)) (\(String(format: "%.3f", o / b))×), median of \(rounds)")
+        print(
+            "- µs per 20 ms frame: CaptureProcessor \(String(format: "%.1f", o)), bare speexdsp calls \(String(format: "%.1f", b)) (\(String(format: "%.3f", o / b))×), median of \(rounds)"
+        )
     }
 
     static func correlation(_ a: [Int16], _ b: [Int16]) -> Double {
-        var ab = 0.0, aa = 0.0, bb = 0.0
+        var ab = 0.0
+        var aa = 0.0
+        var bb = 0.0
         for i in 0..<min(a.count, b.count) {
-            let x = Double(a[i]), y = Double(b[i])
-            ab += x * y; aa += x * x; bb += y * y
+            let x = Double(a[i])
+            let y = Double(b[i])
+            ab += x * y
+            aa += x * x
+            bb += y * y
         }
         return aa > 0 && bb > 0 ? ab / (aa * bb).squareRoot() : 0
     }
 
     static func cpu(_ body: () throws -> Void) throws -> Double {
-        var a = timespec(), b = timespec()
+        var a = timespec()
+        var b = timespec()
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a)
         try body()
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b)
@@ -105,9 +126,12 @@ struct EchoBench: ParsableCommand {
 
     static func bareChain(mic: [Int16], far: [Int16], frames: Int, frame: Int, tail: Int) throws {
         guard let echo = speex_echo_state_init(Int32(frame), Int32(8 * tail)),
-              let pre = speex_preprocess_state_init(Int32(frame), 8000)
+            let pre = speex_preprocess_state_init(Int32(frame), 8000)
         else { throw ValidationError("speexdsp init failed") }
-        defer { speex_echo_state_destroy(echo); speex_preprocess_state_destroy(pre) }
+        defer {
+            speex_echo_state_destroy(echo)
+            speex_preprocess_state_destroy(pre)
+        }
         var rate: Int32 = 8000
         _ = speex_echo_ctl(echo, SPEEX_ECHO_SET_SAMPLING_RATE, &rate)
         _ = speex_preprocess_ctl(pre, SPEEX_PREPROCESS_SET_ECHO_STATE, UnsafeMutableRawPointer(echo))

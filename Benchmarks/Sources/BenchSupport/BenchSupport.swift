@@ -1,8 +1,8 @@
 #if canImport(Glibc)
-import CMultiMsg
-import Glibc
+    import CMultiMsg
+    import Glibc
 #else
-#error("The benchmark tools use Linux socket calls (sendmmsg/recvmmsg) and build on Linux only.")
+    #error("The benchmark tools use Linux socket calls (sendmmsg/recvmmsg) and build on Linux only.")
 #endif
 
 // MARK: - Errors and output
@@ -87,8 +87,9 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
             withUnsafeMutableBytes(of: &storage) { raw in
                 raw.storeBytes(of: sin, as: sockaddr_in.self)
             }
-            return SocketAddress(storage: storage, length: socklen_t(MemoryLayout<sockaddr_in>.size),
-                                 family: AF_INET, description: "\(host):\(port)")
+            return SocketAddress(
+                storage: storage, length: socklen_t(MemoryLayout<sockaddr_in>.size),
+                family: AF_INET, description: "\(host):\(port)")
         }
         var sin6 = sockaddr_in6()
         if inet_pton(AF_INET6, String(host), &sin6.sin6_addr) == 1 {
@@ -97,8 +98,9 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
             withUnsafeMutableBytes(of: &storage) { raw in
                 raw.storeBytes(of: sin6, as: sockaddr_in6.self)
             }
-            return SocketAddress(storage: storage, length: socklen_t(MemoryLayout<sockaddr_in6>.size),
-                                 family: AF_INET6, description: "[\(host)]:\(port)")
+            return SocketAddress(
+                storage: storage, length: socklen_t(MemoryLayout<sockaddr_in6>.size),
+                family: AF_INET6, description: "[\(host)]:\(port)")
         }
         return nil
     }

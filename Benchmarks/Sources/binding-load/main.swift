@@ -10,11 +10,12 @@
 //
 // Transaction id layout (12 bytes): 8-byte random per-socket tag, 4-byte sequence number.
 
-#if canImport(Glibc)
-import Glibc
-#endif
 import BenchSupport
 import CMultiMsg
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 let usage = """
     usage: binding-load --target HOST:PORT [options]
@@ -179,12 +180,12 @@ final class Worker: @unchecked Sendable {
                         let len = Int(v.recvMsgs[i].msg_len)
                         let p = v.recvBuffers + i * recvBufferSize
                         guard len >= STUNWire.headerLength,
-                              v.recvMsgs[i].msg_hdr.msg_flags & Int32(MSG_TRUNC) == 0,
-                              loadBE16(p, 0) == STUNWire.bindingSuccess,
-                              Int(loadBE16(p, 2)) == len - STUNWire.headerLength,
-                              len & 3 == 0,
-                              loadBE32(p, 4) == STUNWire.magicCookie,
-                              p.loadUnaligned(fromByteOffset: 8, as: UInt64.self) == tag
+                            v.recvMsgs[i].msg_hdr.msg_flags & Int32(MSG_TRUNC) == 0,
+                            loadBE16(p, 0) == STUNWire.bindingSuccess,
+                            Int(loadBE16(p, 2)) == len - STUNWire.headerLength,
+                            len & 3 == 0,
+                            loadBE32(p, 4) == STUNWire.magicCookie,
+                            p.loadUnaligned(fromByteOffset: 8, as: UInt64.self) == tag
                         else {
                             c.invalid += 1
                             continue
@@ -309,10 +310,12 @@ nonisolated func runAll(_ workers: [Worker]) {
     for w in workers.dropFirst() {
         var tid = pthread_t()
         let ctx = Unmanaged.passRetained(w).toOpaque()
-        let rc = pthread_create(&tid, nil, { ctx in
-            Unmanaged<Worker>.fromOpaque(ctx!).takeRetainedValue().run()
-            return nil
-        }, ctx)
+        let rc = pthread_create(
+            &tid, nil,
+            { ctx in
+                Unmanaged<Worker>.fromOpaque(ctx!).takeRetainedValue().run()
+                return nil
+            }, ctx)
         if rc != 0 { fail("pthread_create: \(rc)") }
         tids.append(tid)
     }
@@ -361,9 +364,10 @@ let start = monotonicSeconds()
 let measureStart = start + config.warmup
 let end = measureStart + config.duration
 let workers = (0..<config.threads).map { t in
-    Worker(config: config,
-           fds: stride(from: t, to: fds.count, by: config.threads).map { fds[$0] },
-           measureStart: measureStart, end: end)
+    Worker(
+        config: config,
+        fds: stride(from: t, to: fds.count, by: config.threads).map { fds[$0] },
+        measureStart: measureStart, end: end)
 }
 
 runAll(workers)
@@ -389,8 +393,10 @@ let cpuSeconds = userSeconds + systemSeconds
 let cpuPercent = Int((100 * cpuSeconds / max(monotonicSeconds() - start, 1e-9)).rounded())
 let rps = seconds > 0 ? Double(total.received) / seconds : 0
 let sendRps = seconds > 0 ? Double(total.sent) / seconds : 0
-print("sent=\(total.sent) received=\(total.received) seconds=\(format3(seconds)) "
-    + "rps=\(Int(rps.rounded())) send_rps=\(Int(sendRps.rounded())) "
-    + "lost=\(total.lost) invalid=\(total.invalid) errors=\(total.errors) "
-    + "cpu=\(cpuPercent)% idle=\(seconds > 0 ? Int((100 * total.idleSeconds / (seconds * Double(workers.count))).rounded()) : 0)% "
-    + "sockets=\(config.sockets) threads=\(config.threads) window=\(config.window) batch=\(config.batch) gso=\(config.gso ? 1 : 0)")
+print(
+    "sent=\(total.sent) received=\(total.received) seconds=\(format3(seconds)) "
+        + "rps=\(Int(rps.rounded())) send_rps=\(Int(sendRps.rounded())) "
+        + "lost=\(total.lost) invalid=\(total.invalid) errors=\(total.errors) "
+        + "cpu=\(cpuPercent)% idle=\(seconds > 0 ? Int((100 * total.idleSeconds / (seconds * Double(workers.count))).rounded()) : 0)% "
+        + "sockets=\(config.sockets) threads=\(config.threads) window=\(config.window) batch=\(config.batch) gso=\(config.gso ? 1 : 0)"
+)

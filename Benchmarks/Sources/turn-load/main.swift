@@ -34,7 +34,7 @@ import STUN
 import TusaBase
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 let usage = """
@@ -102,8 +102,9 @@ func boundSocket(_ ip: UInt32, _ port: UInt16 = 0, buffer: Int32? = nil) -> Int3
         setSocketBuffer(fd, option: SO_SNDBUF, bytes: buffer)
     }
     if withSockaddr(ip, port, { bind(fd, $0, $1) }) != 0 {
-        fail("bind \(ipText(ip)):\(port): \(errnoText())"
-            + (errno == EMFILE ? " (raise ulimit -n)" : ""))
+        fail(
+            "bind \(ipText(ip)):\(port): \(errnoText())"
+                + (errno == EMFILE ? " (raise ulimit -n)" : ""))
     }
     return fd
 }
@@ -413,8 +414,10 @@ final class Allocator {
 }
 
 /// Creates `count` clients, bound to 127.S.x.y (`perIP` per address) and connected to the target.
-func makeClients(_ count: Int, firstIndex: Int = 0, net: UInt32, perIP: Int, target: (ip: UInt32, port: UInt16),
-                 buffer: Int32?) -> [Client] {
+func makeClients(
+    _ count: Int, firstIndex: Int = 0, net: UInt32, perIP: Int, target: (ip: UInt32, port: UInt16),
+    buffer: Int32?
+) -> [Client] {
     (0..<count).map { i in
         let index = firstIndex + i
         let ip = net + 1 + UInt32(index / perIP)
@@ -500,8 +503,10 @@ final class Traffic {
     var stale = 0
     var errors = 0
 
-    init(clients: [Client], peers: [Int32], payload: Int, window: Int, batch: Int, gso: Bool, timeout: Double,
-         serverPID: Int32?) {
+    init(
+        clients: [Client], peers: [Int32], payload: Int, window: Int, batch: Int, gso: Bool, timeout: Double,
+        serverPID: Int32?
+    ) {
         self.clients = clients
         self.peers = peers
         self.payload = payload
@@ -513,11 +518,13 @@ final class Traffic {
         down = Direction(name: "down", senders: peers, frameLength: payload, batch: batch)
         var useGSO = gso
         if useGSO {
-            useGSO = clients.allSatisfy { enableGSO($0.fd, segment: 4 + payload) }
+            useGSO =
+                clients.allSatisfy { enableGSO($0.fd, segment: 4 + payload) }
                 && peers.allSatisfy { enableGSO($0, segment: payload) }
         }
         self.gso = useGSO
-        pfds = clients.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
+        pfds =
+            clients.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
             + peers.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
         (recvBuffers, recvIov, recvMsgs) = makeReceiveSlots(count: recvBatch, size: recvSize)
         sendIov = .allocate(capacity: batch)
@@ -594,13 +601,25 @@ final class Traffic {
                 if isClient {
                     // ChannelData: our channel, our length, then the payload.
                     guard len == 4 + payload, loadBE16(p, 0) == clients[index].channel, Int(loadBE16(p, 2)) == payload
-                    else { invalid += 1; continue }
+                    else {
+                        invalid += 1
+                        continue
+                    }
                     at = 4
                 } else {
-                    guard len == payload else { invalid += 1; continue }
+                    guard len == payload else {
+                        invalid += 1
+                        continue
+                    }
                 }
-                guard p.loadUnaligned(fromByteOffset: at, as: UInt64.self) == d.tag, d.active else { stale += 1; continue }
-                guard loadBE32(p, at + 8) == UInt32(index) else { invalid += 1; continue }
+                guard p.loadUnaligned(fromByteOffset: at, as: UInt64.self) == d.tag, d.active else {
+                    stale += 1
+                    continue
+                }
+                guard loadBE32(p, at + 8) == UInt32(index) else {
+                    invalid += 1
+                    continue
+                }
                 good += 1
             }
             if good > 0 {
@@ -760,7 +779,9 @@ if args.has("probe") {
     let start = monotonicSeconds()
     allocator.run(clients, deadline: start + timeout)
     if allocator.stats.allocated == 1 {
-        print("probe ok target=\(targetText) after=\(fmt(monotonicSeconds() - start))s relayed=\(ipText(clients[0].relayedIP)):\(clients[0].relayedPort)")
+        print(
+            "probe ok target=\(targetText) after=\(fmt(monotonicSeconds() - start))s relayed=\(ipText(clients[0].relayedIP)):\(clients[0].relayedPort)"
+        )
         exit(0)
     }
     printError("probe: no allocation from \(targetText) within \(timeout) s (\(allocator.stats.failureText))")
@@ -790,17 +811,20 @@ case "allocate":
     let rssAfter = serverPID.flatMap { procField("/proc/\($0)/status", "VmRSS") }
     let fdsAfter = serverPID.flatMap(openFDs)
     let slabAfter = procField("/proc/meminfo", "Slab")
-    var line = "allocate clients=\(count) allocated=\(s.allocated) failed=\(s.failed) seconds=\(fmt(s.seconds)) "
+    var line =
+        "allocate clients=\(count) allocated=\(s.allocated) failed=\(s.failed) seconds=\(fmt(s.seconds)) "
         + "aps=\(Int((Double(s.allocated) / max(s.seconds, 1e-9)).rounded())) challenges=\(s.challenges) "
         + "stale=\(s.stale) retransmits=\(s.retransmits) failures=\(s.failureText) window=\(window) "
         + "gen_cpu=\(Int((100 * (meAfter - meBefore) / max(s.seconds, 1e-9)).rounded()))% "
         + "idle=\(Int((100 * s.idleSeconds / max(s.seconds, 1e-9)).rounded()))%"
     if let a = cpuBefore, let b = cpuAfter {
-        line += " server_cpu=\(Int((100 * (b - a) / max(s.seconds, 1e-9)).rounded()))%"
+        line +=
+            " server_cpu=\(Int((100 * (b - a) / max(s.seconds, 1e-9)).rounded()))%"
             + " server_us_per_alloc=\(fmt(1e6 * (b - a) / Double(max(s.allocated, 1)), 1))"
     }
     if let a = rssBefore, let b = rssAfter {
-        line += " rss_before_kib=\(a) rss_after_kib=\(b) rss_bytes_per_alloc=\(Int((Double(b - a) * 1024 / Double(max(s.allocated, 1))).rounded()))"
+        line +=
+            " rss_before_kib=\(a) rss_after_kib=\(b) rss_bytes_per_alloc=\(Int((Double(b - a) * 1024 / Double(max(s.allocated, 1))).rounded()))"
     }
     if let a = fdsBefore, let b = fdsAfter {
         line += " fds_before=\(a) fds_after=\(b) fds_per_alloc=\(fmt(Double(b - a) / Double(max(s.allocated, 1)), 2))"
@@ -833,15 +857,17 @@ case "relay":
     let allocator = Allocator(username: username, password: password, bindChannels: true, window: 64)
     allocator.run(clients, deadline: monotonicSeconds() + setupTimeout)
     let s = allocator.stats
-    print("setup clients=\(count) allocated=\(s.allocated) bound=\(s.bound) failed=\(s.failed) seconds=\(fmt(s.seconds)) "
-        + "challenges=\(s.challenges) stale=\(s.stale) retransmits=\(s.retransmits) failures=\(s.failureText)")
+    print(
+        "setup clients=\(count) allocated=\(s.allocated) bound=\(s.bound) failed=\(s.failed) seconds=\(fmt(s.seconds)) "
+            + "challenges=\(s.challenges) stale=\(s.stale) retransmits=\(s.retransmits) failures=\(s.failureText)")
     guard s.bound == count else {
         printError("turn-load: only \(s.bound) of \(count) clients got an allocation and a channel (\(s.failureText))")
         exit(1)
     }
     for (c, fd) in zip(clients, peers) { connectTo(fd, c.relayedIP, c.relayedPort) }
-    let traffic = Traffic(clients: clients, peers: peers, payload: payload, window: window, batch: batch,
-                          gso: !args.has("no-gso"), timeout: timeout, serverPID: serverPID)
+    let traffic = Traffic(
+        clients: clients, peers: peers, payload: payload, window: window, batch: batch,
+        gso: !args.has("no-gso"), timeout: timeout, serverPID: serverPID)
     var failedPhase = false
     for phase in phases {
         let r = traffic.run(phase: phase, warmup: warmup, duration: duration)
@@ -850,7 +876,8 @@ case "relay":
         let downPPS = Double(r.downMeasured) / secs
         let sentAll = r.upSent + r.downSent
         let lostAll = r.upLost + r.downLost
-        var line = "phase=\(phase) seconds=\(fmt(r.seconds)) up_pps=\(Int(upPPS.rounded())) down_pps=\(Int(downPPS.rounded())) "
+        var line =
+            "phase=\(phase) seconds=\(fmt(r.seconds)) up_pps=\(Int(upPPS.rounded())) down_pps=\(Int(downPPS.rounded())) "
             + "total_pps=\(Int((upPPS + downPPS).rounded())) "
             + "up_sent=\(r.upSent) up_received=\(r.upReceived) up_lost=\(r.upLost) "
             + "down_sent=\(r.downSent) down_received=\(r.downReceived) down_lost=\(r.downLost) "
@@ -861,7 +888,8 @@ case "relay":
             + "gen_cpu=\(Int((100 * r.generatorCPU / secs).rounded()))% idle=\(Int((100 * r.idleSeconds / secs).rounded()))%"
         if let cpu = r.serverCPU {
             let relayed = Double(r.upMeasured + r.downMeasured)
-            line += " server_cpu=\(Int((100 * cpu / secs).rounded()))%"
+            line +=
+                " server_cpu=\(Int((100 * cpu / secs).rounded()))%"
                 + " server_ms_per_1000=\(fmt(relayed > 0 ? 1000 * 1000 * cpu / relayed : 0, 3))"
         }
         line += " clients=\(count) payload=\(payload) window=\(window) batch=\(batch) gso=\(traffic.gso ? 1 : 0)"

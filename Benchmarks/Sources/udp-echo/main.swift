@@ -5,11 +5,12 @@
 // cookie and transaction id) and sendmmsg them back to their senders. No attributes,
 // no parsing beyond the header: whatever a real server does costs more than this.
 
-#if canImport(Glibc)
-import Glibc
-#endif
 import BenchSupport
 import CMultiMsg
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 let usage = """
     usage: udp-echo --listen HOST:PORT [--batch N]
@@ -59,8 +60,8 @@ while true {
     for i in 0..<r {
         let p = buffers + i * bufferSize
         guard recvMsgs[i].msg_len >= UInt32(STUNWire.headerLength),
-              loadBE16(p, 0) == STUNWire.bindingRequest,
-              loadBE32(p, 4) == STUNWire.magicCookie
+            loadBE16(p, 0) == STUNWire.bindingRequest,
+            loadBE32(p, 4) == STUNWire.magicCookie
         else { continue }
         storeBE16(p, 0, STUNWire.bindingSuccess)
         storeBE16(p, 2, 0)
