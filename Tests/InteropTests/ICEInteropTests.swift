@@ -10,22 +10,6 @@ import Transport
 // connectivity checks, both must select the same pair, and data then flows
 // both ways over it.
 
-/// The next datagram, within `seconds`.
-private func next(_ stream: AsyncStream<[UInt8]>, within seconds: Double) async -> [UInt8]? {
-    await withTaskGroup(of: [UInt8]?.self) { group in
-        group.addTask {
-            var it = stream.makeAsyncIterator()
-            return await it.next()
-        }
-        group.addTask {
-            try? await Task.sleep(for: .seconds(seconds))
-            return nil
-        }
-        defer { group.cancelAll() }
-        return await group.next() ?? nil
-    }
-}
-
 private struct WireDescription: Codable {
     var ufrag: String
     var pwd: String
@@ -74,10 +58,10 @@ struct ICEInteropTests {
         #expect(pair.local.candidate.address == me.localAddress)
 
         // Data both ways over the pair.
-        let hello = await next(me.incoming, within: 10)
+        let hello = await next(me.incoming, within: .seconds(10))
         #expect(hello.map { String(decoding: $0, as: UTF8.self) } == "hello from aioice", "\(peer.stdout) \(peer.stderr)")
         try await me.send(Array("hello from tusa".utf8))
-        let bye = await next(me.incoming, within: 10)
+        let bye = await next(me.incoming, within: .seconds(10))
         #expect(bye.map { String(decoding: $0, as: UTF8.self) } == "bye from aioice", "\(peer.stdout) \(peer.stderr)")
         _ = await peer.waitForExit(timeout: 10)
         let status = peer.status

@@ -109,9 +109,12 @@ struct MetricsTests {
             #expect(ok.head.contains("Content-Type: text/plain; version=0.0.4"), "\(ok.head)")
             let first = try #require(Exposition(ok.body)["test_refreshes_total"])
             #expect(first >= 1, "refreshed once before serving")
-            try await Task.sleep(for: .milliseconds(300))
-            let later = try await Harness.offPool { try httpGet(address, "/metrics?x=1") }
-            #expect(try #require(Exposition(later.body)["test_refreshes_total"]) > first, "refreshed while serving")
+            // Refreshed every 50 ms while serving.
+            let refreshed = try await eventually(within: .seconds(10), poll: .milliseconds(50)) {
+                let later = try await Harness.offPool { try httpGet(address, "/metrics?x=1") }
+                return try #require(Exposition(later.body)["test_refreshes_total"]) > first
+            }
+            #expect(refreshed, "refreshed while serving")
 
             #expect(try await Harness.offPool { try httpGet(address, "/") }.status == 404)
             #expect(try await Harness.offPool { try httpGet(address, "/metrics", method: "POST") }.status == 405)
@@ -191,7 +194,7 @@ struct MetricsTests {
             "coturn's turnutils_uclient/turnutils_peer not installed (make test installs coturn): skipped"))
     func allocationsRaiseTheCounter() async throws {
         let uclient = try #require(Harness.which("turnutils_uclient"))
-        let peerTool = try #require(Harness.which("turnutils_peer"))
+        _ = try #require(Harness.which("turnutils_peer"))
         let config = try TemporaryFile("realm=example.org\nuser=alice:wonderland\nallow-loopback-peers\n")
         let (relay, port) = try #require(
             try await Harness.startRelay([
@@ -203,10 +206,9 @@ struct MetricsTests {
         let before = Exposition(try await Harness.offPool { try httpGet(address, "/metrics") }.body)
         #expect(before["tusa_allocations_created_total"] == 0)
 
-        let peerPort = Harness.freePort()
-        let peer = try Harness.Background(peerTool, ["-L", "127.0.0.1", "-p", "\(peerPort)"])
+        let peerPort = Harness.freePortPair()
+        let peer = try #require(try await Harness.startEchoPeer(port: peerPort), "turnutils_peer did not start")
         defer { peer.kill() }
-        try await Task.sleep(for: .milliseconds(300))
         let run = try await Harness.run(
             uclient,
             [
@@ -217,15 +219,10 @@ struct MetricsTests {
 
         // The endpoint refreshes about once a second.
         var after = before
-        let deadline = ContinuousClock.now.advanced(by: .seconds(5))
-        while ContinuousClock.now < deadline {
+        _ = try await eventually(within: .seconds(15), poll: .milliseconds(200)) {
             after = Exposition(try await Harness.offPool { try httpGet(address, "/metrics") }.body)
-            if (after["tusa_allocations_created_total"] ?? 0) >= 1
+            return (after["tusa_allocations_created_total"] ?? 0) >= 1
                 && (after["tusa_relayed_packets_total{direction=\"to_peer\"}"] ?? 0) >= 1
-            {
-                break
-            }
-            try await Task.sleep(for: .milliseconds(200))
         }
         #expect((after["tusa_allocations_created_total"] ?? 0) >= 1, "\(after.text)")
         #expect((after["tusa_relayed_packets_total{direction=\"to_peer\"}"] ?? 0) >= 1, "\(after.text)")

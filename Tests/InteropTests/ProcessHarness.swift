@@ -84,12 +84,10 @@ enum Harness {
     /// (static, evaluated before tests run), never inside a test.
     static func runBlocking(_ executable: String, _ arguments: [String], timeout: Double = 20) throws -> Result {
         let p = try Background(executable, arguments)
-        let end = Date().addingTimeInterval(timeout)
-        while p.process.isRunning && Date() < end { usleep(10_000) }
-        let finished = !p.process.isRunning
+        let finished = eventuallyBlocking(within: .seconds(timeout)) { !p.process.isRunning }
         if !finished { p.kill() }
         p.process.waitUntilExit()
-        usleep(50_000)  // let the readers drain
+        _ = eventuallyBlocking(within: .seconds(2)) { p.drained }  // everything it wrote is read
         return Result(status: p.status, stdout: p.stdout, stderr: p.stderr, timedOut: !finished)
     }
 
@@ -174,11 +172,8 @@ enum Harness {
         /// Polls until `condition` holds on stdout+stderr, the process ends, or
         /// time runs out; sleeps between polls without holding a thread.
         func waitFor(timeout: Double, _ condition: (String, String) -> Bool) async -> Bool {
-            let end = Date().addingTimeInterval(timeout)
-            while Date() < end {
-                if condition(stdout, stderr) { return true }
-                if !process.isRunning { return condition(stdout, stderr) }
-                await pause(0.02)
+            _ = await eventually(within: .seconds(timeout), poll: .milliseconds(20)) {
+                !process.isRunning || condition(stdout, stderr)
             }
             return condition(stdout, stderr)
         }
@@ -195,15 +190,15 @@ enum Harness {
         }
 
         func waitForExit(timeout: Double) async -> Bool {
-            let end = Date().addingTimeInterval(timeout)
-            while process.isRunning && Date() < end { await pause(0.01) }
-            guard !process.isRunning else { return false }
+            guard await eventually(within: .seconds(timeout), { !process.isRunning }) else { return false }
             // Everything it wrote is read once both pipes reach end of file (bounded:
             // a grandchild may still hold them).
-            let drained = Date().addingTimeInterval(2)
-            while !lock.withLock({ streams.allSatisfy(\.closed) }) && Date() < drained { await pause(0.01) }
+            _ = await eventually(within: .seconds(2)) { drained }
             return true
         }
+
+        /// Whether both pipes reached end of file.
+        var drained: Bool { lock.withLock { streams.allSatisfy(\.closed) } }
 
         /// SIGTERM (or `signal`), then SIGKILL after `grace` seconds. Returns the exit status.
         @discardableResult
@@ -220,13 +215,6 @@ enum Harness {
         /// reaps the child).
         func kill() {
             if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
-        }
-
-        /// Sleeps `seconds` without holding a thread (once the task is cancelled
-        /// the thread sleeps instead, so that loops around it neither spin nor
-        /// outlive their deadline).
-        private func pause(_ seconds: Double) async {
-            do { try await Task.sleep(for: .seconds(seconds)) } catch { usleep(UInt32(seconds * 1e6)) }
         }
 
         deinit { kill() }
@@ -260,16 +248,60 @@ enum Harness {
         for l in listen { args += ["-L", l] }
         let server = try Background(turnserver, args + extra)
         // Ready when a probe gets an answer.
-        for _ in 0..<50 {
-            if let r = try? await run("/usr/bin/timeout", ["0.3", stunclient, "-p", "\(port)", "127.0.0.1"], timeout: 2),
-                r.status == 0, r.stdout.contains("reflexive addr")
-            {
-                return server
+        let ready = await eventually(within: .seconds(20), poll: .milliseconds(100)) {
+            guard let r = try? await run("/usr/bin/timeout", ["0.3", stunclient, "-p", "\(port)", "127.0.0.1"], timeout: 2) else {
+                return false
             }
-            try? await Task.sleep(for: .milliseconds(100))
+            return r.status == 0 && r.stdout.contains("reflexive addr")
         }
+        if ready { return server }
         server.kill()
         return nil
+    }
+}
+
+extension Harness {
+    /// Starts coturn's turnutils_peer, a UDP echo on `port` and `port + 1`, and
+    /// waits until both echo a probe (a port found free can be taken by another
+    /// test's socket before the peer binds it: then it exits, or a stranger holds
+    /// the port and nothing echoes). Nil if it is not ready within `limit`.
+    static func startEchoPeer(port: UInt16, within limit: Duration = .seconds(10)) async throws -> Background? {
+        guard let tool = which("turnutils_peer") else { return nil }
+        let peer = try Background(tool, ["-L", "127.0.0.1", "-p", "\(port)"])
+        let probe = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
+        let marker = Array("tusa-peer-probe-\(UUID())".utf8)
+        let ready = try await offPool {
+            eventuallyBlocking(within: limit, poll: .milliseconds(20)) {
+                guard peer.process.isRunning else { return true }
+                return [port, port + 1].allSatisfy { p in
+                    guard (try? probe.sendDatagram(marker, to: TransportAddress(ip: .v4(0x7F00_0001), port: p))) != nil else {
+                        return false
+                    }
+                    // Earlier probes' late echoes are skipped.
+                    while let (bytes, from) = try? probe.receive(timeout: 0.2) {
+                        if bytes == marker && from.port == p { return true }
+                    }
+                    return false
+                }
+            } && peer.process.isRunning
+        }
+        if ready { return peer }
+        await peer.stop(signal: SIGKILL)
+        return nil
+    }
+
+    /// Makes sure a running capture (`tshark -w file`) has recorded everything
+    /// sent before: sends a fresh marker datagram from `probe` to itself (the
+    /// capture filter must match `probe`'s port) until the file holds it. Before
+    /// the traffic it is the readiness signal ("Capturing on" comes a moment before
+    /// the filter is live); after, the sentinel behind the last packets. Capture
+    /// checkers ignore the marker: it is neither STUN, ChannelData nor RTP.
+    static func syncCapture(_ file: String, probe: TestSocket, within limit: Duration = .seconds(15)) async -> Bool {
+        let marker = Data("tusa-capture-probe-\(UUID())".utf8)
+        return await eventually(within: limit, poll: .milliseconds(50)) {
+            try? probe.sendDatagram(Array(marker), to: probe.localAddress)
+            return FileManager.default.contents(atPath: file)?.range(of: marker) != nil
+        }
     }
 }
 

@@ -130,16 +130,19 @@ struct RealPeerTests {
         defer { relay.kill() }
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-live-\(UUID()).pcapng").path
         defer { try? FileManager.default.removeItem(atPath: file) }
+        let probe = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
         let tshark = try Harness.Background(
             try #require(Harness.which("tshark")),
             [
-                "-i", "lo", "-f", "udp portrange \(port)-\(port + 1)", "-w", file, "-q", "-a", "duration:60",
+                "-i", "lo", "-f", "udp portrange \(port)-\(port + 1) or udp port \(probe.localAddress.port)", "-w", file, "-q",
+                "-a", "duration:60",
             ])
         // SIGTERM, not SIGINT: under the test runner children inherit SIGINT ignored.
         defer { tshark.kill() }
         #expect(
             await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)"
         )
+        #expect(await Harness.syncCapture(file, probe: probe), "the capture saw no probe: \(tshark.stderr)")
         let stunclient = try #require(Harness.which("turnutils_stunclient"))
         _ = try await Harness.run("/usr/bin/timeout", ["8", stunclient, "-f", "-p", "\(port)", "127.0.0.1"], timeout: 12)
         let script = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/aioice_srflx.py").path
@@ -147,7 +150,7 @@ struct RealPeerTests {
             try #require(Harness.python), [script, "--stun", "127.0.0.1:\(port)", "--timeout", "8"], timeout: 15)
         _ = try await Harness.run(
             try #require(Harness.tusa), ["stun", "--behavior", "--timeout", "1", "127.0.0.1:\(port)"], timeout: 20)
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(await Harness.syncCapture(file, probe: probe), "the capture fell behind: \(tshark.stderr)")
         #expect(await tshark.stop() == 0, "tshark: \(tshark.stderr)")
         let report = InteropChecker().check(path: file)
         #expect(report.passed, "\(report.failures)")

@@ -85,7 +85,7 @@ struct RelaySocketTests {
                 let other = try TestSocket.udp(bindingTo: loopback)
                 try a.permit(other.localAddress)
                 try other.sendDatagram([1, 2, 3], to: a.relay)
-                let (bytes, _) = try #require(try a.client.receive(timeout: 2))
+                let (bytes, _) = try #require(try a.client.receive(timeout: 10))
                 let m = try Message(decoding: bytes)
                 #expect(m.type == MessageType(method: .data, class: .indication))
                 #expect(try m.value(.data) == .data([1, 2, 3]))
@@ -142,10 +142,10 @@ struct RelaySocketTests {
                     .channelBind, [.channelNumber(0x4001), .xorPeerAddress(peer6.localAddress)], client: flow.client,
                     server: server)
                 try flow.client.sendDatagram([0x40, 0x01, 0x00, 0x03, 7, 8, 9], to: server)
-                let (up, from) = try #require(try peer6.receive(timeout: 2))
+                let (up, from) = try #require(try peer6.receive(timeout: 10))
                 #expect(up == [7, 8, 9] && from == relay6)
                 try peer6.sendDatagram([4, 5], to: relay6)
-                let (down, _) = try #require(try flow.client.receive(timeout: 2))
+                let (down, _) = try #require(try flow.client.receive(timeout: 10))
                 #expect(down == [0x40, 0x01, 0x00, 0x02, 4, 5])
                 // The IPv4 relay still works beside it.
                 try flow.sendUp(3, size: 100)
@@ -167,10 +167,10 @@ struct RelaySocketTests {
                 #expect(!isFree(reserved), "the reserved port is held")
                 try refreshed.deleteAllocation()
                 // Polled: under a full parallel test run the check once raced the close.
-                #expect(waitUntil(2) { isFree(refreshed.relay) }, "Refresh 0 closed the relay socket")
+                #expect(eventuallyBlocking(within: .seconds(10)) { isFree(refreshed.relay) }, "Refresh 0 closed the relay socket")
                 // Lifetime 1 s and a 1 s sweep; the reservation lives 1 s too.
                 #expect(
-                    waitUntil(5) { isFree(expiring.relay) && isFree(held.relay) && isFree(reserved) },
+                    eventuallyBlocking(within: .seconds(15)) { isFree(expiring.relay) && isFree(held.relay) && isFree(reserved) },
                     "expiry closed the relay sockets")
                 return [expiring.relay, refreshed.relay, held.relay, reserved]
             }
@@ -214,13 +214,13 @@ struct RelaySocketTests {
             try flows[0].expectAtClient(5, size: 100)
             #expect(openFDs(pid) == base + 20)
             for flow in flows { try flow.deleteAllocation() }
-            #expect(waitUntil(2) { openFDs(pid) == base }, "Refresh 0 closed every relay socket")
+            #expect(eventuallyBlocking(within: .seconds(10)) { openFDs(pid) == base }, "Refresh 0 closed every relay socket")
             // An EVEN-PORT reservation holds two fds until it is deleted; its held port
             // goes when the reservation expires (30 s by default: not waited for here).
             let held = try Flow(server: server, family: 0x01, channel: false, evenPort: true)
             #expect(openFDs(pid) == base + 2)
             try held.deleteAllocation()
-            #expect(waitUntil(2) { openFDs(pid) == base + 1 }, "the held port stays, the relay goes")
+            #expect(eventuallyBlocking(within: .seconds(10)) { openFDs(pid) == base + 1 }, "the held port stays, the relay goes")
         }
         let status = await relay.stop()
         #expect(status == 0)
@@ -310,7 +310,7 @@ private final class Flow {
 
     func expectAtPeer(_ count: Int, size: Int) throws {
         for _ in 0..<count {
-            let (bytes, from) = try #require(try peer.receive(timeout: 2, capacity: 65_536), "a relayed datagram")
+            let (bytes, from) = try #require(try peer.receive(timeout: 10, capacity: 65_536), "a relayed datagram")
             #expect(from == relay)
             #expect(bytes.count == size)
         }
@@ -318,7 +318,7 @@ private final class Flow {
 
     func expectAtClient(_ count: Int, size: Int) throws {
         for _ in 0..<count {
-            let (bytes, from) = try #require(try client.receive(timeout: 2, capacity: 65_536), "a ChannelData frame")
+            let (bytes, from) = try #require(try client.receive(timeout: 10, capacity: 65_536), "a ChannelData frame")
             #expect(from == server)
             #expect(bytes.count == 4 + size)
             #expect(Array(bytes.prefix(4)) == [0x40, 0x00, UInt8(size >> 8), UInt8(size & 0xFF)])
@@ -354,14 +354,4 @@ private func isFree(_ address: TransportAddress) -> Bool {
 
 private func openFDs(_ pid: Int32) -> Int? {
     try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count
-}
-
-/// Polls `condition` for up to `seconds`; whether it came true.
-private func waitUntil(_ seconds: Double, _ condition: () -> Bool) -> Bool {
-    let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(seconds * 1e9)
-    while !condition() {
-        guard DispatchTime.now().uptimeNanoseconds < deadline else { return false }
-        usleep(20_000)
-    }
-    return true
 }

@@ -34,20 +34,9 @@ private func withRendezvous(_ body: (TransportAddress) async throws -> Void) asy
     _ = try? await running.value
 }
 
-/// The next payload from `connection`, within `seconds`.
-private func next(_ connection: RendezvousConnection, within seconds: Double = 20) async -> (from: PublicKey, payload: [UInt8])? {
-    await withTaskGroup(of: (from: PublicKey, payload: [UInt8])?.self) { group in
-        group.addTask {
-            var it = connection.incoming.makeAsyncIterator()
-            return await it.next()
-        }
-        group.addTask {
-            try? await Task.sleep(for: .seconds(seconds))
-            return nil
-        }
-        defer { group.cancelAll() }
-        return await group.next() ?? nil
-    }
+/// The next payload from `connection`, within 20 s.
+private func next(_ connection: RendezvousConnection) async -> (from: PublicKey, payload: [UInt8])? {
+    await next(connection.incoming, within: .seconds(20))
 }
 
 @Suite("Rendezvous over loopback TCP", .serialized)
@@ -70,10 +59,8 @@ struct RendezvousServiceTests {
 
             // Offline and unknown callees are told apart.
             await b.close()
-            for _ in 0..<100 {  // until the server has seen bob's connection close
-                if try await !a.lookup(bob.publicKey) { break }
-                try await Task.sleep(for: .milliseconds(100))
-            }
+            // Until the server has seen bob's connection close.
+            #expect(try await eventually(within: .seconds(10), poll: .milliseconds(100)) { try await !a.lookup(bob.publicKey) })
             await #expect(throws: RendezvousConnectionError.refused(.offline, "\(bob.publicKey) is offline")) {
                 try await a.send([1], to: bob.publicKey)
             }
@@ -84,17 +71,13 @@ struct RendezvousServiceTests {
             // A second registration of alice's key replaces the first connection.
             let again = try await RendezvousConnection.connect(to: server, identity: alice, timeout: .seconds(30))
             // The old connection is closed by the server (within seconds on a loaded machine).
-            var closedError: RendezvousConnectionError?
-            for _ in 0..<80 {
+            let closed = try await eventually(within: .seconds(20), poll: .milliseconds(250)) {
                 do { _ = try await a.lookup(bob.publicKey) } catch let e as RendezvousConnectionError {
-                    if case .closed = e {
-                        closedError = e
-                        break
-                    }
+                    if case .closed = e { return true }
                 }
-                try await Task.sleep(for: .milliseconds(250))
+                return false
             }
-            #expect(closedError != nil)
+            #expect(closed)
             #expect(try await !again.lookup(bob.publicKey))
             await again.close()
         }
@@ -141,10 +124,10 @@ struct RendezvousServiceTests {
                     guard let hello = try socket.readLengthPrefixed(timeout: 5) else { return ([], false) }
                     try socket.sendAll(bytes)
                     var messages = [try RendezvousMessage(decoding: hello)]
-                    while let frame = try socket.readLengthPrefixed(timeout: 2) {
+                    while let frame = try socket.readLengthPrefixed(timeout: 10) {
                         messages.append(try RendezvousMessage(decoding: frame))
                     }
-                    let eof = try socket.readLengthPrefixed(timeout: 0.2) == nil
+                    let eof = socket.waitForClose(timeout: 10)
                     return (messages, eof)
                 }
                 guard case .hello = reply.0.first else {

@@ -33,31 +33,16 @@ struct TURNClientPeerTests {
                     "-a", "-u", "alice:wonderland", "-r", "example.org", "--allow-loopback-peers",
                 ] + extra), "turnserver did not start")
         defer { server.kill() }
-        // turnutils_peer binds PORT and PORT+1. A port found free can be taken by another
-        // test's ephemeral socket before the peer binds it: then it exits at once, and
-        // another pair is tried.
-        let tool = try #require(Harness.which("turnutils_peer"))
+        // turnutils_peer binds PORT and PORT+1; a pair taken meanwhile is given up
+        // and another tried (see Harness.startEchoPeer).
         var started: (Harness.Background, UInt16)?
-        var failures: [String] = []
+        var failures: [UInt16] = []
         for _ in 0..<5 where started == nil {
             let peerPort = Harness.freePortPair()
-            let peer = try Harness.Background(tool, ["-L", "127.0.0.1", "-p", "\(peerPort)"])
-            let bound = try await Harness.offPool { () -> Bool in
-                for _ in 0..<100 {
-                    if !peer.process.isRunning { return false }
-                    if !Harness.isFree(ip: "127.0.0.1", port: peerPort) {
-                        usleep(50_000)
-                        return peer.process.isRunning
-                    }
-                    usleep(20_000)
-                }
-                return false
-            }
-            if bound {
+            if let peer = try await Harness.startEchoPeer(port: peerPort) {
                 started = (peer, peerPort)
             } else {
-                failures.append("\(peerPort): \(peer.stderr)")
-                await peer.stop(signal: SIGKILL)
+                failures.append(peerPort)
             }
         }
         let (peer, peerPort) = try #require(started, "turnutils_peer did not bind: \(failures)")
@@ -219,7 +204,7 @@ struct TURNClientPeerTests {
                 try await turn.send([UInt8(n)], to: peer)
                 let echo = try await Self.collect(1, from: turn, within: .seconds(3))
                 #expect(echo == [TURNClient.Datagram(peer: peer, payload: [UInt8(n)], channel: 0x4000)], "packet \(n)")
-                try await Task.sleep(for: .milliseconds(500))
+                try await Task.sleep(for: .milliseconds(500))  // pacing, not a wait: the test spans the lifetimes
             }
             try await turn.close(timeout: .seconds(2))
         }

@@ -30,12 +30,9 @@ struct TURNRelayPeerTests {
 
     /// An echo peer on a free loopback port.
     static func startPeer() async throws -> (Harness.Background, UInt16)? {
-        guard let peer = Harness.which("turnutils_peer") else { return nil }
         for _ in 0..<5 {
-            let port = Harness.freePort()
-            let p = try Harness.Background(peer, ["-L", "127.0.0.1", "-p", "\(port)"])
-            try await Task.sleep(for: .milliseconds(200))
-            if p.process.isRunning { return (p, port) }
+            let port = Harness.freePortPair()
+            if let p = try await Harness.startEchoPeer(port: port) { return (p, port) }
         }
         return nil
     }
@@ -224,15 +221,17 @@ struct TURNRelayPeerTests {
         defer { relay.kill() }
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-turn-\(UUID()).pcapng").path
         defer { try? FileManager.default.removeItem(atPath: file) }
+        let probe = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
         let tshark = try Harness.Background(
             try #require(Harness.which("tshark")),
             [
-                "-i", "lo", "-f", "port \(port)", "-w", file, "-q", "-a", "duration:90",
+                "-i", "lo", "-f", "port \(port) or udp port \(probe.localAddress.port)", "-w", file, "-q", "-a", "duration:90",
             ])
         defer { tshark.kill() }
         #expect(
             await tshark.waitFor(timeout: 15) { _, err in err.contains("Capturing on") }, "tshark did not start: \(tshark.stderr)"
         )
+        #expect(await Harness.syncCapture(file, probe: probe), "the capture saw no probe: \(tshark.stderr)")
         for flags in [
             ["-u", "alice", "-w", "wonderland"], ["-s", "-u", "alice", "-w", "wonderland"],
             ["-t", "-u", "alice", "-w", "wonderland"],
@@ -240,7 +239,7 @@ struct TURNRelayPeerTests {
         ] {
             _ = try await Self.uclient(flags, server: port, peer: peerPort, messages: 5, clients: 1)
         }
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(await Harness.syncCapture(file, probe: probe), "the capture fell behind: \(tshark.stderr)")
         #expect(await tshark.stop() == 0, "tshark: \(tshark.stderr)")
         let report = InteropChecker(credentials: Self.interopCredentials).check(path: file)
         #expect(report.passed, "\(report.failures.prefix(10))")
