@@ -3,15 +3,19 @@
 public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible {
     public var nanoseconds: UInt64
 
+    @inlinable
     public init(nanoseconds: UInt64) { self.nanoseconds = nanoseconds }
 
     public static let zero = Timestamp(nanoseconds: 0)
 
     /// `s` seconds after zero (for virtual clocks).
+    @inlinable
     public static func seconds(_ s: UInt64) -> Timestamp { Timestamp(nanoseconds: s * 1_000_000_000) }
 
+    @inlinable
     public static func < (a: Timestamp, b: Timestamp) -> Bool { a.nanoseconds < b.nanoseconds }
 
+    @inlinable
     public static func + (t: Timestamp, d: Duration) -> Timestamp {
         let ns = d.nanoseconds
         if ns >= 0 {
@@ -22,6 +26,7 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
         return Timestamp(nanoseconds: t.nanoseconds > magnitude ? t.nanoseconds - magnitude : 0)
     }
 
+    @inlinable
     public static func - (a: Timestamp, b: Timestamp) -> Duration {
         a >= b
             ? .nanoseconds(Int64(clamping: a.nanoseconds - b.nanoseconds))
@@ -33,6 +38,7 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
 
 extension Duration {
     /// The duration in whole nanoseconds, saturating.
+    @inlinable
     public var nanoseconds: Int64 {
         let (s, a) = components
         let (ns, o1) = s.multipliedReportingOverflow(by: 1_000_000_000)

@@ -12,7 +12,29 @@ public enum IPAddress: Hashable, Sendable, CustomStringConvertible {
     /// 16 bytes, network order, as two big-endian halves.
     case v6(high: UInt64, low: UInt64)
 
+    // Written out (not synthesized) so that the relay's per-packet lookups, in
+    // other modules, inline them.
+    @inlinable
+    public static func == (a: IPAddress, b: IPAddress) -> Bool {
+        switch (a, b) {
+        case (.v4(let x), .v4(let y)): x == y
+        case (.v6(let h1, let l1), .v6(let h2, let l2)): h1 == h2 && l1 == l2
+        default: false
+        }
+    }
+
+    @inlinable
+    public func hash(into hasher: inout Hasher) {
+        switch self {
+        case .v4(let a): hasher.combine(a)
+        case .v6(let high, let low):
+            hasher.combine(high)
+            hasher.combine(low)
+        }
+    }
+
     /// The STUN address family number (RFC 8489 §14.1): 0x01 IPv4, 0x02 IPv6.
+    @inlinable
     public var family: UInt8 {
         switch self {
         case .v4: 0x01
@@ -80,9 +102,19 @@ public struct TransportAddress: Hashable, Sendable, CustomStringConvertible {
     public var ip: IPAddress
     public var port: UInt16
 
+    @inlinable
     public init(ip: IPAddress, port: UInt16) {
         self.ip = ip
         self.port = port
+    }
+
+    @inlinable
+    public static func == (a: TransportAddress, b: TransportAddress) -> Bool { a.port == b.port && a.ip == b.ip }
+
+    @inlinable
+    public func hash(into hasher: inout Hasher) {
+        ip.hash(into: &hasher)
+        hasher.combine(port)
     }
 
     /// Parses `1.2.3.4:5`, `[::1]:5`; with `defaultPort`, also `1.2.3.4` and `::1` / `[::1]`.
