@@ -76,12 +76,6 @@ public struct CallReport: Sendable, Codable, Equatable {
     }
 }
 
-/// This machine's IPv4 addresses (host candidates), best first: loopback, when
-/// included, last (it reaches only this machine). ``NetworkInterfaces/addresses(_:includeLoopback:)``.
-public func hostAddresses(includeLoopback: Bool) -> [IPAddress] {
-    NetworkInterfaces.addresses(.ipv4, includeLoopback: includeLoopback)
-}
-
 /// Which candidates a call offers (WebRTC's iceTransportPolicy).
 public enum CandidatePolicy: String, Sendable, CaseIterable {
     /// Host, server-reflexive and relayed: direct when the NATs allow.
@@ -335,7 +329,7 @@ public final class CallAgent: Sendable {
     private func gather(_ endpoint: SecureUDPEndpoint, again: Bool) async throws -> [ICELocalCandidate] {
         var candidates: [ICELocalCandidate] = []
         if options.candidatePolicy == .all {
-            candidates = hostAddresses(includeLoopback: options.includeLoopback).enumerated().map { i, ip in
+            candidates = NetworkInterfaces.addresses(.ipv4, includeLoopback: options.includeLoopback).enumerated().map { i, ip in
                 .host(
                     TransportAddress(ip: ip, port: endpoint.localAddress.port), base: ICEBase.socket,
                     localPreference: UInt32(65535 - i))
@@ -494,7 +488,7 @@ public final class CallAgent: Sendable {
         let roleName = role.rawValue
         var controller = CallController(
             role: role, peer: peer, call: callID, configuration: options.control,
-            localAddresses: Set(hostAddresses(includeLoopback: options.includeLoopback)), now: Self.now())
+            localAddresses: Set(NetworkInterfaces.addresses(.ipv4, includeLoopback: options.includeLoopback)), now: Self.now())
         if link.withLock({ $0.closed }) { controller.handle(.rendezvousLost, now: Self.now()) }
         let endpointEvents = Task {
             for await event in endpoint.events { feed.yield(.endpoint(event)) }
@@ -537,7 +531,7 @@ public final class CallAgent: Sendable {
                         controller.handle(.rejoinFailed, now: Self.now())
                     }
                 case .lookAtLocalAddresses:
-                    let current = Set(hostAddresses(includeLoopback: options.includeLoopback))
+                    let current = Set(NetworkInterfaces.addresses(.ipv4, includeLoopback: options.includeLoopback))
                     let before = controller.localAddresses
                     if current != before {
                         logger.info(

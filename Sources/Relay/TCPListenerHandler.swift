@@ -84,7 +84,7 @@ final class TCPListenerHandler: ChannelInboundHandler {
     private func leaveLane() {
         guard let lane, let tuple else { return }
         lane.connections[tuple] = nil
-        lane.core.connectionClosed(tuple, now: TURNLane.now)
+        lane.core.connectionClosed(tuple, now: Timestamp.now())
         lane.reportEvents()
         self.lane = nil
     }

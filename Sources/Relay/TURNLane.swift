@@ -141,13 +141,11 @@ final class TURNLane: TURNRelayPorts {
         }
     }
 
-    static var now: Timestamp { Timestamp.now() }
-
     /// Starts the expiry sweep and the poller thread that wakes the loop for peer datagrams.
     func start() {
         let lane = NIOLoopBound(self, eventLoop: loop)
         sweep = loop.scheduleRepeatedTask(initialDelay: Self.sweepInterval, delay: Self.sweepInterval) { _ in
-            lane.value.core.handleTimeout(now: Self.now)
+            lane.value.core.handleTimeout(now: Timestamp.now())
             lane.value.reportEvents()
         }
         guard relaySet >= 0, poller == nil else { return }
@@ -184,7 +182,7 @@ final class TURNLane: TURNRelayPorts {
         guard !stopped else { return }
         stopped = true
         sweep?.cancel()
-        core.deleteAll(now: Self.now)
+        core.deleteAll(now: Timestamp.now())
         reportEvents()
         for address in Array(relays.keys) { closeRelay(address) }
         poller?.stop()
@@ -202,7 +200,7 @@ final class TURNLane: TURNRelayPorts {
         guard !stopped else { return nil }
         defer { reportEvents() }
         return bytes.withUnsafeReadableBytes { raw -> [UInt8]? in
-            switch core.handleClient(raw, from: tuple, now: Self.now) {
+            switch core.handleClient(raw, from: tuple, now: Timestamp.now()) {
             case .reply(let answer): return answer
             case .drop: return nil
             case .relay(let allocation, let peer, let range):
@@ -256,7 +254,7 @@ final class TURNLane: TURNRelayPorts {
         while total < limit, socket.fd >= 0 {
             let count = inbox.receive(from: socket.fd, atMost: limit - total)
             total += count
-            let now = Self.now
+            let now = Timestamp.now()
             for i in 0..<count {
                 let (payload, from) = inbox.datagram(i)
                 guard let from else { continue }
