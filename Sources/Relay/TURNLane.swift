@@ -204,7 +204,7 @@ final class TURNLane: TURNRelayPorts {
             case .reply(let answer): return answer
             case .drop: return nil
             case .relay(let allocation, let peer, let range):
-                guard let relay = allocation.relays.first(where: { $0.ip.family == peer.ip.family }) ?? allocation.relays.first,
+                guard let relay = allocation.relay(toward: peer),
                     let socket = relays[relay], socket.fd >= 0, range.lowerBound >= 0, range.upperBound <= raw.count
                 else {
                     core.recordDrop(.noRelaySocket)

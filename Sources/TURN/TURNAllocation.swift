@@ -10,6 +10,12 @@ public final class TURNAllocation {
     public let username: String
     /// The relayed transport addresses as bound (IPv4 and/or IPv6).
     public let relays: [TransportAddress]
+
+    /// The relayed address that sends to `peer`: the one of the peer's family (an
+    /// allocation with ADDITIONAL-ADDRESS-FAMILY has one of each), else the first.
+    public func relay(toward peer: TransportAddress) -> TransportAddress? {
+        relays.first { $0.ip.family == peer.ip.family } ?? relays.first
+    }
     /// Whether the client asked for DONT-FRAGMENT.
     public let dontFragment: Bool
     public internal(set) var expiry: Timestamp

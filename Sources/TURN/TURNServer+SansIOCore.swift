@@ -32,8 +32,8 @@ extension TURNServer: SansIOCore {
             case .reply(let reply):
                 actions.append(.sendToClient(reply, tuple))
             case .relay(let allocation, let peer, let range):
-                guard let relay = allocation.relays.first(where: { $0.ip.family == peer.ip.family }) else {
-                    recordDrop(.peerFamily)
+                guard let relay = allocation.relay(toward: peer) else {
+                    recordDrop(.noRelaySocket)
                     return
                 }
                 actions.append(.sendToPeer(Array(bytes[range]), relay: relay, peer: peer))
