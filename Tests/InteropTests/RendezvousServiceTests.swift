@@ -85,9 +85,10 @@ struct RendezvousServiceTests {
 
     @Test func aFloodingClientIsCutOffAndItsRequestsFailPromptly() async throws {
         try await withRendezvous { server in
+            let clock = ContinuousClock()
+            let connecting = clock.now
             let a = try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30))
             let key = PrivateKey.generate().publicKey
-            let clock = ContinuousClock()
             let start = clock.now
             var answered = 0
             var closed = 0
@@ -104,7 +105,15 @@ struct RendezvousServiceTests {
                     }
                 }
             }
-            #expect(answered <= 101 && closed > 0, "answered \(answered), closed \(closed), other \(other)")
+            // The bucket holds 100 requests (the registration took one) and refills
+            // at 20 a second from the moment the connection opened: a slow machine
+            // earns a few more answers, never 150.
+            let took = connecting.duration(to: clock.now)
+            let refilled = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
+            let allowed = 99 + Int((refilled * 20).rounded(.up))
+            #expect(
+                answered <= allowed && closed > 0,
+                "answered \(answered) (allowed \(allowed) in \(took)), closed \(closed), other \(other)")
             #expect(other.isEmpty, "\(other)")
             #expect(
                 start.duration(to: clock.now) < .seconds(9), "requests waited for the timeout instead of failing on the close")
