@@ -279,7 +279,16 @@ let package = Package(
         ),
         .testTarget(
             name: "TransportTests",
-            dependencies: ["Transport", "TusaBase"],
+            dependencies: [
+                "Transport", "Secure", "TusaBase",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "TusaBaseTests",
+            dependencies: ["TusaBase"],
             swiftSettings: strict
         ),
         // Capture-side pieces without real peers (the rtpdump writer).

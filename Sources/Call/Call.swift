@@ -335,11 +335,11 @@ public final class CallAgent: Sendable {
                     localPreference: UInt32(65535 - i))
             }
         }
-        var relayProblem: String?
+        var relayProblem: RelayProblem?
         if let grant = rendezvous.turn {
             let configuration = TURNClient.Configuration(username: grant.username, password: grant.password)
             let servers = Self.turnServers(grant)
-            if servers.isEmpty { relayProblem = "no TURN URI among \(grant.uris)" }
+            if servers.isEmpty { relayProblem = .noUsableURI(grant.uris) }
             // UDP first; TURN over TCP where UDP is blocked (the relay still talks UDP to the peer).
             var first = !again
             for (server, transport) in servers {
@@ -360,17 +360,17 @@ public final class CallAgent: Sendable {
                     break
                 } catch {
                     first = false
-                    relayProblem = "\(transport.rawValue) \(server): \(error)"
+                    relayProblem = .allocationFailed(server, transport, ErrorCause(error))
                     logger.warning(
                         "no relayed candidate",
                         metadata: ["server": "\(server)", "transport": "\(transport.rawValue)", "error": "\(error)"])
                 }
             }
         } else {
-            relayProblem = "the rendezvous gave no TURN credentials (tusa relay --static-auth-secret)"
+            relayProblem = .noCredentials
         }
         if options.candidatePolicy == .relay && !candidates.contains(where: { $0.candidate.type == .relay }) {
-            throw CallError.noPath("relay-only, but no relay: \(relayProblem ?? "?")")
+            throw CallError.noRelay(relayProblem ?? .noCredentials)
         }
         return candidates
     }
@@ -404,7 +404,7 @@ public final class CallAgent: Sendable {
         let c: RendezvousConnection
         do { c = try await RendezvousConnection.connect(to: server, identity: identity.privateKey, timeout: .seconds(2)) } catch {
             logger.info("the rendezvous is still unreachable", metadata: ["error": "\(error)"])
-            throw error as? RendezvousConnectionError ?? .closed("\(error)")
+            throw error as? RendezvousConnectionError ?? .closed(ErrorCause(error))
         }
         let generation = link.withLock { link in
             link.generation += 1

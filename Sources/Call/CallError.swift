@@ -1,5 +1,6 @@
 import ICE
 import Transport
+import TusaBase
 
 /// Why a call could not be placed, answered or kept up. Where a lower layer
 /// failed, its error is kept as it was thrown.
@@ -8,6 +9,8 @@ public enum CallError: Error, Equatable, Sendable, CustomStringConvertible {
     case unsupported(String)
     case rejected(String)
     case noPath(String)
+    /// Relay-only was asked for, and no relayed candidate could be had.
+    case noRelay(RelayProblem)
     /// ICE could not start or found no pair.
     case ice(SecureTransportError)
     /// Our handshake on the selected pair got no answer (the caller's side).
@@ -23,11 +26,30 @@ public enum CallError: Error, Equatable, Sendable, CustomStringConvertible {
         case .unsupported(let s): "unsupported: \(s)"
         case .rejected(let s): "the call was refused: \(s)"
         case .noPath(let s): "no path to the peer: \(s)"
+        case .noRelay(let problem): "no path to the peer: relay-only, but no relay: \(problem)"
         case .ice(let e): "no path to the peer: \(e)"
         case .handshakeFailed(let pair, let e): "no path to the peer: the handshake on \(pair) failed: \(e)"
         case .handshakeMissing(let pair, let e): "no path to the peer: the caller's handshake did not arrive on \(pair): \(e)"
         case .timedOut(let s): "timed out: \(s)"
         case .failed(let s): s
+        }
+    }
+}
+
+/// Why a call has no relayed candidate.
+public enum RelayProblem: Hashable, Sendable, CustomStringConvertible {
+    /// The rendezvous handed out no TURN credentials.
+    case noCredentials
+    /// None of the grant's TURN URIs is one this client speaks (`turn:` with an address).
+    case noUsableURI([String])
+    /// The last relay tried refused or did not answer; its error is the cause.
+    case allocationFailed(TransportAddress, TURNClientConnection.TransportProtocol, ErrorCause)
+
+    public var description: String {
+        switch self {
+        case .noCredentials: "the rendezvous gave no TURN credentials (tusa relay --static-auth-secret)"
+        case .noUsableURI(let uris): "no usable TURN URI among \(uris)"
+        case .allocationFailed(let server, let transport, let cause): "\(transport.rawValue) \(server): \(cause)"
         }
     }
 }

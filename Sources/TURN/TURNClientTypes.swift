@@ -28,8 +28,9 @@ public enum TURNClientError: Error, Hashable, Sendable, CustomStringConvertible 
     case invalidArgument(String)
     /// The client was closed, or deallocated, while the operation waited.
     case closed
-    /// The network refused, or the connection to the server broke (drivers only).
-    case transport(String)
+    /// The network refused, or the connection to the server broke (drivers
+    /// only): what failed, and the socket's error where there was one.
+    case transport(String, ErrorCause?)
 
     public var description: String {
         switch self {
@@ -44,7 +45,8 @@ public enum TURNClientError: Error, Hashable, Sendable, CustomStringConvertible 
         case .channelsExhausted: "no channel numbers left"
         case .invalidArgument(let why): why
         case .closed: "client closed"
-        case .transport(let why): why
+        case .transport(let what, nil): what
+        case .transport(let what, let cause?): "\(what): \(cause)"
         }
     }
 }

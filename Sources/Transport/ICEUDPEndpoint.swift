@@ -17,7 +17,10 @@ public struct ICEDescription: Hashable, Sendable {
 }
 
 public enum ICEEndpointError: Error, Hashable, Sendable, CustomStringConvertible {
-    case bind(String)
+    /// The socket could not be bound to the address; the system's error is the cause.
+    case bind(String, ErrorCause)
+    /// The bound socket reports no local address.
+    case noLocalAddress
     case closed
     /// No pair was selected in time.
     case timedOut(Duration)
@@ -29,7 +32,8 @@ public enum ICEEndpointError: Error, Hashable, Sendable, CustomStringConvertible
 
     public var description: String {
         switch self {
-        case .bind(let s): "cannot bind: \(s)"
+        case .bind(let address, let cause): "cannot bind \(address): \(cause)"
+        case .noLocalAddress: "the bound socket has no local address"
         case .closed: "the ICE endpoint is closed"
         case .timedOut(let d): "no ICE pair was selected within \(d)"
         case .failed(let s): "ICE failed: \(s)"
@@ -92,11 +96,11 @@ public final class ICEUDPEndpoint: Sendable {
         } catch {
             incomingYield.finish()
             eventsYield.finish()
-            throw .bind("\(host):\(port): \(error)")
+            throw .bind("\(host):\(port)", ErrorCause(error))
         }
         guard let local = channel.localAddress.flatMap({ TransportAddress($0) }) else {
             try? await channel.close()
-            throw .bind("no local address")
+            throw .noLocalAddress
         }
         let ips = hostAddresses ?? [local.ip]
         let candidates = ips.enumerated().map { i, ip in
@@ -115,7 +119,7 @@ public final class ICEUDPEndpoint: Sendable {
             return ICEUDPEndpoint(channel: channel, engine: engine, localAddress: local, incoming: incoming, events: events)
         } catch {
             try? await channel.close()
-            throw .bind("\(error)")
+            throw .bind("\(local)", ErrorCause(error))
         }
     }
 

@@ -7,20 +7,26 @@ import TusaBase
 
 /// Errors of a rendezvous connection as a client sees them.
 public enum RendezvousConnectionError: Error, Equatable, Sendable, CustomStringConvertible {
-    case connectFailed(TransportAddress, String)
+    /// The TCP connection could not be made; the socket's error is the cause.
+    case connectFailed(TransportAddress, ErrorCause)
     /// No registration answer within the timeout.
     case timedOut(TransportAddress)
     /// The server refused (offline or unknown peer, bad proof, replaced, ...).
     case refused(RendezvousErrorCode, String)
-    /// The connection closed (or broke) before an answer.
-    case closed(String)
+    /// The connection closed before an answer: by the server (no cause), or
+    /// broken by the error that is the cause.
+    case closed(ErrorCause?)
+    /// The server answered a request with something that does not answer it.
+    case unexpectedAnswer(String)
 
     public var description: String {
         switch self {
         case .connectFailed(let a, let why): "cannot reach the rendezvous at \(a): \(why)"
         case .timedOut(let a): "the rendezvous at \(a) did not answer in time"
         case .refused(let code, let detail): "the rendezvous refused (\(code.rawValue)): \(detail)"
-        case .closed(let why): "the rendezvous connection closed: \(why)"
+        case .closed(nil): "the rendezvous connection was closed by the server"
+        case .closed(let cause?): "the rendezvous connection broke: \(cause)"
+        case .unexpectedAnswer(let what): "the rendezvous answered with \(what)"
         }
     }
 }
@@ -82,8 +88,8 @@ public final class RendezvousConnection: Sendable {
                 }
                 .connect(to: SocketAddress(server)).get()
         } catch {
-            registered.fail(RendezvousConnectionError.connectFailed(server, "\(error)"))
-            throw RendezvousConnectionError.connectFailed(server, "\(error)")
+            registered.fail(RendezvousConnectionError.connectFailed(server, ErrorCause(error)))
+            throw RendezvousConnectionError.connectFailed(server, ErrorCause(error))
         }
         let turn: TURNGrant?
         do {
@@ -105,7 +111,7 @@ public final class RendezvousConnection: Sendable {
     /// Whether `peer` is registered now.
     public func lookup(_ peer: PublicKey) async throws -> Bool {
         let event = try await request { core, now in core.lookup(peer, now: now) }
-        guard case .lookup(_, _, let online) = event else { throw RendezvousConnectionError.closed("unexpected answer \(event)") }
+        guard case .lookup(_, _, let online) = event else { throw RendezvousConnectionError.unexpectedAnswer("\(event)") }
         return online
     }
 
@@ -113,7 +119,7 @@ public final class RendezvousConnection: Sendable {
     /// `.refused(.offline/.unknownPeer, …)` otherwise).
     public func send(_ payload: [UInt8], to peer: PublicKey) async throws {
         let event = try await request { core, now in try core.send(payload, to: peer, now: now) }
-        guard case .sent = event else { throw RendezvousConnectionError.closed("unexpected answer \(event)") }
+        guard case .sent = event else { throw RendezvousConnectionError.unexpectedAnswer("\(event)") }
     }
 
     public func close() async {
@@ -136,7 +142,7 @@ final class RendezvousDriver {
     private var registered: EventLoopPromise<TURNGrant?>?
     private var pending: [UInt32: EventLoopPromise<RendezvousClient.Event>] = [:]
     private let yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation
-    private var closedReason: String?
+    private var ended: RendezvousConnectionError?
 
     init(
         core: RendezvousClient, server: TransportAddress, channel: any Channel, registered: EventLoopPromise<TURNGrant?>,
@@ -148,7 +154,7 @@ final class RendezvousDriver {
         self.yield = yield
         host = CoreHost(core, on: channel.eventLoop) { [unowned self] action in
             perform(action)
-        } afterActions: { [unowned self] in
+        } afterActions: {
             channel.flush()
         }
     }
@@ -158,15 +164,15 @@ final class RendezvousDriver {
     func received(_ bytes: [UInt8]) { host.handle(.received(bytes)) }
 
     func request(_ make: (inout RendezvousClient, Timestamp) throws -> UInt32) -> EventLoopFuture<RendezvousClient.Event> {
-        if let closedReason { return channel.eventLoop.makeFailedFuture(RendezvousConnectionError.closed(closedReason)) }
+        if let ended { return channel.eventLoop.makeFailedFuture(ended) }
         let promise = channel.eventLoop.makePromise(of: RendezvousClient.Event.self)
         do {
             let id = try host.with(make)
             // Writing the request may have found the connection gone (a write that fails
             // at once fails the connection before `with` returns); else the promise is in
             // place before the answer can come, which needs the network.
-            if let closedReason {
-                promise.fail(RendezvousConnectionError.closed(closedReason))
+            if let ended {
+                promise.fail(ended)
             } else {
                 pending[id] = promise
             }
@@ -179,13 +185,14 @@ final class RendezvousDriver {
     private func perform(_ action: RendezvousClient.Action) {
         switch action {
         case .write(let bytes):
-            channel.write(channel.allocator.buffer(bytes: bytes)).whenFailure { [weak self] error in
-                self?.fail("\(error)")
+            let driver = NIOLoopBound(self, eventLoop: channel.eventLoop)
+            channel.write(channel.allocator.buffer(bytes: bytes)).whenFailure { error in
+                driver.value.fail(ErrorCause(error))
             }
         case .event(let event):
             handle(event)
         case .failed(let error):
-            fail("\(error)")
+            fail(ErrorCause(error))
             channel.close(promise: nil)
         }
     }
@@ -220,14 +227,15 @@ final class RendezvousDriver {
     }
 
     /// The connection is gone: everyone waiting learns why.
-    func fail(_ reason: String) {
-        guard closedReason == nil else { return }
-        closedReason = reason
+    func fail(_ reason: ErrorCause?) {
+        guard ended == nil else { return }
+        let error = RendezvousConnectionError.closed(reason)
+        ended = error
         host.stop()
         let waiting = pending
         pending = [:]
-        for (_, promise) in waiting { promise.fail(RendezvousConnectionError.closed(reason)) }
-        registered?.fail(RendezvousConnectionError.closed(reason))
+        for (_, promise) in waiting { promise.fail(error) }
+        registered?.fail(error)
         registered = nil
         yield.finish()
     }
@@ -252,12 +260,12 @@ final class RendezvousClientHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        driver.fail("closed by the server")
+        driver.fail(nil)
         context.fireChannelInactive()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        driver.fail("\(error)")
+        driver.fail(ErrorCause(error))
         context.close(promise: nil)
     }
 }

@@ -27,7 +27,10 @@ public enum SecureUDPEvent: Sendable, Equatable {
 
 /// Errors of the secure UDP driver.
 public enum SecureTransportError: Error, Equatable, Sendable, CustomStringConvertible {
-    case bind(String)
+    /// The socket could not be bound to the address; the system's error is the cause.
+    case bind(String, ErrorCause)
+    /// The bound socket reports no local address.
+    case noLocalAddress
     case closed
     case timeout
     case handshakeFailed
@@ -38,7 +41,8 @@ public enum SecureTransportError: Error, Equatable, Sendable, CustomStringConver
 
     public var description: String {
         switch self {
-        case .bind(let s): "cannot bind: \(s)"
+        case .bind(let address, let cause): "cannot bind \(address): \(TURNClientConnection.describe(cause.error))"
+        case .noLocalAddress: "the bound socket has no local address"
         case .closed: "the endpoint is closed"
         case .timeout: "timed out"
         case .handshakeFailed: "the peer did not answer the handshake"
@@ -133,7 +137,7 @@ public final class SecureUDPEndpoint: Sendable {
                 .get()
         } catch {
             continuation.finish()
-            throw .bind("\(host):\(port): \(TURNClientConnection.describe(error))")
+            throw .bind("\(host):\(port)", ErrorCause(error))
         }
         do {
             let engine = try await channel.eventLoop.submit {
@@ -142,14 +146,15 @@ public final class SecureUDPEndpoint: Sendable {
                     eventLoop: channel.eventLoop)
             }.get()
             guard let local = channel.localAddress.flatMap({ TransportAddress($0) }) else {
-                throw SecureTransportError.bind("no local address")
+                throw SecureTransportError.noLocalAddress
             }
             return SecureUDPEndpoint(
                 channel: channel, engine: engine, localAddress: local, publicKey: identity.publicKey, events: stream)
         } catch {
             try? await channel.close()
             continuation.finish()
-            throw .bind("\(error)")
+            if let error = error as? SecureTransportError { throw error }
+            throw .bind("\(host):\(port)", ErrorCause(error))
         }
     }
 

@@ -118,7 +118,7 @@ public final class TURNClientConnection: Sendable {
             }
         } catch {
             continuation.finish()
-            throw .transport("cannot connect over \(transport.rawValue): \(Self.describe(error))")
+            throw .transport("cannot connect over \(transport.rawValue)", ErrorCause(error))
         }
         do {
             let engine = try await channel.eventLoop.submit {
@@ -136,7 +136,7 @@ public final class TURNClientConnection: Sendable {
         } catch {
             try? await channel.close()
             continuation.finish()
-            throw .transport("cannot set up the connection to \(server): \(error)")
+            throw .transport("cannot set up the connection to \(server)", ErrorCause(error))
         }
     }
 
@@ -263,7 +263,7 @@ public final class TURNClientConnection: Sendable {
         } catch let error as TURNClientError {
             throw error
         } catch {
-            throw .transport("\(error)")
+            throw .transport("the connection's event loop is gone", ErrorCause(error))
         }
     }
 
@@ -458,7 +458,7 @@ final class TURNDatagramHandler: ChannelInboundHandler {
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
         // On a connected socket, ICMP port unreachable arrives as ECONNREFUSED.
-        engine.shutDown(.transport("the server refused (nothing listening?): \(TURNClientConnection.describe(error))"))
+        engine.shutDown(.transport("the server refused (nothing listening?)", ErrorCause(error)))
         context.close(promise: nil)
     }
 
@@ -486,18 +486,18 @@ final class TURNStreamHandler: ChannelInboundHandler {
                 }
             }
         } catch {
-            engine.shutDown(.transport("the server's stream cannot be framed: \(error.message)"))
+            engine.shutDown(.transport("the server's stream cannot be framed", ErrorCause(error)))
             context.close(promise: nil)
         }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
-        engine.shutDown(.transport("connection to the server failed: \(TURNClientConnection.describe(error))"))
+        engine.shutDown(.transport("connection to the server failed", ErrorCause(error)))
         context.close(promise: nil)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        engine.shutDown(.transport("the server closed the connection"))
+        engine.shutDown(.transport("the server closed the connection", nil))
         context.fireChannelInactive()
     }
 }
