@@ -46,8 +46,6 @@ final class TURNLane: TURNRelayPorts {
     let core: TURNServer
     let plan: RelayAddressPlan
     let logger: Logger
-    /// Seconds between expiry sweeps.
-    static let sweepInterval = TimeAmount.seconds(1)
 
     /// The UDP listener channel of each server address, on this loop.
     var listeners: [TransportAddress: any Channel] = [:]
@@ -93,7 +91,9 @@ final class TURNLane: TURNRelayPorts {
     /// so that a large drain does not push a listener past its write-buffer watermark.
     static let groupedBytesLimit = 32 * 1024
 
-    private var sweep: RepeatedTask?
+    /// The core's next deadline (its expiry sweep), armed after every sweep: the
+    /// hot paths do not move it, so it is not re-read per packet.
+    private var sweep: Scheduled<Void>?
     private var nextPort: [UInt8: Int] = [:]
     /// Set by `stop()`: nothing new is allocated while the service drains.
     private var stopped = false
@@ -144,10 +144,8 @@ final class TURNLane: TURNRelayPorts {
     /// Starts the expiry sweep and the poller thread that wakes the loop for peer datagrams.
     func start() {
         let lane = NIOLoopBound(self, eventLoop: loop)
-        sweep = loop.scheduleRepeatedTask(initialDelay: Self.sweepInterval, delay: Self.sweepInterval) { _ in
-            lane.value.core.handleTimeout(now: Timestamp.now())
-            lane.value.reportEvents()
-        }
+        core.handleTimeout(now: Timestamp.now())
+        armSweep()
         guard relaySet >= 0, poller == nil else { return }
         guard let poller = RelayPoller(relaySet: relaySet, name: "tusa-relay-poll") else {
             logger.error("cannot start the relay poller thread; peers' datagrams will not be read")
@@ -175,6 +173,18 @@ final class TURNLane: TURNRelayPorts {
                     )
                 }
             }
+    }
+
+    /// Schedules the core's `handleTimeout` at its `nextDeadline`, again after each.
+    private func armSweep() {
+        guard !stopped, let deadline = core.nextDeadline else { return }
+        let lane = NIOLoopBound(self, eventLoop: loop)
+        sweep = loop.scheduleTask(deadline: .uptimeNanoseconds(deadline.nanoseconds)) {
+            let lane = lane.value
+            lane.core.handleTimeout(now: Timestamp.now())
+            lane.reportEvents()
+            lane.armSweep()
+        }
     }
 
     /// Deletes every allocation, closes every relay socket, stops the poller. Idempotent.
