@@ -23,6 +23,7 @@ let package = Package(
         .library(name: "Rendezvous", targets: ["Rendezvous"]),
         .library(name: "ICE", targets: ["ICE"]),
         .library(name: "CallControl", targets: ["CallControl"]),
+        .library(name: "Party", targets: ["Party"]),
         .library(name: "Call", targets: ["Call"]),
         .executable(name: "tusa", targets: ["tusa"]),
     ],
@@ -98,6 +99,14 @@ let package = Package(
         .target(
             name: "CallControl",
             dependencies: ["TusaBase", "Secure"],
+            swiftSettings: strict
+        ),
+        // Parties, sans-IO: the relay's room rules (rosters, forwarding, speaker
+        // selection, member ids bound to sessions) and a member's (joining, sender
+        // keys sealed end to end in SFrame-style frames, rekeys on joins and leaves).
+        .target(
+            name: "Party",
+            dependencies: ["TusaBase", "Secure", "Rendezvous"],
             swiftSettings: strict
         ),
         // The call layer: signaling through the rendezvous + path + secure session +
@@ -247,6 +256,12 @@ let package = Package(
         .testTarget(
             name: "CallControlTests",
             dependencies: ["CallControl", "Secure", "TusaBase"],
+            swiftSettings: strict
+        ),
+        // Rooms on a virtual clock: joins, leaves, kicks, rekeys racing, speakers, spoofing.
+        .testTarget(
+            name: "PartyTests",
+            dependencies: ["Party", "Secure", "TusaBase"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -26,7 +26,7 @@ rules = {
     "Transport": {"Relay", "CRelayIO", "NIOSSL", "NIOHTTP1", "Prometheus", "ServiceLifecycle", "CoreMetrics"},
     # sans-IO cores: no sockets, no event loops
     **{core: {"NIOCore", "NIOPosix", "Transport", "Relay", "CRelayIO"} for core in
-       ["TusaBase", "STUN", "TURN", "Secure", "ICE", "Rendezvous", "Voice"] + [t for t in ["CallControl"] if t in targets]},
+       ["TusaBase", "STUN", "TURN", "Secure", "ICE", "Rendezvous", "Voice"] + [t for t in ["CallControl", "Party"] if t in targets]},
 }
 failed = False
 for target, forbidden in rules.items():

@@ -13,14 +13,14 @@ public protocol SecureRandom {
 
 extension SecureRandom {
     /// `count` random bytes.
-    mutating func bytes(_ count: Int) -> [UInt8] {
+    public mutating func bytes(_ count: Int) -> [UInt8] {
         var b = [UInt8](repeating: 0, count: count)
         b.withUnsafeMutableBytes { fill($0) }
         return b
     }
 
     /// A random 32-bit value.
-    mutating func uint32() -> UInt32 {
+    public mutating func uint32() -> UInt32 {
         var v: UInt32 = 0
         withUnsafeMutableBytes(of: &v) { fill($0) }
         return v

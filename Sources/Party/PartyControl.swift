@@ -1,0 +1,88 @@
+import Foundation
+import Secure
+
+/// A member as the roster shows it: its id in the room and the static key its
+/// session with the relay proved. Members seal their sender keys to exactly the
+/// keys their roster shows.
+public struct RosterEntry: Codable, Hashable, Sendable {
+    public var member: MemberID
+    /// The member's static X25519 public key, base64.
+    public var key: String
+    public var creator: Bool
+    public var muted: Bool
+
+    public init(member: MemberID, key: PublicKey, creator: Bool, muted: Bool = false) {
+        self.member = member
+        self.key = key.base64
+        self.creator = creator
+        self.muted = muted
+    }
+
+    public var publicKey: PublicKey? { PublicKey(base64: key) }
+}
+
+/// Why a member is no longer in a room.
+public enum LeaveReason: String, Codable, Hashable, Sendable {
+    case left
+    case kicked
+    /// Its session with the relay closed or went silent.
+    case disconnected
+    case roomClosed = "room-closed"
+}
+
+/// Why the relay refused a party request. The raw values travel on the wire.
+public enum PartyErrorCode: String, Codable, Hashable, Sendable {
+    case malformed
+    case noSuchRoom = "no-such-room"
+    case notInvited = "not-invited"
+    case full
+    case notInRoom = "not-in-room"
+    case alreadyInRoom = "already-in-room"
+    case notCreator = "not-creator"
+    case noSuchMember = "no-such-member"
+    case tooManyRooms = "too-many-rooms"
+    case badName = "bad-name"
+}
+
+/// A party control message, inside the member's hop-by-hop session with the
+/// relay: type byte 0x02, then JSON. `key` and `keyAck` name the other member:
+/// the recipient when a member sends, the sender when the relay delivers.
+public enum PartyControl: Codable, Hashable, Sendable {
+    // Member → relay.
+    case create(name: String, maxMembers: Int?, invite: [String])
+    case join(room: String)
+    case leave
+    case kick(member: MemberID)
+    case close
+    case mute(Bool)
+    // Both ways, through the relay, which reads neither the key nor whose it is.
+    case key(member: MemberID, sealed: Data)
+    case keyAck(member: MemberID, kid: UInt64)
+    // Relay → member.
+    case joined(room: String, name: String, you: MemberID, roster: [RosterEntry])
+    case memberJoined(RosterEntry)
+    case memberLeft(member: MemberID, reason: LeaveReason)
+    case memberMuted(member: MemberID, muted: Bool)
+    case closed(reason: LeaveReason)
+    case refused(code: PartyErrorCode, detail: String)
+
+    /// The packet: 0x02 then the JSON.
+    public func encoded() -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        // Encoding these plain values cannot fail.
+        let json = (try? encoder.encode(self)) ?? Data("{}".utf8)
+        return [PartyPacketType.control.rawValue] + Array(json)
+    }
+
+    /// Reads a control packet (type byte and JSON).
+    public init(decoding bytes: [UInt8]) throws(PartyWireError) {
+        guard let first = bytes.first else { throw .truncated("control message") }
+        guard first == PartyPacketType.control.rawValue else { throw .unknownType(first) }
+        do {
+            self = try JSONDecoder().decode(PartyControl.self, from: Data(bytes.dropFirst()))
+        } catch {
+            throw .malformed("\(error)")
+        }
+    }
+}

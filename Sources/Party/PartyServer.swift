@@ -1,0 +1,322 @@
+import Secure
+import TusaBase
+
+/// One member's session with the relay (the driver's name for it: a Noise
+/// session, a TCP connection).
+public struct PartySession: Hashable, Sendable, CustomStringConvertible {
+    public var value: UInt64
+    public init(_ value: UInt64) { self.value = value }
+    public var description: String { "session \(value)" }
+}
+
+/// The relay's room rules, sans-IO: rooms and their rosters, who may join, kick
+/// and close, forwarding of voice frames to the other members (never mixed,
+/// never opened: the relay holds no sender key), speaker selection and the
+/// binding of each member id to the session that joined with it.
+///
+/// Inputs are what members' sessions deliver (already authenticated by the
+/// hop-by-hop layer, with the static key that session proved); actions are
+/// packets for sessions and events for the operator. ``forward(_:from:now:)``
+/// is the hot path: it returns the sessions to send a frame to, unchanged.
+public struct PartyServer: SansIOCore {
+    public struct Configuration: Sendable {
+        /// Members a room may hold (`tusa relay --max-party-size`).
+        public var maxMembers = 50
+        /// Rooms the relay hosts at once.
+        public var maxRooms = 10_000
+        /// Longest room name, in UTF-8 bytes.
+        public var maxNameLength = 64
+        public var speakers = SpeakerSelector.Configuration()
+        public init() {}
+    }
+
+    public enum Input: Sendable {
+        /// A session authenticated `key` (the driver saw the handshake complete).
+        case opened(PartySession, key: PublicKey)
+        /// A packet from a session (media or control).
+        case received(PartySession, [UInt8])
+        /// The session closed or timed out.
+        case closed(PartySession)
+    }
+
+    public enum Action: Sendable {
+        case send(PartySession, [UInt8])
+        case event(PartyServerEvent)
+    }
+
+    public struct Room: Sendable {
+        public let id: String
+        public let name: String
+        public let creator: PublicKey
+        public let maxMembers: Int
+        /// Keys allowed to join besides the creator; empty: anyone with the id.
+        public let invited: Set<PublicKey>
+        public fileprivate(set) var members: [MemberID: Member] = [:]
+        fileprivate var nextMember: UInt16 = 1
+        fileprivate var speakers: SpeakerSelector
+
+        public var roster: [RosterEntry] {
+            members.values.sorted { $0.id < $1.id }.map {
+                RosterEntry(member: $0.id, key: $0.key, creator: $0.key == creator, muted: $0.muted)
+            }
+        }
+    }
+
+    public struct Member: Sendable {
+        public let id: MemberID
+        public let key: PublicKey
+        public let session: PartySession
+        public fileprivate(set) var muted = false
+    }
+
+    /// Counters the relay exports.
+    public struct Statistics: Sendable, Hashable {
+        public var framesIn: UInt64 = 0
+        public var framesForwarded: UInt64 = 0
+        /// Frames that claimed another member's id (or came from no member): dropped.
+        public var framesSpoofed: UInt64 = 0
+        /// Frames not forwarded because their sender was not among the speakers, or muted.
+        public var framesNotSelected: UInt64 = 0
+        public var controlRefused: UInt64 = 0
+    }
+
+    public let configuration: Configuration
+    public private(set) var rooms: [String: Room] = [:]
+    public private(set) var statistics = Statistics()
+    private var sessionKeys: [PartySession: PublicKey] = [:]
+    /// Where each session is a member (one room per session).
+    private var membership: [PartySession: (room: String, member: MemberID)] = [:]
+    private var actions: [Action] = []
+    private var random: any SecureRandom
+
+    public init(configuration: Configuration = .init(), random: some SecureRandom = SystemRandom()) {
+        self.configuration = configuration
+        self.random = random
+    }
+
+    // MARK: SansIOCore
+
+    public mutating func handle(_ input: Input, now: Timestamp) {
+        switch input {
+        case .opened(let session, let key):
+            sessionKeys[session] = key
+        case .received(let session, let bytes):
+            guard let first = bytes.first else { return }
+            if first == PartyPacketType.media.rawValue {
+                for target in forward(bytes, from: session, now: now) { actions.append(.send(target, bytes)) }
+            } else {
+                control(bytes, from: session)
+            }
+        case .closed(let session):
+            leave(session, reason: .disconnected)
+            sessionKeys[session] = nil
+        }
+    }
+
+    /// Nothing here runs on time: silence and departures come from the sessions.
+    public mutating func handleTimeout(now: Timestamp) {}
+    public var nextDeadline: Timestamp? { nil }
+
+    public mutating func pollAction() -> Action? {
+        actions.isEmpty ? nil : actions.removeFirst()
+    }
+
+    // MARK: the hot path
+
+    /// The sessions a voice frame from `session` goes to: every other member of
+    /// its room, when the frame's member id is the session's own and its sender
+    /// is among the speakers. Empty otherwise (counted).
+    public mutating func forward(_ frame: [UInt8], from session: PartySession, now: Timestamp) -> [PartySession] {
+        statistics.framesIn += 1
+        guard let (sender, level) = PartyFrameHeader.peek(frame), let place = membership[session],
+            place.member == sender, var room = rooms[place.room], let me = room.members[sender]
+        else {
+            statistics.framesSpoofed += 1
+            return []
+        }
+        guard !me.muted, room.speakers.admit(sender, level: level, now: now) else {
+            rooms[place.room] = room
+            statistics.framesNotSelected += 1
+            return []
+        }
+        rooms[place.room] = room
+        var targets: [PartySession] = []
+        targets.reserveCapacity(room.members.count - 1)
+        for (id, m) in room.members where id != sender { targets.append(m.session) }
+        statistics.framesForwarded += UInt64(targets.count)
+        return targets
+    }
+
+    // MARK: control
+
+    private mutating func control(_ bytes: [UInt8], from session: PartySession) {
+        let message: PartyControl
+        do { message = try PartyControl(decoding: bytes) } catch {
+            refuse(session, .malformed, "\(error)")
+            return
+        }
+        guard let key = sessionKeys[session] else {
+            refuse(session, .malformed, "no authenticated session")
+            return
+        }
+        switch message {
+        case .create(let name, let maxMembers, let invite):
+            create(name: name, maxMembers: maxMembers, invite: invite, by: session, key: key)
+        case .join(let id):
+            join(id, session: session, key: key)
+        case .leave:
+            guard membership[session] != nil else { return refuse(session, .notInRoom, "not in a room") }
+            leave(session, reason: .left)
+        case .kick(let target):
+            guard let (roomID, _) = membership[session], let room = rooms[roomID] else {
+                return refuse(session, .notInRoom, "not in a room")
+            }
+            guard room.creator == key else { return refuse(session, .notCreator, "only the creator kicks") }
+            guard let victim = room.members[target] else { return refuse(session, .noSuchMember, "no member \(target)") }
+            send(victim.session, .closed(reason: .kicked))
+            remove(victim.session, reason: .kicked)
+        case .close:
+            guard let (roomID, _) = membership[session], let room = rooms[roomID] else {
+                return refuse(session, .notInRoom, "not in a room")
+            }
+            guard room.creator == key else { return refuse(session, .notCreator, "only the creator closes the room") }
+            closeRoom(roomID, reason: .roomClosed)
+        case .mute(let muted):
+            guard let (roomID, me) = membership[session], var room = rooms[roomID] else {
+                return refuse(session, .notInRoom, "not in a room")
+            }
+            room.members[me]?.muted = muted
+            if muted { room.speakers.remove(me) }
+            rooms[roomID] = room
+            broadcast(room, .memberMuted(member: me, muted: muted), except: nil)
+        case .key(let to, let sealed):
+            relay(from: session, to: to) { .key(member: $0, sealed: sealed) }
+        case .keyAck(let to, let kid):
+            relay(from: session, to: to) { .keyAck(member: $0, kid: kid) }
+        case .joined, .memberJoined, .memberLeft, .memberMuted, .closed, .refused:
+            refuse(session, .malformed, "a relay's message sent to the relay")
+        }
+    }
+
+    private mutating func create(name: String, maxMembers: Int?, invite: [String], by session: PartySession, key: PublicKey) {
+        guard membership[session] == nil else { return refuse(session, .alreadyInRoom, "leave the current room first") }
+        guard !name.isEmpty, name.utf8.count <= configuration.maxNameLength, !name.contains(where: \.isNewline) else {
+            return refuse(session, .badName, "a room name is 1-\(configuration.maxNameLength) bytes on one line")
+        }
+        guard rooms.count < configuration.maxRooms else { return refuse(session, .tooManyRooms, "the relay is full") }
+        var invited = Set<PublicKey>()
+        for text in invite {
+            guard let k = PublicKey(base64: text) else { return refuse(session, .malformed, "bad invited key \(text)") }
+            invited.insert(k)
+        }
+        let limit = min(max(maxMembers ?? configuration.maxMembers, 2), configuration.maxMembers)
+        var id: String
+        repeat { id = Self.roomID(&random) } while rooms[id] != nil
+        rooms[id] = Room(
+            id: id, name: name, creator: key, maxMembers: limit, invited: invited,
+            speakers: SpeakerSelector(configuration: configuration.speakers))
+        actions.append(.event(.roomCreated(id: id, name: name, creator: key)))
+        join(id, session: session, key: key)
+    }
+
+    private mutating func join(_ roomID: String, session: PartySession, key: PublicKey) {
+        guard membership[session] == nil else { return refuse(session, .alreadyInRoom, "leave the current room first") }
+        guard var room = rooms[roomID] else { return refuse(session, .noSuchRoom, "no room \(roomID)") }
+        guard room.invited.isEmpty || room.creator == key || room.invited.contains(key) else {
+            return refuse(session, .notInvited, "not invited to \(roomID)")
+        }
+        // One seat per key: a member that rejoins (new network, restarted client) replaces its old session.
+        if let old = room.members.values.first(where: { $0.key == key }) {
+            remove(old.session, reason: .disconnected)
+            guard let again = rooms[roomID] else { return refuse(session, .noSuchRoom, "no room \(roomID)") }
+            room = again
+        }
+        guard room.members.count < room.maxMembers else {
+            return refuse(session, .full, "\(roomID) holds \(room.maxMembers) members")
+        }
+        let id = MemberID(room.nextMember)
+        room.nextMember &+= 1
+        let member = Member(id: id, key: key, session: session)
+        room.members[id] = member
+        rooms[roomID] = room
+        membership[session] = (roomID, id)
+        let entry = RosterEntry(member: id, key: key, creator: room.creator == key)
+        broadcast(room, .memberJoined(entry), except: id)
+        send(session, .joined(room: roomID, name: room.name, you: id, roster: room.roster))
+        actions.append(.event(.memberJoined(room: roomID, member: id, key: key)))
+    }
+
+    private mutating func leave(_ session: PartySession, reason: LeaveReason) {
+        remove(session, reason: reason)
+    }
+
+    /// Takes `session` out of its room; the last member out closes it.
+    private mutating func remove(_ session: PartySession, reason: LeaveReason) {
+        guard let (roomID, id) = membership.removeValue(forKey: session), var room = rooms[roomID] else { return }
+        room.members[id] = nil
+        room.speakers.remove(id)
+        actions.append(.event(.memberLeft(room: roomID, member: id, reason: reason)))
+        if room.members.isEmpty {
+            rooms[roomID] = nil
+            actions.append(.event(.roomClosed(id: roomID)))
+            return
+        }
+        rooms[roomID] = room
+        broadcast(room, .memberLeft(member: id, reason: reason), except: nil)
+    }
+
+    private mutating func closeRoom(_ roomID: String, reason: LeaveReason) {
+        guard let room = rooms[roomID] else { return }
+        for m in room.members.values {
+            send(m.session, .closed(reason: reason))
+            membership[m.session] = nil
+            actions.append(.event(.memberLeft(room: roomID, member: m.id, reason: reason)))
+        }
+        rooms[roomID] = nil
+        actions.append(.event(.roomClosed(id: roomID)))
+    }
+
+    /// Passes a sealed key (or its acknowledgement) to one member of the sender's
+    /// room, naming the sender: the relay vouches for who sent it, not for what.
+    private mutating func relay(from session: PartySession, to: MemberID, _ make: (MemberID) -> PartyControl) {
+        guard let (roomID, me) = membership[session], let room = rooms[roomID] else {
+            return refuse(session, .notInRoom, "not in a room")
+        }
+        guard let target = room.members[to], to != me else { return refuse(session, .noSuchMember, "no member \(to)") }
+        send(target.session, make(me))
+    }
+
+    private mutating func broadcast(_ room: Room, _ message: PartyControl, except: MemberID?) {
+        let bytes = message.encoded()
+        for (id, m) in room.members where id != except { actions.append(.send(m.session, bytes)) }
+    }
+
+    private mutating func send(_ session: PartySession, _ message: PartyControl) {
+        actions.append(.send(session, message.encoded()))
+    }
+
+    private mutating func refuse(_ session: PartySession, _ code: PartyErrorCode, _ detail: String) {
+        statistics.controlRefused += 1
+        send(session, .refused(code: code, detail: detail))
+    }
+
+    /// 12 lowercase base32 characters (60 bits): short enough to type, too many to guess.
+    static func roomID(_ random: inout any SecureRandom) -> String {
+        let alphabet = Array("abcdefghijkmnpqrstuvwxyz23456789")
+        var v = UInt64(random.uint32()) << 32 | UInt64(random.uint32())
+        var s = ""
+        for _ in 0..<12 {
+            s.append(alphabet[Int(v & 31)])
+            v >>= 5
+        }
+        return s
+    }
+}
+
+/// What a relay's rooms report to the operator.
+public enum PartyServerEvent: Hashable, Sendable {
+    case roomCreated(id: String, name: String, creator: PublicKey)
+    case memberJoined(room: String, member: MemberID, key: PublicKey)
+    case memberLeft(room: String, member: MemberID, reason: LeaveReason)
+    case roomClosed(id: String)
+}

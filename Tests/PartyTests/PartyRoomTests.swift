@@ -1,0 +1,274 @@
+import Party
+import Secure
+import Testing
+import TusaBase
+
+@Suite("Party rooms on a virtual clock")
+struct PartyRoomTests {
+    private let speech: [UInt8] = Array(repeating: 0x5A, count: 40)
+
+    @Test func fourMembersHearEachOther() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol, dave] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob, carol, dave]))
+        #expect(h.server.rooms[room]?.members.count == 4)
+        // Each speaks in turn (a second apart: the relay forwards three speakers at
+        // once); everyone else opens it, word for word.
+        for (i, s) in [alice, bob, carol, dave].enumerated() {
+            let words = [UInt8](repeating: UInt8(i + 1), count: 40)
+            h.advance(by: .milliseconds(1100))
+            h.speak(s, words)
+            let sender = try #require(h.id(s))
+            for listener in [alice, bob, carol, dave] where listener != s {
+                #expect(h.heard(listener, from: sender) == [words], "\(listener) from \(sender)")
+            }
+        }
+        for s in [alice, bob, carol, dave] { #expect(h.dropped(s).isEmpty, "\(s): \(h.dropped(s))") }
+        // The roster each shows has the others' keys; the creator is marked.
+        let roster = try #require(h.members[dave]?.roster)
+        #expect(roster.count == 3)
+        #expect(roster.values.filter(\.creator).map(\.member) == [try #require(h.id(alice))])
+    }
+
+    @Test func theRelayCannotOpenWhatItForwards() throws {
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        _ = try unwrap(h.room(alice, [bob]))
+        let words: [UInt8] = Array("the cards are on the table".utf8)
+        let frame = try unwrap(h.speak(alice, words))
+        // What the relay handles is the sealed frame: its header, never the words.
+        #expect(h.framesTo[bob] == [frame])
+        #expect(!String(decoding: frame, as: UTF8.self).contains("cards"))
+        #expect(h.heard(bob, from: try #require(h.id(alice))) == [words])
+    }
+
+    @Test func aNewcomerCannotOpenWhatWasSaidBeforeItJoined() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        let before = try unwrap(h.speak(alice, speech))
+        h.input(carol, .join(room: room))
+        let after = try unwrap(h.speak(alice, speech))
+        let a = try #require(h.id(alice))
+        #expect(h.heard(carol, from: a) == [speech])
+        #expect(h.heard(bob, from: a).count == 2)
+        // Carol now holds every key she was given; the earlier frame still does not open.
+        var carolCore = try #require(h.members[carol])
+        #expect(throws: FrameOpenError.self) { _ = try carolCore.open(before) }
+        #expect(after != before)
+    }
+
+    @Test func aKickedMemberCannotOpenWhatIsSaidAfterTheRekey() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol] { h.connect(s) }
+        _ = try unwrap(h.room(alice, [bob, carol]))
+        h.speak(bob, speech)
+        // Carol keeps her core as it was, with every key she ever held.
+        var kicked = try #require(h.members[carol])
+        let c = try #require(h.id(carol))
+        h.input(alice, .kick(c))
+        #expect(h.members[carol]?.phase == .ended(.kicked))
+        // Every remaining member's fresh key is acknowledged at once here: in use now.
+        for s in [alice, bob] {
+            #expect(h.members[s]?.keyring.pending == nil, "\(s) still waits")
+            let sending = (h.events[s] ?? []).contains { if case .sendingUnder = $0 { true } else { false } }
+            #expect(sending, "\(s) did not switch")
+        }
+        let words: [UInt8] = Array(repeating: 0x33, count: 40)
+        let fromAlice = try unwrap(h.speak(alice, words))
+        let fromBob = try unwrap(h.speak(bob, words))
+        #expect(h.heard(bob, from: try #require(h.id(alice))).last == words)
+        #expect(h.heard(alice, from: try #require(h.id(bob))).last == words)
+        // The relay no longer sends Carol anything; had it (or had she captured it), nothing opens.
+        #expect(h.framesTo[carol]?.contains(fromAlice) != true)
+        #expect(throws: FrameOpenError.self) { _ = try kicked.open(fromAlice) }
+        #expect(throws: FrameOpenError.self) { _ = try kicked.open(fromBob) }
+        #expect(h.serverEvents.contains(.memberLeft(room: try #require(h.members[alice]?.room), member: c, reason: .kicked)))
+    }
+
+    @Test func aFreshKeyIsUsedAtTheDeadlineWhenAnAcknowledgementIsLost() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol, dave] { h.connect(s) }
+        _ = try unwrap(h.room(alice, [bob, carol, dave]))
+        // Carol's acknowledgements toward Alice are lost (her packets reach the relay; the relay's to Alice drop acks).
+        h.deliverTo = { target, bytes in
+            guard target == alice, let m = try? PartyControl(decoding: bytes), case .keyAck = m else { return true }
+            return false
+        }
+        let d = try #require(h.id(dave))
+        h.input(dave, .leave)
+        #expect(h.members[alice]?.keyring.pending != nil)
+        h.advance(by: .milliseconds(990))
+        #expect(h.members[alice]?.keyring.pending != nil)
+        h.advance(by: .milliseconds(20))
+        #expect(h.members[alice]?.keyring.pending == nil)
+        #expect(h.members[bob]?.keyring.pending == nil)  // Bob's acks arrived: he switched at once
+        // Bob and Carol hold Alice's fresh key already: they hear her under it.
+        h.speak(alice, speech)
+        let a = try #require(h.id(alice))
+        #expect(h.heard(bob, from: a).count == 1 && h.heard(carol, from: a).count == 1)
+        #expect(h.server.rooms.values.first?.members[d] == nil)
+    }
+
+    @Test func joinsAndLeavesRacingStillLeaveEveryoneHearingEveryone() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol, dave, erin] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob, carol]))
+        // Nothing reaches anyone for a moment: a leave, a join and another leave pile up.
+        var held: [(PartySession, [UInt8])] = []
+        h.deliverTo = { target, bytes in
+            held.append((target, bytes))
+            return false
+        }
+        h.input(carol, .leave)
+        h.input(dave, .join(room: room))
+        h.deliverTo = { _, _ in true }
+        for (target, bytes) in held {
+            h.members[target]?.handle(.received(bytes), now: h.now)
+            h.pump()
+        }
+        h.input(erin, .join(room: room))
+        h.input(bob, .leave)
+        h.advance(by: .seconds(2))
+        for s in [alice, dave, erin] {
+            #expect(h.members[s]?.keyring.pending == nil, "\(s) still holds a pending key")
+            #expect(h.members[s]?.roster.count == 2, "\(s): \(h.members[s]?.roster.keys.sorted() ?? [])")
+        }
+        for s in [alice, dave, erin] {
+            let words = [UInt8](repeating: UInt8(s.value), count: 30)
+            h.speak(s, words)
+            let sender = try #require(h.id(s))
+            for listener in [alice, dave, erin] where listener != s {
+                #expect(h.heard(listener, from: sender).last == words, "\(listener) from \(s): \(h.dropped(listener))")
+            }
+        }
+    }
+
+    @Test func keysRotateEveryFifteenMinutes() throws {
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        _ = try unwrap(h.room(alice, [bob]))
+        let first = try #require(h.members[alice]?.keyring.current?.id)
+        h.advance(by: .seconds(14 * 60 + 59), step: .seconds(1))
+        #expect(h.members[alice]?.keyring.current?.id == first)
+        h.advance(by: .seconds(2), step: .seconds(1))
+        let second = try #require(h.members[alice]?.keyring.current?.id)
+        #expect(second.epoch == first.epoch &+ 1)
+        h.speak(alice, speech)
+        #expect(h.heard(bob, from: try #require(h.id(alice))).count == 1)
+    }
+
+    @Test func aMemberCannotSendAsAnother() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol] { h.connect(s) }
+        _ = try unwrap(h.room(alice, [bob, carol]))
+        let a = try #require(h.id(alice))
+        // Bob seals a frame claiming Alice's id with Alice's current key (every member holds it).
+        let aliceKey = try #require(h.members[alice]?.keyring.current)
+        let forged = try PartyFrame.seal(
+            speech, key: aliceKey, counter: 999, sequence: 1, timestamp: 0, level: .init(level: 10, voiced: true))
+        let before = h.server.statistics.framesSpoofed
+        h.raw(bob, forged)
+        #expect(h.server.statistics.framesSpoofed == before + 1)
+        #expect(h.heard(carol, from: a).isEmpty)
+        // And a session that is in no room forwards nothing either.
+        h.connect(dave)
+        h.raw(dave, forged)
+        #expect(h.server.statistics.framesSpoofed == before + 2)
+        #expect(h.framesTo[carol] == nil)
+    }
+
+    @Test func atMostThreeSpeakersWithHysteresis() throws {
+        var h = PartyHarness()
+        let all = [alice, bob, carol, dave, erin]
+        for s in all { h.connect(s) }
+        _ = try unwrap(h.room(alice, [bob, carol, dave, erin]))
+        func round(_ levels: [PartySession: UInt8]) {
+            for (s, l) in levels.sorted(by: { $0.key.value < $1.key.value }) {
+                h.speak(s, speech, level: AudioLevel(level: l, voiced: l < 127))
+            }
+            h.advance(by: .milliseconds(20), step: .milliseconds(20))
+        }
+        // Alice, Bob and Carol speak first; Dave, as loud, does not cut them off.
+        for _ in 0..<10 { round([alice: 30, bob: 30, carol: 30]) }
+        for _ in 0..<10 { round([alice: 30, bob: 30, carol: 30, dave: 30]) }
+        #expect(h.heard(erin, from: try #require(h.id(dave))).isEmpty)
+        // Carol falls silent; after the release time Dave takes her place.
+        for _ in 0..<60 { round([alice: 30, bob: 30, carol: 127, dave: 30]) }
+        #expect(!h.heard(erin, from: try #require(h.id(dave))).isEmpty)
+        let carolHeard = h.heard(erin, from: try #require(h.id(carol))).count
+        // Her 20 voiced frames and the first 3 silent ones (the tail of a word), no more.
+        #expect(carolHeard == 20 + 3, "Carol's silence was forwarded: \(carolHeard)")
+        // Erin, much louder than Bob (30 vs 5 → 25 dB), displaces the quietest once they held 500 ms.
+        for _ in 0..<30 { round([alice: 5, bob: 40, dave: 5, erin: 5]) }
+        #expect(!h.heard(alice, from: try #require(h.id(erin))).isEmpty)
+        #expect(h.server.statistics.framesNotSelected > 0)
+    }
+
+    @Test func roomRulesAreEnforcedWithClearRefusals() throws {
+        var configuration = PartyServer.Configuration()
+        configuration.maxMembers = 3
+        var h = PartyHarness(configuration: configuration)
+        for s in [alice, bob, carol, dave, erin] { h.connect(s) }
+        // Names: empty or too long are refused.
+        h.input(alice, .create(name: "", maxMembers: nil, invite: []))
+        #expect(h.refusals(alice) == [.badName])
+        let room = try unwrap(h.room(alice, [bob, carol]))
+        // Full at three.
+        h.input(dave, .join(room: room))
+        #expect(h.refusals(dave) == [.full])
+        // Only the creator kicks; unknown rooms are refused.
+        h.input(bob, .kick(try #require(h.id(carol))))
+        #expect(h.refusals(bob) == [.notCreator])
+        h.input(erin, .join(room: "nosuchroom"))
+        #expect(h.refusals(erin) == [.noSuchRoom])
+        // An invite list keeps others out.
+        let invited = try #require(h.members[erin]?.identity.publicKey)
+        h.input(dave, .create(name: "Dota", maxMembers: 5, invite: [invited]))
+        let dota = try #require(h.members[dave]?.room)
+        let stranger = PartySession(9)
+        h.connect(stranger)
+        h.input(stranger, .join(room: dota))
+        #expect(h.refusals(stranger) == [.notInvited])
+        h.input(erin, .join(room: dota))
+        #expect(h.members[erin]?.room == dota)
+        // The last one out closes the room.
+        h.input(erin, .leave)
+        h.input(dave, .leave)
+        #expect(h.server.rooms[dota] == nil)
+        #expect(h.serverEvents.contains(.roomClosed(id: dota)))
+        // Garbage is a typed refusal, not a crash.
+        h.raw(bob, [PartyPacketType.control.rawValue] + Array("not json".utf8))
+        #expect(h.refusals(bob).last == .malformed)
+        h.raw(bob, [0x01, 0x02])
+        #expect(h.server.rooms[room]?.members.count == 3)
+    }
+
+    @Test func theCreatorClosesTheRoomForEveryone() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob, carol]))
+        h.input(alice, .close)
+        for s in [alice, bob, carol] { #expect(h.members[s]?.phase == .ended(.roomClosed)) }
+        #expect(h.server.rooms[room] == nil)
+    }
+
+    @Test func aMemberThatReconnectsRejoinsAndIsHeardAgain() throws {
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        let identity = try #require(h.members[bob]?.identity)
+        // Bob's session dies (a new network); his client opens a new one with the same key and rejoins.
+        h.disconnect(bob)
+        #expect(h.members[bob]?.phase == .ended(.disconnected))
+        let again = PartySession(22)
+        h.members[again] = h.members.removeValue(forKey: bob)
+        h.server.handle(.opened(again, key: identity.publicKey), now: h.now)
+        h.input(again, .join(room: room))
+        #expect(h.members[again]?.room == room)
+        h.speak(again, speech)
+        #expect(h.heard(alice, from: try #require(h.id(again))) == [speech])
+        h.speak(alice, speech)
+        #expect(h.heard(again, from: try #require(h.id(alice))).count == 1)
+    }
+}
