@@ -45,7 +45,7 @@ public enum PartyErrorCode: String, Codable, Hashable, Sendable {
 }
 
 /// A party control message, inside the member's hop-by-hop session with the
-/// relay: type byte 0x02, then JSON. `key` and `keyAck` name the other member:
+/// relay, numbered and acknowledged by a ``ControlChannel``. `key` and `keyAck` name the other member:
 /// the recipient when a member sends, the sender when the relay delivers.
 public enum PartyControl: Codable, Hashable, Sendable {
     // Member → relay.
@@ -66,21 +66,18 @@ public enum PartyControl: Codable, Hashable, Sendable {
     case closed(reason: LeaveReason)
     case refused(code: PartyErrorCode, detail: String)
 
-    /// The packet: 0x02 then the JSON.
-    public func encoded() -> [UInt8] {
+    /// The message as JSON (``ControlChannel`` frames it).
+    public func encodedJSON() -> [UInt8] {
         let encoder = JSONEncoder()
         encoder.outputFormatting = .sortedKeys
         // Encoding these plain values cannot fail.
-        let json = (try? encoder.encode(self)) ?? Data("{}".utf8)
-        return [PartyPacketType.control.rawValue] + Array(json)
+        return Array((try? encoder.encode(self)) ?? Data("{}".utf8))
     }
 
-    /// Reads a control packet (type byte and JSON).
-    public init(decoding bytes: [UInt8]) throws(PartyWireError) {
-        guard let first = bytes.first else { throw .truncated("control message") }
-        guard first == PartyPacketType.control.rawValue else { throw .unknownType(first) }
+    /// Reads a message from its JSON.
+    public init(json: some Collection<UInt8>) throws(PartyWireError) {
         do {
-            self = try JSONDecoder().decode(PartyControl.self, from: Data(bytes.dropFirst()))
+            self = try JSONDecoder().decode(PartyControl.self, from: Data(json))
         } catch {
             throw .malformed("\(error)")
         }

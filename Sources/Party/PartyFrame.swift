@@ -30,8 +30,10 @@ public struct AudioLevel: Hashable, Sendable {
 public enum PartyPacketType: UInt8, Sendable {
     /// A voice frame: a header the relay reads, then the end-to-end sealed audio.
     case media = 0x01
-    /// A control message (``PartyControl``), JSON.
+    /// A control message (``PartyControl``): a sequence number, then JSON (``ControlChannel``).
     case control = 0x02
+    /// The acknowledgement of a control message (``ControlChannel``).
+    case ack = 0x03
 }
 
 /// A voice frame as it travels member → relay → members, unchanged by the relay.

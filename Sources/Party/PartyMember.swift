@@ -26,8 +26,9 @@ public struct PartyMember: SansIOCore {
         public var rekeyDeadline: Duration = .seconds(1)
         /// A fresh key this often even when nobody joins or leaves.
         public var rotation: Duration = .seconds(15 * 60)
-        /// How long a join or create waits for the relay's answer.
-        public var joinTimeout: Duration = .seconds(5)
+        /// How long a join or create waits for the relay's answer (longer than the
+        /// control channel takes to give a silent hop up, 11.75 s).
+        public var joinTimeout: Duration = .seconds(15)
         public init() {}
     }
 
@@ -71,6 +72,9 @@ public struct PartyMember: SansIOCore {
     private var epoch: UInt16 = 0
     private var sequence: UInt16 = 0
     private var muted = false
+    private var channel = ControlChannel()
+    /// The time of the input being handled.
+    private var now = Timestamp.zero
     private var actions: [Action] = []
     private var random: any SecureRandom
 
@@ -93,6 +97,7 @@ public struct PartyMember: SansIOCore {
     // MARK: SansIOCore
 
     public mutating func handle(_ input: Input, now: Timestamp) {
+        self.now = now
         switch input {
         case .received(let bytes):
             received(bytes, now: now)
@@ -116,6 +121,8 @@ public struct PartyMember: SansIOCore {
             muted = m
             if case .inRoom = phase { send(.mute(m)) }
         case .disconnected:
+            // The next session numbers its control messages from 1 again, as the relay does.
+            channel = ControlChannel()
             if case .idle = phase { return }
             if case .ended = phase { return }
             end(.disconnected)
@@ -123,6 +130,18 @@ public struct PartyMember: SansIOCore {
     }
 
     public mutating func handleTimeout(now: Timestamp) {
+        self.now = now
+        for bytes in channel.resend(now: now) { actions.append(.send(bytes)) }
+        if channel.failed {
+            if case .joining = phase {
+                phase = .idle
+                emit(.refused(code: .noSuchRoom, detail: "the relay does not answer"))
+            } else if case .inRoom = phase {
+                end(.disconnected)
+            }
+            channel = ControlChannel()
+            return
+        }
         switch phase {
         case .joining(let since) where now >= since + configuration.joinTimeout:
             phase = .idle
@@ -140,13 +159,18 @@ public struct PartyMember: SansIOCore {
     }
 
     public var nextDeadline: Timestamp? {
+        let own: Timestamp?
         switch phase {
-        case .joining(let since): return since + configuration.joinTimeout
+        case .joining(let since): own = since + configuration.joinTimeout
         case .inRoom:
-            if let since = pendingSince { return since + configuration.rekeyDeadline }
-            return currentSince.map { $0 + configuration.rotation }
-        default: return nil
+            if let since = pendingSince {
+                own = since + configuration.rekeyDeadline
+            } else {
+                own = currentSince.map { $0 + configuration.rotation }
+            }
+        default: own = nil
         }
+        return [own, channel.nextDeadline].compactMap { $0 }.min()
     }
 
     public mutating func pollAction() -> Action? {
@@ -185,11 +209,16 @@ public struct PartyMember: SansIOCore {
             }
             return
         }
-        let message: PartyControl
-        do { message = try PartyControl(decoding: bytes) } catch {
+        let received: (ack: [UInt8]?, messages: [PartyControl])
+        do { received = try channel.receive(bytes) } catch {
             emit(.malformed(error))
             return
         }
+        if let ack = received.ack { actions.append(.send(ack)) }
+        for message in received.messages { handle(message, now: now) }
+    }
+
+    private mutating func handle(_ message: PartyControl, now: Timestamp) {
         switch message {
         case .joined(let room, let name, let me, let members):
             guard case .joining = phase else { return }
@@ -338,7 +367,7 @@ public struct PartyMember: SansIOCore {
         emit(.ended(reason))
     }
 
-    private mutating func send(_ message: PartyControl) { actions.append(.send(message.encoded())) }
+    private mutating func send(_ message: PartyControl) { actions.append(.send(channel.send(message, now: now))) }
     private mutating func emit(_ event: PartyMemberEvent) { actions.append(.event(event)) }
 }
 

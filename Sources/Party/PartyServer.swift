@@ -86,6 +86,11 @@ public struct PartyServer: SansIOCore {
     private var sessionKeys: [PartySession: PublicKey] = [:]
     /// Where each session is a member (one room per session).
     private var membership: [PartySession: (room: String, member: MemberID)] = [:]
+    private var channels: [PartySession: ControlChannel] = [:]
+    /// No later than the earliest resend due on any channel (recomputed at each timeout).
+    private var resendDue: Timestamp?
+    /// The time of the input being handled.
+    private var now = Timestamp.zero
     private var actions: [Action] = []
     private var random: any SecureRandom
 
@@ -97,9 +102,12 @@ public struct PartyServer: SansIOCore {
     // MARK: SansIOCore
 
     public mutating func handle(_ input: Input, now: Timestamp) {
+        self.now = now
         switch input {
         case .opened(let session, let key):
+            if sessionKeys[session] != nil { leave(session, reason: .disconnected) }
             sessionKeys[session] = key
+            channels[session] = ControlChannel()
         case .received(let session, let bytes):
             guard let first = bytes.first else { return }
             if first == PartyPacketType.media.rawValue {
@@ -110,12 +118,35 @@ public struct PartyServer: SansIOCore {
         case .closed(let session):
             leave(session, reason: .disconnected)
             sessionKeys[session] = nil
+            channels[session] = nil
         }
     }
 
-    /// Nothing here runs on time: silence and departures come from the sessions.
-    public mutating func handleTimeout(now: Timestamp) {}
-    public var nextDeadline: Timestamp? { nil }
+    /// Resends unacknowledged control messages; a session that acknowledged
+    /// nothing through every attempt is taken as gone.
+    public mutating func handleTimeout(now: Timestamp) {
+        self.now = now
+        guard let due = resendDue, due <= now else { return }
+        var next: Timestamp?
+        for session in Array(channels.keys) {
+            guard var channel = channels[session] else { continue }
+            guard let d = channel.nextDeadline else { continue }
+            if d <= now {
+                for bytes in channel.resend(now: now) { actions.append(.send(session, bytes)) }
+                if channel.failed {
+                    channels[session] = nil
+                    leave(session, reason: .disconnected)
+                    sessionKeys[session] = nil
+                    continue
+                }
+                channels[session] = channel
+            }
+            if let d = channel.nextDeadline { next = min(next ?? d, d) }
+        }
+        resendDue = next
+    }
+
+    public var nextDeadline: Timestamp? { resendDue }
 
     public mutating func pollAction() -> Action? {
         actions.isEmpty ? nil : actions.removeFirst()
@@ -150,15 +181,23 @@ public struct PartyServer: SansIOCore {
     // MARK: control
 
     private mutating func control(_ bytes: [UInt8], from session: PartySession) {
-        let message: PartyControl
-        do { message = try PartyControl(decoding: bytes) } catch {
+        guard var channel = channels[session], let key = sessionKeys[session] else { return }
+        let received: (ack: [UInt8]?, messages: [PartyControl])
+        do { received = try channel.receive(bytes) } catch {
+            channels[session] = channel
             refuse(session, .malformed, "\(error)")
             return
         }
-        guard let key = sessionKeys[session] else {
-            refuse(session, .malformed, "no authenticated session")
-            return
+        channels[session] = channel
+        if let ack = received.ack { actions.append(.send(session, ack)) }
+        for message in received.messages {
+            // An earlier message of the batch may have closed the session's room or the session.
+            guard sessionKeys[session] != nil else { return }
+            handle(message, from: session, key: key)
         }
+    }
+
+    private mutating func handle(_ message: PartyControl, from session: PartySession, key: PublicKey) {
         switch message {
         case .create(let name, let maxMembers, let invite):
             create(name: name, maxMembers: maxMembers, invite: invite, by: session, key: key)
@@ -287,12 +326,20 @@ public struct PartyServer: SansIOCore {
     }
 
     private mutating func broadcast(_ room: Room, _ message: PartyControl, except: MemberID?) {
-        let bytes = message.encoded()
-        for (id, m) in room.members where id != except { actions.append(.send(m.session, bytes)) }
+        let json = message.encodedJSON()
+        for (id, m) in room.members where id != except { send(m.session, json: json) }
     }
 
     private mutating func send(_ session: PartySession, _ message: PartyControl) {
-        actions.append(.send(session, message.encoded()))
+        send(session, json: message.encodedJSON())
+    }
+
+    private mutating func send(_ session: PartySession, json: [UInt8]) {
+        guard var channel = channels[session] else { return }
+        actions.append(.send(session, channel.send(json: json, now: now)))
+        channels[session] = channel
+        let due = now + ControlChannel.initialTimeout
+        resendDue = min(resendDue ?? due, due)
     }
 
     private mutating func refuse(_ session: PartySession, _ code: PartyErrorCode, _ detail: String) {

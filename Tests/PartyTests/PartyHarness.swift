@@ -16,6 +16,8 @@ struct PartyHarness {
     var framesTo: [PartySession: [[UInt8]]] = [:]
     /// Returns false to lose a packet toward a session.
     var deliverTo: (PartySession, [UInt8]) -> Bool = { _, _ in true }
+    /// Returns false to lose a packet from a session toward the relay.
+    var acceptFrom: (PartySession, [UInt8]) -> Bool = { _, _ in true }
     var now = Timestamp.seconds(10)
     private var nextSeed: UInt64 = 100
 
@@ -69,6 +71,7 @@ struct PartyHarness {
             for s in members.keys {
                 if let d = members[s]?.nextDeadline, d <= now { members[s]?.handleTimeout(now: now) }
             }
+            if let d = server.nextDeadline, d <= now { server.handleTimeout(now: now) }
             pump()
         }
     }
@@ -81,7 +84,9 @@ struct PartyHarness {
                 while let action = members[s]?.pollAction() {
                     busy = true
                     switch action {
-                    case .send(let bytes): server.handle(.received(s, bytes), now: now)
+                    case .send(let bytes):
+                        guard acceptFrom(s, bytes) else { continue }
+                        server.handle(.received(s, bytes), now: now)
                     case .event(let e): events[s, default: []].append(e)
                     }
                 }

@@ -90,11 +90,8 @@ struct PartyRoomTests {
         var h = PartyHarness()
         for s in [alice, bob, carol, dave] { h.connect(s) }
         _ = try unwrap(h.room(alice, [bob, carol, dave]))
-        // Carol's acknowledgements toward Alice are lost (her packets reach the relay; the relay's to Alice drop acks).
-        h.deliverTo = { target, bytes in
-            guard target == alice, let m = try? PartyControl(decoding: bytes), case .keyAck = m else { return true }
-            return false
-        }
+        // Carol is frozen: nothing she sends reaches the relay, so she acknowledges no key.
+        h.acceptFrom = { session, _ in session != carol }
         let d = try #require(h.id(dave))
         h.input(dave, .leave)
         #expect(h.members[alice]?.keyring.pending != nil)
@@ -238,8 +235,17 @@ struct PartyRoomTests {
         #expect(h.server.rooms[dota] == nil)
         #expect(h.serverEvents.contains(.roomClosed(id: dota)))
         // Garbage is a typed refusal, not a crash.
-        h.raw(bob, [PartyPacketType.control.rawValue] + Array("not json".utf8))
-        #expect(h.refusals(bob).last == .malformed)
+        // (A new session: the relay expects its control message number 1.)
+        let garbler = PartySession(10)
+        h.connect(garbler)
+        h.raw(garbler, [PartyPacketType.control.rawValue, 0, 0, 0, 1] + Array("not json".utf8))
+        #expect(h.refusals(garbler) == [.malformed])
+        h.raw(garbler, [PartyPacketType.ack.rawValue, 0])
+        h.raw(garbler, [0x7F, 1, 2, 3, 4, 5])
+        #expect(h.refusals(garbler) == [.malformed, .malformed, .malformed])
+        // Then a well-formed request still works.
+        h.input(garbler, .join(room: room))
+        #expect(h.refusals(garbler).last == .full)
         h.raw(bob, [0x01, 0x02])
         #expect(h.server.rooms[room]?.members.count == 3)
     }

@@ -1,0 +1,95 @@
+import Party
+import Secure
+import Testing
+import TusaBase
+
+@Suite("Control messages survive a lossy hop")
+struct ControlChannelTests {
+    @Test func messagesArriveOnceAndInOrderDespiteLossAndReordering() throws {
+        var a = ControlChannel()
+        var b = ControlChannel()
+        var now = Timestamp.seconds(1)
+        let sent: [PartyControl] = (1...20).map { .kick(member: MemberID(UInt16($0))) }
+        var wire = sent.map { a.send($0, now: now) }
+        // The first packet is lost, the rest arrive backwards, number 5 twice.
+        wire.removeFirst()
+        wire.reverse()
+        wire.append(wire[wire.count - 5])
+        var delivered: [PartyControl] = []
+        for packet in wire {
+            let (ack, messages) = try b.receive(packet)
+            delivered += messages
+            if let ack { _ = try a.receive(ack) }
+        }
+        #expect(delivered.isEmpty)  // all held behind the lost first one
+        #expect(a.unacknowledged == 1)
+        now = now + .milliseconds(250)
+        let again = a.resend(now: now)
+        #expect(again.count == 1)
+        let (ack, messages) = try b.receive(try #require(again.first))
+        #expect(messages == sent)
+        _ = try a.receive(try #require(ack))
+        #expect(a.unacknowledged == 0 && a.nextDeadline == nil)
+    }
+
+    @Test func aHopThatNeverAnswersFailsAfterEveryAttempt() {
+        var a = ControlChannel()
+        var now = Timestamp.seconds(1)
+        _ = a.send(.leave, now: now)
+        var sends = 1
+        while !a.failed, let due = a.nextDeadline {
+            now = due
+            sends += a.resend(now: now).count
+        }
+        #expect(a.failed)
+        #expect(sends == ControlChannel.maxAttempts)
+        // Waits of 250 ms, 500 ms, 1 s, then 2 s five times: given up 11.75 s after the first send.
+        #expect(now - Timestamp.seconds(1) == .milliseconds(11_750))
+    }
+
+    @Test func aRoomFormsAndEveryoneHearsEveryoneOverALossyHop() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol, dave] { h.connect(s) }
+        var rng = SplitMix64(seed: 42)
+        // A third of the packets each way are lost, control and voice alike.
+        h.deliverTo = { _, _ in rng.next() % 3 != 0 }
+        h.acceptFrom = { _, _ in rng.next() % 3 != 0 }
+        h.input(alice, .create(name: "Dota 2", maxMembers: nil, invite: []))
+        h.advance(by: .seconds(3))
+        let room = try #require(h.members[alice]?.room)
+        for s in [bob, carol, dave] {
+            h.input(s, .join(room: room))
+            h.advance(by: .seconds(3))
+        }
+        h.deliverTo = { _, _ in true }
+        h.acceptFrom = { _, _ in true }
+        h.advance(by: .seconds(5))
+        for s in [alice, bob, carol, dave] {
+            #expect(h.members[s]?.roster.count == 3, "\(s) sees \(h.members[s]?.roster.count ?? 0)")
+        }
+        for s in [alice, bob, carol, dave] {
+            h.advance(by: .milliseconds(1100))
+            let words = [UInt8](repeating: UInt8(s.value), count: 20)
+            h.speak(s, words)
+            let sender = try #require(h.id(s))
+            for listener in [alice, bob, carol, dave] where listener != s {
+                #expect(h.heard(listener, from: sender).last == words, "\(listener) from \(s): \(h.dropped(listener))")
+            }
+        }
+    }
+
+    @Test func theRelayDropsAMemberThatStopsAnswering() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob, carol]))
+        let c = try #require(h.id(carol))
+        // Carol's machine freezes: nothing she sends arrives, nothing reaches her.
+        h.acceptFrom = { s, _ in s != carol }
+        h.deliverTo = { s, _ in s != carol }
+        h.input(bob, .mute(true))  // something the relay must tell everyone, Carol included
+        h.advance(by: .seconds(14), step: .milliseconds(50))
+        #expect(h.server.rooms[room]?.members[c] == nil)
+        #expect(h.serverEvents.contains(.memberLeft(room: room, member: c, reason: .disconnected)))
+        #expect(h.members[alice]?.roster[c] == nil)
+    }
+}
