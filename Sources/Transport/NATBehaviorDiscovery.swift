@@ -34,8 +34,8 @@ public struct NATBehaviorDiscoveryError: Error, Sendable, CustomStringConvertibl
         case mappingUnanswered
         /// A Binding request failed (timeout, unreachable, error response).
         case stun(STUNClientError)
-        /// A client socket could not be opened; the text says why.
-        case socket(String)
+        /// A client socket could not be opened, or failed; the system's error is the cause.
+        case socket(ErrorCause)
     }
 
     public var reason: Reason
@@ -61,8 +61,8 @@ public struct NATBehaviorDiscoveryError: Error, Sendable, CustomStringConvertibl
             "mapping tests gave no answer"
         case .stun(let error):
             error.message
-        case .socket(let text):
-            "\(server): \(text)"
+        case .socket(let cause):
+            "\(server): \(cause)"
         }
     }
 }
@@ -92,7 +92,9 @@ public enum NATBehaviorDiscovery {
             NATBehaviorDiscoveryError(reason, server: server, mapped: mapped, other: other)
         }
         let client = try await open(local: local, server: server)
-        defer { Task { await client.close() } }
+        // Each socket is closed before this returns or throws (awaited, not left to a task).
+        var filterClient: STUNClient?
+        let outcome: Result<NATBehaviorDiscoveryResult, NATBehaviorDiscoveryError>
         do {
             // Test I.
             let first = try await client.binding(to: server, timeout: timeout)
@@ -114,30 +116,34 @@ public enum NATBehaviorDiscovery {
             // fresh socket: the mapping tests above sent to the alternate IP, which
             // an address-dependent filter would now let through.
             await client.close()
-            let filterClient = try await STUNClient.open(local: local)
-            defer { Task { await filterClient.close() } }
-            _ = try await filterClient.binding(to: server, timeout: timeout)
+            let filter = try await STUNClient.open(local: local)
+            filterClient = filter
+            _ = try await filter.binding(to: server, timeout: timeout)
             let filterWait = min(timeout, .seconds(3))
             let changedBoth = try await answered { () async throws(STUNClientError) in
-                try await filterClient.binding(to: server, change: [.changeIP, .changePort], timeout: filterWait)
+                try await filter.binding(to: server, change: [.changeIP, .changePort], timeout: filterWait)
             }
             let changedPort =
                 try await changedBoth
                 ? true
                 : answered { () async throws(STUNClientError) in
-                    try await filterClient.binding(to: server, change: [.changePort], timeout: filterWait)
+                    try await filter.binding(to: server, change: [.changePort], timeout: filterWait)
                 }
             let filtering = FilteringBehavior.classify(changedIPAndPortAnswered: changedBoth, changedPortAnswered: changedPort)
             guard let mapping else { throw failure(.mappingUnanswered) }
-            return NATBehaviorDiscoveryResult(
-                mapped: first.mapped, other: alternate, behavior: NATBehavior(mapping: mapping, filtering: filtering))
+            outcome = .success(
+                NATBehaviorDiscoveryResult(
+                    mapped: first.mapped, other: alternate, behavior: NATBehavior(mapping: mapping, filtering: filtering)))
         } catch let error as NATBehaviorDiscoveryError {
-            throw error
+            outcome = .failure(error)
         } catch let error as STUNClientError {
-            throw failure(.stun(error))
+            outcome = .failure(failure(.stun(error)))
         } catch {
-            throw failure(.socket("\(error)"))
+            outcome = .failure(failure(.socket(ErrorCause(error))))
         }
+        await client.close()
+        await filterClient?.close()
+        return try outcome.get()
     }
 
     /// The local address (port 0) the kernel would send from toward `server`: a
@@ -176,7 +182,7 @@ public enum NATBehaviorDiscovery {
         do {
             return try await STUNClient.open(local: local)
         } catch {
-            throw NATBehaviorDiscoveryError(.socket("\(error)"), server: server)
+            throw NATBehaviorDiscoveryError(.socket(ErrorCause(error)), server: server)
         }
     }
 

@@ -43,9 +43,12 @@ struct Stun: AsyncParsableCommand {
                 await discover(serverAddress, local: localAddress, wait: wait)
             } else {
                 let client = try await STUNClient.open(local: localAddress, connectedTo: SocketAddress(serverAddress))
-                defer { Task { await client.close() } }
-                let result = try await client.binding(to: serverAddress, timeout: wait)
-                print(result.mapped)
+                let result: Result<BindingResult, STUNClientError>
+                do { result = .success(try await client.binding(to: serverAddress, timeout: wait)) } catch {
+                    result = .failure(error)
+                }
+                await client.close()
+                print(try result.get().mapped)
             }
         } catch let error as STUNClientError {
             Self.fail(error.message)
