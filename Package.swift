@@ -114,7 +114,9 @@ let package = Package(
         // statistics and the quality report.
         .target(
             name: "Call",
-            dependencies: ["CallControl", "Transport", "Secure", "Voice", "Rendezvous", "TusaBase", "STUN", "TURN", "ICE"],
+            dependencies: [
+                "CallControl", "Transport", "Secure", "Voice", "Rendezvous", "TusaBase", "STUN", "TURN", "ICE", "Party",
+            ],
             swiftSettings: strict
         ),
         // Client-side SwiftNIO drivers hosting the sans-IO cores: the secure UDP
@@ -123,7 +125,7 @@ let package = Package(
         .target(
             name: "Transport",
             dependencies: [
-                "TusaBase", "STUN", "TURN", "Secure", "Rendezvous", "ICE",
+                "TusaBase", "STUN", "TURN", "Secure", "Rendezvous", "ICE", "Party",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -137,7 +139,7 @@ let package = Package(
         .target(
             name: "Relay",
             dependencies: [
-                "TusaBase", "STUN", "TURN", "Rendezvous", "Transport", "CRelayIO",
+                "TusaBase", "STUN", "TURN", "Rendezvous", "Transport", "Party", "Secure", "CRelayIO",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -168,7 +170,7 @@ let package = Package(
         .executableTarget(
             name: "tusa",
             dependencies: [
-                "TusaBase", "STUN", "TURN", "Transport", "Relay", "TusaInterop", "Secure", "Voice", "Rendezvous", "Call",
+                "TusaBase", "STUN", "TURN", "Transport", "Relay", "TusaInterop", "Secure", "Voice", "Rendezvous", "Call", "Party",
                 "CSodium", "COpus", "CSpeex", "CSpeexDSP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -284,11 +286,12 @@ let package = Package(
         .testTarget(
             name: "RelayTests",
             dependencies: [
-                "Relay", "Transport", "TURN", "STUN", "TusaBase",
+                "Relay", "Transport", "TURN", "STUN", "TusaBase", "Party", "Secure",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strict
         ),

@@ -25,6 +25,13 @@ public struct AudioLevel: Hashable, Sendable {
     public static let silence = AudioLevel(level: 127, voiced: false)
 }
 
+/// How party packets ride the hop-by-hop secure session between a member and
+/// the relay: as the payload of secure media packets of one RTP payload type
+/// (voice frames keep their RTP timestamp, so a capture dissects as RTP).
+public enum PartyHop {
+    public static let payloadType: UInt8 = 111
+}
+
 /// The kinds of packet a member and the relay exchange inside their hop-by-hop
 /// session: the first byte.
 public enum PartyPacketType: UInt8, Sendable {
@@ -85,6 +92,12 @@ public struct PartyFrameHeader: Hashable, Sendable {
         return PartyFrameHeader(
             sender: MemberID(bytes.readUInt16(at: 1)), sequence: bytes.readUInt16(at: 3), timestamp: bytes.readUInt32(at: 5),
             level: AudioLevel(byte: bytes[9]), sframe: sframe)
+    }
+
+    /// The RTP timestamp of a voice frame (nil for other packets).
+    public static func peekTimestamp(_ bytes: [UInt8]) -> UInt32? {
+        guard bytes.count > fixedLength, bytes[0] == PartyPacketType.media.rawValue else { return nil }
+        return bytes.readUInt32(at: 5)
     }
 
     /// The sender id and level alone, for the relay's hot path (no SFrame parse).

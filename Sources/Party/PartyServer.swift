@@ -78,6 +78,7 @@ public struct PartyServer: SansIOCore {
         /// Frames not forwarded because their sender was not among the speakers, or muted.
         public var framesNotSelected: UInt64 = 0
         public var controlRefused: UInt64 = 0
+        public init() {}
     }
 
     public let configuration: Configuration

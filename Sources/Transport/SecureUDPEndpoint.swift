@@ -345,6 +345,17 @@ public final class SecureUDPEndpoint: Sendable {
         }
     }
 
+    /// The event loop the endpoint runs on: where the media handler is called,
+    /// and where a driver that hosts a core beside it can run that core.
+    public var eventLoop: any EventLoop { channel.eventLoop }
+
+    /// Replaces the media handler (nil: media comes as `.media` events), from the
+    /// next packet on: for a driver whose handler needs the bound endpoint.
+    public func setMediaHandler(_ handler: MediaHandler?) async {
+        let engine = self.engine
+        try? await channel.eventLoop.submit { engine.value.mediaHandler = handler }.get()
+    }
+
     /// Releases the relay allocation, if any, and closes the socket.
     public func close() async {
         let engine = self.engine
@@ -370,7 +381,7 @@ final class SecureEngine {
     var inReadBurst = false
     private let channel: Channel
     private let continuation: AsyncStream<SecureUDPEvent>.Continuation
-    private let mediaHandler: SecureUDPEndpoint.MediaHandler?
+    var mediaHandler: SecureUDPEndpoint.MediaHandler?
     private let keyLog: KeyLogFile?
     private let logger: Logger
     private var binding = BindingServer()

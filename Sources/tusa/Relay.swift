@@ -1,9 +1,11 @@
 import ArgumentParser
 import Foundation
 import Logging
+import Party
 import Relay
 import Rendezvous
 import STUN
+import Secure
 import ServiceLifecycle
 import TURN
 import Transport
@@ -250,6 +252,25 @@ struct Relay: AsyncParsableCommand {
     )
     var rendezvousPort: UInt16?
 
+    // Parties (group voice rooms, end-to-end encrypted).
+
+    @Option(
+        name: .customLong("party-port"),
+        help:
+            "Host parties: members hold a Noise IK session with the relay's identity on this UDP port of the first listen address (0: any free port) and the relay forwards their sealed voice. Off unless given."
+    )
+    var partyPort: UInt16?
+
+    @Option(
+        name: .customLong("identity"),
+        help: ArgumentHelp(
+            "The relay's identity key file (tusa keygen) for --party-port; a fresh key for this run when not given.",
+            valueName: "file"))
+    var identity: String?
+
+    @Option(name: .customLong("max-party-size"), help: "Members a party may hold.")
+    var maxPartySize = 50
+
     func run() async throws {
         var relay = self
         if let config {
@@ -324,7 +345,24 @@ struct Relay: AsyncParsableCommand {
         let rendezvous = rendezvousPort.map { port in
             makeRendezvous(port: port, configuration: configuration, service: service, logger: logger)
         }
-        let services: [any Service] = [service] + (metrics.map { [$0] } ?? []) + (rendezvous.map { [$0] } ?? [])
+        let party: PartyService?
+        if let partyPort {
+            guard (2...10_000).contains(maxPartySize) else { throw failure("--max-party-size must be 2-10000") }
+            let key: Identity
+            do { key = try identity.map { try Identity.read(from: $0) } ?? .generate() } catch {
+                throw failure("cannot read the identity '\(identity ?? "")': \(error)")
+            }
+            var rooms = PartyServer.Configuration()
+            rooms.maxMembers = maxPartySize
+            let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
+            party = PartyService(
+                address: TransportAddress(ip: ip, port: partyPort), identity: key, configuration: rooms, logger: logger)
+        } else {
+            guard identity == nil else { throw failure("--identity needs --party-port") }
+            party = nil
+        }
+        let services: [any Service] =
+            [service] + (metrics.map { [$0] } ?? []) + (rendezvous.map { [$0] } ?? []) + (party.map { [$0] } ?? [])
         let group = ServiceGroup(
             configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         do {
@@ -338,6 +376,9 @@ struct Relay: AsyncParsableCommand {
                     }
                     if let rendezvous {
                         print("rendezvous tcp \(try await rendezvous.boundAddress())")
+                    }
+                    if let party {
+                        print("party udp \(try await party.boundAddress()) key \(party.identity.publicKey)")
                     }
                     fflush(nil)  // every line out before anyone waits on it
                 }

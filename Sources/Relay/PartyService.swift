@@ -1,0 +1,176 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import Party
+import STUN
+import Secure
+import ServiceLifecycle
+import Transport
+import TusaBase
+
+/// Parties on the relay: members' Noise IK sessions with the relay's identity on
+/// one UDP socket (a ``SecureUDPEndpoint`` that accepts any key), and the
+/// ``PartyServer`` core on the same event loop, hosted by a ``CoreHost``. Every
+/// party packet (voice frame, control message, acknowledgement) travels as the
+/// payload of a secure media packet of payload type `PartyHop.payloadType`.
+///
+/// A swift-service-lifecycle `Service`, run beside ``RelayService`` by
+/// `tusa relay --party-port`.
+public final class PartyService: Service, Sendable {
+    public let address: TransportAddress
+    public let identity: Identity
+    public let configuration: PartyServer.Configuration
+    private let logger: Logger
+    private let bound = BoundResult<TransportAddress>()
+    private let statisticsBox = NIOLockedValueBox(PartyServer.Statistics())
+    private let roomsBox = NIOLockedValueBox(0)
+
+    public init(
+        address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(), logger: Logger
+    ) {
+        self.address = address
+        self.identity = identity
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    /// The bound address once `run()` has bound it (the real port for port 0).
+    public func boundAddress() async throws -> TransportAddress { try await bound.wait() }
+
+    /// The core's counters, as of the last packet.
+    public var statistics: PartyServer.Statistics { statisticsBox.withLockedValue { $0 } }
+    /// Rooms open now.
+    public var roomCount: Int { roomsBox.withLockedValue { $0 } }
+
+    public func run() async throws {
+        var secure = SecureConfiguration()
+        secure.acceptUnknownPeers = true
+        let endpoint: SecureUDPEndpoint
+        do {
+            endpoint = try await SecureUDPEndpoint.bind(
+                host: address.ip.description, port: Int(address.port), identity: identity, configuration: secure,
+                logger: logger)
+        } catch {
+            let failure = RelayServiceError(.bindFailed, "cannot serve parties on udp \(address): \(error)")
+            bound.resolve(.failure(failure))
+            throw failure
+        }
+        let loop = endpoint.eventLoop
+        let logger = self.logger
+        let configuration = self.configuration
+        let rooms: NIOLoopBound<PartyRooms>
+        do {
+            rooms = try await loop.submit { [statisticsBox, roomsBox] in
+                PartyRooms.make(
+                    core: PartyServer(configuration: configuration), endpoint: endpoint, loop: loop, logger: logger,
+                    statistics: statisticsBox, roomCount: roomsBox)
+            }.get()
+        } catch {
+            bound.resolve(.failure(error))
+            await endpoint.close()
+            throw error
+        }
+        await endpoint.setMediaHandler { peer, header, payload in
+            guard header.payloadType == PartyHop.payloadType else { return }
+            rooms.value.received(peer, Array(payload))
+        }
+        logger.info(
+            "serving parties", metadata: ["address": "udp \(endpoint.localAddress)", "key": "\(identity.publicKey)"])
+        bound.resolve(.success(endpoint.localAddress))
+        await withDiscardingTaskGroup { group in
+            group.addTask {
+                for await event in endpoint.events {
+                    guard case .session(let session) = event else { continue }
+                    switch session {
+                    case .established(let peer, let key, rekey: false):
+                        loop.execute { rooms.value.opened(peer, key: key) }
+                    case .peerGone(let peer):
+                        loop.execute { rooms.value.closed(peer) }
+                    default:
+                        break
+                    }
+                }
+            }
+            try? await gracefulShutdown()
+            await endpoint.close()
+        }
+        try? await loop.submit { rooms.value.stop() }.get()
+    }
+}
+
+/// The room core and the members' sessions, touched only on the endpoint's loop.
+final class PartyRooms {
+    private var host: CoreHost<PartyServer>!
+    private let endpoint: SecureUDPEndpoint
+    /// Each session's secure peer (a session is named after its peer).
+    private var peers: [PartySession: PeerID] = [:]
+    private let logger: Logger
+
+    /// Created on `loop`'s behalf; the returned box is used only there.
+    static func make(
+        core: PartyServer, endpoint: SecureUDPEndpoint, loop: any EventLoop, logger: Logger,
+        statistics: NIOLockedValueBox<PartyServer.Statistics>, roomCount: NIOLockedValueBox<Int>
+    ) -> NIOLoopBound<PartyRooms> {
+        NIOLoopBound(
+            PartyRooms(
+                core: core, endpoint: endpoint, loop: loop, logger: logger, statistics: statistics, roomCount: roomCount),
+            eventLoop: loop)
+    }
+
+    private init(
+        core: PartyServer, endpoint: SecureUDPEndpoint, loop: any EventLoop, logger: Logger,
+        statistics: NIOLockedValueBox<PartyServer.Statistics>, roomCount: NIOLockedValueBox<Int>
+    ) {
+        self.endpoint = endpoint
+        self.logger = logger
+        host = CoreHost(core, on: loop) { [unowned self] action in
+            perform(action)
+        } afterActions: { [unowned self] in
+            let (s, n) = host.read { ($0.statistics, $0.rooms.count) }
+            statistics.withLockedValue { $0 = s }
+            roomCount.withLockedValue { $0 = n }
+        }
+    }
+
+    func opened(_ peer: PeerID, key: PublicKey) {
+        peers[Self.session(peer)] = peer
+        host.handle(.opened(Self.session(peer), key: key))
+    }
+
+    func received(_ peer: PeerID, _ bytes: [UInt8]) {
+        let session = Self.session(peer)
+        guard peers[session] != nil else { return }
+        host.handle(.received(session, bytes))
+    }
+
+    func closed(_ peer: PeerID) {
+        let session = Self.session(peer)
+        guard peers.removeValue(forKey: session) != nil else { return }
+        host.handle(.closed(session))
+    }
+    func stop() { host.stop() }
+
+    private func perform(_ action: PartyServer.Action) {
+        switch action {
+        case .send(let session, let bytes):
+            guard let peer = peers[session] else { return }
+            // Voice frames keep their RTP timestamp on the hop, so a capture reads as RTP.
+            let timestamp = PartyFrameHeader.peekTimestamp(bytes) ?? 0
+            endpoint.send(bytes, to: peer, payloadType: PartyHop.payloadType, timestamp: timestamp)
+        case .event(let event):
+            switch event {
+            case .roomCreated(let id, let name, let creator):
+                logger.info("party created", metadata: ["room": "\(id)", "name": "\(name)", "creator": "\(creator)"])
+            case .memberJoined(let room, let member, let key):
+                logger.info("party member joined", metadata: ["room": "\(room)", "member": "\(member)", "key": "\(key)"])
+            case .memberLeft(let room, let member, let reason):
+                logger.info(
+                    "party member left", metadata: ["room": "\(room)", "member": "\(member)", "reason": "\(reason.rawValue)"])
+            case .roomClosed(let id):
+                logger.info("party closed", metadata: ["room": "\(id)"])
+            }
+        }
+    }
+
+    private static func session(_ peer: PeerID) -> PartySession { PartySession(UInt64(max(0, peer.rawValue))) }
+}

@@ -1,0 +1,248 @@
+import Logging
+import NIOCore
+import Party
+import Secure
+import TusaBase
+
+/// Why a party connection or request failed.
+public enum PartyConnectionError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// The secure session with the relay could not be made.
+    case transport(SecureTransportError)
+    /// The relay refused the request.
+    case refused(PartyErrorCode, String)
+    /// Already joining or in a room.
+    case busy
+    /// The connection is closed, or the room ended while waiting.
+    case closed
+
+    public var description: String {
+        switch self {
+        case .transport(let e): "cannot reach the relay's party service: \(e)"
+        case .refused(let code, let detail): "the relay refused (\(code.rawValue)): \(detail)"
+        case .busy: "already joining or in a room"
+        case .closed: "the party connection is closed"
+        }
+    }
+}
+
+/// What a create or join returns: the room as the relay described it.
+public struct PartyJoined: Hashable, Sendable {
+    public var room: String
+    public var name: String
+    public var me: MemberID
+    /// Every member, this one included.
+    public var roster: [RosterEntry]
+}
+
+/// A member's connection to a relay's parties: one Noise IK session with the
+/// relay's identity on a UDP socket (``SecureUDPEndpoint``), and the
+/// ``PartyMember`` core on the endpoint's event loop (``CoreHost``). Control
+/// messages and voice frames ride the session as `PartyHop.payloadType` packets.
+///
+/// `events` yields what the core reports: opened voice frames (`.audio`),
+/// roster changes, keys, the end of the room.
+public final class PartyConnection: Sendable {
+    public let relay: TransportAddress
+    public let relayKey: PublicKey
+    public let identity: PublicKey
+    public let events: AsyncStream<PartyMemberEvent>
+    private let endpoint: SecureUDPEndpoint
+    private let driver: NIOLoopBound<PartyDriver>
+
+    private init(
+        relay: TransportAddress, relayKey: PublicKey, identity: PublicKey, events: AsyncStream<PartyMemberEvent>,
+        endpoint: SecureUDPEndpoint, driver: NIOLoopBound<PartyDriver>
+    ) {
+        self.relay = relay
+        self.relayKey = relayKey
+        self.identity = identity
+        self.events = events
+        self.endpoint = endpoint
+        self.driver = driver
+    }
+
+    /// Opens the secure session with the relay at `relay`, whose static key is `relayKey`.
+    public static func connect(
+        to relay: TransportAddress, relayKey: PublicKey, identity: Identity, host: String? = nil,
+        configuration: PartyMember.Configuration = .init(), timeout: Duration = .seconds(5),
+        logger: Logger = Logger(label: "tusa.party")
+    ) async throws(PartyConnectionError) -> PartyConnection {
+        let endpoint: SecureUDPEndpoint
+        let peer: PeerID
+        do {
+            endpoint = try await SecureUDPEndpoint.bind(
+                host: host ?? (relay.ip.isIPv4 ? "0.0.0.0" : "::"), identity: identity, logger: logger)
+        } catch { throw .transport(error) }
+        do {
+            peer = try await endpoint.connect(to: relayKey, at: relay, timeout: timeout)
+        } catch {
+            await endpoint.close()
+            throw .transport(error)
+        }
+        let (events, yield) = AsyncStream.makeStream(of: PartyMemberEvent.self, bufferingPolicy: .bufferingNewest(4096))
+        let loop = endpoint.eventLoop
+        let driver: NIOLoopBound<PartyDriver>
+        do {
+            driver = try await loop.submit {
+                NIOLoopBound(
+                    PartyDriver(
+                        core: PartyMember(identity: identity.privateKey, configuration: configuration), endpoint: endpoint,
+                        peer: peer, loop: loop, yield: yield),
+                    eventLoop: loop)
+            }.get()
+        } catch {
+            await endpoint.close()
+            throw .closed
+        }
+        await endpoint.setMediaHandler { from, header, payload in
+            guard from == peer, header.payloadType == PartyHop.payloadType else { return }
+            driver.value.received(Array(payload))
+        }
+        // The session's end (the relay gone for good) ends the room.
+        Task {
+            for await event in endpoint.events {
+                if case .session(.peerGone(let gone)) = event, gone == peer {
+                    loop.execute { driver.value.disconnected() }
+                }
+            }
+            loop.execute { driver.value.disconnected() }
+        }
+        return PartyConnection(
+            relay: relay, relayKey: relayKey, identity: identity.publicKey, events: events, endpoint: endpoint, driver: driver)
+    }
+
+    /// Creates a room named `name` and joins it.
+    public func create(name: String, maxMembers: Int? = nil, invite: [PublicKey] = []) async throws(PartyConnectionError)
+        -> PartyJoined
+    {
+        try await join(.create(name: name, maxMembers: maxMembers, invite: invite))
+    }
+
+    /// Joins the room `room`.
+    public func join(_ room: String) async throws(PartyConnectionError) -> PartyJoined {
+        try await join(.join(room: room))
+    }
+
+    private func join(_ input: PartyMember.Input) async throws(PartyConnectionError) -> PartyJoined {
+        let driver = self.driver
+        let future: EventLoopFuture<PartyJoined>
+        do {
+            future = try await endpoint.eventLoop.submit { driver.value.join(input) }.get()
+        } catch { throw .closed }
+        do { return try await future.get() } catch let e as PartyConnectionError { throw e } catch { throw .closed }
+    }
+
+    /// Leaves the room (the connection stays open for another).
+    public func leave() { perform(.leave) }
+    /// Removes a member (the creator only; the relay refuses others).
+    public func kick(_ member: MemberID) { perform(.kick(member)) }
+    /// Closes the room for everyone (the creator only).
+    public func closeRoom() { perform(.close) }
+    public func mute(_ muted: Bool) { perform(.mute(muted)) }
+
+    private func perform(_ input: PartyMember.Input) {
+        let driver = self.driver
+        endpoint.eventLoop.execute { driver.value.handle(input) }
+    }
+
+    /// Seals one voice frame and sends it to the room (dropped when not in a
+    /// room, muted or without a key yet).
+    public func send(_ audio: [UInt8], timestamp: UInt32, level: AudioLevel) {
+        let driver = self.driver
+        endpoint.eventLoop.execute { driver.value.send(audio, timestamp: timestamp, level: level) }
+    }
+
+    /// The member core's state, read on its loop (for status lines and tests).
+    public func read<T: Sendable>(_ body: @escaping @Sendable (PartyMember) -> T) async throws(PartyConnectionError) -> T {
+        let driver = self.driver
+        do { return try await endpoint.eventLoop.submit { driver.value.read(body) }.get() } catch { throw .closed }
+    }
+
+    /// The secure endpoint's local address (where the relay sees this member come from, before NAT).
+    public var localAddress: TransportAddress { endpoint.localAddress }
+
+    /// Leaves the room, if in one, and closes the session.
+    public func close() async {
+        let driver = self.driver
+        try? await endpoint.eventLoop.submit { driver.value.handle(.leave) }.get()
+        await endpoint.close()
+        try? await endpoint.eventLoop.submit { driver.value.stop() }.get()
+    }
+}
+
+/// The member core, its host and the caller waiting for a join, on the endpoint's loop.
+final class PartyDriver {
+    private var host: CoreHost<PartyMember>!
+    private let endpoint: SecureUDPEndpoint
+    private let peer: PeerID
+    private let yield: AsyncStream<PartyMemberEvent>.Continuation
+    private var joining: EventLoopPromise<PartyJoined>?
+    private let loop: any EventLoop
+
+    init(
+        core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID, loop: any EventLoop,
+        yield: AsyncStream<PartyMemberEvent>.Continuation
+    ) {
+        self.endpoint = endpoint
+        self.peer = peer
+        self.yield = yield
+        self.loop = loop
+        host = CoreHost(core, on: loop) { [unowned self] action in perform(action) }
+    }
+
+    func handle(_ input: PartyMember.Input) { host.handle(input) }
+    func received(_ bytes: [UInt8]) { host.handle(.received(bytes)) }
+
+    func disconnected() {
+        host.handle(.disconnected)
+        joining?.fail(PartyConnectionError.closed)
+        joining = nil
+    }
+
+    func join(_ input: PartyMember.Input) -> EventLoopFuture<PartyJoined> {
+        guard joining == nil, host.read({ $0.room == nil }) else {
+            return loop.makeFailedFuture(PartyConnectionError.busy)
+        }
+        let promise = loop.makePromise(of: PartyJoined.self)
+        joining = promise
+        host.handle(input)
+        return promise.futureResult
+    }
+
+    func send(_ audio: [UInt8], timestamp: UInt32, level: AudioLevel) {
+        guard let frame = host.with({ core, now in core.seal(audio, timestamp: timestamp, level: level, now: now) }) else {
+            return
+        }
+        endpoint.send(frame, to: peer, payloadType: PartyHop.payloadType, timestamp: timestamp)
+    }
+
+    func read<T>(_ body: (PartyMember) -> T) -> T { host.read(body) }
+
+    func stop() {
+        host.stop()
+        yield.finish()
+    }
+
+    private func perform(_ action: PartyMember.Action) {
+        switch action {
+        case .send(let bytes):
+            endpoint.send(
+                bytes, to: peer, payloadType: PartyHop.payloadType, timestamp: PartyFrameHeader.peekTimestamp(bytes) ?? 0)
+        case .event(let event):
+            switch event {
+            case .joined(let room, let name, let me, let roster):
+                joining?.succeed(PartyJoined(room: room, name: name, me: me, roster: roster))
+                joining = nil
+            case .refused(let code, let detail):
+                joining?.fail(PartyConnectionError.refused(code, detail))
+                joining = nil
+            case .ended:
+                joining?.fail(PartyConnectionError.closed)
+                joining = nil
+            default:
+                break
+            }
+            yield.yield(event)
+        }
+    }
+}

@@ -1,0 +1,160 @@
+import Foundation
+import Logging
+import Party
+import Relay
+import STUN
+import Secure
+import ServiceLifecycle
+import Synchronization
+import Testing
+import Transport
+import TusaBase
+
+// Parties over real loopback UDP: the relay's PartyService in process, members
+// as PartyConnections (Noise IK sessions with the relay's identity), the cores
+// underneath as in the virtual-clock tests.
+
+private let quiet: Logger = {
+    var logger = Logger(label: "tusa.test.party")
+    logger.logLevel = .warning
+    return logger
+}()
+
+/// Every event a connection reported, kept for checks that wait for one.
+private final class EventLog: Sendable {
+    private final class Box: Sendable {
+        let events = Mutex<[PartyMemberEvent]>([])
+    }
+    private let box = Box()
+
+    init(_ connection: PartyConnection) {
+        let box = self.box
+        Task {
+            for await e in connection.events { box.events.withLock { $0.append(e) } }
+        }
+    }
+
+    var all: [PartyMemberEvent] { box.events.withLock { $0 } }
+
+    func audio(from member: MemberID) -> [[UInt8]] {
+        all.compactMap { if case .audio(let from, _, let audio) = $0, from == member { audio } else { nil } }
+    }
+
+    var keysReceived: Int { all.filter { if case .keyReceived = $0 { true } else { false } }.count }
+    var rekeys: Int { all.filter { if case .sendingUnder = $0 { true } else { false } }.count }
+    var ended: LeaveReason? { all.lazy.compactMap { if case .ended(let r) = $0 { r } else { nil } }.first }
+
+    /// Whether `condition` held within `limit` (polled; the deadline only bounds a failure).
+    func wait(within limit: Duration = .seconds(10), _ condition: (EventLog) -> Bool) async -> Bool {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
+            if condition(self) { return true }
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return condition(self)
+    }
+}
+
+private func withPartyRelay(
+    maxMembers: Int = 50, _ body: (TransportAddress, PublicKey, PartyService) async throws -> Void
+) async throws {
+    var rooms = PartyServer.Configuration()
+    rooms.maxMembers = maxMembers
+    let identity = Identity.generate()
+    let service = PartyService(
+        address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: identity, configuration: rooms, logger: quiet)
+    let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
+    let running = Task { try await group.run() }
+    defer { running.cancel() }
+    let address = try await service.boundAddress()
+    do { try await body(address, identity.publicKey, service) } catch {
+        await group.triggerGracefulShutdown()
+        throw error
+    }
+    await group.triggerGracefulShutdown()
+    _ = try? await running.value
+}
+
+@Suite("Parties over loopback UDP through the relay's PartyService", .serialized)
+struct PartyServiceTests {
+    @Test func membersJoinHearEachOtherAndAKickRekeys() async throws {
+        try await withPartyRelay { relay, relayKey, service in
+            let alice = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)
+            let bob = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)
+            let carol = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)
+            let logs = [alice, bob, carol].map(EventLog.init)
+            let created = try await alice.create(name: "Hearthstone")
+            #expect(created.name == "Hearthstone" && created.roster.count == 1)
+            let b = try await bob.join(created.room)
+            let c = try await carol.join(created.room)
+            #expect(c.roster.count == 3 && c.roster.filter(\.creator).count == 1)
+            #expect(service.roomCount == 1)
+            // Each member holds the other two's keys.
+            for log in logs { #expect(await log.wait { $0.keysReceived >= 2 }, "\(log.all)") }
+
+            let words: [[UInt8]] = (0..<5).map { i in [UInt8](repeating: UInt8(i + 1), count: 60) }
+            for (i, w) in words.enumerated() {
+                alice.send(w, timestamp: UInt32(i * 160), level: AudioLevel(level: 30, voiced: true))
+            }
+            for log in logs[1...] {
+                #expect(await log.wait { $0.audio(from: created.me).count == 5 }, "\(log.all)")
+                #expect(log.audio(from: created.me) == words)
+            }
+
+            // The creator removes Carol: she learns it, the others make fresh keys and switch.
+            alice.kick(c.me)
+            #expect(await logs[2].wait { $0.ended == .kicked })
+            #expect(await logs[0].wait { $0.rekeys >= 1 })
+            #expect(await logs[1].wait { $0.rekeys >= 1 })
+            let after: [UInt8] = Array(repeating: 0x77, count: 60)
+            bob.send(after, timestamp: 9_000, level: AudioLevel(level: 20, voiced: true))
+            #expect(await logs[0].wait { $0.audio(from: b.me).last == after })
+            #expect(logs[2].audio(from: b.me).isEmpty)
+            #expect(service.statistics.framesSpoofed == 0)
+            #expect(service.statistics.framesForwarded >= 11)
+
+            // The last one out closes the room.
+            alice.leave()
+            bob.leave()
+            #expect(await eventually { service.roomCount == 0 })
+            for c in [alice, bob, carol] { await c.close() }
+        }
+    }
+
+    @Test func theRelayRefusesClearly() async throws {
+        try await withPartyRelay(maxMembers: 2) { relay, relayKey, _ in
+            let a = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)
+            let b = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)
+            let c = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)
+            await #expect(throws: PartyConnectionError.refused(.noSuchRoom, "no room nosuchroom")) {
+                _ = try await c.join("nosuchroom")
+            }
+            let room = try await a.create(name: "Dota 2").room
+            _ = try await b.join(room)
+            do {
+                _ = try await c.join(room)
+                Issue.record("a third member joined a room of two")
+            } catch let error as PartyConnectionError {
+                if case .refused(.full, _) = error {} else { Issue.record("\(error)") }
+            }
+            await #expect(throws: PartyConnectionError.busy) { _ = try await a.join(room) }
+            for x in [a, b, c] { await x.close() }
+        }
+        // A relay that is not there (or holds another key) is a typed error, not a hang.
+        let nobody = TransportAddress(ip: .v4(0x7F00_0001), port: 9)
+        await #expect(throws: PartyConnectionError.self) {
+            _ = try await PartyConnection.connect(
+                to: nobody, relayKey: PrivateKey.generate().publicKey, identity: .generate(), timeout: .milliseconds(500),
+                logger: quiet)
+        }
+    }
+}
+
+private func eventually(within limit: Duration = .seconds(10), _ condition: () -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now + limit
+    while ContinuousClock.now < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(5))
+    }
+    return condition()
+}
