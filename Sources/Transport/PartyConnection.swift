@@ -61,11 +61,16 @@ public final class PartyConnection: Sendable {
         self.driver = driver
     }
 
+    /// Called on the connection's event loop for each voice frame opened, in place
+    /// of an `.audio` event (a voice engine's jitter buffers want arrival times
+    /// taken as the packet arrives, not when a task gets round to it).
+    public typealias AudioHandler = @Sendable (MemberID, PartyFrameHeader, [UInt8]) -> Void
+
     /// Opens the secure session with the relay at `relay`, whose static key is `relayKey`.
     public static func connect(
         to relay: TransportAddress, relayKey: PublicKey, identity: Identity, host: String? = nil,
         configuration: PartyMember.Configuration = .init(), timeout: Duration = .seconds(5),
-        logger: Logger = Logger(label: "tusa.party")
+        audio: AudioHandler? = nil, logger: Logger = Logger(label: "tusa.party")
     ) async throws(PartyConnectionError) -> PartyConnection {
         let endpoint: SecureUDPEndpoint
         let peer: PeerID
@@ -87,7 +92,7 @@ public final class PartyConnection: Sendable {
                 NIOLoopBound(
                     PartyDriver(
                         core: PartyMember(identity: identity.privateKey, configuration: configuration), endpoint: endpoint,
-                        peer: peer, loop: loop, yield: yield),
+                        peer: peer, loop: loop, yield: yield, audio: audio),
                     eventLoop: loop)
             }.get()
         } catch {
@@ -178,11 +183,13 @@ final class PartyDriver {
     private let yield: AsyncStream<PartyMemberEvent>.Continuation
     private var joining: EventLoopPromise<PartyJoined>?
     private let loop: any EventLoop
+    private let audio: PartyConnection.AudioHandler?
 
     init(
         core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID, loop: any EventLoop,
-        yield: AsyncStream<PartyMemberEvent>.Continuation
+        yield: AsyncStream<PartyMemberEvent>.Continuation, audio: PartyConnection.AudioHandler?
     ) {
+        self.audio = audio
         self.endpoint = endpoint
         self.peer = peer
         self.yield = yield
@@ -239,6 +246,11 @@ final class PartyDriver {
             case .ended:
                 joining?.fail(PartyConnectionError.closed)
                 joining = nil
+            case .audio(let from, let header, let bytes):
+                if let audio {
+                    audio(from, header, bytes)
+                    return
+                }
             default:
                 break
             }

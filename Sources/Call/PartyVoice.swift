@@ -1,0 +1,222 @@
+import Foundation
+import Party
+import Synchronization
+import Transport
+import Voice
+
+/// What a party member heard of one speaker.
+public struct PartySpeakerReport: Sendable, Equatable {
+    public var member: MemberID
+    public var playout: PlayoutStatistics
+    /// The speaker's frames that arrived (after the relay's speaker selection).
+    public var packetsReceived: Int
+}
+
+/// A party's voice on one member: one real-time thread ticks every 5 ms; at
+/// each frame boundary it reads the source, encodes, measures the level
+/// (RFC 6464) and sends the frame through the ``PartyConnection``; every tick it
+/// pulls each speaker's jitter buffer, mixes them (``Mixer``, no clipping) and
+/// writes the mix to the sink. The mix is also the echo canceller's reference.
+///
+/// Make it before connecting, pass ``audioHandler`` as the connection's audio
+/// handler (speakers get a jitter buffer each, on their first frame), then
+/// ``start(sending:)`` once in a room.
+public final class PartyVoice: @unchecked Sendable {
+    public let codec: CodecConfiguration
+    private let sender: VoiceSender
+    private let receivers = Mutex<[MemberID: VoiceReceiver]>([:])
+    private let received = Mutex<[MemberID: Int]>([:])
+    private let source: FrameSource?
+    private let sink: AudioSink?
+    private let sinkResampler: Resampler?
+    private let running = Atomic<Bool>(false)
+    private let sent = Atomic<Int>(0)
+    private let ended = Atomic<Bool>(false)
+    private let failure = Mutex<String?>(nil)
+    private let threadExit = Mutex<(ended: Bool, waiter: CheckedContinuation<Void, Never>?)>((false, nil))
+    private var connection: PartyConnection?
+    /// Called once on the audio thread when the source has no more audio.
+    public var onSourceEnded: (@Sendable () -> Void)?
+
+    public init(codec: CodecConfiguration, source: AudioSource?, sink: AudioSink?, echoCancellation: Bool = false)
+        throws(VoiceError)
+    {
+        self.codec = codec
+        sender = try VoiceSender(codec: codec, capture: echoCancellation ? CaptureConfiguration() : nil, taps: nil)
+        self.source = try source.map { s throws(VoiceError) in
+            try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame)
+        }
+        self.sink = sink
+        sinkResampler = try sink.flatMap { s throws(VoiceError) in
+            s.sampleRate == codec.sampleRate ? nil : try Resampler(from: codec.sampleRate, to: s.sampleRate)
+        }
+    }
+
+    /// The connection's audio handler: each speaker's frames into its own jitter buffer.
+    public var audioHandler: PartyConnection.AudioHandler {
+        { [self] member, header, audio in
+            let now = monotonicNanoseconds()
+            let receiver = receivers.withLock { r -> VoiceReceiver? in
+                if let existing = r[member] { return existing }
+                guard let made = try? VoiceReceiver(codec: self.codec) else { return nil }
+                r[member] = made
+                return made
+            }
+            guard let receiver else { return }
+            audio.withUnsafeBytes {
+                _ = receiver.receive(sequence: header.sequence, timestamp: header.timestamp, payload: $0, arrivalNanoseconds: now)
+            }
+            received.withLock { $0[member, default: 0] += 1 }
+        }
+    }
+
+    /// Starts the audio clock, sending through `connection`.
+    public func start(sending connection: PartyConnection) {
+        guard !running.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        self.connection = connection
+        let t = Thread { [self] in
+            loop(connection)
+            let waiter = threadExit.withLock { exit in
+                exit.ended = true
+                defer { exit.waiter = nil }
+                return exit.waiter
+            }
+            waiter?.resume()
+        }
+        t.name = "tusa.party.voice"
+        t.qualityOfService = .userInteractive
+        t.start()
+    }
+
+    /// Stops the clock (within a tick) and closes the sink.
+    public func stop() async {
+        guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let ended = threadExit.withLock { exit in
+                if !exit.ended { exit.waiter = c }
+                return exit.ended
+            }
+            if ended { c.resume() }
+        }
+        sink?.close()
+    }
+
+    public var framesSent: Int { sent.load(ordering: .relaxed) }
+    public var sourceEnded: Bool { ended.load(ordering: .relaxed) }
+    /// The first error reading the source or writing the sink.
+    public var audioError: String? { failure.withLock { $0 } }
+
+    /// Each speaker heard so far, by member id.
+    public var speakers: [PartySpeakerReport] {
+        let counts = received.withLock { $0 }
+        return receivers.withLock { r in
+            r.keys.sorted().compactMap { m in
+                r[m].map { PartySpeakerReport(member: m, playout: $0.statistics, packetsReceived: counts[m] ?? 0) }
+            }
+        }
+    }
+
+    /// RFC 6464's level of a frame: its power in −dBov, 0 (full scale) … 127 (silence).
+    public static func level(of samples: UnsafeBufferPointer<Int16>) -> UInt8 {
+        guard !samples.isEmpty else { return 127 }
+        var sum = 0.0
+        for s in samples { sum += Double(s) * Double(s) }
+        let rms = (sum / Double(samples.count)).squareRoot()
+        guard rms > 0 else { return 127 }
+        let dBov = 20 * log10(rms / 32768)
+        return UInt8(max(0, min(127, (-dBov).rounded())))
+    }
+
+    static let renderMilliseconds = 5
+    /// Frames louder than −50 dBov count as voice (the relay forwards voice and drops
+    /// silence, after a few frames' tail)…
+    static let voicedLevel: UInt8 = 50
+    /// …and so do quieter frames for 300 ms after one that was (the ends of words).
+    static let hangoverMilliseconds = 300
+
+    private func loop(_ connection: PartyConnection) {
+        let spf = codec.samplesPerFrame
+        let chunk = codec.sampleRate * Self.renderMilliseconds / 1000
+        let chunksPerFrame = max(1, spf / chunk)
+        let tickNs = Int64(Self.renderMilliseconds) * 1_000_000
+        let mixer = Mixer(frameSize: chunk)
+        var captured = [Int16](repeating: 0, count: spf)
+        var played = [Int16](repeating: 0, count: spf)
+        var playing = [Int16](repeating: 0, count: spf)
+        var pulled = [Int16](repeating: 0, count: chunk)
+        var out = [Int16](repeating: 0, count: chunk)
+        var resampled = [Int16](repeating: 0, count: sinkResampler.map { $0.outputCapacity(forInput: chunk) } ?? 0)
+        var payload = [UInt8](repeating: 0, count: sender.maximumPayloadSize)
+        var next = monotonicNanoseconds()
+        var sourceDone = source == nil
+        var sinkFailed = false
+        var tick = 0
+        let hangoverFrames = Self.hangoverMilliseconds / codec.frameDuration.rawValue
+        var hangover = 0
+        while running.load(ordering: .acquiring) {
+            next += tickNs
+            let slot = tick % chunksPerFrame
+            tick += 1
+            if slot == 0, !sourceDone, let source {
+                if captured.withUnsafeMutableBufferPointer({ source.next(into: $0) }) {
+                    let level = captured.withUnsafeBufferPointer { Self.level(of: $0) }
+                    let frame = captured.withUnsafeBufferPointer { c in
+                        played.withUnsafeBufferPointer { p in
+                            payload.withUnsafeMutableBytes { o in try? sender.encode(captured: c, reference: p, into: o) }
+                        }
+                    }
+                    // Voiced: the capture chain's detector says so (when it runs) and the
+                    // frame is louder than the threshold, or was within the hangover.
+                    if level <= Self.voicedLevel { hangover = hangoverFrames } else if hangover > 0 { hangover -= 1 }
+                    let voiced = (frame?.voiceActivity ?? false) && (level <= Self.voicedLevel || hangover > 0)
+                    if let frame, frame.byteCount > 0 {
+                        connection.send(
+                            Array(payload[0..<frame.byteCount]), timestamp: frame.timestamp,
+                            level: AudioLevel(level: level, voiced: voiced))
+                        sent.add(1, ordering: .relaxed)
+                    }
+                } else {
+                    sourceDone = true
+                    ended.store(true, ordering: .relaxed)
+                    if let error = source.error { failure.withLock { $0 = $0 ?? "cannot read the audio to send: \(error)" } }
+                    onSourceEnded?()
+                }
+            }
+            // Every speaker's next pull, mixed.
+            let now = monotonicNanoseconds()
+            let speakers = receivers.withLock { Array($0.values) }
+            mixer.begin()
+            for r in speakers {
+                pulled.withUnsafeMutableBufferPointer { r.render(nowNanoseconds: now, into: $0) }
+                pulled.withUnsafeBufferPointer { mixer.add($0) }
+            }
+            out.withUnsafeMutableBufferPointer { mixer.finish(into: $0) }
+            for i in 0..<chunk where slot * chunk + i < spf { playing[slot * chunk + i] = out[i] }
+            if slot == chunksPerFrame - 1 { swap(&played, &playing) }
+            if let sink, !sinkFailed {
+                do {
+                    if let sinkResampler {
+                        let n = out.withUnsafeBufferPointer { p in
+                            resampled.withUnsafeMutableBufferPointer { (try? sinkResampler.process(p, into: $0)) ?? 0 }
+                        }
+                        try resampled.withUnsafeBufferPointer { b throws(VoiceError) in
+                            try sink.write(UnsafeBufferPointer(rebasing: b[0..<n]))
+                        }
+                    } else {
+                        try out.withUnsafeBufferPointer { b throws(VoiceError) in try sink.write(b) }
+                    }
+                } catch {
+                    sinkFailed = true
+                    failure.withLock { $0 = $0 ?? "cannot write the audio received: \(error)" }
+                }
+            }
+            let remaining = next - monotonicNanoseconds()
+            if remaining < -20 * tickNs {
+                next = monotonicNanoseconds()
+            } else if remaining > 0 {
+                var ts = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
+                while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
+            }
+        }
+    }
+}
