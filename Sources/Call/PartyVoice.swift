@@ -24,7 +24,7 @@ public struct PartySpeakerReport: Sendable, Equatable {
 public final class PartyVoice: @unchecked Sendable {
     public let codec: CodecConfiguration
     private let sender: VoiceSender
-    private let receivers = Mutex<[MemberID: VoiceReceiver]>([:])
+    private let receivers = Mutex<[MemberID: Speaker]>([:])
     private let received = Mutex<[MemberID: Int]>([:])
     private let source: FrameSource?
     private let sink: AudioSink?
@@ -57,10 +57,10 @@ public final class PartyVoice: @unchecked Sendable {
         { [self] member, header, audio in
             let now = monotonicNanoseconds()
             let receiver = receivers.withLock { r -> VoiceReceiver? in
-                if let existing = r[member] { return existing }
-                guard let made = try? VoiceReceiver(codec: self.codec) else { return nil }
+                if let existing = r[member] { return existing.receiver }
+                guard let made = try? Speaker(codec: self.codec) else { return nil }
                 r[member] = made
-                return made
+                return made.receiver
             }
             guard let receiver else { return }
             audio.withUnsafeBytes {
@@ -111,7 +111,7 @@ public final class PartyVoice: @unchecked Sendable {
         let counts = received.withLock { $0 }
         return receivers.withLock { r in
             r.keys.sorted().compactMap { m in
-                r[m].map { PartySpeakerReport(member: m, playout: $0.statistics, packetsReceived: counts[m] ?? 0) }
+                r[m].map { PartySpeakerReport(member: m, playout: $0.receiver.statistics, packetsReceived: counts[m] ?? 0) }
             }
         }
     }
@@ -128,6 +128,9 @@ public final class PartyVoice: @unchecked Sendable {
     }
 
     static let renderMilliseconds = 5
+    /// A speaker none of whose packets played for this long is left out of the mix:
+    /// concealment covers shorter gaps, longer ones are the relay's silence suppression.
+    static let quietAfterNanoseconds: Int64 = 200_000_000
     /// Frames louder than −50 dBov count as voice (the relay forwards voice and drops
     /// silence, after a few frames' tail)…
     static let voicedLevel: UInt8 = 50
@@ -182,13 +185,16 @@ public final class PartyVoice: @unchecked Sendable {
                     onSourceEnded?()
                 }
             }
-            // Every speaker's next pull, mixed.
+            // Every speaker's next pull; the mix takes those who spoke lately (a speaker
+            // the relay stopped forwarding is silence, not its concealment's comfort noise).
             let now = monotonicNanoseconds()
             let speakers = receivers.withLock { Array($0.values) }
             mixer.begin()
-            for r in speakers {
-                pulled.withUnsafeMutableBufferPointer { r.render(nowNanoseconds: now, into: $0) }
-                pulled.withUnsafeBufferPointer { mixer.add($0) }
+            for speaker in speakers {
+                pulled.withUnsafeMutableBufferPointer { speaker.receiver.render(nowNanoseconds: now, into: $0) }
+                if now - speaker.lastPlayed.load(ordering: .relaxed) < Self.quietAfterNanoseconds {
+                    pulled.withUnsafeBufferPointer { mixer.add($0) }
+                }
             }
             out.withUnsafeMutableBufferPointer { mixer.finish(into: $0) }
             for i in 0..<chunk where slot * chunk + i < spf { playing[slot * chunk + i] = out[i] }
@@ -218,5 +224,16 @@ public final class PartyVoice: @unchecked Sendable {
                 while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
             }
         }
+    }
+}
+
+/// One speaker heard: its jitter buffer, and when it last played a packet.
+private final class Speaker: Sendable {
+    let receiver: VoiceReceiver
+    let lastPlayed = Atomic<Int64>(0)
+
+    init(codec: CodecConfiguration) throws(VoiceError) {
+        receiver = try VoiceReceiver(codec: codec)
+        receiver.onPacketPlayed = { [weak self] _, playNs in self?.lastPlayed.store(playNs, ordering: .relaxed) }
     }
 }

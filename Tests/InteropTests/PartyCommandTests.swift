@@ -1,0 +1,82 @@
+import Foundation
+import Testing
+
+/// `tusa party` as users run it: `tusa relay --party-port`, four member processes,
+/// each playing a different utterance in turn, each recording the room's mix;
+/// every member's recording of every other speaker is scored with PESQ.
+@Suite(.serialized) struct PartyCommandTests {
+    static let speech = [
+        "sense_and_sensibility_01_austen_64kb-0880.wav", "sense_and_sensibility_01_austen_64kb-0930.wav",
+        "sense_and_sensibility_01_austen_64kb-0890.wav", "sense_and_sensibility_01_austen_64kb-0920.wav",
+    ].map { "/usr/share/pocketsphinx/test/data/librivox/" + $0 }
+    static let scorer = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/party_pesq.py").path
+    static let ready =
+        Harness.tusa != nil && Harness.python != nil && speech.allSatisfy { FileManager.default.fileExists(atPath: $0) }
+    static let needs = "needs .build/debug/tusa, .venv with pesq and Debian's pocketsphinx-testdata (make test installs them)"
+
+    /// `tusa relay --party-port 0`: the process, the party address and the relay's key.
+    static func relay(_ extra: [String] = []) async throws -> (Harness.Background, String, String) {
+        let (relay, _) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0", "--party-port", "0"] + extra))
+        let line = try #require(
+            await relay.waitForMatch(#"party udp 127\.0\.0\.1:[0-9]+ key [A-Za-z0-9+/=]{44}"#), "\(relay.stdout) \(relay.stderr)")
+        let words = line.split(separator: " ")
+        return (relay, String(words[2]), String(words[4]))
+    }
+
+    static func json(_ text: String) -> [String: Any]? {
+        guard let start = text.firstIndex(of: "{") else { return nil }
+        return try? JSONSerialization.jsonObject(with: Data(text[start...].utf8)) as? [String: Any]
+    }
+
+    @Test(.enabled(if: ready, "\(needs)"))
+    func fourMembersSpeakInTurnAndEveryoneHearsEveryoneClearly() async throws {
+        let tusa = try #require(Harness.tusa)
+        let python = try #require(Harness.python)
+        let dir = NSTemporaryDirectory() + "tusa-party-\(getpid())"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let prepared = try await Harness.run(python, [Self.scorer, "prepare", dir, tusa] + Self.speech, timeout: 60)
+        #expect(prepared.status == 0, "\(prepared.stderr)")
+        let plan = try #require(Self.json(prepared.stdout), "\(prepared.stdout)")
+        let total = try #require(plan["total"] as? Double)
+
+        let (relay, address, key) = try await Self.relay()
+        defer { relay.kill() }
+        let common = { (k: Int) -> [String] in
+            [
+                "--relay", address, "--relay-key", key, "--in", "\(dir)/in-\(k).wav", "--out", "\(dir)/out-\(k).wav",
+                "--duration", String(format: "%.1f", total + 1.5), "--json", "--quiet",
+            ]
+        }
+        let creator = try Harness.Background(tusa, ["party", "create", "Hearthstone"] + common(0))
+        defer { creator.kill() }
+        let first = try #require(
+            await creator.waitForMatch(##"party [a-z0-9]{12} "Hearthstone" as #1"##), "\(creator.stdout) \(creator.stderr)")
+        let room = String(first.split(separator: " ")[1])
+        var members = [creator]
+        for k in 1..<4 {
+            let m = try Harness.Background(tusa, ["party", "join", room] + common(k))
+            members.append(m)
+        }
+        defer { for m in members { m.kill() } }
+        for (k, m) in members.enumerated() {
+            #expect(await m.waitForExit(timeout: total + 30), "member \(k) did not leave")
+            #expect(m.status == 0, "member \(k): \(m.stdout) \(m.stderr)")
+            let report = try #require(Self.json(m.stdout), "member \(k): \(m.stdout)")
+            let speakers = try #require(report["speakers"] as? [[String: Any]])
+            #expect(speakers.count == 3, "member \(k) heard \(speakers.count) speakers: \(report)")
+            for s in speakers {
+                #expect((s["lostPercent"] as? Double ?? 100) < 1, "member \(k): \(s)")
+            }
+        }
+        // Every member heard every other one's utterance; PESQ of each against what was said.
+        let scored = try await Harness.run(python, [Self.scorer, "score", dir, "4"], timeout: 120)
+        #expect(scored.status == 0, "\(scored.stderr)")
+        let scores = try #require(
+            (try? JSONSerialization.jsonObject(with: Data(scored.stdout.utf8))) as? [String: Double], "\(scored.stdout)")
+        #expect(scores.count == 12)
+        for (pair, score) in scores.sorted(by: { $0.key < $1.key }) {
+            #expect(score >= 4.0, "listener,speaker \(pair): PESQ \(score) (all: \(scores))")
+        }
+    }
+}
