@@ -82,7 +82,7 @@ struct PartyAudioOptions: ParsableArguments {
     @Flag(help: "Print the final report as JSON on standard output.")
     var json = false
 
-    @Flag(help: "No live status line on standard error.")
+    @Flag(help: "Nothing on standard error but errors: no status line, no roster or key changes.")
     var quiet = false
 
     func codecConfiguration() throws -> CodecConfiguration {
@@ -218,11 +218,13 @@ enum PartySession {
         let limit: Duration? = audio.duration.map { .milliseconds(Int64($0 * 1000)) }
         let followInput = audio.duration == nil && audio.inputIsFile
         let stop = AsyncStream.makeStream(of: String.self)
+        // The live status line on a terminal; roster and key changes as lines anyway (unless --quiet).
+        let live = !audio.quiet && isatty(STDERR_FILENO) != 0
         // Events: the roster, the room's end.
         let eventsTask = Task {
             for await event in connection.events {
                 if let line = state.apply(event) {
-                    if !audio.quiet { FileHandle.standardError.write(Data("\r\(line)\n".utf8)) }
+                    if !audio.quiet { FileHandle.standardError.write(Data(((live ? "\r" : "") + line + "\n").utf8)) }
                 }
                 if case .ended(let reason) = event { stop.continuation.yield("ended: \(reason.rawValue)") }
             }
@@ -254,7 +256,7 @@ enum PartySession {
                     stop.continuation.yield("input ended")
                 }
                 if voice.audioError != nil { stop.continuation.yield("audio error") }
-                if !audio.quiet { FileHandle.standardError.write(Data(("\r" + state.statusLine(voice.speakers) + "   ").utf8)) }
+                if live { FileHandle.standardError.write(Data(("\r" + state.statusLine(voice.speakers) + "   ").utf8)) }
             }
         }
         for await _ in stop.stream { break }
@@ -263,7 +265,7 @@ enum PartySession {
         await voice.stop()
         await connection.close()
         eventsTask.cancel()
-        if !audio.quiet { FileHandle.standardError.write(Data("\n".utf8)) }
+        if live { FileHandle.standardError.write(Data("\n".utf8)) }
         let report = PartyReport(
             room: joined.room, name: joined.name, me: joined.me.value, framesSent: voice.framesSent,
             seconds: Double(started.duration(to: .now).components.seconds),
@@ -313,6 +315,10 @@ final class PartyState: @unchecked Sendable {
             return "left: \(m) (\(reason.rawValue))"
         case .ended(let reason):
             return "the room ended for you: \(reason.rawValue)"
+        case .sendingUnder(let id):
+            return "rekeyed: sending under a fresh key (epoch \(id.epoch))"
+        case .badKey(let from, let why):
+            return "a key from \(from) was refused: \(why)"
         default:
             return nil
         }
