@@ -10,15 +10,21 @@ import TusaBase
 /// that doubles from ``initialTimeout`` to ``maxTimeout``, and after
 /// ``maxAttempts`` sends gives the hop up (``failed``).
 ///
+/// Each side's numbering belongs to a channel id drawn at random when the
+/// channel starts: a peer that restarted (a member's client, the relay) sends
+/// under a new id, and the other side learns it must start afresh too
+/// (``Received/restarted``) instead of waiting for numbers that will never come.
+///
 /// ```
-/// control  0x02 ‖ sequence (4) ‖ JSON (PartyControl)
-/// ack      0x03 ‖ sequence (4)
+/// control  0x02 ‖ sender's channel id (4) ‖ sequence (4) ‖ JSON (PartyControl)
+/// ack      0x03 ‖ acknowledged channel id (4) ‖ sequence (4)
 /// ```
 public struct ControlChannel: Sendable {
     public static let window: UInt32 = 64
     public static let initialTimeout: Duration = .milliseconds(250)
     public static let maxTimeout: Duration = .seconds(2)
     public static let maxAttempts = 8
+    static let headerLength = 9
 
     struct Outstanding: Sendable {
         var bytes: [UInt8]
@@ -27,6 +33,21 @@ public struct ControlChannel: Sendable {
         var timeout: Duration
     }
 
+    /// What a packet brought.
+    public struct Received: Sendable {
+        /// The acknowledgement to send back (for a control packet).
+        public var ack: [UInt8]?
+        /// Messages now deliverable, in order.
+        public var messages: [PartyControl]
+        /// The other side started a new channel (it restarted): this channel
+        /// restarted too; whatever state hung on the old one is stale.
+        public var restarted: Bool
+    }
+
+    /// This side's channel id.
+    public private(set) var id: UInt32
+    /// The other side's channel id, once it sent something.
+    public private(set) var remoteID: UInt32?
     private var nextSequence: UInt32 = 1
     private var outstanding: [UInt32: Outstanding] = [:]
     private var expected: UInt32 = 1
@@ -34,7 +55,7 @@ public struct ControlChannel: Sendable {
     /// True once a message went unacknowledged through every attempt.
     public private(set) var failed = false
 
-    public init() {}
+    public init(id: UInt32) { self.id = id }
 
     /// The packet carrying `message`, kept until acknowledged.
     public mutating func send(_ message: PartyControl, now: Timestamp) -> [UInt8] {
@@ -46,6 +67,7 @@ public struct ControlChannel: Sendable {
         let sequence = nextSequence
         nextSequence &+= 1
         var bytes: [UInt8] = [PartyPacketType.control.rawValue]
+        bytes.appendUInt32(id)
         bytes.appendUInt32(sequence)
         bytes += json
         outstanding[sequence] = Outstanding(
@@ -53,31 +75,40 @@ public struct ControlChannel: Sendable {
         return bytes
     }
 
-    /// Reads a control or ack packet: the ack to send back (for a control
-    /// packet) and the messages now deliverable, in order.
-    public mutating func receive(_ packet: [UInt8]) throws(PartyWireError) -> (ack: [UInt8]?, messages: [PartyControl]) {
+    /// Reads a control or ack packet. `newID` is this side's id should the other
+    /// side turn out to have restarted (this side then restarts its numbering too).
+    public mutating func receive(_ packet: [UInt8], newID: @autoclosure () -> UInt32) throws(PartyWireError) -> Received {
         guard let type = packet.first else { throw .truncated("control packet") }
-        guard packet.count >= 5 else { throw .truncated("control packet") }
-        let sequence = packet.readUInt32(at: 1)
+        guard packet.count >= Self.headerLength else { throw .truncated("control packet") }
+        let channel = packet.readUInt32(at: 1)
+        let sequence = packet.readUInt32(at: 5)
         switch type {
         case PartyPacketType.ack.rawValue:
-            outstanding[sequence] = nil
-            return (nil, [])
+            if channel == id { outstanding[sequence] = nil }
+            return Received(ack: nil, messages: [], restarted: false)
         case PartyPacketType.control.rawValue:
+            let message = try PartyControl(json: packet[Self.headerLength...])
+            var restarted = false
+            if let known = remoteID, known != channel {
+                // The other side restarted: so do we, numbering from 1 under a new id.
+                self = ControlChannel(id: newID())
+                restarted = true
+            }
+            remoteID = channel
             var ack: [UInt8] = [PartyPacketType.ack.rawValue]
+            ack.appendUInt32(channel)
             ack.appendUInt32(sequence)
             let ahead = sequence &- expected
             // Behind: a resend of something delivered (our ack was lost). Too far ahead: not yet.
-            if ahead >= UInt32.max / 2 { return (ack, []) }
-            guard ahead < Self.window else { return (nil, []) }
-            let message = try PartyControl(json: packet[5...])
+            if ahead >= UInt32.max / 2 { return Received(ack: ack, messages: [], restarted: restarted) }
+            guard ahead < Self.window else { return Received(ack: nil, messages: [], restarted: restarted) }
             early[sequence] = message
             var messages: [PartyControl] = []
             while let next = early.removeValue(forKey: expected) {
                 messages.append(next)
                 expected &+= 1
             }
-            return (ack, messages)
+            return Received(ack: ack, messages: messages, restarted: restarted)
         default:
             throw .unknownType(type)
         }

@@ -72,7 +72,7 @@ public struct PartyMember: SansIOCore {
     private var epoch: UInt16 = 0
     private var sequence: UInt16 = 0
     private var muted = false
-    private var channel = ControlChannel()
+    private var channel: ControlChannel
     /// The time of the input being handled.
     private var now = Timestamp.zero
     private var actions: [Action] = []
@@ -81,6 +81,8 @@ public struct PartyMember: SansIOCore {
     public init(identity: PrivateKey, configuration: Configuration = .init(), random: some SecureRandom = SystemRandom()) {
         self.identity = identity
         self.configuration = configuration
+        var random: any SecureRandom = random
+        channel = ControlChannel(id: random.uint32())
         self.random = random
     }
 
@@ -122,7 +124,7 @@ public struct PartyMember: SansIOCore {
             if case .inRoom = phase { send(.mute(m)) }
         case .disconnected:
             // The next session numbers its control messages from 1 again, as the relay does.
-            channel = ControlChannel()
+            channel = ControlChannel(id: random.uint32())
             if case .idle = phase { return }
             if case .ended = phase { return }
             end(.disconnected)
@@ -139,7 +141,7 @@ public struct PartyMember: SansIOCore {
             } else if case .inRoom = phase {
                 end(.disconnected)
             }
-            channel = ControlChannel()
+            channel = ControlChannel(id: random.uint32())
             return
         }
         switch phase {
@@ -209,11 +211,13 @@ public struct PartyMember: SansIOCore {
             }
             return
         }
-        let received: (ack: [UInt8]?, messages: [PartyControl])
-        do { received = try channel.receive(bytes) } catch {
+        let received: ControlChannel.Received
+        do { received = try channel.receive(bytes, newID: random.uint32()) } catch {
             emit(.malformed(error))
             return
         }
+        // The relay restarted: the room we were in is gone for it.
+        if received.restarted, case .inRoom = phase { end(.disconnected) }
         if let ack = received.ack { actions.append(.send(ack)) }
         for message in received.messages { handle(message, now: now) }
     }

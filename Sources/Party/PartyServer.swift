@@ -108,7 +108,7 @@ public struct PartyServer: SansIOCore {
         case .opened(let session, let key):
             if sessionKeys[session] != nil { leave(session, reason: .disconnected) }
             sessionKeys[session] = key
-            channels[session] = ControlChannel()
+            channels[session] = ControlChannel(id: random.uint32())
         case .received(let session, let bytes):
             guard let first = bytes.first else { return }
             if first == PartyPacketType.media.rawValue {
@@ -183,13 +183,16 @@ public struct PartyServer: SansIOCore {
 
     private mutating func control(_ bytes: [UInt8], from session: PartySession) {
         guard var channel = channels[session], let key = sessionKeys[session] else { return }
-        let received: (ack: [UInt8]?, messages: [PartyControl])
-        do { received = try channel.receive(bytes) } catch {
+        let received: ControlChannel.Received
+        do { received = try channel.receive(bytes, newID: random.uint32()) } catch {
             channels[session] = channel
             refuse(session, .malformed, "\(error)")
             return
         }
         channels[session] = channel
+        // The member's client restarted on the same session (same key, same peer):
+        // whatever it was in is gone for it; the others see it leave and rekey.
+        if received.restarted { leave(session, reason: .disconnected) }
         if let ack = received.ack { actions.append(.send(session, ack)) }
         for message in received.messages {
             // An earlier message of the batch may have closed the session's room or the session.

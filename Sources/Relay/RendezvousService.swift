@@ -20,16 +20,21 @@ public final class RendezvousService: Service, Sendable {
     private let statisticsBox = NIOLockedValueBox(RendezvousStatistics())
 
     private let turnURIs: (@Sendable () async throws -> [String])?
+    private let party: (@Sendable () async throws -> PartyGrant)?
 
     /// `turnURIs`, when given, supplies the URIs of TURN grants once known (after the
     /// relay bound its sockets); `configuration.turn` supplies the secret and lifetime.
+    /// `party`, when given, supplies where the relay hosts parties once its party
+    /// service is bound; registered peers are told.
     public init(
         address: TransportAddress, configuration: RendezvousServerConfiguration = .init(),
-        turnURIs: (@Sendable () async throws -> [String])? = nil, logger: Logger
+        turnURIs: (@Sendable () async throws -> [String])? = nil,
+        party: (@Sendable () async throws -> PartyGrant)? = nil, logger: Logger
     ) {
         self.address = address
         self.configuration = configuration
         self.turnURIs = turnURIs
+        self.party = party
         self.logger = logger
     }
 
@@ -43,6 +48,12 @@ public final class RendezvousService: Service, Sendable {
         var configuration = self.configuration
         if configuration.turn != nil, let turnURIs {
             do { configuration.turn?.uris = try await turnURIs() } catch {
+                bound.resolve(.failure(error))
+                throw error
+            }
+        }
+        if let party {
+            do { configuration.party = try await party() } catch {
                 bound.resolve(.failure(error))
                 throw error
             }

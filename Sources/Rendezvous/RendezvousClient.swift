@@ -12,8 +12,9 @@ import TusaBase
 /// ``Event/refused(code:detail:id:)`` or ``Event/timedOut(id:)``).
 public struct RendezvousClient: Sendable {
     public enum Event: Equatable, Sendable {
-        /// Registered; TURN credentials when the relay hands them out.
-        case registered(TURNGrant?)
+        /// Registered; TURN credentials when the relay hands them out, and where it
+        /// hosts parties when it does.
+        case registered(TURNGrant?, party: PartyGrant?)
         case lookup(id: UInt32, key: PublicKey, online: Bool)
         /// The server passed request `id` on.
         case sent(id: UInt32)
@@ -87,6 +88,17 @@ public struct RendezvousClient: Sendable {
         return id
     }
 
+    /// Seals `payload` to `peer` for the server to keep a day and deliver whenever
+    /// `peer` is registered (an invitation); the answer is `.sent` or `.refused`.
+    public mutating func post(_ payload: [UInt8], to peer: PublicKey, now: Timestamp) throws -> UInt32 {
+        let sealed = try Sealing.seal(payload, from: identity, to: peer)
+        let frame = RendezvousFrame.frame(.post(id: nextID, to: peer, sealed: sealed))
+        guard frame.count - 2 <= RendezvousFrame.maximumLength else { throw RendezvousError.tooLarge(frame.count - 2) }
+        let id = takeID(now: now)
+        actions.append(.write(frame))
+        return id
+    }
+
     private mutating func takeID(now: Timestamp) -> UInt32 {
         defer { nextID &+= 1 }
         requestDeadlines[nextID] = now + timing.request
@@ -102,11 +114,11 @@ public struct RendezvousClient: Sendable {
                     throw .malformed("hello: the server's key is not usable")
                 }
                 actions.append(.write(RendezvousFrame.frame(.register(key: identity.publicKey, proof: proof))))
-            case .registered(let turn):
+            case .registered(let turn, let party):
                 isRegistered = true
                 registrationDeadline = nil
                 pingAt = now + timing.ping
-                actions.append(.event(.registered(turn)))
+                actions.append(.event(.registered(turn, party: party)))
             case .lookupResult(let id, let key, let online):
                 requestDeadlines[id] = nil
                 actions.append(.event(.lookup(id: id, key: key, online: online)))
@@ -127,7 +139,7 @@ public struct RendezvousClient: Sendable {
                 actions.append(.write(RendezvousFrame.frame(.pong)))
             case .pong:
                 actions.append(.event(.pong))
-            case .register, .lookup, .send:
+            case .register, .lookup, .send, .post:
                 throw .malformed("a client message from the server")
             }
         }

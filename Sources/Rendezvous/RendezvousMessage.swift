@@ -20,6 +20,18 @@ public struct TURNGrant: Codable, Equatable, Sendable {
     }
 }
 
+/// Where a relay hosts parties, as its rendezvous tells registered peers: the
+/// party service's address (`HOST:PORT`, UDP) and the relay's static key (base64).
+public struct PartyGrant: Codable, Equatable, Sendable {
+    public var address: String
+    public var key: String
+
+    public init(address: String, key: String) {
+        self.address = address
+        self.key = key
+    }
+}
+
 /// Why the rendezvous refused something. The raw values travel on the wire.
 public enum RendezvousErrorCode: String, Codable, Sendable, CaseIterable {
     /// The frame is not a rendezvous message (bad JSON, missing or wrong fields).
@@ -53,16 +65,20 @@ public enum RendezvousMessage: Equatable, Sendable {
     case hello(challenge: [UInt8], serverKey: PublicKey)
     /// Client → server: register under `key`; `proof` shows the client holds its private half.
     case register(key: PublicKey, proof: [UInt8])
-    /// Server → client: registered; TURN credentials when the relay serves TURN with a secret.
-    case registered(turn: TURNGrant?)
+    /// Server → client: registered; TURN credentials when the relay serves TURN with
+    /// a secret, where it hosts parties when it does.
+    case registered(turn: TURNGrant?, party: PartyGrant? = nil)
     /// Client → server: is this peer online? (`id` comes back in the answer.)
     case lookup(id: UInt32, key: PublicKey)
     /// Server → client: the answer to `lookup`.
     case lookupResult(id: UInt32, key: PublicKey, online: Bool)
     /// Client → server: deliver a sealed payload to `to`.
     case send(id: UInt32, to: PublicKey, sealed: [UInt8])
-    /// Server → client: delivered (the answer to `send`).
+    /// Server → client: delivered (the answer to `send`), or kept (to `post`).
     case sent(id: UInt32)
+    /// Client → server: keep a sealed payload for `to` (a day), delivered now if it is
+    /// online and at each registration of `to` until then (invitations).
+    case post(id: UInt32, to: PublicKey, sealed: [UInt8])
     /// Server → client: a sealed payload from `from`.
     case deliver(from: PublicKey, sealed: [UInt8])
     /// Server → client: a refusal; `id` names the request when there was one.
@@ -84,6 +100,7 @@ public enum RendezvousMessage: Equatable, Sendable {
         var code: String?
         var detail: String?
         var turn: TURNGrant?
+        var party: PartyGrant?
     }
 
     public func encode() -> [UInt8] {
@@ -97,9 +114,10 @@ public enum RendezvousMessage: Equatable, Sendable {
             w.type = "register"
             w.key = k.base64
             w.proof = b64(p)
-        case .registered(let t):
+        case .registered(let t, let p):
             w.type = "registered"
             w.turn = t
+            w.party = p
         case .lookup(let id, let k):
             w.type = "lookup"
             w.id = id
@@ -117,6 +135,11 @@ public enum RendezvousMessage: Equatable, Sendable {
         case .sent(let id):
             w.type = "sent"
             w.id = id
+        case .post(let id, let to, let s):
+            w.type = "post"
+            w.id = id
+            w.to = to.base64
+            w.sealed = b64(s)
         case .deliver(let f, let s):
             w.type = "deliver"
             w.from = f.base64
@@ -156,12 +179,13 @@ public enum RendezvousMessage: Equatable, Sendable {
         switch w.type {
         case "hello": self = .hello(challenge: try bytes(w.challenge, "challenge"), serverKey: try key(w.key, "key"))
         case "register": self = .register(key: try key(w.key, "key"), proof: try bytes(w.proof, "proof"))
-        case "registered": self = .registered(turn: w.turn)
+        case "registered": self = .registered(turn: w.turn, party: w.party)
         case "lookup": self = .lookup(id: try need(w.id, "id"), key: try key(w.key, "key"))
         case "lookup-result":
             self = .lookupResult(id: try need(w.id, "id"), key: try key(w.key, "key"), online: try need(w.online, "online"))
         case "send": self = .send(id: try need(w.id, "id"), to: try key(w.to, "to"), sealed: try bytes(w.sealed, "sealed"))
         case "sent": self = .sent(id: try need(w.id, "id"))
+        case "post": self = .post(id: try need(w.id, "id"), to: try key(w.to, "to"), sealed: try bytes(w.sealed, "sealed"))
         case "deliver": self = .deliver(from: try key(w.from, "from"), sealed: try bytes(w.sealed, "sealed"))
         case "error":
             let raw = try need(w.code, "code")

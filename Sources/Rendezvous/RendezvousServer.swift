@@ -32,6 +32,13 @@ public struct RendezvousServerConfiguration: Sendable {
     public var rememberedKeys = 100_000
     /// TURN REST-API credentials for registered peers (nil: none handed out).
     public var turn: TURNIssuer?
+    /// Where the relay hosts parties, told to every registered peer (nil: it does not).
+    public var party: PartyGrant?
+    /// Posted payloads (invitations) are kept this long, at most `mailboxPerKey` for
+    /// one recipient (the oldest go first) and `mailboxTotal` in all.
+    public var mailboxLifetime: Duration = .seconds(24 * 3600)
+    public var mailboxPerKey = 64
+    public var mailboxTotal = 100_000
 
     public init() {}
 }
@@ -61,6 +68,8 @@ public struct RendezvousStatistics: Sendable, Equatable {
     public var connections = 0
     public var registered = 0
     public var delivered = 0
+    /// Payloads kept for later delivery now.
+    public var posted = 0
     public var refused: [RendezvousErrorCode: Int] = [:]
     public init() {}
 }
@@ -90,6 +99,13 @@ public struct RendezvousServer: Sendable {
     private var connections: [ConnectionID: Connection] = [:]
     private var registry: [PublicKey: ConnectionID] = [:]
     private var seen: [PublicKey: Timestamp] = [:]
+    private struct Posted {
+        var from: PublicKey
+        var sealed: [UInt8]
+        var at: Timestamp
+    }
+    private var mailbox: [PublicKey: [Posted]] = [:]
+    private var mailboxCount = 0
     /// What the driver is to do, in order (``pollAction()``).
     var pending: [RendezvousAction] = []
     public private(set) var statistics = RendezvousStatistics()
@@ -162,6 +178,7 @@ public struct RendezvousServer: Sendable {
             }
         }
         seen = seen.filter { now - $0.value < configuration.rememberFor }
+        for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
         return actions
     }
 
@@ -171,7 +188,9 @@ public struct RendezvousServer: Sendable {
             $0.key == nil ? $0.opened + configuration.registrationTimeout : $0.lastHeard + configuration.idleTimeout
         }.min()
         let forget = seen.values.min().map { $0 + configuration.rememberFor }
-        return [connection, forget].compactMap { $0 }.min()
+        // Each box is in posting order: its first entry is its oldest.
+        let expire = mailbox.values.compactMap { $0.first?.at }.min().map { $0 + configuration.mailboxLifetime }
+        return [connection, forget, expire].compactMap { $0 }.min()
     }
 
     /// Whether a key is registered now.
@@ -214,7 +233,14 @@ public struct RendezvousServer: Sendable {
             seen[key] = nil
             statistics.registered = registry.count
             let grant = configuration.turn?.grant(for: key, unixSeconds: unixSeconds)
-            return actions + [.send(id, RendezvousFrame.frame(.registered(turn: grant)))]
+            actions.append(.send(id, RendezvousFrame.frame(.registered(turn: grant, party: configuration.party))))
+            // What was posted for this key while it was away (and is still kept).
+            expireMailbox(of: key, now: now)
+            for p in mailbox[key] ?? [] {
+                statistics.delivered += 1
+                actions.append(.send(id, RendezvousFrame.frame(.deliver(from: p.from, sealed: p.sealed))))
+            }
+            return actions
         case .lookup(let requestID, let key):
             guard c.key != nil else {
                 return refuse(id, .notRegistered, "register before lookup", requestID: requestID, close: false)
@@ -235,6 +261,29 @@ public struct RendezvousServer: Sendable {
                 .send(target, RendezvousFrame.frame(.deliver(from: from, sealed: sealed))),
                 .send(id, RendezvousFrame.frame(.sent(id: requestID))),
             ]
+        case .post(let requestID, let to, let sealed):
+            guard let from = c.key else {
+                return refuse(id, .notRegistered, "register before post", requestID: requestID, close: false)
+            }
+            expireMailbox(of: to, now: now)
+            var box = mailbox[to] ?? []
+            if box.count >= configuration.mailboxPerKey {
+                box.removeFirst()
+                mailboxCount -= 1
+            }
+            guard mailboxCount < configuration.mailboxTotal else {
+                return refuse(id, .full, "the rendezvous keeps \(mailboxCount) posts", requestID: requestID, close: false)
+            }
+            box.append(Posted(from: from, sealed: sealed, at: now))
+            mailbox[to] = box
+            mailboxCount += 1
+            statistics.posted = mailboxCount
+            var actions: [RendezvousAction] = []
+            if let target = registry[to] {
+                statistics.delivered += 1
+                actions.append(.send(target, RendezvousFrame.frame(.deliver(from: from, sealed: sealed))))
+            }
+            return actions + [.send(id, RendezvousFrame.frame(.sent(id: requestID)))]
         case .ping:
             return [.send(id, RendezvousFrame.frame(.pong))]
         case .pong:
@@ -242,6 +291,16 @@ public struct RendezvousServer: Sendable {
         case .hello, .registered, .lookupResult, .sent, .deliver, .error:
             return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
         }
+    }
+
+    /// Drops what was posted for `key` longer ago than the mailbox keeps it.
+    private mutating func expireMailbox(of key: PublicKey, now: Timestamp) {
+        guard var box = mailbox[key] else { return }
+        let before = box.count
+        box.removeAll { now - $0.at >= configuration.mailboxLifetime }
+        mailboxCount -= before - box.count
+        mailbox[key] = box.isEmpty ? nil : box
+        statistics.posted = mailboxCount
     }
 
     private mutating func refuse(

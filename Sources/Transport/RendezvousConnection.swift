@@ -41,6 +41,8 @@ public final class RendezvousConnection: Sendable {
     public let identity: PublicKey
     /// TURN credentials the rendezvous handed out at registration, if any.
     public let turn: TURNGrant?
+    /// Where the relay hosts parties, when it does.
+    public let party: PartyGrant?
     /// Payloads from peers, in arrival order; finishes when the connection closes.
     public let incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>
     /// How long a lookup or send waits for the server's answer.
@@ -50,13 +52,14 @@ public final class RendezvousConnection: Sendable {
     private let driver: NIOLoopBound<RendezvousDriver>
 
     private init(
-        server: TransportAddress, identity: PublicKey, turn: TURNGrant?, channel: any Channel,
+        server: TransportAddress, identity: PublicKey, turn: TURNGrant?, party: PartyGrant?, channel: any Channel,
         driver: NIOLoopBound<RendezvousDriver>, incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>,
         requestTimeout: Duration
     ) {
         self.server = server
         self.identity = identity
         self.turn = turn
+        self.party = party
         self.channel = channel
         self.driver = driver
         self.incoming = incoming
@@ -72,7 +75,7 @@ public final class RendezvousConnection: Sendable {
         var timing = RendezvousClient.Timing()
         timing.registration = timeout
         let loop = group.next()
-        let registered = loop.makePromise(of: TURNGrant?.self)
+        let registered = loop.makePromise(of: Registration.self)
         let channel: any Channel
         do {
             channel = try await ClientBootstrap(group: loop)
@@ -91,9 +94,9 @@ public final class RendezvousConnection: Sendable {
             registered.fail(RendezvousConnectionError.connectFailed(server, ErrorCause(error)))
             throw RendezvousConnectionError.connectFailed(server, ErrorCause(error))
         }
-        let turn: TURNGrant?
+        let grants: Registration
         do {
-            turn = try await registered.futureResult.get()
+            grants = try await registered.futureResult.get()
         } catch {
             try? await channel.close()
             throw error
@@ -104,7 +107,8 @@ public final class RendezvousConnection: Sendable {
                 eventLoop: channel.eventLoop)
         }.get()
         return RendezvousConnection(
-            server: server, identity: identity.publicKey, turn: turn, channel: channel, driver: driver,
+            server: server, identity: identity.publicKey, turn: grants.turn, party: grants.party, channel: channel,
+            driver: driver,
             incoming: stream, requestTimeout: timing.request)
     }
 
@@ -119,6 +123,13 @@ public final class RendezvousConnection: Sendable {
     /// `.refused(.offline/.unknownPeer, …)` otherwise).
     public func send(_ payload: [UInt8], to peer: PublicKey) async throws {
         let event = try await request { core, now in try core.send(payload, to: peer, now: now) }
+        guard case .sent = event else { throw RendezvousConnectionError.unexpectedAnswer("\(event)") }
+    }
+
+    /// Seals `payload` to `peer` for the server to keep a day and deliver whenever
+    /// `peer` is registered, now too if it is (an invitation); returns once kept.
+    public func post(_ payload: [UInt8], to peer: PublicKey) async throws {
+        let event = try await request { core, now in try core.post(payload, to: peer, now: now) }
         guard case .sent = event else { throw RendezvousConnectionError.unexpectedAnswer("\(event)") }
     }
 
@@ -139,13 +150,13 @@ final class RendezvousDriver {
     private var host: CoreHost<RendezvousClient>!
     private let server: TransportAddress
     private let channel: any Channel
-    private var registered: EventLoopPromise<TURNGrant?>?
+    private var registered: EventLoopPromise<Registration>?
     private var pending: [UInt32: EventLoopPromise<RendezvousClient.Event>] = [:]
     private let yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation
     private var ended: RendezvousConnectionError?
 
     init(
-        core: RendezvousClient, server: TransportAddress, channel: any Channel, registered: EventLoopPromise<TURNGrant?>,
+        core: RendezvousClient, server: TransportAddress, channel: any Channel, registered: EventLoopPromise<Registration>,
         yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation
     ) {
         self.server = server
@@ -199,8 +210,8 @@ final class RendezvousDriver {
 
     private func handle(_ event: RendezvousClient.Event) {
         switch event {
-        case .registered(let turn):
-            registered?.succeed(turn)
+        case .registered(let turn, let party):
+            registered?.succeed(Registration(turn: turn, party: party))
             registered = nil
         case .lookup(let id, _, _), .sent(let id):
             pending.removeValue(forKey: id)?.succeed(event)
@@ -268,4 +279,10 @@ final class RendezvousClientHandler: ChannelInboundHandler {
         driver.fail(ErrorCause(error))
         context.close(promise: nil)
     }
+}
+
+/// What the server granted at registration.
+struct Registration: Sendable {
+    var turn: TURNGrant?
+    var party: PartyGrant?
 }

@@ -2,7 +2,9 @@ import ArgumentParser
 import Call
 import Foundation
 import Party
+import Rendezvous
 import Secure
+import Synchronization
 import Transport
 import TusaBase
 import Voice
@@ -12,37 +14,66 @@ struct PartyCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "party",
         abstract: "Create or join a party: a group voice room on a relay, sealed end to end.",
-        subcommands: [PartyCreate.self, PartyJoin.self]
+        subcommands: [PartyCreate.self, PartyJoin.self, PartyWatch.self, PartyList.self]
     )
 }
 
-/// What `tusa party create` and `tusa party join` share.
-struct PartyOptions: ParsableArguments {
+/// Where the parties are: a relay's rendezvous (which tells where its party
+/// service is, and carries invitations), or the party service itself.
+struct PartyPlace: ParsableArguments {
     @Option(
         help: ArgumentHelp(
-            "The relay's party service, HOST:PORT (tusa relay --party-port prints it).", valueName: "host:port"))
-    var relay: String
+            "The relay's rendezvous, HOST:PORT (tusa relay --rendezvous-port with --party-port): it says where the parties are and carries invitations.",
+            valueName: "host:port"))
+    var rendezvous: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "The relay's party service, HOST:PORT (tusa relay --party-port prints it), without a rendezvous.",
+            valueName: "host:port"))
+    var relay: String?
 
     @Option(
         name: .customLong("relay-key"),
         help: ArgumentHelp("The relay's public key (base64; tusa relay prints it beside the party port).", valueName: "key"))
-    var relayKey: String
+    var relayKey: String?
 
-    @OptionGroup var audio: PartyAudioOptions
+    func validate() throws {
+        if rendezvous == nil && (relay == nil || relayKey == nil) {
+            throw ValidationError("give --rendezvous HOST:PORT, or --relay HOST:PORT and --relay-key KEY")
+        }
+        if (relay == nil) != (relayKey == nil) { throw ValidationError("--relay and --relay-key go together") }
+    }
 
-    func relayAddress() throws -> TransportAddress {
-        guard let a = TransportAddress(relay, defaultPort: 3481) else {
-            throw ValidationError("--relay '\(relay)' is not HOST:PORT")
+    func rendezvousAddress() throws -> TransportAddress? {
+        guard let rendezvous else { return nil }
+        guard let a = TransportAddress(rendezvous, defaultPort: 3480) else {
+            throw ValidationError("--rendezvous '\(rendezvous)' is not HOST:PORT")
         }
         return a
     }
 
-    func key() throws -> PublicKey {
-        guard let k = PublicKey(base64: relayKey) else {
-            throw ValidationError("--relay-key '\(relayKey)' is not a 32-byte base64 public key")
-        }
-        return k
+    /// The party service and its key as given on the command line, if they were.
+    func givenRelay() throws -> (TransportAddress, PublicKey)? {
+        guard let relay, let relayKey else { return nil }
+        return try Self.parse(relay: relay, key: relayKey)
     }
+
+    static func parse(relay: String, key: String) throws -> (TransportAddress, PublicKey) {
+        guard let a = TransportAddress(relay, defaultPort: 3481) else {
+            throw ValidationError("relay '\(relay)' is not HOST:PORT")
+        }
+        guard let k = PublicKey(base64: key) else {
+            throw ValidationError("relay key '\(key)' is not a 32-byte base64 public key")
+        }
+        return (a, k)
+    }
+}
+
+/// What `tusa party create` and `tusa party join` share.
+struct PartyOptions: ParsableArguments {
+    @OptionGroup var place: PartyPlace
+    @OptionGroup var audio: PartyAudioOptions
 }
 
 /// The audio options, as `tusa call` has them.
@@ -114,6 +145,11 @@ struct PartyAudioOptions: ParsableArguments {
         }
     }
 
+    /// The identity, or a usage error saying why it cannot be read.
+    func identityOrExit() throws -> Identity {
+        do { return try loadIdentity() } catch { throw ValidationError("\(error)") }
+    }
+
     func loadIdentity() throws -> Identity {
         if let identity { return try Identity.read(from: identity) }
         if FileManager.default.fileExists(atPath: Keygen.defaultPath) { return try Identity.read(from: Keygen.defaultPath) }
@@ -149,9 +185,33 @@ struct PartyCreate: AsyncParsableCommand {
             return k
         }
         if let max { guard max >= 2 else { throw ValidationError("--max must be at least 2") } }
-        try await PartySession.run(options, command: "party create") { c in
-            try await c.create(name: name, maxMembers: max, invite: keys)
+        let command = "party create"
+        let identity = try options.audio.identityOrExit()
+        let (relay, relayKey, rendezvous) = try await PartySession.place(options.place, identity: identity, command: command)
+        if !keys.isEmpty && rendezvous == nil {
+            FileHandle.standardError.write(
+                Data("tusa \(command): notice: without --rendezvous the invited keys are let in but not told\n".utf8))
         }
+        try await PartySession.run(
+            options.audio, identity: identity, relay: relay, relayKey: relayKey, command: command,
+            enter: { c in try await c.create(name: name, maxMembers: max, invite: keys) },
+            joined: { joined in
+                // Each invited key learns of the room through the rendezvous: now if it is
+                // online, at its next registration within a day if not.
+                guard let rendezvous else { return }
+                let invitation = PartyInvitation(
+                    room: joined.room, name: joined.name, relay: "\(relay)", relayKey: relayKey.base64)
+                for key in keys {
+                    do {
+                        try await rendezvous.post(invitation.encoded(), to: key)
+                        print("invited \(key.base64)")
+                    } catch {
+                        FileHandle.standardError.write(Data("tusa \(command): cannot invite \(key.base64): \(error)\n".utf8))
+                    }
+                }
+                fflush(nil)
+            })
+        await rendezvous?.close()
     }
 }
 
@@ -168,7 +228,143 @@ struct PartyJoin: AsyncParsableCommand {
     @OptionGroup var options: PartyOptions
 
     func run() async throws {
-        try await PartySession.run(options, command: "party join") { c in try await c.join(id) }
+        let command = "party join"
+        let identity = try options.audio.identityOrExit()
+        let (relay, relayKey, rendezvous) = try await PartySession.place(options.place, identity: identity, command: command)
+        await rendezvous?.close()
+        try await PartySession.run(
+            options.audio, identity: identity, relay: relay, relayKey: relayKey, command: command,
+            enter: { c in try await c.join(id) })
+    }
+}
+
+/// `tusa party watch`: invitations as they arrive (and those kept for us).
+struct PartyWatch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "watch",
+        abstract: "Register at a relay's rendezvous and print party invitations as they arrive.",
+        discussion:
+            "Invitations sent while you were away (kept for a day) come first. With --join, joins the first one with the audio options and stays as tusa party join does. Exit status: 0, 64 on bad usage, 2 when the rendezvous could not be reached."
+    )
+
+    @Option(help: ArgumentHelp("The relay's rendezvous, HOST:PORT.", valueName: "host:port"))
+    var rendezvous: String
+
+    @Flag(help: "Join the first invitation.")
+    var join = false
+
+    @Option(help: "Stop watching after this many seconds (default: never, or until --join joined).")
+    var timeout: Double?
+
+    @OptionGroup var audio: PartyAudioOptions
+
+    func run() async throws {
+        guard let server = TransportAddress(rendezvous, defaultPort: 3480) else {
+            throw ValidationError("--rendezvous '\(rendezvous)' is not HOST:PORT")
+        }
+        if let timeout { guard timeout > 0 else { throw ValidationError("--timeout must be positive") } }
+        let identity = try audio.identityOrExit()
+        let connection: RendezvousConnection
+        do { connection = try await RendezvousConnection.connect(to: server, identity: identity.privateKey) } catch {
+            FileHandle.standardError.write(Data("tusa party watch: \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+        print("watching as \(identity.publicKey.base64)")
+        fflush(nil)
+        let limit: Duration? = timeout.map { .milliseconds(Int64($0 * 1000)) }
+        guard join else {
+            _ = await PartySession.invitations(from: connection, within: limit) { invitation, from in
+                print(PartySession.invitationLine(invitation, from: from))
+                fflush(nil)
+                return false
+            }
+            await connection.close()
+            return
+        }
+        // Joining: rooms on this rendezvous' relay; the first that lets us in (an
+        // invitation kept from yesterday may name a room that has closed since).
+        guard let grant = connection.party else {
+            await connection.close()
+            FileHandle.standardError.write(Data("tusa party watch: the relay at \(server) hosts no parties\n".utf8))
+            throw ExitCode(2)
+        }
+        let (relay, relayKey) = try PartyPlace.parse(relay: grant.address, key: grant.key)
+        try await PartySession.run(
+            audio, identity: identity, relay: relay, relayKey: relayKey, command: "party watch",
+            enter: { party in
+                let deadline = limit.map { ContinuousClock.now + $0 }
+                // Past the deadline the rendezvous closes, which ends the wait below.
+                let stopper = limit.map { limit in
+                    Task {
+                        try await Task.sleep(for: limit)
+                        await connection.close()
+                    }
+                }
+                defer { stopper?.cancel() }
+                for await (from, payload) in connection.incoming {
+                    guard let invitation = PartyInvitation(decoding: payload) else { continue }
+                    print(PartySession.invitationLine(invitation, from: from))
+                    fflush(nil)
+                    if let deadline, ContinuousClock.now > deadline { break }
+                    guard invitation.relayKey == grant.key else { continue }
+                    do {
+                        let joined = try await party.join(invitation.room)
+                        await connection.close()
+                        return joined
+                    } catch PartyConnectionError.refused(let code, let detail) {
+                        FileHandle.standardError.write(
+                            Data("tusa party watch: \(invitation.room): \(code.rawValue): \(detail)\n".utf8))
+                    }
+                }
+                await connection.close()
+                throw PartyConnectionError.closed
+            })
+    }
+}
+
+/// `tusa party list`: the rooms one is invited to.
+struct PartyList: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "list",
+        abstract: "List the parties you are invited to (invitations of the last day, kept by the relay's rendezvous).",
+        discussion: "Exit status: 0, 64 on bad usage, 2 when the rendezvous could not be reached."
+    )
+
+    @Option(help: ArgumentHelp("The relay's rendezvous, HOST:PORT.", valueName: "host:port"))
+    var rendezvous: String
+
+    @Option(
+        name: .customLong("identity"),
+        help: ArgumentHelp("Identity key file (tusa keygen); default ~/.config/tusa/identity.key.", valueName: "file"))
+    var identity: String?
+
+    func run() async throws {
+        guard let server = TransportAddress(rendezvous, defaultPort: 3480) else {
+            throw ValidationError("--rendezvous '\(rendezvous)' is not HOST:PORT")
+        }
+        var options = PartyAudioOptions()
+        options.identity = identity
+        let me = try options.identityOrExit()
+        let connection: RendezvousConnection
+        do { connection = try await RendezvousConnection.connect(to: server, identity: me.privateKey) } catch {
+            FileHandle.standardError.write(Data("tusa party list: \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+        // What was kept for us comes right after the registration; a lookup of our own
+        // key travels behind it, so once it is answered everything kept has arrived.
+        let found = InvitationList()
+        let collector = Task {
+            _ = await PartySession.invitations(from: connection, within: .seconds(10)) { invitation, from in
+                found.add(invitation, from: from)
+                return false
+            }
+        }
+        _ = try? await connection.lookup(me.publicKey)
+        await connection.close()
+        await collector.value
+        let lines = found.lines
+        if lines.isEmpty { print("no invitations") }
+        for line in lines { print(line) }
     }
 }
 
@@ -181,19 +377,47 @@ enum PartySession {
         Exit status: 0 after a normal stay, 64 on bad usage, 2 when the relay could not be reached or refused, or the audio failed.
         """
 
+    /// The party service to use: as given, or as the rendezvous says (which stays
+    /// open for invitations).
+    static func place(_ place: PartyPlace, identity: Identity, command: String) async throws -> (
+        TransportAddress, PublicKey, RendezvousConnection?
+    ) {
+        let given = try place.givenRelay()
+        guard let server = try place.rendezvousAddress() else {
+            guard let given else { throw ValidationError("give --rendezvous, or --relay and --relay-key") }
+            return (given.0, given.1, nil)
+        }
+        let rendezvous: RendezvousConnection
+        do { rendezvous = try await RendezvousConnection.connect(to: server, identity: identity.privateKey) } catch {
+            FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+        if let given { return (given.0, given.1, rendezvous) }
+        guard let grant = rendezvous.party else {
+            await rendezvous.close()
+            FileHandle.standardError.write(
+                Data("tusa \(command): the relay at \(server) hosts no parties (tusa relay --party-port)\n".utf8))
+            throw ExitCode(2)
+        }
+        do {
+            let (a, k) = try PartyPlace.parse(relay: grant.address, key: grant.key)
+            return (a, k, rendezvous)
+        } catch {
+            await rendezvous.close()
+            FileHandle.standardError.write(Data("tusa \(command): the rendezvous' party grant: \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+    }
+
     static func run(
-        _ options: PartyOptions, command: String, enter: (PartyConnection) async throws -> PartyJoined
+        _ audio: PartyAudioOptions, identity: Identity, relay: TransportAddress, relayKey: PublicKey, command: String,
+        enter: (PartyConnection) async throws -> PartyJoined, joined afterJoin: (PartyJoined) async -> Void = { _ in }
     ) async throws {
         signal(SIGXFSZ, SIG_IGN)
-        let relay = try options.relayAddress()
-        let relayKey = try options.key()
-        let audio = options.audio
         if let d = audio.duration { guard d > 0, d.isFinite else { throw ValidationError("--duration must be positive") } }
         let codec = try audio.codecConfiguration()
-        let identity: Identity
         let voice: PartyVoice
         do {
-            identity = try audio.loadIdentity()
             voice = try PartyVoice(codec: codec, source: try audio.source(), sink: try audio.sink())
         } catch {
             throw ValidationError("\(error)")
@@ -211,6 +435,7 @@ enum PartySession {
         print("party \(joined.room) \"\(joined.name)\" as \(joined.me): tusa party join \(joined.room)")
         for m in joined.roster { print(rosterLine(m, me: joined.me)) }
         fflush(nil)
+        await afterJoin(joined)
 
         let started = ContinuousClock.now
         let state = PartyState(me: joined.me, roster: joined.roster)
@@ -283,6 +508,36 @@ enum PartySession {
             FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
             throw ExitCode(2)
         }
+    }
+
+    /// Reads invitations from `connection` until `handle` returns true (that one is
+    /// returned), the connection closes or `limit` passes.
+    static func invitations(
+        from connection: RendezvousConnection, within limit: Duration?,
+        _ handle: @escaping @Sendable (PartyInvitation, PublicKey) -> Bool
+    ) async -> (PartyInvitation, PublicKey)? {
+        await withTaskGroup(of: (PartyInvitation, PublicKey)?.self) { group in
+            group.addTask {
+                for await (from, payload) in connection.incoming {
+                    guard let invitation = PartyInvitation(decoding: payload) else { continue }
+                    if handle(invitation, from) { return (invitation, from) }
+                }
+                return nil
+            }
+            if let limit {
+                group.addTask {
+                    try? await Task.sleep(for: limit)
+                    return nil
+                }
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+    }
+
+    static func invitationLine(_ invitation: PartyInvitation, from: PublicKey) -> String {
+        "\(from.base64) (\(Fingerprint.digits(of: from))) created party \(invitation.name): tusa party join \(invitation.room) --relay \(invitation.relay) --relay-key \(invitation.relayKey)"
     }
 
     static func rosterLine(_ m: RosterEntry, me: MemberID) -> String {
@@ -384,4 +639,17 @@ struct PartyReport: Encodable {
         if let audioError { lines.append("  audio: \(audioError)") }
         return lines.joined(separator: "\n")
     }
+}
+
+/// Invitations seen, one line per room, in arrival order.
+final class InvitationList: Sendable {
+    private let state = Mutex<(rooms: Set<String>, lines: [String])>(([], []))
+
+    func add(_ invitation: PartyInvitation, from: PublicKey) {
+        state.withLock { s in
+            if s.rooms.insert(invitation.room).inserted { s.lines.append(PartySession.invitationLine(invitation, from: from)) }
+        }
+    }
+
+    var lines: [String] { state.withLock { $0.lines } }
 }

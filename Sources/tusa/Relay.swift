@@ -342,9 +342,6 @@ struct Relay: AsyncParsableCommand {
 
         let service = RelayService(configuration: configuration, logger: logger)
         let metrics = metricsAddress.map { MetricsEndpoint.serving(service, on: $0, logger: logger) }
-        let rendezvous = rendezvousPort.map { port in
-            makeRendezvous(port: port, configuration: configuration, service: service, logger: logger)
-        }
         let party: PartyService?
         if let partyPort {
             guard (2...10_000).contains(maxPartySize) else { throw failure("--max-party-size must be 2-10000") }
@@ -360,6 +357,9 @@ struct Relay: AsyncParsableCommand {
         } else {
             guard identity == nil else { throw failure("--identity needs --party-port") }
             party = nil
+        }
+        let rendezvous = rendezvousPort.map { port in
+            makeRendezvous(port: port, configuration: configuration, service: service, party: party, logger: logger)
         }
         let services: [any Service] =
             [service] + (metrics.map { [$0] } ?? []) + (rendezvous.map { [$0] } ?? []) + (party.map { [$0] } ?? [])
@@ -402,7 +402,7 @@ struct Relay: AsyncParsableCommand {
     /// The rendezvous on the first listen address; with REST secrets, registered peers
     /// get credentials (the first secret) for the relay's own TURN sockets.
     private func makeRendezvous(
-        port: UInt16, configuration: RelayService.Configuration, service: RelayService,
+        port: UInt16, configuration: RelayService.Configuration, service: RelayService, party: PartyService?,
         logger: Logger
     ) -> RendezvousService {
         let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
@@ -410,11 +410,17 @@ struct Relay: AsyncParsableCommand {
         if let turn = configuration.turn, let secret = turn.credentials.restSecrets.first {
             core.turn = TURNIssuer(secret: secret, uris: [])
         }
+        var partyGrant: (@Sendable () async throws -> PartyGrant)?
+        if let party {
+            let key = party.identity.publicKey.base64
+            partyGrant = { PartyGrant(address: "\(try await party.boundAddress())", key: key) }
+        }
         return RendezvousService(
             address: TransportAddress(ip: ip, port: port), configuration: core,
             turnURIs: {
                 try await service.turnURIs().map(\.description)
-            }, logger: logger)
+            },
+            party: partyGrant, logger: logger)
     }
 
     private struct ConfigurationProblem: Error {

@@ -6,8 +6,8 @@ import TusaBase
 @Suite("Control messages survive a lossy hop")
 struct ControlChannelTests {
     @Test func messagesArriveOnceAndInOrderDespiteLossAndReordering() throws {
-        var a = ControlChannel()
-        var b = ControlChannel()
+        var a = ControlChannel(id: 1)
+        var b = ControlChannel(id: 2)
         var now = Timestamp.seconds(1)
         let sent: [PartyControl] = (1...20).map { .kick(member: MemberID(UInt16($0))) }
         var wire = sent.map { a.send($0, now: now) }
@@ -17,23 +17,51 @@ struct ControlChannelTests {
         wire.append(wire[wire.count - 5])
         var delivered: [PartyControl] = []
         for packet in wire {
-            let (ack, messages) = try b.receive(packet)
+            let r = try b.receive(packet, newID: 3)
+            let (ack, messages) = (r.ack, r.messages)
             delivered += messages
-            if let ack { _ = try a.receive(ack) }
+            if let ack { _ = try a.receive(ack, newID: 4) }
         }
         #expect(delivered.isEmpty)  // all held behind the lost first one
         #expect(a.unacknowledged == 1)
         now = now + .milliseconds(250)
         let again = a.resend(now: now)
         #expect(again.count == 1)
-        let (ack, messages) = try b.receive(try #require(again.first))
+        let r = try b.receive(try #require(again.first), newID: 3)
+        let (ack, messages) = (r.ack, r.messages)
         #expect(messages == sent)
-        _ = try a.receive(try #require(ack))
+        _ = try a.receive(try #require(ack), newID: 4)
         #expect(a.unacknowledged == 0 && a.nextDeadline == nil)
     }
 
+    @Test func aPeerThatRestartsIsNoticedAndBothSidesStartAfresh() throws {
+        var relay = ControlChannel(id: 10)
+        var member = ControlChannel(id: 20)
+        let now = Timestamp.seconds(1)
+        for i in 1...3 {
+            let r = try relay.receive(member.send(.mute(i % 2 == 0), now: now), newID: 11)
+            #expect(!r.restarted && r.messages.count == 1)
+        }
+        // The member's client restarts: a fresh channel, numbering from 1 again.
+        var restarted = ControlChannel(id: 21)
+        let r = try relay.receive(restarted.send(.join(room: "x"), now: now), newID: 11)
+        #expect(r.restarted)
+        #expect(r.messages == [.join(room: "x")])
+        #expect(relay.id == 11 && relay.remoteID == 21)
+        // The relay's answers are numbered from 1 under its new id, which the restarted side takes.
+        let answer = try restarted.receive(relay.send(.leave, now: now), newID: 22)
+        #expect(answer.messages == [.leave] && !answer.restarted)
+        // An acknowledgement for the old channel acknowledges nothing of the new one.
+        var ack: [UInt8] = [PartyPacketType.ack.rawValue, 0, 0, 0, 10, 0, 0, 0, 1]
+        _ = try relay.receive(ack, newID: 12)
+        #expect(relay.unacknowledged == 1)
+        ack[4] = 11
+        _ = try relay.receive(ack, newID: 12)
+        #expect(relay.unacknowledged == 0)
+    }
+
     @Test func aHopThatNeverAnswersFailsAfterEveryAttempt() {
-        var a = ControlChannel()
+        var a = ControlChannel(id: 1)
         var now = Timestamp.seconds(1)
         _ = a.send(.leave, now: now)
         var sends = 1

@@ -238,7 +238,7 @@ struct PartyRoomTests {
         // (A new session: the relay expects its control message number 1.)
         let garbler = PartySession(10)
         h.connect(garbler)
-        h.raw(garbler, [PartyPacketType.control.rawValue, 0, 0, 0, 1] + Array("not json".utf8))
+        h.raw(garbler, [PartyPacketType.control.rawValue, 0, 0, 0, 9, 0, 0, 0, 1] + Array("not json".utf8))
         #expect(h.refusals(garbler) == [.malformed])
         h.raw(garbler, [PartyPacketType.ack.rawValue, 0])
         h.raw(garbler, [0x7F, 1, 2, 3, 4, 5])
@@ -257,6 +257,26 @@ struct PartyRoomTests {
         h.input(alice, .close)
         for s in [alice, bob, carol] { #expect(h.members[s]?.phase == .ended(.roomClosed)) }
         #expect(h.server.rooms[room] == nil)
+    }
+
+    @Test func aClientRestartedOnTheSameSessionStartsAfresh() throws {
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        let oldBob = try #require(h.id(bob))
+        // Bob's client restarts and finds the relay's session for his key still open
+        // (same session, same key): its control numbering starts again under a new id.
+        let identity = try #require(h.members[bob]?.identity)
+        h.members[bob] = PartyMember(identity: identity, random: SeededRandom(seed: 999))
+        h.input(bob, .join(room: room))
+        let newBob = try #require(h.id(bob), "\(h.events[bob] ?? [])")
+        #expect(newBob != oldBob)
+        #expect(h.server.rooms[room]?.members.count == 2)
+        #expect(h.serverEvents.contains(.memberLeft(room: room, member: oldBob, reason: .disconnected)))
+        h.speak(bob, speech)
+        #expect(h.heard(alice, from: newBob) == [speech])
+        h.speak(alice, speech)
+        #expect(h.heard(bob, from: try #require(h.id(alice))).count == 1)
     }
 
     @Test func aMemberThatReconnectsRejoinsAndIsHeardAgain() throws {

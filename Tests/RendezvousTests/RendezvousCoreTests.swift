@@ -94,6 +94,12 @@ extension RendezvousClient {
         return (id, takeWrites())
     }
 
+    /// A sealed post (kept for later delivery) and the frame it writes.
+    mutating func post(_ payload: [UInt8], to peer: PublicKey) throws -> (UInt32, [UInt8]) {
+        let id = try post(payload, to: peer, now: .zero)
+        return (id, takeWrites())
+    }
+
     func ping() -> [UInt8] { RendezvousFrame.frame(.ping) }
 
     /// What the client wrote since the last drain (a request writes nothing else).
@@ -117,7 +123,7 @@ extension RendezvousClient {
         var ca = RendezvousClient(identity: alice)
         var cb = RendezvousClient(identity: bob)
         let ea = try net.connect(a, &ca)
-        guard case .registered(let grant?) = ea.first else {
+        guard case .registered(let grant?, _) = ea.first else {
             Issue.record("\(ea)")
             return
         }
@@ -208,6 +214,43 @@ extension RendezvousClient {
             Issue.record("not forgotten")
             return
         }
+    }
+
+    @Test func postsAreKeptForADayAndDeliveredAtEachRegistration() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.mailboxPerKey = 2
+        configuration.party = PartyGrant(address: "127.0.0.1:3481", key: alice.publicKey.base64)
+        var net = Net(configuration)
+        var ca = RendezvousClient(identity: alice)
+        let registered = try net.connect(a, &ca)
+        #expect(registered.first == .registered(nil, party: configuration.party))
+        // Bob has never been here: the invitations wait for him (two at most: the oldest goes).
+        for n: UInt8 in 1...3 {
+            let (id, frame) = try ca.post([n], to: bob.publicKey)
+            #expect(try net.request(a, frame, &ca) == [.sent(id: id)])
+        }
+        #expect(net.server.statistics.posted == 2)
+        var cb = RendezvousClient(identity: bob)
+        var heard = try net.connect(b, &cb).compactMap { if case .received(let from, let p) = $0 { (from, p) } else { nil } }
+        #expect(heard.map(\.1) == [[2], [3]] && heard.allSatisfy { $0.0 == alice.publicKey })
+        // Online now: a new post arrives at once, and is kept too.
+        let (id, frame) = try ca.post([4], to: bob.publicKey)
+        #expect(try net.request(a, frame, &ca) == [.sent(id: id)])
+        heard = try net.pump(b, &cb).compactMap { if case .received(let from, let p) = $0 { (from, p) } else { nil } }
+        #expect(heard.map(\.1) == [[4]])
+        // A day later nothing is left.
+        net.now = net.now + .seconds(24 * 3600)
+        net.tick()
+        #expect(net.server.statistics.posted == 0)
+        var again = RendezvousClient(identity: bob)
+        let later = try net.connect(ConnectionID(7), &again)
+        #expect(!later.contains { if case .received = $0 { true } else { false } })
+        // Posting needs a registration first.
+        net.feed(.accepted(ConnectionID(8)))
+        net.feed(
+            .received(ConnectionID(8), RendezvousFrame.frame(.post(id: 1, to: bob.publicKey, sealed: [1])), unixSeconds: net.unix)
+        )
+        #expect(try net.messages(ConnectionID(8)).contains { if case .error(.notRegistered, _, 1) = $0 { true } else { false } })
     }
 
     @Test func aNewerRegistrationOfTheSameKeyReplacesTheOlder() throws {
@@ -383,6 +426,7 @@ extension RendezvousClient {
         let all: [RendezvousMessage] = [
             .hello(challenge: [1, 2, 3], serverKey: k), .register(key: k, proof: [9]),
             .registered(turn: nil), .registered(turn: TURNGrant(username: "1:ab", password: "p", expiry: 1, uris: ["turn:x"])),
+            .registered(turn: nil, party: PartyGrant(address: "127.0.0.1:3481", key: k.base64)), .post(id: 8, to: k, sealed: [7]),
             .lookup(id: 1, key: k), .lookupResult(id: 2, key: k, online: true), .send(id: 3, to: k, sealed: [0]),
             .sent(id: 4), .deliver(from: k, sealed: [5, 6]), .error(code: .offline, detail: "d", id: 7),
             .error(code: .timeout, detail: "", id: nil), .ping, .pong,
