@@ -79,4 +79,62 @@ import Testing
             #expect(score >= 4.0, "listener,speaker \(pair): PESQ \(score) (all: \(scores))")
         }
     }
+
+    /// Invitations as users meet them: Alice creates a party inviting Bob while Bob
+    /// is away; `tusa party list` shows it when he comes; `tusa party watch --join`
+    /// joins the next one the moment it arrives (skipping the closed one).
+    @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
+    func invitationsReachTheInvitedNowOrLater() async throws {
+        let tusa = try #require(Harness.tusa)
+        let (relay, _) = try #require(
+            try await Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0", "--party-port", "0"]))
+        defer { relay.kill() }
+        let line = try #require(
+            await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+        let rendezvous = String(line.split(separator: " ")[2])
+        let dir = NSTemporaryDirectory() + "tusa-invite-\(getpid())"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let bobFile = "\(dir)/bob.key"
+        let keygen = try await Harness.run(tusa, ["keygen", "--out", bobFile])
+        #expect(keygen.status == 0, "\(keygen.stderr)")
+        let bob = try #require(
+            keygen.stdout.split(whereSeparator: \.isWhitespace).map(String.init).first { $0.count == 44 && $0.hasSuffix("=") },
+            "\(keygen.stdout)")
+
+        // Bob is away: the invitation waits at the rendezvous.
+        let first = try await Harness.run(
+            tusa, ["party", "create", "Hearthstone", "--rendezvous", rendezvous, "--invite", bob, "--duration", "1", "--quiet"],
+            timeout: 30)
+        #expect(first.status == 0, "\(first.stdout) \(first.stderr)")
+        #expect(first.stdout.contains("invited \(bob)"), "\(first.stdout)")
+        let room = try #require(first.stdout.split(separator: " ").dropFirst().first.map(String.init))
+        let list = try await Harness.run(tusa, ["party", "list", "--rendezvous", rendezvous, "--identity", bobFile], timeout: 30)
+        #expect(list.status == 0, "\(list.stderr)")
+        #expect(list.stdout.contains("created party Hearthstone: tusa party join \(room)"), "\(list.stdout)")
+
+        // Bob watches; Alice creates another party; Bob joins it (the first has closed).
+        let watcher = try Harness.Background(
+            tusa,
+            [
+                "party", "watch", "--rendezvous", rendezvous, "--identity", bobFile, "--join", "--timeout", "20",
+                "--duration", "3", "--json", "--quiet",
+            ])
+        defer { watcher.kill() }
+        _ = try #require(await watcher.waitForMatch("watching as"), "\(watcher.stdout) \(watcher.stderr)")
+        let second = try await Harness.run(
+            tusa,
+            [
+                "party", "create", "Dota 2", "--rendezvous", rendezvous, "--invite", bob, "--in", "tone", "--duration", "5",
+                "--json", "--quiet",
+            ], timeout: 30)
+        #expect(second.status == 0, "\(second.stdout) \(second.stderr)")
+        #expect(await watcher.waitForExit(timeout: 20))
+        #expect(watcher.status == 0, "\(watcher.stdout) \(watcher.stderr)")
+        #expect(watcher.stdout.contains("created party Dota 2"), "\(watcher.stdout)")
+        #expect(watcher.stderr.contains("no-such-room"), "the closed room: \(watcher.stderr)")
+        let report = try #require(Self.json(watcher.stdout), "\(watcher.stdout)")
+        let heard = try #require(report["speakers"] as? [[String: Any]], "\(report)")
+        #expect(heard.count == 1 && (heard.first?["packets"] as? Int ?? 0) > 50, "\(report)")
+    }
 }
