@@ -221,6 +221,17 @@ let package = Package(
             path: "Benchmarks/InProcess/secure-bench",
             swiftSettings: strict
         ),
+        .executableTarget(
+            name: "party-bench",
+            dependencies: [
+                "TusaBase", "STUN", "Secure", "Transport", "Party", "Relay",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Benchmarks/InProcess/party-bench",
+            swiftSettings: strict
+        ),
         // Calls on loopback: dial to first audio and mouth-to-ear delay over a real
         // rendezvous and secure UDP, against the voice pipeline's own floor.
         .executableTarget(

@@ -12,6 +12,8 @@
 #  5. Voice: the jitter buffer's delay against speexdsp's and the hindsight best,
 #     echo return loss, CPU per call-second against the bare library calls
 #     (voice-bench), and PESQ under loss against a speexdsp baseline (quality.sh).
+#     Parties: the room core's forwarding and hop sealing per delivered frame
+#     against the bare AEAD seal; join and rekey times on loopback (party-bench).
 #  6. Calls: dial to first audio and stack-added mouth-to-ear delay through real
 #     calls on loopback (call-bench); time to connect and to first audio through
 #     real kernel NAT, direct and relayed (scripts/nat-matrix.sh, as root).
@@ -38,6 +40,11 @@ echo "== Encrypted transport: handshakes, flood, NIO driver (Benchmarks/InProces
 swift build -c release --product secure-bench >out/bench/secure-build.log 2>&1 \
   || { cat out/bench/secure-build.log; exit 1; }
 "$(swift build -c release --show-bin-path)/secure-bench" --seconds 5 2>&1 | tee out/bench/secure.md
+echo
+echo "== Parties: forwarding + hop sealing per delivered frame, joins and rekeys (Benchmarks/InProcess/party-bench)"
+swift build -c release --product party-bench >out/bench/party-build.log 2>&1 \
+  || { cat out/bench/party-build.log; exit 1; }
+"$(swift build -c release --show-bin-path)/party-bench" --seconds 5 --joins 50 2>&1 | tee out/bench/party.md
 echo
 echo "== Voice: jitter-buffer delay, echo canceller, CPU per call-second (Benchmarks/InProcess/voice-bench)"
 swift build -c release --product voice-bench >out/bench/voice-build.log 2>&1 \

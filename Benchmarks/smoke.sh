@@ -37,6 +37,14 @@ line=$("$(swift build --show-bin-path)/secure-bench" --seconds 0.3)
 echo "$line" | sed 's/^/bench-smoke: /'
 grep -q "secure / plain" <<<"$line" && ! grep -q "payloads: 0 packets/s" <<<"$line" || { echo "bench-smoke: secure-bench FAILED"; exit 1; }
 
+# Parties: forwarding and hop sealing in the room core, joins and rekeys on
+# loopback (party-bench exits non-zero if a frame is dropped as spoofed, a join
+# or a rekey does not happen).
+swift build --product party-bench >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+line=$("$(swift build --show-bin-path)/party-bench" --seconds 0.3 --joins 3)
+echo "$line" | sed 's/^/bench-smoke: /'
+grep -q "forward / bare" <<<"$line" && grep -q "rekey after a leave" <<<"$line" || { echo "bench-smoke: party-bench FAILED"; exit 1; }
+
 # The voice engine: a few seconds of each voice benchmark in a debug build (the
 # figures mean nothing here; the runs must complete and report), and make
 # quality's tooling on two utterances.

@@ -106,7 +106,7 @@ public struct PartyServer: SansIOCore {
         self.now = now
         switch input {
         case .opened(let session, let key):
-            if sessionKeys[session] != nil { leave(session, reason: .disconnected) }
+            if sessionKeys[session] != nil { remove(session, reason: .disconnected) }
             sessionKeys[session] = key
             channels[session] = ControlChannel(id: random.uint32())
         case .received(let session, let bytes):
@@ -117,7 +117,7 @@ public struct PartyServer: SansIOCore {
                 control(bytes, from: session)
             }
         case .closed(let session):
-            leave(session, reason: .disconnected)
+            remove(session, reason: .disconnected)
             sessionKeys[session] = nil
             channels[session] = nil
         }
@@ -136,7 +136,7 @@ public struct PartyServer: SansIOCore {
                 for bytes in channel.resend(now: now) { actions.append(.send(session, bytes)) }
                 if channel.failed {
                     channels[session] = nil
-                    leave(session, reason: .disconnected)
+                    remove(session, reason: .disconnected)
                     sessionKeys[session] = nil
                     continue
                 }
@@ -161,17 +161,18 @@ public struct PartyServer: SansIOCore {
     public mutating func forward(_ frame: [UInt8], from session: PartySession, now: Timestamp) -> [PartySession] {
         statistics.framesIn += 1
         guard let (sender, level) = PartyFrameHeader.peek(frame), let place = membership[session],
-            place.member == sender, var room = rooms[place.room], let me = room.members[sender]
+            place.member == sender, let me = rooms[place.room]?.members[sender]
         else {
             statistics.framesSpoofed += 1
             return []
         }
-        guard !me.muted, room.speakers.admit(sender, level: level, now: now) else {
-            rooms[place.room] = room
+        // (In place: a copy of the room would copy the selector's tables on every packet.)
+        guard !me.muted, rooms[place.room]?.speakers.admit(sender, level: level, now: now) == true,
+            let room = rooms[place.room]
+        else {
             statistics.framesNotSelected += 1
             return []
         }
-        rooms[place.room] = room
         var targets: [PartySession] = []
         targets.reserveCapacity(room.members.count - 1)
         for (id, m) in room.members where id != sender { targets.append(m.session) }
@@ -192,7 +193,7 @@ public struct PartyServer: SansIOCore {
         channels[session] = channel
         // The member's client restarted on the same session (same key, same peer):
         // whatever it was in is gone for it; the others see it leave and rekey.
-        if received.restarted { leave(session, reason: .disconnected) }
+        if received.restarted { remove(session, reason: .disconnected) }
         if let ack = received.ack { actions.append(.send(session, ack)) }
         for message in received.messages {
             // An earlier message of the batch may have closed the session's room or the session.
@@ -209,7 +210,7 @@ public struct PartyServer: SansIOCore {
             join(id, session: session, key: key)
         case .leave:
             guard membership[session] != nil else { return refuse(session, .notInRoom, "not in a room") }
-            leave(session, reason: .left)
+            remove(session, reason: .left)
         case .kick(let target):
             guard let (roomID, _) = membership[session], let room = rooms[roomID] else {
                 return refuse(session, .notInRoom, "not in a room")
@@ -287,10 +288,6 @@ public struct PartyServer: SansIOCore {
         broadcast(room, .memberJoined(entry), except: id)
         send(session, .joined(room: roomID, name: room.name, you: id, roster: room.roster))
         actions.append(.event(.memberJoined(room: roomID, member: id, key: key)))
-    }
-
-    private mutating func leave(_ session: PartySession, reason: LeaveReason) {
-        remove(session, reason: reason)
     }
 
     /// Takes `session` out of its room; the last member out closes it.

@@ -70,6 +70,15 @@ public final class PartyService: Service, Sendable {
             await endpoint.close()
             throw error
         }
+        // Sessions on the loop, as they happen: a member's first packet may come right
+        // behind the handshake that opened its session.
+        await endpoint.setSessionHandler { event in
+            switch event {
+            case .established(let peer, let key, rekey: false): rooms.value.opened(peer, key: key)
+            case .peerGone(let peer): rooms.value.closed(peer)
+            default: break
+            }
+        }
         await endpoint.setMediaHandler { peer, header, payload in
             guard header.payloadType == PartyHop.payloadType else { return }
             rooms.value.received(peer, Array(payload))
@@ -78,19 +87,8 @@ public final class PartyService: Service, Sendable {
             "serving parties", metadata: ["address": "udp \(endpoint.localAddress)", "key": "\(identity.publicKey)"])
         bound.resolve(.success(endpoint.localAddress))
         await withDiscardingTaskGroup { group in
-            group.addTask {
-                for await event in endpoint.events {
-                    guard case .session(let session) = event else { continue }
-                    switch session {
-                    case .established(let peer, let key, rekey: false):
-                        loop.execute { rooms.value.opened(peer, key: key) }
-                    case .peerGone(let peer):
-                        loop.execute { rooms.value.closed(peer) }
-                    default:
-                        break
-                    }
-                }
-            }
+            // (The events stream must be read: what the handler saw also queues there.)
+            group.addTask { for await _ in endpoint.events {} }
             try? await gracefulShutdown()
             await endpoint.close()
         }

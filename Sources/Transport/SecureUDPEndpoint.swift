@@ -83,6 +83,12 @@ public final class SecureUDPEndpoint: Sendable {
     /// plaintext payload valid only during the call (no copy, no allocation).
     public typealias MediaHandler = @Sendable (PeerID, RTPHeader, UnsafeRawBufferPointer) -> Void
 
+    /// Called on the event loop for each session event (a peer established, gone,
+    /// moved), before it is yielded on `events`: for a driver whose state must
+    /// follow the sessions packet by packet (a session opened before its first
+    /// media is handed over).
+    public typealias SessionHandler = @Sendable (SecureEvent) -> Void
+
     private init(
         channel: Channel, engine: NIOLoopBound<SecureEngine>, localAddress: TransportAddress, publicKey: PublicKey,
         events: AsyncStream<SecureUDPEvent>
@@ -356,6 +362,12 @@ public final class SecureUDPEndpoint: Sendable {
         try? await channel.eventLoop.submit { engine.value.mediaHandler = handler }.get()
     }
 
+    /// Sets the session handler (see ``SessionHandler``), from the next event on.
+    public func setSessionHandler(_ handler: SessionHandler?) async {
+        let engine = self.engine
+        try? await channel.eventLoop.submit { engine.value.sessionHandler = handler }.get()
+    }
+
     /// Releases the relay allocation, if any, and closes the socket.
     public func close() async {
         let engine = self.engine
@@ -382,6 +394,7 @@ final class SecureEngine {
     private let channel: Channel
     private let continuation: AsyncStream<SecureUDPEvent>.Continuation
     var mediaHandler: SecureUDPEndpoint.MediaHandler?
+    var sessionHandler: SecureUDPEndpoint.SessionHandler?
     private let keyLog: KeyLogFile?
     private let logger: Logger
     private var binding = BindingServer()
@@ -459,14 +472,15 @@ final class SecureEngine {
     private func openDatagram(_ bytes: UnsafeMutableRawBufferPointer, from source: TransportAddress) {
         switch core.receive(bytes, from: source, now: Timestamp.now()) {
         case .media(let peer, let header, let range):
+            // A media packet can confirm new keys or move the peer: report that first,
+            // so that whoever handles the media knows the session it came on.
+            if core.hasOutputs { performLeftovers() }
             let payload = UnsafeRawBufferPointer(rebasing: bytes[range])
             if let mediaHandler {
                 mediaHandler(peer, header, payload)
             } else {
                 continuation.yield(.media(peer, header, payload: Array(payload)))
             }
-            // A media packet can confirm new keys or move the peer: report that at once.
-            if core.hasOutputs { performLeftovers() }
         case .handled:
             performLeftovers()
         case .dropped, .droppedHandshake:
@@ -597,6 +611,7 @@ final class SecureEngine {
         case .peerMoved, .peerGone, .control:
             break
         }
+        sessionHandler?(event)
         continuation.yield(.session(event))
     }
 
