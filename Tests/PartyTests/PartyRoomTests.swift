@@ -250,6 +250,21 @@ struct PartyRoomTests {
         #expect(h.server.rooms[room]?.members.count == 3)
     }
 
+    @Test func aRoomOfFiftyWorksAndTheFiftyFirstIsRefused() throws {
+        var h = PartyHarness()
+        let sessions = (1...51).map { PartySession(UInt64(100 + $0)) }
+        for s in sessions { h.connect(s) }
+        let room = try unwrap(h.room(sessions[0], Array(sessions[1..<50])))
+        #expect(h.server.rooms[room]?.members.count == 50)
+        h.input(sessions[50], .join(room: room))
+        #expect(h.refusals(sessions[50]) == [.full])
+        // Everyone holds everyone's key: the last to join speaks, all 49 others hear it.
+        let last = try #require(h.id(sessions[49]))
+        h.speak(sessions[49], speech)
+        for s in sessions[0..<49] { #expect(h.heard(s, from: last) == [speech], "\(s)") }
+        for s in sessions[0..<50] { #expect(h.dropped(s).isEmpty, "\(s): \(h.dropped(s))") }
+    }
+
     @Test func theCreatorClosesTheRoomForEveryone() throws {
         var h = PartyHarness()
         for s in [alice, bob, carol] { h.connect(s) }
