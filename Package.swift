@@ -337,6 +337,7 @@ let package = Package(
             name: "InteropTests",
             dependencies: [
                 "TusaBase", "STUN", "TURN", "TusaInterop", "Transport", "Relay", "Secure", "Rendezvous", "Call", "Voice", "ICE",
+                "Party",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -84,6 +84,8 @@ public struct PartyServer: SansIOCore {
     public let configuration: Configuration
     public private(set) var rooms: [String: Room] = [:]
     public private(set) var statistics = Statistics()
+    /// Members in all rooms now.
+    public var memberCount: Int { membership.count }
     private var sessionKeys: [PartySession: PublicKey] = [:]
     /// Where each session is a member (one room per session).
     private var membership: [PartySession: (room: String, member: MemberID)] = [:]

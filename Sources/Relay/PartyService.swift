@@ -23,7 +23,7 @@ public final class PartyService: Service, Sendable {
     private let logger: Logger
     private let bound = BoundResult<TransportAddress>()
     private let statisticsBox = NIOLockedValueBox(PartyServer.Statistics())
-    private let roomsBox = NIOLockedValueBox(0)
+    private let roomsBox = NIOLockedValueBox((rooms: 0, members: 0))
 
     public init(
         address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(), logger: Logger
@@ -40,7 +40,9 @@ public final class PartyService: Service, Sendable {
     /// The core's counters, as of the last packet.
     public var statistics: PartyServer.Statistics { statisticsBox.withLockedValue { $0 } }
     /// Rooms open now.
-    public var roomCount: Int { roomsBox.withLockedValue { $0 } }
+    public var roomCount: Int { roomsBox.withLockedValue { $0.rooms } }
+    /// Members in them now.
+    public var memberCount: Int { roomsBox.withLockedValue { $0.members } }
 
     public func run() async throws {
         var secure = SecureConfiguration()
@@ -107,7 +109,7 @@ final class PartyRooms {
     /// Created on `loop`'s behalf; the returned box is used only there.
     static func make(
         core: PartyServer, endpoint: SecureUDPEndpoint, loop: any EventLoop, logger: Logger,
-        statistics: NIOLockedValueBox<PartyServer.Statistics>, roomCount: NIOLockedValueBox<Int>
+        statistics: NIOLockedValueBox<PartyServer.Statistics>, roomCount: NIOLockedValueBox<(rooms: Int, members: Int)>
     ) -> NIOLoopBound<PartyRooms> {
         NIOLoopBound(
             PartyRooms(
@@ -117,16 +119,16 @@ final class PartyRooms {
 
     private init(
         core: PartyServer, endpoint: SecureUDPEndpoint, loop: any EventLoop, logger: Logger,
-        statistics: NIOLockedValueBox<PartyServer.Statistics>, roomCount: NIOLockedValueBox<Int>
+        statistics: NIOLockedValueBox<PartyServer.Statistics>, roomCount: NIOLockedValueBox<(rooms: Int, members: Int)>
     ) {
         self.endpoint = endpoint
         self.logger = logger
         host = CoreHost(core, on: loop) { [unowned self] action in
             perform(action)
         } afterActions: { [unowned self] in
-            let (s, n) = host.read { ($0.statistics, $0.rooms.count) }
+            let (s, n, m) = host.read { ($0.statistics, $0.rooms.count, $0.memberCount) }
             statistics.withLockedValue { $0 = s }
-            roomCount.withLockedValue { $0 = n }
+            roomCount.withLockedValue { $0 = (n, m) }
         }
     }
 

@@ -1,5 +1,6 @@
 import CoreMetrics
 import NIOConcurrencyHelpers
+import Party
 import STUN
 import TURN
 
@@ -24,10 +25,13 @@ import TURN
 /// | `tusa_turn_drops_total` | counter | `reason` (``TURNDropReason``) |
 /// | `tusa_stun_responses_total` (every STUN answer, Binding and TURN) | counter | |
 /// | `tusa_stun_drops_total` | counter | `reason` (``BindingServer/DropReason``, `-` written `_`) |
+/// | `tusa_party_rooms`, `tusa_party_members` | gauge | |
+/// | `tusa_party_frames_total` | counter | `outcome`: `forwarded` (copies delivered), `not_selected` (not among the speakers, or muted), `spoofed` (another member's id, or no room) |
 public final class RelayMetrics: Sendable {
     private struct State {
         var stun = BindingStatistics()
         var turn = TURNStatistics()
+        var party = PartyServer.Statistics()
         var errorCounters: [Int: Counter] = [:]
     }
 
@@ -50,6 +54,11 @@ public final class RelayMetrics: Sendable {
     private let turnDrops: [Counter]
     private let stunResponses: Counter
     private let stunDrops: [BindingServer.DropReason: Counter]
+    private let partyRooms: Gauge
+    private let partyMembers: Gauge
+    private let partyForwarded: Counter
+    private let partyNotSelected: Counter
+    private let partySpoofed: Counter
 
     public init(factory: any MetricsFactory = MetricsSystem.factory) {
         self.factory = factory
@@ -77,6 +86,31 @@ public final class RelayMetrics: Sendable {
                 "tusa_stun_drops_total", [("reason", String(reason.rawValue.map { $0 == "-" ? "_" : $0 }))])
         }
         self.stunDrops = stunDrops
+        partyRooms = Gauge(label: "tusa_party_rooms", factory: factory)
+        partyRooms.record(0)
+        partyMembers = Gauge(label: "tusa_party_members", factory: factory)
+        partyMembers.record(0)
+        partyForwarded = counter("tusa_party_frames_total", [("outcome", "forwarded")])
+        partyNotSelected = counter("tusa_party_frames_total", [("outcome", "not_selected")])
+        partySpoofed = counter("tusa_party_frames_total", [("outcome", "spoofed")])
+    }
+
+    /// Brings the party metrics up to these totals and counts.
+    public func update(party: PartyServer.Statistics, rooms: Int, members: Int) {
+        state.withLockedValue { state in
+            partyRooms.record(rooms)
+            partyMembers.record(members)
+            let old = state.party
+            add(partyForwarded, Int(clamping: party.framesForwarded), Int(clamping: old.framesForwarded))
+            add(partyNotSelected, Int(clamping: party.framesNotSelected), Int(clamping: old.framesNotSelected))
+            add(partySpoofed, Int(clamping: party.framesSpoofed), Int(clamping: old.framesSpoofed))
+            state.party = party
+        }
+    }
+
+    /// Takes the party service's totals now and brings the party metrics up to them.
+    public func update(from party: PartyService) {
+        update(party: party.statistics, rooms: party.roomCount, members: party.memberCount)
     }
 
     /// Brings every metric up to these totals (counters only ever rise: a

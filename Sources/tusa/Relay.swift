@@ -341,7 +341,7 @@ struct Relay: AsyncParsableCommand {
         let logger = Logger(label: "tusa.relay")
 
         let service = RelayService(configuration: configuration, logger: logger)
-        let metrics = metricsAddress.map { MetricsEndpoint.serving(service, on: $0, logger: logger) }
+
         let party: PartyService?
         if let partyPort {
             guard (2...10_000).contains(maxPartySize) else { throw failure("--max-party-size must be 2-10000") }
@@ -358,6 +358,7 @@ struct Relay: AsyncParsableCommand {
             guard identity == nil else { throw failure("--identity needs --party-port") }
             party = nil
         }
+        let metrics = metricsAddress.map { MetricsEndpoint.serving(service, party: party, on: $0, logger: logger) }
         let rendezvous = rendezvousPort.map { port in
             makeRendezvous(port: port, configuration: configuration, service: service, party: party, logger: logger)
         }

@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Logging
+import Party
 import Prometheus
 import Relay
 import STUN
@@ -29,6 +30,27 @@ private let quietLogger: Logger = {
 @Suite("Metrics: RelayMetrics and the /metrics endpoint", .serialized)
 struct MetricsTests {
     // MARK: RelayMetrics
+
+    @Test("party metrics: rooms and members as gauges, frames by outcome as counters")
+    func partyMetricsFollowTotals() throws {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = RelayMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        let fresh = Exposition(registry.emitToString())
+        #expect(fresh["tusa_party_rooms"] == 0 && fresh["tusa_party_members"] == 0)
+        #expect(fresh["tusa_party_frames_total{outcome=\"spoofed\"}"] == 0)
+        #expect(fresh.types["tusa_party_rooms"] == "gauge" && fresh.types["tusa_party_frames_total"] == "counter")
+        var s = PartyServer.Statistics()
+        s.framesForwarded = 240
+        s.framesNotSelected = 7
+        s.framesSpoofed = 2
+        metrics.update(party: s, rooms: 3, members: 11)
+        metrics.update(party: s, rooms: 2, members: 9)
+        let after = Exposition(registry.emitToString())
+        #expect(after["tusa_party_rooms"] == 2 && after["tusa_party_members"] == 9)
+        #expect(after["tusa_party_frames_total{outcome=\"forwarded\"}"] == 240)
+        #expect(after["tusa_party_frames_total{outcome=\"not_selected\"}"] == 7)
+        #expect(after["tusa_party_frames_total{outcome=\"spoofed\"}"] == 2)
+    }
 
     @Test("every metric is registered up front; updates add what each total gained")
     func relayMetricsFollowTotals() throws {

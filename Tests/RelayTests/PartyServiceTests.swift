@@ -88,7 +88,7 @@ struct PartyServiceTests {
             let b = try await bob.join(created.room)
             let c = try await carol.join(created.room)
             #expect(c.roster.count == 3 && c.roster.filter(\.creator).count == 1)
-            #expect(service.roomCount == 1)
+            #expect(service.roomCount == 1 && service.memberCount == 3)
             // Each member holds the other two's keys.
             for log in logs { #expect(await log.wait { $0.keysReceived >= 2 }, "\(log.all)") }
 
