@@ -20,14 +20,19 @@ public final class PartyService: Service, Sendable {
     public let address: TransportAddress
     public let identity: Identity
     public let configuration: PartyServer.Configuration
+    /// Where the hop-by-hop sessions' media keys are logged (for the operator's
+    /// `tusa interop decrypt`, which then finds only end-to-end sealed frames).
+    public let keyLogPath: String?
     private let logger: Logger
     private let bound = BoundResult<TransportAddress>()
     private let statisticsBox = NIOLockedValueBox(PartyServer.Statistics())
     private let roomsBox = NIOLockedValueBox((rooms: 0, members: 0))
 
     public init(
-        address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(), logger: Logger
+        address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(),
+        keyLogPath: String? = nil, logger: Logger
     ) {
+        self.keyLogPath = keyLogPath
         self.address = address
         self.identity = identity
         self.configuration = configuration
@@ -51,7 +56,7 @@ public final class PartyService: Service, Sendable {
         do {
             endpoint = try await SecureUDPEndpoint.bind(
                 host: address.ip.description, port: Int(address.port), identity: identity, configuration: secure,
-                logger: logger)
+                keyLogPath: keyLogPath, logger: logger)
         } catch {
             let failure = RelayServiceError(.bindFailed, "cannot serve parties on udp \(address): \(error)")
             bound.resolve(.failure(failure))

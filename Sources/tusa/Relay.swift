@@ -271,6 +271,13 @@ struct Relay: AsyncParsableCommand {
     @Option(name: .customLong("max-party-size"), help: "Members a party may hold.")
     var maxPartySize = 50
 
+    @Option(
+        name: .customLong("party-keylog"),
+        help: ArgumentHelp(
+            "Log the members' hop-by-hop session keys to this file (mode 0600), for tusa interop decrypt: it opens the relay's layer and finds the voice still sealed end to end.",
+            valueName: "file"))
+    var partyKeyLog: String?
+
     func run() async throws {
         var relay = self
         if let config {
@@ -353,9 +360,10 @@ struct Relay: AsyncParsableCommand {
             rooms.maxMembers = maxPartySize
             let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
             party = PartyService(
-                address: TransportAddress(ip: ip, port: partyPort), identity: key, configuration: rooms, logger: logger)
+                address: TransportAddress(ip: ip, port: partyPort), identity: key, configuration: rooms,
+                keyLogPath: partyKeyLog, logger: logger)
         } else {
-            guard identity == nil else { throw failure("--identity needs --party-port") }
+            guard identity == nil, partyKeyLog == nil else { throw failure("--identity and --party-keylog need --party-port") }
             party = nil
         }
         let metrics = metricsAddress.map { MetricsEndpoint.serving(service, party: party, on: $0, logger: logger) }
