@@ -313,3 +313,37 @@ struct PartyRoomTests {
         #expect(h.heard(again, from: try #require(h.id(alice))).count == 1)
     }
 }
+
+@Suite("Party cores under garbage")
+struct PartyGarbageTests {
+    /// Random bytes, and mangled real packets, into both cores: typed refusals and
+    /// drops, never a crash, and the room still works afterwards.
+    @Test func garbageNeverCrashesAndLosesNothing() throws {
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        var rng = SplitMix64(seed: 5)
+        let real = try unwrap(h.speak(alice, [UInt8](repeating: 1, count: 40)))
+        for i in 0..<3000 {
+            var bytes: [UInt8]
+            if i % 3 == 0 {
+                // A real frame with a few bytes flipped or cut.
+                bytes = real
+                for _ in 0..<(1 + Int(rng.next() % 3)) {
+                    bytes[Int(rng.next() % UInt64(bytes.count))] ^= UInt8(truncatingIfNeeded: rng.next() | 1)
+                }
+                if rng.next() % 4 == 0 { bytes = Array(bytes.prefix(Int(rng.next() % UInt64(bytes.count)))) }
+            } else {
+                bytes = (0..<Int(rng.next() % 80)).map { _ in UInt8(truncatingIfNeeded: rng.next()) }
+                if let first = bytes.indices.first { bytes[first] = [0x01, 0x02, 0x03, 0x7F][Int(rng.next() % 4)] }
+            }
+            h.raw(bob, bytes)
+            h.members[alice]?.handle(.received(bytes), now: h.now)
+            h.pump()
+        }
+        let words = [UInt8](repeating: 9, count: 40)
+        h.speak(bob, words)
+        #expect(h.heard(alice, from: try #require(h.id(bob))).last == words)
+        #expect(h.server.rooms[room]?.members.count == 2)
+    }
+}
