@@ -17,7 +17,7 @@ import numpy as np
 from pesq import pesq
 
 RATE = 8000
-FIRST = 4.0   # seconds of silence before the first utterance (every member has started)
+FIRST = 6.0   # seconds of silence before the first utterance (every member has joined, even on a slow machine)
 GAP = 1.5     # seconds between utterances
 
 
