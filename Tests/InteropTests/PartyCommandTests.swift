@@ -80,7 +80,7 @@ import Testing
         // listener) dips to 3.8-3.9 with four debug-built members on two cores; the
         // cause is not found yet. So: the median at 4.0, no pair below 3.7.
         let sorted = scores.values.sorted()
-        let median = (sorted[5] + sorted[6]) / 2
+        let median = sorted.isEmpty ? 0 : (sorted[(sorted.count - 1) / 2] + sorted[sorted.count / 2]) / 2
         #expect(median >= 4.0, "median PESQ \(median) (all: \(scores))")
         for (pair, score) in scores.sorted(by: { $0.key < $1.key }) {
             #expect(score >= 3.7, "listener,speaker \(pair): PESQ \(score) (all: \(scores))")
