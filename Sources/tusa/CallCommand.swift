@@ -71,38 +71,15 @@ struct CallOptions: ParsableArguments {
     @Flag(help: "No live status line on standard error.")
     var quiet = false
 
-    func loadIdentity() throws -> Identity {
-        if let identity { return try Identity.read(from: identity) }
-        if FileManager.default.fileExists(atPath: Keygen.defaultPath) { return try Identity.read(from: Keygen.defaultPath) }
-        return Identity.generate()
-    }
+    func loadIdentity() throws -> Identity { try AudioArguments.identity(identity) }
 
     func codecConfiguration() throws -> CodecConfiguration {
-        guard let kind = CodecKind(rawValue: codec) else { throw ValidationError("--codec must be opus, speex or l16") }
-        guard let duration = FrameDuration(rawValue: frame) else { throw ValidationError("--frame must be 10 or 20") }
-        guard (6_000...128_000).contains(bitrate) else { throw ValidationError("--bitrate must be 6000-128000") }
-        var c = CodecConfiguration(kind: kind, frameDuration: duration, bitrate: bitrate)
-        if kind == .l16 { c.inbandFEC = false }
-        _ = try makeEncoder(c)  // a configuration the codec refuses fails here, with its reason
-        return c
+        try AudioArguments.codec(codec, frame: frame, bitrate: bitrate)
     }
 
-    func source() throws -> AudioSource? {
-        switch input {
-        case "silence", "none": return NullSource(sampleRate: voiceSampleRate)
-        case "tone": return ToneSource(frequency: 440, amplitude: 8000, sampleRate: voiceSampleRate)
-        case "device": return try PortAudioDevice(sampleRate: voiceSampleRate, framesPerBuffer: 160, capture: true, render: false)
-        default: return try WAVFileSource(path: input)
-        }
-    }
+    func source() throws -> AudioSource? { try AudioArguments.source(input) }
 
-    func sink() throws -> AudioSink? {
-        switch output {
-        case "none": return nil
-        case "device": return try PortAudioDevice(sampleRate: voiceSampleRate, framesPerBuffer: 160, capture: false, render: true)
-        default: return try WAVFileSink(path: output, sampleRate: voiceSampleRate)
-        }
-    }
+    func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
 
     func server() throws -> TransportAddress {
         guard let address = TransportAddress(rendezvous, defaultPort: 3480) else {

@@ -117,44 +117,21 @@ struct PartyAudioOptions: ParsableArguments {
     var quiet = false
 
     func codecConfiguration() throws -> CodecConfiguration {
-        guard let kind = CodecKind(rawValue: codec) else { throw ValidationError("--codec must be opus, speex or l16") }
-        guard let d = FrameDuration(rawValue: frame) else { throw ValidationError("--frame must be 10 or 20") }
-        guard (6_000...128_000).contains(bitrate) else { throw ValidationError("--bitrate must be 6000-128000") }
-        var c = CodecConfiguration(kind: kind, frameDuration: d, bitrate: bitrate)
-        if kind == .l16 { c.inbandFEC = false }
-        _ = try makeEncoder(c)
-        return c
+        try AudioArguments.codec(codec, frame: frame, bitrate: bitrate)
     }
 
     var inputIsFile: Bool { !["silence", "none", "tone", "device"].contains(input) }
 
-    func source() throws -> AudioSource? {
-        switch input {
-        case "silence", "none": return NullSource(sampleRate: voiceSampleRate)
-        case "tone": return ToneSource(frequency: 440, amplitude: 8000, sampleRate: voiceSampleRate)
-        case "device": return try PortAudioDevice(sampleRate: voiceSampleRate, framesPerBuffer: 160, capture: true, render: false)
-        default: return try WAVFileSource(path: input)
-        }
-    }
+    func source() throws -> AudioSource? { try AudioArguments.source(input) }
 
-    func sink() throws -> AudioSink? {
-        switch output {
-        case "none": return nil
-        case "device": return try PortAudioDevice(sampleRate: voiceSampleRate, framesPerBuffer: 160, capture: false, render: true)
-        default: return try WAVFileSink(path: output, sampleRate: voiceSampleRate)
-        }
-    }
+    func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
 
     /// The identity, or a usage error saying why it cannot be read.
     func identityOrExit() throws -> Identity {
         do { return try loadIdentity() } catch { throw ValidationError("\(error)") }
     }
 
-    func loadIdentity() throws -> Identity {
-        if let identity { return try Identity.read(from: identity) }
-        if FileManager.default.fileExists(atPath: Keygen.defaultPath) { return try Identity.read(from: Keygen.defaultPath) }
-        return Identity.generate()
-    }
+    func loadIdentity() throws -> Identity { try AudioArguments.identity(identity) }
 }
 
 struct PartyCreate: AsyncParsableCommand {
