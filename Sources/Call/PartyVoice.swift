@@ -216,13 +216,7 @@ public final class PartyVoice: @unchecked Sendable {
                     failure.withLock { $0 = $0 ?? "cannot write the audio received: \(error)" }
                 }
             }
-            let remaining = next - monotonicNanoseconds()
-            if remaining < -20 * tickNs {
-                next = monotonicNanoseconds()
-            } else if remaining > 0 {
-                var ts = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
-                while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
-            }
+            sleepToTick(&next, tick: tickNs)
         }
     }
 }

@@ -324,16 +324,21 @@ public final class VoiceSession: @unchecked Sendable {
                     $0.playout = playout
                 }
             }
-            // Sleep to the next tick (absolute, so jitter does not accumulate); after a
-            // stall of more than 20 ticks, re-anchor instead of bursting.
-            let remaining = next - monotonicNanoseconds()
-            if remaining < -20 * tickNs {
-                next = monotonicNanoseconds()
-            } else if remaining > 0 {
-                var ts = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
-                while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
-            }
+            sleepToTick(&next, tick: tickNs)
         }
+    }
+}
+
+/// An audio thread's sleep to its next tick at `next` (absolute, so jitter does
+/// not accumulate); after a stall of more than 20 ticks it re-anchors instead
+/// of bursting.
+func sleepToTick(_ next: inout Int64, tick: Int64) {
+    let remaining = next - monotonicNanoseconds()
+    if remaining < -20 * tick {
+        next = monotonicNanoseconds()
+    } else if remaining > 0 {
+        var ts = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
+        while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
     }
 }
 
