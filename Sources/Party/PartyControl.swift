@@ -42,6 +42,8 @@ public enum PartyErrorCode: String, Codable, Hashable, Sendable {
     case noSuchMember = "no-such-member"
     case tooManyRooms = "too-many-rooms"
     case badName = "bad-name"
+    /// A rejoin's room ticket was not issued by this relay, or the room it names was closed.
+    case badTicket = "bad-ticket"
 }
 
 /// A party control message, inside the member's hop-by-hop session with the
@@ -55,11 +57,18 @@ public enum PartyControl: Codable, Hashable, Sendable {
     case kick(member: MemberID)
     case close
     case mute(Bool)
+    /// Back into a room after the session with the relay was lost (a network
+    /// change, a relay restart), as member `member` again if that seat is still
+    /// this key's. `highest` is the highest member id the member has seen (a room
+    /// the relay rebuilds from the ticket numbers newcomers above it).
+    case rejoin(ticket: RoomTicket, member: MemberID, highest: MemberID)
+    /// Nothing but an acknowledgement wanted: is the relay still there?
+    case ping
     // Both ways, through the relay, which reads neither the key nor whose it is.
     case key(member: MemberID, sealed: Data)
     case keyAck(member: MemberID, kid: UInt64)
     // Relay → member.
-    case joined(room: String, name: String, you: MemberID, roster: [RosterEntry])
+    case joined(room: String, name: String, you: MemberID, roster: [RosterEntry], ticket: RoomTicket?)
     case memberJoined(RosterEntry)
     case memberLeft(member: MemberID, reason: LeaveReason)
     case memberMuted(member: MemberID, muted: Bool)

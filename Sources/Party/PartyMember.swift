@@ -17,6 +17,13 @@ import TusaBase
 ///   ``Configuration/rekeyDeadline`` passed: what is said after cannot be opened
 ///   by the one who left. The same every ``Configuration/rotation`` anyway.
 ///
+/// - When the session with the relay is lost (the relay is silent for
+///   ``Configuration/lostAfter`` though pinged, or restarted), the member keeps
+///   its room, roster and keys and waits for its driver to reconnect
+///   (``Input/reconnected``); it then rejoins with the relay's ``RoomTicket``,
+///   into its old seat when it can, and hands its current key to whoever is
+///   there: the others hear a gap, nothing else changes.
+///
 /// Inputs are the relay's packets and the user's requests; actions are packets
 /// for the relay and events for the app. ``seal(_:timestamp:level:now:)`` is the
 /// hot path for outgoing voice; incoming voice comes out as `.audio` events.
@@ -29,6 +36,12 @@ public struct PartyMember: SansIOCore {
         /// How long a join or create waits for the relay's answer (longer than the
         /// control channel takes to give a silent hop up, 11.75 s).
         public var joinTimeout: Duration = .seconds(15)
+        /// A ping goes to the relay when nothing came from it for this long.
+        public var pingAfter: Duration = .milliseconds(500)
+        /// Nothing from the relay for this long, pings included: the session is lost.
+        public var lostAfter: Duration = .seconds(2)
+        /// How long a member whose session was lost tries to rejoin before the room ends for it.
+        public var rejoinTimeout: Duration = .seconds(30)
         public init() {}
     }
 
@@ -41,8 +54,10 @@ public struct PartyMember: SansIOCore {
         case kick(MemberID)
         case close
         case mute(Bool)
-        /// The session with the relay is gone; the room is left without a word.
+        /// The session with the relay is gone: the member waits to rejoin (``reconnected``).
         case disconnected
+        /// A new session with the relay is up (after ``Action/event(_:)`` `.connectionLost`): rejoin.
+        case reconnected
     }
 
     public enum Action: Sendable {
@@ -56,6 +71,8 @@ public struct PartyMember: SansIOCore {
         /// A create or join is waiting for the relay's answer since the timestamp.
         case joining(since: Timestamp)
         case inRoom(room: String, name: String, me: MemberID)
+        /// The session with the relay was lost at `since`; keys and roster are kept for the rejoin.
+        case rejoining(room: String, name: String, me: MemberID, since: Timestamp)
         case ended(LeaveReason)
     }
 
@@ -65,6 +82,8 @@ public struct PartyMember: SansIOCore {
     /// The other members, as the relay told us (their static keys included).
     public private(set) var roster: [MemberID: RosterEntry] = [:]
     public private(set) var keyring = PartyKeyring()
+    /// Members not back yet after a rejoin, whose keys are kept for when they are.
+    private var away: [MemberID: RosterEntry] = [:]
     /// Members that have not yet acknowledged the pending key.
     public private(set) var awaitingAck: Set<MemberID> = []
     private var pendingSince: Timestamp?
@@ -73,6 +92,11 @@ public struct PartyMember: SansIOCore {
     private var sequence: UInt16 = 0
     private var muted = false
     private var channel: ControlChannel
+    /// The relay's ticket for the room, for a rejoin.
+    public private(set) var ticket: RoomTicket?
+    /// When the relay was last heard from, and last pinged.
+    private var lastHeard = Timestamp.zero
+    private var lastPing: Timestamp?
     /// The time of the input being handled.
     private var now = Timestamp.zero
     private var actions: [Action] = []
@@ -110,9 +134,12 @@ public struct PartyMember: SansIOCore {
             guard startJoining(now) else { return }
             send(.join(room: room))
         case .leave:
-            guard case .inRoom = phase else { return }
-            send(.leave)
-            end(.left)
+            switch phase {
+            case .inRoom, .rejoining:
+                send(.leave)
+                end(.left)
+            default: return
+            }
         case .kick(let member):
             guard case .inRoom = phase else { return }
             send(.kick(member: member))
@@ -125,9 +152,15 @@ public struct PartyMember: SansIOCore {
         case .disconnected:
             // The next session numbers its control messages from 1 again, as the relay does.
             channel = ControlChannel(id: random.uint32())
-            if case .idle = phase { return }
-            if case .ended = phase { return }
-            end(.disconnected)
+            switch phase {
+            case .idle, .ended, .rejoining: return
+            case .joining: end(.disconnected)
+            case .inRoom: lose()
+            }
+        case .reconnected:
+            channel = ControlChannel(id: random.uint32())
+            lastHeard = now
+            if case .rejoining = phase { sendRejoin() }
         }
     }
 
@@ -135,20 +168,30 @@ public struct PartyMember: SansIOCore {
         self.now = now
         for bytes in channel.resend(now: now) { actions.append(.send(bytes)) }
         if channel.failed {
+            channel = ControlChannel(id: random.uint32())
             if case .joining = phase {
                 phase = .idle
                 emit(.refused(code: .noSuchRoom, detail: "the relay does not answer"))
             } else if case .inRoom = phase {
-                end(.disconnected)
+                lose()
             }
-            channel = ControlChannel(id: random.uint32())
             return
         }
         switch phase {
         case .joining(let since) where now >= since + configuration.joinTimeout:
             phase = .idle
             emit(.refused(code: .noSuchRoom, detail: "the relay did not answer within \(configuration.joinTimeout)"))
+        case .rejoining(_, _, _, let since) where now >= since + configuration.rejoinTimeout:
+            end(.disconnected)
         case .inRoom(let room, _, let me):
+            if now >= lastHeard + configuration.lostAfter {
+                lose()
+                return
+            }
+            if now >= pingDue {
+                lastPing = now
+                send(.ping)
+            }
             if let since = pendingSince, now >= since + configuration.rekeyDeadline {
                 switchToPending(now: now)
             }
@@ -165,15 +208,16 @@ public struct PartyMember: SansIOCore {
         switch phase {
         case .joining(let since): own = since + configuration.joinTimeout
         case .inRoom:
-            if let since = pendingSince {
-                own = since + configuration.rekeyDeadline
-            } else {
-                own = currentSince.map { $0 + configuration.rotation }
-            }
+            let keys = pendingSince.map { $0 + configuration.rekeyDeadline } ?? currentSince.map { $0 + configuration.rotation }
+            own = [keys, pingDue, lastHeard + configuration.lostAfter].compactMap { $0 }.min()
+        case .rejoining(_, _, _, let since): own = since + configuration.rejoinTimeout
         default: own = nil
         }
         return [own, channel.nextDeadline].compactMap { $0 }.min()
     }
+
+    /// When the relay, silent since `lastHeard`, is pinged next.
+    private var pingDue: Timestamp { max(lastHeard, lastPing ?? lastHeard) + configuration.pingAfter }
 
     public mutating func pollAction() -> Action? {
         actions.isEmpty ? nil : actions.removeFirst()
@@ -202,6 +246,7 @@ public struct PartyMember: SansIOCore {
 
     private mutating func received(_ bytes: [UInt8], now: Timestamp) {
         guard let first = bytes.first else { return }
+        lastHeard = now
         if first == PartyPacketType.media.rawValue {
             do {
                 let (header, audio) = try open(bytes)
@@ -216,29 +261,36 @@ public struct PartyMember: SansIOCore {
             emit(.malformed(error))
             return
         }
-        // The relay restarted: the room we were in is gone for it.
-        if received.restarted, case .inRoom = phase { end(.disconnected) }
         if let ack = received.ack { actions.append(.send(ack)) }
+        // The relay restarted on this session: the room we were in is gone for it; rejoin at once.
+        if received.restarted, case .inRoom = phase {
+            lose(reconnect: false)
+            sendRejoin()
+        }
         for message in received.messages { handle(message, now: now) }
     }
 
     private mutating func handle(_ message: PartyControl, now: Timestamp) {
         switch message {
-        case .joined(let room, let name, let me, let members):
-            guard case .joining = phase else { return }
-            phase = .inRoom(room: room, name: name, me: me)
-            roster = [:]
-            for m in members where m.member != me { roster[m.member] = m }
-            keyring = PartyKeyring()
-            epoch = 0
-            // A new key, used at once: nothing was said under it that anyone should not hear.
-            let key = SenderKey.fresh(member: me, epoch: epoch, random: &random)
-            keyring.use(key)
-            currentSince = now
-            for m in roster.keys { deliver(key, to: m, room: room) }
-            emit(.joined(room: room, name: name, me: me, roster: members))
+        case .joined(let room, let name, let me, let members, let ticket):
+            switch phase {
+            case .joining:
+                startFresh(room: room, name: name, me: me, roster: members, ticket: ticket)
+                emit(.joined(room: room, name: name, me: me, roster: members))
+            case .rejoining(let oldRoom, _, let oldMe, _) where oldRoom == room && oldMe == me:
+                resume(room: room, name: name, me: me, roster: members, ticket: ticket)
+                emit(.rejoined(room: room, name: name, me: me, roster: members))
+            case .rejoining:
+                // Another seat: keys name the member id, so the old ones are no use.
+                startFresh(room: room, name: name, me: me, roster: members, ticket: ticket)
+                emit(.rejoined(room: room, name: name, me: me, roster: members))
+            default:
+                return
+            }
         case .memberJoined(let entry):
             guard case .inRoom(let room, _, let me) = phase, entry.member != me else { return }
+            // Someone else in a seat whose holder we knew before a rejoin: the old holder's keys are not theirs.
+            if let was = away.removeValue(forKey: entry.member), was.key != entry.key { keyring.remove(entry.member) }
             roster[entry.member] = entry
             // The newcomer gets the next step only; the others follow it on their own.
             if let key = keyring.ratchetCurrent() { deliver(key, to: entry.member, room: room) }
@@ -265,11 +317,75 @@ public struct PartyMember: SansIOCore {
         case .closed(let reason):
             end(reason)
         case .refused(let code, let detail):
-            if case .joining = phase { phase = .idle }
             emit(.refused(code: code, detail: detail))
-        case .create, .join, .leave, .kick, .close, .mute:
+            switch phase {
+            case .joining: phase = .idle
+            case .rejoining: end(.disconnected)
+            default: break
+            }
+        case .create, .join, .rejoin, .ping, .leave, .kick, .close, .mute:
             emit(.malformed(.malformed("a member's request sent to a member")))
         }
+    }
+
+    // MARK: joining and rejoining
+
+    /// Into a room with a fresh key, used at once: nothing was said under it that anyone should not hear.
+    private mutating func startFresh(room: String, name: String, me: MemberID, roster members: [RosterEntry], ticket: RoomTicket?) {
+        phase = .inRoom(room: room, name: name, me: me)
+        self.ticket = ticket
+        lastHeard = now
+        roster = [:]
+        away = [:]
+        for m in members where m.member != me { roster[m.member] = m }
+        keyring = PartyKeyring()
+        pendingSince = nil
+        awaitingAck = []
+        epoch = 0
+        let key = SenderKey.fresh(member: me, epoch: epoch, random: &random)
+        keyring.use(key)
+        currentSince = now
+        for m in roster.keys { deliver(key, to: m, room: room) }
+    }
+
+    /// Back in the old seat with the old keys: whoever is there gets the key in
+    /// use (and the one waiting, if a rekey was under way), as a newcomer would.
+    private mutating func resume(room: String, name: String, me: MemberID, roster members: [RosterEntry], ticket: RoomTicket?) {
+        phase = .inRoom(room: room, name: name, me: me)
+        self.ticket = ticket ?? self.ticket
+        lastHeard = now
+        // Members not (yet) back keep their keys here until they are, or another takes the seat.
+        var previous = roster
+        roster = [:]
+        for m in members where m.member != me {
+            roster[m.member] = m
+            if let was = previous.removeValue(forKey: m.member), was.key != m.key { keyring.remove(m.member) }
+        }
+        away.merge(previous) { _, new in new }
+        if let current = keyring.current {
+            for m in roster.keys { deliver(current, to: m, room: room) }
+        }
+        if let pending = keyring.pending {
+            pendingSince = now
+            awaitingAck = Set(roster.keys)
+            for m in roster.keys { deliver(pending, to: m, room: room) }
+        }
+    }
+
+    /// The session with the relay is lost (or, `reconnect` false, the relay
+    /// forgot us on a session that works): keep everything for the rejoin, or
+    /// end, with no ticket to rejoin with.
+    private mutating func lose(reconnect: Bool = true) {
+        guard case .inRoom(let room, let name, let me) = phase, ticket != nil else { return end(.disconnected) }
+        phase = .rejoining(room: room, name: name, me: me, since: now)
+        lastPing = nil
+        if reconnect { emit(.connectionLost(room: room)) }
+    }
+
+    private mutating func sendRejoin() {
+        guard case .rejoining(_, _, let me, _) = phase, let ticket else { return }
+        let highest = max(roster.keys.max() ?? me, me)
+        send(.rejoin(ticket: ticket, member: me, highest: highest))
     }
 
     // MARK: keys
@@ -355,7 +471,7 @@ public struct PartyMember: SansIOCore {
         case .idle, .ended:
             phase = .joining(since: now)
             return true
-        case .joining, .inRoom:
+        case .joining, .inRoom, .rejoining:
             emit(.refused(code: .alreadyInRoom, detail: "already joining or in a room"))
             return false
         }
@@ -363,7 +479,9 @@ public struct PartyMember: SansIOCore {
 
     private mutating func end(_ reason: LeaveReason) {
         phase = .ended(reason)
+        ticket = nil
         roster = [:]
+        away = [:]
         keyring = PartyKeyring()
         awaitingAck = []
         pendingSince = nil
@@ -391,5 +509,9 @@ public enum PartyMemberEvent: Sendable {
     case badKey(from: MemberID, why: String)
     case refused(code: PartyErrorCode, detail: String)
     case malformed(PartyWireError)
+    /// The session with the relay is lost; the member rejoins when its driver reconnects.
+    case connectionLost(room: String)
+    /// Back in the room after a lost session (`me` differs from before when the old seat was taken).
+    case rejoined(room: String, name: String, me: MemberID, roster: [RosterEntry])
     case ended(LeaveReason)
 }

@@ -27,6 +27,9 @@ public struct PartyServer: SansIOCore {
         /// Longest room name, in UTF-8 bytes.
         public var maxNameLength = 64
         public var speakers = SpeakerSelector.Configuration()
+        /// How long a room whose last member's session was lost waits for a
+        /// member to come back (``PartyControl/rejoin(ticket:member:highest:)``).
+        public var dormantFor: Duration = .seconds(60)
         public init() {}
     }
 
@@ -51,9 +54,16 @@ public struct PartyServer: SansIOCore {
         public let maxMembers: Int
         /// Keys allowed to join besides the creator; empty: anyone with the id.
         public let invited: Set<PublicKey>
+        /// What the relay vouches for, handed to members for a rejoin.
+        public let ticket: RoomTicket
         public fileprivate(set) var members: [MemberID: Member] = [:]
         fileprivate var nextMember: UInt16 = 1
         fileprivate var speakers: SpeakerSelector
+        /// Members whose session was lost, by id: the same key may take the seat back.
+        fileprivate var departed: [MemberID: PublicKey] = [:]
+        /// In a room rebuilt from a ticket, the seats below this number are the
+        /// old members': whoever comes back with one takes it (the relay never saw who held it).
+        fileprivate var restoredBelow: UInt16 = 0
 
         public var roster: [RosterEntry] {
             members.values.sorted { $0.id < $1.id }.map {
@@ -90,6 +100,9 @@ public struct PartyServer: SansIOCore {
     /// Where each session is a member (one room per session).
     private var membership: [PartySession: (room: String, member: MemberID)] = [:]
     private var channels: [PartySession: ControlChannel] = [:]
+    private let tickets: RoomTicketAuthority
+    /// Rooms emptied by lost sessions, since when: a member's rejoin brings one back.
+    private var dormant: [String: Timestamp] = [:]
     /// No later than the earliest resend due on any channel (recomputed at each timeout).
     private var resendDue: Timestamp?
     /// The time of the input being handled.
@@ -97,8 +110,17 @@ public struct PartyServer: SansIOCore {
     private var actions: [Action] = []
     private var random: any SecureRandom
 
-    public init(configuration: Configuration = .init(), random: some SecureRandom = SystemRandom()) {
+    /// - Parameter tickets: issues and checks room tickets; the relay keys it from
+    ///   its identity so that a restarted relay takes its members back. By
+    ///   default a random key: no room outlives the process.
+    public init(
+        configuration: Configuration = .init(), tickets: RoomTicketAuthority? = nil,
+        random: some SecureRandom = SystemRandom()
+    ) {
         self.configuration = configuration
+        var random: any SecureRandom = random
+        self.tickets =
+            tickets ?? RoomTicketAuthority(key: .random(), incarnation: UInt64(random.uint32()) << 32 | UInt64(random.uint32()))
         self.random = random
     }
 
@@ -210,6 +232,10 @@ public struct PartyServer: SansIOCore {
             create(name: name, maxMembers: maxMembers, invite: invite, by: session, key: key)
         case .join(let id):
             join(id, session: session, key: key)
+        case .rejoin(let ticket, let member, let highest):
+            rejoin(ticket, member: member, highest: highest, session: session, key: key)
+        case .ping:
+            break  // the channel's acknowledgement is the answer
         case .leave:
             guard membership[session] != nil else { return refuse(session, .notInRoom, "not in a room") }
             remove(session, reason: .left)
@@ -260,12 +286,58 @@ public struct PartyServer: SansIOCore {
         repeat { id = Self.roomID(&random) } while rooms[id] != nil
         rooms[id] = Room(
             id: id, name: name, creator: key, maxMembers: limit, invited: invited,
+            ticket: tickets.issue(room: id, name: name, creator: key, maxMembers: limit, invited: invited),
             speakers: SpeakerSelector(configuration: configuration.speakers))
         actions.append(.event(.roomCreated(id: id, name: name, creator: key)))
         join(id, session: session, key: key)
     }
 
-    private mutating func join(_ roomID: String, session: PartySession, key: PublicKey) {
+    /// A member back after losing its session: into the room as it stands, or as
+    /// the ticket describes it when this relay lost it (a restart) or it emptied
+    /// while its members were away; into its old seat when that seat is still its own.
+    private mutating func rejoin(
+        _ ticket: RoomTicket, member: MemberID, highest: MemberID, session: PartySession, key: PublicKey
+    ) {
+        guard membership[session] == nil else { return refuse(session, .alreadyInRoom, "leave the current room first") }
+        guard tickets.verify(ticket) else {
+            return refuse(session, .badTicket, "the ticket for \(ticket.room) was not issued by this relay")
+        }
+        var reclaim: Bool
+        if let room = rooms[ticket.room] {
+            let free = room.members[member] == nil
+            reclaim =
+                room.members[member]?.key == key || (free && (room.departed[member] == key || member.value < room.restoredBelow))
+        } else {
+            let wasDormant = dormant[ticket.room].map { now < $0 + configuration.dormantFor } ?? false
+            guard ticket.incarnation != tickets.incarnation || wasDormant else {
+                return refuse(session, .badTicket, "room \(ticket.room) was closed")
+            }
+            guard rooms.count < configuration.maxRooms else { return refuse(session, .tooManyRooms, "the relay is full") }
+            guard let creator = PublicKey(base64: ticket.creator) else {
+                return refuse(session, .badTicket, "the ticket names no creator key")
+            }
+            let invited = Set(ticket.invited.compactMap { PublicKey(base64: $0) })
+            let limit = min(max(ticket.maxMembers, 2), configuration.maxMembers)
+            dormant[ticket.room] = nil
+            rooms[ticket.room] = Room(
+                id: ticket.room, name: ticket.name, creator: creator, maxMembers: limit, invited: invited,
+                ticket: tickets.issue(room: ticket.room, name: ticket.name, creator: creator, maxMembers: limit, invited: invited),
+                speakers: SpeakerSelector(configuration: configuration.speakers))
+            actions.append(.event(.roomRestored(id: ticket.room, name: ticket.name, creator: creator)))
+            reclaim = true
+        }
+        // Newcomers are numbered above every member the rejoining one has seen.
+        if highest.value < UInt16.max, var room = rooms[ticket.room] {
+            room.nextMember = max(room.nextMember, highest.value + 1)
+            if reclaim, room.restoredBelow > 0 || room.members.isEmpty {
+                room.restoredBelow = max(room.restoredBelow, highest.value + 1)
+            }
+            rooms[ticket.room] = room
+        }
+        join(ticket.room, session: session, key: key, as: reclaim ? member : nil)
+    }
+
+    private mutating func join(_ roomID: String, session: PartySession, key: PublicKey, as requested: MemberID? = nil) {
         guard membership[session] == nil else { return refuse(session, .alreadyInRoom, "leave the current room first") }
         guard var room = rooms[roomID] else { return refuse(session, .noSuchRoom, "no room \(roomID)") }
         guard room.invited.isEmpty || room.creator == key || room.invited.contains(key) else {
@@ -273,38 +345,66 @@ public struct PartyServer: SansIOCore {
         }
         // One seat per key: a member that rejoins (new network, restarted client) replaces its old session.
         if let old = room.members.values.first(where: { $0.key == key }) {
-            remove(old.session, reason: .disconnected)
+            remove(old.session, reason: .disconnected, keepEmptyRoom: true)
             guard let again = rooms[roomID] else { return refuse(session, .noSuchRoom, "no room \(roomID)") }
             room = again
         }
         guard room.members.count < room.maxMembers else {
             return refuse(session, .full, "\(roomID) holds \(room.maxMembers) members")
         }
-        let id = MemberID(room.nextMember)
-        room.nextMember &+= 1
+        let id: MemberID
+        if let requested, room.members[requested] == nil {
+            id = requested
+            if requested.value >= room.nextMember { room.nextMember = requested.value &+ 1 }
+        } else {
+            id = MemberID(room.nextMember)
+            room.nextMember &+= 1
+        }
+        room.departed[id] = nil
         let member = Member(id: id, key: key, session: session)
         room.members[id] = member
         rooms[roomID] = room
         membership[session] = (roomID, id)
         let entry = RosterEntry(member: id, key: key, creator: room.creator == key)
         broadcast(room, .memberJoined(entry), except: id)
-        send(session, .joined(room: roomID, name: room.name, you: id, roster: room.roster))
+        send(session, .joined(room: roomID, name: room.name, you: id, roster: room.roster, ticket: room.ticket))
         actions.append(.event(.memberJoined(room: roomID, member: id, key: key)))
     }
 
-    /// Takes `session` out of its room; the last member out closes it.
-    private mutating func remove(_ session: PartySession, reason: LeaveReason) {
+    /// Takes `session` out of its room; the last member out closes it (unless
+    /// `keepEmptyRoom`: its seat is being taken again at once). A member whose
+    /// session was lost may take its seat back; a room it left empty waits
+    /// ``Configuration/dormantFor`` for it.
+    private mutating func remove(_ session: PartySession, reason: LeaveReason, keepEmptyRoom: Bool = false) {
         guard let (roomID, id) = membership.removeValue(forKey: session), var room = rooms[roomID] else { return }
         room.members[id] = nil
         room.speakers.remove(id)
+        if reason == .disconnected, let key = sessionKeys[session] {
+            if room.departed.count >= 2 * room.maxMembers, let oldest = room.departed.keys.min() {
+                room.departed[oldest] = nil
+            }
+            room.departed[id] = key
+        }
         actions.append(.event(.memberLeft(room: roomID, member: id, reason: reason)))
-        if room.members.isEmpty {
+        if room.members.isEmpty, !keepEmptyRoom {
             rooms[roomID] = nil
+            if reason == .disconnected { sleep(roomID) }
             actions.append(.event(.roomClosed(id: roomID)))
             return
         }
         rooms[roomID] = room
         broadcast(room, .memberLeft(member: id, reason: reason), except: nil)
+    }
+
+    /// Keeps a room emptied by lost sessions open to rejoins for a while (expired ones forgotten as others come).
+    private mutating func sleep(_ roomID: String) {
+        if dormant.count >= configuration.maxRooms {
+            dormant = dormant.filter { now < $0.value + configuration.dormantFor }
+            if dormant.count >= configuration.maxRooms, let oldest = dormant.min(by: { $0.value < $1.value }) {
+                dormant[oldest.key] = nil
+            }
+        }
+        dormant[roomID] = now
     }
 
     private mutating func closeRoom(_ roomID: String, reason: LeaveReason) {
@@ -366,6 +466,8 @@ public struct PartyServer: SansIOCore {
 /// What a relay's rooms report to the operator.
 public enum PartyServerEvent: Hashable, Sendable {
     case roomCreated(id: String, name: String, creator: PublicKey)
+    /// A room brought back from a member's ticket (after a relay restart, or after it emptied while its members were away).
+    case roomRestored(id: String, name: String, creator: PublicKey)
     case memberJoined(room: String, member: MemberID, key: PublicKey)
     case memberLeft(room: String, member: MemberID, reason: LeaveReason)
     case roomClosed(id: String)

@@ -65,11 +65,14 @@ public final class PartyService: Service, Sendable {
         let loop = endpoint.eventLoop
         let logger = self.logger
         let configuration = self.configuration
+        // Keyed by the identity: with the same identity file, a restarted relay takes its rooms' members back.
+        let tickets = RoomTicketAuthority(identity: identity.privateKey, incarnation: UInt64.random(in: .min ... .max))
         let rooms: NIOLoopBound<PartyRooms>
         do {
             rooms = try await loop.submit { [statisticsBox, roomsBox] in
                 PartyRooms.make(
-                    core: PartyServer(configuration: configuration), endpoint: endpoint, loop: loop, logger: logger,
+                    core: PartyServer(configuration: configuration, tickets: tickets), endpoint: endpoint, loop: loop,
+                    logger: logger,
                     statistics: statisticsBox, roomCount: roomsBox)
             }.get()
         } catch {
@@ -166,6 +169,9 @@ final class PartyRooms {
             switch event {
             case .roomCreated(let id, let name, let creator):
                 logger.info("party created", metadata: ["room": "\(id)", "name": "\(name)", "creator": "\(creator)"])
+            case .roomRestored(let id, let name, let creator):
+                logger.info(
+                    "party restored from a member's ticket", metadata: ["room": "\(id)", "name": "\(name)", "creator": "\(creator)"])
             case .memberJoined(let room, let member, let key):
                 logger.info("party member joined", metadata: ["room": "\(room)", "member": "\(member)", "key": "\(key)"])
             case .memberLeft(let room, let member, let reason):

@@ -41,6 +41,10 @@ public struct PartyJoined: Hashable, Sendable {
 ///
 /// `events` yields what the core reports: opened voice frames (`.audio`),
 /// roster changes, keys, the end of the room.
+///
+/// When the core reports the session lost (`.connectionLost`: the relay went
+/// silent or restarted), the connection handshakes with the relay again, retrying
+/// with backoff, and the core rejoins its room (`.rejoined`) with its keys.
 public final class PartyConnection: Sendable {
     public let relay: TransportAddress
     public let relayKey: PublicKey
@@ -103,6 +107,10 @@ public final class PartyConnection: Sendable {
             guard from == peer, header.payloadType == PartyHop.payloadType else { return }
             driver.value.received(Array(payload))
         }
+        let lost: @Sendable () -> Void = {
+            Task { await Self.reconnect(endpoint: endpoint, relay: relay, relayKey: relayKey, driver: driver) }
+        }
+        try? await loop.submit { driver.value.onLost = lost }.get()
         // The session's end (the relay gone for good) ends the room.
         Task {
             for await event in endpoint.events {
@@ -114,6 +122,28 @@ public final class PartyConnection: Sendable {
         }
         return PartyConnection(
             relay: relay, relayKey: relayKey, identity: identity.publicKey, events: events, endpoint: endpoint, driver: driver)
+    }
+
+    /// Handshakes with the relay until a session is up again (or the member no
+    /// longer wants one: it left, or gave up rejoining), then lets the core rejoin.
+    private static func reconnect(
+        endpoint: SecureUDPEndpoint, relay: TransportAddress, relayKey: PublicKey, driver: NIOLoopBound<PartyDriver>
+    ) async {
+        let loop = endpoint.eventLoop
+        var pause = Duration.milliseconds(100)
+        while (try? await loop.submit({ driver.value.wantsSession }).get()) == true {
+            do {
+                // Two handshake attempts' worth: the core sends the second after a second.
+                try await endpoint.reconnect(to: relayKey, at: relay, timeout: .milliseconds(2100))
+                loop.execute { driver.value.reconnected() }
+                return
+            } catch {
+                if error == .closed { break }
+                try? await Task.sleep(for: pause)
+                pause = min(pause * 2, .seconds(2))
+            }
+        }
+        loop.execute { driver.value.reconnectEnded() }
     }
 
     /// Creates a room named `name` and joins it.
@@ -184,6 +214,9 @@ final class PartyDriver {
     private var joining: EventLoopPromise<PartyJoined>?
     private let loop: any EventLoop
     private let audio: PartyConnection.AudioHandler?
+    /// Starts the reconnection (set once the connection is made).
+    var onLost: (@Sendable () -> Void)?
+    private var reconnecting = false
 
     init(
         core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID, loop: any EventLoop,
@@ -199,6 +232,21 @@ final class PartyDriver {
 
     func handle(_ input: PartyMember.Input) { host.handle(input) }
     func received(_ bytes: [UInt8]) { host.handle(.received(bytes)) }
+
+    /// True while the core waits for a new session to rejoin through.
+    var wantsSession: Bool {
+        host.read {
+            if case .rejoining = $0.phase { return true }
+            return false
+        }
+    }
+
+    func reconnected() {
+        reconnecting = false
+        host.handle(.reconnected)
+    }
+
+    func reconnectEnded() { reconnecting = false }
 
     func disconnected() {
         host.handle(.disconnected)
@@ -246,6 +294,11 @@ final class PartyDriver {
             case .ended:
                 joining?.fail(PartyConnectionError.closed)
                 joining = nil
+            case .connectionLost:
+                if !reconnecting, let onLost {
+                    reconnecting = true
+                    onLost()
+                }
             case .audio(let from, let header, let bytes):
                 if let audio {
                     audio(from, header, bytes)

@@ -185,13 +185,29 @@ public final class SecureUDPEndpoint: Sendable {
     public func connect(to key: PublicKey, at address: TransportAddress, timeout: Duration = .seconds(10))
         async throws(SecureTransportError) -> PeerID
     {
+        try await handshake(with: key, at: address, timeout: timeout, fresh: false)
+    }
+
+    /// Handshakes again with a peer whose session may be dead at the other end
+    /// (it restarted, or went silent), and waits for that handshake's keys:
+    /// unlike ``connect(to:at:timeout:)``, keys already in place do not count.
+    @discardableResult
+    public func reconnect(to key: PublicKey, at address: TransportAddress, timeout: Duration = .seconds(10))
+        async throws(SecureTransportError) -> PeerID
+    {
+        try await handshake(with: key, at: address, timeout: timeout, fresh: true)
+    }
+
+    private func handshake(with key: PublicKey, at address: TransportAddress, timeout: Duration, fresh: Bool)
+        async throws(SecureTransportError) -> PeerID
+    {
         let promise = channel.eventLoop.makePromise(of: PeerID.self)
         let engine = self.engine
         channel.eventLoop.execute {
             let e = engine.value
             let id = e.core.addPeer(key, address: address)
             e.core.setAddress(address, of: id)
-            e.waitEstablished(id, promise: promise, timeout: timeout)
+            e.waitEstablished(id, promise: promise, timeout: timeout, fresh: fresh)
             e.host.handle(.connect(id))
         }
         do { return try await promise.futureResult.get() } catch let e as SecureTransportError { throw e } catch { throw .closed }
@@ -615,8 +631,8 @@ final class SecureEngine {
         continuation.yield(.session(event))
     }
 
-    func waitEstablished(_ id: PeerID, promise: EventLoopPromise<PeerID>, timeout: Duration) {
-        if core.isEstablished(id) {
+    func waitEstablished(_ id: PeerID, promise: EventLoopPromise<PeerID>, timeout: Duration, fresh: Bool = false) {
+        if !fresh, core.isEstablished(id) {
             promise.succeed(id)
             return
         }

@@ -526,7 +526,7 @@ enum PartySession {
 /// The roster as this member sees it, for the status line.
 final class PartyState: @unchecked Sendable {
     private let lock = NSLock()
-    private let me: MemberID
+    private var me: MemberID
     private var members: [MemberID: RosterEntry]
 
     init(me: MemberID, roster: [RosterEntry]) {
@@ -547,6 +547,13 @@ final class PartyState: @unchecked Sendable {
             return "left: \(m) (\(reason.rawValue))"
         case .ended(let reason):
             return "the room ended for you: \(reason.rawValue)"
+        case .connectionLost:
+            return "lost the relay; rejoining with the same keys"
+        case .rejoined(_, _, let id, let roster):
+            let seat = id == me ? "" : " as \(id)"
+            me = id
+            members = Dictionary(roster.map { ($0.member, $0) }, uniquingKeysWith: { a, _ in a })
+            return "rejoined\(seat): \(members.count) in the room"
         case .sendingUnder(let id):
             return "rekeyed: sending under a fresh key (epoch \(id.epoch))"
         case .badKey(let from, let why):

@@ -21,14 +21,45 @@ struct PartyHarness {
     var now = Timestamp.seconds(10)
     private var nextSeed: UInt64 = 100
 
+    /// The relay's ticket key, kept across ``restartRelay()`` as an identity file keeps it.
+    let ticketKey = SecretKey.random()
+    private var incarnation: UInt64 = 1
+    private let configuration: PartyServer.Configuration
+    var identities: [PartySession: PrivateKey] = [:]
+
     init(configuration: PartyServer.Configuration = .init()) {
-        server = PartyServer(configuration: configuration, random: SeededRandom(seed: 1))
+        self.configuration = configuration
+        server = PartyServer(
+            configuration: configuration, tickets: RoomTicketAuthority(key: ticketKey, incarnation: incarnation),
+            random: SeededRandom(seed: 1))
+    }
+
+    /// The relay process restarts with the same identity: every room and session gone.
+    mutating func restartRelay() {
+        incarnation += 1
+        server = PartyServer(
+            configuration: configuration, tickets: RoomTicketAuthority(key: ticketKey, incarnation: incarnation),
+            random: SeededRandom(seed: incarnation))
+    }
+
+    /// What a member's driver does on `.connectionLost`: a new session with the relay (as `session`), then `.reconnected`.
+    mutating func reconnect(_ old: PartySession, as session: PartySession? = nil) {
+        let new = session ?? old
+        guard let key = identities[old] else { return }
+        if new != old {
+            members[new] = members.removeValue(forKey: old)
+            events[new] = events.removeValue(forKey: old)
+            identities[new] = key
+        }
+        server.handle(.opened(new, key: key.publicKey), now: now)
+        input(new, .reconnected)
     }
 
     /// A member with a fresh identity, its session open at the relay.
     @discardableResult
     mutating func connect(_ session: PartySession, configuration: PartyMember.Configuration = .init()) -> PublicKey {
         let identity = PrivateKey.generate()
+        identities[session] = identity
         nextSeed += 1
         members[session] = PartyMember(identity: identity, configuration: configuration, random: SeededRandom(seed: nextSeed))
         server.handle(.opened(session, key: identity.publicKey), now: now)

@@ -1,0 +1,183 @@
+import Foundation
+import Party
+import Secure
+import Testing
+import TusaBase
+
+/// Members who lose their session with the relay (a network change, a relay
+/// restart) and come back on their own, keeping their seats and their keys.
+@Suite("Party rejoins")
+struct PartyRejoinTests {
+    private let speech: [UInt8] = Array(repeating: 0x33, count: 40)
+
+    private func epoch(_ h: PartyHarness, _ s: PartySession) -> UInt16? { h.members[s]?.keyring.current?.id.epoch }
+    private func phase(_ h: PartyHarness, _ s: PartySession) -> String { String(describing: h.members[s]?.phase) }
+
+    private func lost(_ events: [PartyMemberEvent]?) -> Bool {
+        (events ?? []).contains { if case .connectionLost = $0 { true } else { false } }
+    }
+
+    private func rejoined(_ events: [PartyMemberEvent]?) -> [MemberID] {
+        (events ?? []).compactMap { if case .rejoined(_, _, let me, _) = $0 { me } else { nil } }
+    }
+
+    @Test func aRestartedRelayTakesItsMembersBackWithTheirSeatsAndKeys() throws {
+        var h = PartyHarness()
+        let members = [alice, bob, carol]
+        for s in members { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob, carol]))
+        let ids = try members.map { try unwrap(h.id($0)) }
+        // Everyone past the first key (Dave came and went), so "kept" cannot mean "epoch 0 again".
+        h.connect(dave)
+        h.input(dave, .join(room: room))
+        h.input(dave, .leave)
+        h.advance(by: .milliseconds(100))
+        let before = members.map { epoch(h, $0) }
+        #expect(before.allSatisfy { $0 == 1 })
+
+        h.restartRelay()
+        // Silence from the relay: each member pings, then gives the session up.
+        h.advance(by: .milliseconds(1800))
+        for s in members { #expect(!lost(h.events[s])) }
+        h.advance(by: .milliseconds(300))
+        for s in members {
+            #expect(lost(h.events[s]))
+            guard case .rejoining(room, _, _, _)? = h.members[s]?.phase else {
+                Issue.record("\(s) is \(phase(h, s))")
+                continue
+            }
+        }
+        for s in members { h.reconnect(s) }
+
+        let restored = try #require(h.server.rooms[room])
+        #expect(restored.name == "Hearthstone")
+        #expect(restored.creator == h.identities[alice]?.publicKey)
+        #expect(restored.members.count == 3)
+        #expect(h.serverEvents.filter { if case .roomRestored = $0 { true } else { false } }.count == 1)
+        for (s, id) in zip(members, ids) {
+            #expect(h.id(s) == id, "\(s) keeps its seat")
+            #expect(rejoined(h.events[s]) == [id])
+        }
+        #expect(members.map { epoch(h, $0) } == before, "no fresh keys: the members kept theirs")
+        for (s, id) in zip(members, ids) {
+            h.speak(s, speech)
+            for other in members where other != s {
+                #expect(h.heard(other, from: id).last == speech, "\(other) hears \(id) again")
+            }
+        }
+        for s in members { #expect(h.dropped(s).isEmpty, "\(h.dropped(s))") }
+    }
+
+    @Test func aMemberWhoseSessionDiesTakesItsSeatBackOnANewOne() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob, carol]))
+        let bobID = try unwrap(h.id(bob))
+        let bobEpoch = epoch(h, bob)
+        // Bob's session dies (a new network); the relay tells the others he left.
+        h.disconnect(bob)
+        guard case .rejoining? = h.members[bob]?.phase else {
+            Issue.record("bob is \(phase(h, bob))")
+            return
+        }
+        #expect(h.server.rooms[room]?.members.count == 2)
+        // His client handshakes again from elsewhere and rejoins.
+        let again = PartySession(22)
+        h.reconnect(bob, as: again)
+        #expect(h.id(again) == bobID)
+        #expect(epoch(h, again) == bobEpoch)
+        h.advance(by: .seconds(1))
+        h.speak(again, speech)
+        #expect(h.heard(alice, from: bobID).last == speech)
+        #expect(h.heard(carol, from: bobID).last == speech)
+        let aliceID = try unwrap(h.id(alice))
+        h.speak(alice, speech)
+        #expect(h.heard(again, from: aliceID).last == speech)
+    }
+
+    @Test func aMemberAloneInItsRoomGetsTheRoomBackAfterABlip() throws {
+        var h = PartyHarness()
+        h.connect(alice)
+        let room = try unwrap(h.room(alice, []))
+        h.disconnect(alice)
+        #expect(h.server.rooms[room] == nil)
+        h.advance(by: .seconds(5))
+        h.reconnect(alice)
+        #expect(h.members[alice]?.room == room)
+        #expect(h.server.rooms[room]?.members.count == 1)
+        // A friend still gets in with the same id.
+        h.connect(bob)
+        h.input(bob, .join(room: room))
+        #expect(h.members[bob]?.room == room)
+    }
+
+    @Test func aRelayThatNeverComesBackEndsTheRoomAfterTheRejoinTimeout() throws {
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        _ = try unwrap(h.room(alice, [bob]))
+        h.restartRelay()
+        h.advance(by: .seconds(3))
+        #expect(lost(h.events[alice]))
+        h.advance(by: .seconds(29))
+        #expect(h.members[alice]?.phase == .ended(.disconnected))
+        #expect(h.members[alice]?.nextDeadline == nil)
+    }
+
+    @Test func ticketsCannotBeForgedAndDoNotReopenAClosedRoom() throws {
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        let ticket = try #require(h.members[bob]?.ticket)
+        #expect(ticket.room == room)
+
+        // Bob, on another session, tries to come back as the creator of a room with another name.
+        let mallory = PartySession(40)
+        h.server.handle(.opened(mallory, key: try #require(h.identities[bob]).publicKey), now: h.now)
+        var channel = ControlChannel(id: 5)
+        var forged = ticket
+        forged.creator = try #require(h.identities[bob]).publicKey.base64
+        let refusedBefore = h.server.statistics.controlRefused
+        h.raw(mallory, channel.send(.rejoin(ticket: forged, member: MemberID(1), highest: MemberID(2)), now: h.now))
+        #expect(h.server.statistics.controlRefused == refusedBefore + 1)
+        #expect(h.server.rooms[room]?.creator == h.identities[alice]?.publicKey)
+
+        // The creator closes the room: this relay process does not bring it back from a ticket.
+        h.input(alice, .close)
+        #expect(h.server.rooms[room] == nil)
+        h.raw(mallory, channel.send(.rejoin(ticket: ticket, member: MemberID(2), highest: MemberID(2)), now: h.now))
+        #expect(h.server.statistics.controlRefused == refusedBefore + 2)
+        #expect(h.server.rooms[room] == nil)
+
+        // Another relay (another key) accepts none of this one's tickets.
+        h = PartyHarness()
+        h.connect(carol)
+        var other = ControlChannel(id: 6)
+        h.raw(carol, other.send(.rejoin(ticket: ticket, member: MemberID(1), highest: MemberID(1)), now: h.now))
+        #expect(h.server.rooms.isEmpty)
+        #expect(h.server.statistics.controlRefused == 1)
+    }
+
+    @Test func newcomersInARestoredRoomAreNumberedAboveTheMembersToCome() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob, carol]))
+        let carolID = try unwrap(h.id(carol))
+        h.restartRelay()
+        h.advance(by: .seconds(3))
+        // Alice is back first; a newcomer joins before Carol is.
+        h.reconnect(alice)
+        h.connect(dave)
+        h.input(dave, .join(room: room))
+        let daveID = try unwrap(h.id(dave))
+        #expect(daveID > carolID)
+        h.reconnect(carol)
+        h.reconnect(bob)
+        #expect(h.id(carol) == carolID)
+        #expect(h.server.rooms[room]?.members.count == 4)
+        h.advance(by: .seconds(1))
+        h.speak(dave, speech)
+        for s in [alice, bob, carol] { #expect(h.heard(s, from: daveID).last == speech) }
+        h.speak(carol, speech)
+        #expect(h.heard(dave, from: carolID).last == speech)
+    }
+}
