@@ -43,6 +43,8 @@ private final class EventLog: Sendable {
     var keysReceived: Int { all.filter { if case .keyReceived = $0 { true } else { false } }.count }
     var rekeys: Int { all.filter { if case .sendingUnder = $0 { true } else { false } }.count }
     var ended: LeaveReason? { all.lazy.compactMap { if case .ended(let r) = $0 { r } else { nil } }.first }
+    var rejoinedAs: MemberID? { all.lazy.compactMap { if case .rejoined(_, _, let me, _) = $0 { me } else { nil } }.last }
+    var lostCount: Int { all.filter { if case .connectionLost = $0 { true } else { false } }.count }
 
     /// Whether `condition` held within `limit` (polled; the deadline only bounds a failure).
     func wait(within limit: Duration = .seconds(10), _ condition: (EventLog) -> Bool) async -> Bool {
@@ -52,6 +54,33 @@ private final class EventLog: Sendable {
             try? await Task.sleep(for: .milliseconds(5))
         }
         return condition(self)
+    }
+}
+
+/// A party relay running as `tusa relay` runs it, until `stop()`.
+private struct RunningPartyRelay {
+    let service: PartyService
+    let group: ServiceGroup
+    let task: Task<Void, any Error>
+    let address: TransportAddress
+
+    static func start(identity: Identity, at address: TransportAddress = TransportAddress(ip: .v4(0x7F00_0001), port: 0))
+        async throws -> RunningPartyRelay
+    {
+        let service = PartyService(address: address, identity: identity, logger: quiet)
+        let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
+        let task = Task { try await group.run() }
+        do {
+            return RunningPartyRelay(service: service, group: group, task: task, address: try await service.boundAddress())
+        } catch {
+            task.cancel()
+            throw error
+        }
+    }
+
+    func stop() async {
+        await group.triggerGracefulShutdown()
+        _ = try? await task.value
     }
 }
 
@@ -121,6 +150,51 @@ struct PartyServiceTests {
         }
     }
 
+    /// The relay process restarts (same identity file, same port) in the middle of
+    /// a party: every member notices within seconds, handshakes again and rejoins
+    /// its seat with its keys; the room is heard again, nobody is dropped.
+    @Test func aRestartedRelayHasEveryMemberBackInItsSeat() async throws {
+        let identity = Identity.generate()
+        let first = try await RunningPartyRelay.start(identity: identity)
+        let connections = try await (0..<3).asyncMap { _ in
+            try await PartyConnection.connect(
+                to: first.address, relayKey: identity.publicKey, identity: .generate(), logger: quiet)
+        }
+        let logs = connections.map(EventLog.init)
+        let created = try await connections[0].create(name: "Valheim")
+        var ids = [created.me]
+        for c in connections[1...] { ids.append(try await c.join(created.room).me) }
+        for log in logs { #expect(await log.wait { $0.keysReceived >= 2 }, "\(log.all)") }
+
+        await first.stop()
+        let restartedAt = ContinuousClock.now
+        let second = try await RunningPartyRelay.start(identity: identity, at: first.address)
+        defer { Task { await second.stop() } }
+        for (log, id) in zip(logs, ids) {
+            #expect(await log.wait(within: .seconds(15)) { $0.rejoinedAs != nil }, "\(log.all.suffix(5))")
+            #expect(log.rejoinedAs == id, "back in seat \(id)")
+            #expect(log.ended == nil)
+        }
+        let back = ContinuousClock.now - restartedAt
+        #expect(second.service.roomCount == 1 && second.service.memberCount == 3)
+
+        // Everyone is heard again, under the keys they had.
+        for (i, c) in connections.enumerated() {
+            let word = [UInt8](repeating: UInt8(0x40 + i), count: 60)
+            // A few frames: the first may race the last key handed over.
+            for n in 0..<10 {
+                c.send(word, timestamp: UInt32(50_000 + n * 160), level: AudioLevel(level: 25, voiced: true))
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            for (j, log) in logs.enumerated() where j != i {
+                #expect(await log.wait { $0.audio(from: ids[i]).last == word }, "member \(j) hears \(ids[i])")
+            }
+        }
+        #expect(second.service.statistics.framesSpoofed == 0)
+        print("party relay restart: every member back in its seat \(back) after the new relay started")
+        for c in connections { await c.close() }
+    }
+
     @Test func theRelayRefusesClearly() async throws {
         try await withPartyRelay(maxMembers: 2) { relay, relayKey, _ in
             let a = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)
@@ -157,4 +231,12 @@ private func eventually(within limit: Duration = .seconds(10), _ condition: () -
         try? await Task.sleep(for: .milliseconds(5))
     }
     return condition()
+}
+
+extension Sequence {
+    fileprivate func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+        var out: [T] = []
+        for e in self { out.append(try await transform(e)) }
+        return out
+    }
 }
