@@ -42,6 +42,9 @@ public struct PartyMember: SansIOCore {
         public var lostAfter: Duration = .seconds(2)
         /// How long a member whose session was lost tries to rejoin before the room ends for it.
         public var rejoinTimeout: Duration = .seconds(30)
+        /// Report every sender key used or handed over as a `.keyLog` line
+        /// (``KeyLog/partyLine(kid:base:)``), for `tusa interop decrypt`. Off: whoever reads them hears the room.
+        public var keyLog = false
         public init() {}
     }
 
@@ -293,7 +296,10 @@ public struct PartyMember: SansIOCore {
             if let was = away.removeValue(forKey: entry.member), was.key != entry.key { keyring.remove(entry.member) }
             roster[entry.member] = entry
             // The newcomer gets the next step only; the others follow it on their own.
-            if let key = keyring.ratchetCurrent() { deliver(key, to: entry.member, room: room) }
+            if let key = keyring.ratchetCurrent() {
+                log(key)
+                deliver(key, to: entry.member, room: room)
+            }
             if let pending = keyring.pending {
                 deliver(pending, to: entry.member, room: room)
                 awaitingAck.insert(entry.member)
@@ -344,6 +350,7 @@ public struct PartyMember: SansIOCore {
         epoch = 0
         let key = SenderKey.fresh(member: me, epoch: epoch, random: &random)
         keyring.use(key)
+        log(key)
         currentSince = now
         for m in roster.keys { deliver(key, to: m, room: room) }
     }
@@ -394,6 +401,7 @@ public struct PartyMember: SansIOCore {
     private mutating func rekey(room: String, me: MemberID, now: Timestamp) {
         epoch &+= 1
         let key = SenderKey.fresh(member: me, epoch: epoch, random: &random)
+        log(key)
         if roster.isEmpty {
             keyring.use(key)
             currentSince = now
@@ -457,7 +465,9 @@ public struct PartyMember: SansIOCore {
             emit(.badKey(from: member, why: "a key for another member"))
             return
         }
-        keyring.add(SenderKey(id: id, base: base))
+        let key = SenderKey(id: id, base: base)
+        keyring.add(key)
+        log(key)
         send(.keyAck(member: member, kid: kid))
         emit(.keyReceived(id))
     }
@@ -489,6 +499,10 @@ public struct PartyMember: SansIOCore {
         emit(.ended(reason))
     }
 
+    private mutating func log(_ key: SenderKey) {
+        if configuration.keyLog { emit(.keyLog(KeyLog.partyLine(kid: key.id.kid, base: key.base))) }
+    }
+
     private mutating func send(_ message: PartyControl) { actions.append(.send(channel.send(message, now: now))) }
     private mutating func emit(_ event: PartyMemberEvent) { actions.append(.event(event)) }
 }
@@ -511,6 +525,8 @@ public enum PartyMemberEvent: Sendable {
     case malformed(PartyWireError)
     /// The session with the relay is lost; the member rejoins when its driver reconnects.
     case connectionLost(room: String)
+    /// A key-log line (``Configuration/keyLog``): for the key log file, not for display.
+    case keyLog(String)
     /// Back in the room after a lost session (`me` differs from before when the old seat was taken).
     case rejoined(room: String, name: String, me: MemberID, roster: [RosterEntry])
     case ended(LeaveReason)

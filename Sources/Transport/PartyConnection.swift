@@ -71,16 +71,27 @@ public final class PartyConnection: Sendable {
     public typealias AudioHandler = @Sendable (MemberID, PartyFrameHeader, [UInt8]) -> Void
 
     /// Opens the secure session with the relay at `relay`, whose static key is `relayKey`.
+    ///
+    /// - Parameter keyLogPath: append the session's media keys and every party
+    ///   sender key this member uses or is handed to this file (mode 0600), for
+    ///   `tusa interop decrypt`; when nil, `TUSA_KEYLOG` names the file. Off when neither is set.
     public static func connect(
         to relay: TransportAddress, relayKey: PublicKey, identity: Identity, host: String? = nil,
-        configuration: PartyMember.Configuration = .init(), timeout: Duration = .seconds(5),
+        configuration: PartyMember.Configuration = .init(), timeout: Duration = .seconds(5), keyLogPath: String? = nil,
         audio: AudioHandler? = nil, logger: Logger = Logger(label: "tusa.party")
     ) async throws(PartyConnectionError) -> PartyConnection {
         let endpoint: SecureUDPEndpoint
         let peer: PeerID
+        let keyLogPath = KeyLogFile.path(keyLogPath)
+        var configuration = configuration
+        var keyLog: KeyLogFile?
         do {
+            if let keyLogPath {
+                keyLog = try KeyLogFile(path: keyLogPath)
+                configuration.keyLog = true
+            }
             endpoint = try await SecureUDPEndpoint.bind(
-                host: host ?? (relay.ip.isIPv4 ? "0.0.0.0" : "::"), identity: identity, logger: logger)
+                host: host ?? (relay.ip.isIPv4 ? "0.0.0.0" : "::"), identity: identity, keyLogPath: keyLogPath, logger: logger)
         } catch { throw .transport(error) }
         do {
             peer = try await endpoint.connect(to: relayKey, at: relay, timeout: timeout)
@@ -96,7 +107,7 @@ public final class PartyConnection: Sendable {
                 NIOLoopBound(
                     PartyDriver(
                         core: PartyMember(identity: identity.privateKey, configuration: configuration), endpoint: endpoint,
-                        peer: peer, loop: loop, yield: yield, audio: audio),
+                        peer: peer, loop: loop, yield: yield, audio: audio, keyLog: keyLog),
                     eventLoop: loop)
             }.get()
         } catch {
@@ -214,15 +225,17 @@ final class PartyDriver {
     private var joining: EventLoopPromise<PartyJoined>?
     private let loop: any EventLoop
     private let audio: PartyConnection.AudioHandler?
+    private let keyLog: KeyLogFile?
     /// Starts the reconnection (set once the connection is made).
     var onLost: (@Sendable () -> Void)?
     private var reconnecting = false
 
     init(
         core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID, loop: any EventLoop,
-        yield: AsyncStream<PartyMemberEvent>.Continuation, audio: PartyConnection.AudioHandler?
+        yield: AsyncStream<PartyMemberEvent>.Continuation, audio: PartyConnection.AudioHandler?, keyLog: KeyLogFile?
     ) {
         self.audio = audio
+        self.keyLog = keyLog
         self.endpoint = endpoint
         self.peer = peer
         self.yield = yield
@@ -299,6 +312,9 @@ final class PartyDriver {
                     reconnecting = true
                     onLost()
                 }
+            case .keyLog(let line):
+                keyLog?.append(line)
+                return
             case .audio(let from, let header, let bytes):
                 if let audio {
                     audio(from, header, bytes)

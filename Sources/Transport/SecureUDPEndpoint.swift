@@ -114,12 +114,12 @@ public final class SecureUDPEndpoint: Sendable {
         var configuration = configuration
         configuration.unixNanosecondsAtZero = Timestamp.unixNanosecondsAtZero()
         var keyLog: KeyLogFile?
-        let keyLogPath = keyLogPath ?? getenv("TUSA_KEYLOG").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
+        let keyLogPath = KeyLogFile.path(keyLogPath)
         if let keyLogPath {
             logger.warning(
                 "media keys are logged (TUSA_KEYLOG / keyLogPath): whoever reads the file can decrypt these calls",
                 metadata: ["file": "\(keyLogPath)"])
-            do { keyLog = try KeyLogFile(path: keyLogPath) } catch { throw .keyLog("\(error)") }
+            keyLog = try KeyLogFile(path: keyLogPath)
             configuration.keyLog = true
         }
         let (stream, continuation) = AsyncStream.makeStream(of: SecureUDPEvent.self, bufferingPolicy: .bufferingNewest(8192))
@@ -730,9 +730,14 @@ final class SecureDatagramHandler: ChannelInboundHandler {
 final class KeyLogFile: Sendable {
     private let fd: Int32
 
-    init(path: String) throws {
+    /// The key log to write: the one given, else the file `TUSA_KEYLOG` names, else none.
+    static func path(_ given: String?) -> String? {
+        given ?? getenv("TUSA_KEYLOG").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    init(path: String) throws(SecureTransportError) {
         let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw SecureTransportError.keyLog("cannot open \(path): \(String(cString: strerror(errno)))") }
+        guard fd >= 0 else { throw .keyLog("cannot open \(path): \(String(cString: strerror(errno)))") }
         self.fd = fd
     }
 

@@ -17,7 +17,8 @@ private let quiet: Logger = {
 
 /// A party as an operator sees it: a capture of the relay's party port reads as
 /// RTP without keys; with the relay's own key log, `tusa interop decrypt` opens
-/// the hop-by-hop layer and finds party frames whose audio is still sealed.
+/// the hop-by-hop layer and finds party frames whose audio is still sealed. A
+/// member's key log (its session's keys and the sender keys it holds) opens them.
 @Suite(.serialized) struct PartyCaptureTests {
     @Test(
         .enabled(
@@ -28,6 +29,8 @@ private let quiet: Logger = {
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let keylog = dir + "/relay-keys.log"
+        let memberLog = dir + "/bob-keys.log"
+        let memberDump = dir + "/bob.rtpdump"
         let capture = dir + "/party.pcapng"
         let dump = dir + "/party.rtpdump"
         let service = PartyService(
@@ -55,7 +58,8 @@ private let quiet: Logger = {
         let heard = Heard()
         let alice = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)
         let bob = try await PartyConnection.connect(
-            to: relay, relayKey: relayKey, identity: .generate(), audio: { _, _, audio in heard.add(audio) }, logger: quiet)
+            to: relay, relayKey: relayKey, identity: .generate(), keyLogPath: memberLog,
+            audio: { _, _, audio in heard.add(audio) }, logger: quiet)
         let room = try await alice.create(name: "Hearthstone")
         _ = try await bob.join(room.room)
         // Bob holds Alice's key once her key message arrived; then her voice.
@@ -94,6 +98,16 @@ private let quiet: Logger = {
             #expect(opened.firstRange(of: w) == nil, "\(String(decoding: w, as: UTF8.self)) readable by the relay")
         }
         #expect(heard.all.sorted { $0.lexicographicallyPrecedes($1) } == words.sorted { $0.lexicographicallyPrecedes($1) })
+
+        // With Bob's key log: his session with the relay, and the sender keys he holds, open every frame he got.
+        let asBob = try await Harness.run(
+            try #require(Harness.tusa), ["interop", "decrypt", capture, "--keylog", memberLog, "--out", memberDump])
+        #expect(asBob.status == 0, "\(asBob.stdout) \(asBob.stderr)")
+        #expect(asBob.stdout.contains("party member \(room.me): 40 voice frames opened, 0 failed"), "\(asBob.stdout)")
+        let bobs = try [UInt8](Data(contentsOf: URL(fileURLWithPath: memberDump)))
+        for w in words {
+            #expect(bobs.firstRange(of: w) != nil, "\(String(decoding: w, as: UTF8.self)) not opened with Bob's keys")
+        }
     }
 }
 
