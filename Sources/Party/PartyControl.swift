@@ -21,6 +21,21 @@ public struct RosterEntry: Codable, Hashable, Sendable {
     public var publicKey: PublicKey? { PublicKey(base64: key) }
 }
 
+/// A room as the relay shows it to someone who may join it (`tusa party list`).
+public struct RoomDescription: Codable, Hashable, Sendable {
+    public var room: String
+    public var name: String
+    public var maxMembers: Int
+    public var members: [RosterEntry]
+
+    public init(room: String, name: String, maxMembers: Int, members: [RosterEntry]) {
+        self.room = room
+        self.name = name
+        self.maxMembers = maxMembers
+        self.members = members
+    }
+}
+
 /// Why a member is no longer in a room.
 public enum LeaveReason: String, Codable, Hashable, Sendable {
     case left
@@ -64,6 +79,8 @@ public enum PartyControl: Codable, Hashable, Sendable {
     case rejoin(ticket: RoomTicket, member: MemberID, highest: MemberID)
     /// Nothing but an acknowledgement wanted: is the relay still there?
     case ping
+    /// Who is in a room, asked without joining it.
+    case describe(room: String)
     // Both ways, through the relay, which reads neither the key nor whose it is.
     case key(member: MemberID, sealed: Data)
     case keyAck(member: MemberID, kid: UInt64)
@@ -74,6 +91,8 @@ public enum PartyControl: Codable, Hashable, Sendable {
     case memberMuted(member: MemberID, muted: Bool)
     case closed(reason: LeaveReason)
     case refused(code: PartyErrorCode, detail: String)
+    /// The answer to `describe`: nil when there is no such room or the asker may not join it.
+    case described(room: String, RoomDescription?)
 
     /// The message as JSON (``ControlChannel`` frames it).
     public func encodedJSON() -> [UInt8] {

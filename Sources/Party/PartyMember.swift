@@ -57,6 +57,8 @@ public struct PartyMember: SansIOCore {
         case kick(MemberID)
         case close
         case mute(Bool)
+        /// Asks who is in a room, without joining it (answered by a `.described` event).
+        case describe(room: String)
         /// The session with the relay is gone: the member waits to rejoin (``reconnected``).
         case disconnected
         /// A new session with the relay is up (after ``Action/event(_:)`` `.connectionLost`): rejoin.
@@ -152,6 +154,8 @@ public struct PartyMember: SansIOCore {
         case .mute(let m):
             muted = m
             if case .inRoom = phase { send(.mute(m)) }
+        case .describe(let room):
+            send(.describe(room: room))
         case .disconnected:
             // The next session numbers its control messages from 1 again, as the relay does.
             channel = ControlChannel(id: random.uint32())
@@ -329,7 +333,9 @@ public struct PartyMember: SansIOCore {
             case .rejoining: end(.disconnected)
             default: break
             }
-        case .create, .join, .rejoin, .ping, .leave, .kick, .close, .mute:
+        case .described(let room, let description):
+            emit(.described(room: room, description))
+        case .create, .join, .rejoin, .ping, .describe, .leave, .kick, .close, .mute:
             emit(.malformed(.malformed("a member's request sent to a member")))
         }
     }
@@ -525,6 +531,8 @@ public enum PartyMemberEvent: Sendable {
     case malformed(PartyWireError)
     /// The session with the relay is lost; the member rejoins when its driver reconnects.
     case connectionLost(room: String)
+    /// The relay's answer to ``PartyMember/Input/describe(room:)``.
+    case described(room: String, RoomDescription?)
     /// A key-log line (``Configuration/keyLog``): for the key log file, not for display.
     case keyLog(String)
     /// Back in the room after a lost session (`me` differs from before when the old seat was taken).

@@ -236,6 +236,8 @@ public struct PartyServer: SansIOCore {
             rejoin(ticket, member: member, highest: highest, session: session, key: key)
         case .ping:
             break  // the channel's acknowledgement is the answer
+        case .describe(let id):
+            send(session, .described(room: id, describe(id, for: key)))
         case .leave:
             guard membership[session] != nil else { return refuse(session, .notInRoom, "not in a room") }
             remove(session, reason: .left)
@@ -265,9 +267,15 @@ public struct PartyServer: SansIOCore {
             relay(from: session, to: to) { .key(member: $0, sealed: sealed) }
         case .keyAck(let to, let kid):
             relay(from: session, to: to) { .keyAck(member: $0, kid: kid) }
-        case .joined, .memberJoined, .memberLeft, .memberMuted, .closed, .refused:
+        case .joined, .described, .memberJoined, .memberLeft, .memberMuted, .closed, .refused:
             refuse(session, .malformed, "a relay's message sent to the relay")
         }
+    }
+
+    /// A room as shown to `key`: only to whoever may join it (invited, its creator, or anyone for an open room).
+    public func describe(_ id: String, for key: PublicKey) -> RoomDescription? {
+        guard let room = rooms[id], room.invited.isEmpty || room.creator == key || room.invited.contains(key) else { return nil }
+        return RoomDescription(room: id, name: room.name, maxMembers: room.maxMembers, members: room.roster)
     }
 
     private mutating func create(name: String, maxMembers: Int?, invite: [String], by session: PartySession, key: PublicKey) {

@@ -14,6 +14,8 @@ public enum PartyConnectionError: Error, Equatable, Sendable, CustomStringConver
     case busy
     /// The connection is closed, or the room ended while waiting.
     case closed
+    /// The relay did not answer in time.
+    case timeout
 
     public var description: String {
         switch self {
@@ -21,6 +23,7 @@ public enum PartyConnectionError: Error, Equatable, Sendable, CustomStringConver
         case .refused(let code, let detail): "the relay refused (\(code.rawValue)): \(detail)"
         case .busy: "already joining or in a room"
         case .closed: "the party connection is closed"
+        case .timeout: "the relay did not answer in time"
         }
     }
 }
@@ -178,6 +181,17 @@ public final class PartyConnection: Sendable {
         do { return try await future.get() } catch let e as PartyConnectionError { throw e } catch { throw .closed }
     }
 
+    /// Who is in `room`, without joining it: nil when there is no such room or
+    /// this key may not join it (the relay shows a room to its invited only).
+    public func describe(_ room: String, timeout: Duration = .seconds(5)) async throws(PartyConnectionError) -> RoomDescription? {
+        let driver = self.driver
+        let future: EventLoopFuture<RoomDescription?>
+        do {
+            future = try await endpoint.eventLoop.submit { driver.value.describe(room, timeout: timeout) }.get()
+        } catch { throw .closed }
+        do { return try await future.get() } catch let e as PartyConnectionError { throw e } catch { throw .closed }
+    }
+
     /// Leaves the room (the connection stays open for another).
     public func leave() { perform(.leave) }
     /// Removes a member (the creator only; the relay refuses others).
@@ -229,6 +243,8 @@ final class PartyDriver {
     /// Starts the reconnection (set once the connection is made).
     var onLost: (@Sendable () -> Void)?
     private var reconnecting = false
+    /// Callers waiting for a room's description, by room.
+    private var describing: [String: [EventLoopPromise<RoomDescription?>]] = [:]
 
     init(
         core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID, loop: any EventLoop,
@@ -261,6 +277,14 @@ final class PartyDriver {
 
     func reconnectEnded() { reconnecting = false }
 
+    func describe(_ room: String, timeout: Duration) -> EventLoopFuture<RoomDescription?> {
+        let promise = loop.makePromise(of: RoomDescription?.self)
+        describing[room, default: []].append(promise)
+        host.handle(.describe(room: room))
+        loop.scheduleTask(in: .nanoseconds(timeout.nanoseconds)) { promise.fail(PartyConnectionError.timeout) }
+        return promise.futureResult
+    }
+
     func disconnected() {
         host.handle(.disconnected)
         joining?.fail(PartyConnectionError.closed)
@@ -287,6 +311,8 @@ final class PartyDriver {
     func read<T>(_ body: (PartyMember) -> T) -> T { host.read(body) }
 
     func stop() {
+        for promise in describing.values.joined() { promise.fail(PartyConnectionError.closed) }
+        describing = [:]
         host.stop()
         yield.finish()
     }
@@ -307,6 +333,9 @@ final class PartyDriver {
             case .ended:
                 joining?.fail(PartyConnectionError.closed)
                 joining = nil
+            case .described(let room, let description):
+                for promise in describing.removeValue(forKey: room) ?? [] { promise.succeed(description) }
+                return
             case .connectionLost:
                 if !reconnecting, let onLost {
                     reconnecting = true

@@ -304,7 +304,10 @@ struct PartyList: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "list",
         abstract: "List the parties you are invited to (invitations of the last day, kept by the relay's rendezvous).",
-        discussion: "Exit status: 0, 64 on bad usage, 2 when the rendezvous could not be reached."
+        discussion: """
+            Under each invitation, who is in the room now (asked of the relay that hosts it), or that it has closed. \
+            Exit status: 0, 64 on bad usage, 2 when the rendezvous could not be reached.
+            """
     )
 
     @Option(help: ArgumentHelp("The relay's rendezvous, HOST:PORT.", valueName: "host:port"))
@@ -339,9 +342,39 @@ struct PartyList: AsyncParsableCommand {
         _ = try? await connection.lookup(me.publicKey)
         await connection.close()
         await collector.value
-        let lines = found.lines
-        if lines.isEmpty { print("no invitations") }
-        for line in lines { print(line) }
+        let invitations = found.all
+        if invitations.isEmpty { print("no invitations") }
+        // Who is in each room now, asked of its relay (one session per relay).
+        var relays: [String: PartyConnection] = [:]
+        for (invitation, from) in invitations {
+            print(PartySession.invitationLine(invitation, from: from))
+            let place = "\(invitation.relay) \(invitation.relayKey)"
+            let relay: PartyConnection
+            if let open = relays[place] {
+                relay = open
+            } else {
+                do {
+                    let (address, key) = try PartyPlace.parse(relay: invitation.relay, key: invitation.relayKey)
+                    relay = try await PartyConnection.connect(
+                        to: address, relayKey: key, identity: me, timeout: .seconds(3), logger: quietLogger())
+                    relays[place] = relay
+                } catch {
+                    print("  (cannot ask its relay: \(error))")
+                    continue
+                }
+            }
+            do {
+                guard let room = try await relay.describe(invitation.room) else {
+                    print("  closed")
+                    continue
+                }
+                print("  \(room.members.count) of at most \(room.maxMembers) in it:")
+                for m in room.members { print(PartySession.rosterLine(m, me: nil)) }
+            } catch {
+                print("  (its relay did not say: \(error))")
+            }
+        }
+        for relay in relays.values { await relay.close() }
     }
 }
 
@@ -349,7 +382,7 @@ struct PartyList: AsyncParsableCommand {
 enum PartySession {
     static let discussion = """
         Prints the room's id and roster (each member's key fingerprint), then runs until --duration, the input's end, \
-        the room's end or Ctrl-C. Lines on standard input act at once: 'kick N' (the creator removes member #N), \
+        the room's end or Ctrl-C (or SIGTERM; either leaves the room and reports). Lines on standard input act at once: 'kick N' (the creator removes member #N), \
         'mute', 'unmute', 'close' (the creator closes the room), 'leave'. At the end, a report per speaker heard. \
         Exit status: 0 after a normal stay, 64 on bad usage, 2 when the relay could not be reached or refused, or the audio failed.
         """
@@ -449,6 +482,15 @@ enum PartySession {
                 }
             }
         }
+        // Ctrl-C or SIGTERM: leave the room as "leave" does (the others see it at once) and report.
+        let interrupts = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { stop.continuation.yield("interrupted") }
+            source.resume()
+            return source
+        }
+        defer { for source in interrupts { source.cancel() } }
         let timer = Task {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(200))
@@ -517,7 +559,7 @@ enum PartySession {
         "\(from.base64) (\(Fingerprint.digits(of: from))) created party \(invitation.name): tusa party join \(invitation.room) --relay \(invitation.relay) --relay-key \(invitation.relayKey)"
     }
 
-    static func rosterLine(_ m: RosterEntry, me: MemberID) -> String {
+    static func rosterLine(_ m: RosterEntry, me: MemberID?) -> String {
         let fingerprint = m.publicKey.map { Fingerprint.digits(of: $0) } ?? "?"
         return "  \(m.member) \(m.key) \(fingerprint)\(m.creator ? " creator" : "")\(m.member == me ? " (you)" : "")"
     }
@@ -627,13 +669,14 @@ struct PartyReport: Encodable {
 
 /// Invitations seen, one line per room, in arrival order.
 final class InvitationList: Sendable {
-    private let state = Mutex<(rooms: Set<String>, lines: [String])>(([], []))
+    private let state = Mutex<(rooms: Set<String>, all: [(PartyInvitation, PublicKey)])>(([], []))
 
     func add(_ invitation: PartyInvitation, from: PublicKey) {
         state.withLock { s in
-            if s.rooms.insert(invitation.room).inserted { s.lines.append(PartySession.invitationLine(invitation, from: from)) }
+            if s.rooms.insert(invitation.room).inserted { s.all.append((invitation, from)) }
         }
     }
 
-    var lines: [String] { state.withLock { $0.lines } }
+    /// Each room's first invitation and who sent it, in arrival order.
+    var all: [(PartyInvitation, PublicKey)] { state.withLock { $0.all } }
 }

@@ -168,6 +168,32 @@ import Testing
         let list = try await Harness.run(tusa, ["party", "list", "--rendezvous", rendezvous, "--identity", bobFile], timeout: 30)
         #expect(list.status == 0, "\(list.stderr)")
         #expect(list.stdout.contains("created party Hearthstone: tusa party join \(room)"), "\(list.stdout)")
+        #expect(list.stdout.contains("\n  closed"), "the room ended with its creator's stay: \(list.stdout)")
+
+        // A room that is open: the list shows who is in it, asked of its relay.
+        let alice = try Harness.Background(
+            tusa,
+            [
+                "party", "create", "Factorio", "--rendezvous", rendezvous, "--invite", bob, "--in", "silence",
+                "--duration", "20", "--quiet",
+            ])
+        defer { alice.kill() }
+        let open = try #require(
+            await alice.waitForMatch(##"party [a-z0-9]{12} "Factorio" as #1"##), "\(alice.stdout) \(alice.stderr)")
+        let aliceKey = try #require(
+            alice.stdout.split(separator: "\n").first { $0.contains("creator") }?.split(separator: " ").dropFirst().first,
+            "\(alice.stdout)")
+        #expect(await alice.waitFor(timeout: 10) { out, _ in out.contains("invited \(bob)") })
+        let listed = try await Harness.run(
+            tusa, ["party", "list", "--rendezvous", rendezvous, "--identity", bobFile], timeout: 30)
+        #expect(listed.status == 0, "\(listed.stderr)")
+        let factorio = try #require(
+            listed.stdout.components(separatedBy: "tusa party join \(open.split(separator: " ")[1])").last, "\(listed.stdout)")
+        #expect(factorio.contains("1 of at most 50 in it:"), "\(listed.stdout)")
+        #expect(factorio.contains("#1 \(aliceKey)") && factorio.contains("creator"), "\(listed.stdout)")
+        // Ctrl-C: Alice leaves (her room closes at once) and still reports.
+        #expect(await alice.stop(signal: SIGINT) == 0, "\(alice.stdout) \(alice.stderr)")
+        #expect(alice.stdout.contains("frames sent as #1"), "the report: \(alice.stdout)")
 
         // Bob watches; Alice creates another party; Bob joins it (the first has closed).
         let watcher = try Harness.Background(

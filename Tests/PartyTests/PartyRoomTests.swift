@@ -274,6 +274,33 @@ struct PartyRoomTests {
         #expect(h.server.rooms[room] == nil)
     }
 
+    @Test func aRoomIsDescribedOnlyToThoseWhoMayJoinIt() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol, dave] { h.connect(s) }
+        let bobKey = try #require(h.identities[bob]).publicKey
+        h.input(alice, .create(name: "Raid", maxMembers: 8, invite: [bobKey]))
+        let room = try #require(h.members[alice]?.room)
+        func described(_ s: PartySession) -> RoomDescription?? {
+            (h.events[s] ?? []).lazy.compactMap { if case .described(room, let d) = $0 { d } else { nil } }.last
+        }
+        h.input(bob, .describe(room: room))
+        let seen = try #require(described(bob) ?? nil, "the invited one sees the room")
+        #expect(seen.name == "Raid" && seen.maxMembers == 8)
+        #expect(seen.members.map(\.key) == [try #require(h.identities[alice]).publicKey.base64])
+        #expect(seen.members.first?.creator == true)
+        // Not invited: the same answer as for a room that does not exist.
+        h.input(carol, .describe(room: room))
+        #expect(described(carol) == .some(nil))
+        h.input(carol, .describe(room: "nosuchroomxx"))
+        #expect((h.events[carol] ?? []).contains { if case .described("nosuchroomxx", nil) = $0 { true } else { false } })
+        // An open room shows itself to anyone with its id; asking does not join.
+        h.input(dave, .create(name: "Open", maxMembers: nil, invite: []))
+        let open = try #require(h.members[dave]?.room)
+        h.input(carol, .describe(room: open))
+        #expect((h.events[carol] ?? []).contains { if case .described(open, let d?) = $0 { d.members.count == 1 } else { false } })
+        #expect(h.members[carol]?.room == nil && h.server.rooms[open]?.members.count == 1)
+    }
+
     @Test func aClientRestartedOnTheSameSessionStartsAfresh() throws {
         var h = PartyHarness()
         for s in [alice, bob] { h.connect(s) }
