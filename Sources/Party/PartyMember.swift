@@ -59,6 +59,8 @@ public struct PartyMember: SansIOCore {
         case mute(Bool)
         /// Asks who is in a room, without joining it (answered by a `.described` event).
         case describe(room: String)
+        /// Pings the relay now (its acknowledgement comes back on whatever path the relay uses for us).
+        case ping
         /// The session with the relay is gone: the member waits to rejoin (``reconnected``).
         case disconnected
         /// A new session with the relay is up (after ``Action/event(_:)`` `.connectionLost`): rejoin.
@@ -156,6 +158,9 @@ public struct PartyMember: SansIOCore {
             if case .inRoom = phase { send(.mute(m)) }
         case .describe(let room):
             send(.describe(room: room))
+        case .ping:
+            lastPing = now
+            send(.ping)
         case .disconnected:
             // The next session numbers its control messages from 1 again, as the relay does.
             channel = ControlChannel(id: random.uint32())

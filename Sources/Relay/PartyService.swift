@@ -23,16 +23,21 @@ public final class PartyService: Service, Sendable {
     /// Where the hop-by-hop sessions' media keys are logged (for the operator's
     /// `tusa interop decrypt`, which then finds only end-to-end sealed frames).
     public let keyLogPath: String?
+    /// TCP ports members whose UDP is blocked connect to (RFC 4571 framing): nil
+    /// stands for the UDP port's own number, 0 for any free port.
+    public let streamPorts: [UInt16?]
     private let logger: Logger
     private let bound = BoundResult<TransportAddress>()
+    private let boundStreams = BoundResult<[TransportAddress]>()
     private let statisticsBox = NIOLockedValueBox(PartyServer.Statistics())
     private let roomsBox = NIOLockedValueBox((rooms: 0, members: 0))
 
     public init(
         address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(),
-        keyLogPath: String? = nil, logger: Logger
+        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], logger: Logger
     ) {
         self.keyLogPath = keyLogPath
+        self.streamPorts = streamPorts
         self.address = address
         self.identity = identity
         self.configuration = configuration
@@ -41,6 +46,8 @@ public final class PartyService: Service, Sendable {
 
     /// The bound address once `run()` has bound it (the real port for port 0).
     public func boundAddress() async throws -> TransportAddress { try await bound.wait() }
+    /// The TCP addresses members can reach the parties on when UDP is blocked.
+    public func boundStreamAddresses() async throws -> [TransportAddress] { try await boundStreams.wait() }
 
     /// The core's counters, as of the last packet.
     public var statistics: PartyServer.Statistics { statisticsBox.withLockedValue { $0 } }
@@ -60,7 +67,23 @@ public final class PartyService: Service, Sendable {
         } catch {
             let failure = RelayServiceError(.bindFailed, "cannot serve parties on udp \(address): \(error)")
             bound.resolve(.failure(failure))
+            boundStreams.resolve(.failure(failure))
             throw failure
+        }
+        // The same sessions over TCP, for members whose UDP is blocked.
+        var streams: [TransportAddress] = []
+        for port in streamPorts {
+            do {
+                streams.append(
+                    try await endpoint.listenForStreams(
+                        host: address.ip.description, port: Int(port ?? endpoint.localAddress.port)))
+            } catch {
+                let failure = RelayServiceError(.bindFailed, "cannot serve parties on tcp: \(error)")
+                bound.resolve(.failure(failure))
+                boundStreams.resolve(.failure(failure))
+                await endpoint.close()
+                throw failure
+            }
         }
         let loop = endpoint.eventLoop
         let logger = self.logger
@@ -77,6 +100,7 @@ public final class PartyService: Service, Sendable {
             }.get()
         } catch {
             bound.resolve(.failure(error))
+            boundStreams.resolve(.failure(error))
             await endpoint.close()
             throw error
         }
@@ -94,8 +118,13 @@ public final class PartyService: Service, Sendable {
             rooms.value.received(peer, Array(payload))
         }
         logger.info(
-            "serving parties", metadata: ["address": "udp \(endpoint.localAddress)", "key": "\(identity.publicKey)"])
+            "serving parties",
+            metadata: [
+                "address": "udp \(endpoint.localAddress)", "tcp": "\(streams.map(\.description))",
+                "key": "\(identity.publicKey)",
+            ])
         bound.resolve(.success(endpoint.localAddress))
+        boundStreams.resolve(.success(streams))
         await withDiscardingTaskGroup { group in
             // (The events stream must be read: what the handler saw also queues there.)
             group.addTask { for await _ in endpoint.events {} }

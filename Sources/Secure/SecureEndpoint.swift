@@ -689,6 +689,9 @@ extension SecureEndpoint: SansIOCore {
     public enum Input: Sendable, Equatable {
         /// Start a handshake with the peer (at its known address); nothing if one is under way.
         case connect(PeerID)
+        /// Start a handshake with the peer now, abandoning one under way (its
+        /// initiation went where it could not arrive: the path changed).
+        case restartHandshake(PeerID)
         /// Seal and send a control report; dropped when it cannot be sent (see `sendControl(_:to:now:)`).
         case sendControl(ControlReport, to: PeerID)
         /// A datagram off the socket. Handshakes and control are handled in full;
@@ -703,6 +706,8 @@ extension SecureEndpoint: SansIOCore {
         switch input {
         case .connect(let id):
             connect(id, now: now)
+        case .restartHandshake(let id):
+            if let p = peers[id] { startHandshake(p, now: now, rekey: p.hasKeys) }
         case .sendControl(let report, let id):
             try? sendControl(report, to: id, now: now)
         case .datagram(var bytes, let source):

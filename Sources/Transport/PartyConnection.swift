@@ -28,6 +28,17 @@ public enum PartyConnectionError: Error, Equatable, Sendable, CustomStringConver
     }
 }
 
+/// How a member reaches the relay's party service.
+public enum PartyTransport: String, Sendable, CaseIterable {
+    /// UDP, and TCP (RFC 4571) when UDP has not answered within a moment:
+    /// both are tried, as happy eyeballs does, so a blocked network connects
+    /// nearly as fast as an open one; over TCP, UDP is tried again now and then
+    /// and taken back when it answers.
+    case auto
+    case udp
+    case tcp
+}
+
 /// What a create or join returns: the room as the relay described it.
 public struct PartyJoined: Hashable, Sendable {
     public var room: String
@@ -78,10 +89,12 @@ public final class PartyConnection: Sendable {
     /// - Parameter keyLogPath: append the session's media keys and every party
     ///   sender key this member uses or is handed to this file (mode 0600), for
     ///   `tusa interop decrypt`; when nil, `TUSA_KEYLOG` names the file. Off when neither is set.
+    /// - Parameter transport: UDP, TCP, or both raced (``PartyTransport/auto``).
     public static func connect(
         to relay: TransportAddress, relayKey: PublicKey, identity: Identity, host: String? = nil,
-        configuration: PartyMember.Configuration = .init(), timeout: Duration = .seconds(5), keyLogPath: String? = nil,
-        audio: AudioHandler? = nil, logger: Logger = Logger(label: "tusa.party")
+        transport: PartyTransport = .auto, configuration: PartyMember.Configuration = .init(),
+        timeout: Duration = .seconds(5), keyLogPath: String? = nil, audio: AudioHandler? = nil,
+        logger: Logger = Logger(label: "tusa.party")
     ) async throws(PartyConnectionError) -> PartyConnection {
         let endpoint: SecureUDPEndpoint
         let peer: PeerID
@@ -97,7 +110,8 @@ public final class PartyConnection: Sendable {
                 host: host ?? (relay.ip.isIPv4 ? "0.0.0.0" : "::"), identity: identity, keyLogPath: keyLogPath, logger: logger)
         } catch { throw .transport(error) }
         do {
-            peer = try await endpoint.connect(to: relayKey, at: relay, timeout: timeout)
+            peer = try await handshake(
+                endpoint: endpoint, relay: relay, relayKey: relayKey, transport: transport, timeout: timeout, fresh: false)
         } catch {
             await endpoint.close()
             throw .transport(error)
@@ -110,7 +124,8 @@ public final class PartyConnection: Sendable {
                 NIOLoopBound(
                     PartyDriver(
                         core: PartyMember(identity: identity.privateKey, configuration: configuration), endpoint: endpoint,
-                        peer: peer, loop: loop, yield: yield, audio: audio, keyLog: keyLog),
+                        peer: peer, relay: relay, loop: loop, yield: yield, audio: audio, keyLog: keyLog,
+                        probeUDP: transport == .auto),
                     eventLoop: loop)
             }.get()
         } catch {
@@ -122,7 +137,9 @@ public final class PartyConnection: Sendable {
             driver.value.received(Array(payload))
         }
         let lost: @Sendable () -> Void = {
-            Task { await Self.reconnect(endpoint: endpoint, relay: relay, relayKey: relayKey, driver: driver) }
+            Task {
+                await Self.reconnect(endpoint: endpoint, relay: relay, relayKey: relayKey, transport: transport, driver: driver)
+            }
         }
         try? await loop.submit { driver.value.onLost = lost }.get()
         // The session's end (the relay gone for good) ends the room.
@@ -141,14 +158,17 @@ public final class PartyConnection: Sendable {
     /// Handshakes with the relay until a session is up again (or the member no
     /// longer wants one: it left, or gave up rejoining), then lets the core rejoin.
     private static func reconnect(
-        endpoint: SecureUDPEndpoint, relay: TransportAddress, relayKey: PublicKey, driver: NIOLoopBound<PartyDriver>
+        endpoint: SecureUDPEndpoint, relay: TransportAddress, relayKey: PublicKey, transport: PartyTransport,
+        driver: NIOLoopBound<PartyDriver>
     ) async {
         let loop = endpoint.eventLoop
         var pause = Duration.milliseconds(100)
         while (try? await loop.submit({ driver.value.wantsSession }).get()) == true {
             do {
                 // Two handshake attempts' worth: the core sends the second after a second.
-                try await endpoint.reconnect(to: relayKey, at: relay, timeout: .milliseconds(2100))
+                _ = try await handshake(
+                    endpoint: endpoint, relay: relay, relayKey: relayKey, transport: transport,
+                    timeout: .milliseconds(2100), fresh: true)
                 loop.execute { driver.value.reconnected() }
                 return
             } catch {
@@ -158,6 +178,42 @@ public final class PartyConnection: Sendable {
             }
         }
         loop.execute { driver.value.reconnectEnded() }
+    }
+
+    /// How long UDP has to answer the handshake before TCP joins the race.
+    static let udpHeadStart: Duration = .milliseconds(250)
+
+    /// A handshake with the relay over the transport asked for: over UDP; over a
+    /// stream; or over UDP first and, when it has not answered within
+    /// ``udpHeadStart``, over a stream too (a late UDP answer still wins: the
+    /// endpoint moves back to UDP). `fresh`: keys already in place do not count.
+    private static func handshake(
+        endpoint: SecureUDPEndpoint, relay: TransportAddress, relayKey: PublicKey, transport: PartyTransport,
+        timeout: Duration, fresh: Bool
+    ) async throws(SecureTransportError) -> PeerID {
+        func wait(_ limit: Duration) async throws(SecureTransportError) -> PeerID {
+            fresh
+                ? try await endpoint.reconnect(to: relayKey, at: relay, timeout: limit)
+                : try await endpoint.connect(to: relayKey, at: relay, timeout: limit)
+        }
+        switch transport {
+        case .udp:
+            return try await wait(timeout)
+        case .tcp:
+            if !(await endpoint.usesStream(to: relay)) { try await endpoint.useStream(to: relay, timeout: timeout) }
+            return try await wait(timeout)
+        case .auto:
+            if await endpoint.usesStream(to: relay) { return try await wait(timeout) }
+            do {
+                return try await wait(min(udpHeadStart, timeout))
+            } catch .timeout {
+                // UDP is slow or blocked: the same handshake over TCP, now.
+                try await endpoint.useStream(to: relay, timeout: timeout)
+                let peer = try await endpoint.addPeer(relayKey, at: relay)
+                await endpoint.restartHandshake(with: peer)
+                return try await endpoint.connect(to: relayKey, at: relay, timeout: max(.milliseconds(1), timeout - udpHeadStart))
+            }
+        }
     }
 
     /// Creates a room named `name` and joins it.
@@ -218,6 +274,11 @@ public final class PartyConnection: Sendable {
         do { return try await endpoint.eventLoop.submit { driver.value.read(body) }.get() } catch { throw .closed }
     }
 
+    /// Whether the session with the relay runs over TCP now (UDP did not pass).
+    public var overTCP: Bool {
+        get async { await endpoint.usesStream(to: relay) }
+    }
+
     /// The secure endpoint's local address (where the relay sees this member come from, before NAT).
     public var localAddress: TransportAddress { endpoint.localAddress }
 
@@ -240,6 +301,8 @@ final class PartyDriver {
     private let loop: any EventLoop
     private let audio: PartyConnection.AudioHandler?
     private let keyLog: KeyLogFile?
+    private let relay: TransportAddress
+    private var probing: Scheduled<Void>?
     /// Starts the reconnection (set once the connection is made).
     var onLost: (@Sendable () -> Void)?
     private var reconnecting = false
@@ -247,16 +310,35 @@ final class PartyDriver {
     private var describing: [String: [EventLoopPromise<RoomDescription?>]] = [:]
 
     init(
-        core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID, loop: any EventLoop,
-        yield: AsyncStream<PartyMemberEvent>.Continuation, audio: PartyConnection.AudioHandler?, keyLog: KeyLogFile?
+        core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID, relay: TransportAddress, loop: any EventLoop,
+        yield: AsyncStream<PartyMemberEvent>.Continuation, audio: PartyConnection.AudioHandler?, keyLog: KeyLogFile?,
+        probeUDP: Bool
     ) {
         self.audio = audio
         self.keyLog = keyLog
+        self.relay = relay
         self.endpoint = endpoint
         self.peer = peer
         self.yield = yield
         self.loop = loop
         host = CoreHost(core, on: loop) { [unowned self] action in perform(action) }
+        if probeUDP { scheduleProbe() }
+    }
+
+    /// Over a stream, a ping over UDP every ``probeInterval``: the relay's answer
+    /// comes back over UDP when UDP passes again, and the endpoint moves back to it.
+    static let probeInterval: Duration = .seconds(15)
+
+    private func scheduleProbe() {
+        let engine = endpoint.engineOnLoop
+        // (Built and run on the loop: the driver is confined to it.)
+        probing = loop.assumeIsolated().scheduleTask(in: .nanoseconds(Self.probeInterval.nanoseconds)) { [unowned self] in
+            if engine.value.streams[relay] != nil {
+                engine.value.probeUDP.insert(relay)
+                host.handle(.ping)
+            }
+            scheduleProbe()
+        }
     }
 
     func handle(_ input: PartyMember.Input) { host.handle(input) }
@@ -311,6 +393,8 @@ final class PartyDriver {
     func read<T>(_ body: (PartyMember) -> T) -> T { host.read(body) }
 
     func stop() {
+        probing?.cancel()
+        probing = nil
         for promise in describing.values.joined() { promise.fail(PartyConnectionError.closed) }
         describing = [:]
         host.stop()

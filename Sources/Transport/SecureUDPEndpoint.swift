@@ -38,6 +38,8 @@ public enum SecureTransportError: Error, Equatable, Sendable, CustomStringConver
     case relay(TURNClientError)
     case keyLog(String)
     case ice(ICEEndpointError)
+    /// A stream (the session over TCP, RFC 4571) could not be opened or accepted.
+    case stream(String, ErrorCause?)
 
     public var description: String {
         switch self {
@@ -50,6 +52,7 @@ public enum SecureTransportError: Error, Equatable, Sendable, CustomStringConver
         case .relay(let e): "relay: \(e)"
         case .keyLog(let s): "key log: \(s)"
         case .ice(let e): "\(e)"
+        case .stream(let what, let cause): cause.map { "\(what): \(TURNClientConnection.describe($0.error))" } ?? what
         }
     }
 }
@@ -74,6 +77,8 @@ public enum SecureTransportError: Error, Equatable, Sendable, CustomStringConver
 public final class SecureUDPEndpoint: Sendable {
     private let channel: Channel
     private let engine: NIOLoopBound<SecureEngine>
+    /// The engine, for this module's extensions (used only on `eventLoop`).
+    var engineOnLoop: NIOLoopBound<SecureEngine> { engine }
     public let localAddress: TransportAddress
     public let publicKey: PublicKey
     /// Events, in order (the newest 8,192 kept if the reader falls behind).
@@ -437,6 +442,17 @@ final class SecureEngine {
     /// Decides the fate of each outgoing media datagram: nil drops it, else its added delay.
     var mediaImpairment: (@Sendable () -> Duration?)?
 
+    // Streams (RFC 4571 over TCP), for where UDP does not pass: see SecureUDPEndpoint+Streams.
+    /// Addresses reached over a TCP connection instead of the socket (a member's
+    /// relay, or, on the relay, each member that came over TCP, by a stand-in address).
+    var streams: [TransportAddress: Channel] = [:]
+    /// The listener accepting streams, when this endpoint serves them.
+    var streamListener: Channel?
+    /// Stream-routed addresses whose next datagram takes the UDP socket (a probe of UDP).
+    var probeUDP: Set<TransportAddress> = []
+    /// Streams given up because the same peer answered over UDP again.
+    private(set) var streamsLeftForUDP: UInt64 = 0
+
     init(
         core: SecureEndpoint, channel: Channel, continuation: AsyncStream<SecureUDPEvent>.Continuation,
         mediaHandler: SecureUDPEndpoint.MediaHandler?, keyLog: KeyLogFile?, logger: Logger
@@ -465,11 +481,31 @@ final class SecureEngine {
             if let ice, ice.receiveSTUN(Array(buffer.readableBytesView), from: source, base: 0) { return }
             answerBinding(buffer, from: source)
         default:
-            scratch.withUnsafeMutableBytes { raw in
+            let authentic = scratch.withUnsafeMutableBytes { raw in
                 buffer.withUnsafeReadableBytes { raw.copyMemory(from: $0) }
-                openDatagram(UnsafeMutableRawBufferPointer(rebasing: raw[0..<n]), from: source)
+                return openDatagram(UnsafeMutableRawBufferPointer(rebasing: raw[0..<n]), from: source)
+            }
+            // UDP works again with a peer reached over a stream: back to UDP.
+            if authentic, let stream = streams.removeValue(forKey: source) {
+                streamsLeftForUDP += 1
+                logger.info("UDP works again: leaving the TCP stream", metadata: ["peer": "\(source)"])
+                stream.close(promise: nil)
             }
         }
+    }
+
+    /// A datagram that came framed on a stream (RFC 4571), as if from `address`.
+    func receivedFromStream(_ buffer: ByteBuffer, from address: TransportAddress) {
+        guard !closed else { return }
+        let n = buffer.readableBytes
+        // Only the secure session rides streams (no STUN: nobody to answer a Binding).
+        guard n > 0, n <= scratch.count, let first = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self), first > 3
+        else { return }
+        scratch.withUnsafeMutableBytes { raw in
+            buffer.withUnsafeReadableBytes { raw.copyMemory(from: $0) }
+            _ = openDatagram(UnsafeMutableRawBufferPointer(rebasing: raw[0..<n]), from: address)
+        }
+        flush()
     }
 
     /// Datagrams a relay delivered from a peer.
@@ -485,7 +521,9 @@ final class SecureEngine {
         }
     }
 
-    private func openDatagram(_ bytes: UnsafeMutableRawBufferPointer, from source: TransportAddress) {
+    /// Opens one datagram; true when it was authentic (media, or a handshake or control message handled).
+    @discardableResult
+    private func openDatagram(_ bytes: UnsafeMutableRawBufferPointer, from source: TransportAddress) -> Bool {
         switch core.receive(bytes, from: source, now: Timestamp.now()) {
         case .media(let peer, let header, let range):
             // A media packet can confirm new keys or move the peer: report that first,
@@ -497,11 +535,14 @@ final class SecureEngine {
             } else {
                 continuation.yield(.media(peer, header, payload: Array(payload)))
             }
+            return true
         case .handled:
             performLeftovers()
+            return true
         case .dropped, .droppedHandshake:
             // A drop changes nothing but may answer (a cookie reply under load).
             if core.hasOutputs { performLeftovers() }
+            return false
         }
     }
 
@@ -576,6 +617,11 @@ final class SecureEngine {
         }
         if !direct, relayed.contains(address) {
             do { try sendThroughRelay(Array(buffer.readableBytesView), to: address) } catch { unsent += 1 }
+            return
+        }
+        if !direct, let stream = streams[address], probeUDP.remove(address) == nil {
+            // The framing handler adds the length; one flush per datagram (TCP coalesces).
+            stream.writeAndFlush(buffer, promise: nil)
             return
         }
         channel.write(AddressedEnvelope(remoteAddress: SocketAddress(address), data: buffer), promise: nil)
@@ -693,6 +739,10 @@ final class SecureEngine {
         turnEngine?.shutDown(.closed)
         ice?.shutDown()
         ice = nil
+        streamListener?.close(promise: nil)
+        streamListener = nil
+        for stream in streams.values { stream.close(promise: nil) }
+        streams.removeAll()
         continuation.finish()
     }
 }

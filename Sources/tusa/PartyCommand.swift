@@ -70,6 +70,19 @@ struct PartyPlace: ParsableArguments {
     }
 }
 
+/// `--transport`, as ArgumentParser reads it.
+struct PartyTransportArgument: ExpressibleByArgument {
+    let value: PartyTransport
+    init(_ value: PartyTransport) { self.value = value }
+    init?(argument: String) {
+        guard let v = PartyTransport(rawValue: argument) else { return nil }
+        value = v
+    }
+    static let auto = PartyTransportArgument(.auto)
+    static var allValueStrings: [String] { PartyTransport.allCases.map(\.rawValue) }
+    var defaultValueDescription: String { value.rawValue }
+}
+
 /// What `tusa party create` and `tusa party join` share.
 struct PartyOptions: ParsableArguments {
     @OptionGroup var place: PartyPlace
@@ -115,6 +128,12 @@ struct PartyAudioOptions: ParsableArguments {
 
     @Flag(help: "Nothing on standard error but errors: no status line, no roster or key changes.")
     var quiet = false
+
+    @Option(
+        help: ArgumentHelp(
+            "How to reach the relay: auto (UDP, and TCP at once if UDP does not answer within 250 ms; back to UDP when it passes again), udp or tcp.",
+            valueName: "auto|udp|tcp"))
+    var transport: PartyTransportArgument = .auto
 
     func codecConfiguration() throws -> CodecConfiguration {
         try AudioArguments.codec(codec, frame: frame, bitrate: bitrate)
@@ -436,7 +455,8 @@ enum PartySession {
         let joined: PartyJoined
         do {
             connection = try await PartyConnection.connect(
-                to: relay, relayKey: relayKey, identity: identity, audio: voice.audioHandler, logger: quietLogger())
+                to: relay, relayKey: relayKey, identity: identity, transport: audio.transport.value, audio: voice.audioHandler,
+                logger: quietLogger())
             joined = try await enter(connection)
         } catch {
             FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))

@@ -268,6 +268,13 @@ struct Relay: AsyncParsableCommand {
             valueName: "file"))
     var identity: String?
 
+    @Option(
+        name: .customLong("party-tcp-port"),
+        help: ArgumentHelp(
+            "Also take party members over TCP (RFC 4571) on this port, e.g. 443 for networks that block UDP (repeatable; the party UDP port's number always is).",
+            valueName: "port"))
+    var partyTCPPorts: [UInt16] = []
+
     @Option(name: .customLong("max-party-size"), help: "Members a party may hold.")
     var maxPartySize = 50
 
@@ -361,9 +368,11 @@ struct Relay: AsyncParsableCommand {
             let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
             party = PartyService(
                 address: TransportAddress(ip: ip, port: partyPort), identity: key, configuration: rooms,
-                keyLogPath: partyKeyLog, logger: logger)
+                keyLogPath: partyKeyLog, streamPorts: [nil] + partyTCPPorts.map { $0 }, logger: logger)
         } else {
-            guard identity == nil, partyKeyLog == nil else { throw failure("--identity and --party-keylog need --party-port") }
+            guard identity == nil, partyKeyLog == nil, partyTCPPorts.isEmpty else {
+                throw failure("--identity, --party-tcp-port and --party-keylog need --party-port")
+            }
             party = nil
         }
         let metrics = metricsAddress.map { MetricsEndpoint.serving(service, party: party, on: $0, logger: logger) }
@@ -388,6 +397,7 @@ struct Relay: AsyncParsableCommand {
                     }
                     if let party {
                         print("party udp \(try await party.boundAddress()) key \(party.identity.publicKey)")
+                        for address in try await party.boundStreamAddresses() { print("party tcp \(address)") }
                     }
                     fflush(nil)  // every line out before anyone waits on it
                 }

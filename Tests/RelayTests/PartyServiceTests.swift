@@ -195,6 +195,32 @@ struct PartyServiceTests {
         for c in connections { await c.close() }
     }
 
+    /// A member whose UDP is blocked joins over TCP (RFC 4571 on the party port):
+    /// same room, same keys, heard both ways; a member on UDP beside it.
+    @Test func aMemberOverTCPIsInTheRoomLikeAnyOther() async throws {
+        try await withPartyRelay { relay, relayKey, service in
+            let udp = try await PartyConnection.connect(
+                to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, logger: quiet)
+            let tcp = try await PartyConnection.connect(
+                to: relay, relayKey: relayKey, identity: .generate(), transport: .tcp, logger: quiet)
+            #expect(await tcp.overTCP)
+            #expect(!(await udp.overTCP))
+            let logs = [udp, tcp].map(EventLog.init)
+            let created = try await udp.create(name: "Rust")
+            let joined = try await tcp.join(created.room)
+            for log in logs { #expect(await log.wait { $0.keysReceived >= 1 }, "\(log.all)") }
+            let words: [[UInt8]] = (0..<10).map { i in [UInt8](repeating: UInt8(0x30 + i), count: 80) }
+            for (i, w) in words.enumerated() {
+                udp.send(w, timestamp: UInt32(i * 160), level: AudioLevel(level: 20, voiced: true))
+                tcp.send(w.reversed(), timestamp: UInt32(i * 160), level: AudioLevel(level: 20, voiced: true))
+            }
+            #expect(await logs[1].wait { $0.audio(from: created.me) == words }, "\(logs[1].all.suffix(3))")
+            #expect(await logs[0].wait { $0.audio(from: joined.me) == words.map { $0.reversed() } })
+            #expect(service.memberCount == 2)
+            for c in [udp, tcp] { await c.close() }
+        }
+    }
+
     @Test func theRelayRefusesClearly() async throws {
         try await withPartyRelay(maxMembers: 2) { relay, relayKey, _ in
             let a = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)

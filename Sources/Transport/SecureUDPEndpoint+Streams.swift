@@ -1,0 +1,159 @@
+import Logging
+import NIOCore
+import NIOExtras
+import NIOPosix
+import Secure
+import TusaBase
+
+/// The secure session over TCP where UDP does not pass: each datagram framed
+/// as RFC 4571 frames RTP on a connection-oriented transport (a 16-bit length,
+/// then the bytes), on the endpoint's own event loop. The session core sees
+/// the same datagrams either way; only the route differs. A peer reached over a
+/// stream that answers over UDP again is moved back to UDP (the stream closes).
+extension SecureUDPEndpoint {
+    /// Reaches `address` over a TCP connection from now on (every datagram for
+    /// it, handshakes included, goes framed on the stream), for a network that
+    /// blocks UDP. Call ``restartHandshake(with:)`` after it to send a fresh
+    /// initiation down the new route at once.
+    public func useStream(to address: TransportAddress, timeout: Duration = .seconds(5))
+        async throws(SecureTransportError)
+    {
+        let loop = eventLoop
+        let bootstrap = ClientBootstrap(group: loop)
+            .connectTimeout(.nanoseconds(max(1, timeout.nanoseconds)))
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+        let stream: Channel
+        do {
+            stream = try await bootstrap.connect(to: SocketAddress(address)).get()
+        } catch {
+            throw .stream("cannot reach \(address) over TCP", ErrorCause(error))
+        }
+        do {
+            try await onLoop { engine in
+                let bound = NIOLoopBound(engine, eventLoop: loop)
+                try StreamFraming.install(on: stream) { frame in bound.value.receivedFromStream(frame, from: address) } closed: {
+                    if bound.value.streams[address] === stream { bound.value.streams[address] = nil }
+                }
+                engine.streams[address]?.close(promise: nil)
+                engine.streams[address] = stream
+            }
+        } catch {
+            try? await stream.close()
+            throw error
+        }
+    }
+
+    /// Whether `address` is reached over a stream now.
+    public func usesStream(to address: TransportAddress) async -> Bool {
+        (try? await onLoop { $0.streams[address] != nil }) ?? false
+    }
+
+    /// Sends a fresh handshake initiation to the peer now (after its route changed).
+    public func restartHandshake(with peer: PeerID) async {
+        _ = try? await onLoop { $0.host.handle(.restartHandshake(peer)) }
+    }
+
+    /// Sends the next datagram for stream-routed `address` over UDP instead: a
+    /// probe of whether UDP passes again. The peer, hearing it, moves to our UDP
+    /// address; its next datagram over UDP moves us back to UDP (the stream closes).
+    /// Send something that the peer answers right after (a ping) to hear soon.
+    public func probeUDP(to address: TransportAddress) {
+        let engine = self.engineOnLoop
+        eventLoop.execute {
+            if engine.value.streams[address] != nil { engine.value.probeUDP.insert(address) }
+        }
+    }
+
+    /// Accepts streams on TCP `host`:`port` (0: any) beside the UDP socket: each
+    /// connection is a peer of its own, under a stand-in address in the
+    /// discard-only prefix 100::/64 (RFC 6666), so that it never meets a real UDP
+    /// source. Returns the bound address.
+    @discardableResult
+    public func listenForStreams(host: String, port: Int, maxStreams: Int = 4096) async throws(SecureTransportError)
+        -> TransportAddress
+    {
+        let loop = eventLoop
+        let engine = self.engineOnLoop
+        let counter = NIOLoopBoundBox.makeBoxSendingValue(UInt64(0), as: UInt64.self, eventLoop: loop)
+        let bootstrap = ServerBootstrap(group: loop, childGroup: loop)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelInitializer { stream in
+                // Initializers run on the child's loop, which is the endpoint's.
+                guard engine.value.streams.count < maxStreams else {
+                    return loop.makeFailedFuture(SecureTransportError.stream("too many streams", nil))
+                }
+                counter.value &+= 1
+                let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)
+                let address = TransportAddress(ip: .v6(high: 0x0100_0000_0000_0000, low: counter.value), port: remotePort)
+                do {
+                    try StreamFraming.install(on: stream) { frame in engine.value.receivedFromStream(frame, from: address) } closed: {
+                        if engine.value.streams[address] === stream { engine.value.streams[address] = nil }
+                    }
+                } catch {
+                    return loop.makeFailedFuture(error)
+                }
+                engine.value.streams[address] = stream
+                return loop.makeSucceededVoidFuture()
+            }
+        let listener: Channel
+        do {
+            listener = try await bootstrap.bind(host: host, port: port).get()
+        } catch {
+            throw .bind("tcp \(host):\(port)", ErrorCause(error))
+        }
+        guard let local = listener.localAddress.flatMap(TransportAddress.init) else {
+            try? await listener.close()
+            throw .noLocalAddress
+        }
+        do {
+            try await onLoop { $0.streamListener = listener }
+        } catch {
+            try? await listener.close()
+            throw error
+        }
+        return local
+    }
+
+    /// Streams given up since start because UDP worked again.
+    public func streamsLeftForUDP() async -> UInt64 { (try? await onLoop { $0.streamsLeftForUDP }) ?? 0 }
+}
+
+/// RFC 4571 framing on a TCP channel: a 16-bit big-endian length before each datagram.
+enum StreamFraming {
+    static func install(
+        on channel: Channel, received: @escaping (ByteBuffer) -> Void, closed: @escaping () -> Void
+    ) throws {
+        try channel.pipeline.syncOperations.addHandlers([
+            ByteToMessageHandler(LengthFieldBasedFrameDecoder(lengthFieldBitLength: .twoBytes)),
+            LengthFieldPrepender(lengthFieldBitLength: .twoBytes),
+            DatagramHandler(received: received, closed: closed),
+        ])
+    }
+
+    /// Hands each frame on; reports the stream's end.
+    final class DatagramHandler: ChannelInboundHandler {
+        typealias InboundIn = ByteBuffer
+        private let received: (ByteBuffer) -> Void
+        private let closed: () -> Void
+
+        init(received: @escaping (ByteBuffer) -> Void, closed: @escaping () -> Void) {
+            self.received = received
+            self.closed = closed
+        }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            received(unwrapInboundIn(data))
+        }
+
+        func channelInactive(context: ChannelHandlerContext) {
+            closed()
+            context.fireChannelInactive()
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: Error) {
+            // A reset, or a frame the decoder refused: the stream ends, the session may move on.
+            context.close(promise: nil)
+        }
+    }
+}

@@ -1,0 +1,80 @@
+import Foundation
+import NIOCore
+import Secure
+import Synchronization
+import Testing
+import Transport
+import TusaBase
+
+// The secure session over TCP (RFC 4571 framing) for networks that block UDP,
+// over real loopback sockets: the same handshake and media as over UDP, and the
+// move back to UDP once a probe shows UDP passes.
+@Suite("The secure session over a TCP stream")
+struct SecureStreamTests {
+    private final class Received: Sendable {
+        let payloads = Mutex<[[UInt8]]>([])
+        var all: [[UInt8]] { payloads.withLock { $0 } }
+        func handler() -> SecureUDPEndpoint.MediaHandler {
+            { _, _, payload in self.payloads.withLock { $0.append(Array(payload)) } }
+        }
+    }
+
+    private func eventually(_ condition: () async -> Bool) async -> Bool {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while ContinuousClock.now < deadline {
+            if await condition() { return true }
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return await condition()
+    }
+
+    @Test func aSessionOverAStreamCarriesMediaAndMovesBackToUDPWhenAProbeIsAnswered() async throws {
+        var accepting = SecureConfiguration()
+        accepting.acceptUnknownPeers = true
+        let atServer = Received()
+        let atClient = Received()
+        let server = try await SecureUDPEndpoint.bind(
+            host: "127.0.0.1", identity: .generate(), configuration: accepting, mediaHandler: atServer.handler())
+        let tcp = try await server.listenForStreams(host: "127.0.0.1", port: Int(server.localAddress.port))
+        #expect(tcp.port == server.localAddress.port)
+        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
+        defer { Task { await client.close(); await server.close() } }
+
+        try await client.useStream(to: server.localAddress)
+        let peer = try await client.connect(to: server.publicKey, at: server.localAddress)
+        #expect(await client.usesStream(to: server.localAddress))
+        client.send(Array("over tcp".utf8), to: peer, payloadType: 111, timestamp: 0)
+        #expect(await eventually { atServer.all.contains(Array("over tcp".utf8)) })
+        // The server saw the member at a stand-in address in 100::/64, not its UDP port.
+        let serverPeer = try await server.waitForPeer(client.publicKey)
+        let member = try #require(try await server.describe(serverPeer)?.address)
+        if case .v6(let high, _) = member.ip { #expect(high == 0x0100_0000_0000_0000) } else { Issue.record("\(member)") }
+
+        // A probe over UDP: the server moves the member to its UDP address and answers
+        // there; the client, answered over UDP, leaves the stream.
+        client.probeUDP(to: server.localAddress)
+        client.send(Array("probe".utf8), to: peer, payloadType: 111, timestamp: 160)
+        #expect(await eventually { atServer.all.contains(Array("probe".utf8)) })
+        #expect(try await server.describe(serverPeer)?.address == client.localAddress)
+        server.send(Array("over udp".utf8), to: serverPeer, payloadType: 111, timestamp: 0)
+        #expect(await eventually { atClient.all.contains(Array("over udp".utf8)) })
+        #expect(await eventually { !(await client.usesStream(to: server.localAddress)) })
+        #expect(await client.streamsLeftForUDP() == 1)
+        client.send(Array("udp again".utf8), to: peer, payloadType: 111, timestamp: 320)
+        #expect(await eventually { atServer.all.contains(Array("udp again".utf8)) })
+    }
+
+    @Test func aStreamToNothingIsATypedError() async throws {
+        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        defer { Task { await client.close() } }
+        // Port 9 (discard) on loopback: nothing listens there.
+        let nowhere = TransportAddress(ip: .v4(0x7F00_0001), port: 9)
+        do {
+            try await client.useStream(to: nowhere, timeout: .seconds(2))
+            Issue.record("a stream to a closed port opened")
+        } catch {
+            guard case .stream(_, let cause?) = error else { Issue.record("\(error)"); return }
+            #expect((cause.error as? IOError)?.errnoCode == ECONNREFUSED || "\(cause)".contains("refused"), "\(cause)")
+        }
+    }
+}
