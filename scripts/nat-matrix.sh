@@ -29,6 +29,11 @@
 #   move   eim, and mid-call A moves: its host gets a new address (10.0.1.3) and
 #          loses the old one (a new network, DHCP renumbering); A sees its addresses
 #          change, restarts ICE at once and the call goes on (A logs at info level)
+#   party  a party on the relay (`tusa relay --party-port`): A, behind a symmetric
+#          NAT, creates it; B, whose network lets no UDP out and drops 5 % of TCP
+#          segments both ways, joins with --transport auto (so over TCP, RFC 4571);
+#          both speak and hear each other. Writes OUT/party-caller.json (A's
+#          report) and OUT/party-callee.json (B's).
 #
 # Each case writes OUT/CASE-caller.json and OUT/CASE-callee.json (the call
 # reports) and their standard error (.log; TUSA_LOG=info says more), and prints
@@ -48,7 +53,7 @@ PROBE=0
 if [ "${1:-}" = "--probe" ]; then PROBE=1; shift; fi
 if [ "${1:-}" = "-o" ]; then OUT=$2; shift 2; fi
 CASES=("$@")
-[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 udp-blocked roam relay-restart move)
+[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 udp-blocked roam relay-restart move party)
 TUSA=${TUSA:-$PWD/.build/debug/tusa}
 SPEECH=${SPEECH:-/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav}
 SECONDS_OF_CALL=${CALL_SECONDS:-4}
@@ -172,6 +177,68 @@ start_relay() {
   return 1
 }
 
+# A party: A behind a symmetric NAT creates it, B (UDP blocked, 5 % TCP loss) joins.
+run_party_case() {
+  local name=party
+  for n in "${NS[@]}"; do ip netns del "$n" 2>/dev/null; done
+  NS=()
+  build_internet
+  build_router ra 2 1 sym
+  build_router rb 3 2 eim
+  build_host a ra 1
+  build_host b rb 2
+  block_udp rb
+  ns rb nft add rule inet filter forward meta l4proto tcp numgen random mod 100 \< 5 drop
+  (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --party-port 3481 >"$work/relay.out" 2>"$work/relay.err") &
+  relay_pid=$!
+  pids+=($relay_pid)
+  local key=""
+  for _ in $(seq 100); do
+    key=$(sed -n 's/^party udp [^ ]* key \(.*\)$/\1/p' "$work/relay.out" | head -1)
+    [ -n "$key" ] && break
+    sleep 0.05
+  done
+  [ -n "$key" ] || { echo "party: the relay did not start: $(cat "$work/relay.err")"; return 1; }
+  local input=tone
+  [ -f "$SPEECH" ] && input=$SPEECH
+  local common=(--relay 203.0.113.1:3481 --relay-key "$key" --json --duration $((SECONDS_OF_CALL + 3)))
+  (bg a "$TUSA" party create Matrix "${common[@]}" --in "$input" >"$work/$name-caller.out" 2>"$work/$name-caller.err") &
+  local creator=$!
+  pids+=($creator)
+  local room=""
+  for _ in $(seq 200); do
+    room=$(sed -n 's/^party \([a-z0-9]*\) "Matrix" as .*/\1/p' "$work/$name-caller.out" | head -1)
+    [ -n "$room" ] && break
+    sleep 0.05
+  done
+  [ -n "$room" ] || { echo "party: tusa party create did not start: $(cat "$work/$name-caller.err")"; return 1; }
+  (bg b "$TUSA" party join "$room" "${common[@]}" --in tone >"$work/$name-callee.out" 2>"$work/$name-callee.err") &
+  local joiner=$!
+  pids+=($joiner)
+  local rc=0
+  wait "$joiner" || rc=$?
+  wait "$creator" || rc=$?
+  cp "$work/$name-caller.err" "$OUT/$name-caller.log"; cp "$work/$name-callee.err" "$OUT/$name-callee.log"
+  sed -n '/^{/,$p' "$work/$name-caller.out" >"$OUT/$name-caller.json"
+  sed -n '/^{/,$p' "$work/$name-callee.out" >"$OUT/$name-callee.json"
+  if [ $rc -ne 0 ] || [ ! -s "$OUT/$name-caller.json" ] || [ ! -s "$OUT/$name-callee.json" ]; then
+    echo "$name: FAILED (tusa party exit $rc): $(tail -3 "$work/$name-caller.err") / $(tail -3 "$work/$name-callee.err")"
+    return 1
+  fi
+  python3 - "$OUT/$name-caller.json" "$OUT/$name-callee.json" <<'PY'
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+def heard(r):
+    s = r["speakers"]
+    return f"{s[0]['packets']} pkts {s[0]['lostPercent']}% lost p95 {s[0]['delayP95Milliseconds']} ms" if s else "nothing"
+print(f"party: A over {a['transport']} heard {heard(a)}; B over {b['transport']} heard {heard(b)}; "
+      f"sent {a['framesSent']}/{b['framesSent']}")
+PY
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  pids=()
+}
+
 # run_case NAME MODE-A MODE-B
 run_case() {
   local name=$1 ma=$2 mb=$3
@@ -256,7 +323,8 @@ for c in "${CASES[@]}"; do
     udp-blocked) run_case udp-blocked eim eim || failed=1 ;;
     relay-restart) run_case relay-restart sym sym || failed=1 ;;
     move) run_case move eim eim || failed=1 ;;
-    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, udp-blocked, roam, relay-restart, move)" >&2; failed=1 ;;
+    party) run_party_case || failed=1 ;;
+    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, udp-blocked, roam, relay-restart, move, party)" >&2; failed=1 ;;
   esac
 done
 exit $failed

@@ -463,6 +463,9 @@ enum PartySession {
             throw ExitCode(2)
         }
         print("party \(joined.room) \"\(joined.name)\" as \(joined.me): tusa party join \(joined.room)")
+        if await connection.overTCP, !audio.quiet {
+            FileHandle.standardError.write(Data("reached the relay over TCP (UDP did not answer)\n".utf8))
+        }
         for m in joined.roster { print(rosterLine(m, me: joined.me)) }
         fflush(nil)
         await afterJoin(joined)
@@ -527,12 +530,13 @@ enum PartySession {
         timer.cancel()
         commands.cancel()
         await voice.stop()
+        let transport = await connection.overTCP ? "tcp" : "udp"
         await connection.close()
         eventsTask.cancel()
         if live { FileHandle.standardError.write(Data("\n".utf8)) }
         let report = PartyReport(
             room: joined.room, name: joined.name, me: joined.me.value, framesSent: voice.framesSent,
-            seconds: Double(started.duration(to: .now).components.seconds),
+            seconds: Double(started.duration(to: .now).components.seconds), transport: transport,
             speakers: voice.speakers.map { PartyReport.Speaker($0, frameMilliseconds: codec.frameDuration.rawValue) },
             audioError: voice.audioError)
         if audio.json {
@@ -671,11 +675,13 @@ struct PartyReport: Encodable {
     var me: UInt16
     var framesSent: Int
     var seconds: Double
+    /// How the relay was reached at the end: udp, or tcp where UDP did not pass.
+    var transport: String
     var speakers: [Speaker]
     var audioError: String?
 
     var humanReadable: String {
-        var lines = ["party \(room) \"\(name)\": \(framesSent) frames sent as #\(me) in \(Int(seconds)) s"]
+        var lines = ["party \(room) \"\(name)\": \(framesSent) frames sent as #\(me) in \(Int(seconds)) s over \(transport)"]
         if speakers.isEmpty { lines.append("  heard nobody") }
         for s in speakers {
             lines.append(

@@ -140,4 +140,24 @@ import Testing
         #expect(try #require(o.caller["dialToFirstAudioMilliseconds"] as? Double) < 2000, "\(o.line)")
         try Self.expectVoiceBothWays(o)
     }
+
+    /// A party through real NAT: A behind a symmetric NAT on UDP, B on a network
+    /// that blocks UDP and drops 5 % of TCP segments, over TCP (happy eyeballs
+    /// found UDP silent); each hears the other, and B's playout delay stays far
+    /// below the 400 ms mouth-to-ear budget (the namespaces add no latency: what
+    /// is measured is what TCP's stalls and the jitter buffer add).
+    @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
+    func aPartyReachesAMemberBehindSymmetricNATAndOneWhoseUDPIsBlocked() async throws {
+        let o = try await Self.run("party")
+        #expect(o.caller["transport"] as? String == "udp", "\(o.line)")
+        #expect(o.callee["transport"] as? String == "tcp", "\(o.line)")
+        for (who, report) in [("A", o.caller), ("B", o.callee)] {
+            let speakers = try #require(report["speakers"] as? [[String: Any]], "\(who): \(o.line)")
+            #expect(speakers.count == 1, "\(who) heard \(speakers.count) speakers: \(o.line)")
+            let heard = speakers.first ?? [:]
+            #expect(heard["packets"] as? Int ?? 0 > 150, "\(who): \(o.line)")
+            #expect(heard["lostPercent"] as? Double ?? 100 < 3, "\(who): \(o.line)")
+            #expect(heard["delayP95Milliseconds"] as? Double ?? 1000 < 300, "\(who): \(o.line)")
+        }
+    }
 }
