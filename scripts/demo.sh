@@ -122,7 +122,8 @@ for pair, s in sorted(scores.items()):
     print(f"     #{int(l) + 1} <- #{int(k) + 1}: {s:.2f}")
 PY
 fi
-echo "   a leave and the rekey: #3 of a new room leaves after 2 s; the others make fresh keys"
+echo "   a member over TCP, a leave and the rekey: in a new room one friend joins over TCP (--transport tcp,"
+echo "   RFC 4571 framing on the party port, as where UDP is blocked), another leaves after 2 s: fresh keys"
 "$TUSA" party create "Dota 2" --relay "$party_address" --relay-key "$party_key" --in tone --duration 6 \
   >"$pdir/rekey-0.txt" 2>"$pdir/rekey-events-0.txt" &
 rk=($!)
@@ -132,12 +133,14 @@ for _ in $(seq 200); do
   [ -n "$room" ] && break
   sleep 0.05
 done
-"$TUSA" party join "$room" --relay "$party_address" --relay-key "$party_key" --in tone --duration 5 >/dev/null 2>&1 &
+"$TUSA" party join "$room" --relay "$party_address" --relay-key "$party_key" --in tone --duration 5 --transport tcp \
+  >"$pdir/rekey-1.txt" 2>/dev/null &
 rk+=($!)
 "$TUSA" party join "$room" --relay "$party_address" --relay-key "$party_key" --in silence --duration 2 >/dev/null 2>&1 &
 rk+=($!)
 for p in "${rk[@]}"; do wait "$p"; done
 sed 's/^/     creator: /' "$pdir/rekey-events-0.txt"
+sed -n 's/^party .* frames sent \(.*\)$/     the member over TCP: \1/p; s/^ *\(heard #[0-9].*\)$/     the member over TCP \1/p' "$pdir/rekey-1.txt"
 echo "   files: $pdir (in-K.wav what member K played, out-K.wav what it heard, report-K.txt, events-K.txt)"
 
 echo "== tusa relay on loopback: STUN, behaviour discovery, TURN, interop"
