@@ -341,16 +341,16 @@ public final class SecureEndpoint {
 
     /// The one roaming rule, for every authenticated packet (media, control,
     /// handshake initiation and response): the peer's address follows its
-    /// newest authenticated packet, at most once per `roamInterval`; each move
-    /// is counted in `statistics.roams` and reported as `peerMoved`. A peer's
-    /// first address is not a move.
-    private func roam(_ p: PeerState, to source: TransportAddress, now: Timestamp) {
+    /// newest authenticated packet, at most once per `roamInterval` (a fresh
+    /// initiation moves it at once); each move is counted in `statistics.roams`
+    /// and reported as `peerMoved`. A peer's first address is not a move.
+    private func roam(_ p: PeerState, to source: TransportAddress, now: Timestamp, fresh: Bool = false) {
         guard source != p.address else { return }
         guard let old = p.address else {
             p.address = source
             return
         }
-        if let last = p.lastRoam, now - last < configuration.roamInterval { return }
+        if !fresh, let last = p.lastRoam, now - last < configuration.roamInterval { return }
         p.address = source
         p.lastRoam = now
         statistics.roams += 1
@@ -450,7 +450,9 @@ public final class SecureEndpoint {
         }
         installNext(p, Keypair(keys: keys, initiator: false, now: now), logging: keys)
         if p.handshake.initiation == nil { p.handshake = .responseCreated }
-        roam(p, to: source, now: now)
+        // A fresh initiation (its timestamp newer than any before) says where the peer is now:
+        // no wait for the roaming interval (a client restarted on another port is answered at once).
+        roam(p, to: source, now: now, fresh: true)
         p.lastReceived = now
         outbox.append(.send(response, to: source))
         return .handled
@@ -520,6 +522,8 @@ public final class SecureEndpoint {
             p.controlReplay = ReplayWindow()
             p.highestReceived = nil
             p.retiredBelow = nil
+            // What the old stream's keys opened is in the old numbering: no floor for the new one.
+            for keys in p.keys.all { keys.lowestReceived = nil }
             p.reports.restartReception()
         }
         peerBySSRC[ssrc] = p.id

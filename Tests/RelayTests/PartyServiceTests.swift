@@ -221,6 +221,26 @@ struct PartyServiceTests {
         }
     }
 
+    /// The same key back again and again (`tusa party list` then `join`, a client
+    /// restarted): each new session is answered at once, whatever the last one left.
+    @Test func theSameKeyReconnectingIsAnsweredEveryTime() async throws {
+        try await withPartyRelay { relay, relayKey, _ in
+            let bob = Identity.generate()
+            for round in 0..<8 {
+                let c = try await PartyConnection.connect(
+                    to: relay, relayKey: relayKey, identity: bob, transport: .udp, logger: quiet)
+                let started = ContinuousClock.now
+                let answer: Result<RoomDescription?, any Error>
+                do { answer = .success(try await c.describe("nosuchroomxx", timeout: .seconds(3))) } catch {
+                    answer = .failure(error)
+                }
+                #expect((try? answer.get()) == .some(nil), "round \(round): \(answer)")
+                #expect(ContinuousClock.now - started < .milliseconds(500), "round \(round): answered only after a wait")
+                await c.close()
+            }
+        }
+    }
+
     @Test func theRelayRefusesClearly() async throws {
         try await withPartyRelay(maxMembers: 2) { relay, relayKey, _ in
             let a = try await PartyConnection.connect(to: relay, relayKey: relayKey, identity: .generate(), logger: quiet)

@@ -333,6 +333,42 @@ import TusaBase
         #expect(b.endpoint.address(of: aAtB) == third)
     }
 
+    /// A peer whose process restarts (same key, a new port, a new SSRC and
+    /// numbering, possibly below the old one) is heard at once after its new
+    /// handshake: no wait for the roaming interval, and no floor left from the
+    /// old stream's keys refusing the new stream's packets (`wrongEpoch`).
+    @Test func aPeerRestartedOnAnotherPortIsHeardAtOnce() throws {
+        var config = SecureConfiguration()
+        config.rekeyAfter = .seconds(2)
+        config.acceptUnknownPeers = true
+        let (net, a, b, bAtA, aAtB) = SimulatedNetwork.pair(configuration: config)
+        // Long enough for rekeys: B holds current and previous keys that opened A's old stream.
+        for i in 0..<300 {
+            _ = try? net.sendMedia(a, to: bAtA, payload: payload(i))
+            net.run(for: .milliseconds(20))
+        }
+        #expect(established(b) >= 2)
+        net.nodes.removeAll { $0 === a }
+        // Restarts go round until a new stream numbers below the old one (the old floor's trap).
+        for round in 0..<8 {
+            let restarted = net.addNode(a.endpoint.identity, port: UInt16(1100 + round), configuration: config)
+            let relay = restarted.endpoint.addPeer(b.endpoint.identity.publicKey, address: b.address)
+            restarted.endpoint.handle(.connect(relay), now: net.now)
+            net.flush(restarted)
+            net.run(for: .milliseconds(30))
+            #expect(restarted.endpoint.isEstablished(relay), "round \(round)")
+            #expect(b.endpoint.address(of: aAtB) == restarted.address, "round \(round): B answers the new port at once")
+            try net.sendMedia(restarted, to: relay, payload: payload(1000 + round))
+            net.run(for: .milliseconds(30))
+            #expect(b.media.last?.2 == payload(1000 + round), "round \(round): \(b.drops.suffix(3))")
+            try net.sendMedia(b, to: aAtB, payload: payload(2000 + round))
+            net.run(for: .milliseconds(30))
+            #expect(restarted.media.last?.2 == payload(2000 + round), "round \(round)")
+            net.nodes.removeAll { $0 === restarted }
+        }
+        #expect(b.endpoint.statistics.dropped[.wrongEpoch, default: 0] == 0)
+    }
+
     @Test func keepalivesKeepAnIdleSessionAliveAndSilenceIsDetected() throws {
         var config = SecureConfiguration()
         config.reportInterval = .zero  // reports would keep the path warm too; keepalives alone here
