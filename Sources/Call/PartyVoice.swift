@@ -136,6 +136,10 @@ public final class PartyVoice: @unchecked Sendable {
     static let voicedLevel: UInt8 = 50
     /// …and so do quieter frames for 300 ms after one that was (the ends of words).
     static let hangoverMilliseconds = 300
+    /// After voice, this many silent frames go out (the relay forwards as many), then
+    /// none until voice again (DTX: frames numbered without gaps, so a listener's jitter
+    /// buffer takes the timestamp jump for a pause, not for loss to wait for).
+    static let silentTail = SpeakerSelector.Configuration().silentFramesForwarded
 
     private func loop(_ connection: PartyConnection) {
         let spf = codec.samplesPerFrame
@@ -156,6 +160,7 @@ public final class PartyVoice: @unchecked Sendable {
         var tick = 0
         let hangoverFrames = Self.hangoverMilliseconds / codec.frameDuration.rawValue
         var hangover = 0
+        var silentRun = 0
         while running.load(ordering: .acquiring) {
             next += tickNs
             let slot = tick % chunksPerFrame
@@ -172,7 +177,8 @@ public final class PartyVoice: @unchecked Sendable {
                     // frame is louder than the threshold, or was within the hangover.
                     if level <= Self.voicedLevel { hangover = hangoverFrames } else if hangover > 0 { hangover -= 1 }
                     let voiced = (frame?.voiceActivity ?? false) && (level <= Self.voicedLevel || hangover > 0)
-                    if let frame, frame.byteCount > 0 {
+                    silentRun = voiced ? 0 : silentRun + 1
+                    if let frame, frame.byteCount > 0, silentRun <= Self.silentTail {
                         connection.send(
                             Array(payload[0..<frame.byteCount]), timestamp: frame.timestamp,
                             level: AudioLevel(level: level, voiced: voiced))

@@ -117,6 +117,9 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
     private var pauseFrames: Int { max(1, 200 / Int(frameMs)) }
     /// When the last gap in the arriving stream was seen (ms), for the FEC look-ahead.
     private var lastGapMs = -Double.infinity
+    /// The newest packet's sequence number: a timestamp jump under the next sequence
+    /// number is a pause the sender made (DTX: nothing sent in silence), not a loss.
+    private var newestSequence: UInt16?
     /// How long after a gap the buffer keeps one frame of look-ahead for FEC.
     private let fecHoldMs = 30_000.0
     /// The largest relative delay (over the minimum) each of the last ten seconds saw,
@@ -183,6 +186,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         delays.reset()
         speechSamples = 0
         lastGapMs = -.infinity
+        newestSequence = nil
         missingShare = 0
         waitedTs = .min
         silentRun = 0
@@ -267,9 +271,10 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             nextTs = ext
             fifoCount = 0
         }
-        if ext > newestExtTs + Int64(spf) { lastGapMs = arrivalMs }  // a packet (or more) missing before this one
+        let paused = ext > newestExtTs + Int64(spf) && newestSequence.map { sequence == $0 &+ 1 } == true
+        if ext > newestExtTs + Int64(spf), !paused { lastGapMs = arrivalMs }  // a packet (or more) missing before this one
         if ext > newestExtTs {
-            let missing = Double(min((ext - newestExtTs) / Int64(spf) - 1, 50))
+            let missing = paused ? 0 : Double(min((ext - newestExtTs) / Int64(spf) - 1, 50))
             for _ in 0..<Int(missing) { missingShare += (1 - missingShare) / 200 }
             missingShare -= missingShare / 200
         } else if ext < newestExtTs {
@@ -294,7 +299,10 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         slotLength[s] = payload.count
         slotArrivalMs[s] = arrivalMs
         slotPlayed[s] = false
-        if ext > newestExtTs { newestExtTs = ext }
+        if ext > newestExtTs || newestSequence == nil {
+            newestExtTs = max(newestExtTs, ext)
+            newestSequence = sequence
+        }
         if !playing && ext < nextTs || !playing && stats.packetsReceived - stats.duplicates == 1 { nextTs = ext }
     }
 
