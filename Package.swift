@@ -235,11 +235,12 @@ let package = Package(
             swiftSettings: strict
         ),
         // Calls on loopback: dial to first audio and mouth-to-ear delay over a real
-        // rendezvous and secure UDP, against the voice pipeline's own floor.
+        // rendezvous and secure UDP, against the voice pipeline's own floor; and a
+        // party's mouth-to-ear through the relay beside the call's.
         .executableTarget(
             name: "call-bench",
             dependencies: [
-                "Call", "Transport", "Relay", "Rendezvous", "Secure", "TusaBase", "STUN", "Voice",
+                "Call", "Transport", "Relay", "Rendezvous", "Secure", "TusaBase", "STUN", "Voice", "Party",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
