@@ -34,7 +34,8 @@ public struct PartyServer: SansIOCore {
     }
 
     public enum Input: Sendable {
-        /// A session authenticated `key` (the driver saw the handshake complete).
+        /// A session authenticated `key` (the driver saw a handshake complete: the
+        /// first, a rekey, or the member's reconnection; the same key again is no change).
         case opened(PartySession, key: PublicKey)
         /// A packet from a session (media or control).
         case received(PartySession, [UInt8])
@@ -130,6 +131,10 @@ public struct PartyServer: SansIOCore {
         self.now = now
         switch input {
         case .opened(let session, let key):
+            // A new handshake on a session we hold for the same key (a rekey, or the member
+            // reconnecting) changes nothing here: a restarted client shows itself by a new
+            // control channel. One we dropped (it stopped answering) opens afresh.
+            if sessionKeys[session] == key, channels[session] != nil { return }
             if sessionKeys[session] != nil { remove(session, reason: .disconnected) }
             sessionKeys[session] = key
             channels[session] = ControlChannel(id: random.uint32())

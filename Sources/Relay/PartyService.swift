@@ -108,7 +108,8 @@ public final class PartyService: Service, Sendable {
         // behind the handshake that opened its session.
         await endpoint.setSessionHandler { event in
             switch event {
-            case .established(let peer, let key, rekey: false): rooms.value.opened(peer, key: key)
+            // Every handshake: a member the room core dropped (silent too long) comes back by one.
+            case .established(let peer, let key, _): rooms.value.opened(peer, key: key)
             case .peerGone(let peer): rooms.value.closed(peer)
             default: break
             }

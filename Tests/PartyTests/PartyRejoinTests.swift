@@ -95,6 +95,32 @@ struct PartyRejoinTests {
         #expect(h.heard(again, from: aliceID).last == speech)
     }
 
+    /// Away long enough for the relay to give its session up (a control message
+    /// unacknowledged through every attempt): the member's new handshake opens the
+    /// session again, and the rejoin takes its old seat back.
+    @Test func aMemberAwayLongerThanTheRelayWaitsComesBackToItsSeat() throws {
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        let bobID = try unwrap(h.id(bob))
+        var away = true
+        h.deliverTo = { s, _ in !(away && s == bob) }
+        h.acceptFrom = { s, _ in !(away && s == bob) }
+        h.connect(carol)
+        h.input(carol, .join(room: room))  // a roster change Bob never acknowledges
+        h.advance(by: .seconds(15))
+        #expect(lost(h.events[bob]))
+        #expect(h.server.rooms[room]?.members[bobID] == nil, "the relay gave Bob's session up")
+        away = false
+        h.reconnect(bob)
+        #expect(h.id(bob) == bobID)
+        #expect(h.server.rooms[room]?.members.count == 3)
+        h.advance(by: .seconds(1))
+        h.speak(bob, speech)
+        #expect(h.heard(alice, from: bobID).last == speech)
+        #expect(h.heard(carol, from: bobID).last == speech)
+    }
+
     @Test func aMemberAloneInItsRoomGetsTheRoomBackAfterABlip() throws {
         var h = PartyHarness()
         h.connect(alice)
