@@ -87,6 +87,9 @@ extension SecureUDPEndpoint {
                 let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)
                 let address = TransportAddress(ip: .v6(high: 0x0100_0000_0000_0000, low: counter.value), port: remotePort)
                 do {
+                    // A member's session sends at least a keepalive every 10 s: a stream silent
+                    // for 30 s is closed (a connection that never handshakes holds no slot long).
+                    try stream.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: .seconds(30)))
                     try StreamFraming.install(on: stream) { frame in engine.value.receivedFromStream(frame, from: address) } closed: {
                         if engine.value.streams[address] === stream { engine.value.streams[address] = nil }
                     }
@@ -149,6 +152,14 @@ enum StreamFraming {
         func channelInactive(context: ChannelHandlerContext) {
             closed()
             context.fireChannelInactive()
+        }
+
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if event is IdleStateHandler.IdleStateEvent {
+                context.close(promise: nil)
+            } else {
+                context.fireUserInboundEventTriggered(event)
+            }
         }
 
         func errorCaught(context: ChannelHandlerContext, error: Error) {
