@@ -348,7 +348,8 @@ public struct PartyMember: SansIOCore {
     // MARK: joining and rejoining
 
     /// Into a room with a fresh key, used at once: nothing was said under it that anyone should not hear.
-    private mutating func startFresh(room: String, name: String, me: MemberID, roster members: [RosterEntry], ticket: RoomTicket?) {
+    private mutating func startFresh(room: String, name: String, me: MemberID, roster members: [RosterEntry], ticket: RoomTicket?)
+    {
         phase = .inRoom(room: room, name: name, me: me)
         self.ticket = ticket
         lastHeard = now

@@ -334,7 +334,8 @@ public struct PartyServer: SansIOCore {
             dormant[ticket.room] = nil
             rooms[ticket.room] = Room(
                 id: ticket.room, name: ticket.name, creator: creator, maxMembers: limit, invited: invited,
-                ticket: tickets.issue(room: ticket.room, name: ticket.name, creator: creator, maxMembers: limit, invited: invited),
+                ticket: tickets.issue(
+                    room: ticket.room, name: ticket.name, creator: creator, maxMembers: limit, invited: invited),
                 speakers: SpeakerSelector(configuration: configuration.speakers))
             actions.append(.event(.roomRestored(id: ticket.room, name: ticket.name, creator: creator)))
             reclaim = true

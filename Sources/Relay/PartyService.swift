@@ -201,7 +201,8 @@ final class PartyRooms {
                 logger.info("party created", metadata: ["room": "\(id)", "name": "\(name)", "creator": "\(creator)"])
             case .roomRestored(let id, let name, let creator):
                 logger.info(
-                    "party restored from a member's ticket", metadata: ["room": "\(id)", "name": "\(name)", "creator": "\(creator)"])
+                    "party restored from a member's ticket",
+                    metadata: ["room": "\(id)", "name": "\(name)", "creator": "\(creator)"])
             case .memberJoined(let room, let member, let key):
                 logger.info("party member joined", metadata: ["room": "\(room)", "member": "\(member)", "key": "\(key)"])
             case .memberLeft(let room, let member, let reason):

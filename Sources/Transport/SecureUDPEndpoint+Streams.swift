@@ -31,7 +31,9 @@ extension SecureUDPEndpoint {
         do {
             try await onLoop { engine in
                 let bound = NIOLoopBound(engine, eventLoop: loop)
-                try StreamFraming.install(on: stream) { frame in bound.value.receivedFromStream(frame, from: address) } closed: {
+                try StreamFraming.install(on: stream) { frame in
+                    bound.value.receivedFromStream(frame, from: address)
+                } closed: {
                     if bound.value.streams[address] === stream { bound.value.streams[address] = nil }
                 }
                 engine.streams[address]?.close(promise: nil)
@@ -90,7 +92,9 @@ extension SecureUDPEndpoint {
                     // A member's session sends at least a keepalive every 10 s: a stream silent
                     // for 30 s is closed (a connection that never handshakes holds no slot long).
                     try stream.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: .seconds(30)))
-                    try StreamFraming.install(on: stream) { frame in engine.value.receivedFromStream(frame, from: address) } closed: {
+                    try StreamFraming.install(on: stream) { frame in
+                        engine.value.receivedFromStream(frame, from: address)
+                    } closed: {
                         if engine.value.streams[address] === stream { engine.value.streams[address] = nil }
                     }
                 } catch {

@@ -19,16 +19,31 @@ struct PartyFrameOpenerTests {
 
         let lines = [KeyLog.partyLine(kid: key.id.kid, base: try SecretKey(bytes: key.baseBytes))]
         let opener = PartyFrameOpener(keys: try KeyLog.parseParty(lines.joined(separator: "\n")))
-        guard case .opened(let h, let audio) = opener.open(first) else { Issue.record("the logged key"); return }
+        guard case .opened(let h, let audio) = opener.open(first) else {
+            Issue.record("the logged key")
+            return
+        }
         #expect(h.sender == MemberID(2) && audio == [1, 2, 3])
-        guard case .opened(_, let audio2) = opener.open(stepped) else { Issue.record("two steps on"); return }
+        guard case .opened(_, let audio2) = opener.open(stepped) else {
+            Issue.record("two steps on")
+            return
+        }
         #expect(audio2 == [4, 5])
-        guard case .noKey(let id) = opener.open(unknown) else { Issue.record("another member's frame opened"); return }
+        guard case .noKey(let id) = opener.open(unknown) else {
+            Issue.record("another member's frame opened")
+            return
+        }
         #expect(id?.member == MemberID(3))
         var tampered = first
         tampered[tampered.count - 1] ^= 1
-        guard case .failed(_, .authenticationFailed) = opener.open(tampered) else { Issue.record("a tampered frame"); return }
-        guard case .notAFrame = opener.open([0x02, 0, 0]) else { Issue.record("a control packet"); return }
+        guard case .failed(_, .authenticationFailed) = opener.open(tampered) else {
+            Issue.record("a tampered frame")
+            return
+        }
+        guard case .notAFrame = opener.open([0x02, 0, 0]) else {
+            Issue.record("a control packet")
+            return
+        }
         #expect(throws: KeyLog.ParseError.self) { try KeyLog.parseParty("TUSA_PARTY_KEY 12 00") }
         // The media key parser passes party lines over, and still reads its own.
         #expect(try KeyLog.parse(lines[0]).isEmpty)

@@ -297,7 +297,8 @@ struct PartyRoomTests {
         h.input(dave, .create(name: "Open", maxMembers: nil, invite: []))
         let open = try #require(h.members[dave]?.room)
         h.input(carol, .describe(room: open))
-        #expect((h.events[carol] ?? []).contains { if case .described(open, let d?) = $0 { d.members.count == 1 } else { false } })
+        #expect(
+            (h.events[carol] ?? []).contains { if case .described(open, let d?) = $0 { d.members.count == 1 } else { false } })
         #expect(h.members[carol]?.room == nil && h.server.rooms[open]?.members.count == 1)
     }
 

@@ -38,7 +38,12 @@ struct SecureStreamTests {
         let tcp = try await server.listenForStreams(host: "127.0.0.1", port: Int(server.localAddress.port))
         #expect(tcp.port == server.localAddress.port)
         let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
-        defer { Task { await client.close(); await server.close() } }
+        defer {
+            Task {
+                await client.close()
+                await server.close()
+            }
+        }
 
         try await client.useStream(to: server.localAddress)
         let peer = try await client.connect(to: server.publicKey, at: server.localAddress)
@@ -73,7 +78,10 @@ struct SecureStreamTests {
             try await client.useStream(to: nowhere, timeout: .seconds(2))
             Issue.record("a stream to a closed port opened")
         } catch {
-            guard case .stream(_, let cause?) = error else { Issue.record("\(error)"); return }
+            guard case .stream(_, let cause?) = error else {
+                Issue.record("\(error)")
+                return
+            }
             #expect((cause.error as? IOError)?.errnoCode == ECONNREFUSED || "\(cause)".contains("refused"), "\(cause)")
         }
     }
