@@ -140,7 +140,7 @@ rk+=($!)
 rk+=($!)
 for p in "${rk[@]}"; do wait "$p"; done
 sed 's/^/     creator: /' "$pdir/rekey-events-0.txt"
-sed -n 's/^party .* frames sent \(.*\)$/     the member over TCP: \1/p; s/^ *\(heard #[0-9].*\)$/     the member over TCP \1/p' "$pdir/rekey-1.txt"
+sed -n 's/^party [a-z0-9]* "[^"]*": \(.*\)$/     the member over TCP: \1/p; s/^ *\(heard #[0-9].*\)$/     the member over TCP \1/p' "$pdir/rekey-1.txt"
 echo "   files: $pdir (in-K.wav what member K played, out-K.wav what it heard, report-K.txt, events-K.txt)"
 
 echo "== tusa relay on loopback: STUN, behaviour discovery, TURN, interop"
