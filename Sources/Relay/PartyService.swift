@@ -8,6 +8,12 @@ import ServiceLifecycle
 import Transport
 import TusaBase
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
+
 /// Parties on the relay: members' Noise IK sessions with the relay's identity on
 /// one UDP socket (a ``SecureUDPEndpoint`` that accepts any key), and the
 /// ``PartyServer`` core on the same event loop, hosted by a ``CoreHost``. Every
@@ -60,30 +66,11 @@ public final class PartyService: Service, Sendable {
         var secure = SecureConfiguration()
         secure.acceptUnknownPeers = true
         let endpoint: SecureUDPEndpoint
-        do {
-            endpoint = try await SecureUDPEndpoint.bind(
-                host: address.ip.description, port: Int(address.port), identity: identity, configuration: secure,
-                keyLogPath: keyLogPath, logger: logger)
-        } catch {
-            let failure = RelayServiceError(.bindFailed, "cannot serve parties on udp \(address): \(error)")
-            bound.resolve(.failure(failure))
-            boundStreams.resolve(.failure(failure))
-            throw failure
-        }
-        // The same sessions over TCP, for members whose UDP is blocked.
-        var streams: [TransportAddress] = []
-        for port in streamPorts {
-            do {
-                streams.append(
-                    try await endpoint.listenForStreams(
-                        host: address.ip.description, port: Int(port ?? endpoint.localAddress.port)))
-            } catch {
-                let failure = RelayServiceError(.bindFailed, "cannot serve parties on tcp: \(error)")
-                bound.resolve(.failure(failure))
-                boundStreams.resolve(.failure(failure))
-                await endpoint.close()
-                throw failure
-            }
+        let streams: [TransportAddress]
+        do { (endpoint, streams) = try await bindSockets(secure) } catch {
+            bound.resolve(.failure(error))
+            boundStreams.resolve(.failure(error))
+            throw error
         }
         let loop = endpoint.eventLoop
         let logger = self.logger
@@ -133,6 +120,42 @@ public final class PartyService: Service, Sendable {
             await endpoint.close()
         }
         try? await loop.submit { rooms.value.stop() }.get()
+    }
+    /// UDP, then the same sessions over TCP for members whose UDP is blocked, on the
+    /// UDP port's number (members try that number over TCP). With any free port asked
+    /// for (0), a number free for UDP but taken for TCP is given back and another drawn.
+    private func bindSockets(_ secure: SecureConfiguration) async throws(RelayServiceError) -> (
+        SecureUDPEndpoint, [TransportAddress]
+    ) {
+        var attempt = 0
+        while true {
+            attempt += 1
+            let endpoint: SecureUDPEndpoint
+            do {
+                endpoint = try await SecureUDPEndpoint.bind(
+                    host: address.ip.description, port: Int(address.port), identity: identity, configuration: secure,
+                    keyLogPath: keyLogPath, logger: logger)
+            } catch {
+                throw RelayServiceError(.bindFailed, "cannot serve parties on udp \(address): \(error)")
+            }
+            var streams: [TransportAddress] = []
+            do {
+                for port in streamPorts {
+                    streams.append(
+                        try await endpoint.listenForStreams(
+                            host: address.ip.description, port: Int(port ?? endpoint.localAddress.port)))
+                }
+                return (endpoint, streams)
+            } catch {
+                await endpoint.close()
+                if address.port == 0, attempt < 8, case .bind(_, let cause) = error,
+                    (cause.error as? IOError)?.errnoCode == EADDRINUSE
+                {
+                    continue
+                }
+                throw RelayServiceError(.bindFailed, "cannot serve parties on tcp: \(error)")
+            }
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 import Foundation
 import Logging
+import NIOCore
+import NIOPosix
 import Party
 import Relay
 import STUN
@@ -238,6 +240,26 @@ struct PartyServiceTests {
                 #expect(ContinuousClock.now - started < .milliseconds(500), "round \(round): answered only after a wait")
                 await c.close()
             }
+        }
+    }
+
+    /// The party port's number taken for TCP (members whose UDP is blocked come
+    /// there): the relay says so and does not start half-way.
+    @Test func aPartyPortWhoseTCPNumberIsTakenIsAClearError() async throws {
+        let squatter = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .bind(host: "127.0.0.1", port: 0).get()
+        defer { squatter.close(promise: nil) }
+        let port = try #require(squatter.localAddress?.port)
+        let service = PartyService(
+            address: TransportAddress(ip: .v4(0x7F00_0001), port: UInt16(port)), identity: .generate(), logger: quiet)
+        let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
+        let running = Task { try await group.run() }
+        defer { running.cancel() }
+        do {
+            let bound = try await service.boundAddress()
+            Issue.record("the relay started on \(bound) although tcp \(port) is taken")
+        } catch {
+            #expect("\(error)".contains("cannot serve parties on tcp"), "\(error)")
         }
     }
 
