@@ -315,8 +315,11 @@ public struct PartyServer: SansIOCore {
         guard tickets.verify(ticket) else {
             return refuse(session, .badTicket, "the ticket for \(ticket.room) was not issued by this relay")
         }
-        var reclaim: Bool
+        let reclaim: Bool
+        // Rebuilt from a ticket (now or earlier): its old seats are open to whoever comes back with one.
+        let rebuilt: Bool
         if let room = rooms[ticket.room] {
+            rebuilt = room.restoredBelow > 0
             let free = room.members[member] == nil
             reclaim =
                 room.members[member]?.key == key || (free && (room.departed[member] == key || member.value < room.restoredBelow))
@@ -339,11 +342,12 @@ public struct PartyServer: SansIOCore {
                 speakers: SpeakerSelector(configuration: configuration.speakers))
             actions.append(.event(.roomRestored(id: ticket.room, name: ticket.name, creator: creator)))
             reclaim = true
+            rebuilt = true
         }
         // Newcomers are numbered above every member the rejoining one has seen.
         if highest.value < UInt16.max, var room = rooms[ticket.room] {
             room.nextMember = max(room.nextMember, highest.value + 1)
-            if reclaim, room.restoredBelow > 0 || room.members.isEmpty {
+            if reclaim, rebuilt {
                 room.restoredBelow = max(room.restoredBelow, highest.value + 1)
             }
             rooms[ticket.room] = room
