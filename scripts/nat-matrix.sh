@@ -154,7 +154,8 @@ build_host() {
 # A's NAT rebinds: UDP mappings dropped, new ones from another port range.
 rebind_a() {
   ns ra nft flush chain ip nat post
-  ns ra nft add rule ip nat post oifname wan meta l4proto udp masquerade to :40000-40999
+  # (Above the kernel's ephemeral range, 32768-60999: never the port the host chose, which EIM keeps.)
+  ns ra nft add rule ip nat post oifname wan meta l4proto udp masquerade to :61000-61999
   ns ra nft add rule ip nat post oifname wan masquerade
   ns ra conntrack -D -p udp 2>&1 | sed "s/^/   (rebinding A: /; s/$/)/"
 }
@@ -167,12 +168,51 @@ move_a() {
   ns a ip route replace default via 10.0.1.1 src 10.0.1.3
 }
 
+# wait_line FILE SED-EXPR [TRIES]: the first line SED-EXPR prints from FILE, waiting
+# up to TRIES × 50 ms (default 200) for one; fails when none came.
+wait_line() {
+  local file=$1 expr=$2 tries=${3:-200} line
+  for _ in $(seq "$tries"); do
+    line=$(sed -n "$expr" "$file" | head -1)
+    [ -n "$line" ] && { echo "$line"; return 0; }
+    sleep 0.05
+  done
+  return 1
+}
+
+# new_network MODE-A MODE-B: the internet, A's and B's routers (eim|sym) and hosts, afresh.
+new_network() {
+  for n in "${NS[@]}"; do ip netns del "$n" 2>/dev/null; done
+  NS=()
+  build_internet
+  build_router ra 2 1 "$1"
+  build_router rb 3 2 "$2"
+  build_host a ra 1
+  build_host b rb 2
+}
+
+# collect NAME: both sides' standard error (.log) and JSON reports into OUT.
+collect() {
+  local side
+  for side in caller callee; do
+    cp "$work/$1-$side.err" "$OUT/$1-$side.log"
+    sed -n '/^{/,$p' "$work/$1-$side.out" >"$OUT/$1-$side.json"
+  done
+}
+
+# stop_all: every process the case started.
+stop_all() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  pids=()
+}
+
 start_relay() {
   (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --rendezvous-port 3480 --use-auth-secret \
     --static-auth-secret "nat-matrix-$$" --realm tusa.test >"$work/relay.out" 2>"$work/relay.err") &
   relay_pid=$!
   pids+=($relay_pid)
-  for _ in $(seq 100); do grep -q '^rendezvous tcp' "$work/relay.out" && return 0; sleep 0.05; done
+  wait_line "$work/relay.out" '/^rendezvous tcp/p' 100 >/dev/null && return 0
   echo "nat-matrix: the relay did not start: $(cat "$work/relay.err")" >&2
   return 1
 }
@@ -180,47 +220,31 @@ start_relay() {
 # A party: A behind a symmetric NAT creates it, B (UDP blocked, 5 % TCP loss) joins.
 run_party_case() {
   local name=party
-  for n in "${NS[@]}"; do ip netns del "$n" 2>/dev/null; done
-  NS=()
-  build_internet
-  build_router ra 2 1 sym
-  build_router rb 3 2 eim
-  build_host a ra 1
-  build_host b rb 2
+  new_network sym eim
   block_udp rb
   ns rb nft add rule inet filter forward meta l4proto tcp numgen random mod 100 \< 5 drop
   (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --party-port 3481 >"$work/relay.out" 2>"$work/relay.err") &
   relay_pid=$!
   pids+=($relay_pid)
-  local key=""
-  for _ in $(seq 100); do
-    key=$(sed -n 's/^party udp [^ ]* key \(.*\)$/\1/p' "$work/relay.out" | head -1)
-    [ -n "$key" ] && break
-    sleep 0.05
-  done
-  [ -n "$key" ] || { echo "party: the relay did not start: $(cat "$work/relay.err")"; return 1; }
+  local key
+  key=$(wait_line "$work/relay.out" 's/^party udp [^ ]* key \(.*\)$/\1/p' 100) \
+    || { echo "party: the relay did not start: $(cat "$work/relay.err")"; return 1; }
   local input=tone
   [ -f "$SPEECH" ] && input=$SPEECH
   local common=(--relay 203.0.113.1:3481 --relay-key "$key" --json --duration $((SECONDS_OF_CALL + 3)))
   (bg a "$TUSA" party create Matrix "${common[@]}" --in "$input" >"$work/$name-caller.out" 2>"$work/$name-caller.err") &
   local creator=$!
   pids+=($creator)
-  local room=""
-  for _ in $(seq 200); do
-    room=$(sed -n 's/^party \([a-z0-9]*\) "Matrix" as .*/\1/p' "$work/$name-caller.out" | head -1)
-    [ -n "$room" ] && break
-    sleep 0.05
-  done
-  [ -n "$room" ] || { echo "party: tusa party create did not start: $(cat "$work/$name-caller.err")"; return 1; }
+  local room
+  room=$(wait_line "$work/$name-caller.out" 's/^party \([a-z0-9]*\) "Matrix" as .*/\1/p') \
+    || { echo "party: tusa party create did not start: $(cat "$work/$name-caller.err")"; return 1; }
   (bg b "$TUSA" party join "$room" "${common[@]}" --in tone >"$work/$name-callee.out" 2>"$work/$name-callee.err") &
   local joiner=$!
   pids+=($joiner)
   local rc=0
   wait "$joiner" || rc=$?
   wait "$creator" || rc=$?
-  cp "$work/$name-caller.err" "$OUT/$name-caller.log"; cp "$work/$name-callee.err" "$OUT/$name-callee.log"
-  sed -n '/^{/,$p' "$work/$name-caller.out" >"$OUT/$name-caller.json"
-  sed -n '/^{/,$p' "$work/$name-callee.out" >"$OUT/$name-callee.json"
+  collect "$name"
   if [ $rc -ne 0 ] || [ ! -s "$OUT/$name-caller.json" ] || [ ! -s "$OUT/$name-callee.json" ]; then
     echo "$name: FAILED (tusa party exit $rc): $(tail -3 "$work/$name-caller.err") / $(tail -3 "$work/$name-callee.err")"
     return 1
@@ -234,21 +258,13 @@ def heard(r):
 print(f"party: A over {a['transport']} heard {heard(a)}; B over {b['transport']} heard {heard(b)}; "
       f"sent {a['framesSent']}/{b['framesSent']}")
 PY
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  pids=()
+  stop_all
 }
 
 # run_case NAME MODE-A MODE-B
 run_case() {
-  local name=$1 ma=$2 mb=$3
-  for n in "${NS[@]}"; do ip netns del "$n" 2>/dev/null; done
-  NS=()
-  build_internet
-  build_router ra 2 1 "$ma"
-  build_router rb 3 2 "$mb"
-  build_host a ra 1
-  build_host b rb 2
+  local name=$1
+  new_network "$2" "$3"
   [ "$name" = udp-blocked ] && block_udp ra
   : >"$work/relay.out"
   start_relay || return 1
@@ -261,13 +277,9 @@ run_case() {
     >"$work/$name-callee.out" 2>"$work/$name-callee.err") &
   local answer=$!
   pids+=($answer)
-  local key=""
-  for _ in $(seq 200); do
-    key=$(sed -n 's/^answering as \(.*\)$/\1/p' "$work/$name-callee.out" | head -1)
-    [ -n "$key" ] && break
-    sleep 0.05
-  done
-  [ -n "$key" ] || { echo "$name: tusa answer did not register: $(cat "$work/$name-callee.err")"; return 1; }
+  local key
+  key=$(wait_line "$work/$name-callee.out" 's/^answering as \(.*\)$/\1/p') \
+    || { echo "$name: tusa answer did not register: $(cat "$work/$name-callee.err")"; return 1; }
   local input=tone
   [ -f "$SPEECH" ] && [ $long -eq 0 ] && input=$SPEECH   # (the long cases outlast the speech)
   local duration=$SECONDS_OF_CALL
@@ -293,9 +305,7 @@ run_case() {
   local rc=0
   wait "$call" || rc=$?
   wait "$answer" || true
-  cp "$work/$name-caller.err" "$OUT/$name-caller.log"; cp "$work/$name-callee.err" "$OUT/$name-callee.log"
-  sed -n '/^{/,$p' "$work/$name-caller.out" >"$OUT/$name-caller.json"
-  sed -n '/^{/,$p' "$work/$name-callee.out" >"$OUT/$name-callee.json"
+  collect "$name"
   if [ $rc -ne 0 ] || [ ! -s "$OUT/$name-caller.json" ]; then
     echo "$name: FAILED (tusa call exit $rc): $(tail -3 "$work/$name-caller.err")"
     echo "   callee: $(tail -3 "$work/$name-callee.err")"
@@ -308,9 +318,7 @@ print(f"{name}: path={c['path']} pair={c.get('candidatePair')} connect={c.get('c
       f"audio={c.get('dialToFirstAudioMilliseconds') or 0:.0f}ms sent={c['packetsSent']}/{a['packetsSent']} "
       f"received={c['packetsReceived']}/{a['packetsReceived']} moves={a['addressChanges']}")
 PY
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  pids=()
+  stop_all
 }
 
 failed=0
