@@ -12,6 +12,7 @@ let package = Package(
         .executable(name: "binding-load", targets: ["binding-load"]),
         .executable(name: "udp-echo", targets: ["udp-echo"]),
         .executable(name: "turn-load", targets: ["turn-load"]),
+        .executable(name: "udp-forward", targets: ["udp-forward"]),
     ],
     dependencies: [
         // MallocInterposer only: the default RuntimeInterposer trait needs a package not available here.
@@ -37,6 +38,9 @@ let package = Package(
                 .product(name: "STUN", package: "Tusa"), .product(name: "TusaBase", package: "Tusa"),
             ],
             swiftSettings: strict),
+        // Reference TURN-shaped UDP forwarder in C, the machine's limit for a relay: the same
+        // syscalls and one lookup per relayed packet, none of TURN's checks.
+        .executableTarget(name: "udp-forward"),
         // zlib for the bare-CRC baseline (the root package's CZlib is not a product).
         .systemLibrary(name: "BenchZlib", pkgConfig: "zlib"),
         // libsodium for the bare AEAD baseline (the root package's CSodium is not a product).

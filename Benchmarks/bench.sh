@@ -5,7 +5,9 @@
 #  2. Binding responses per second: trivial echo, tusa relay, coturn
 #     turnserver -m 0, same load generator, each server on one core.
 #  3. TURN: relayed ChannelData packets/s each way, allocations/s and memory per
-#     live allocation, tusa relay against coturn turnserver.
+#     live allocation, tusa relay against coturn turnserver; then voice traffic
+#     (one packet per flow every 20 ms, flows interleaved): CPU per relayed packet
+#     and the highest loss-free rate, against coturn and a minimal C forwarder.
 #  4. Encrypted transport: seal+open per voice packet against the bare libsodium
 #     calls (SecureMedia); handshakes/s, the responder's cost under a flood, and
 #     sealed packets/s through the NIO driver against plain NIO UDP (secure-bench).
@@ -31,6 +33,9 @@ bash Benchmarks/binding-rps.sh "$@" 2>&1 | tee out/bench/binding-rps.md
 echo
 echo "== TURN relay: tusa relay vs coturn turnserver (Benchmarks/turn-bench.sh)"
 bash Benchmarks/turn-bench.sh 2>&1 | tee out/bench/turn.md
+echo
+echo "== TURN relay under voice traffic: tusa, coturn, a C forwarder (Benchmarks/voice-relay-bench.sh)"
+bash Benchmarks/voice-relay-bench.sh 2>&1 | tee out/bench/voice-relay.md
 echo
 echo "== Encrypted transport: seal+open vs bare libsodium (swift package --package-path Benchmarks benchmark --target SecureMedia)"
 swift package --package-path Benchmarks --disable-sandbox benchmark --target SecureMedia \

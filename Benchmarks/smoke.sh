@@ -28,6 +28,8 @@ fi
 # (turn-bench.sh --smoke: tusa only, every allocation and channel must work, <1 % loss).
 swift build --package-path Benchmarks --product turn-load >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 TUSA="$TUSA" bash Benchmarks/turn-bench.sh --smoke --no-build
+# The same relay under voice-paced flows (50 flows, 20 ms apart each, interleaved), every phase without loss.
+TUSA="$TUSA" bash Benchmarks/voice-relay-bench.sh --smoke --no-build
 
 # The encrypted transport: a fraction of a second of handshakes, the flood paths
 # and sealed media through the NIO driver (secure-bench exits non-zero if a

@@ -34,6 +34,14 @@ public func monotonicSeconds() -> Double {
     return Double(ts.tv_sec) + Double(ts.tv_nsec) * 1e-9
 }
 
+/// Monotonic time in nanoseconds.
+@inline(__always)
+public func nowNanoseconds() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
+
 // MARK: - Addresses
 
 /// A parsed IPv4 or IPv6 socket address.

@@ -19,6 +19,20 @@
 //   round-robin over its sockets. A direction that has heard nothing for `--timeout-ms`
 //   writes off its window (lost). After each phase the generator drains what is still
 //   on the way; lost = sent - arrived. One line per phase.
+//   With `--rate R` the traffic is paced as voice is: every flow sends one packet each
+//   1/R s (R = 50: 20 ms frames) in both directions, the flows' sends spread evenly over
+//   the period and interleaved, so no two consecutive packets belong to one flow. So that
+//   the generator out-runs the server, each client still allocates from its own socket
+//   (one source address each, 127.S.x.y, all on one port), but afterwards the clients
+//   send and receive through one wildcard socket (the source address set per datagram
+//   with IP_PKTINFO) and all channels lead to one peer socket: whatever is due goes out
+//   in one sendmmsg per side, and arrivals are read 64 at a time. Each packet carries
+//   its send time; the phase line adds the one-way delay through the server (p50, p99,
+//   max), how late the generator ran and how many sends it skipped (a generator that
+//   falls behind measures itself, not the server) and the sends the kernel refused.
+//   `--flows N` lets only the first N clients send in the phases; `--ramp N1,N2,...`
+//   then runs phase `both` with the first N1, N2, ... flows sending, one line each with
+//   `flows=N`: where a server starts to lose packets, without allocating again.
 // --mode allocate: N clients allocate (challenge + authenticated Allocate), at most
 //   `--window` of them in progress at once; allocations/s. With --server-pid, also the
 //   server's RSS (VmRSS), open fds and CPU before and after, while every allocation is
@@ -55,6 +69,9 @@ let usage = """
       --window N             packets in flight per direction (default 256)
       --batch N              packets per write (default 32, at most 64)
       --timeout-ms N         write off a silent direction's window after N ms (default 50)
+      --rate R               paced voice-like flows: R packets/s per flow and direction (50: 20 ms frames)
+      --flows N              with --rate: only the first N clients send in the phases (default: all)
+      --ramp N1,N2,...       with --rate: then phase both with the first N1, N2, ... flows sending
       --no-gso               sendmmsg instead of one UDP GSO write per batch
     allocate mode:
       --window N             allocations in progress at once (default 64)
@@ -475,6 +492,9 @@ struct PhaseResult {
     var downSent = 0, downReceived = 0, downLost = 0
     var upMeasured = 0, downMeasured = 0, upSentMeasured = 0, downSentMeasured = 0
     var invalid = 0, stale = 0, errors = 0
+    /// Paced: sends skipped and refused, the latest send (ms), one-way delays (µs).
+    var skipped = 0, refused = 0, lateMaxMs = 0.0
+    var delayP50 = 0.0, delayP99 = 0.0, delayMax = 0.0
     var serverCPU: Double?
     var generatorCPU = 0.0
     var idleSeconds = 0.0
@@ -492,8 +512,10 @@ final class Traffic {
     let serverPID: Int32?
     let up: Direction
     let down: Direction
-    /// Receivers: clients (down) then peers (up).
-    var pfds: [pollfd]
+    /// Receivers: clients (down) then peers (up); their slot is their epoll token.
+    let receivers: [Int32]
+    let epoll: Int32
+    var ready = [UInt64](repeating: 0, count: 256)
     let recvBuffers: UnsafeMutableRawPointer
     let recvIov: UnsafeMutablePointer<iovec>
     let recvMsgs: UnsafeMutablePointer<bench_mmsghdr>
@@ -523,9 +545,12 @@ final class Traffic {
                 && peers.allSatisfy { enableGSO($0, segment: payload) }
         }
         self.gso = useGSO
-        pfds =
-            clients.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
-            + peers.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
+        receivers = clients.map(\.fd) + peers
+        epoll = bench_epoll_create()
+        if epoll < 0 { fail("epoll_create: \(errnoText())") }
+        for (slot, fd) in receivers.enumerated() where bench_epoll_add(epoll, fd, UInt64(slot)) != 0 {
+            fail("epoll_ctl: \(errnoText())")
+        }
         (recvBuffers, recvIov, recvMsgs) = makeReceiveSlots(count: recvBatch, size: recvSize)
         sendIov = .allocate(capacity: batch)
         sendMsgs = .allocate(capacity: batch)
@@ -584,7 +609,7 @@ final class Traffic {
     private func drain(_ slot: Int, now: Double) {
         let isClient = slot < clients.count
         let index = isClient ? slot : slot - clients.count
-        let fd = pfds[slot].fd
+        let fd = receivers[slot]
         let d = isClient ? down : up
         while true {
             for i in 0..<recvBatch { recvMsgs[i].msg_hdr.msg_flags = 0 }
@@ -632,13 +657,14 @@ final class Traffic {
         }
     }
 
-    /// Polls the receivers for up to `ms` milliseconds and reads what is there.
+    /// Waits up to `ms` milliseconds for receivers with datagrams and reads them.
     private func receive(ms: Int32) {
-        let ready = poll(&pfds, nfds_t(pfds.count), ms)
-        guard ready > 0 else { return }
+        let n = ready.withUnsafeMutableBufferPointer { bench_epoll_wait(epoll, $0.baseAddress, Int32($0.count), ms) }
+        guard n > 0 else { return }
         let now = monotonicSeconds()
-        for slot in pfds.indices where pfds[slot].revents != 0 {
-            drain(slot, now: now)
+        for i in 0..<Int(n) {
+            let slot = Int(ready[i])
+            if slot < receivers.count { drain(slot, now: now) }
         }
     }
 
@@ -737,6 +763,346 @@ final class Traffic {
     }
 }
 
+// MARK: - Paced (voice-like) traffic
+
+/// One-way delays, in 10 µs buckets up to 200 ms (the last bucket: 200 ms or more).
+struct DelayHistogram {
+    var buckets = [Int](repeating: 0, count: 20_001)
+
+    mutating func record(sentAt: UInt64, now: UInt64) {
+        let micros = now >= sentAt ? (now - sentAt) / 1000 : 0
+        buckets[Int(min(micros / 10, UInt64(buckets.count - 1)))] += 1
+    }
+
+    mutating func reset() { for i in buckets.indices { buckets[i] = 0 } }
+
+    /// The `q` quantile (0...1) in µs, the bucket's middle; 0 when empty.
+    func percentile(_ q: Double) -> Double {
+        let total = buckets.reduce(0, +)
+        guard total > 0 else { return 0 }
+        let rank = max(1, Int((q * Double(total)).rounded(.up)))
+        var seen = 0
+        for (bucket, n) in buckets.enumerated() {
+            seen += n
+            if seen >= rank { return Double(bucket * 10 + 5) }
+        }
+        return Double(buckets.count * 10)
+    }
+}
+
+/// Creates `count` clients for paced traffic: one source address each (127.S.x.y), all
+/// bound to the port of a wildcard socket that carries their traffic once they have
+/// allocated (SO_REUSEADDR on all of them; while a client's own socket is open it gets
+/// its answers, being the more specific match).
+func makeSharedClients(_ count: Int, net: UInt32, target: (ip: UInt32, port: UInt16), buffer: Int32) -> (
+    clients: [Client], shared: Int32
+) {
+    let shared = udpSocket(family: AF_INET, nonBlocking: true)
+    setSocketBuffer(shared, option: SO_RCVBUF, bytes: buffer)
+    setSocketBuffer(shared, option: SO_SNDBUF, bytes: buffer)
+    if bench_reuseaddr(shared) != 0 || withSockaddr(0, 0, { bind(shared, $0, $1) }) != 0 {
+        fail("bind the shared client socket: \(errnoText())")
+    }
+    let port = localPort(shared)
+    let clients = (0..<count).map { index -> Client in
+        let ip = net + 1 + UInt32(index)
+        let fd = udpSocket(family: AF_INET, nonBlocking: true)
+        if bench_reuseaddr(fd) != 0 || withSockaddr(ip, port, { bind(fd, $0, $1) }) != 0 {
+            fail("bind \(ipText(ip)):\(port): \(errnoText())" + (errno == EMFILE ? " (raise ulimit -n)" : ""))
+        }
+        connectTo(fd, target.ip, target.port)
+        return Client(index: index, fd: fd, sourceIP: ip)
+    }
+    return (clients, shared)
+}
+
+/// Voice-paced relayed traffic (`--rate`): flow k of N sends its packet k/(N·R) s into
+/// every period of 1/R s, in each active direction. Clients send through one wildcard
+/// socket and their peers are one socket, so the generator's own cost per packet is a
+/// share of a sendmmsg and of a recvmmsg.
+final class PacedTraffic {
+    let clients: [Client]
+    let shared: Int32
+    let peer: Int32
+    let server: (ip: UInt32, port: UInt16)
+    let payload: Int
+    let rate: Double
+    let serverPID: Int32?
+    /// Per flow, its ChannelData frame (up) and its bare payload (down), stamped before each send.
+    let upFrames: UnsafeMutableRawPointer
+    let downFrames: UnsafeMutableRawPointer
+    var upLength: Int { 4 + payload }
+    /// A batch being built: its messages, their addresses and IP_PKTINFO control data.
+    let sendMsgs: UnsafeMutablePointer<bench_mmsghdr>
+    let sendIov: UnsafeMutablePointer<iovec>
+    let sendNames: UnsafeMutablePointer<sockaddr_in>
+    let sendControl: UnsafeMutableRawPointer
+    let controlSpace = Int(bench_PKTINFO_SPACE)
+    let recvBuffers: UnsafeMutableRawPointer
+    let recvMsgs: UnsafeMutablePointer<bench_mmsghdr>
+    var tag: UInt64 = 0
+    var delays = DelayHistogram()
+    var recording = false
+    var invalid = 0, stale = 0, errors = 0
+
+    /// Per direction: scheduled sends since the phase began (made or skipped), made,
+    /// arrived, skipped (the generator fell a whole round behind), refused (EAGAIN),
+    /// and the latest a send left after its time.
+    struct Flow {
+        var scheduled = 0, sent = 0, received = 0, skipped = 0, refused = 0
+        var lateMax = 0.0
+        var active = false
+    }
+    var up = Flow()
+    var down = Flow()
+
+    init(
+        clients: [Client], shared: Int32, server: (ip: UInt32, port: UInt16), payload: Int, rate: Double, serverPID: Int32?,
+        buffer: Int32
+    ) {
+        self.clients = clients
+        self.shared = shared
+        self.server = server
+        self.payload = payload
+        self.rate = rate
+        self.serverPID = serverPID
+        peer = boundSocket(0x7F00_0001, buffer: buffer)
+        upFrames = .allocate(byteCount: clients.count * (4 + payload), alignment: 16)
+        upFrames.initializeMemory(as: UInt8.self, repeating: 0, count: clients.count * (4 + payload))
+        downFrames = .allocate(byteCount: clients.count * payload, alignment: 16)
+        downFrames.initializeMemory(as: UInt8.self, repeating: 0, count: clients.count * payload)
+        sendMsgs = .allocate(capacity: recvBatch)
+        sendIov = .allocate(capacity: recvBatch)
+        sendNames = .allocate(capacity: recvBatch)
+        sendControl = .allocate(byteCount: recvBatch * Int(bench_PKTINFO_SPACE), alignment: 16)
+        let slots = makeReceiveSlots(count: recvBatch, size: recvSize)
+        recvBuffers = slots.buffers
+        recvMsgs = slots.msgs
+    }
+
+    /// The peer socket's port: every client binds its channel to it.
+    var peerPort: UInt16 { localPort(peer) }
+
+    /// Closes the clients' own sockets: from now on their traffic is the shared socket's.
+    func takeOver() {
+        for c in clients { close(c.fd) }
+    }
+
+    private func prepare() {
+        var g = SystemRandomNumberGenerator()
+        tag = g.next()
+        for (i, c) in clients.enumerated() {
+            let u = upFrames + i * upLength
+            storeBE16(u, 0, c.channel)
+            storeBE16(u, 2, UInt16(payload))
+            u.storeBytes(of: tag, toByteOffset: 4, as: UInt64.self)
+            storeBE32(u, 12, UInt32(i))
+            let d = downFrames + i * payload
+            d.storeBytes(of: tag, toByteOffset: 0, as: UInt64.self)
+            storeBE32(d, 8, UInt32(i))
+        }
+    }
+
+    /// Flows sending in this phase: the first `flows` clients.
+    var flows = 0
+
+    /// Sends what is due in one direction, in sendmmsg batches of up to 64.
+    private func sendDue(upward: Bool, since start: Double, now: Double) {
+        var f = upward ? up : down
+        defer { if upward { up = f } else { down = f } }
+        let n = flows
+        let interval = 1 / (Double(n) * rate)
+        let due = Int(((now - start) / interval).rounded(.down)) + 1
+        if due - f.scheduled > n {
+            let skip = due - f.scheduled - n
+            f.skipped += skip
+            f.scheduled += skip
+        }
+        while f.scheduled < due {
+            var count = 0
+            let stamp = nowNanoseconds()
+            while f.scheduled < due && count < recvBatch {
+                let late = now - (start + Double(f.scheduled) * interval)
+                if late > f.lateMax { f.lateMax = late }
+                let i = f.scheduled % n
+                f.scheduled += 1
+                let c = clients[i]
+                var m = bench_mmsghdr()
+                if upward {
+                    let frame = upFrames + i * upLength
+                    frame.storeBytes(of: stamp, toByteOffset: 16, as: UInt64.self)
+                    sendIov[count] = iovec(iov_base: frame, iov_len: upLength)
+                    sendNames[count] = sockaddrIn(server.ip, server.port)
+                    let control = sendControl + count * controlSpace
+                    m.msg_hdr.msg_control = control
+                    m.msg_hdr.msg_controllen = Int(bench_pktinfo(control, c.sourceIP))
+                } else {
+                    let frame = downFrames + i * payload
+                    frame.storeBytes(of: stamp, toByteOffset: 12, as: UInt64.self)
+                    sendIov[count] = iovec(iov_base: frame, iov_len: payload)
+                    sendNames[count] = sockaddrIn(c.relayedIP, c.relayedPort)
+                }
+                m.msg_hdr.msg_name = UnsafeMutableRawPointer(sendNames + count)
+                m.msg_hdr.msg_namelen = socklen_t(MemoryLayout<sockaddr_in>.size)
+                m.msg_hdr.msg_iov = sendIov + count
+                m.msg_hdr.msg_iovlen = 1
+                sendMsgs[count] = m
+                count += 1
+            }
+            var done = 0
+            while done < count {
+                let r = Int(bench_sendmmsg(upward ? shared : peer, sendMsgs + done, UInt32(count - done), Int32(MSG_DONTWAIT)))
+                if r > 0 {
+                    done += r
+                    continue
+                }
+                if errno == EAGAIN || errno == EWOULDBLOCK { f.refused += count - done } else { errors += 1 }
+                break
+            }
+            f.sent += done
+        }
+    }
+
+    /// Reads everything waiting on the shared client socket (down) or the peer (up).
+    private func drain(upward: Bool) {
+        let fd = upward ? peer : shared
+        while true {
+            for i in 0..<recvBatch { recvMsgs[i].msg_hdr.msg_flags = 0 }
+            let r = Int(bench_recvmmsg(fd, recvMsgs, UInt32(recvBatch), Int32(MSG_DONTWAIT), nil))
+            if r <= 0 {
+                if r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { errors += 1 }
+                return
+            }
+            let now = nowNanoseconds()
+            var good = 0
+            for k in 0..<r {
+                let len = Int(recvMsgs[k].msg_len)
+                let p = recvBuffers + k * recvSize
+                let at = upward ? 0 : 4
+                guard len == payload + at, len >= at + 20 else {
+                    invalid += 1
+                    continue
+                }
+                let index = Int(loadBE32(p, at + 8))
+                guard index < flows, !upward ? (loadBE16(p, 0) == clients[index].channel && Int(loadBE16(p, 2)) == payload) : true
+                else {
+                    invalid += 1
+                    continue
+                }
+                guard p.loadUnaligned(fromByteOffset: at, as: UInt64.self) == tag, upward ? up.active : down.active else {
+                    stale += 1
+                    continue
+                }
+                if recording { delays.record(sentAt: p.loadUnaligned(fromByteOffset: at + 12, as: UInt64.self), now: now) }
+                good += 1
+            }
+            if upward { up.received += good } else { down.received += good }
+            if r < recvBatch { return }
+        }
+    }
+
+    private func receive(ms: Int32) {
+        var fds = [pollfd(fd: peer, events: Int16(POLLIN), revents: 0), pollfd(fd: shared, events: Int16(POLLIN), revents: 0)]
+        guard poll(&fds, 2, ms) > 0 else { return }
+        if fds[0].revents != 0 { drain(upward: true) }
+        if fds[1].revents != 0 { drain(upward: false) }
+    }
+
+    func run(phase: String, warmup: Double, duration: Double, flows: Int) -> PhaseResult {
+        self.flows = max(1, min(flows, clients.count))
+        up = Flow()
+        down = Flow()
+        prepare()
+        up.active = phase != "down"
+        down.active = phase != "up"
+        invalid = 0
+        stale = 0
+        errors = 0
+        delays.reset()
+        recording = false
+        var result = PhaseResult()
+        result.name = phase
+        let kernelBefore = UDPCounters.read()
+        let start = monotonicSeconds()
+        let measureStart = start + warmup
+        let end = measureStart + duration
+        var measuring = false
+        var marks = (upSent: 0, upRecv: 0, downSent: 0, downRecv: 0, server: 0.0, me: 0.0)
+        var idle = 0.0
+        var now = start
+        let period = 1 / (Double(self.flows) * rate)
+        while now < end {
+            if !measuring && now >= measureStart {
+                measuring = true
+                marks = (up.sent, up.received, down.sent, down.received, serverPID.flatMap(processCPU) ?? 0, selfCPU())
+                idle = 0
+                recording = true
+                up.lateMax = 0
+                down.lateMax = 0
+            }
+            if up.active { sendDue(upward: true, since: start, now: now) }
+            if down.active { sendDue(upward: false, since: start, now: now) }
+            // At any real load the next send is due within microseconds: wait only when idle.
+            let t0 = monotonicSeconds()
+            let nextDue = start + Double(min(up.active ? up.scheduled : .max, down.active ? down.scheduled : .max)) * period
+            let wait = nextDue - t0 > 0.002
+            receive(ms: wait ? 1 : 0)
+            now = monotonicSeconds()
+            if wait { idle += now - t0 }
+        }
+        result.seconds = now - measureStart
+        result.upMeasured = up.received - marks.upRecv
+        result.downMeasured = down.received - marks.downRecv
+        result.upSentMeasured = up.sent - marks.upSent
+        result.downSentMeasured = down.sent - marks.downSent
+        if let pid = serverPID, let cpu = processCPU(pid) { result.serverCPU = cpu - marks.server }
+        result.generatorCPU = selfCPU() - marks.me
+        result.idleSeconds = idle
+        recording = false
+        // Drain: whatever is still on its way, until nothing arrives for 100 ms (at most 1 s).
+        let drainEnd = now + 1
+        var lastArrival = now
+        while now < drainEnd && now - lastArrival < 0.1 && (up.sent > up.received || down.sent > down.received) {
+            let before = up.received + down.received
+            receive(ms: 5)
+            now = monotonicSeconds()
+            if up.received + down.received != before { lastArrival = now }
+        }
+        up.active = false
+        down.active = false
+        let kernelAfter = UDPCounters.read()
+        result.kernel = UDPCounters(
+            inErrors: kernelAfter.inErrors - kernelBefore.inErrors,
+            rcvbufErrors: kernelAfter.rcvbufErrors - kernelBefore.rcvbufErrors,
+            sndbufErrors: kernelAfter.sndbufErrors - kernelBefore.sndbufErrors,
+            noPorts: kernelAfter.noPorts - kernelBefore.noPorts)
+        result.upSent = up.sent
+        result.upReceived = up.received
+        result.upLost = max(0, up.sent - up.received)
+        result.downSent = down.sent
+        result.downReceived = down.received
+        result.downLost = max(0, down.sent - down.received)
+        result.invalid = invalid
+        result.stale = stale
+        result.errors = errors
+        result.skipped = up.skipped + down.skipped
+        result.refused = up.refused + down.refused
+        result.lateMaxMs = 1000 * max(up.lateMax, down.lateMax)
+        result.delayP50 = delays.percentile(0.5)
+        result.delayP99 = delays.percentile(0.99)
+        result.delayMax = delays.percentile(1)
+        return result
+    }
+}
+
+func sockaddrIn(_ ip: UInt32, _ port: UInt16) -> sockaddr_in {
+    var sin = sockaddr_in()
+    sin.sin_family = sa_family_t(AF_INET)
+    sin.sin_port = port.bigEndian
+    sin.sin_addr.s_addr = ip.bigEndian
+    return sin
+}
+
 /// The last line: the generator's CPU over its whole life, for the caller's accounting of
 /// what else ran on the machine meanwhile.
 func printDone() {
@@ -751,7 +1117,7 @@ let args = Arguments(
     Array(CommandLine.arguments.dropFirst()),
     options: [
         "target", "mode", "user", "clients", "clients-per-ip", "source-net", "server-pid", "setup-timeout", "phases",
-        "duration", "warmup", "payload", "window", "batch", "timeout-ms", "settle",
+        "duration", "warmup", "payload", "window", "batch", "timeout-ms", "settle", "rate", "ramp", "flows",
     ],
     flagNames: ["probe", "no-gso"],
     usage: usage)
@@ -840,6 +1206,7 @@ case "relay":
     let count = args.int("clients", default: 100, range: 1...10_000)
     let payload = args.int("payload", default: 100, range: 16...1200)
     let window = args.int("window", default: 256, range: 1...1_000_000)
+    let rate = args.double("rate", default: 0, range: 0...10_000)
     let batch = args.int("batch", default: 32, range: 1...64)
     let duration = args.double("duration", default: 3, range: 0.05...600)
     let warmup = args.double("warmup", default: 0.5, range: 0...60)
@@ -847,12 +1214,31 @@ case "relay":
     let phases = (args.string("phases") ?? "up,down,both").split(separator: ",").map(String.init)
     for p in phases where !["up", "down", "both"].contains(p) { fail("--phases: unknown phase '\(p)' (up, down, both)") }
     let buffer: Int32 = 4 << 20
-    let clients = makeClients(count, net: net, perIP: perIP, target: target, buffer: buffer)
-    let peers = clients.map { c -> Int32 in
-        let fd = boundSocket(0x7F00_0001, buffer: buffer)
-        c.peerPort = localPort(fd)
-        c.channel = 0x4000 + UInt16(c.index & 0xFFF)
-        return fd
+    if rate > 0 && payload < 20 { fail("--rate needs --payload of at least 20 (tag, flow and send time)") }
+    if rate > 0 && count > 60_000 { fail("--rate: at most 60000 clients (one source address each)") }
+    var paced: PacedTraffic?
+    let clients: [Client]
+    let peers: [Int32]
+    if rate > 0 {
+        let made = makeSharedClients(count, net: net, target: target, buffer: buffer)
+        clients = made.clients
+        let traffic = PacedTraffic(
+            clients: clients, shared: made.shared, server: target, payload: payload, rate: rate, serverPID: serverPID,
+            buffer: buffer)
+        for c in clients {
+            c.peerPort = traffic.peerPort
+            c.channel = 0x4000 + UInt16(c.index & 0xFFF)
+        }
+        paced = traffic
+        peers = []
+    } else {
+        clients = makeClients(count, net: net, perIP: perIP, target: target, buffer: buffer)
+        peers = clients.map { c -> Int32 in
+            let fd = boundSocket(0x7F00_0001, buffer: buffer)
+            c.peerPort = localPort(fd)
+            c.channel = 0x4000 + UInt16(c.index & 0xFFF)
+            return fd
+        }
     }
     let allocator = Allocator(username: username, password: password, bindChannels: true, window: 64)
     allocator.run(clients, deadline: monotonicSeconds() + setupTimeout)
@@ -865,12 +1251,29 @@ case "relay":
         exit(1)
     }
     for (c, fd) in zip(clients, peers) { connectTo(fd, c.relayedIP, c.relayedPort) }
-    let traffic = Traffic(
-        clients: clients, peers: peers, payload: payload, window: window, batch: batch,
-        gso: !args.has("no-gso"), timeout: timeout, serverPID: serverPID)
+    paced?.takeOver()
+    let traffic: Traffic? =
+        paced != nil
+        ? nil
+        : Traffic(
+            clients: clients, peers: peers, payload: payload, window: window, batch: batch,
+            gso: !args.has("no-gso"), timeout: timeout, serverPID: serverPID)
     var failedPhase = false
-    for phase in phases {
-        let r = traffic.run(phase: phase, warmup: warmup, duration: duration)
+    let flows = args.int("flows", default: count, range: 1...count)
+    var steps = phases.map { (phase: $0, flows: flows) }
+    if let ramp = args.string("ramp") {
+        guard rate > 0 else { fail("--ramp needs --rate") }
+        for text in ramp.split(separator: ",") {
+            guard let n = Int(text), (1...count).contains(n) else {
+                fail("--ramp: '\(text)' is not a flow count in 1...\(count)")
+            }
+            steps.append((phase: "both", flows: n))
+        }
+    }
+    for (phase, flows) in steps {
+        let r =
+            paced?.run(phase: phase, warmup: warmup, duration: duration, flows: flows)
+            ?? traffic!.run(phase: phase, warmup: warmup, duration: duration)
         let secs = max(r.seconds, 1e-9)
         let upPPS = Double(r.upMeasured) / secs
         let downPPS = Double(r.downMeasured) / secs
@@ -892,7 +1295,16 @@ case "relay":
                 " server_cpu=\(Int((100 * cpu / secs).rounded()))%"
                 + " server_ms_per_1000=\(fmt(relayed > 0 ? 1000 * 1000 * cpu / relayed : 0, 3))"
         }
-        line += " clients=\(count) payload=\(payload) window=\(window) batch=\(batch) gso=\(traffic.gso ? 1 : 0)"
+        if rate > 0 {
+            line +=
+                " rate=\(fmt(rate, 1)) flows=\(flows) offered_pps=\(Int((rate * Double(flows) * (phase == "both" ? 2 : 1)).rounded()))"
+                + " late_max_ms=\(fmt(r.lateMaxMs, 2)) skipped=\(r.skipped) refused=\(r.refused)"
+                + " delay_p50_us=\(Int(r.delayP50)) delay_p99_us=\(Int(r.delayP99)) delay_max_us=\(Int(r.delayMax))"
+                + " clients=\(count) payload=\(payload) paced=1"
+        } else {
+            line +=
+                " clients=\(count) payload=\(payload) window=\(window) batch=\(batch) gso=\(traffic?.gso == true ? 1 : 0)"
+        }
         print(line)
         fflush(nil)
         if r.upMeasured + r.downMeasured == 0 { failedPhase = true }
