@@ -60,7 +60,7 @@ public enum RelayConfigFile {
     public static let relayOptions: [String: Kind] = [
         // Listening.
         "listen": .value, "listening-ip": .value, "listening-port": .value, "alt-address": .value,
-        "no-tcp": .flag, "no-udp": .flag, "no-gso": .flag, "threads": .value,
+        "no-tcp": .flag, "no-udp": .flag, "no-gso": .flag, "threads": .value, "batch-window": .value,
         "software": .value, "log-level": .value,
         // TURN authentication.
         "user": .value, "user-file": .value, "realm": .value, "use-auth-secret": .flag,

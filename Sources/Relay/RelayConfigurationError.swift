@@ -14,6 +14,7 @@ public enum RelayConfigurationError: Error, Hashable, Sendable, CustomStringConv
     case badAlternateAddress(String)
     /// `threads` is not in 1...1024.
     case threadsOutOfRange(Int)
+    case batchWindowOutOfRange(Int)
     /// One of `cert` and `pkey` without the other.
     case certificateWithoutKey
     /// `max-tcp-connections` is below 1.
@@ -55,6 +56,7 @@ public enum RelayConfigurationError: Error, Hashable, Sendable, CustomStringConv
             "--listening-port applies to --listening-ip addresses, not to --listen (which has its own port)"
         case .badAlternateAddress(let text): "--alt-address '\(text)' is not IP:PORT or [IPv6]:PORT"
         case .threadsOutOfRange(let threads): "--threads must be between 1 and 1024, not \(threads)"
+        case .batchWindowOutOfRange(let us): "--batch-window must be between 0 and 100000 microseconds, not \(us)"
         case .certificateWithoutKey: "--cert and --pkey go together"
         case .maxTCPConnectionsTooLow: "--max-tcp-connections must be at least 1"
         case .badRelayIP(let text): "--relay-ip '\(text)' is not an IP address"

@@ -81,8 +81,10 @@ extension TransportAddress {
 /// runs tasks until none is left, so drains re-armed one after another would
 /// starve the listeners). The registration stays disarmed until the loop,
 /// having drained, calls ``rearm()``: at most one wake-up is pending, and
-/// what arrives meanwhile is read in the same batch. The thread never touches
-/// a relay socket or the lane.
+/// what arrives meanwhile is read in the same batch. While traffic flows the
+/// loop drains on a timer instead and leaves the poller disarmed (see
+/// ``TURNLane``'s batch window). The thread never touches a relay socket or
+/// the lane.
 final class RelayPoller: Sendable {
     /// The poller's epoll set, its stop eventfd and the pipe's write end: made
     /// in `init`, closed in ``stop()`` once the thread has been joined, so the
@@ -182,10 +184,11 @@ private final class ThreadBody: Sendable {
     }
 }
 
-// MARK: - Toward peers
+// MARK: - Outgoing datagrams
 
-/// Datagrams toward peers, queued while the listener's read burst lasts and
-/// sent at its end: per relay socket, runs to one peer of one size as one UDP
+/// Datagrams a lane's drain sends, toward peers from the relay sockets and
+/// toward clients from the listeners, queued while the drain lasts and sent
+/// at its end: per socket, runs to one destination of one size as one UDP
 /// GSO write (`UDP_SEGMENT`), everything in as few sendmmsg calls as possible.
 /// Confined to the lane's event loop.
 final class PeerOutbox {
@@ -193,6 +196,10 @@ final class PeerOutbox {
         var peer: TransportAddress
         var offset: Int
         var length: Int
+        /// May share a GSO write with its neighbours: relayed data, not a STUN
+        /// answer (a capture on loopback shows a GSO write as one datagram, and
+        /// two answers in one datagram would not read as STUN).
+        var segmentable: Bool
         /// The next entry of the same relay socket, or -1.
         var next: Int
     }
@@ -229,10 +236,27 @@ final class PeerOutbox {
 
     var isEmpty: Bool { entries.isEmpty }
 
-    /// Queues `payload` for `peer` on `socket`.
-    func append(_ payload: UnsafeRawBufferPointer, to peer: TransportAddress, on socket: RelaySocket) {
+    /// Bytes queued.
+    var byteCount: Int { bytes.count }
+
+    /// Queues `payload` for `peer` on `socket`; with `channel`, as ChannelData
+    /// of that number (RFC 8656 §12.4; over UDP without padding). A STUN
+    /// `answer` always leaves as a datagram of its own.
+    func append(
+        _ payload: UnsafeRawBufferPointer, to peer: TransportAddress, on socket: RelaySocket, channel: UInt16? = nil,
+        answer: Bool = false
+    ) {
         let index = entries.count
-        entries.append(Entry(peer: peer, offset: bytes.count, length: payload.count, next: -1))
+        let header = channel == nil ? 0 : 4
+        entries.append(
+            Entry(peer: peer, offset: bytes.count, length: header + payload.count, segmentable: !answer, next: -1))
+        if let channel {
+            let length = UInt16(truncatingIfNeeded: payload.count)
+            bytes.append(UInt8(channel >> 8))
+            bytes.append(UInt8(channel & 0xFF))
+            bytes.append(UInt8(length >> 8))
+            bytes.append(UInt8(length & 0xFF))
+        }
         bytes.append(contentsOf: payload)
         if socket.outTail >= 0, socket.outTail < index {
             entries[socket.outTail].next = index
@@ -249,7 +273,7 @@ final class PeerOutbox {
         var dropped = 0
         bytes.withUnsafeBytes { base in
             for socket in dirty {
-                if socket.fd >= 0 { dropped += send(chainFrom: socket.outHead, on: socket.fd, base: base, logger: logger) }
+                if socket.fd >= 0 { dropped += send(chainFrom: socket.outHead, on: socket, base: base, logger: logger) }
                 socket.outHead = -1
                 socket.outTail = -1
             }
@@ -260,7 +284,8 @@ final class PeerOutbox {
         return dropped
     }
 
-    private func send(chainFrom head: Int, on fd: Int32, base: UnsafeRawBufferPointer, logger: Logger) -> Int {
+    private func send(chainFrom head: Int, on socket: RelaySocket, base: UnsafeRawBufferPointer, logger: Logger) -> Int {
+        let fd = socket.fd
         var cursor = head
         var dropped = 0
         while cursor >= 0 {
@@ -278,11 +303,11 @@ final class PeerOutbox {
                 iovCount += 1
                 var segments = 1
                 cursor = first.next
-                if gso.enabled && first.length > 0 && first.length <= Self.maxSegmentSize {
+                if gso.enabled && first.segmentable && first.length > 0 && first.length <= Self.maxSegmentSize {
                     let limit = min(Self.maxSegments, Self.maxGSOBytes / first.length)
                     while cursor >= 0, segments < limit {
                         let next = entries[cursor]
-                        guard next.length == first.length, next.peer == first.peer else { break }
+                        guard next.length == first.length, next.segmentable, next.peer == first.peer else { break }
                         iovs[iovCount] = iovec(
                             iov_base: UnsafeMutableRawPointer(mutating: base.baseAddress.map { $0 + next.offset }),
                             iov_len: next.length)
@@ -300,7 +325,11 @@ final class PeerOutbox {
             while sent < count {
                 let n = Int(relay_send_batch(fd, messages + sent, Int32(count - sent), iovs))
                 if n > 0 {
-                    if !gso.confirmed, (sent..<(sent + n)).contains(where: { messages[$0].segment > 0 }) { gso.confirmed = true }
+                    for i in sent..<(sent + n) where messages[i].segment > 0 {
+                        gso.confirmed = true
+                        socket.gsoWrites += 1
+                        socket.gsoSegments += segmentCount[i]
+                    }
                     sent += n
                     continue
                 }
@@ -316,7 +345,7 @@ final class PeerOutbox {
                 }
                 if messages[sent].segment > 0 && !gso.confirmed {
                     // GSO refused before it ever worked: off, and this run again one by one.
-                    gso.disable(String(cString: strerror(error)), logger: logger, what: "relayed datagrams toward peers")
+                    gso.disable(String(cString: strerror(error)), logger: logger, what: "relayed datagrams and answers")
                     cursor = firstEntry[sent]
                     break
                 }

@@ -23,6 +23,9 @@ public struct RelayOptions: Hashable, Sendable {
     public var tcp = true
     public var gso = true
     public var threads = 1
+    /// `batch-window`: see ``RelayService/Configuration/batchWindow``.
+    public var batchWindowMicroseconds = RelayOptions.defaultBatchWindowMicroseconds
+    public static let defaultBatchWindowMicroseconds = Int(RelayService.Configuration.defaultBatchWindow.nanoseconds / 1000)
 
     // TURN (RFC 8656).
 
@@ -103,10 +106,12 @@ public struct RelayOptions: Hashable, Sendable {
             alternate = address
         }
         guard (1...1024).contains(threads) else { throw .threadsOutOfRange(threads) }
+        guard (0...100_000).contains(batchWindowMicroseconds) else { throw .batchWindowOutOfRange(batchWindowMicroseconds) }
         let addresses = listenAddresses.isEmpty ? RelayService.Configuration.defaultListenAddresses : listenAddresses
         var configuration = RelayService.Configuration(
             listenAddresses: addresses,
-            alternateAddress: alternate, software: software, udp: udp, tcp: tcp, threads: threads, gso: gso)
+            alternateAddress: alternate, software: software, udp: udp, tcp: tcp, threads: threads, gso: gso,
+            batchWindow: .microseconds(Int64(batchWindowMicroseconds)))
         if !noTLS {
             switch (certificate, privateKey) {
             case (let cert?, let key?): configuration.tls = TLSSettings(certificateFile: cert, privateKeyFile: key, port: tlsPort)

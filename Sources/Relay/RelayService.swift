@@ -51,12 +51,22 @@ public final class RelayService: Service, Sendable {
         /// kernel supports it). Turn off for a NIC without TX checksum offload
         /// or an IPsec path, where Linux refuses GSO writes.
         public var gso: Bool
+        /// How long a TURN lane lets datagrams gather once its sockets turn
+        /// readable, before it reads them all in one drain (zero: at once).
+        /// Voice arrives as one datagram per flow every 20 ms, so without a
+        /// window every datagram costs a wake-up of its own; 200 µs adds at most
+        /// that to a packet's trip through the relay and lets a busy relay read
+        /// and send in batches.
+        public var batchWindow: TimeAmount
         /// TURN (RFC 8656) on the primary UDP and the TCP sockets; nil serves STUN only.
         public var turn: TURNServerConfiguration?
         /// Where relay sockets are bound; nil derives it from the listen addresses.
         public var relayPlan: RelayAddressPlan?
         /// STUN/TURN over TLS (RFC 8656 §3.1) on a second port of every listen address.
         public var tls: TLSSettings?
+
+        /// 200 µs: see ``batchWindow``.
+        public static let defaultBatchWindow = TimeAmount.microseconds(200)
 
         /// `0.0.0.0:3478` and `[::]:3478`.
         public static let defaultListenAddresses = [
@@ -67,8 +77,10 @@ public final class RelayService: Service, Sendable {
             listenAddresses: [TransportAddress] = Configuration.defaultListenAddresses,
             alternateAddress: TransportAddress? = nil, software: String? = nil, udp: Bool = true, tcp: Bool = true,
             threads: Int = 1, tcpIdleTimeout: TimeAmount = .seconds(30), gso: Bool = true,
+            batchWindow: TimeAmount = Configuration.defaultBatchWindow,
             turn: TURNServerConfiguration? = nil, relayPlan: RelayAddressPlan? = nil
         ) {
+            self.batchWindow = batchWindow
             self.turn = turn
             self.relayPlan = relayPlan
             self.listenAddresses = listenAddresses
@@ -195,11 +207,13 @@ public final class RelayService: Service, Sendable {
                 let plan = configuration.relayPlan ?? RelayAddressPlan.derived(from: configuration.listenAddresses)
                 var lanes: [NIOLoopBound<TURNLane>] = []
                 let gso = configuration.gso
+                let window = configuration.batchWindow
                 for loop in group.makeIterator() {
                     let logger = self.logger
                     lanes.append(
                         try await loop.submit {
-                            let lane = TURNLane(loop: loop, configuration: turn, plan: plan, logger: logger, gso: gso)
+                            let lane = TURNLane(
+                                loop: loop, configuration: turn, plan: plan, logger: logger, gso: gso, batchWindow: window)
                             lane.start()
                             return NIOLoopBound(lane, eventLoop: loop)
                         }.get())
@@ -328,7 +342,9 @@ public final class RelayService: Service, Sendable {
     private func bindUDPServer(
         _ listen: TransportAddress, alternate: TransportAddress?, on loops: [any EventLoop]
     ) async throws -> (sockets: [BoundSocket], channels: [any Channel]) {
-        let primary = try await bindUDP(listen, on: loops)
+        // A relaying service's primary sockets are read by their TURN lanes.
+        let turn = turnLanes.withLockedValue { $0 }
+        let primary = try await bindUDP(listen, on: loops, laneRead: turn != nil)
         let core: BindingServer
         let lanesByOrigin: [BindingServer.Origin: [any Channel]]
         let sockets: [BoundSocket]
@@ -359,7 +375,13 @@ public final class RelayService: Service, Sendable {
         var channels: [any Channel] = []
         for origin in BindingServer.Origin.all {
             for (lane, channel) in (lanesByOrigin[origin] ?? []).enumerated() {
-                try await startServing(channel, core: core, origin: origin, routes: routes, lane: lane)
+                if origin == .primary, let turn, lane < primary.descriptors.count {
+                    try await startLaneReading(
+                        channel, fd: primary.descriptors[lane], address: primary.address, core: core, routes: routes, lane: lane,
+                        turn: turn)
+                } else {
+                    try await startServing(channel, core: core, origin: origin, routes: routes, lane: lane)
+                }
                 channels.append(channel)
             }
         }
@@ -375,13 +397,33 @@ public final class RelayService: Service, Sendable {
     /// Binds one UDP socket per event loop on `address` (one without
     /// SO_REUSEPORT when there is a single loop, so a port in use is an error).
     /// Reading stays off until ``startServing(_:core:origin:routes:lane:)``.
-    private func bindUDP(_ address: TransportAddress, on loops: [any EventLoop]) async throws
-        -> (lanes: [any Channel], address: TransportAddress)
+    /// With `laneRead` the sockets are bound here and handed to NIO, and their
+    /// descriptors returned, for ``startLaneReading(_:fd:address:core:routes:lane:turn:)``.
+    private func bindUDP(_ address: TransportAddress, on loops: [any EventLoop], laneRead: Bool = false) async throws
+        -> (lanes: [any Channel], address: TransportAddress, descriptors: [Int32])
     {
         var lanes: [any Channel] = []
+        var descriptors: [Int32] = []
         var target = address
         do {
             for loop in loops {
+                if laneRead {
+                    let fd = try ListenerSocket.bind(target, reusePort: loops.count > 1, buffer: Int32(Self.socketBufferBytes))
+                    let channel: any Channel
+                    do {
+                        channel = try await DatagramBootstrap(group: loop).channelOption(.autoRead, value: false)
+                            .withBoundSocket(fd).get()
+                    } catch {
+                        close(fd)
+                        throw error
+                    }
+                    lanes.append(channel)
+                    descriptors.append(fd)
+                    if target.port == 0, let actual = channel.localAddress.flatMap(TransportAddress.init) {
+                        target.port = actual.port
+                    }
+                    continue
+                }
                 var bootstrap = DatagramBootstrap(group: loop)
                     .channelOption(.autoRead, value: false)
                     .channelOption(.datagramVectorReadMessageCount, value: Self.datagramsPerRead)
@@ -402,7 +444,24 @@ public final class RelayService: Service, Sendable {
             for channel in lanes { channel.close(promise: nil) }
             throw RelayServiceError.bindFailed("udp", address, error)
         }
-        return (lanes, target)
+        return (lanes, target, descriptors)
+    }
+
+    /// Hands a primary socket to the TURN lane of its event loop, which reads it
+    /// in its drains (``ListenerSocket``); NIO keeps the channel, reading off.
+    private func startLaneReading(
+        _ channel: any Channel, fd: Int32, address: TransportAddress, core: BindingServer, routes: UDPRoutes, lane: Int,
+        turn: TURNLanes
+    ) async throws {
+        let totals = self.totals
+        try await channel.eventLoop.submit {
+            guard let turnLane = turn.current(on: channel.eventLoop) else {
+                throw RelayServiceError(.invalidConfiguration, "no TURN lane on the event loop of \(address)")
+            }
+            turnLane.attach(
+                ListenerSocket(
+                    fd: fd, address: address, channel: channel, core: core, routes: routes, laneIndex: lane, totals: totals))
+        }.get()
     }
 
     private func startServing(
@@ -411,12 +470,10 @@ public final class RelayService: Service, Sendable {
         let totals = self.totals
         let logger = self.logger
         let gso = configuration.gso
-        let turn = turnLanes.withLockedValue { $0 }
         try await channel.eventLoop.submit {
             try channel.pipeline.syncOperations.addHandler(
                 UDPListenerHandler(
-                    core: core, origin: origin, routes: routes, lane: lane, totals: totals, logger: logger,
-                    gso: gso, turn: turn))
+                    core: core, origin: origin, routes: routes, lane: lane, totals: totals, logger: logger, gso: gso))
         }.get()
         try await channel.setOption(.autoRead, value: true).get()
     }

@@ -36,19 +36,20 @@ public struct RelayAddressPlan: Hashable, Sendable {
 /// asks the loop to drain; see ``RelayPoller``).
 ///
 /// Relay sockets are raw non-blocking UDP fds, not NIO channels (a channel
-/// costs ~2.6 KB per allocation). Toward peers, payloads are queued while the
-/// listener's read burst lasts and leave per relay socket in sendmmsg/GSO
-/// batches (``PeerOutbox``). From peers, the relay sockets sit in one epoll set
-/// the loop drains with recvmmsg; the ChannelData toward each client is
-/// gathered per relay socket and size into UDP GSO writes on the listener.
+/// costs ~2.6 KB per allocation), and so are the primary UDP listeners
+/// (``ListenerSocket``): all of them sit in one epoll set that the loop drains
+/// with recvmmsg when the poller says it is readable. What a drain sends, toward
+/// peers from the relay sockets and toward clients from the listener, is queued
+/// in one ``PeerOutbox`` and leaves at the drain's end in sendmmsg batches, runs
+/// to one destination as UDP GSO writes.
 final class TURNLane: TURNRelayPorts {
     let loop: any EventLoop
     let core: TURNServer
     let plan: RelayAddressPlan
     let logger: Logger
 
-    /// The UDP listener channel of each server address, on this loop.
-    var listeners: [TransportAddress: any Channel] = [:]
+    /// The UDP listener of each server address, on this loop.
+    private(set) var udpListeners: [TransportAddress: ListenerSocket] = [:]
     /// TCP control connections by 5-tuple.
     var connections: [FiveTuple: any Channel] = [:]
     fileprivate var relays: [TransportAddress: RelaySocket] = [:]
@@ -59,37 +60,29 @@ final class TURNLane: TURNRelayPorts {
     private var poller: RelayPoller?
     /// The NIO pipe channel the poller wakes the loop through.
     private var wakeChannel: (any Channel)?
-    private let inbox = RelayInbox()
-    private let outbox: PeerOutbox
+    let inbox = RelayInbox()
+    let outbox: PeerOutbox
     /// Tokens of one drain's ready relay sockets.
     private var ready = [UInt64](repeating: 0, count: 256)
     /// At most this many datagrams are read from one relay socket per drain, so that one flood cannot starve the rest.
     static let readsPerDrain = 2 * RelayInbox.slots
-    /// At most this many datagrams per drain, all relay sockets together: about
-    /// what one read of the listener takes (NIO's 4 reads of 64), so that under
-    /// load the loop alternates between the two directions instead of starving
-    /// the listener (whose buffer then overflows). Sockets left readable are
-    /// reported again at once (the relay set is level-triggered).
+    /// At most this many datagrams per drain from the relay sockets together,
+    /// and as many from the listeners, so that under load the loop alternates
+    /// between the two directions instead of starving one (whose buffer then
+    /// overflows). Sockets left readable are reported again at once (the
+    /// set is level-triggered).
     static let datagramsPerDrain = 256
+    /// Listener tokens in the epoll set: the fd with this bit set (relay sockets' tokens are their fd).
+    static let listenerToken: UInt64 = 1 << 40
+    /// The outbox is sent when it holds this many bytes, even in the middle of a drain.
+    static let outboxBytesLimit = 256 * 1024
 
-    /// ChannelData toward UDP clients gathered during a drain: one per relay socket and frame size.
-    private struct ClientGroup {
-        var channel: any Channel
-        var client: TransportAddress
-        var length: Int
-        var buffer: ByteBuffer
-        var count: Int
-    }
-    private var groups: [ClientGroup] = []
-    private var groupedBytes = 0
-    /// Bumped at every write-out of `groups`: a socket's `groupIndex` counts only with the current value.
-    private var generation: UInt64 = 1
-    /// Channels toward clients written to since the last flush.
+    /// A drain is due on the loop (a task or ``drainTimer``): the poller stays disarmed meanwhile.
+    private var drainScheduled = false
+    private var drainTimer: Scheduled<Void>?
+
+    /// TCP channels toward clients written to since the last flush.
     private var unflushed: [any Channel] = []
-    private var toClients: GSOState
-    /// Gathered ChannelData is written out and flushed when it reaches this size,
-    /// so that a large drain does not push a listener past its write-buffer watermark.
-    static let groupedBytesLimit = 32 * 1024
 
     /// The core's next deadline (its expiry sweep), armed after every sweep: the
     /// hot paths do not move it, so it is not re-read per packet.
@@ -98,13 +91,19 @@ final class TURNLane: TURNRelayPorts {
     /// Set by `stop()`: nothing new is allocated while the service drains.
     private var stopped = false
 
-    init(loop: any EventLoop, configuration: TURNServerConfiguration, plan: RelayAddressPlan, logger: Logger, gso: Bool = true) {
+    /// See ``RelayService/Configuration/batchWindow``.
+    let batchWindow: TimeAmount
+
+    init(
+        loop: any EventLoop, configuration: TURNServerConfiguration, plan: RelayAddressPlan, logger: Logger, gso: Bool = true,
+        batchWindow: TimeAmount = .zero
+    ) {
         self.loop = loop
+        self.batchWindow = batchWindow
         self.plan = plan
         self.logger = logger
         self.relaySet = relay_epoll_create()
         self.outbox = PeerOutbox(gso: gso)
-        self.toClients = GSOState(enabled: gso)
         if relaySet < 0 { logger.error("cannot create the relay sockets' epoll set; no relays", metadata: ["errno": "\(errno)"]) }
         var configuration = configuration
         configuration.unixTimeAtZero = Timestamp.unixNanosecondsAtZero() / 1_000_000_000
@@ -192,6 +191,7 @@ final class TURNLane: TURNRelayPorts {
         guard !stopped else { return }
         stopped = true
         sweep?.cancel()
+        drainTimer?.cancel()
         core.deleteAll(now: Timestamp.now())
         reportEvents()
         for address in Array(relays.keys) { closeRelay(address) }
@@ -204,26 +204,56 @@ final class TURNLane: TURNRelayPorts {
 
     // MARK: - Client packets
 
-    /// Handles a non-Binding packet from a client; returns bytes to answer with, if any.
+    /// Handles a non-Binding packet from a TCP client; returns bytes to answer with, if any.
     /// Relayed payloads are queued until ``flushRelays()``.
     func handleClient(_ bytes: ByteBuffer, from tuple: FiveTuple) -> [UInt8]? {
+        bytes.withUnsafeReadableBytes { handleClient($0, from: tuple, now: Timestamp.now()) }
+    }
+
+    /// Handles a non-Binding packet from a client; returns bytes to answer with, if any.
+    /// Relayed payloads are queued until ``flushRelays()``.
+    func handleClient(_ raw: UnsafeRawBufferPointer, from tuple: FiveTuple, now: Timestamp) -> [UInt8]? {
         guard !stopped else { return nil }
         defer { reportEvents() }
-        return bytes.withUnsafeReadableBytes { raw -> [UInt8]? in
-            switch core.handleClient(raw, from: tuple, now: Timestamp.now()) {
-            case .reply(let answer): return answer
-            case .drop: return nil
-            case .relay(let allocation, let peer, let range):
-                guard let relay = allocation.relay(toward: peer),
-                    let socket = relays[relay], socket.fd >= 0, range.lowerBound >= 0, range.upperBound <= raw.count
-                else {
-                    core.recordDrop(.noRelaySocket)
-                    return nil
-                }
-                outbox.append(UnsafeRawBufferPointer(rebasing: raw[range]), to: peer, on: socket)
+        switch core.handleClient(raw, from: tuple, now: now) {
+        case .reply(let answer): return answer
+        case .drop: return nil
+        case .relay(let allocation, let peer, let range):
+            guard let relay = allocation.relay(toward: peer),
+                let socket = relays[relay], socket.fd >= 0, range.lowerBound >= 0, range.upperBound <= raw.count
+            else {
+                core.recordDrop(.noRelaySocket)
                 return nil
             }
+            outbox.append(UnsafeRawBufferPointer(rebasing: raw[range]), to: peer, on: socket)
+            return nil
         }
+    }
+
+    /// Reads a primary UDP listener in this lane's drains from now on (the
+    /// service calls this on the lane's loop, once per listener).
+    func attach(_ listener: ListenerSocket) {
+        guard !stopped, relaySet >= 0,
+            relay_epoll_add(relaySet, listener.socket.fd, Self.listenerToken | UInt64(listener.socket.fd), 0) == 0
+        else {
+            logger.error(
+                "cannot read the UDP listener", metadata: ["address": "\(listener.socket.address)", "errno": "\(errno)"])
+            listener.channel.close(promise: nil)
+            return
+        }
+        udpListeners[listener.socket.address] = listener
+        core.ownEndpoints.insert(listener.socket.address)
+        let lane = NIOLoopBound(self, eventLoop: loop)
+        let bound = NIOLoopBound(listener, eventLoop: loop)
+        // NIO closed the descriptor (shutdown, or a fatal error), which took it out of the set.
+        listener.channel.closeFuture.hop(to: loop).whenComplete { _ in lane.value.detach(bound.value) }
+    }
+
+    private func detach(_ listener: ListenerSocket) {
+        guard udpListeners[listener.socket.address] === listener else { return }
+        udpListeners[listener.socket.address] = nil
+        listener.mergeCounters()
+        listener.socket.fd = -1
     }
 
     /// Sends what the read burst queued toward peers. A relay socket whose
@@ -236,26 +266,61 @@ final class TURNLane: TURNRelayPorts {
 
     // MARK: - Peer packets
 
-    /// Reads the relay sockets that have datagrams (on the loop, when the poller wakes it).
+    /// Reads the listeners and relay sockets that have datagrams (on the loop,
+    /// when the poller wakes it, or on the batch window's timer), then sends
+    /// what that queued.
+    ///
+    /// While datagrams keep coming, the loop drains again one batch window
+    /// later on a timer of its own (at once when this drain stopped at its
+    /// budget): a steady trickle of voice is read and sent in batches, without
+    /// a wake-up and a trip through the poller thread per datagram. A drain
+    /// that finds nothing hands the watching back to the poller, so an idle
+    /// relay sleeps and the first datagram after a pause is read at once.
     fileprivate func drainRelays() {
+        drainScheduled = false
         guard !stopped, relaySet >= 0 else { return }
         let n = ready.withUnsafeMutableBufferPointer { relay_epoll_wait(relaySet, $0.baseAddress, Int32($0.count), 0) }
         var budget = Self.datagramsPerDrain
-        for i in 0..<max(0, Int(n)) where budget > 0 {
-            let fd = Int(truncatingIfNeeded: ready[i])
-            guard fd >= 0, fd < socketsByFD.count, let socket = socketsByFD[fd] else { continue }
-            budget -= read(socket, atMost: min(budget, Self.readsPerDrain))
-            if groupedBytes >= Self.groupedBytesLimit { writeToClients() }
+        var listenerBudget = Self.datagramsPerDrain
+        for i in 0..<max(0, Int(n)) {
+            let token = ready[i]
+            if token & Self.listenerToken != 0 {
+                let fd = Int32(truncatingIfNeeded: token & 0xFFFF_FFFF)
+                guard listenerBudget > 0, let listener = udpListeners.values.first(where: { $0.socket.fd == fd }) else {
+                    continue
+                }
+                listenerBudget -= read(listener, atMost: listenerBudget)
+            } else {
+                let fd = Int(truncatingIfNeeded: token)
+                guard budget > 0, fd >= 0, fd < socketsByFD.count, let socket = socketsByFD[fd] else { continue }
+                budget -= read(socket, atMost: min(budget, Self.readsPerDrain))
+            }
+            if outbox.byteCount >= Self.outboxBytesLimit { flushRelays() }
         }
-        writeToClients()
-        poller?.rearm()
-    }
-
-    /// Writes the gathered ChannelData and flushes every channel toward clients written to.
-    private func writeToClients() {
-        writeGroups()
+        flushRelays()
+        for listener in udpListeners.values { listener.mergeCounters() }
         for channel in unflushed { channel.flush() }
         unflushed.removeAll(keepingCapacity: true)
+        let read = 2 * Self.datagramsPerDrain - budget - listenerBudget
+        if budget <= 0 || listenerBudget <= 0 {
+            scheduleDrain(after: .zero)
+        } else if read > 0 && batchWindow > .zero {
+            scheduleDrain(after: batchWindow)
+        } else {
+            poller?.rearm()
+        }
+    }
+
+    /// Drains again after `delay` (zero: after the loop's other I/O), polling instead of waiting for the poller.
+    private func scheduleDrain(after delay: TimeAmount) {
+        guard !drainScheduled, !stopped else { return }
+        drainScheduled = true
+        let lane = NIOLoopBound(self, eventLoop: loop)
+        if delay == .zero {
+            loop.execute { lane.value.drainRelays() }
+        } else {
+            drainTimer = loop.scheduleTask(in: delay) { lane.value.drainRelays() }
+        }
     }
 
     /// Reads up to `limit` datagrams from a relay socket; returns how many.
@@ -284,12 +349,13 @@ final class TURNLane: TURNRelayPorts {
         switch core.handlePeer(payload, from: peer, allocation: allocation, now: now) {
         case .drop: return
         case .channel(let number, let tuple):
-            guard let channel = socket.client ?? clientChannel(tuple) else { return }
-            let length = payload.count
             if tuple.transport == .udp {
-                appendChannelData(number, payload, to: tuple.client, on: channel, socket: socket)
+                guard let listener = socket.clientListener ?? udpListeners[tuple.server]?.socket else { return }
+                outbox.append(payload, to: tuple.client, on: listener, channel: number)
                 return
             }
+            guard let channel = socket.client ?? connections[tuple] else { return }
+            let length = payload.count
             // A TCP client that stops reading must not make the server buffer its peer's flood.
             guard channel.isWritable else {
                 core.recordDrop(.backpressure)
@@ -304,94 +370,25 @@ final class TURNLane: TURNRelayPorts {
             channel.write(frame, promise: nil)
             markUnflushed(channel)
         case .indication(let bytes, let tuple):
-            guard let channel = socket.client ?? clientChannel(tuple) else { return }
+            if tuple.transport == .udp {
+                guard let listener = socket.clientListener ?? udpListeners[tuple.server]?.socket else { return }
+                bytes.withUnsafeBytes { outbox.append($0, to: tuple.client, on: listener, answer: true) }
+                return
+            }
+            guard let channel = socket.client ?? connections[tuple] else { return }
             guard channel.isWritable else {
                 core.recordDrop(.backpressure)
                 return
             }
             var buffer = channel.allocator.buffer(capacity: bytes.count)
             buffer.writeBytes(bytes)
-            if tuple.transport == .udp {
-                channel.write(AddressedEnvelope(remoteAddress: SocketAddress(tuple.client), data: buffer), promise: nil)
-            } else {
-                channel.write(buffer, promise: nil)
-            }
+            channel.write(buffer, promise: nil)
             markUnflushed(channel)
         }
     }
 
-    /// Adds a ChannelData frame (UDP: no padding) to this relay socket's group of its size.
-    private func appendChannelData(
-        _ number: UInt16, _ payload: UnsafeRawBufferPointer, to client: TransportAddress, on channel: any Channel,
-        socket: RelaySocket
-    ) {
-        let length = 4 + payload.count
-        let segmentable = toClients.enabled && length <= UDPListenerHandler.maxSegmentSize
-        let limit = segmentable ? min(UDPListenerHandler.maxSegments, UDPListenerHandler.maxGSOBytes / length) : 1
-        let index: Int
-        if socket.groupGeneration == generation, socket.groupIndex < groups.count,
-            groups[socket.groupIndex].length == length, groups[socket.groupIndex].count < limit
-        {
-            index = socket.groupIndex
-            groups[index].count += 1
-        } else {
-            index = groups.count
-            let buffer = channel.allocator.buffer(capacity: length * min(limit, 8))
-            groups.append(ClientGroup(channel: channel, client: client, length: length, buffer: buffer, count: 1))
-            socket.groupIndex = index
-            socket.groupGeneration = generation
-        }
-        groups[index].buffer.writeInteger(number)
-        groups[index].buffer.writeInteger(UInt16(truncatingIfNeeded: payload.count))
-        groups[index].buffer.writeBytes(payload)
-        groupedBytes += length
-    }
-
-    /// Writes the gathered ChannelData: one GSO write per group of two or more.
-    private func writeGroups() {
-        generation &+= 1
-        groupedBytes = 0
-        guard !groups.isEmpty else { return }
-        for group in groups {
-            // A listener that cannot take more drops rather than queueing without bound.
-            guard group.channel.isWritable else {
-                for _ in 0..<group.count { core.recordDrop(.backpressure) }
-                continue
-            }
-            let remote = SocketAddress(group.client)
-            if group.count == 1 {
-                group.channel.write(AddressedEnvelope(remoteAddress: remote, data: group.buffer), promise: nil)
-            } else {
-                let envelope = AddressedEnvelope(
-                    remoteAddress: remote, data: group.buffer,
-                    metadata: .init(ecnState: .transportNotCapable, packetInfo: nil, segmentSize: group.length))
-                if toClients.confirmed {
-                    group.channel.write(envelope, promise: nil)
-                } else {
-                    let promise = loop.makePromise(of: Void.self)
-                    let lane = NIOLoopBound(self, eventLoop: loop)
-                    let log = logger
-                    promise.futureResult.whenComplete { result in
-                        switch result {
-                        case .success: lane.value.toClients.confirmed = true
-                        case .failure(let error):
-                            lane.value.toClients.disable("\(error)", logger: log, what: "ChannelData toward clients")
-                        }
-                    }
-                    group.channel.write(envelope, promise: promise)
-                }
-            }
-            markUnflushed(group.channel)
-        }
-        groups.removeAll(keepingCapacity: true)
-    }
-
     private func markUnflushed(_ channel: any Channel) {
         if !unflushed.contains(where: { $0 === channel }) { unflushed.append(channel) }
-    }
-
-    private func clientChannel(_ tuple: FiveTuple) -> (any Channel)? {
-        tuple.transport == .udp ? listeners[tuple.server] : connections[tuple]
     }
 
     // MARK: - TURNRelayPorts
@@ -450,13 +447,18 @@ final class TURNLane: TURNRelayPorts {
         guard let socket = relays[relay] else { return }
         socket.allocation = allocation
         // Resolved once, not per datagram: where this relay's traffic to the client leaves.
-        socket.client = clientChannel(allocation.tuple)
+        if allocation.tuple.transport == .udp {
+            socket.clientListener = udpListeners[allocation.tuple.server]?.socket
+        } else {
+            socket.client = connections[allocation.tuple]
+        }
     }
 
     func closeRelay(_ address: TransportAddress) {
         guard let socket = relays.removeValue(forKey: address) else { return }
         socket.allocation = nil
         socket.client = nil
+        socket.clientListener = nil
         guard socket.fd >= 0 else { return }
         let fd = Int(socket.fd)
         if fd < socketsByFD.count, socketsByFD[fd] === socket { socketsByFD[fd] = nil }
@@ -531,14 +533,16 @@ final class RelaySocket {
     /// In the relay set (a held EVEN-PORT reservation is bound but not read).
     var reading = false
     var allocation: TURNAllocation?
-    /// The channel toward the allocation's client.
+    /// The channel toward the allocation's client over TCP.
     var client: (any Channel)?
+    /// The listener toward the allocation's client over UDP.
+    var clientListener: RelaySocket?
     /// This socket's queue in the lane's ``PeerOutbox`` (entry indices, -1: empty).
     var outHead = -1
     var outTail = -1
-    /// Its ChannelData group of the current drain, valid while `groupGeneration` is the lane's.
-    var groupIndex = 0
-    var groupGeneration: UInt64 = 0
+    /// UDP GSO writes the outbox made on this socket, and the datagrams in them (listeners report them).
+    var gsoWrites = 0
+    var gsoSegments = 0
 
     init(address: TransportAddress, fd: Int32) {
         self.address = address

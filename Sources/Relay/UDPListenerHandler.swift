@@ -46,6 +46,10 @@ extension BindingServer.Origin {
 /// not available, or the first GSO write fails, every answer is its own
 /// datagram. A response that RFC 5780 sends from another server address goes
 /// out on that address's channel.
+///
+/// A relaying service's primary sockets are read by their TURN lane instead
+/// (``ListenerSocket``); this handler serves every socket of a Binding-only
+/// service and the RFC 5780 alternate sockets.
 final class UDPListenerHandler: ChannelInboundHandler {
     typealias InboundIn = AddressedEnvelope<ByteBuffer>
     typealias OutboundOut = AddressedEnvelope<ByteBuffer>
@@ -87,16 +91,11 @@ final class UDPListenerHandler: ChannelInboundHandler {
     private var gso: GSOState
     /// Bit `routeIndex` set: that origin's channel (on this event loop) has unflushed writes.
     private var unflushedRoutes: UInt8 = 0
-    /// The TURN lanes when the service relays; TURN is served on primary sockets only.
-    private let turn: TURNLanes?
-    private var turnLane: TURNLane?
-    private var serverAddress: TransportAddress?
 
     init(
         core: BindingServer, origin: BindingServer.Origin, routes: UDPRoutes, lane: Int, totals: StatisticsBox,
-        logger: Logger, gso: Bool = true, turn: TURNLanes? = nil
+        logger: Logger, gso: Bool = true
     ) {
-        self.turn = origin == .primary ? turn : nil
         self.gso = GSOState(enabled: gso)
         self.core = core
         self.origin = origin
@@ -108,37 +107,12 @@ final class UDPListenerHandler: ChannelInboundHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         allocator = context.channel.allocator
-        if let turn, let lane = turn.current(on: context.eventLoop),
-            let local = context.channel.localAddress.flatMap(TransportAddress.init)
-        {
-            turnLane = lane
-            serverAddress = local
-            lane.listeners[local] = context.channel
-            lane.core.ownEndpoints.insert(local)
-        }
-    }
-
-    /// Whether a datagram is for TURN: ChannelData, or STUN of a method other than Binding.
-    static func isTURN(_ buffer: ByteBuffer) -> Bool {
-        guard let type = buffer.getInteger(at: buffer.readerIndex, as: UInt16.self) else { return false }
-        return TURNServer.isTURN(leadingBytes: type)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let envelope = unwrapInboundIn(data)
         guard let source = TransportAddress(envelope.remoteAddress) else { return }
         let request = envelope.data
-        if let lane = turnLane, let serverAddress, Self.isTURN(request) {
-            let tuple = FiveTuple(client: source, server: serverAddress, transport: .udp)
-            if let answer = lane.handleClient(request, from: tuple) {
-                var response = allocator.buffer(capacity: answer.count)
-                response.writeBytes(answer)
-                context.write(
-                    wrapOutboundOut(AddressedEnvelope(remoteAddress: envelope.remoteAddress, data: response)), promise: nil)
-                counters.responses += 1
-            }
-            return
-        }
         let capacity = core.responseCapacity(requestLength: request.readableBytes)
         if scratch.count < capacity { scratch = [UInt8](repeating: 0, count: capacity) }
         let outcome = request.withUnsafeReadableBytes { req in
@@ -226,7 +200,6 @@ final class UDPListenerHandler: ChannelInboundHandler {
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
-        turnLane?.flushRelays()
         if !groups.isEmpty { writeGroups(context: context) }
         context.flush()
         if unflushedRoutes != 0 {

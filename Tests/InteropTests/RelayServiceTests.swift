@@ -5,6 +5,7 @@ import NIOCore
 import Relay
 import STUN
 import ServiceLifecycle
+import TURN
 import Testing
 import Transport
 import TusaBase
@@ -201,12 +202,22 @@ struct RelayServiceTests {
 
     // MARK: RFC 5780
 
-    @Test("RFC 5780: CHANGE-REQUEST is answered from the asked-for address")
-    func changeRequestIsAnsweredFromTheOtherAddress() async throws {
+    /// With TURN on, the primary socket is read by the TURN lane (`ListenerSocket`), not by a NIO pipeline.
+    static let relaying: TURNServerConfiguration = {
+        var turn = TURNServerConfiguration(realm: "test")
+        turn.anonymous = true
+        return turn
+    }()
+
+    @Test(
+        "RFC 5780: CHANGE-REQUEST is answered from the asked-for address (Binding-only, and relaying)",
+        arguments: [false, true])
+    func changeRequestIsAnsweredFromTheOtherAddress(relaying: Bool) async throws {
         let (primaryPort, alternatePort) = try freeUDPPorts()
         let primary = TransportAddress(ip: loopbackV4, port: primaryPort)
         let alternate = TransportAddress(ip: secondLoopbackV4, port: alternatePort)
-        let configuration = RelayService.Configuration(listenAddresses: [primary], alternateAddress: alternate)
+        let configuration = RelayService.Configuration(
+            listenAddresses: [primary], alternateAddress: alternate, turn: relaying ? Self.relaying : nil)
         try await withBindingService(configuration) { service, sockets in
             #expect(
                 sockets.filter { $0.kind == .udp }.map(\.address) == [
@@ -236,11 +247,12 @@ struct RelayServiceTests {
         }
     }
 
-    @Test("RFC 5780 works with ephemeral ports and several threads too")
-    func behaviorDiscoveryOnEphemeralPorts() async throws {
+    @Test("RFC 5780 works with ephemeral ports and several threads too (Binding-only, and relaying)", arguments: [false, true])
+    func behaviorDiscoveryOnEphemeralPorts(relaying: Bool) async throws {
         let configuration = RelayService.Configuration(
             listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)],
-            alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 0), tcp: false, threads: 2)
+            alternateAddress: TransportAddress(ip: secondLoopbackV4, port: 0), tcp: false, threads: 2,
+            turn: relaying ? Self.relaying : nil)
         try await withBindingService(configuration) { _, sockets in
             #expect(sockets.count == 4)
             let addresses = Dictionary(uniqueKeysWithValues: sockets.map { ($0.origin, $0.address) })
@@ -257,10 +269,11 @@ struct RelayServiceTests {
 
     // MARK: lifecycle and configuration
 
-    @Test("several threads: the reuse-port sockets answer")
-    func severalThreads() async throws {
+    @Test("several threads: the reuse-port sockets answer (Binding-only, and relaying)", arguments: [false, true])
+    func severalThreads(relaying: Bool) async throws {
         let configuration = RelayService.Configuration(
-            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], tcp: false, threads: 2)
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], tcp: false, threads: 2,
+            turn: relaying ? Self.relaying : nil)
         try await withBindingService(configuration) { service, sockets in
             #expect(sockets.count == 1)
             let server = try #require(sockets.first).address

@@ -18,6 +18,16 @@ struct RelayOptionsTests {
         #expect(try RelayOptions().metricsAddress() == nil)
     }
 
+    @Test("the batch window: 200 µs by default, 0 turns it off, and it reaches the service's configuration")
+    func batchWindow() throws {
+        #expect(try RelayOptions().configuration().batchWindow == .microseconds(200))
+        var options = RelayOptions()
+        options.batchWindowMicroseconds = 0
+        #expect(try options.configuration().batchWindow == .zero)
+        options.batchWindowMicroseconds = 750
+        #expect(try options.configuration().batchWindow == .microseconds(750))
+    }
+
     @Test("listen addresses, listening IPs at the listening port")
     func listenAddresses() throws {
         var options = RelayOptions()
@@ -99,6 +109,10 @@ struct RelayOptionsTests {
             "--alt-address '127.0.0.1' is not IP:PORT or [IPv6]:PORT"
         ),
         ("threads", { $0.threads = 0 }, .threadsOutOfRange(0), "--threads must be between 1 and 1024, not 0"),
+        (
+            "batch-window", { $0.batchWindowMicroseconds = -1 }, .batchWindowOutOfRange(-1),
+            "--batch-window must be between 0 and 100000 microseconds, not -1"
+        ),
         ("cert alone", { $0.certificate = "c.pem" }, .certificateWithoutKey, "--cert and --pkey go together"),
         (
             "max-tcp-connections", { $0.maxTCPConnections = 0 }, .maxTCPConnectionsTooLow,

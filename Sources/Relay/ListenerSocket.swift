@@ -1,0 +1,165 @@
+import Logging
+import NIOCore
+import STUN
+import TURN
+import TusaBase
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
+
+/// A primary UDP listener of a relaying service, read by its TURN lane rather
+/// than by a NIO pipeline.
+///
+/// Voice reaches a relay as one datagram per flow every 20 ms, flows
+/// interleaved: nothing to coalesce per flow, so what a datagram costs in user
+/// space decides the relay's rate. NIO's read path spends per datagram an
+/// envelope, a buffer, the sender's address formatted as text and a trip
+/// through the pipeline; here the lane reads the socket with recvmmsg into its
+/// own slots in the same drain as the relay sockets (the listener sits in the
+/// lane's epoll set), answers Binding and TURN requests from the bytes, and
+/// queues answers and ChannelData toward clients in the lane's outbox, which
+/// sends them with sendmmsg (UDP GSO for runs to one client) at the end of
+/// the drain.
+///
+/// NIO still owns the socket (the service binds it and hands it over with
+/// `withBoundSocket`, reading off): it closes it on shutdown, and answers that
+/// RFC 5780 sends from another server address reach this one through its
+/// channel, as before.
+final class ListenerSocket {
+    /// The bound socket, as the outbox knows sockets (never in the relay table).
+    let socket: RelaySocket
+    /// NIO's handle on the same descriptor.
+    let channel: any Channel
+    let core: BindingServer
+    let routes: UDPRoutes
+    /// Which reuse-port sibling this is: the lane index for ``UDPRoutes``.
+    let laneIndex: Int
+    let totals: StatisticsBox
+    var counters = BindingCounters()
+    /// Where the Binding core writes each answer.
+    var scratch = [UInt8](repeating: 0, count: 512)
+
+    init(
+        fd: Int32, address: TransportAddress, channel: any Channel, core: BindingServer, routes: UDPRoutes, laneIndex: Int,
+        totals: StatisticsBox
+    ) {
+        socket = RelaySocket(address: address, fd: fd)
+        socket.reading = true
+        self.channel = channel
+        self.core = core
+        self.routes = routes
+        self.laneIndex = laneIndex
+        self.totals = totals
+    }
+
+    /// Adds the GSO writes the outbox made on this socket to the counters, and them to the service's totals.
+    func mergeCounters() {
+        counters.gsoWrites += socket.gsoWrites
+        counters.gsoSegments += socket.gsoSegments
+        socket.gsoWrites = 0
+        socket.gsoSegments = 0
+        totals.merge(&counters)
+    }
+
+    /// A non-blocking UDP socket bound to `address` for a listener (SO_REUSEPORT
+    /// when lanes share the address), with `buffer` bytes of kernel buffer each
+    /// way. Throws the bind error, naming the address.
+    static func bind(_ address: TransportAddress, reusePort: Bool, buffer: Int32) throws -> Int32 {
+        let family = address.ip.isIPv4 ? AF_INET : AF_INET6
+        let fd = Glibc.socket(
+            family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw ListenerSocketError(address: address, call: "socket", errno: errno) }
+        var one: Int32 = 1
+        var bytes = buffer
+        let size = socklen_t(MemoryLayout<Int32>.size)
+        if !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, size) }
+        if reusePort { setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, size) }
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, size)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, size)
+        var storage = sockaddr_storage()
+        let length = address.store(into: &storage)
+        let bound = withUnsafePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.bind(fd, $0, socklen_t(length)) == 0 }
+        }
+        guard bound else {
+            let error = ListenerSocketError(address: address, call: "bind", errno: errno)
+            close(fd)
+            throw error
+        }
+        return fd
+    }
+}
+
+/// A listener socket could not be made: the call that failed and its errno.
+struct ListenerSocketError: Error, CustomStringConvertible {
+    let address: TransportAddress
+    let call: String
+    let errno: Int32
+
+    var description: String { "\(call) \(address): \(String(cString: strerror(errno)))" }
+}
+
+extension TURNLane {
+    /// Reads up to `limit` datagrams from a listener and answers or relays each;
+    /// returns how many were read. What leaves is queued in the outbox.
+    func read(_ listener: ListenerSocket, atMost limit: Int) -> Int {
+        var total = 0
+        while total < limit, listener.socket.fd >= 0 {
+            let count = inbox.receive(from: listener.socket.fd, atMost: limit - total)
+            total += count
+            let now = Timestamp.now()
+            for i in 0..<count {
+                let (payload, from) = inbox.datagram(i)
+                guard let from else { continue }
+                guard let payload else {
+                    listener.counters.drop(.malformed)
+                    continue
+                }
+                handleDatagram(payload, from: from, on: listener, now: now)
+            }
+            if count < RelayInbox.slots { break }
+        }
+        return total
+    }
+
+    private func handleDatagram(
+        _ payload: UnsafeRawBufferPointer, from source: TransportAddress, on listener: ListenerSocket, now: Timestamp
+    ) {
+        if payload.count >= 2, TURNServer.isTURN(leadingBytes: UInt16(payload[0]) << 8 | UInt16(payload[1])) {
+            let tuple = FiveTuple(client: source, server: listener.socket.address, transport: .udp)
+            if let answer = handleClient(payload, from: tuple, now: now) {
+                answer.withUnsafeBytes { outbox.append($0, to: source, on: listener.socket, answer: true) }
+                listener.counters.responses += 1
+            }
+            return
+        }
+        let capacity = listener.core.responseCapacity(requestLength: payload.count)
+        if listener.scratch.count < capacity { listener.scratch = [UInt8](repeating: 0, count: capacity) }
+        let outcome = listener.scratch.withUnsafeMutableBytes {
+            listener.core.handle(payload, from: source, arrivedOn: .primary, into: $0)
+        }
+        switch outcome {
+        case .drop(let reason):
+            listener.counters.drop(reason)
+        case .reply(let length, let destination, let origin):
+            if origin == .primary {
+                listener.scratch.withUnsafeBytes {
+                    outbox.append(
+                        UnsafeRawBufferPointer(rebasing: $0[0..<length]), to: destination, on: listener.socket, answer: true)
+                }
+                listener.counters.responses += 1
+            } else if let channel = listener.routes.channel(for: origin, lane: listener.laneIndex) {
+                // RFC 5780: the answer leaves from another server address, through its NIO channel.
+                var buffer = channel.allocator.buffer(capacity: length)
+                buffer.writeBytes(listener.scratch[0..<length])
+                channel.writeAndFlush(AddressedEnvelope(remoteAddress: SocketAddress(destination), data: buffer), promise: nil)
+                listener.counters.responses += 1
+            } else {
+                listener.counters.unroutable += 1
+            }
+        }
+    }
+}
