@@ -10,13 +10,16 @@
 #             both: loss, server CPU per 1000 relayed packets, one-way delay through
 #             the server;
 #   ramp      phase both with more and more flows (--ramp): the highest rate each
-#             server carries without losing a packet.
+#             server carries without losing a packet;
+#   mallocs   (--mallocs, root and perf): malloc calls per relayed packet in the
+#             servers at the fixed load, phase both, counted with a uprobe on libc's
+#             malloc for 2 s of steady traffic.
 # The server order rotates between rounds; medians and per-round ratios are reported.
 # Loopback only, random free ports; every process started here is stopped on exit.
 #
 # usage: Benchmarks/voice-relay-bench.sh [--rounds N] [--flows N] [--ramp LIST]
 #            [--duration S] [--servers "tusa coturn ref"] [--batch-window US]
-#            [--quiet-wait S] [--smoke] [--no-build]
+#            [--quiet-wait S] [--mallocs] [--smoke] [--no-build]
 #   --smoke: tusa only, one round, 50 flows for 0.3 s, no ramp; passes when every
 #            phase relayed with no loss (a bounded check, not a measurement).
 # env: TUSA (default <repo>/.build/release/tusa; --smoke: .build/debug/tusa),
@@ -28,7 +31,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 SMOKE=0
 for a in "$@"; do [[ $a == --smoke ]] && SMOKE=1; done
-ROUNDS=3 FLOWS=500 DURATION=3 WARMUP=0.5 SERVERS="tusa coturn ref" QUIET_WAIT=10 NO_BUILD=0
+ROUNDS=3 FLOWS=500 DURATION=3 WARMUP=0.5 SERVERS="tusa coturn ref" QUIET_WAIT=10 NO_BUILD=0 MALLOCS=0
 RAMP=600,800,1000,1200,1400,1600,1800,2000
 WINDOW=
 CONFIG=${CONFIG:-release}
@@ -48,8 +51,9 @@ while (($#)); do
     --batch-window) WINDOW=$2; shift 2 ;;
     --quiet-wait) QUIET_WAIT=$2; shift 2 ;;
     --smoke) shift ;;
+    --mallocs) MALLOCS=1; shift ;;
     --no-build) NO_BUILD=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "voice-relay-bench: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -180,6 +184,35 @@ for round in $(seq "$ROUNDS"); do
   order=("${order[@]:shift_by}" "${order[@]:0:shift_by}")
   for name in "${order[@]}"; do run_one "$name" "$round" || FAILED=1; done
 done
+
+# count_mallocs NAME: malloc calls per relayed packet at the fixed load, phase both.
+count_mallocs() {
+  local name=$1 port lpid calls
+  port=$(free_port) || return 1
+  start_server "$name" "$port"
+  wait_ready "$SPID" "$port" || { stop_server "$SPID" 50; return 1; }
+  "${LOAD_PIN[@]}" "$LOAD" --target "127.0.0.1:$port" --mode relay --rate 50 --clients "$FLOWS" --clients-per-ip 1 \
+    --phases both --duration 6 --warmup 0.5 >"$TMP/mallocs.out" 2>&1 &
+  lpid=$!
+  PIDS+=("$lpid")
+  sleep 4  # allocations made, traffic steady
+  calls=$(perf stat -x, -e probe_libc:malloc -p "$SPID" -- sleep 2 2>&1 >/dev/null | awk -F, '/probe_libc:malloc/ {print $1}')
+  wait "$lpid" || true
+  forget "$lpid"
+  stop_server "$SPID" 50
+  [[ $calls =~ ^[0-9]+$ ]] || return 1
+  awk -v c="$calls" -v p="$((2 * FLOWS * 50 * 2))" 'BEGIN {printf "%.4f (%d calls in 2 s, %d packets relayed)\n", c / p, c, p}'
+}
+if ((MALLOCS)); then
+  if command -v perf >/dev/null && perf probe -x "$(ldconfig -p | awk '/libc.so.6 .*x86-64/ {print $NF; exit}')" --add malloc \
+    >/dev/null 2>&1 || perf probe -l 2>/dev/null | grep -q 'probe_libc:malloc'; then
+    for name in "${ACTIVE[@]}"; do
+      echo "mallocs per relayed packet, $name, $FLOWS flows both ways: $(count_mallocs "$name" || echo "not counted")"
+    done
+  else
+    echo "mallocs: not counted (needs perf and uprobes, as root)"
+  fi
+fi
 
 # value NAME ROUND PHASE FLOWS FIELD
 value() { awk -v r="$2" -v p="phase=$3" -v f="flows=$4" '$1 == r && $2 == p && index($0, " " f " ")' "$TMP/runs.$1" 2>/dev/null \

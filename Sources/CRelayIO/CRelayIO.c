@@ -8,6 +8,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <pthread.h>
 #include <unistd.h>
 #include "CRelayIO.h"
@@ -104,6 +105,21 @@ int relay_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 int relay_eventfd_signal(int fd) {
     uint64_t one = 1;
     return write(fd, &one, sizeof(one)) == sizeof(one) ? 0 : -1;
+}
+
+int relay_timerfd(void) { return timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC); }
+
+int relay_timerfd_arm(int fd, int64_t nanoseconds) {
+    struct itimerspec when = {0};
+    when.it_value.tv_sec = nanoseconds / 1000000000;
+    when.it_value.tv_nsec = nanoseconds % 1000000000;
+    if (when.it_value.tv_sec == 0 && when.it_value.tv_nsec == 0) when.it_value.tv_nsec = 1;
+    return timerfd_settime(fd, 0, &when, NULL);
+}
+
+void relay_drain_counter(int fd) {
+    uint64_t count;
+    while (read(fd, &count, sizeof(count)) == sizeof(count)) {}
 }
 
 int relay_pipe(int fds[2]) { return pipe2(fds, O_NONBLOCK | O_CLOEXEC); }

@@ -82,15 +82,17 @@ extension TransportAddress {
 /// starve the listeners). The registration stays disarmed until the loop,
 /// having drained, calls ``rearm()``: at most one wake-up is pending, and
 /// what arrives meanwhile is read in the same batch. While traffic flows the
-/// loop drains on a timer instead and leaves the poller disarmed (see
-/// ``TURNLane``'s batch window). The thread never touches a relay socket or
-/// the lane.
+/// loop asks for the next drain after its batch window instead
+/// (``wake(after:)``, a timerfd in the same epoll set, armed from the loop;
+/// no allocation, unlike a NIO scheduled task) and leaves the relay set
+/// disarmed. The thread never touches a relay socket or the lane.
 final class RelayPoller: Sendable {
     /// The poller's epoll set, its stop eventfd and the pipe's write end: made
     /// in `init`, closed in ``stop()`` once the thread has been joined, so the
     /// thread never sees them closed.
     private let pollSet: Int32
     private let stopEvent: Int32
+    private let timer: Int32
     private let wakeWrite: Int32
     private let relaySet: Int32
     private let thread: pthread_t
@@ -100,33 +102,37 @@ final class RelayPoller: Sendable {
 
     private static let stopToken: UInt64 = 0
     private static let relayToken: UInt64 = 1
+    private static let timerToken: UInt64 = 2
 
     /// Starts the thread; nil (nothing left open) if a descriptor or the thread cannot be made.
     init?(relaySet: Int32, name: String) {
         var pipe: [Int32] = [-1, -1]
         let pollSet = relay_epoll_create()
         let stopEvent = relay_eventfd()
+        let timer = relay_timerfd()
         let piped = pipe.withUnsafeMutableBufferPointer { relay_pipe($0.baseAddress) } == 0
         func closeAll() {
-            for fd in [pollSet, stopEvent] + pipe where fd >= 0 { close(fd) }
+            for fd in [pollSet, stopEvent, timer] + pipe where fd >= 0 { close(fd) }
         }
-        guard pollSet >= 0, stopEvent >= 0, piped,
+        guard pollSet >= 0, stopEvent >= 0, timer >= 0, piped,
             relay_epoll_add(pollSet, stopEvent, Self.stopToken, 0) == 0,
-            relay_epoll_add(pollSet, relaySet, Self.relayToken, 1) == 0
+            relay_epoll_add(pollSet, relaySet, Self.relayToken, 1) == 0,
+            relay_epoll_add(pollSet, timer, Self.timerToken, 0) == 0
         else {
             closeAll()
             return nil
         }
         let wakeWrite = pipe[1]
         let body = ThreadBody(name: name) {
-            var tokens = [UInt64](repeating: 0, count: 2)
+            var tokens = [UInt64](repeating: 0, count: 3)
             while true {
-                let n = relay_epoll_wait(pollSet, &tokens, 2, -1)
+                let n = relay_epoll_wait(pollSet, &tokens, 3, -1)
                 if n < 0 {
                     if errno == EINTR { continue }
                     return
                 }
                 if tokens[0..<Int(n)].contains(Self.stopToken) { return }
+                if tokens[0..<Int(n)].contains(Self.timerToken) { relay_drain_counter(timer) }
                 if n > 0 { relay_pipe_signal(wakeWrite) }
             }
         }
@@ -147,6 +153,7 @@ final class RelayPoller: Sendable {
         }
         self.pollSet = pollSet
         self.stopEvent = stopEvent
+        self.timer = timer
         self.wakeWrite = wakeWrite
         self.wakeDescriptor = pipe[0]
         self.relaySet = relaySet
@@ -158,6 +165,12 @@ final class RelayPoller: Sendable {
         _ = relay_epoll_rearm(pollSet, relaySet, Self.relayToken)
     }
 
+    /// The loop has drained the relay set and wants to drain again after
+    /// `delay`, whether or not anything arrives (the relay set stays disarmed).
+    func wake(after delay: TimeAmount) {
+        _ = relay_timerfd_arm(timer, delay.nanoseconds)
+    }
+
     /// Stops and joins the thread (it wakes at once), then closes the poller's
     /// own fds. Call once, from the lane's loop; the relay set and the pipe's
     /// read end are not the poller's to close.
@@ -165,6 +178,7 @@ final class RelayPoller: Sendable {
         _ = relay_eventfd_signal(stopEvent)
         pthread_join(thread, nil)
         close(stopEvent)
+        close(timer)
         close(pollSet)
         close(wakeWrite)
     }

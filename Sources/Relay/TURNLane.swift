@@ -81,9 +81,8 @@ final class TURNLane: TURNRelayPorts {
     /// The outbox is sent when it holds this many bytes, even in the middle of a drain.
     static let outboxBytesLimit = 32 * 1024
 
-    /// A drain is due on the loop (a task or ``drainTimer``): the poller stays disarmed meanwhile.
+    /// A drain is due on the loop (a task): the poller stays disarmed meanwhile.
     private var drainScheduled = false
-    private var drainTimer: Scheduled<Void>?
 
     /// TCP channels toward clients written to since the last flush.
     private var unflushed: [any Channel] = []
@@ -195,7 +194,6 @@ final class TURNLane: TURNRelayPorts {
         guard !stopped else { return }
         stopped = true
         sweep?.cancel()
-        drainTimer?.cancel()
         core.deleteAll(now: Timestamp.now())
         reportEvents()
         for address in Array(relays.keys) { closeRelay(address) }
@@ -275,12 +273,12 @@ final class TURNLane: TURNRelayPorts {
     /// what that queued.
     ///
     /// While datagrams keep coming, the loop drains again one batch window
-    /// later on a timer of its own (right after its other I/O when this drain
-    /// read a full batch already): a steady trickle of voice is read and sent
-    /// in batches, without a wake-up and a trip through the poller thread per
-    /// datagram. A drain that finds nothing hands the watching back to the
-    /// poller, so an idle relay sleeps and the first datagram after a pause is
-    /// read at once.
+    /// later, woken by the poller's timer (right after its other I/O when this
+    /// drain read a full batch already): a steady trickle of voice is read and
+    /// sent in batches, without a wake-up per datagram, and without allocating
+    /// per drain. A drain that finds nothing hands the watching back to the
+    /// relay set, so an idle relay sleeps and the first datagram after a pause
+    /// is read at once.
     fileprivate func drainRelays() {
         drainScheduled = false
         guard !stopped, relaySet >= 0 else { return }
@@ -310,24 +308,20 @@ final class TURNLane: TURNRelayPorts {
         if budget <= 0 || listenerBudget <= 0 || read >= Self.fullBatch {
             // Busy enough to batch without waiting; a window would only add
             // latency (and cap a closed-loop load at a batch per window).
-            scheduleDrain(after: .zero)
+            drainAgain()
         } else if read > 0 && batchWindow > .zero {
-            scheduleDrain(after: batchWindow)
+            poller?.wake(after: batchWindow)
         } else {
             poller?.rearm()
         }
     }
 
-    /// Drains again after `delay` (zero: after the loop's other I/O), polling instead of waiting for the poller.
-    private func scheduleDrain(after delay: TimeAmount) {
+    /// Drains again after the loop's other I/O, without waiting for the poller.
+    private func drainAgain() {
         guard !drainScheduled, !stopped else { return }
         drainScheduled = true
         let lane = NIOLoopBound(self, eventLoop: loop)
-        if delay == .zero {
-            loop.execute { lane.value.drainRelays() }
-        } else {
-            drainTimer = loop.scheduleTask(in: delay) { lane.value.drainRelays() }
-        }
+        loop.execute { lane.value.drainRelays() }
     }
 
     /// Reads up to `limit` datagrams from a relay socket; returns how many.

@@ -52,6 +52,13 @@ int relay_epoll_wait(int epfd, uint64_t *tokens, int max, int timeout_ms);
 int relay_eventfd(void);
 int relay_eventfd_signal(int fd);
 
+/// A non-blocking close-on-exec CLOCK_MONOTONIC timerfd; arming it fires it
+/// once, `nanoseconds` from now (at least 1 ns); 0 or -1.
+int relay_timerfd(void);
+int relay_timerfd_arm(int fd, int64_t nanoseconds);
+/// Reads an eventfd's or timerfd's counter until it is empty.
+void relay_drain_counter(int fd);
+
 /// A pipe, both ends non-blocking and close-on-exec: fds[0] reads, fds[1] writes. 0 or -1.
 int relay_pipe(int fds[2]);
 /// Writes one byte to a pipe (a full pipe is readable already: EAGAIN is fine).
