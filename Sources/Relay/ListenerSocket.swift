@@ -24,12 +24,15 @@ import TusaBase
 /// sends them with sendmmsg (UDP GSO for runs to one client) at the end of
 /// the drain.
 ///
-/// NIO still owns the socket (the service binds it and hands it over with
-/// `withBoundSocket`, reading off): it closes it on shutdown, and answers that
-/// RFC 5780 sends from another server address reach this one through its
-/// channel, as before.
+/// NIO still holds the socket (the service binds it and hands it over with
+/// `withBoundSocket`, reading off): answers that RFC 5780 sends from another
+/// server address reach this one through its channel, as before. The lane
+/// reads and writes a duplicate of NIO's descriptor, which it closes itself
+/// when NIO's channel has closed: NIO closes its own number a moment before
+/// the lane hears of it, and that number may meanwhile be another socket's.
 final class ListenerSocket {
-    /// The bound socket, as the outbox knows sockets (never in the relay table).
+    /// The lane's duplicate of the bound socket, as the outbox knows sockets
+    /// (never in the relay table); its fd is -1 once closed.
     let socket: RelaySocket
     /// NIO's handle on the same descriptor.
     let channel: any Channel
@@ -42,12 +45,16 @@ final class ListenerSocket {
     /// Where the Binding core writes each answer.
     var scratch = [UInt8](repeating: 0, count: 512)
 
-    init(
+    /// Nil when the descriptor cannot be duplicated (out of descriptors).
+    init?(
         fd: Int32, address: TransportAddress, channel: any Channel, core: BindingServer, routes: UDPRoutes, laneIndex: Int,
         totals: StatisticsBox
     ) {
-        socket = RelaySocket(address: address, fd: fd)
+        let copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+        guard copy >= 0 else { return nil }
+        socket = RelaySocket(address: address, fd: copy)
         socket.reading = true
+        socket.towardClients = true
         self.channel = channel
         self.core = core
         self.routes = routes
@@ -55,13 +62,17 @@ final class ListenerSocket {
         self.totals = totals
     }
 
-    /// Adds the GSO writes the outbox made on this socket to the counters, and them to the service's totals.
+    /// Adds the counters to the service's totals.
     func mergeCounters() {
-        counters.gsoWrites += socket.gsoWrites
-        counters.gsoSegments += socket.gsoSegments
-        socket.gsoWrites = 0
-        socket.gsoSegments = 0
         totals.merge(&counters)
+    }
+
+    /// Closes the lane's duplicate (NIO's descriptor is NIO's). Idempotent.
+    func close() {
+        guard socket.fd >= 0 else { return }
+        Glibc.close(socket.fd)
+        socket.fd = -1
+        socket.reading = false
     }
 
     /// A non-blocking UDP socket bound to `address` for a listener (SO_REUSEPORT
@@ -86,7 +97,7 @@ final class ListenerSocket {
         }
         guard bound else {
             let error = ListenerSocketError(address: address, call: "bind", errno: errno)
-            close(fd)
+            Glibc.close(fd)
             throw error
         }
         return fd

@@ -237,10 +237,12 @@ final class PeerOutbox {
     /// Above this, the payload buffer's capacity is given back after a flush.
     static let keptCapacity = 1 << 20
 
-    var gso: GSOState
+    /// Toward peers (relay sockets) and toward clients (listeners): a path
+    /// that refuses GSO writes switches them off for its direction only.
+    var gso: [GSOState]
 
     init(gso: Bool) {
-        self.gso = GSOState(enabled: gso)
+        self.gso = [GSOState(enabled: gso), GSOState(enabled: gso)]
     }
 
     deinit {
@@ -300,6 +302,7 @@ final class PeerOutbox {
 
     private func send(chainFrom head: Int, on socket: RelaySocket, base: UnsafeRawBufferPointer, logger: Logger) -> Int {
         let fd = socket.fd
+        let direction = socket.towardClients ? 1 : 0
         var cursor = head
         var dropped = 0
         while cursor >= 0 {
@@ -317,7 +320,7 @@ final class PeerOutbox {
                 iovCount += 1
                 var segments = 1
                 cursor = first.next
-                if gso.enabled && first.segmentable && first.length > 0 && first.length <= Self.maxSegmentSize {
+                if gso[direction].enabled && first.segmentable && first.length > 0 && first.length <= Self.maxSegmentSize {
                     let limit = min(Self.maxSegments, Self.maxGSOBytes / first.length)
                     while cursor >= 0, segments < limit {
                         let next = entries[cursor]
@@ -339,10 +342,8 @@ final class PeerOutbox {
             while sent < count {
                 let n = Int(relay_send_batch(fd, messages + sent, Int32(count - sent), iovs))
                 if n > 0 {
-                    for i in sent..<(sent + n) where messages[i].segment > 0 {
-                        gso.confirmed = true
-                        socket.gsoWrites += 1
-                        socket.gsoSegments += segmentCount[i]
+                    if !gso[direction].confirmed, (sent..<(sent + n)).contains(where: { messages[$0].segment > 0 }) {
+                        gso[direction].confirmed = true
                     }
                     sent += n
                     continue
@@ -357,9 +358,11 @@ final class PeerOutbox {
                     }
                     return dropped
                 }
-                if messages[sent].segment > 0 && !gso.confirmed {
+                if messages[sent].segment > 0 && !gso[direction].confirmed {
                     // GSO refused before it ever worked: off, and this run again one by one.
-                    gso.disable(String(cString: strerror(error)), logger: logger, what: "relayed datagrams and answers")
+                    gso[direction].disable(
+                        String(cString: strerror(error)), logger: logger,
+                        what: direction == 1 ? "ChannelData toward clients" : "relayed datagrams toward peers")
                     cursor = firstEntry[sent]
                     break
                 }

@@ -409,14 +409,9 @@ public final class RelayService: Service, Sendable {
             for loop in loops {
                 if laneRead {
                     let fd = try ListenerSocket.bind(target, reusePort: loops.count > 1, buffer: Int32(Self.socketBufferBytes))
-                    let channel: any Channel
-                    do {
-                        channel = try await DatagramBootstrap(group: loop).channelOption(.autoRead, value: false)
-                            .withBoundSocket(fd).get()
-                    } catch {
-                        close(fd)
-                        throw error
-                    }
+                    // NIO owns the descriptor from here on, failed or not (it closes it on failure).
+                    let channel = try await DatagramBootstrap(group: loop).channelOption(.autoRead, value: false)
+                        .withBoundSocket(fd).get()
                     lanes.append(channel)
                     descriptors.append(fd)
                     if target.port == 0, let actual = channel.localAddress.flatMap(TransportAddress.init) {
@@ -458,9 +453,14 @@ public final class RelayService: Service, Sendable {
             guard let turnLane = turn.current(on: channel.eventLoop) else {
                 throw RelayServiceError(.invalidConfiguration, "no TURN lane on the event loop of \(address)")
             }
-            turnLane.attach(
-                ListenerSocket(
-                    fd: fd, address: address, channel: channel, core: core, routes: routes, laneIndex: lane, totals: totals))
+            guard
+                let listener = ListenerSocket(
+                    fd: fd, address: address, channel: channel, core: core, routes: routes, laneIndex: lane, totals: totals)
+            else {
+                throw RelayServiceError.bindFailed(
+                    "udp", address, ListenerSocketError(address: address, call: "dup", errno: errno))
+            }
+            turnLane.attach(listener)
         }.get()
     }
 

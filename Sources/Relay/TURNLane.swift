@@ -81,9 +81,6 @@ final class TURNLane: TURNRelayPorts {
     /// The outbox is sent when it holds this many bytes, even in the middle of a drain.
     static let outboxBytesLimit = 32 * 1024
 
-    /// A drain is due on the loop (a task): the poller stays disarmed meanwhile.
-    private var drainScheduled = false
-
     /// TCP channels toward clients written to since the last flush.
     private var unflushed: [any Channel] = []
 
@@ -197,6 +194,11 @@ final class TURNLane: TURNRelayPorts {
         core.deleteAll(now: Timestamp.now())
         reportEvents()
         for address in Array(relays.keys) { closeRelay(address) }
+        for listener in udpListeners.values {
+            listener.mergeCounters()
+            listener.close()
+        }
+        udpListeners.removeAll()
         poller?.stop()
         poller = nil
         wakeChannel?.close(promise: nil)
@@ -234,12 +236,15 @@ final class TURNLane: TURNRelayPorts {
 
     /// Reads a primary UDP listener in this lane's drains from now on (the
     /// service calls this on the lane's loop, once per listener).
+    /// A listener the lane cannot read (no poller, or epoll refused it) has its
+    /// channel closed, which fails the service loudly rather than leave it deaf.
     func attach(_ listener: ListenerSocket) {
-        guard !stopped, relaySet >= 0,
+        guard !stopped, relaySet >= 0, poller != nil,
             relay_epoll_add(relaySet, listener.socket.fd, Self.listenerToken | UInt64(listener.socket.fd), 0) == 0
         else {
             logger.error(
                 "cannot read the UDP listener", metadata: ["address": "\(listener.socket.address)", "errno": "\(errno)"])
+            listener.close()
             listener.channel.close(promise: nil)
             return
         }
@@ -247,7 +252,7 @@ final class TURNLane: TURNRelayPorts {
         core.ownEndpoints.insert(listener.socket.address)
         let lane = NIOLoopBound(self, eventLoop: loop)
         let bound = NIOLoopBound(listener, eventLoop: loop)
-        // NIO closed the descriptor (shutdown, or a fatal error), which took it out of the set.
+        // NIO closed its descriptor (shutdown, or a fatal error): the lane's copy goes too.
         listener.channel.closeFuture.hop(to: loop).whenComplete { _ in lane.value.detach(bound.value) }
     }
 
@@ -255,7 +260,8 @@ final class TURNLane: TURNRelayPorts {
         guard udpListeners[listener.socket.address] === listener else { return }
         udpListeners[listener.socket.address] = nil
         listener.mergeCounters()
-        listener.socket.fd = -1
+        // Closing the copy takes it out of the set; answers still queued are dropped by the flush.
+        listener.close()
     }
 
     /// Sends what the read burst queued toward peers. A relay socket whose
@@ -273,14 +279,13 @@ final class TURNLane: TURNRelayPorts {
     /// what that queued.
     ///
     /// While datagrams keep coming, the loop drains again one batch window
-    /// later, woken by the poller's timer (right after its other I/O when this
-    /// drain read a full batch already): a steady trickle of voice is read and
+    /// later, woken by the poller's timer (without the wait when this drain
+    /// read a full batch already): a steady trickle of voice is read and
     /// sent in batches, without a wake-up per datagram, and without allocating
     /// per drain. A drain that finds nothing hands the watching back to the
     /// relay set, so an idle relay sleeps and the first datagram after a pause
     /// is read at once.
     fileprivate func drainRelays() {
-        drainScheduled = false
         guard !stopped, relaySet >= 0 else { return }
         let n = ready.withUnsafeMutableBufferPointer { relay_epoll_wait(relaySet, $0.baseAddress, Int32($0.count), 0) }
         var budget = Self.datagramsPerDrain
@@ -307,21 +312,16 @@ final class TURNLane: TURNRelayPorts {
         let read = 2 * Self.datagramsPerDrain - budget - listenerBudget
         if budget <= 0 || listenerBudget <= 0 || read >= Self.fullBatch {
             // Busy enough to batch without waiting; a window would only add
-            // latency (and cap a closed-loop load at a batch per window).
-            drainAgain()
+            // latency (and cap a closed-loop load at a batch per window). Back
+            // through the poller, not `execute`: NIO runs tasks until none is
+            // left, so drains queued one after another would starve the loop's
+            // other sockets.
+            poller?.wake(after: .nanoseconds(1))
         } else if read > 0 && batchWindow > .zero {
             poller?.wake(after: batchWindow)
         } else {
             poller?.rearm()
         }
-    }
-
-    /// Drains again after the loop's other I/O, without waiting for the poller.
-    private func drainAgain() {
-        guard !drainScheduled, !stopped else { return }
-        drainScheduled = true
-        let lane = NIOLoopBound(self, eventLoop: loop)
-        loop.execute { lane.value.drainRelays() }
     }
 
     /// Reads up to `limit` datagrams from a relay socket; returns how many.
@@ -541,9 +541,8 @@ final class RelaySocket {
     /// This socket's queue in the lane's ``PeerOutbox`` (entry indices, -1: empty).
     var outHead = -1
     var outTail = -1
-    /// UDP GSO writes the outbox made on this socket, and the datagrams in them (listeners report them).
-    var gsoWrites = 0
-    var gsoSegments = 0
+    /// A listener's socket: what the outbox sends on it goes toward clients.
+    var towardClients = false
 
     init(address: TransportAddress, fd: Int32) {
         self.address = address

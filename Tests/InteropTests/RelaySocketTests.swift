@@ -33,7 +33,9 @@ private let quiet: Logger = {
 
 @Suite("Relay sockets: raw fds read with recvmmsg, written with sendmmsg/GSO", .serialized)
 struct RelaySocketTests {
-    static func configuration(lifetime: UInt32 = 600, gso: Bool = true) -> RelayService.Configuration {
+    static func configuration(
+        lifetime: UInt32 = 600, gso: Bool = true, batchWindow: TimeAmount = RelayService.Configuration.defaultBatchWindow
+    ) -> RelayService.Configuration {
         var turn = TURNServerConfiguration(realm: "test")
         turn.anonymous = true
         turn.peerFilter = PeerFilter(allowLoopback: true)
@@ -43,7 +45,8 @@ struct RelaySocketTests {
         var ips = [loopback]
         if ipv6Available { ips.append(loopback6) }
         return RelayService.Configuration(
-            listenAddresses: [TransportAddress(ip: loopback, port: 0)], tcp: false, gso: gso, turn: turn,
+            listenAddresses: [TransportAddress(ip: loopback, port: 0)], tcp: false, gso: gso, batchWindow: batchWindow,
+            turn: turn,
             // Above Linux's ephemeral range (32768-60999): a port a test frees is not handed to another test's bind(0).
             relayPlan: RelayAddressPlan(ips: ips, minPort: 61_000, maxPort: 64_999))
     }
@@ -93,6 +96,39 @@ struct RelaySocketTests {
             let statistics = await service.turnStatistics()
             #expect(statistics.dropped(.backpressure) == 0)
             #expect(statistics.dropped(.noRelaySocket) == 0)
+        }
+    }
+
+    @Test(
+        "the lane's batch window off, 50 µs and 20 ms: interleaved flows and bursts relayed both ways",
+        arguments: [TimeAmount.zero, .microseconds(50), .milliseconds(20)])
+    func relaysWithAnyBatchWindow(window: TimeAmount) async throws {
+        try await withService(Self.configuration(batchWindow: window)) { service, server in
+            try await Harness.offPool {
+                let flows = try (0..<4).map { _ in try Flow(server: server, family: 0x01) }
+                // Voice-like: one datagram per flow in turn, then bursts that fill a drain's budget.
+                for i in 0..<25 {
+                    for (k, flow) in flows.enumerated() { try flow.sendUp(1, size: 60 + k, tag: UInt8(i)) }
+                }
+                for (k, flow) in flows.enumerated() { try flow.expectAtPeer(25, size: 60 + k) }
+                for i in 0..<25 {
+                    for (k, flow) in flows.enumerated() { try flow.sendDown(1, size: 40 + k, tag: UInt8(i)) }
+                }
+                for (k, flow) in flows.enumerated() { try flow.expectAtClient(25, size: 40 + k) }
+                // 240 at once: more than half a drain's budget, so the next drain follows without the window.
+                for flow in flows { try flow.sendUp(60, size: 100) }
+                for flow in flows { try flow.expectAtPeer(60, size: 100) }
+                for flow in flows { try flow.sendDown(60, size: 100) }
+                for flow in flows { try flow.expectAtClient(60, size: 100) }
+                // A Binding request on the same socket is answered by the lane too.
+                let (bytes, _) = try flows[0].client.exchange(Message(type: .bindingRequest).encode(), with: server)
+                #expect(try Message(decoding: bytes).type == .bindingSuccess)
+            }
+            #expect(service.statistics.responses >= 1)
+            let statistics = await service.turnStatistics()
+            #expect(statistics.dropped(.backpressure) == 0)
+            #expect(statistics.packetsToPeer >= 4 * 85)
+            #expect(statistics.packetsToClient >= 4 * 85)
         }
     }
 

@@ -113,6 +113,10 @@ struct RelayOptionsTests {
             "batch-window", { $0.batchWindowMicroseconds = -1 }, .batchWindowOutOfRange(-1),
             "--batch-window must be between 0 and 100000 microseconds, not -1"
         ),
+        (
+            "batch-window too long", { $0.batchWindowMicroseconds = 100_001 }, .batchWindowOutOfRange(100_001),
+            "--batch-window must be between 0 and 100000 microseconds, not 100001"
+        ),
         ("cert alone", { $0.certificate = "c.pem" }, .certificateWithoutKey, "--cert and --pkey go together"),
         (
             "max-tcp-connections", { $0.maxTCPConnections = 0 }, .maxTCPConnectionsTooLow,
