@@ -78,62 +78,25 @@ final class ListenerSocket {
     /// A non-blocking UDP socket bound to `address` for a listener (SO_REUSEPORT
     /// when lanes share the address), with `buffer` bytes of kernel buffer each
     /// way. Throws the bind error, naming the address.
-    static func bind(_ address: TransportAddress, reusePort: Bool, buffer: Int32) throws -> Int32 {
-        let family = address.ip.isIPv4 ? AF_INET : AF_INET6
-        let fd = Glibc.socket(
-            family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw ListenerSocketError(address: address, call: "socket", errno: errno) }
-        var one: Int32 = 1
-        var bytes = buffer
-        let size = socklen_t(MemoryLayout<Int32>.size)
-        if !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, size) }
-        if reusePort { setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, size) }
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, size)
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, size)
-        var storage = sockaddr_storage()
-        let length = address.store(into: &storage)
-        let bound = withUnsafePointer(to: &storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.bind(fd, $0, socklen_t(length)) == 0 }
+    static func bind(_ address: TransportAddress, reusePort: Bool, buffer: Int32) throws(UDPSocketError) -> Int32 {
+        try bindUDPSocket(address) { fd in
+            var one: Int32 = 1
+            var bytes = buffer
+            let size = socklen_t(MemoryLayout<Int32>.size)
+            if reusePort { setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, size) }
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, size)
+            setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, size)
         }
-        guard bound else {
-            let error = ListenerSocketError(address: address, call: "bind", errno: errno)
-            Glibc.close(fd)
-            throw error
-        }
-        return fd
     }
-}
-
-/// A listener socket could not be made: the call that failed and its errno.
-struct ListenerSocketError: Error, CustomStringConvertible {
-    let address: TransportAddress
-    let call: String
-    let errno: Int32
-
-    var description: String { "\(call) \(address): \(String(cString: strerror(errno)))" }
 }
 
 extension TURNLane {
     /// Reads up to `limit` datagrams from a listener and answers or relays each;
     /// returns how many were read. What leaves is queued in the outbox.
     func read(_ listener: ListenerSocket, atMost limit: Int) -> Int {
-        var total = 0
-        while total < limit, listener.socket.fd >= 0 {
-            let count = inbox.receive(from: listener.socket.fd, atMost: limit - total)
-            total += count
-            let now = Timestamp.now()
-            for i in 0..<count {
-                let (payload, from) = inbox.datagram(i)
-                guard let from else { continue }
-                guard let payload else {
-                    listener.counters.drop(.malformed)
-                    continue
-                }
-                handleDatagram(payload, from: from, on: listener, now: now)
-            }
-            if count < RelayInbox.slots { break }
-        }
-        return total
+        inbox.read(
+            atMost: limit, from: { listener.socket.fd }, truncated: { listener.counters.drop(.malformed) },
+            handle: { handleDatagram($0, from: $1, on: listener, now: $2) })
     }
 
     private func handleDatagram(

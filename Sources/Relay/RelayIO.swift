@@ -67,6 +67,40 @@ extension TransportAddress {
     }
 }
 
+// MARK: - Sockets
+
+/// A UDP socket could not be made: the call that failed and its errno.
+struct UDPSocketError: Error, CustomStringConvertible {
+    let address: TransportAddress
+    let call: String
+    let errno: Int32
+
+    var description: String { "\(call) \(address): \(String(cString: strerror(errno)))" }
+}
+
+/// A non-blocking close-on-exec UDP socket bound to `address` (an IPv6 one
+/// v6-only), `configure` setting its options before the bind. Nothing is
+/// left open when it throws.
+func bindUDPSocket(_ address: TransportAddress, configure: (Int32) -> Void = { _ in }) throws(UDPSocketError) -> Int32 {
+    let family = address.ip.isIPv4 ? AF_INET : AF_INET6
+    let fd = socket(family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    guard fd >= 0 else { throw UDPSocketError(address: address, call: "socket", errno: errno) }
+    var one: Int32 = 1
+    if !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, socklen_t(MemoryLayout<Int32>.size)) }
+    configure(fd)
+    var storage = sockaddr_storage()
+    let length = address.store(into: &storage)
+    let bound = withUnsafePointer(to: &storage) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(length)) == 0 }
+    }
+    guard bound else {
+        let error = UDPSocketError(address: address, call: "bind", errno: errno)
+        close(fd)
+        throw error
+    }
+    return fd
+}
+
 // MARK: - Poller
 
 /// Wakes a lane's event loop when its relay sockets have datagrams.
@@ -411,6 +445,33 @@ final class RelayInbox {
         let count = Int32(max(0, min(limit, Self.slots)))
         let n = relay_recv_batch(fd, buffer.assumingMemoryBound(to: UInt8.self), Self.slotSize, count, datagrams)
         return n > 0 ? Int(n) : 0
+    }
+
+    /// Reads up to `limit` datagrams from the socket `fd()` names, a batch at a
+    /// time until a batch comes short or the socket is closed meanwhile
+    /// (`fd()` < 0), and hands each to `handle` with its batch's arrival time
+    /// (a truncated one to `truncated` instead); returns how many were read.
+    func read(
+        atMost limit: Int, from fd: () -> Int32, truncated: () -> Void,
+        handle: (UnsafeRawBufferPointer, TransportAddress, Timestamp) -> Void
+    ) -> Int {
+        var total = 0
+        while total < limit, fd() >= 0 {
+            let count = receive(from: fd(), atMost: limit - total)
+            total += count
+            let now = Timestamp.now()
+            for i in 0..<count {
+                let (payload, from) = datagram(i)
+                guard let from else { continue }
+                guard let payload else {
+                    truncated()
+                    continue
+                }
+                handle(payload, from, now)
+            }
+            if count < Self.slots { break }
+        }
+        return total
     }
 
     /// Datagram `i` of the last ``receive(from:atMost:)``: its bytes (nil if truncated) and sender.

@@ -458,7 +458,7 @@ public final class RelayService: Service, Sendable {
                     fd: fd, address: address, channel: channel, core: core, routes: routes, laneIndex: lane, totals: totals)
             else {
                 throw RelayServiceError.bindFailed(
-                    "udp", address, ListenerSocketError(address: address, call: "dup", errno: errno))
+                    "udp", address, UDPSocketError(address: address, call: "dup", errno: errno))
             }
             turnLane.attach(listener)
         }.get()

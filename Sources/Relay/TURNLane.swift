@@ -326,23 +326,9 @@ final class TURNLane: TURNRelayPorts {
 
     /// Reads up to `limit` datagrams from a relay socket; returns how many.
     private func read(_ socket: RelaySocket, atMost limit: Int) -> Int {
-        var total = 0
-        while total < limit, socket.fd >= 0 {
-            let count = inbox.receive(from: socket.fd, atMost: limit - total)
-            total += count
-            let now = Timestamp.now()
-            for i in 0..<count {
-                let (payload, from) = inbox.datagram(i)
-                guard let from else { continue }
-                guard let payload else {
-                    core.recordDrop(.tooLarge)
-                    continue
-                }
-                handlePeer(payload, from: from, socket: socket, now: now)
-            }
-            if count < RelayInbox.slots { break }
-        }
-        return total
+        inbox.read(
+            atMost: limit, from: { socket.fd }, truncated: { core.recordDrop(.tooLarge) },
+            handle: { handlePeer($0, from: $1, socket: socket, now: $2) })
     }
 
     private func handlePeer(_ payload: UnsafeRawBufferPointer, from peer: TransportAddress, socket: RelaySocket, now: Timestamp) {
@@ -484,12 +470,8 @@ final class TURNLane: TURNRelayPorts {
 
     /// A non-blocking UDP socket bound to `address`, or nil when the port is taken.
     static func bindSocket(_ address: TransportAddress, dontFragment: Bool) -> Int32? {
-        let family = address.ip.isIPv4 ? AF_INET : AF_INET6
-        let fd = socket(family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return nil }
-        var one: Int32 = 1
-        if !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, socklen_t(MemoryLayout<Int32>.size)) }
-        if dontFragment {
+        try? bindUDPSocket(address) { fd in
+            guard dontFragment else { return }
             var mode = IP_PMTUDISC_DO
             if address.ip.isIPv4 {
                 setsockopt(fd, Int32(IPPROTO_IP), IP_MTU_DISCOVER, &mode, socklen_t(MemoryLayout<Int32>.size))
@@ -497,16 +479,6 @@ final class TURNLane: TURNRelayPorts {
                 setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MTU_DISCOVER, &mode, socklen_t(MemoryLayout<Int32>.size))
             }
         }
-        var storage = sockaddr_storage()
-        let length = address.store(into: &storage)
-        let ok = withUnsafePointer(to: &storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(length)) == 0 }
-        }
-        guard ok else {
-            close(fd)
-            return nil
-        }
-        return fd
     }
 }
 
