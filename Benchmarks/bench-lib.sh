@@ -1,6 +1,6 @@
-# Shared by binding-rps.sh and turn-bench.sh (sourced, not run): a scratch folder
+# Shared by binding-rps.sh, turn-bench.sh and voice-relay-bench.sh (sourced, not run): a scratch folder
 # $TMP, the started processes $PIDS stopped on exit, free ports, CPU accounting,
-# and waiting for a quiet machine. Each script defines busy_ticks (which CPU
+# waiting for a quiet machine, and a TURN server's readiness. Each script defines busy_ticks (which CPU
 # states count as busy) and sets QUIET_WAIT; bench_setup NAME starts it all.
 
 # bench_setup NAME: makes $TMP (NAME.XXXXXX) and installs the cleanup traps.
@@ -84,4 +84,15 @@ wait_quiet() {
     fi
   done
   WAITED=$(awk -v t="$(now)" -v s="$start" -v w="${WAITED:-0}" 'BEGIN {printf "%.1f", w + t - s - 0.5}')
+}
+
+# wait_turn_ready PID PORT: up to 5 s for a TURN server to grant one allocation to
+# turn-load's probe ($LOAD; its errors in $TMP/probe.err).
+wait_turn_ready() {
+  local i
+  for i in $(seq 20); do
+    kill -0 "$1" 2>/dev/null || return 1
+    "$LOAD" --target "127.0.0.1:$2" --probe --duration 0.25 --source-net 127.3 >/dev/null 2>"$TMP/probe.err" && return 0
+  done
+  return 1
 }

@@ -147,16 +147,6 @@ start_server() {
   PIDS+=("$SPID")
 }
 
-# wait_ready PID PORT: up to 5 s for the server to grant one allocation.
-wait_ready() {
-  local i
-  for i in $(seq 20); do
-    kill -0 "$1" 2>/dev/null || return 1
-    "$LOAD" --target "127.0.0.1:$2" --probe --duration 0.25 --source-net 127.3 >/dev/null 2>"$TMP/probe.err" && return 0
-  done
-  return 1
-}
-
 FAILED=0
 ACTIVE=()
 for s in $SERVERS; do
@@ -192,7 +182,7 @@ run_one() {
   if ((QUIET_WAIT > 0)); then wait_quiet; fi
   port=$(free_port) || { echo "turn-bench: no free port" >&2; exit 1; }
   start_server "$name" "$port"
-  if ! wait_ready "$SPID" "$port"; then
+  if ! wait_turn_ready "$SPID" "$port"; then
     echo "round $round $kind $name: FAILED to start or grant an allocation on 127.0.0.1:$port"
     sed 's/^/  | /' "$TMP/$name.$port.err" "$TMP/$name.$port.out" "$TMP/probe.err" 2>/dev/null | tail -n 15
     stop_server "$SPID" 50  # SIGKILL after 5 s: 10,000 allocations take a moment to delete

@@ -129,15 +129,6 @@ start_server() { # NAME PORT: starts it pinned, sets SPID
   PIDS+=("$SPID")
 }
 
-wait_ready() { # PID PORT: up to 5 s for one allocation
-  local i
-  for i in $(seq 20); do
-    kill -0 "$1" 2>/dev/null || return 1
-    "$LOAD" --target "127.0.0.1:$2" --probe --duration 0.25 --source-net 127.3 >/dev/null 2>"$TMP/probe.err" && return 0
-  done
-  return 1
-}
-
 FAILED=0
 echo "voice-relay-bench: ${ACTIVE[*]}; $ROUNDS round(s); $FLOWS flows at 50 packets/s each way" \
   "(${DURATION}s per phase); ramp: ${RAMP:-none}; servers on CPU $SERVER_CPU, generator on CPU $LOAD_CPU"
@@ -149,7 +140,7 @@ run_one() { # NAME ROUND
   ((QUIET_WAIT > 0)) && wait_quiet
   port=$(free_port) || { echo "voice-relay-bench: no free port" >&2; exit 1; }
   start_server "$name" "$port"
-  if ! wait_ready "$SPID" "$port"; then
+  if ! wait_turn_ready "$SPID" "$port"; then
     echo "round $round $name: FAILED to start or grant an allocation"
     tail -n 5 "$TMP/$name.$port.err" "$TMP/probe.err" 2>/dev/null | sed 's/^/  | /'
     stop_server "$SPID" 50
@@ -190,7 +181,7 @@ count_mallocs() {
   local name=$1 port lpid calls
   port=$(free_port) || return 1
   start_server "$name" "$port"
-  wait_ready "$SPID" "$port" || { stop_server "$SPID" 50; return 1; }
+  wait_turn_ready "$SPID" "$port" || { stop_server "$SPID" 50; return 1; }
   "${LOAD_PIN[@]}" "$LOAD" --target "127.0.0.1:$port" --mode relay --rate 50 --clients "$FLOWS" --clients-per-ip 1 \
     --phases both --duration 6 --warmup 0.5 >"$TMP/mallocs.out" 2>&1 &
   lpid=$!

@@ -501,6 +501,78 @@ struct PhaseResult {
     var kernel = UDPCounters()
 }
 
+/// Packets sent and arrived so far, each way.
+struct Counts {
+    var upSent = 0, upReceived = 0, downSent = 0, downReceived = 0
+}
+
+/// The bookkeeping every kind of relayed traffic does around a phase: the
+/// counts and CPU times where the measured interval begins, the rates and CPU
+/// over it, the wait for what is still on its way, and the totals and the
+/// kernel's UDP drops over the whole phase.
+struct PhaseMeter {
+    let serverPID: Int32?
+    let kernelBefore = UDPCounters.read()
+    private var marks = Counts()
+    private var serverMark = 0.0
+    private var selfMark = 0.0
+
+    init(serverPID: Int32?) { self.serverPID = serverPID }
+
+    /// The measured interval begins.
+    mutating func startMeasuring(_ counts: Counts) {
+        marks = counts
+        serverMark = serverPID.flatMap(processCPU) ?? 0
+        selfMark = selfCPU()
+    }
+
+    /// The measured interval ends: what arrived and was sent in it, and the CPU both sides used.
+    func stopMeasuring(_ counts: Counts, seconds: Double, idle: Double, into result: inout PhaseResult) {
+        result.seconds = seconds
+        result.upMeasured = counts.upReceived - marks.upReceived
+        result.downMeasured = counts.downReceived - marks.downReceived
+        result.upSentMeasured = counts.upSent - marks.upSent
+        result.downSentMeasured = counts.downSent - marks.downSent
+        if let pid = serverPID, let cpu = processCPU(pid) { result.serverCPU = cpu - serverMark }
+        result.generatorCPU = selfCPU() - selfMark
+        result.idleSeconds = idle
+    }
+
+    /// Waits for whatever is still on its way, until nothing arrives for 100 ms (at most 1 s).
+    static func drainInFlight(from start: Double, counts: () -> Counts, receive: (Int32) -> Void) {
+        var now = start
+        let drainEnd = now + 1
+        var lastArrival = now
+        while now < drainEnd && now - lastArrival < 0.1 {
+            let before = counts()
+            guard before.upSent > before.upReceived || before.downSent > before.downReceived else { return }
+            receive(5)
+            now = monotonicSeconds()
+            let after = counts()
+            if after.upReceived + after.downReceived != before.upReceived + before.downReceived { lastArrival = now }
+        }
+    }
+
+    /// The phase is over: totals, losses, what the receivers refused, and the kernel's drops.
+    func finish(_ counts: Counts, invalid: Int, stale: Int, errors: Int, into result: inout PhaseResult) {
+        let kernelAfter = UDPCounters.read()
+        result.kernel = UDPCounters(
+            inErrors: kernelAfter.inErrors - kernelBefore.inErrors,
+            rcvbufErrors: kernelAfter.rcvbufErrors - kernelBefore.rcvbufErrors,
+            sndbufErrors: kernelAfter.sndbufErrors - kernelBefore.sndbufErrors,
+            noPorts: kernelAfter.noPorts - kernelBefore.noPorts)
+        result.upSent = counts.upSent
+        result.upReceived = counts.upReceived
+        result.upLost = max(0, counts.upSent - counts.upReceived)
+        result.downSent = counts.downSent
+        result.downReceived = counts.downReceived
+        result.downLost = max(0, counts.downSent - counts.downReceived)
+        result.invalid = invalid
+        result.stale = stale
+        result.errors = errors
+    }
+}
+
 final class Traffic {
     let clients: [Client]
     let peers: [Int32]
@@ -687,19 +759,18 @@ final class Traffic {
         errors = 0
         var result = PhaseResult()
         result.name = phase
-        let kernelBefore = UDPCounters.read()
+        var meter = PhaseMeter(serverPID: serverPID)
         let start = monotonicSeconds()
         let measureStart = start + warmup
         let end = measureStart + duration
         var measuring = false
-        var marks = (upSent: 0, upRecv: 0, downSent: 0, downRecv: 0, server: 0.0, me: 0.0)
         var idle = 0.0
         var now = start
         for d in directions { d.lastProgress = now }
         while now < end {
             if !measuring && now >= measureStart {
                 measuring = true
-                marks = (up.sent, up.received, down.sent, down.received, serverPID.flatMap(processCPU) ?? 0, selfCPU())
+                meter.startMeasuring(counts)
                 idle = 0
             }
             var sentNow = 0
@@ -726,40 +797,15 @@ final class Traffic {
                 d.lastProgress = now
             }
         }
-        result.seconds = now - measureStart
-        result.upMeasured = up.received - marks.upRecv
-        result.downMeasured = down.received - marks.downRecv
-        result.upSentMeasured = up.sent - marks.upSent
-        result.downSentMeasured = down.sent - marks.downSent
-        if let pid = serverPID, let cpu = processCPU(pid) { result.serverCPU = cpu - marks.server }
-        result.generatorCPU = selfCPU() - marks.me
-        result.idleSeconds = idle
-        // Drain: whatever is still on its way, until nothing arrives for 100 ms (at most 1 s).
-        let drainEnd = now + 1
-        var lastArrival = now
-        while now < drainEnd && now - lastArrival < 0.1 && (up.sent > up.received || down.sent > down.received) {
-            let before = up.received + down.received
-            receive(ms: 5)
-            now = monotonicSeconds()
-            if up.received + down.received != before { lastArrival = now }
-        }
+        meter.stopMeasuring(counts, seconds: now - measureStart, idle: idle, into: &result)
+        PhaseMeter.drainInFlight(from: now, counts: { counts }, receive: { receive(ms: $0) })
         for d in [up, down] { d.active = false }
-        let kernelAfter = UDPCounters.read()
-        result.kernel = UDPCounters(
-            inErrors: kernelAfter.inErrors - kernelBefore.inErrors,
-            rcvbufErrors: kernelAfter.rcvbufErrors - kernelBefore.rcvbufErrors,
-            sndbufErrors: kernelAfter.sndbufErrors - kernelBefore.sndbufErrors,
-            noPorts: kernelAfter.noPorts - kernelBefore.noPorts)
-        result.upSent = up.sent
-        result.upReceived = up.received
-        result.upLost = max(0, up.sent - up.received)
-        result.downSent = down.sent
-        result.downReceived = down.received
-        result.downLost = max(0, down.sent - down.received)
-        result.invalid = invalid
-        result.stale = stale
-        result.errors = errors
+        meter.finish(counts, invalid: invalid, stale: stale, errors: errors, into: &result)
         return result
+    }
+
+    private var counts: Counts {
+        Counts(upSent: up.sent, upReceived: up.received, downSent: down.sent, downReceived: down.received)
     }
 }
 
@@ -963,6 +1009,10 @@ final class PacedTraffic {
         }
     }
 
+    private var counts: Counts {
+        Counts(upSent: up.sent, upReceived: up.received, downSent: down.sent, downReceived: down.received)
+    }
+
     /// Reads everything waiting on the shared client socket (down) or the peer (up).
     private func drain(upward: Bool) {
         let fd = upward ? peer : shared
@@ -1022,19 +1072,18 @@ final class PacedTraffic {
         recording = false
         var result = PhaseResult()
         result.name = phase
-        let kernelBefore = UDPCounters.read()
+        var meter = PhaseMeter(serverPID: serverPID)
         let start = monotonicSeconds()
         let measureStart = start + warmup
         let end = measureStart + duration
         var measuring = false
-        var marks = (upSent: 0, upRecv: 0, downSent: 0, downRecv: 0, server: 0.0, me: 0.0)
         var idle = 0.0
         var now = start
         let period = 1 / (Double(self.flows) * rate)
         while now < end {
             if !measuring && now >= measureStart {
                 measuring = true
-                marks = (up.sent, up.received, down.sent, down.received, serverPID.flatMap(processCPU) ?? 0, selfCPU())
+                meter.startMeasuring(counts)
                 idle = 0
                 recording = true
                 up.lateMax = 0
@@ -1050,41 +1099,12 @@ final class PacedTraffic {
             now = monotonicSeconds()
             if wait { idle += now - t0 }
         }
-        result.seconds = now - measureStart
-        result.upMeasured = up.received - marks.upRecv
-        result.downMeasured = down.received - marks.downRecv
-        result.upSentMeasured = up.sent - marks.upSent
-        result.downSentMeasured = down.sent - marks.downSent
-        if let pid = serverPID, let cpu = processCPU(pid) { result.serverCPU = cpu - marks.server }
-        result.generatorCPU = selfCPU() - marks.me
-        result.idleSeconds = idle
+        meter.stopMeasuring(counts, seconds: now - measureStart, idle: idle, into: &result)
         recording = false
-        // Drain: whatever is still on its way, until nothing arrives for 100 ms (at most 1 s).
-        let drainEnd = now + 1
-        var lastArrival = now
-        while now < drainEnd && now - lastArrival < 0.1 && (up.sent > up.received || down.sent > down.received) {
-            let before = up.received + down.received
-            receive(ms: 5)
-            now = monotonicSeconds()
-            if up.received + down.received != before { lastArrival = now }
-        }
+        PhaseMeter.drainInFlight(from: now, counts: { counts }, receive: { receive(ms: $0) })
         up.active = false
         down.active = false
-        let kernelAfter = UDPCounters.read()
-        result.kernel = UDPCounters(
-            inErrors: kernelAfter.inErrors - kernelBefore.inErrors,
-            rcvbufErrors: kernelAfter.rcvbufErrors - kernelBefore.rcvbufErrors,
-            sndbufErrors: kernelAfter.sndbufErrors - kernelBefore.sndbufErrors,
-            noPorts: kernelAfter.noPorts - kernelBefore.noPorts)
-        result.upSent = up.sent
-        result.upReceived = up.received
-        result.upLost = max(0, up.sent - up.received)
-        result.downSent = down.sent
-        result.downReceived = down.received
-        result.downLost = max(0, down.sent - down.received)
-        result.invalid = invalid
-        result.stale = stale
-        result.errors = errors
+        meter.finish(counts, invalid: invalid, stale: stale, errors: errors, into: &result)
         result.skipped = up.skipped + down.skipped
         result.refused = up.refused + down.refused
         result.lateMaxMs = 1000 * max(up.lateMax, down.lateMax)
