@@ -1051,11 +1051,15 @@ final class PacedTraffic {
         }
     }
 
+    /// The peer and the shared client socket, polled on every turn of the send loop (kept, not rebuilt each time).
+    private lazy var receivers = [
+        pollfd(fd: peer, events: Int16(POLLIN), revents: 0), pollfd(fd: shared, events: Int16(POLLIN), revents: 0),
+    ]
+
     private func receive(ms: Int32) {
-        var fds = [pollfd(fd: peer, events: Int16(POLLIN), revents: 0), pollfd(fd: shared, events: Int16(POLLIN), revents: 0)]
-        guard poll(&fds, 2, ms) > 0 else { return }
-        if fds[0].revents != 0 { drain(upward: true) }
-        if fds[1].revents != 0 { drain(upward: false) }
+        guard poll(&receivers, 2, ms) > 0 else { return }
+        if receivers[0].revents != 0 { drain(upward: true) }
+        if receivers[1].revents != 0 { drain(upward: false) }
     }
 
     func run(phase: String, warmup: Double, duration: Double, flows: Int) -> PhaseResult {
