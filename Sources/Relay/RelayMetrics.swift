@@ -17,6 +17,7 @@ import TURN
 /// | metric | kind | labels |
 /// |---|---|---|
 /// | `tusa_allocations_active` | gauge | |
+/// | `tusa_relay_ports_held`, `tusa_relay_ports_free` (of the relay port range, every family) | gauge | |
 /// | `tusa_allocations_created_total`, `_expired_total`, `_deleted_total` | counter | |
 /// | `tusa_permissions_expired_total`, `tusa_channels_expired_total` | counter | |
 /// | `tusa_relayed_packets_total`, `tusa_relayed_bytes_total` | counter | `direction`: `to_peer`, `to_client` |
@@ -39,6 +40,8 @@ public final class RelayMetrics: Sendable {
     private let state = NIOLockedValueBox(State())
 
     private let allocationsActive: Gauge
+    private let relayPortsHeld: Gauge
+    private let relayPortsFree: Gauge
     private let allocationsCreated: Counter
     private let allocationsExpired: Counter
     private let allocationsDeleted: Counter
@@ -67,6 +70,10 @@ public final class RelayMetrics: Sendable {
         }
         allocationsActive = Gauge(label: "tusa_allocations_active", factory: factory)
         allocationsActive.record(0)
+        relayPortsHeld = Gauge(label: "tusa_relay_ports_held", factory: factory)
+        relayPortsFree = Gauge(label: "tusa_relay_ports_free", factory: factory)
+        relayPortsHeld.record(0)
+        relayPortsFree.record(0)
         allocationsCreated = counter("tusa_allocations_created_total")
         allocationsExpired = counter("tusa_allocations_expired_total")
         allocationsDeleted = counter("tusa_allocations_deleted_total")
@@ -157,6 +164,13 @@ public final class RelayMetrics: Sendable {
     public func update(from service: RelayService) async {
         let turn = await service.turnStatistics()
         update(stun: service.statistics, turn: turn)
+        if let ports = service.relayPortUsage { update(relayPortsHeld: ports.held, capacity: ports.capacity) }
+    }
+
+    /// Records the relay port range's use.
+    public func update(relayPortsHeld held: Int, capacity: Int) {
+        relayPortsHeld.record(held)
+        relayPortsFree.record(capacity - held)
     }
 
     private func add(_ counter: Counter, _ new: Int, _ old: Int) {

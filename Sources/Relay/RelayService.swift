@@ -156,9 +156,14 @@ public final class RelayService: Service, Sendable {
     private let bound = BoundResult<[BoundSocket]>()
     private let started = NIOLockedValueBox(false)
     private let turnLanes = NIOLockedValueBox<TURNLanes?>(nil)
+    private let relayPorts = NIOLockedValueBox<RelayPortPool?>(nil)
     private let tlsContext = NIOLockedValueBox<NIOSSLContext?>(nil)
     private let tcpConnections = NIOLockedValueBox(0)
     private let finalTURN = NIOLockedValueBox(TURNStatistics())
+
+    /// Relay ports held now and ports in the range (summed over address
+    /// families); nil without TURN or before it starts.
+    public var relayPortUsage: (held: Int, capacity: Int)? { relayPorts.withLockedValue { $0 }?.usage }
 
     /// The TURN counters of every event loop added up (while serving), or the
     /// final ones once `run()` has returned.
@@ -208,12 +213,15 @@ public final class RelayService: Service, Sendable {
                 var lanes: [NIOLoopBound<TURNLane>] = []
                 let gso = configuration.gso
                 let window = configuration.batchWindow
+                let ports = RelayPortPool(plan: plan)
+                relayPorts.withLockedValue { $0 = ports }
                 for loop in group.makeIterator() {
                     let logger = self.logger
                     lanes.append(
                         try await loop.submit {
                             let lane = TURNLane(
-                                loop: loop, configuration: turn, plan: plan, logger: logger, gso: gso, batchWindow: window)
+                                loop: loop, configuration: turn, plan: plan, logger: logger, gso: gso, batchWindow: window,
+                                ports: ports)
                             lane.start()
                             return NIOLoopBound(lane, eventLoop: loop)
                         }.get())

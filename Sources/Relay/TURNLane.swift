@@ -87,7 +87,8 @@ final class TURNLane: TURNRelayPorts {
     /// The core's next deadline (its expiry sweep), armed after every sweep: the
     /// hot paths do not move it, so it is not re-read per packet.
     private var sweep: Scheduled<Void>?
-    private var nextPort: [UInt8: Int] = [:]
+    /// The service's relay port ranges, shared with the other lanes.
+    let ports: RelayPortPool
     /// Set by `stop()`: nothing new is allocated while the service drains.
     private var stopped = false
 
@@ -96,9 +97,10 @@ final class TURNLane: TURNRelayPorts {
 
     init(
         loop: any EventLoop, configuration: TURNServerConfiguration, plan: RelayAddressPlan, logger: Logger, gso: Bool = true,
-        batchWindow: TimeAmount = .zero
+        batchWindow: TimeAmount = .zero, ports: RelayPortPool? = nil
     ) {
         self.loop = loop
+        self.ports = ports ?? RelayPortPool(plan: plan)
         self.batchWindow = batchWindow
         self.plan = plan
         self.logger = logger
@@ -385,44 +387,32 @@ final class TURNLane: TURNRelayPorts {
     func openRelay(family: UInt8, even: Bool, reserveNext: Bool, dontFragment: Bool) -> (
         relay: TransportAddress, reserved: TransportAddress?
     )? {
-        guard !stopped, relaySet >= 0, let ip = plan.ip(for: family), plan.minPort <= plan.maxPort else { return nil }
-        // Port arithmetic in Int: the range may end at 65535.
-        let lo = Int(plan.minPort)
-        let hi = Int(plan.maxPort)
-        let span = hi - lo + 1
-        var port = nextPort[family] ?? lo + Int.random(in: 0..<span)
-        for _ in 0..<min(span, 4096) {
-            if port < lo || port > hi { port = lo }
-            if even && port % 2 == 1 { port += 1 }
-            if port > hi { port = lo + lo % 2 }  // wrap to the first even port
-            guard port <= hi else { return nil }  // a one-port odd range has no even port
-            let candidate = port
-            port = candidate + 1
-            if reserveNext && candidate + 1 > hi { continue }
-            let address = TransportAddress(ip: ip, port: UInt16(candidate))
-            guard let fd = Self.bindSocket(address, dontFragment: dontFragment) else { continue }
-            var reserved: TransportAddress?
-            if reserveNext {
-                let next = TransportAddress(ip: ip, port: UInt16(candidate + 1))
-                guard let fd2 = Self.bindSocket(next, dontFragment: dontFragment) else {
-                    close(fd)
-                    continue
-                }
-                relays[next] = RelaySocket(address: next, fd: fd2)
-                reserved = next
-                port = candidate + 2
+        guard !stopped, relaySet >= 0, let ip = plan.ip(for: family) else { return nil }
+        var bound: (relay: RelaySocket, reserved: RelaySocket?)?
+        let port = ports.take(family: family, even: even, pair: reserveNext) { port in
+            let address = TransportAddress(ip: ip, port: UInt16(port))
+            guard let fd = Self.bindSocket(address, dontFragment: dontFragment) else { return false }
+            guard reserveNext else {
+                bound = (RelaySocket(address: address, fd: fd), nil)
+                return true
             }
-            nextPort[family] = port
-            let socket = RelaySocket(address: address, fd: fd)
-            relays[address] = socket
-            guard startReading(socket) else {
-                closeRelay(address)
-                if let reserved { closeRelay(reserved) }
-                return nil
+            let next = TransportAddress(ip: ip, port: UInt16(port + 1))
+            guard let fd2 = Self.bindSocket(next, dontFragment: dontFragment) else {
+                close(fd)
+                return false
             }
-            return (address, reserved)
+            bound = (RelaySocket(address: address, fd: fd), RelaySocket(address: next, fd: fd2))
+            return true
         }
-        return nil
+        guard port != nil, let (socket, reserved) = bound else { return nil }
+        relays[socket.address] = socket
+        if let reserved { relays[reserved.address] = reserved }
+        guard startReading(socket) else {
+            closeRelay(socket.address)
+            if let reserved { closeRelay(reserved.address) }
+            return nil
+        }
+        return (socket.address, reserved?.address)
     }
 
     func openReserved(_ address: TransportAddress, dontFragment: Bool) -> Bool {
@@ -443,6 +433,7 @@ final class TURNLane: TURNRelayPorts {
 
     func closeRelay(_ address: TransportAddress) {
         guard let socket = relays.removeValue(forKey: address) else { return }
+        ports.release(family: address.ip.family, port: Int(address.port))
         socket.allocation = nil
         socket.client = nil
         socket.clientListener = nil

@@ -109,6 +109,11 @@ struct MetricsTests {
         #expect(text["tusa_allocations_created_total"] == 5)
         #expect(text["tusa_error_responses_total{code=\"401\"}"] == 6)
         #expect(text["tusa_stun_responses_total"] == 12)
+
+        metrics.update(relayPortsHeld: 3, capacity: 16384)
+        text = Exposition(registry.emitToString())
+        #expect(text["tusa_relay_ports_held"] == 3 && text["tusa_relay_ports_free"] == 16381)
+        #expect(text.types["tusa_relay_ports_free"] == "gauge")
     }
 
     // MARK: the endpoint
@@ -195,7 +200,7 @@ struct MetricsTests {
             "tusa_allocations_active", "tusa_allocations_created_total", "tusa_allocations_expired_total",
             "tusa_allocations_deleted_total", "tusa_relayed_packets_total", "tusa_relayed_bytes_total",
             "tusa_auth_failures_total", "tusa_challenges_total", "tusa_turn_drops_total",
-            "tusa_stun_responses_total", "tusa_stun_drops_total",
+            "tusa_stun_responses_total", "tusa_stun_drops_total", "tusa_relay_ports_held", "tusa_relay_ports_free",
         ] {
             #expect(names.contains(name), "\(name) missing from /metrics")
         }

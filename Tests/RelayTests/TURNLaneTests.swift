@@ -62,4 +62,25 @@ struct TURNLaneTests {
         }
         #expect(ports.allSatisfy { $0 % 2 == 0 && (50_002...50_006).contains($0) })
     }
+
+    @Test("relay sockets are bound on unpredictable ports, and the range's accounting follows opens and closes")
+    func relayPortsAreUnpredictableAndAccounted() async throws {
+        let (ports, heldAfterOpen, heldAfterClose) = try await Self.withLane(min: 45_000, max: 46_999) {
+            lane -> ([UInt16], Int, Int) in
+            var relays: [TransportAddress] = []
+            for _ in 0..<40 {
+                guard let r = lane.openRelay(family: 0x01, even: false, reserveNext: false, dontFragment: false) else { continue }
+                relays.append(r.relay)
+            }
+            let opened = lane.ports.usage.held
+            for relay in relays { lane.closeRelay(relay) }
+            return (relays.map(\.port), opened, lane.ports.usage.held)
+        }
+        #expect(ports.count >= 35, "the machine had most of 45000-46999 free: \(ports.count) opened")
+        #expect(ports.allSatisfy { (45_000...46_999).contains($0) })
+        let steps = zip(ports, ports.dropFirst()).map { Int($1) - Int($0) }
+        #expect(steps.filter { abs($0) <= 2 }.count <= 2, "ports handed out in sequence: \(ports)")
+        #expect(heldAfterOpen == ports.count)
+        #expect(heldAfterClose == 0)
+    }
 }
