@@ -95,7 +95,7 @@ extension TURNLane {
     /// returns how many were read. What leaves is queued in the outbox.
     func read(_ listener: ListenerSocket, atMost limit: Int) -> Int {
         inbox.read(
-            atMost: limit, from: { listener.socket.fd }, truncated: { listener.counters.drop(.malformed) },
+            atMost: limit, from: { listener.socket.fd }, truncated: { listener.counters.drop(.tooLarge) },
             handle: { handleDatagram($0, from: $1, on: listener, now: $2) })
     }
 

@@ -556,7 +556,9 @@ public final class RelayService: Service, Sendable {
     /// UDP socket buffers: the kernel's 208 KiB default overflows under bursts
     /// (RcvbufErrors). Linux caps the request at net.core.rmem_max / wmem_max.
     static let socketBufferBytes: SocketOptionValue = 4 << 20
-    static let datagramSlotSize = 2048
+    /// One byte more than the longest request, so that a longer datagram,
+    /// cut to this, is still seen as too long (see ``BindingServer/largestRequest``).
+    static let datagramSlotSize = BindingServer.largestRequest + 1
     static let ipv6Only = ChannelOptions.Types.SocketOption(level: .ipv6, name: .ipv6_v6only)
     static let reusePort = ChannelOptions.Types.SocketOption(level: .socket, name: NIOBSDSocket.Option(rawValue: SO_REUSEPORT))
 }

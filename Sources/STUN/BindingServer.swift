@@ -55,7 +55,16 @@ public struct BindingServer: Sendable {
         case notRequest = "not-request"
         case badFingerprint = "bad-fingerprint"
         case noRoom = "no-room"
+        /// Longer than ``BindingServer/largestRequest``: never parsed.
+        case tooLarge = "too-large"
     }
+
+    /// The longest datagram taken as a request: a Binding request with a
+    /// full-MTU PADDING (RFC 5780) fits many times over. A driver whose
+    /// receive buffers are fixed reads at least one byte more than this, so
+    /// that a longer datagram shows as too large (``DropReason/tooLarge``)
+    /// rather than cut short and counted as malformed.
+    public static let largestRequest = 2048
 
     public enum Outcome: Hashable, Sendable {
         /// Send `length` bytes of the output buffer to `destination` from the
@@ -115,6 +124,7 @@ public struct BindingServer: Sendable {
     ) -> Outcome {
         let r = RawReader(bytes: request)
         let n = request.count
+        guard n <= Self.largestRequest else { return .drop(.tooLarge) }
         guard n >= 20, r.u8(0) & 0xC0 == 0 else { return .drop(.notSTUN) }
         let length = Int(r.u16(2))
         guard length % 4 == 0, 20 + length == n else { return .drop(.malformed) }

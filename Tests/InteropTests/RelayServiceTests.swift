@@ -267,6 +267,37 @@ struct RelayServiceTests {
         }
     }
 
+    @Test(
+        "datagrams longer than 2048 bytes are dropped as too large, not cut short and counted malformed (Binding-only, and relaying)",
+        arguments: [false, true])
+    func oversizedDatagrams(relaying: Bool) async throws {
+        let configuration = RelayService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], tcp: false, turn: relaying ? Self.relaying : nil)
+        try await withBindingService(configuration) { service, sockets in
+            let server = try #require(sockets.first).address
+            let client = try TestSocket.udp(bindingTo: loopbackV4)
+            // A request of exactly the largest size is answered.
+            let largest = Message(type: .bindingRequest, attributes: [.padding([UInt8](repeating: 0, count: 2048 - 24))])
+            #expect(largest.encode().count == BindingServer.largestRequest)
+            try client.sendDatagram(largest.encode(), to: server)
+            let answer = try #require(try await Harness.offPool { try client.receive(timeout: 10, capacity: 4096) }, "no answer")
+            #expect(try Message(decoding: answer.0).transactionID == largest.transactionID)
+            // Valid requests longer than that are not: one just over (whole in every buffer), one of 60,000 bytes.
+            for size in [2052, 60_000] {
+                let request = Message(type: .bindingRequest, attributes: [.padding([UInt8](repeating: 0, count: size - 24))])
+                #expect(request.encode().count == size)
+                try client.sendDatagram(request.encode(), to: server)
+            }
+            let sentinel = Message(type: .bindingRequest)
+            try client.sendDatagram(sentinel.encode(), to: server)
+            let reply = try #require(try await Harness.offPool { try client.receive(timeout: 10) }, "no answer to the sentinel")
+            #expect(try Message(decoding: reply.0).transactionID == sentinel.transactionID, "an oversized request was answered")
+            try await eventually { service.statistics.responses == 2 }
+            #expect(service.statistics.drops[.tooLarge] == 2)
+            #expect(service.statistics.drops[.malformed] == nil)
+        }
+    }
+
     // MARK: lifecycle and configuration
 
     @Test("several threads: the reuse-port sockets answer (Binding-only, and relaying)", arguments: [false, true])
