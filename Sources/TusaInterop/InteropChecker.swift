@@ -78,25 +78,67 @@ public struct InteropChecker: Sendable {
         }
 
         mutating func checkCapture(_ capture: Capture, into report: inout InteropReport) {
-            // First pass: the flows on which TURN runs; ChannelData is only
-            // looked for there (elsewhere 0x40–0x4F is someone's opaque data).
+            // First pass: what each flow carries. A flow with a STUN message
+            // on it is a STUN/TURN flow, where every datagram must be STUN (or
+            // ChannelData, once TURN was seen on it), unless it carries ICE
+            // checks: there STUN shares the 5-tuple with the application's
+            // data (DTLS, RTP, Tusa's own packets; RFC 7983), which is counted
+            // as other, not checked.
+            var stunFlows = Set<Flow>()
             var turnFlows = Set<Flow>()
-            for d in capture.udp where Message.isSTUN(d.payload) {
-                if let m = try? Message(decoding: d.payload), Self.turnMethods.contains(m.type.method) {
-                    turnFlows.insert(Flow(d.source, d.destination))
-                }
+            var iceFlows = Set<Flow>()
+            for d in capture.udp where Self.looksLikeSTUN(d.payload) {
+                let flow = Flow(d.source, d.destination)
+                stunFlows.insert(flow)
+                guard let m = try? Message(decoding: d.payload) else { continue }
+                if Self.turnMethods.contains(m.type.method) { turnFlows.insert(flow) }
+                if Self.isICECheck(m) { iceFlows.insert(flow) }
             }
             for d in capture.udp {
                 let p = d.payload
+                let flow = Flow(d.source, d.destination)
                 if Self.looksLikeSTUN(p) {
                     checkUnit(p, packet: d.frame, channelDataAllowed: false, padded: nil, into: &report)
-                } else if Self.looksLikeChannelData(p), turnFlows.contains(Flow(d.source, d.destination)) {
+                } else if Self.looksLikeChannelData(p), turnFlows.contains(flow) {
                     checkUnit(p, packet: d.frame, channelDataAllowed: true, padded: nil, into: &report)
+                } else if stunFlows.contains(flow) && !iceFlows.contains(flow) {
+                    report.packets += 1
+                    report.failed += 1
+                    report.failures.append(
+                        InteropFailure(
+                            packet: d.frame,
+                            reason:
+                                "\(d.source) → \(d.destination): neither STUN nor ChannelData on a STUN/TURN flow: \(ForeignDatagram.describe(p))"
+                        ))
+                } else {
+                    report.other += 1
                 }
             }
+            // A TCP connection is STUN/TURN when either direction opens with
+            // STUN; the other direction must then be framed STUN too.
+            let stunConnections = Set(
+                capture.tcpStreams.filter { Self.looksLikeSTUN($0.data) }.map { Flow($0.source, $0.destination) })
             for stream in capture.tcpStreams where !stream.data.isEmpty {
-                checkStream(stream, into: &report)
+                if Self.looksLikeSTUN(stream.data) {
+                    checkStream(stream, into: &report)
+                } else if stunConnections.contains(Flow(stream.source, stream.destination)) {
+                    report.packets += 1
+                    report.failed += 1
+                    report.failures.append(
+                        InteropFailure(
+                            packet: stream.frame(at: 0) ?? stream.firstFrame,
+                            reason:
+                                "TCP \(stream.source) → \(stream.destination): does not open with STUN on a STUN/TURN connection: \(ForeignDatagram.describe(Array(stream.data.prefix(64))))"
+                        ))
+                }
             }
+        }
+
+        /// A Binding request with ICE's attributes (RFC 8445 §7.1): the flow is an ICE candidate pair's.
+        static func isICECheck(_ m: Message) -> Bool {
+            m.type.method == .binding && m.type.messageClass == .request
+                && (m.attribute(.priority) != nil || m.attribute(.iceControlling) != nil
+                    || m.attribute(.iceControlled) != nil || m.attribute(.useCandidate) != nil)
         }
 
         mutating func checkStream(_ stream: TCPStream, into report: inout InteropReport) {

@@ -15,7 +15,8 @@ public struct InteropFailure: Sendable, Hashable, CustomStringConvertible {
 /// What ``InteropChecker`` found in one file.
 public struct InteropReport: Sendable {
     public var file: String
-    /// STUN messages and ChannelData frames found (several may share a TCP segment).
+    /// STUN messages and ChannelData frames found (several may share a TCP
+    /// segment), and datagrams on STUN/TURN flows that are neither (each failed).
     public var packets = 0
     /// Decoded, every known attribute's value included.
     public var decoded = 0
@@ -30,11 +31,18 @@ public struct InteropReport: Sendable {
     /// which no credentials were given.
     public var notes: [InteropFailure] = []
 
+    /// UDP datagrams not checked: application data beside ICE checks
+    /// (RFC 7983 multiplexing) and datagrams of flows that carry no STUN
+    /// (a relay's traffic with its peers).
+    public var other = 0
+
     public init(file: String) { self.file = file }
 
-    /// `N packets: D decoded, R round-trip, V verified, F failed`.
+    /// `N packets: D decoded, R round-trip, V verified, F failed`, then
+    /// `; K other datagrams not checked` when there are any.
     public var summary: String {
         "\(packets) packets: \(decoded) decoded, \(roundTrip) round-trip, \(verified) verified, \(failed) failed"
+            + (other > 0 ? "; \(other) other datagrams not checked" : "")
     }
 
     public var passed: Bool { failed == 0 && failures.isEmpty }

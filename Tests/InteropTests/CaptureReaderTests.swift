@@ -537,7 +537,7 @@ struct TCPStreamReassemblerTests: CaptureFixtures {
 
 private enum CaptureTsharkFailure: Error { case exit(Int32, String) }
 
-private struct CaptureTestRecord {
+struct CaptureTestRecord {
     var bytes: [UInt8]
     var originalLength: Int?
     var seconds: UInt32 = 1_700_000_000
@@ -552,7 +552,7 @@ private struct CaptureTestRecord {
 }
 
 /// Helpers shared by the capture-reader suites; members, so they cannot clash with other test files.
-private protocol CaptureFixtures {}
+protocol CaptureFixtures {}
 
 extension CaptureFixtures {
     func readError(_ path: String) -> CaptureError? {
