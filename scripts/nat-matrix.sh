@@ -21,7 +21,9 @@
 #   sym2   symmetric NAT on both sides: expect relayed
 #   roam   eim, and mid-call A's NAT rebinds: its UDP mappings are forgotten and
 #          new ones get other ports (what an idle timeout or a NAT reboot does to a
-#          roaming phone); the call goes on (ICE restart through the rendezvous)
+#          roaming phone); the call goes on: after 100 ms of silence each side
+#          learns its address from the relay and tells the other, whose probe
+#          reopens the path (an ICE restart at 2 s if it does not)
 #   udp-blocked  A's network lets no UDP out (TCP only): A allocates over TURN/TCP,
 #          the relay talks UDP to B; expect relayed
 #   relay-restart  sym2, and mid-call the relay is killed and started again: the

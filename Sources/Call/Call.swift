@@ -247,7 +247,7 @@ public final class CallAgent: Sendable {
             case .rendezvousClosed(let generation):
                 closed(generation)
                 continue
-            case .endpoint, .sourceEnded, .sinkFailed: continue
+            case .endpoint, .sourceEnded, .sinkFailed, .reflexive: continue
             }
             guard only == nil || only == from, let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else {
                 continue
@@ -419,6 +419,23 @@ public final class CallAgent: Sendable {
     }
 
     /// An ICE restart's checks against the peer's new description, in the background.
+    /// Asks the STUN server (or the relay: it answers Binding too) what our
+    /// socket's address is now, in the background; the answer comes back as
+    /// ``CallEvent/reflexive(_:)``.
+    private func learnReflexiveAddress(_ endpoint: SecureUDPEndpoint) {
+        let server =
+            options.stunServer ?? rendezvous.turn.flatMap { grant in Self.turnServers(grant).first { $0.1 == .udp }?.0 }
+        guard let server else {
+            feed.yield(.reflexive(nil))
+            return
+        }
+        let feed = feed
+        Task {
+            let address = try? await endpoint.reflexiveAddress(from: server, timeout: .milliseconds(500))
+            feed.yield(.reflexive(address))
+        }
+    }
+
     private func recheck(_ endpoint: SecureUDPEndpoint, _ theirs: ICEDescription) {
         let timeout = options.connectTimeout
         let logger = logger
@@ -508,6 +525,11 @@ public final class CallAgent: Sendable {
             // Everything the controller asked for, in order; what an action learns goes back in at once.
             while ended == nil, let action = controller.pollAction() {
                 switch action {
+                case .send(let message) where message.kind == .reachable:
+                    // Best effort, never waited for: the rendezvous connection may
+                    // have died with the path (a move), and a restart must not wait behind it.
+                    let connection = rendezvous
+                    Task { try? await connection.send(message.encoded(), to: peer) }
                 case .send(let message):
                     do { try await rendezvous.send(message.encoded(), to: peer) } catch {
                         controller.handle(.sendFailed(message), now: Self.now())
@@ -523,6 +545,11 @@ public final class CallAgent: Sendable {
                     }
                 case .checkICE(let theirs):
                     recheck(endpoint, theirs.iceDescription)
+                case .learnReflexiveAddress:
+                    learnReflexiveAddress(endpoint)
+                case .probe(let address):
+                    logger.info("the peer says it is reachable here: probing", metadata: ["address": "\(address)"])
+                    try? await endpoint.probe(peerID, at: address)
                 case .rejoinRendezvous(let replacing):
                     do {
                         try await reconnect(replacing: replacing)
@@ -567,6 +594,8 @@ public final class CallAgent: Sendable {
                 guard let message = try? CallMessage(decoding: payload) else { continue }
                 hear(&controller)
                 controller.handle(.signal(message, from: from), now: Self.now())
+            case .reflexive(let address):
+                controller.handle(.reflexiveAddress(address), now: Self.now())
             case .rendezvousClosed(let generation):
                 if closed(generation) { controller.handle(.rendezvousLost, now: Self.now()) }
             case .sourceEnded, .sinkFailed:
@@ -663,7 +692,7 @@ public final class CallAgent: Sendable {
                 if Self.now() >= deadline { throw .timedOut("no answer within \(timeout)") }
             case .rendezvousClosed(let generation):
                 closed(generation)
-            case .endpoint, .sourceEnded, .sinkFailed:
+            case .endpoint, .sourceEnded, .sinkFailed, .reflexive:
                 continue
             }
         }

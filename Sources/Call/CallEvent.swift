@@ -1,5 +1,6 @@
 import Secure
 import Transport
+import TusaBase
 
 /// What a call's driver awaits, from every source at once: the rendezvous
 /// connection, the endpoint, the voice session and the controller's timer.
@@ -14,6 +15,8 @@ enum CallEvent: Sendable {
     case sourceEnded
     /// Writing the audio received failed.
     case sinkFailed
+    /// Our socket's address as the STUN server saw it (nil: no answer).
+    case reflexive(TransportAddress?)
     /// A deadline passed (the controller's, or the ring timeout).
     case wake
 }

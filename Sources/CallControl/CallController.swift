@@ -15,6 +15,12 @@ public struct CallController: SansIOCore {
         /// Restart ICE (through the rendezvous) when nothing came from the peer for
         /// this long; restarts are at least twice this apart.
         public var restartAfterSilence: Duration = .seconds(2)
+        /// When nothing came from the peer for this long, learn our socket's
+        /// address from the relay and tell the peer through the rendezvous
+        /// (``CallMessage/Kind/reachable``), once per silence: after a NAT
+        /// rebinding the peer's probe there reopens the direct path long
+        /// before a restart would. Nil: never.
+        public var probeAfterSilence: Duration? = .milliseconds(100)
         /// How often this machine's addresses are looked at: when they change (a new
         /// network, a lost one) ICE restarts at once with the new candidates. Nil: never.
         public var networkCheckInterval: Duration? = .seconds(1)
@@ -60,6 +66,8 @@ public struct CallController: SansIOCore {
     /// Restarts and answers that came while ours was gathering: taken after it.
     private var deferred: [CallMessage] = []
     private var consentLost = false
+    /// The ``heard`` of the silence we last probed for (one probe per silence).
+    private var probedSilence: Timestamp?
     private var networkChanged = false
     private var lastAddressCheck: Timestamp
     private var rendezvousUp = true
@@ -134,6 +142,10 @@ public struct CallController: SansIOCore {
             guard restarting != nil else { return }
             restarting = nil
             takeDeferred(now: now)
+        case .reflexiveAddress(let address):
+            if let address, rendezvousUp {
+                actions.append(.send(CallMessage(kind: .reachable, call: call, address: "\(address)")))
+            }
         case .sendFailed(let message):
             if message.kind == .restart || message.kind == .restartAnswer { unsent = message }
         case .hangUp:
@@ -154,6 +166,7 @@ public struct CallController: SansIOCore {
         var next = lastStatus + configuration.statusInterval
         if let limit = configuration.maximumDuration { next = min(next, started + limit) }
         if let every = configuration.networkCheckInterval { next = min(next, lastAddressCheck + every) }
+        if let after = configuration.probeAfterSilence, probedSilence != heard { next = min(next, heard + after) }
         if !rendezvousUp, !rejoining, let lastRejoin { next = min(next, lastRejoin + configuration.rejoinInterval) }
         if restarting == nil {
             let allowed = lastRestart.map { $0 + configuration.restartAfterSilence * 2 } ?? started
@@ -185,6 +198,9 @@ public struct CallController: SansIOCore {
         case .restartAnswer:
             guard let theirs = message.path else { return }
             actions.append(.checkICE(theirs))
+        case .reachable:
+            guard let text = message.address, let address = TransportAddress(text) else { return }
+            actions.append(.probe(address))
         case .offer, .answer, .reject:
             break
         }
@@ -212,6 +228,10 @@ public struct CallController: SansIOCore {
         if let every = configuration.networkCheckInterval, now - lastAddressCheck >= every {
             lastAddressCheck = now
             actions.append(.lookAtLocalAddresses)
+        }
+        if let after = configuration.probeAfterSilence, probedSilence != heard, now - heard >= after {
+            probedSilence = heard
+            if rendezvousUp { actions.append(.learnReflexiveAddress) }
         }
         if restarting == nil, consentLost || networkChanged || now - heard >= configuration.restartAfterSilence,
             lastRestart.map({ now - $0 >= configuration.restartAfterSilence * 2 }) ?? true

@@ -1,3 +1,5 @@
+import TusaBase
+
 extension CallController {
     /// What the controller asks of the driver, in order.
     public enum Action: Sendable, Equatable {
@@ -14,6 +16,13 @@ extension CallController {
         case rejoinRendezvous(replacing: Bool)
         /// Read this machine's addresses; answer with ``Input/localAddresses(_:)``.
         case lookAtLocalAddresses
+        /// Ask a STUN server (the relay) what our socket's address is now;
+        /// answer with ``Input/reflexiveAddress(_:)``.
+        case learnReflexiveAddress
+        /// Send the peer an authenticated keepalive at this address, which it
+        /// named in a ``CallMessage/Kind/reachable`` message (its session
+        /// address moves only when its media comes from there).
+        case probe(TransportAddress)
         /// Time for the live status report.
         case report
         /// The call is over (any hang-up to send came as ``send(_:)`` before).

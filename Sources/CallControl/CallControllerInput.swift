@@ -24,6 +24,8 @@ extension CallController {
         case rendezvousRejoined
         /// A ``Action/rejoinRendezvous(replacing:)`` failed (the previous connection stays).
         case rejoinFailed
+        /// The answer to ``Action/learnReflexiveAddress`` (nil: no answer in time).
+        case reflexiveAddress(TransportAddress?)
         /// A ``Action/restartICE(_:)`` gathered again: our new description.
         case iceRestarted(CallMessage.Path)
         /// A ``Action/restartICE(_:)`` found nothing to signal.

@@ -1,4 +1,5 @@
 import Foundation
+import TusaBase
 
 /// What two callers exchange through the rendezvous, sealed end to end (the
 /// server forwards it without reading it): an offer, its answer, a refusal or a
@@ -10,6 +11,11 @@ public struct CallMessage: Codable, Equatable, Sendable {
         /// move or a relay restart, and the peer's in return.
         case restart
         case restartAnswer = "restart-answer"
+        /// The sender heard nothing from us for a moment and names where it is
+        /// reachable now (its socket's address as a STUN server sees it): a NAT
+        /// that rebound it gave it a new one. We send a probe there, which opens
+        /// our own NAT's filter toward it; its media then moves the session.
+        case reachable
     }
 
     /// The path a peer offers: where it can be reached (ICE-style candidate lines)
@@ -48,13 +54,18 @@ public struct CallMessage: Codable, Equatable, Sendable {
     public var path: Path?
     public var codec: Codec?
     public var reason: String?
+    /// A ``Kind/reachable`` message's address, `IP:PORT` (`[IPv6]:PORT`).
+    public var address: String?
 
-    public init(kind: Kind, call: String, path: Path? = nil, codec: Codec? = nil, reason: String? = nil) {
+    public init(
+        kind: Kind, call: String, path: Path? = nil, codec: Codec? = nil, reason: String? = nil, address: String? = nil
+    ) {
         self.kind = kind
         self.call = call
         self.path = path
         self.codec = codec
         self.reason = reason
+        self.address = address
     }
 
     /// The message as the JSON object sealed to the peer.
@@ -76,6 +87,11 @@ public struct CallMessage: Codable, Equatable, Sendable {
         }
         if kind == .restart || kind == .restartAnswer {
             guard path != nil else { throw .malformed("\(kind.rawValue) without path") }
+        }
+        if kind == .reachable {
+            guard let address, TransportAddress(address) != nil else {
+                throw .malformed("reachable without an IP:PORT address")
+            }
         }
     }
 }

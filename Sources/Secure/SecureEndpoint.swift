@@ -215,9 +215,14 @@ public final class SecureEndpoint {
 
     /// Seals a control report for `id` and queues it for `pollAction()`; throws
     /// when it cannot (`handle(.sendControl(_:to:), now:)` drops it then).
-    public func sendControl(_ report: ControlReport, to id: PeerID, now: Timestamp) throws {
+    ///
+    /// - Parameter at: send it there instead of the peer's address, which
+    ///   stays as it is: a probe of an address the peer said it is reachable
+    ///   at (its media then moves there by the roaming rule, when the peer's
+    ///   authenticated packets come from it).
+    public func sendControl(_ report: ControlReport, to id: PeerID, at: TransportAddress? = nil, now: Timestamp) throws {
         guard let p = peers[id] else { throw SecureSendError.unknownPeer }
-        guard let address = p.address else { throw SecureSendError.noAddress }
+        guard let address = at ?? p.address else { throw SecureSendError.noAddress }
         guard let keys = p.sendKeys(now: now, configuration) else { throw SecureSendError.notEstablished }
         var buffer = [UInt8](repeating: 0, count: ControlPacket.length)
         let n = try buffer.withUnsafeMutableBytes {

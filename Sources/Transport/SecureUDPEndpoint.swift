@@ -265,6 +265,30 @@ public final class SecureUDPEndpoint: Sendable {
         }
     }
 
+    /// Sends the peer a keepalive at `address` (its session address stays
+    /// where it is): the first packet toward an address the peer told us, out
+    /// of band and authenticated, that it is reachable at now. Sending opens
+    /// our NAT's filter toward it; the peer's media, once it comes from there,
+    /// moves the session by the roaming rule. Sent twice, 20 ms apart, against loss.
+    public func probe(_ peer: PeerID, at address: TransportAddress) async throws(SecureTransportError) {
+        try await onLoop { e in
+            try e.probe(peer, at: address)
+            let engine = NIOLoopBound(e, eventLoop: e.channelEventLoop)
+            e.channelEventLoop.scheduleTask(in: .milliseconds(20)) { try? engine.value.probe(peer, at: address) }
+        }
+    }
+
+    /// This socket's address as a STUN server sees it (server-reflexive: after
+    /// a NAT, the NAT's mapping), from a Binding request sent from the socket
+    /// and retransmitted at 100 and 300 ms (RFC 8489 §6.2.1 with a shorter RTO:
+    /// this is asked when the path has just gone quiet).
+    public func reflexiveAddress(from server: TransportAddress, timeout: Duration = .seconds(1))
+        async throws(SecureTransportError) -> TransportAddress
+    {
+        let future = try await onLoop { e in e.queryReflexive(server, timeout: timeout) }
+        do { return try await future.get() } catch let error as SecureTransportError { throw error } catch { throw .closed }
+    }
+
     /// Allocates on a TURN server over this socket. Peers reached with
     /// `reach(_:viaRelay: true)` then go through it.
     @discardableResult
@@ -469,6 +493,7 @@ final class SecureEngine {
 
     func received(_ buffer: ByteBuffer, from source: TransportAddress) {
         guard !closed else { return }
+        if !reflexiveQueries.isEmpty, answersReflexiveQuery(buffer, from: source) { return }
         if let turnServer, source == turnServer, let turnEngine {
             turnEngine.received(Array(buffer.readableBytesView))
             return
@@ -550,6 +575,59 @@ final class SecureEngine {
         let request = Array(buffer.readableBytesView)
         guard let (response, destination, _) = binding.handle(request, from: source) else { return }
         write(response, to: destination)
+    }
+
+    // MARK: reflexive address
+
+    /// Binding requests in flight for ``SecureUDPEndpoint/reflexiveAddress(from:timeout:)``.
+    private(set) var reflexiveQueries: [TransactionID: (server: TransportAddress, promise: EventLoopPromise<TransportAddress>)] =
+        [:]
+
+    func queryReflexive(_ server: TransportAddress, timeout: Duration) -> EventLoopFuture<TransportAddress> {
+        let promise = channel.eventLoop.makePromise(of: TransportAddress.self)
+        let request = Message(type: .bindingRequest)
+        let id = request.transactionID
+        reflexiveQueries[id] = (server, promise)
+        let bytes = request.encode(fingerprint: true)
+        writeDirect(bytes, to: server)
+        flush()
+        let bound = NIOLoopBound(self, eventLoop: channel.eventLoop)
+        for resend in [Duration.milliseconds(100), .milliseconds(300)] where resend < timeout {
+            channel.eventLoop.scheduleTask(in: .nanoseconds(resend.nanoseconds)) {
+                guard bound.value.reflexiveQueries[id] != nil else { return }
+                bound.value.writeDirect(bytes, to: server)
+                bound.value.flush()
+            }
+        }
+        channel.eventLoop.scheduleTask(in: .nanoseconds(max(0, timeout.nanoseconds))) {
+            bound.value.reflexiveQueries.removeValue(forKey: id)?.promise.fail(SecureTransportError.timeout)
+        }
+        return promise.futureResult
+    }
+
+    /// Takes the answer to one of our Binding requests: true when it was one.
+    private func answersReflexiveQuery(_ buffer: ByteBuffer, from source: TransportAddress) -> Bool {
+        guard buffer.readableBytes >= 20, let first = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self), first <= 3,
+            let message = try? Message(decoding: Array(buffer.readableBytesView)),
+            let query = reflexiveQueries[message.transactionID], query.server == source
+        else { return false }
+        reflexiveQueries[message.transactionID] = nil
+        if message.type == .bindingSuccess, case .xorMappedAddress(let mapped)? = try? message.value(.xorMappedAddress) {
+            query.promise.succeed(mapped)
+        } else {
+            query.promise.fail(SecureTransportError.timeout)
+        }
+        return true
+    }
+
+    func probe(_ peer: PeerID, at address: TransportAddress) throws(SecureTransportError) {
+        do {
+            try host.with { core, now in try core.sendControl(ControlReport(kind: .keepalive), to: peer, at: address, now: now) }
+        } catch let s as SecureSendError {
+            throw SecureTransportError.send(s)
+        } catch {
+            throw .closed
+        }
     }
 
     // MARK: output

@@ -78,6 +78,78 @@ struct CallControllerTests {
         #expect(sim.caller.actions.restarts.count == 1, "media flows again: no more restarts")
     }
 
+    static let newMapping = TransportAddress(ip: .v4(0xCB00_7102), port: 61_524)
+
+    @Test("100 ms of silence: learn our address and tell the peer, which probes it; the path comes back without a restart")
+    func silenceProbesThePathFirst() {
+        var sim = CallSimulation()
+        sim.advance(by: .seconds(3))
+        // The caller's NAT rebinds: neither side hears the other.
+        sim.mediaFlows = false
+        sim.reflexive = [Self.newMapping, nil]
+        sim.probeReopensPath = true
+        sim.advance(by: .milliseconds(99))
+        #expect(sim.caller.actions.reflexiveQueries == 0)
+        sim.advance(by: .milliseconds(1))
+        #expect(sim.caller.actions.reflexiveQueries == 1 && sim.callee.actions.reflexiveQueries == 1)
+        let reachable = CallMessage(kind: .reachable, call: CallSimulation.callID, address: "203.0.113.2:61524")
+        #expect(sim.caller.actions.sent == [reachable])
+        #expect(sim.callee.actions.sent.isEmpty, "the callee's STUN server did not answer: nothing to tell")
+        #expect(sim.callee.actions.probes == [Self.newMapping])
+        #expect(sim.mediaFlows)
+        sim.advance(by: .seconds(10))
+        #expect(sim.caller.actions.restarts.isEmpty && sim.callee.actions.restarts.isEmpty)
+        #expect(sim.caller.actions.reflexiveQueries == 1, "one probe per silence, and there was one")
+    }
+
+    @Test("a probe that does not bring the path back leaves the restart at 2 s; one probe per silence")
+    func probeThatFailsStillRestarts() {
+        var sim = CallSimulation()
+        sim.advance(by: .seconds(1))
+        sim.hearing[0] = false
+        sim.reflexive = [Self.newMapping, Self.newMapping]
+        sim.advance(by: .milliseconds(1999))
+        #expect(sim.caller.actions.reflexiveQueries == 1 && sim.caller.actions.restarts.isEmpty)
+        #expect(sim.callee.actions.probes == [Self.newMapping])
+        sim.advance(by: .milliseconds(1))
+        #expect(sim.caller.actions.restarts == [.peerFellSilent])
+        #expect(sim.caller.actions.reflexiveQueries == 1)
+        // Heard again, then silent again: a new silence, a new probe.
+        sim.advance(by: .seconds(1))
+        sim.hearing[0] = false
+        sim.advance(by: .milliseconds(100))
+        #expect(sim.caller.actions.reflexiveQueries == 2)
+    }
+
+    @Test("probing can be turned off; a stranger's or another call's reachable message is not probed")
+    func probingOffAndForeignMessages() throws {
+        var configuration = CallController.Configuration()
+        configuration.probeAfterSilence = nil
+        var sim = CallSimulation(configuration: configuration)
+        sim.advance(by: .seconds(1))
+        sim.mediaFlows = false
+        sim.reflexive = [Self.newMapping, Self.newMapping]
+        sim.advance(by: .milliseconds(1999))
+        #expect(sim.caller.actions.reflexiveQueries == 0 && sim.callee.actions.probes.isEmpty)
+        let stranger = try PublicKey(bytes: [UInt8](repeating: 7, count: 32))
+        let reachable = CallMessage(kind: .reachable, call: CallSimulation.callID, address: "203.0.113.9:4000")
+        sim.feed(0, .signal(reachable, from: stranger))
+        sim.feed(0, .signal(CallMessage(kind: .reachable, call: "other", address: "203.0.113.9:4000"), from: sim.callee.key))
+        #expect(sim.caller.actions.probes.isEmpty)
+        sim.feed(0, .signal(reachable, from: sim.callee.key))
+        #expect(sim.caller.actions.probes == [TransportAddress("203.0.113.9:4000")!])
+    }
+
+    @Test("a reachable message without a usable address is a typed error")
+    func reachableNeedsAnAddress() throws {
+        for address in [nil, "nowhere", "203.0.113.9"] as [String?] {
+            let bytes = CallMessage(kind: .reachable, call: "c", address: address).encoded()
+            #expect(throws: CallMessageError.self) { try CallMessage(decoding: bytes) }
+        }
+        let good = CallMessage(kind: .reachable, call: "c", address: "[2001:db8::1]:5000")
+        #expect(try CallMessage(decoding: good.encoded()) == good)
+    }
+
     @Test func restartsAreFourSecondsApartWhileSilent() {
         var sim = CallSimulation()
         sim.hearing[0] = false

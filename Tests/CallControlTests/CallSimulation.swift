@@ -37,6 +37,11 @@ struct CallSimulation {
     /// Messages sent but not yet delivered while `holdMessages` is on (index of the receiver).
     var held: [(to: Int, message: CallMessage)] = []
     var holdMessages = false
+    /// What each side's STUN server says its address is (nil: no answer).
+    var reflexive: [TransportAddress?] = [nil, nil]
+    /// A probe toward the address a peer named reopens the path (a NAT
+    /// rebinding: the probe opens the prober's NAT to the peer's new mapping).
+    var probeReopensPath = false
     /// Sides whose restarts gather without answering, until ``finishGathering()``.
     var holdGathering: Set<Int> = []
     private var gathering: Set<Int> = []
@@ -160,6 +165,10 @@ struct CallSimulation {
                 feed(i, rendezvousUp ? .rendezvousRejoined : .rejoinFailed)
             case .lookAtLocalAddresses:
                 feed(i, .localAddresses(sides[i].addresses))
+            case .learnReflexiveAddress:
+                feed(i, .reflexiveAddress(reflexive[i]))
+            case .probe:
+                if probeReopensPath { mediaFlows = true }
             case .report, .end:
                 break
             }
@@ -184,6 +193,12 @@ extension Array where Element == CallController.Action {
     var rejoins: [Bool] {
         compactMap { if case .rejoinRendezvous(let replacing) = $0 { replacing } else { nil } }
     }
+
+    var probes: [TransportAddress] {
+        compactMap { if case .probe(let a) = $0 { a } else { nil } }
+    }
+
+    var reflexiveQueries: Int { filter { $0 == .learnReflexiveAddress }.count }
 
     var end: CallEnd? {
         compactMap { if case .end(let e) = $0 { e } else { nil } }.first

@@ -106,6 +106,39 @@ struct SecureTransportTests {
         await b.close()
     }
 
+    @Test(
+        "a STUN server (tusa relay) tells the socket's address; a silent server is a timeout; a probe leaves the session where it is"
+    )
+    func reflexiveAddressAndProbe() async throws {
+        let (relay, server) = try await Self.startRelay()
+        defer { relay.kill() }
+        let (a, b) = try await Self.twoEndpoints()
+        #expect(try await a.reflexiveAddress(from: server) == a.localAddress)
+        // Nobody answers here: retransmitted, then a timeout after the time given.
+        let silent = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
+        let started = ContinuousClock.now
+        await #expect(throws: SecureTransportError.timeout) {
+            try await a.reflexiveAddress(from: silent.localAddress, timeout: .milliseconds(400))
+        }
+        #expect(ContinuousClock.now - started >= .milliseconds(400))
+        var requests = 0
+        while try await Harness.offPool({ try silent.receive(timeout: 0.05) }) != nil { requests += 1 }
+        #expect(requests == 3, "the request and its retransmissions at 100 and 300 ms")
+
+        async let waiting = b.waitForPeer(a.publicKey)
+        let bAtA = try await a.connect(to: b.publicKey, at: b.localAddress)
+        _ = try await waiting
+        // A probe of another address: two keepalives there, sealed for the peer; its session address stays.
+        try await a.probe(bAtA, at: silent.localAddress)
+        var probes: [[UInt8]] = []
+        while let (bytes, _) = try await Harness.offPool({ try silent.receive(timeout: 0.5) }) { probes.append(bytes) }
+        #expect(probes.count == 2)
+        #expect(probes.allSatisfy { !$0.isEmpty && PacketKind.classify($0) == .rtp && PacketKind.isRTCP($0) })
+        #expect(try await a.describe(bAtA)?.address == b.localAddress)
+        await a.close()
+        await b.close()
+    }
+
     @Test("TUSA_KEYLOG in the environment turns the key log on, mode 0600")
     func keyLogFromTheEnvironment() async throws {
         let path = "/tmp/tusa-keylog-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).log"
