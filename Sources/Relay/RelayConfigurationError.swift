@@ -19,6 +19,8 @@ public enum RelayConfigurationError: Error, Hashable, Sendable, CustomStringConv
     case certificateWithoutKey
     /// `max-tcp-connections` is below 1.
     case maxTCPConnectionsTooLow
+    /// `max-tcp-connections-per-ip` is below 1.
+    case maxTCPConnectionsPerSourceTooLow
     /// A `relay-ip` is not an IP address.
     case badRelayIP(String)
     /// `min-port` is 0 or above `max-port`.
@@ -59,6 +61,7 @@ public enum RelayConfigurationError: Error, Hashable, Sendable, CustomStringConv
         case .batchWindowOutOfRange(let us): "--batch-window must be between 0 and 100000 microseconds, not \(us)"
         case .certificateWithoutKey: "--cert and --pkey go together"
         case .maxTCPConnectionsTooLow: "--max-tcp-connections must be at least 1"
+        case .maxTCPConnectionsPerSourceTooLow: "--max-tcp-connections-per-ip must be at least 1"
         case .badRelayIP(let text): "--relay-ip '\(text)' is not an IP address"
         case .noRelayPorts(let minPort, let maxPort): "--min-port \(minPort) and --max-port \(maxPort) leave no relay ports"
         case .noRelayIP: "no relay IP: give --relay-ip"

@@ -71,6 +71,8 @@ public struct RelayOptions: Hashable, Sendable {
     /// `no-tls`: ignore ``certificate`` and ``privateKey``.
     public var noTLS = false
     public var maxTCPConnections = 10_000
+    /// `max-tcp-connections-per-ip`.
+    public var maxTCPConnectionsPerSource = 1_000
 
     // Metrics.
 
@@ -120,7 +122,9 @@ public struct RelayOptions: Hashable, Sendable {
             }
         }
         guard maxTCPConnections >= 1 else { throw .maxTCPConnectionsTooLow }
+        guard maxTCPConnectionsPerSource >= 1 else { throw .maxTCPConnectionsPerSourceTooLow }
         configuration.maxTCPConnections = maxTCPConnections
+        configuration.maxTCPConnectionsPerSource = maxTCPConnectionsPerSource
         if let turn = try turnConfiguration() {
             configuration.turn = turn
             var plan = RelayAddressPlan.derived(from: addresses, minPort: minPort, maxPort: maxPort)

@@ -47,6 +47,10 @@ public final class RelayService: Service, Sendable {
         public var tcpIdleTimeout: TimeAmount
         /// TCP and TLS connections open at once, at most; more are closed on accept.
         public var maxTCPConnections = 10_000
+        /// TCP and TLS connections open at once from one IP address, at most
+        /// (so that one host's idle connections cannot take every slot); more
+        /// are closed on accept. High enough for an office or a carrier NAT.
+        public var maxTCPConnectionsPerSource = 1_000
         /// Send a read burst's answers to one client as UDP GSO writes (when the
         /// kernel supports it). Turn off for a NIC without TX checksum offload
         /// or an IPsec path, where Linux refuses GSO writes.
@@ -105,6 +109,9 @@ public final class RelayService: Service, Sendable {
             guard udp || tcp else { throw .invalid("both UDP and TCP are disabled: nothing to serve") }
             guard threads >= 1 else { throw .invalid("thread count must be at least 1, not \(threads)") }
             guard tcpIdleTimeout > .zero else { throw .invalid("TCP idle timeout must be positive") }
+            guard maxTCPConnections >= 1, maxTCPConnectionsPerSource >= 1 else {
+                throw .invalid("TCP connection limits must be at least 1")
+            }
             for (i, address) in listenAddresses.enumerated() where listenAddresses[..<i].contains(address) {
                 throw .invalid("listen address \(address) is given twice")
             }
@@ -158,7 +165,8 @@ public final class RelayService: Service, Sendable {
     private let turnLanes = NIOLockedValueBox<TURNLanes?>(nil)
     private let relayPorts = NIOLockedValueBox<RelayPortPool?>(nil)
     private let tlsContext = NIOLockedValueBox<NIOSSLContext?>(nil)
-    private let tcpConnections = NIOLockedValueBox(0)
+    /// The TCP and TLS listeners' connection limits, shared by every listener of the service.
+    private let tcpAdmission: ConnectionAdmission
     private let finalTURN = NIOLockedValueBox(TURNStatistics())
 
     /// Relay ports held now and ports in the range (summed over address
@@ -178,6 +186,8 @@ public final class RelayService: Service, Sendable {
 
     public init(configuration: Configuration, logger: Logger) {
         self.configuration = configuration
+        tcpAdmission = ConnectionAdmission(
+            limits: .init(total: configuration.maxTCPConnections, perSource: configuration.maxTCPConnectionsPerSource))
         self.logger = logger
     }
 
@@ -508,8 +518,7 @@ public final class RelayService: Service, Sendable {
         let totals = self.totals
         let logger = self.logger
         let idleTimeout = configuration.tcpIdleTimeout
-        let open = tcpConnections
-        let limit = configuration.maxTCPConnections
+        let admission = tcpAdmission
         let turn = turnLanes.withLockedValue { $0 }
         // Over TCP there is no RFC 5780 behaviour discovery, so the core needs no addresses.
         let core = BindingServer(configuration: .init(software: configuration.software))
@@ -518,16 +527,12 @@ public final class RelayService: Service, Sendable {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
-                let admitted = open.withLockedValue { count -> Bool in
-                    guard count < limit else { return false }
-                    count += 1
-                    return true
-                }
-                guard admitted else {
-                    totals.refuseConnection()
+                let source = channel.remoteAddress.flatMap(TransportAddress.init)?.ip
+                if let refusal = admission.admit(source) {
+                    totals.refuseConnection(refusal)
                     return channel.close()
                 }
-                channel.closeFuture.whenComplete { _ in open.withLockedValue { $0 -= 1 } }
+                channel.closeFuture.whenComplete { _ in admission.release(source) }
                 return channel.eventLoop.makeCompletedFuture {
                     if let tls {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
@@ -658,6 +663,8 @@ public struct BindingStatistics: Hashable, Sendable, CustomStringConvertible {
     public var idleTimeouts = 0
     /// TCP/TLS connections closed on accept because ``RelayService/Configuration/maxTCPConnections`` were open.
     public var refusedConnections = 0
+    /// Of those, the ones closed because ``RelayService/Configuration/maxTCPConnectionsPerSource`` were open from their IP.
+    public var refusedPerSource = 0
     /// UDP GSO writes, and the answers they carried (included in ``responses``).
     public var gsoWrites = 0
     public var gsoSegments = 0
@@ -752,7 +759,12 @@ final class StatisticsBox: Sendable {
 
     var snapshot: BindingStatistics { totals.withLockedValue { $0 } }
 
-    func refuseConnection() { totals.withLockedValue { $0.refusedConnections += 1 } }
+    func refuseConnection(_ why: ConnectionAdmission.Refusal) {
+        totals.withLockedValue {
+            $0.refusedConnections += 1
+            if why == .perSource { $0.refusedPerSource += 1 }
+        }
+    }
 }
 
 // MARK: - Waiting for the bound addresses

@@ -20,6 +20,7 @@ public final class RendezvousService: Service, Sendable {
     private let statisticsBox = NIOLockedValueBox(RendezvousStatistics())
 
     private let turnURIs: (@Sendable () async throws -> [String])?
+    private let admission: ConnectionAdmission
     private let party: (@Sendable () async throws -> PartyGrant)?
 
     /// `turnURIs`, when given, supplies the URIs of TURN grants once known (after the
@@ -33,6 +34,7 @@ public final class RendezvousService: Service, Sendable {
     ) {
         self.address = address
         self.configuration = configuration
+        admission = ConnectionAdmission(limits: .init(total: .max, perSource: configuration.maximumConnectionsPerSource))
         self.turnURIs = turnURIs
         self.party = party
         self.logger = logger
@@ -40,6 +42,10 @@ public final class RendezvousService: Service, Sendable {
 
     /// The bound address once `run()` has bound it (the real port for port 0).
     public func boundAddress() async throws -> TransportAddress { try await bound.wait() }
+
+    /// Connections closed on accept because their IP address had
+    /// ``RendezvousServerConfiguration/maximumConnectionsPerSource`` open.
+    public var refusedPerSource: Int { admission.refused[.perSource] ?? 0 }
 
     /// The core's statistics, as of the last event.
     public var statistics: RendezvousStatistics { statisticsBox.withLockedValue { $0 } }
@@ -74,8 +80,12 @@ public final class RendezvousService: Service, Sendable {
                 .serverChannelOption(.backlog, value: 256)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
-                .childChannelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
+                .childChannelInitializer { [admission] channel in
+                    // The core caps the total (with an error message); one source's share is capped here.
+                    let source = channel.remoteAddress.flatMap(TransportAddress.init)?.ip
+                    guard admission.admit(source) == nil else { return channel.close() }
+                    channel.closeFuture.whenComplete { _ in admission.release(source) }
+                    return channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(RendezvousConnectionHandler(hub: hub.value))
                     }
                 }

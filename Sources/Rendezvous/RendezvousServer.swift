@@ -23,6 +23,9 @@ public struct RendezvousServerConfiguration: Sendable {
     /// A registered connection silent this long is closed (clients ping every 30 s).
     public var idleTimeout: Duration = .seconds(90)
     public var maximumConnections = 10_000
+    /// Connections open at once from one IP address (the driver enforces it:
+    /// the core never sees addresses); more are closed on accept.
+    public var maximumConnectionsPerSource = 1_000
     /// Requests a connection may make per second on average, and in a burst.
     public var requestsPerSecond = 20.0
     public var requestBurst = 100.0

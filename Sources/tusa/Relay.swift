@@ -221,6 +221,11 @@ struct Relay: AsyncParsableCommand {
     @Option(name: .customLong("max-tcp-connections"), help: "TCP and TLS connections open at once; more are closed on accept.")
     var maxTCPConnections = 10_000
 
+    @Option(
+        name: .customLong("max-tcp-connections-per-ip"),
+        help: "TCP and TLS connections open at once from one IP address; more are closed on accept.")
+    var maxTCPConnectionsPerSource = 1_000
+
     @Flag(
         name: .customLong("strict-channel-numbers"),
         help:
@@ -434,6 +439,7 @@ struct Relay: AsyncParsableCommand {
     ) -> RendezvousService {
         let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
         var core = RendezvousServerConfiguration()
+        core.maximumConnectionsPerSource = configuration.maxTCPConnectionsPerSource
         if let turn = configuration.turn, let secret = turn.credentials.restSecrets.first {
             core.turn = TURNIssuer(secret: secret, uris: [])
         }
@@ -493,6 +499,7 @@ struct Relay: AsyncParsableCommand {
         o.tlsPort = tlsPort
         o.noTLS = noTLS
         o.maxTCPConnections = maxTCPConnections
+        o.maxTCPConnectionsPerSource = maxTCPConnectionsPerSource
         o.prometheus = prometheus
         o.prometheusPort = prometheusPort
         o.prometheusAddress = prometheusAddress

@@ -200,6 +200,27 @@ struct RelayServiceTests {
         }
     }
 
+    @Test("TCP: one source's connections over its share are closed on accept; another source is still admitted")
+    func tcpPerSourceLimit() async throws {
+        var configuration = RelayService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false)
+        configuration.maxTCPConnectionsPerSource = 2
+        try await withBindingService(configuration) { service, sockets in
+            let server = try #require(sockets.first { $0.kind == .tcp }).address
+            let held = try await Harness.offPool {
+                try (0..<2).map { _ in try TestSocket.tcp(connectingTo: server, from: loopbackV4) }
+            }
+            let refused = try await Harness.offPool { try TestSocket.tcp(connectingTo: server, from: loopbackV4) }
+            #expect(try await Harness.offPool { refused.waitForClose(timeout: 10) })
+            // From another address (127.0.0.2), a client is served while the first holds its share.
+            let other = try await Harness.offPool { try TestSocket.tcp(connectingTo: server, from: secondLoopbackV4) }
+            try await Harness.offPool { try other.sendAll(Message(type: .bindingRequest).encode()) }
+            #expect(try await Harness.offPool { try other.readFrame(timeout: 10) } != nil)
+            try await eventually { service.statistics.refusedConnections == 1 && service.statistics.refusedPerSource == 1 }
+            _ = held
+        }
+    }
+
     // MARK: RFC 5780
 
     /// With TURN on, the primary socket is read by the TURN lane (`ListenerSocket`), not by a NIO pipeline.

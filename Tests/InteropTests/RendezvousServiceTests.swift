@@ -20,13 +20,24 @@ private let quiet: Logger = {
     return logger
 }()
 
-private func withRendezvous(_ body: (TransportAddress) async throws -> Void) async throws {
-    let service = RendezvousService(address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), logger: quiet)
+private func withRendezvous(
+    _ configuration: RendezvousServerConfiguration = .init(),
+    _ body: (TransportAddress) async throws -> Void
+) async throws {
+    try await withRendezvousService(configuration) { _, address in try await body(address) }
+}
+
+private func withRendezvousService(
+    _ configuration: RendezvousServerConfiguration = .init(),
+    _ body: (RendezvousService, TransportAddress) async throws -> Void
+) async throws {
+    let service = RendezvousService(
+        address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, logger: quiet)
     let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
     let running = Task { try await group.run() }
     defer { running.cancel() }
     let address = try await service.boundAddress()
-    do { try await body(address) } catch {
+    do { try await body(service, address) } catch {
         await group.triggerGracefulShutdown()
         throw error
     }
@@ -41,6 +52,25 @@ private func next(_ connection: RendezvousConnection) async -> (from: PublicKey,
 
 @Suite("Rendezvous over loopback TCP", .serialized)
 struct RendezvousServiceTests {
+    @Test("one IP address cannot hold more than its share of connections; another still registers")
+    func perSourceConnectionCap() async throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.maximumConnectionsPerSource = 2
+        try await withRendezvousService(configuration) { service, server in
+            let held = try await Harness.offPool {
+                try (0..<2).map { _ in try TestSocket.tcp(connectingTo: server, from: .v4(0x7F00_0001)) }
+            }
+            let refused = try await Harness.offPool { try TestSocket.tcp(connectingTo: server, from: .v4(0x7F00_0001)) }
+            #expect(try await Harness.offPool { refused.waitForClose(timeout: 10) })
+            #expect(service.refusedPerSource == 1)
+            // From 127.0.0.2 a connection is admitted: it stays open (registration gets 10 s).
+            let other = try await Harness.offPool { try TestSocket.tcp(connectingTo: server, from: .v4(0x7F00_0002)) }
+            #expect(try await Harness.offPool { other.waitForClose(timeout: 1) } == false)
+            #expect(service.refusedPerSource == 1)
+            _ = held
+        }
+    }
+
     @Test func peersRegisterLookUpAndExchangeSealedOffers() async throws {
         try await withRendezvous { server in
             let alice = PrivateKey.generate()

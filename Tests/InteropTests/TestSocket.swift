@@ -51,11 +51,18 @@ final class TestSocket: @unchecked Sendable {
         return try TestSocket(fd: fd)
     }
 
-    static func tcp(connectingTo server: TransportAddress) throws -> TestSocket {
+    /// A TCP connection to `server`, from `source` (any port) when given.
+    static func tcp(connectingTo server: TransportAddress, from source: IPAddress? = nil) throws -> TestSocket {
         let fd = socket(server.ip.isIPv4 ? AF_INET : AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw TestSocketError.failed("socket") }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        if let source {
+            guard withSockaddr(TransportAddress(ip: source, port: 0), { bind(fd, $0, $1) == 0 }) else {
+                close(fd)
+                throw TestSocketError.failed("bind")
+            }
+        }
         var timeout = timeval(tv_sec: 2, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         let connected = withSockaddr(server) { connect(fd, $0, $1) == 0 }

@@ -64,6 +64,18 @@ struct RelayOptionsTests {
         #expect(configuration.relayPlan == RelayAddressPlan(ips: [.v4(0x7F00_0001)], minPort: 50000, maxPort: 50100))
     }
 
+    @Test("TCP connection limits: 10,000 in total and 1,000 per IP by default, both passed on")
+    func tcpConnectionLimits() throws {
+        var options = RelayOptions()
+        options.listen = ["127.0.0.1:3478"]
+        var configuration = try options.configuration()
+        #expect(configuration.maxTCPConnections == 10_000 && configuration.maxTCPConnectionsPerSource == 1_000)
+        options.maxTCPConnections = 50
+        options.maxTCPConnectionsPerSource = 7
+        configuration = try options.configuration()
+        #expect(configuration.maxTCPConnections == 50 && configuration.maxTCPConnectionsPerSource == 7)
+    }
+
     @Test("TLS with both files, none with --no-tls")
     func tls() throws {
         var options = RelayOptions()
@@ -121,6 +133,10 @@ struct RelayOptionsTests {
         (
             "max-tcp-connections", { $0.maxTCPConnections = 0 }, .maxTCPConnectionsTooLow,
             "--max-tcp-connections must be at least 1"
+        ),
+        (
+            "max-tcp-connections-per-ip", { $0.maxTCPConnectionsPerSource = 0 }, .maxTCPConnectionsPerSourceTooLow,
+            "--max-tcp-connections-per-ip must be at least 1"
         ),
         (
             "user-file", { $0.userFile = "/nonexistent/users" }, .unreadableUserFile("/nonexistent/users"),
