@@ -17,10 +17,13 @@ public struct CallController: SansIOCore {
         public var restartAfterSilence: Duration = .seconds(2)
         /// When nothing came from the peer for this long, learn our socket's
         /// address from the relay and tell the peer through the rendezvous
-        /// (``CallMessage/Kind/reachable``), once per silence: after a NAT
-        /// rebinding the peer's probe there reopens the direct path long
-        /// before a restart would. Nil: never.
+        /// (``CallMessage/Kind/reachable``): after a NAT rebinding the peer's
+        /// probe there reopens the direct path long before a restart would.
+        /// Nil: never.
         public var probeAfterSilence: Duration? = .milliseconds(100)
+        /// While the silence lasts, probe again this often (a rebinding just
+        /// after a probe, in a loss burst, changes the address it told).
+        public var probeRepeat: Duration = .milliseconds(500)
         /// How often this machine's addresses are looked at: when they change (a new
         /// network, a lost one) ICE restarts at once with the new candidates. Nil: never.
         public var networkCheckInterval: Duration? = .seconds(1)
@@ -66,8 +69,9 @@ public struct CallController: SansIOCore {
     /// Restarts and answers that came while ours was gathering: taken after it.
     private var deferred: [CallMessage] = []
     private var consentLost = false
-    /// The ``heard`` of the silence we last probed for (one probe per silence).
+    /// The ``heard`` of the silence we last probed for, and when.
     private var probedSilence: Timestamp?
+    private var lastProbe: Timestamp?
     private var networkChanged = false
     private var lastAddressCheck: Timestamp
     private var rendezvousUp = true
@@ -166,7 +170,10 @@ public struct CallController: SansIOCore {
         var next = lastStatus + configuration.statusInterval
         if let limit = configuration.maximumDuration { next = min(next, started + limit) }
         if let every = configuration.networkCheckInterval { next = min(next, lastAddressCheck + every) }
-        if let after = configuration.probeAfterSilence, probedSilence != heard { next = min(next, heard + after) }
+        if let after = configuration.probeAfterSilence {
+            let again = probedSilence == heard ? lastProbe.map { $0 + configuration.probeRepeat } : nil
+            next = min(next, again ?? heard + after)
+        }
         if !rendezvousUp, !rejoining, let lastRejoin { next = min(next, lastRejoin + configuration.rejoinInterval) }
         if restarting == nil {
             let allowed = lastRestart.map { $0 + configuration.restartAfterSilence * 2 } ?? started
@@ -229,8 +236,11 @@ public struct CallController: SansIOCore {
             lastAddressCheck = now
             actions.append(.lookAtLocalAddresses)
         }
-        if let after = configuration.probeAfterSilence, probedSilence != heard, now - heard >= after {
+        if let after = configuration.probeAfterSilence, now - heard >= after,
+            probedSilence != heard || lastProbe.map({ now - $0 >= configuration.probeRepeat }) ?? true
+        {
             probedSilence = heard
+            lastProbe = now
             if rendezvousUp { actions.append(.learnReflexiveAddress) }
         }
         if restarting == nil, consentLost || networkChanged || now - heard >= configuration.restartAfterSilence,
