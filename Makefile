@@ -6,7 +6,7 @@ FUZZ_SECONDS ?= 600
 SMOKE_FUZZ_SECONDS ?= 30
 SHARED      ?= ../shared/interop
 
-.PHONY: all setup build release demo test unit lint layout interop fuzz fuzz-smoke bench bench-smoke quality record clean
+.PHONY: all setup build release demo test unit lint layout interop fuzz fuzz-smoke bench bench-smoke soak quality record clean
 
 all: build
 
@@ -64,6 +64,11 @@ bench: release
 
 bench-smoke: build
 	@bash Benchmarks/smoke.sh
+
+# Reliability: the relay under floods and hours of allocations, with figures
+# (Benchmarks/soak.sh; `make test` runs its --short version).
+soak: setup
+	@bash Benchmarks/soak.sh
 
 # Voice quality: PESQ of real speech under loss, Tusa against a speexdsp baseline.
 quality: release

@@ -13,6 +13,7 @@ let package = Package(
         .executable(name: "udp-echo", targets: ["udp-echo"]),
         .executable(name: "turn-load", targets: ["turn-load"]),
         .executable(name: "udp-forward", targets: ["udp-forward"]),
+        .executable(name: "udp-flood", targets: ["udp-flood"]),
     ],
     dependencies: [
         // MallocInterposer only: the default RuntimeInterposer trait needs a package not available here.
@@ -41,6 +42,9 @@ let package = Package(
         // Reference TURN-shaped UDP forwarder in C, the machine's limit for a relay: the same
         // syscalls and one lookup per relayed packet, none of TURN's checks.
         .executableTarget(name: "udp-forward"),
+        // Unauthenticated UDP at line rate in classes (STUN, Allocate, ChannelData, garbage,
+        // Noise initiations with a valid mac1), answers counted per class: the soak's flood case.
+        .executableTarget(name: "udp-flood", linkerSettings: [.linkedLibrary("sodium")]),
         // zlib for the bare-CRC baseline (the root package's CZlib is not a product).
         .systemLibrary(name: "BenchZlib", pkgConfig: "zlib"),
         // libsodium for the bare AEAD baseline (the root package's CSodium is not a product).

@@ -30,6 +30,9 @@ swift build --package-path Benchmarks --product turn-load >"$work/build.log" 2>&
 TUSA="$TUSA" bash Benchmarks/turn-bench.sh --smoke --no-build
 # The same relay under voice-paced flows (50 flows, 20 ms apart each, interleaved), every phase without loss.
 TUSA="$TUSA" bash Benchmarks/voice-relay-bench.sh --smoke --no-build
+# Reliability: a few seconds of each soak case (a flood beside voice flows, allocations alive
+# with voice): voice without loss, nothing kept per flood packet (`make soak`: the long runs).
+TUSA="$TUSA" bash Benchmarks/soak.sh --short
 
 # The encrypted transport: a fraction of a second of handshakes, the flood paths
 # and sealed media through the NIO driver (secure-bench exits non-zero if a

@@ -23,7 +23,9 @@
 #          new ones get other ports (what an idle timeout or a NAT reboot does to a
 #          roaming phone); the call goes on: after 100 ms of silence each side
 #          learns its address from the relay and tells the other, whose probe
-#          reopens the path (an ICE restart at 2 s if it does not)
+#          reopens the path (an ICE restart at 2 s if it does not). With
+#          REBIND_EVERY=S, A's NAT rebinds every S seconds instead, for the whole
+#          call (CALL_SECONDS), and the processes' RSS and fds are sampled each time
 #   udp-blocked  A's network lets no UDP out (TCP only): A allocates over TURN/TCP,
 #          the relay talks UDP to B; expect relayed
 #   relay-restart  sym2, and mid-call the relay is killed and started again: the
@@ -44,6 +46,7 @@
 # run here (not root, no `ip netns`, no `nft`, no `conntrack`).
 #
 # Usage: scripts/nat-matrix.sh [--probe] [-o OUT] [case ...]   (TUSA: the binary; default .build/debug/tusa)
+#   IMPAIR="loss=20%,burst=3,jitter=20ms": both sides' media through the impairment layer.
 #   --probe: only say whether this machine can run the matrix (exit 0 or 77).
 #   NAT_MATRIX_TRACE=FILE: a shell trace (set -x) of the run into FILE.
 set -uo pipefail
@@ -153,11 +156,13 @@ build_host() {
   ns "$h" ip route add default via "10.0.$lan.1"
 }
 
-# A's NAT rebinds: UDP mappings dropped, new ones from another port range.
+# A's NAT rebinds: UDP mappings dropped, new ones from another port range (rebinding
+# K, default 0, takes the range 61000+1000*(K%3): each one moves the ports).
 rebind_a() {
+  local first=$((61000 + 1000 * (${1:-0} % 3)))
   ns ra nft flush chain ip nat post
   # (Above the kernel's ephemeral range, 32768-60999: never the port the host chose, which EIM keeps.)
-  ns ra nft add rule ip nat post oifname wan meta l4proto udp masquerade to :61000-61999
+  ns ra nft add rule ip nat post oifname wan meta l4proto udp masquerade to ":$first-$((first + 999))"
   ns ra nft add rule ip nat post oifname wan masquerade
   ns ra conntrack -D -p udp 2>&1 | sed "s/^/   (rebinding A: /; s/$/)/"
 }
@@ -275,6 +280,7 @@ run_case() {
   [ $long -eq 1 ] && extra=(--duration $((SECONDS_OF_CALL + 8)))
   local level=${TUSA_LOG:-}
   [ "$name" = move ] && level=info
+  [ -n "${IMPAIR:-}" ] && extra+=(--impair "$IMPAIR")
   (TUSA_LOG=$level bg a "$TUSA" answer --rendezvous "$rv" --in tone --timeout 20 --json --quiet "${extra[@]}" \
     >"$work/$name-callee.out" 2>"$work/$name-callee.err") &
   local answer=$!
@@ -286,12 +292,33 @@ run_case() {
   [ -f "$SPEECH" ] && [ $long -eq 0 ] && input=$SPEECH   # (the long cases outlast the speech)
   local duration=$SECONDS_OF_CALL
   [ $long -eq 1 ] && duration=$((SECONDS_OF_CALL + 6))
-  (bg b "$TUSA" call "$key" --rendezvous "$rv" --in "$input" --duration "$duration" --json --quiet \
+  local impair=()
+  [ -n "${IMPAIR:-}" ] && impair=(--impair "$IMPAIR")
+  (bg b "$TUSA" call "$key" --rendezvous "$rv" --in "$input" --duration "$duration" --json --quiet "${impair[@]}" \
     >"$work/$name-caller.out" 2>"$work/$name-caller.err") &
   local call=$!
   pids+=($call)
+  # roam with REBIND_EVERY: A's NAT rebinds every REBIND_EVERY seconds until the call
+  # ends; each time, the RSS (KiB) and open fds of the relay, the callee and the caller
+  # go to OUT/roam-resources.txt ("seconds relay_rss relay_fds callee_rss ...").
+  if [ "$name" = roam ] && [ -n "${REBIND_EVERY:-}" ]; then
+    local k=0 t=0
+    : >"$OUT/roam-resources.txt"
+    while kill -0 "$call" 2>/dev/null; do
+      sleep "$REBIND_EVERY"
+      kill -0 "$call" 2>/dev/null || break
+      t=$((t + REBIND_EVERY))
+      k=$((k + 1))
+      rebind_a "$k" >/dev/null
+      local line="$t" p
+      for p in "$relay_pid" "$answer" "$call"; do
+        line="$line $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0) $(ls "/proc/$p/fd" 2>/dev/null | wc -l)"
+      done
+      echo "$line" >>"$OUT/roam-resources.txt"
+    done
+    echo "roam: $k rebindings, every ${REBIND_EVERY}s"
   # The long cases' mid-call event.
-  if [ $long -eq 1 ]; then
+  elif [ $long -eq 1 ]; then
     sleep $((SECONDS_OF_CALL / 2 + 1))
     case $name in
       roam) rebind_a ;;

@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""tcp-abuse: a TCP listener under abuse, and a legitimate client's latency beside it
+(the soak's tcp case, Benchmarks/soak.sh). Loopback only; standard library only.
+
+While the abuse runs, a legitimate client (its own source address, 127.20.0.1) opens a
+connection every 50 ms, sends one STUN Binding request (RFC 4571-style framing is not
+needed: STUN over TCP is self-delimiting) and times the answer; the same client runs
+first against the quiet listener. The abuse, each from its own source address:
+
+  idle       --idle N connection attempts from one address (127.10.0.1), held open
+             and silent: how many the listener admitted (open after 1 s) and refused
+  slowloris  --slow N connections (127.11.0.1) that send a STUN header one byte every
+             --slow-interval seconds: when the listener closed each (seconds after
+             connecting; a frame begun must complete within the listener's deadline)
+  oversized  --bad N connections (127.12.0.1) announcing a 65,000-byte STUN message
+             and sending it slowly, and N sending random bytes: closed how fast
+  tls        --tls-port P: --tls N connections (127.13.0.1) that start a TLS handshake
+             (a ClientHello's first bytes) and stop
+
+prints: 'legit phase=quiet|abuse requests= answered= p50_ms= p95_ms= max_ms=' and one
+line per abuse kind; exit 0 when every legitimate request was answered.
+"""
+import argparse
+import asyncio
+import os
+import resource
+import statistics
+import struct
+import time
+
+
+def binding_request() -> bytes:
+    return struct.pack("!HHI", 0x0001, 0, 0x2112A442) + os.urandom(12)
+
+
+async def open_from(host, port, source, timeout=2.0):
+    return await asyncio.wait_for(
+        asyncio.open_connection(host, port, local_addr=(source, 0)), timeout=timeout)
+
+
+async def legit(host, port, seconds, out):
+    """One Binding request per fresh connection every 50 ms; latencies in ms."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        started = time.perf_counter()
+        try:
+            reader, writer = await open_from(host, port, "127.20.0.1")
+            writer.write(binding_request())
+            await writer.drain()
+            header = await asyncio.wait_for(reader.readexactly(20), timeout=2.0)
+            length = struct.unpack("!H", header[2:4])[0]
+            await asyncio.wait_for(reader.readexactly(length), timeout=2.0)
+            out.append((time.perf_counter() - started) * 1000)
+            writer.close()
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            out.append(None)
+        await asyncio.sleep(max(0.0, 0.05 - (time.perf_counter() - started)))
+
+
+async def closed_within(reader, limit):
+    """Seconds until the peer closed the connection, or None if it stayed open for `limit`."""
+    started = time.monotonic()
+    try:
+        while True:
+            data = await asyncio.wait_for(reader.read(4096), timeout=max(0.01, limit - (time.monotonic() - started)))
+            if not data:
+                return time.monotonic() - started
+    except asyncio.TimeoutError:
+        return None
+    except OSError:
+        return time.monotonic() - started
+
+
+async def idle(host, port, attempts, hold, result):
+    writers = []
+
+    async def one():
+        try:
+            reader, writer = await open_from(host, port, "127.10.0.1")
+        except (OSError, asyncio.TimeoutError):
+            return "failed"
+        writers.append(writer)
+        return "refused" if await closed_within(reader, 1.0) is not None else "admitted"
+
+    outcomes = await asyncio.gather(*(one() for _ in range(attempts)))
+    result["idle"] = {k: outcomes.count(k) for k in ("admitted", "refused", "failed")}
+    await asyncio.sleep(hold)
+    for w in writers:
+        w.close()
+
+
+async def slowloris(host, port, count, interval, limit, result):
+    async def one():
+        try:
+            reader, writer = await open_from(host, port, "127.11.0.1")
+        except (OSError, asyncio.TimeoutError):
+            return None
+        header = struct.pack("!HHI", 0x0001, 8, 0x2112A442) + os.urandom(12) + b"\x00\x80\x00\x04abcd"
+        started = time.monotonic()
+        closed = asyncio.ensure_future(closed_within(reader, limit))
+        for byte in header:
+            if closed.done():
+                break
+            try:
+                writer.write(bytes([byte]))
+                await writer.drain()
+            except OSError:
+                break
+            await asyncio.wait([closed], timeout=interval)
+        seconds = await closed
+        writer.close()
+        return None if seconds is None else time.monotonic() - started
+
+    times = await asyncio.gather(*(one() for _ in range(count)))
+    result["slowloris"] = times
+
+
+async def send_and_watch(host, port, source, payload, limit):
+    """Seconds until the listener closed a connection that sent `payload` and then
+    nothing more; None if it stayed open for `limit` (or could not connect)."""
+    try:
+        reader, writer = await open_from(host, port, source)
+    except (OSError, asyncio.TimeoutError):
+        return None
+    writer.write(payload)
+    seconds = await closed_within(reader, limit)
+    writer.close()
+    return seconds
+
+
+async def oversized(host, port, count, limit, result):
+    # A STUN header announcing 65,000 bytes, and the first thousand of them; then random bytes.
+    announced = struct.pack("!HHI", 0x0001, 65000, 0x2112A442) + os.urandom(12) + os.urandom(1000)
+    result["oversized"] = await asyncio.gather(
+        *(send_and_watch(host, port, "127.12.0.1", announced, limit) for _ in range(count)))
+    result["garbage"] = await asyncio.gather(
+        *(send_and_watch(host, port, "127.12.0.1", b"\xff" + os.urandom(200), limit) for _ in range(count)))
+
+
+async def tls_stall(host, port, count, limit, result):
+    # A TLS record header for a handshake message, then nothing more.
+    hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+    result["tls"] = await asyncio.gather(*(send_and_watch(host, port, "127.13.0.1", hello, limit) for _ in range(count)))
+
+
+def latency_line(phase, samples):
+    answered = [s for s in samples if s is not None]
+    if answered:
+        ordered = sorted(answered)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        return (f"legit phase={phase} requests={len(samples)} answered={len(answered)} "
+                f"p50_ms={statistics.median(ordered):.2f} p95_ms={p95:.2f} max_ms={ordered[-1]:.2f}")
+    return f"legit phase={phase} requests={len(samples)} answered=0"
+
+
+def closes_line(kind, times, limit):
+    closed = sorted(t for t in times if t is not None)
+    left = sum(1 for t in times if t is None)
+    if not closed:
+        return f"abuse kind={kind} connections={len(times)} closed=0 still_open={left} watched_s={limit:.0f}"
+    return (f"abuse kind={kind} connections={len(times)} closed={len(closed)} "
+            f"closed_after_s_min={closed[0]:.2f} closed_after_s_max={closed[-1]:.2f} still_open={left} watched_s={limit:.0f}")
+
+
+async def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", required=True, help="IPV4:PORT of the TCP listener (loopback)")
+    parser.add_argument("--tls-port", type=int)
+    parser.add_argument("--seconds", type=float, default=10, help="legit client, per phase")
+    parser.add_argument("--idle", type=int, default=1000)
+    parser.add_argument("--slow", type=int, default=50)
+    parser.add_argument("--slow-interval", type=float, default=2.0)
+    parser.add_argument("--bad", type=int, default=50)
+    parser.add_argument("--tls", type=int, default=50)
+    parser.add_argument("--deadline", type=float, default=40, help="how long to watch abusive connections")
+    args = parser.parse_args()
+    host, port = args.target.rsplit(":", 1)
+    port = int(port)
+    assert host.startswith("127."), "loopback only"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+    quiet = []
+    await legit(host, port, args.seconds, quiet)
+    print(latency_line("quiet", quiet), flush=True)
+
+    result = {}
+    abuse = [
+        asyncio.ensure_future(idle(host, port, args.idle, args.deadline, result)),
+        asyncio.ensure_future(slowloris(host, port, args.slow, args.slow_interval, args.deadline, result)),
+        asyncio.ensure_future(oversized(host, port, args.bad, args.deadline, result)),
+    ]
+    if args.tls_port:
+        abuse.append(asyncio.ensure_future(tls_stall(host, args.tls_port, args.tls, args.deadline, result)))
+    await asyncio.sleep(1.5)  # the abuse is in place
+    loaded = []
+    await legit(host, port, args.seconds, loaded)
+    print(latency_line("abuse", loaded), flush=True)
+    await asyncio.gather(*abuse)
+    i = result.get("idle", {})
+    print(f"abuse kind=idle attempts={args.idle} admitted={i.get('admitted', 0)} refused={i.get('refused', 0)} "
+          f"failed={i.get('failed', 0)}")
+    for kind in ("slowloris", "oversized", "garbage", "tls"):
+        if kind in result:
+            print(closes_line(kind, result[kind], args.deadline))
+    return 0 if all(s is not None for s in quiet + loaded) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))
