@@ -62,7 +62,7 @@ if ((SHORT)); then
   TCP_SECONDS=2 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3
   CALL_SECONDS=12 REBIND=4
 else
-  FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=1000 ALLOC_SECONDS=270 SAMPLE=10
+  FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=${SOAK_FLOWS:-600} ALLOC_SECONDS=270 SAMPLE=10
   TCP_SECONDS=10 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40
   CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60
 fi
@@ -240,9 +240,19 @@ case_tcp() {
   ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
   start_relay "$port" --cert "$TMP/cert.pem" --pkey "$TMP/key.pem" --tls-listening-port "$tls" \
     --max-tcp-connections-per-ip "$TCP_PER_IP" || { fail "the relay did not start"; return; }
-  "${LOAD_PIN[@]}" python3 "$HERE/tcp-abuse.py" --target "127.0.0.1:$port" --tls-port "$tls" --seconds "$TCP_SECONDS" \
+  # The legitimate client in a process of its own (the abuse's event loop would delay it);
+  # the abuse starts when its quiet phase ends.
+  python3 "$HERE/tcp-abuse.py" --role legit --target "127.0.0.1:$port" --seconds "$TCP_SECONDS" --gap 2 \
+    >"$TMP/tcp-legit.out" 2>"$TMP/tcp-legit.err" &
+  local legit_pid=$!
+  PIDS+=("$legit_pid")
+  sleep "$TCP_SECONDS"
+  "${LOAD_PIN[@]}" python3 "$HERE/tcp-abuse.py" --role abuse --target "127.0.0.1:$port" --tls-port "$tls" \
     --idle "$TCP_IDLE" --slow "$TCP_ABUSERS" --bad "$TCP_ABUSERS" --tls "$TCP_ABUSERS" --deadline "$TCP_WATCH" \
-    >"$TMP/tcp.out" 2>"$TMP/tcp.err" || fail "a legitimate request went unanswered: $(tail -n 3 "$TMP/tcp.err")"
+    >"$TMP/tcp-abuse.out" 2>"$TMP/tcp-abuse.err" || fail "the abuse failed: $(tail -n 3 "$TMP/tcp-abuse.err")"
+  wait "$legit_pid" || fail "a legitimate request went unanswered: $(tail -n 3 "$TMP/tcp-legit.err")"
+  forget "$legit_pid"
+  cat "$TMP/tcp-legit.out" "$TMP/tcp-abuse.out" >"$TMP/tcp.out"
   sed 's/^/  /' "$TMP/tcp.out"
   local quiet abuse admitted
   quiet=$(field p95_ms "$(grep 'phase=quiet' "$TMP/tcp.out")")
@@ -253,6 +263,7 @@ case_tcp() {
   # 2x a quiet relay's p95, with a 1 ms floor: loopback p95s are a fraction of a millisecond.
   awk -v q="$quiet" -v a="$abuse" 'BEGIN {exit !(a <= 2 * (q > 0.5 ? q : 0.5))}' || fail "p95 $abuse ms beside the abuse, $quiet ms quiet"
   ((admitted <= TCP_PER_IP)) || fail "one address held $admitted connections (cap $TCP_PER_IP)"
+  ((admitted >= TCP_PER_IP * 9 / 10)) || fail "one address got only $admitted connections of its $TCP_PER_IP"
   if ((!SHORT)); then
     # Every slowloris, oversized, garbage and stalled-TLS connection closed within the
     # listener's 30 s deadline (trickled bytes do not extend it), garbage at once.
@@ -305,8 +316,12 @@ if len(rows) >= 2:
         rss = (last[1 + 2 * i] - first[1 + 2 * i]) * 3600 / span
         fds = last[2 + 2 * i] - first[2 + 2 * i]
         print(f"  {who}: RSS {first[1 + 2 * i]} -> {last[1 + 2 * i]} KiB ({rss:+.0f} KiB/hour), fds {first[2 + 2 * i]} -> {last[2 + 2 * i]} over {span} s")
-        if abs(fds) > 2:
-            print(f"  FAILED: the {who}'s fds moved by {fds}"); ok = False
+        # The relay holds one socket per allocation: each ICE restart makes one per side, and
+        # the rebound side cannot delete its old one (its 5-tuple changed), which expires
+        # after 600 s: up to 600 / every of them at a time, not a leak.
+        allowed = 2 * (600 // every + 1) + 2 if who == "relay" else 2
+        if abs(fds) > allowed:
+            print(f"  FAILED: the {who}'s fds moved by {fds} (at most {allowed})"); ok = False
 sys.exit(0 if ok else 1)
 PY
 }

@@ -7,8 +7,9 @@ connection every 50 ms, sends one STUN Binding request (RFC 4571-style framing i
 needed: STUN over TCP is self-delimiting) and times the answer; the same client runs
 first against the quiet listener. The abuse, each from its own source address:
 
-  idle       --idle N connection attempts from one address (127.10.0.1), held open
-             and silent: how many the listener admitted (open after 1 s) and refused
+  idle       --idle N connection attempts from one address (127.10.0.1), 200 at a
+             time, held open and silent: how many the listener admitted (open after
+             1 s) and refused (closed at once)
   slowloris  --slow N connections (127.11.0.1) that send a STUN header one byte every
              --slow-interval seconds: when the listener closed each (seconds after
              connecting; a frame begun must complete within the listener's deadline)
@@ -72,13 +73,18 @@ async def closed_within(reader, limit):
 
 
 async def idle(host, port, attempts, hold, result):
+    """`attempts` connections from one address, at most 200 connecting at once (more
+    would only overflow the listener's accept queue, which is not what is measured),
+    each then held open and silent: admitted if still open after 1 s."""
     writers = []
+    gate = asyncio.Semaphore(200)
 
     async def one():
-        try:
-            reader, writer = await open_from(host, port, "127.10.0.1")
-        except (OSError, asyncio.TimeoutError):
-            return "failed"
+        async with gate:
+            try:
+                reader, writer = await open_from(host, port, "127.10.0.1", timeout=10.0)
+            except (OSError, asyncio.TimeoutError):
+                return "failed"
         writers.append(writer)
         return "refused" if await closed_within(reader, 1.0) is not None else "admitted"
 
@@ -173,6 +179,11 @@ async def main():
     parser.add_argument("--bad", type=int, default=50)
     parser.add_argument("--tls", type=int, default=50)
     parser.add_argument("--deadline", type=float, default=40, help="how long to watch abusive connections")
+    parser.add_argument(
+        "--role", choices=("both", "legit", "abuse"), default="both",
+        help="legit: the quiet phase, a --gap pause for another process's abuse, the loaded phase; "
+        "abuse: the abuse only; both: one process (the legitimate client then shares its loop with the abuse)")
+    parser.add_argument("--gap", type=float, default=2.0)
     args = parser.parse_args()
     host, port = args.target.rsplit(":", 1)
     port = int(port)
@@ -180,9 +191,16 @@ async def main():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    quiet = []
-    await legit(host, port, args.seconds, quiet)
-    print(latency_line("quiet", quiet), flush=True)
+    quiet, loaded = [], []
+    if args.role in ("legit", "both"):
+        await legit(host, port, args.seconds, quiet)
+        print(latency_line("quiet", quiet), flush=True)
+        if args.role == "legit":
+            # The abuse, another process, starts now; its connections are in place after the gap.
+            await asyncio.sleep(args.gap)
+            await legit(host, port, args.seconds, loaded)
+            print(latency_line("abuse", loaded), flush=True)
+            return 0 if all(s is not None for s in quiet + loaded) else 1
 
     result = {}
     abuse = [
@@ -192,10 +210,10 @@ async def main():
     ]
     if args.tls_port:
         abuse.append(asyncio.ensure_future(tls_stall(host, args.tls_port, args.tls, args.deadline, result)))
-    await asyncio.sleep(1.5)  # the abuse is in place
-    loaded = []
-    await legit(host, port, args.seconds, loaded)
-    print(latency_line("abuse", loaded), flush=True)
+    if args.role == "both":
+        await asyncio.sleep(args.gap)  # the abuse is in place
+        await legit(host, port, args.seconds, loaded)
+        print(latency_line("abuse", loaded), flush=True)
     await asyncio.gather(*abuse)
     i = result.get("idle", {})
     print(f"abuse kind=idle attempts={args.idle} admitted={i.get('admitted', 0)} refused={i.get('refused', 0)} "
