@@ -418,7 +418,6 @@ public final class CallAgent: Sendable {
         logger.info("registered again at the rendezvous", metadata: ["server": "\(server)"])
     }
 
-    /// An ICE restart's checks against the peer's new description, in the background.
     /// Asks the STUN server (or the relay: it answers Binding too) what our
     /// socket's address is now, in the background; the answer comes back as
     /// ``CallEvent/reflexive(_:)``.
@@ -436,6 +435,7 @@ public final class CallAgent: Sendable {
         }
     }
 
+    /// An ICE restart's checks against the peer's new description, in the background.
     private func recheck(_ endpoint: SecureUDPEndpoint, _ theirs: ICEDescription) {
         let timeout = options.connectTimeout
         let logger = logger
