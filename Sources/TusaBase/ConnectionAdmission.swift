@@ -1,8 +1,10 @@
 import Synchronization
 
 /// Who may open one more connection on a listener: at most `total` open at
-/// once, and at most `perSource` of them from one IP address, so that one
-/// host holding idle connections cannot take every slot from the rest.
+/// once, and at most `perSource` of them from one source, so that one host
+/// holding idle connections cannot take every slot from the rest. A source is
+/// an IPv4 address, or an IPv6 /64 (one host commonly holds a whole /64 and
+/// picks addresses in it at will); IPv4-mapped IPv6 addresses count as IPv4.
 /// Shared by a listener's event loops; each admitted connection is released
 /// exactly once, when it closes.
 public final class ConnectionAdmission: Sendable {
@@ -42,7 +44,7 @@ public final class ConnectionAdmission: Sendable {
                 state.refused[.total, default: 0] += 1
                 return .total
             }
-            if let source {
+            if let source = source.map(Self.sourceKey) {
                 let count = state.bySource[source, default: 0]
                 guard count < limits.perSource else {
                     state.refused[.perSource, default: 0] += 1
@@ -59,8 +61,18 @@ public final class ConnectionAdmission: Sendable {
     public func release(_ source: IPAddress?) {
         state.withLock { state in
             state.open = max(0, state.open - 1)
-            guard let source, let count = state.bySource[source] else { return }
+            guard let source = source.map(Self.sourceKey), let count = state.bySource[source] else { return }
             state.bySource[source] = count > 1 ? count - 1 : nil
+        }
+    }
+
+    /// What `ip` counts as: itself for IPv4, its IPv4 address when IPv4-mapped
+    /// (::ffff:a.b.c.d), else its /64.
+    static func sourceKey(_ ip: IPAddress) -> IPAddress {
+        switch ip {
+        case .v4: ip
+        case .v6(let high, let low) where high == 0 && low >> 32 == 0xFFFF: .v4(UInt32(truncatingIfNeeded: low))
+        case .v6(let high, _): .v6(high: high, low: 0)
         }
     }
 

@@ -39,4 +39,22 @@ struct ConnectionAdmissionTests {
         #expect(admission.admit(a) == .perSource)
         #expect(admission.refused == [.total: 2, .perSource: 1])
     }
+
+    @Test("an IPv6 source is its /64 (one host holds a whole /64); an IPv4-mapped address counts as its IPv4 address")
+    func ipv6SourcesArePrefixes() {
+        let admission = ConnectionAdmission(limits: .init(total: 100, perSource: 2))
+        let prefix: UInt64 = 0x2001_0DB8_0000_0001
+        #expect(admission.admit(.v6(high: prefix, low: 1)) == nil)
+        #expect(admission.admit(.v6(high: prefix, low: 0xDEAD_BEEF)) == nil)
+        #expect(admission.admit(.v6(high: prefix, low: 2)) == .perSource, "the same /64")
+        #expect(admission.admit(.v6(high: prefix + 1, low: 1)) == nil, "the next /64 is another source")
+        // ::ffff:10.0.0.1 and 10.0.0.1 are one source; ::ffff:10.0.0.2 another.
+        #expect(admission.admit(.v6(high: 0, low: 0xFFFF_0A00_0001)) == nil)
+        #expect(admission.admit(a) == nil)
+        #expect(admission.admit(a) == .perSource)
+        #expect(admission.admit(.v6(high: 0, low: 0xFFFF_0A00_0002)) == nil)
+        admission.release(.v6(high: prefix, low: 7))
+        #expect(admission.admit(.v6(high: prefix, low: 3)) == nil, "a close anywhere in the /64 frees its slot")
+        #expect(admission.open.sources == 4)
+    }
 }
