@@ -527,12 +527,10 @@ public final class RelayService: Service, Sendable {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
-                let source = channel.remoteAddress.flatMap(TransportAddress.init)?.ip
-                if let refusal = admission.admit(source) {
+                if let refusal = admission.admit(channel) {
                     totals.refuseConnection(refusal)
                     return channel.close()
                 }
-                channel.closeFuture.whenComplete { _ in admission.release(source) }
                 return channel.eventLoop.makeCompletedFuture {
                     if let tls {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))

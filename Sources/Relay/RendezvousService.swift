@@ -82,9 +82,7 @@ public final class RendezvousService: Service, Sendable {
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
                 .childChannelInitializer { [admission] channel in
                     // The core caps the total (with an error message); one source's share is capped here.
-                    let source = channel.remoteAddress.flatMap(TransportAddress.init)?.ip
-                    guard admission.admit(source) == nil else { return channel.close() }
-                    channel.closeFuture.whenComplete { _ in admission.release(source) }
+                    guard admission.admit(channel) == nil else { return channel.close() }
                     return channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(RendezvousConnectionHandler(hub: hub.value))
                     }
