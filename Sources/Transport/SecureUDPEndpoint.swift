@@ -579,29 +579,41 @@ final class SecureEngine {
 
     // MARK: reflexive address
 
-    /// Binding requests in flight for ``SecureUDPEndpoint/reflexiveAddress(from:timeout:)``.
-    private(set) var reflexiveQueries: [TransactionID: (server: TransportAddress, promise: EventLoopPromise<TransportAddress>)] =
-        [:]
+    /// Binding requests in flight for ``SecureUDPEndpoint/reflexiveAddress(from:timeout:)``,
+    /// each a ``ClientTransaction`` (its retransmissions) on a host of its own.
+    private(set) var reflexiveQueries:
+        [TransactionID: (
+            host: CoreHost<ClientTransaction>, server: TransportAddress, promise: EventLoopPromise<TransportAddress>
+        )] =
+            [:]
 
     func queryReflexive(_ server: TransportAddress, timeout: Duration) -> EventLoopFuture<TransportAddress> {
         let promise = channel.eventLoop.makePromise(of: TransportAddress.self)
         let request = Message(type: .bindingRequest)
         let id = request.transactionID
-        reflexiveQueries[id] = (server, promise)
-        let bytes = request.encode(fingerprint: true)
-        writeDirect(bytes, to: server)
-        flush()
         let bound = NIOLoopBound(self, eventLoop: channel.eventLoop)
-        for resend in [Duration.milliseconds(100), .milliseconds(300)] where resend < timeout {
-            channel.eventLoop.scheduleTask(in: .nanoseconds(resend.nanoseconds)) {
-                guard bound.value.reflexiveQueries[id] != nil else { return }
+        // RFC 8489's schedule with a 100 ms RTO (sent at 0, 100 and 300 ms): this is
+        // asked when the path has just gone quiet, and the caller's timeout ends it.
+        let transaction = ClientTransaction(
+            transactionID: id, request: request.encode(fingerprint: true),
+            reliability: .unreliable(rto: .milliseconds(100), rc: 3, rm: 16))
+        // (The host is dropped with its entry, which ends the cycle through this closure.)
+        let host = CoreHost(transaction, on: channel.eventLoop) { action in
+            switch action {
+            case .send(let bytes):
                 bound.value.writeDirect(bytes, to: server)
                 bound.value.flush()
+            case .timedOut:
+                bound.value.endReflexiveQuery(id, .failure(SecureTransportError.timeout))
+            case .answered:
+                break  // (answers are matched in `answersReflexiveQuery`)
             }
         }
+        reflexiveQueries[id] = (host, server, promise)
         channel.eventLoop.scheduleTask(in: .nanoseconds(max(0, timeout.nanoseconds))) {
-            bound.value.reflexiveQueries.removeValue(forKey: id)?.promise.fail(SecureTransportError.timeout)
+            bound.value.endReflexiveQuery(id, .failure(SecureTransportError.timeout))
         }
+        host.handle(.start)
         return promise.futureResult
     }
 
@@ -609,15 +621,20 @@ final class SecureEngine {
     private func answersReflexiveQuery(_ buffer: ByteBuffer, from source: TransportAddress) -> Bool {
         guard buffer.readableBytes >= 20, let first = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self), first <= 3,
             let message = try? Message(decoding: Array(buffer.readableBytesView)),
-            let query = reflexiveQueries[message.transactionID], query.server == source
+            reflexiveQueries[message.transactionID]?.server == source
         else { return false }
-        reflexiveQueries[message.transactionID] = nil
         if message.type == .bindingSuccess, case .xorMappedAddress(let mapped)? = try? message.value(.xorMappedAddress) {
-            query.promise.succeed(mapped)
+            endReflexiveQuery(message.transactionID, .success(mapped))
         } else {
-            query.promise.fail(SecureTransportError.timeout)
+            endReflexiveQuery(message.transactionID, .failure(SecureTransportError.timeout))
         }
         return true
+    }
+
+    private func endReflexiveQuery(_ id: TransactionID, _ result: Result<TransportAddress, any Error>) {
+        guard let query = reflexiveQueries.removeValue(forKey: id) else { return }
+        query.host.stop()
+        query.promise.completeWith(result)
     }
 
     func probe(_ peer: PeerID, at address: TransportAddress) throws(SecureTransportError) {
