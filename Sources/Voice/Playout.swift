@@ -120,6 +120,16 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
     /// The newest packet's sequence number: a timestamp jump under the next sequence
     /// number is a pause the sender made (DTX: nothing sent in silence), not a loss.
     private var newestSequence: UInt16?
+    /// When the current run of packets too late to play began (arrival, ms): a run
+    /// that lasts is the sender's timeline moved, not jitter (``behindRunMs``).
+    private var behindSinceMs: Double?
+    /// Packets this far behind the playout point (more than the largest delay the
+    /// buffer would take) for this long, with nothing to play ahead of them, come from
+    /// a sender that stopped and went on where it was (a process frozen and resumed,
+    /// a stalled audio clock): every later packet would be as late, so the buffer
+    /// anchors on them instead, as on a jump forward. A delay spike's backlog arrives
+    /// in a burst, and on-time packets follow it.
+    static let behindRunMs = 200.0
     /// How long after a gap the buffer keeps one frame of look-ahead for FEC.
     private let fecHoldMs = 30_000.0
     /// The largest relative delay (over the minimum) each of the last ten seconds saw,
@@ -191,6 +201,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         waitedTs = .min
         silentRun = 0
         waitedFrames = 0
+        behindSinceMs = nil
         for i in 0..<secondMaxima.count {
             secondMaxima[i] = -.infinity
             secondMaximaAt[i] = .min
@@ -258,9 +269,26 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             return
         }
         if playing && ext < nextTs {
-            stats.latePackets += 1
-            stats.concealedByCause.late += 1
-            return
+            let behindMs = Double(nextTs - ext) * 1000 / rate
+            if behindMs > Double(configuration.maximumDelayMilliseconds), !anyBuffered(after: nextTs - 1) {
+                let since = behindSinceMs ?? arrivalMs
+                behindSinceMs = since
+                if arrivalMs - since >= Self.behindRunMs {
+                    playing = false
+                    nextTs = ext
+                    fifoCount = 0
+                    behindSinceMs = nil
+                }
+            } else {
+                behindSinceMs = nil
+            }
+            if playing {
+                stats.latePackets += 1
+                stats.concealedByCause.late += 1
+                return
+            }
+        } else {
+            behindSinceMs = nil
         }
         guard payload.count <= configuration.maximumPayloadSize, payload.count > 0 else { return }
         if playing && ext >= nextTs + Int64(slotTs.count * spf) {

@@ -228,6 +228,35 @@ struct PlayoutTests {
         #expect(p.statistics.lateLossRate > 0)
     }
 
+    /// The sender is frozen for 10 s (SIGSTOP) and goes on where it was: its
+    /// timestamps carry on from before. On a stream that lost packets lately (here a
+    /// second's outage before, as a relay restart makes) the playout point moved on
+    /// through the silence, so they are 10 s behind it: heard again within a fraction
+    /// of a second, not dropped as late for the rest of the call (found by `make
+    /// soak`'s faults case, in a party).
+    @Test func aSenderFrozenAndResumedIsHeardAgain() throws {
+        let h = Harness(frames: 300)
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        let resumed = 100.0 * 20 + 10_000
+        let arrivals = (0..<300).filter { !(30..<80).contains($0) }.map { i in
+            i < 100 ? on(i) : (i, resumed + Double(i - 100) * 20 + 25)
+        }
+        let out = h.run(p, arrivals: arrivals, ms: resumed + 200 * 20 + 400)
+        #expect(h.find(out, frames: 120..<290) != nil, "late: \(p.statistics.latePackets)")
+        #expect(p.statistics.latePackets <= 15)
+    }
+
+    /// A delay spike past the largest delay: its backlog is late and dropped, and the
+    /// buffer does not re-anchor on it (the packets after it are on time again).
+    @Test func aSpikesBacklogIsDroppedNotFollowed() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        // Frames 50..<75 held back and delivered together 700 ms late.
+        let arrivals = (0..<200).map { i in (50..<75).contains(i) ? (i, 75.0 * 20 + 700) : on(i) }
+        let out = h.run(p, arrivals: arrivals, ms: 4400)
+        #expect(p.statistics.latePackets >= 20)
+        #expect(h.find(out, frames: 80..<190) != nil)
+    }
+
     @Test func singleSpikeDoesNotRaiseTargetForLong() throws {
         let h = Harness(frames: 2000)
         var rng = SplitMix64(seed: 7)
