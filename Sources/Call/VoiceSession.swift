@@ -332,13 +332,24 @@ public final class VoiceSession: @unchecked Sendable {
 /// An audio thread's sleep to its next tick at `next` (absolute, so jitter does
 /// not accumulate); after a stall of more than 20 ticks it re-anchors instead
 /// of bursting.
+///
+/// When the absolute sleep is refused (a clock shim such as libfaketime answers
+/// `EINVAL`), the rest of the tick is slept relatively: a sleep that returns at
+/// once would run the thread free, sending and writing audio as fast as it is made.
 func sleepToTick(_ next: inout Int64, tick: Int64) {
     let remaining = next - monotonicNanoseconds()
     if remaining < -20 * tick {
         next = monotonicNanoseconds()
     } else if remaining > 0 {
         var ts = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
-        while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}
+        var status: Int32
+        repeat { status = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) } while status == EINTR
+        guard status != 0 else { return }
+        let left = next - monotonicNanoseconds()
+        guard left > 0 else { return }
+        var relative = timespec(tv_sec: Int(left / 1_000_000_000), tv_nsec: Int(left % 1_000_000_000))
+        var rest = timespec()
+        while nanosleep(&relative, &rest) == -1 && errno == EINTR { relative = rest }
     }
 }
 
