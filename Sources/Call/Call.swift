@@ -127,14 +127,15 @@ public final class CallAgent: Sendable {
     }
 
     /// The secure layer for calls: receiver reports every 2 s (the encoder's loss hint
-    /// and the RTT follow within seconds), a peer silent for 10 s has vanished (media
-    /// flows every frame in a call, so that is not a pause); after 4 s of silence a new
-    /// handshake is tried first.
+    /// and the RTT follow within seconds); after 4 s of silence a new handshake is
+    /// tried; a peer silent for 30 s has vanished, ICE consent's limit (RFC 7675): a
+    /// peer that stops for less (a process frozen for 10 s, a laptop that slept, a
+    /// network outage) comes back to the same call.
     static var secure: SecureConfiguration {
         var c = SecureConfiguration()
         c.reportInterval = .seconds(2)
         c.rehandshakeAfterSilence = .seconds(4)  // a peer that moved and lost its keys' path
-        c.peerTimeout = .seconds(10)
+        c.peerTimeout = .seconds(30)
         return c
     }
 
