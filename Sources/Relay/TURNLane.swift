@@ -221,6 +221,7 @@ final class TURNLane: TURNRelayPorts {
     func handleClient(_ raw: UnsafeRawBufferPointer, from tuple: FiveTuple, now: Timestamp) -> [UInt8]? {
         guard !stopped else { return nil }
         defer { reportEvents() }
+        if let first = raw.first, first < 0x40 { followWallClock(now: now) }
         switch core.handleClient(raw, from: tuple, now: now) {
         case .reply(let answer): return answer
         case .drop: return nil
@@ -234,6 +235,18 @@ final class TURNLane: TURNRelayPorts {
             outbox.append(UnsafeRawBufferPointer(rebasing: raw[range]), to: peer, on: socket)
             return nil
         }
+    }
+
+    /// When the system clock was last read for the core's REST expiry checks.
+    private var wallClockRead: Timestamp?
+
+    /// Before a STUN request (never ChannelData), at most once a second: the core's
+    /// Unix time follows the system clock, so that a clock stepped after start judges
+    /// REST credentials as their issuer (the rendezvous, or a web service) dates them.
+    private func followWallClock(now: Timestamp) {
+        if let read = wallClockRead, now.nanoseconds &- read.nanoseconds < 1_000_000_000 { return }
+        wallClockRead = now
+        core.unixTimeAtZero = Timestamp.unixNanosecondsAtZero() / 1_000_000_000
     }
 
     /// Reads a primary UDP listener in this lane's drains from now on (the

@@ -47,11 +47,16 @@ public struct RendezvousServerConfiguration: Sendable {
 }
 
 /// Issues coturn REST-API credentials (`--use-auth-secret` on the relay).
+///
+/// They live a day by default, as coturn's REST-API notes advise: a TURN client
+/// refreshes its allocation for the whole call with the credentials it allocated
+/// with, so they must outlive the longest call (an hour's ended relayed calls
+/// after an hour, and made a clock stepped back an hour refuse new ones).
 public struct TURNIssuer: Sendable {
     public var secret: String
     public var lifetime: Duration
     public var uris: [String]
-    public init(secret: String, lifetime: Duration = .seconds(3600), uris: [String]) {
+    public init(secret: String, lifetime: Duration = .seconds(24 * 3600), uris: [String]) {
         self.secret = secret
         self.lifetime = lifetime
         self.uris = uris

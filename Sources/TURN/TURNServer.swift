@@ -127,6 +127,12 @@ public final class TURNServer {
     var actions: [Action] = []
     /// When ``handleTimeout(now:)`` last swept.
     var lastSweep: Timestamp?
+    /// Unix time (seconds) at `Timestamp.zero`, by which REST usernames' expiry
+    /// times are judged: the configuration's at first, then the driver's whenever it
+    /// reads the system clock again. The server's own clock is monotonic, but
+    /// credentials are stamped on the wall clock of whoever issued them, which
+    /// follows the system clock when it is stepped (as coturn reads `time()` for each).
+    public var unixTimeAtZero: UInt64
 
     var allocations: [FiveTuple: TURNAllocation] = [:]
     var byRelay: [TransportAddress: TURNAllocation] = [:]
@@ -146,6 +152,7 @@ public final class TURNServer {
         self.nonces = StatelessNonce(secret: configuration.nonceSecret, lifetime: configuration.nonceLifetime)
         self.ports = relayPorts
         self.challengeLimiter = SourceLimiter(rate: configuration.challengeRate, burst: configuration.challengeBurst)
+        self.unixTimeAtZero = configuration.unixTimeAtZero
     }
 
     public var allocationCount: Int { allocations.count }
@@ -345,7 +352,7 @@ public final class TURNServer {
     }
 
     var unixNow: (Timestamp) -> UInt64 {
-        let base = configuration.unixTimeAtZero
+        let base = unixTimeAtZero
         return { base + $0.nanoseconds / 1_000_000_000 }
     }
 }

@@ -158,7 +158,8 @@ public struct TURNServerConfiguration: Hashable, Sendable {
     /// (`--external-ip` for a server behind 1:1 NAT).
     public var externalIP: [UInt8: IPAddress] = [:]
     /// Unix time (seconds) at `Timestamp.zero` of the clock the server is driven
-    /// with; REST usernames carry Unix expiry times.
+    /// with; REST usernames carry Unix expiry times (``TURNServer/unixTimeAtZero``
+    /// follows the system clock from there).
     public var unixTimeAtZero: UInt64 = 0
 
     public init(realm: String = "tusa", credentials: TURNCredentials? = nil) {

@@ -116,6 +116,13 @@ extension RendezvousClient {
     let alice = PrivateKey.generate(), bob = PrivateKey.generate()
     let a = ConnectionID(1), b = ConnectionID(2)
 
+    /// A relayed call refreshes its allocation with the credentials it started
+    /// with: by default they outlive a call of many hours and a clock stepped by one.
+    @Test func grantsOutliveLongCallsByDefault() {
+        let grant = TURNIssuer(secret: "s3cret", uris: []).grant(for: alice.publicKey, unixSeconds: 1_700_000_000)
+        #expect(grant.expiry >= 1_700_000_000 + 24 * 3600)
+    }
+
     @Test func registerLookupAndSealedDeliveryBothWays() throws {
         var configuration = RendezvousServerConfiguration()
         configuration.turn = TURNIssuer(secret: "s3cret", lifetime: .seconds(600), uris: ["turn:127.0.0.1:3478?transport=udp"])
