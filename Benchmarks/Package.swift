@@ -14,6 +14,7 @@ let package = Package(
         .executable(name: "turn-load", targets: ["turn-load"]),
         .executable(name: "udp-forward", targets: ["udp-forward"]),
         .executable(name: "udp-flood", targets: ["udp-flood"]),
+        .library(name: "ClockStep", type: .dynamic, targets: ["ClockStep"]),
     ],
     dependencies: [
         // MallocInterposer only: the default RuntimeInterposer trait needs a package not available here.
@@ -45,6 +46,9 @@ let package = Package(
         // Unauthenticated UDP at line rate in classes (STUN, Allocate, ChannelData, garbage,
         // Noise initiations with a valid mac1), answers counted per class: the soak's flood case.
         .executableTarget(name: "udp-flood", linkerSettings: [.linkedLibrary("sodium")]),
+        // A wall-clock step for one process (LD_PRELOAD, offset in a file), monotonic clocks
+        // and timers untouched: the soak's faults case steps the clock with it.
+        .target(name: "ClockStep", linkerSettings: [.linkedLibrary("dl")]),
         // zlib for the bare-CRC baseline (the root package's CZlib is not a product).
         .systemLibrary(name: "BenchZlib", pkgConfig: "zlib"),
         // libsodium for the bare AEAD baseline (the root package's CSodium is not a product).

@@ -31,7 +31,8 @@ TUSA="$TUSA" bash Benchmarks/turn-bench.sh --smoke --no-build
 # The same relay under voice-paced flows (50 flows, 20 ms apart each, interleaved), every phase without loss.
 TUSA="$TUSA" bash Benchmarks/voice-relay-bench.sh --smoke --no-build
 # Reliability: a few seconds of each soak case (a flood beside voice flows, allocations alive
-# with voice): voice without loss, nothing kept per flood packet (`make soak`: the long runs).
+# with voice, TCP abuse, a call through rebindings, one round of faults): voice without loss,
+# nothing kept per flood packet, every fault survived (`make soak`: the long runs).
 TUSA="$TUSA" bash Benchmarks/soak.sh --short
 
 # The encrypted transport: a fraction of a second of handshakes, the flood paths

@@ -30,11 +30,21 @@
 #                20 % loss in bursts and 20 ms of jitter both ways, A's NAT rebinding every
 #                R seconds: the call never drops, loss against what was imposed, ICE
 #                restarts, and the RSS and fds of the relay and both peers (growth per hour).
+#   faults       on loopback, a relay-only `tusa call` (tone in, the callee recording) through
+#                K rounds of: the relay SIGKILLed and started again (same identity and
+#                ports), the system clock stepped back an hour (or forward again; every
+#                process under Benchmarks/Sources/ClockStep), the rendezvous connections
+#                cut (ss -K), the caller frozen with SIGSTOP for 10 s; then a party (one
+#                member sends a tone, the other records) through K rounds of relay SIGKILL
+#                and restart and a member frozen for 10 s. Benchmarks/audio-gaps.py finds
+#                the outages in each recording: one per restart (heard again within 3 s of
+#                the relay's return) and one per freeze (within 3 s of the resume), no other.
 #
 # usage: Benchmarks/soak.sh [--short] [--no-build] [case ...]
 # env: TUSA (default <repo>/.build/release/tusa; --short: .build/debug/tusa), SWIFT,
 #      SOAK_FLOWS (the allocations case's voice flows, 600: what this 2-core machine
-#      relays without loss beside its own generator), SOAK_CALL_SECONDS (1800).
+#      relays without loss beside its own generator), SOAK_CALL_SECONDS (1800),
+#      SOAK_FAULT_ROUNDS (5; --short: 1).
 # exit: 0 when every case held; 1 when one did not; 2 on a usage error.
 set -euo pipefail
 
@@ -45,12 +55,12 @@ while (($#)); do
   case $1 in
     --short) SHORT=1; shift ;;
     --no-build) NO_BUILD=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    flood|allocations|tcp|call) CASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    flood|allocations|tcp|call|faults) CASES+=("$1"); shift ;;
     *) echo "soak: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-((${#CASES[@]})) || CASES=(flood allocations tcp call)
+((${#CASES[@]})) || CASES=(flood allocations tcp call faults)
 CONFIG=release
 ((SHORT)) && CONFIG=debug
 SWIFT=${SWIFT:-swift}
@@ -60,11 +70,11 @@ BIN=$HERE/.build/$CONFIG
 if ((SHORT)); then
   FLOWS=20 FLOOD_SECONDS=2 FLOOD_RATE=5000 VOICE_SECONDS=2 ALLOCATIONS=200 ALLOC_FLOWS=20 ALLOC_SECONDS=4 SAMPLE=1
   TCP_SECONDS=2 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3
-  CALL_SECONDS=12 REBIND=4
+  CALL_SECONDS=12 REBIND=4 FAULT_ROUNDS=1
 else
   FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=${SOAK_FLOWS:-600} ALLOC_SECONDS=270 SAMPLE=10
   TCP_SECONDS=10 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40
-  CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60
+  CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60 FAULT_ROUNDS=${SOAK_FAULT_ROUNDS:-5}
 fi
 
 # shellcheck source=Benchmarks/bench-lib.sh
@@ -79,13 +89,13 @@ if ((!NO_BUILD)); then
   else
     "$SWIFT" build --package-path "$ROOT" -c release --product tusa >/dev/null
   fi
-  for product in turn-load udp-flood; do
+  for product in turn-load udp-flood ClockStep; do
     "$SWIFT" build --package-path "$HERE" -c "$CONFIG" --product "$product" >/dev/null
   done
 fi
 LOAD=$BIN/turn-load
 FLOOD=$BIN/udp-flood
-for tool in "$TUSA" "$LOAD" "$FLOOD"; do
+for tool in "$TUSA" "$LOAD" "$FLOOD" "$BIN/libClockStep.so"; do
   [[ -x $tool ]] || { echo "soak: $tool is missing (build it, or drop --no-build)" >&2; exit 1; }
 done
 
@@ -301,11 +311,14 @@ for name, r in (("caller", caller), ("callee", callee)):
 if caller["ended"] != "time-limit":
     print(f"  FAILED: the call ended by {caller['ended']}, not its time limit"); ok = False
 rows = [list(map(int, l.split())) for l in open(f"{out}/roam-resources.txt") if l.strip()]
-# 20 % imposed in each direction (and late frames, 1 % more at most); each rebinding
-# may cost 15 frames more (about 5 on a clean path; loss bursts hide the silence and
-# lose the probe's first packets).
+# 20 % imposed in each direction, give or take three standard deviations of the
+# draw (bursts of mean 3 count as a third as many independent draws: 7 points in the
+# short run's 900 frames, 0.2 in the long one's), late frames 1 % more at most; each
+# rebinding may cost 15 frames more (about 5 on a clean path; loss bursts hide the
+# silence and lose the probe's first packets).
 for name, r in (("caller", caller), ("callee", callee)):
-    allowed = 21 + 100 * 15 * len(rows) / max(1, r["packetsSent"])
+    sent = max(1, r["packetsSent"])
+    allowed = 21 + 300 * (0.2 * 0.8 * 3 / sent) ** 0.5 + 100 * 15 * len(rows) / sent
     if r["lossPercent"] > allowed:
         print(f"  FAILED: {name} lost {r['lossPercent']:.1f} % (20 % imposed, {len(rows)} rebindings: {allowed:.1f} % allowed)")
         ok = False
@@ -324,6 +337,194 @@ if len(rows) >= 2:
             print(f"  FAILED: the {who}'s fds moved by {fds} (at most {allowed})"); ok = False
 sys.exit(0 if ok else 1)
 PY
+}
+
+# The faults case's relay: rendezvous with TURN credentials, a party port, an identity
+# kept across restarts; under the shared fake clock when libfaketime is here. FRPID.
+start_fault_relay() {
+  : >"$TMP/fault-relay.out"
+  "${CLOCK[@]}" "$TUSA" relay --listen "127.0.0.1:$FPORT" --rendezvous-port "$FRV" --party-port "$FPARTY" \
+    --identity "$TMP/relay.key" --use-auth-secret --static-auth-secret "soak-$$" --realm tusa.test \
+    --allow-loopback-peers >"$TMP/fault-relay.out" 2>>"$TMP/fault-relay.err" &
+  FRPID=$!
+  PIDS+=("$FRPID")
+  local i
+  for i in $(seq 100); do
+    grep -q '^rendezvous tcp' "$TMP/fault-relay.out" && grep -q '^party udp' "$TMP/fault-relay.out" && return 0
+    kill -0 "$FRPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  tail -n 3 "$TMP/fault-relay.err" | sed 's/^/  | /'
+  return 1
+}
+
+# restart_fault_relay: SIGKILL, then the same relay again; DOWN: the seconds it was away.
+restart_fault_relay() {
+  local t0
+  t0=$(now)
+  kill -KILL "$FRPID" 2>/dev/null
+  wait "$FRPID" 2>/dev/null || true
+  forget "$FRPID"
+  sleep 0.5
+  start_fault_relay || return 1
+  DOWN=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
+}
+
+# gaps WAV: audio-gaps.py's lines for a recording, indented; GAPS holds the lengths (ms).
+gaps() {
+  python3 "$HERE/audio-gaps.py" "$1" >"$1.gaps" || { cat "$1.gaps"; return 1; }
+  sed 's/^/    /' "$1.gaps"
+  GAPS=$(sed -n 's/^gap .* ms=\([0-9]*\)$/\1/p' "$1.gaps" | tr '\n' ' ')
+}
+
+case_faults() {
+  echo "faults: a call and a party through the relay, through relay SIGKILLs, rendezvous cuts, a frozen peer and clock steps"
+  FPORT=$(free_port) && FRV=$(free_port) && FPARTY=$(free_port) || { fail "no free port"; return; }
+  "$TUSA" keygen --out "$TMP/relay.key" >/dev/null && "$TUSA" keygen --out "$TMP/caller.key" >/dev/null \
+    && "$TUSA" keygen --out "$TMP/callee.key" >/dev/null || { fail "tusa keygen"; return; }
+  # The system clock as every process sees it: Benchmarks/Sources/ClockStep, preloaded,
+  # steps CLOCK_REALTIME (never the monotonic clock, sleeps or timers) by the seconds
+  # in $TMP/clock.
+  echo 0 >"$TMP/clock"
+  CLOCK=(env "LD_PRELOAD=$BIN/libClockStep.so" "TUSA_CLOCK_STEP_FILE=$TMP/clock")
+  start_fault_relay || { fail "the relay did not start"; return; }
+
+  # The call: relay-only, so that its media goes through the relay; the callee records the caller's tone.
+  local round=0 seconds=$((FAULT_ROUNDS * 32 + 8)) key downs=() offset=0
+  "${CLOCK[@]}" "$TUSA" answer --rendezvous "127.0.0.1:$FRV" --identity "$TMP/callee.key" --relay-only --in tone \
+    --out "$TMP/heard.wav" --timeout 20 --json --quiet >"$TMP/callee.out" 2>"$TMP/callee.err" &
+  local callee=$!
+  PIDS+=("$callee")
+  for _ in $(seq 50); do
+    key=$(sed -n 's/^answering as \(.*\)$/\1/p' "$TMP/callee.out")
+    [[ -n $key ]] && break
+    sleep 0.1
+  done
+  [[ -n $key ]] || { fail "tusa answer did not register: $(tail -n 3 "$TMP/callee.err")"; return; }
+  "${CLOCK[@]}" "$TUSA" call "$key" --rendezvous "127.0.0.1:$FRV" --identity "$TMP/caller.key" --relay-only --in tone \
+    --duration "$seconds" --json --quiet >"$TMP/caller.out" 2>"$TMP/caller.err" &
+  local caller=$!
+  PIDS+=("$caller")
+  sleep 4
+  while ((round < FAULT_ROUNDS)); do
+    round=$((round + 1))
+    restart_fault_relay || { fail "the relay did not start again"; break; }
+    downs+=("$DOWN")
+    echo "  round $round: relay killed and started again (down ${DOWN} s)"
+    sleep 6
+    # The clock steps back an hour, then forward again next round.
+    offset=$((offset == 0 ? -3600 : 0))
+    echo "$offset" >"$TMP/clock"
+    echo "  round $round: the clock stepped to $offset s"
+    sleep 2
+    ss -K "( sport = :$FRV or dport = :$FRV )" >/dev/null 2>&1 || true
+    echo "  round $round: rendezvous connections cut"
+    sleep 6
+    kill -STOP "$caller"
+    sleep 10
+    kill -CONT "$caller"
+    echo "  round $round: the caller frozen (SIGSTOP) for 10 s"
+    sleep 8
+  done
+  local rc=0
+  wait "$caller" || rc=$?
+  forget "$caller"
+  wait "$callee" || true
+  forget "$callee"
+  ((rc == 0)) || fail "tusa call exited $rc: $(tail -n 3 "$TMP/caller.err")"
+  python3 - "$TMP/caller.out" "$TMP/callee.out" <<'PY' || FAILED=1
+import json, sys
+ok = True
+for name, path in (("caller", sys.argv[1]), ("callee", sys.argv[2])):
+    text = open(path).read()
+    r = json.loads(text[text.find("{"):]) if "{" in text else None
+    if r is None:
+        print(f"  FAILED: no {name} report"); ok = False; continue
+    print(f"  {name}: {r['durationSeconds']:.0f} s, ended {r['ended']}, loss {r['lossPercent']:.1f} %, "
+          f"ICE restarts {r['iceRestarts']}, path {r['path']}")
+    if r["ended"] not in ("time-limit", "remote-hangup"):
+        print(f"  FAILED: the {name}'s call ended by {r['ended']}"); ok = False
+sys.exit(0 if ok else 1)
+PY
+  echo "  what the callee heard:"
+  if gaps "$TMP/heard.wav"; then
+    # Each round: one outage for the relay restart (within 3 s of its return) and one
+    # for the freeze (10 s, heard again within 3 s of the resume); nothing else.
+    local g n=0 long=0
+    for g in $GAPS; do
+      n=$((n + 1))
+      if ((g >= 9000)); then
+        long=$((long + 1))
+        ((g <= 13000)) || fail "audio came back $((g - 10000)) ms after the caller resumed"
+      else
+        awk -v g="$g" -v d="${downs[0]:-1}" 'BEGIN {exit !(g <= 1000 * d + 3000)}' \
+          || fail "an outage of $g ms (the relay was down ${downs[*]} s)"
+      fi
+    done
+    ((long == FAULT_ROUNDS)) || fail "$long outages of a freeze's length, $FAULT_ROUNDS freezes"
+    ((n <= 2 * FAULT_ROUNDS)) || fail "$n outages for $((2 * FAULT_ROUNDS)) faults"
+  else
+    fail "the callee's recording"
+  fi
+
+  # The party: the joiner sends a tone, the creator records the room; the relay is
+  # killed and started again, then the joiner is frozen for 10 s.
+  local party_key room creator joiner party_seconds=$((FAULT_ROUNDS * 24 + 8))
+  party_key=$(sed -n 's/^party udp [^ ]* key \(.*\)$/\1/p' "$TMP/fault-relay.out")
+  local common=(--relay "127.0.0.1:$FPARTY" --relay-key "$party_key" --duration "$party_seconds" --json)
+  "${CLOCK[@]}" "$TUSA" party create Valheim --identity "$TMP/caller.key" --in silence --out "$TMP/room.wav" \
+    "${common[@]}" >"$TMP/creator.out" 2>"$TMP/creator.err" &
+  creator=$!
+  PIDS+=("$creator")
+  for _ in $(seq 100); do
+    room=$(sed -n 's/^party \([a-z0-9]\{12\}\) .*/\1/p' "$TMP/creator.out" "$TMP/creator.err" | head -1)
+    [[ -n $room ]] && break
+    sleep 0.1
+  done
+  [[ -n $room ]] || { fail "tusa party create printed no room: $(tail -n 3 "$TMP/creator.err")"; stop_server "$FRPID" 50; return; }
+  "${CLOCK[@]}" "$TUSA" party join "$room" --identity "$TMP/callee.key" --in tone "${common[@]}" \
+    >"$TMP/joiner.out" 2>"$TMP/joiner.err" &
+  joiner=$!
+  PIDS+=("$joiner")
+  sleep 4
+  round=0
+  local party_downs=()
+  while ((round < FAULT_ROUNDS)); do
+    round=$((round + 1))
+    restart_fault_relay || { fail "the relay did not start again"; break; }
+    party_downs+=("$DOWN")
+    echo "  party round $round: relay killed and started again (down ${DOWN} s)"
+    sleep 6
+    kill -STOP "$joiner"
+    sleep 10
+    kill -CONT "$joiner"
+    echo "  party round $round: the joiner frozen (SIGSTOP) for 10 s"
+    sleep 8
+  done
+  for pid in "$creator" "$joiner"; do
+    wait "$pid" || fail "a member exited $?: $(tail -n 2 "$TMP/creator.err" "$TMP/joiner.err")"
+    forget "$pid"
+  done
+  { grep -h "rejoined\|lost the relay\|left: \|joined: " "$TMP/creator.err" "$TMP/joiner.err" || true; } | sed 's/^/    /'
+  echo "  what the creator heard:"
+  if gaps "$TMP/room.wav"; then
+    local g n=0 long=0
+    for g in $GAPS; do
+      n=$((n + 1))
+      if ((g >= 9000)); then
+        long=$((long + 1))
+        ((g <= 13000)) || fail "the room was heard again $((g - 10000)) ms after the joiner resumed"
+      else
+        awk -v g="$g" -v d="${party_downs[0]:-1}" 'BEGIN {exit !(g <= 1000 * d + 3000)}' \
+          || fail "a party outage of $g ms (the relay was down ${party_downs[*]} s)"
+      fi
+    done
+    ((long == FAULT_ROUNDS)) || fail "$long party outages of a freeze's length, $FAULT_ROUNDS freezes"
+    ((n <= 2 * FAULT_ROUNDS)) || fail "$n party outages for $((2 * FAULT_ROUNDS)) faults"
+  else
+    fail "the creator's recording"
+  fi
+  stop_server "$FRPID" 50
 }
 
 for c in "${CASES[@]}"; do "case_$c"; done

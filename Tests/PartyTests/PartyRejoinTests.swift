@@ -95,6 +95,42 @@ struct PartyRejoinTests {
         #expect(h.heard(again, from: aliceID).last == speech)
     }
 
+    /// The relay restarts (Bob is back in the rebuilt room before Alice, the
+    /// creator), then Bob is frozen long enough to give the relay up, and comes back
+    /// on a new session, which replaces his old one (Alice sees him leave, rekeys, and
+    /// sees him join): Alice hears him again (the sequence `make soak`'s faults case plays).
+    @Test func aMemberFrozenAfterARelayRestartIsHeardAgainWhenItComesBack() throws {
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        let bobID = try unwrap(h.id(bob))
+        h.restartRelay()
+        h.advance(by: .milliseconds(2100))
+        #expect(lost(h.events[alice]) && lost(h.events[bob]))
+        h.reconnect(bob)
+        h.advance(by: .milliseconds(200))
+        h.reconnect(alice)
+        h.advance(by: .seconds(2))
+        h.speak(bob, speech)
+        #expect(h.heard(alice, from: bobID).last == speech, "Alice hears Bob after the restart")
+
+        var frozen = true
+        h.deliverTo = { s, _ in !(frozen && s == bob) }
+        h.acceptFrom = { s, _ in !(frozen && s == bob) }
+        h.advance(by: .seconds(15))
+        #expect(lost(h.events[bob]))
+        frozen = false
+        h.reconnect(bob)
+        #expect(h.id(bob) == bobID)
+        #expect(h.server.rooms[room]?.members.count == 2)
+        let left = (h.events[alice] ?? []).contains { if case .memberLeft(bobID, .disconnected) = $0 { true } else { false } }
+        #expect(left, "Alice saw Bob's old session go")
+        h.advance(by: .seconds(1))
+        let said: [UInt8] = Array(repeating: 0x44, count: 40)
+        h.speak(bob, said)
+        #expect(h.heard(alice, from: bobID).last == said, "Alice hears Bob again: \(h.dropped(alice))")
+    }
+
     /// Away long enough for the relay to give its session up (a control message
     /// unacknowledged through every attempt): the member's new handshake opens the
     /// session again, and the rejoin takes its old seat back.
