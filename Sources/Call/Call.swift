@@ -248,7 +248,7 @@ public final class CallAgent: Sendable {
             case .rendezvousClosed(let generation):
                 closed(generation)
                 continue
-            case .endpoint, .sourceEnded, .sinkFailed, .reflexive: continue
+            case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive: continue
             }
             guard only == nil || only == from, let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else {
                 continue
@@ -494,7 +494,7 @@ public final class CallAgent: Sendable {
             echoCancellation: options.echoCancellation)
         let feed = feed
         session.onSourceEnded = { feed.yield(.sourceEnded) }
-        session.onSinkFailed = { feed.yield(.sinkFailed) }
+        session.onSinkFailed = { ends in feed.yield(ends ? .sinkFailed : .recordingStopped) }
         if let impairment = options.impairment {
             await endpoint.impairMedia(impairment.decider(frameMilliseconds: codec.frameDuration.milliseconds))
         }
@@ -602,6 +602,9 @@ public final class CallAgent: Sendable {
             case .sourceEnded, .sinkFailed:
                 // (One snapshot: a source that failed also ended.)
                 controller.handle(session.statistics.audioError != nil ? .audioFailed : .hangUp, now: Self.now())
+            case .recordingStopped:
+                logger.error(
+                    "the recording stopped; the call goes on", metadata: ["error": "\(session.statistics.audioError ?? "?")"])
             case .endpoint(let event):
                 switch event {
                 case .session(.control(let id, let report)) where id == peerID: session.handle(report: report)
@@ -693,7 +696,7 @@ public final class CallAgent: Sendable {
                 if Self.now() >= deadline { throw .timedOut("no answer within \(timeout)") }
             case .rendezvousClosed(let generation):
                 closed(generation)
-            case .endpoint, .sourceEnded, .sinkFailed, .reflexive:
+            case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive:
                 continue
             }
         }

@@ -13,8 +13,10 @@ enum CallEvent: Sendable {
     case endpoint(SecureUDPEvent)
     /// The audio to send ended (or failed to be read).
     case sourceEnded
-    /// Writing the audio received failed.
+    /// Writing the audio received failed, and the call ends on it (a speaker).
     case sinkFailed
+    /// The recording of the audio received failed (a full disk): it stops, the call goes on.
+    case recordingStopped
     /// Our socket's address as the STUN server saw it (nil: no answer).
     case reflexive(TransportAddress?)
     /// A deadline passed (the controller's, or the ring timeout).

@@ -33,6 +33,9 @@ public final class PartyVoice: @unchecked Sendable {
     private let sent = Atomic<Int>(0)
     private let ended = Atomic<Bool>(false)
     private let failure = Mutex<String?>(nil)
+    /// Whether the failure ends the member's stay: a source's or a speaker's does,
+    /// a recording's (a full disk) does not (``AudioSink/failureEndsCall``).
+    private let failureLeaves = Atomic<Bool>(false)
     private let threadExit = Mutex<(ended: Bool, waiter: CheckedContinuation<Void, Never>?)>((false, nil))
     private var connection: PartyConnection?
     /// Called once on the audio thread when the source has no more audio.
@@ -105,6 +108,8 @@ public final class PartyVoice: @unchecked Sendable {
     public var sourceEnded: Bool { ended.load(ordering: .relaxed) }
     /// The first error reading the source or writing the sink.
     public var audioError: String? { failure.withLock { $0 } }
+    /// Whether ``audioError`` ends the member's stay in the room (a recording's does not).
+    public var audioErrorLeaves: Bool { failureLeaves.load(ordering: .relaxed) }
 
     /// Each speaker heard so far, by member id.
     public var speakers: [PartySpeakerReport] {
@@ -187,7 +192,10 @@ public final class PartyVoice: @unchecked Sendable {
                 } else {
                     sourceDone = true
                     ended.store(true, ordering: .relaxed)
-                    if let error = source.error { failure.withLock { $0 = $0 ?? "cannot read the audio to send: \(error)" } }
+                    if let error = source.error {
+                        failure.withLock { $0 = $0 ?? "cannot read the audio to send: \(error)" }
+                        failureLeaves.store(true, ordering: .relaxed)
+                    }
                     onSourceEnded?()
                 }
             }
@@ -220,6 +228,7 @@ public final class PartyVoice: @unchecked Sendable {
                 } catch {
                     sinkFailed = true
                     failure.withLock { $0 = $0 ?? "cannot write the audio received: \(error)" }
+                    if sink.failureEndsCall { failureLeaves.store(true, ordering: .relaxed) }
                 }
             }
             sleepToTick(&next, tick: tickNs)

@@ -73,7 +73,8 @@ public struct VoiceSessionStatistics: Sendable, Equatable {
     public var encoderBitrate = 0
     public var sourceEnded = false
     /// The first error reading the audio to send or writing the audio received
-    /// (a full disk, a file size limit, an unplugged device); the call ends on it.
+    /// (an unplugged device, a full disk, a file size limit); the call ends on it,
+    /// unless it was a recording's (``AudioSink/failureEndsCall``): that one stops.
     public var audioError: String?
 
     /// ITU-T G.107 E-model estimate for the path as we receive it: one-way delay =
@@ -131,8 +132,9 @@ public final class VoiceSession: @unchecked Sendable {
     /// Called once on the audio thread when the source has no more audio.
     public var onSourceEnded: (@Sendable () -> Void)?
     /// Called once on the audio thread when writing the audio received failed
-    /// (``VoiceSessionStatistics/audioError`` says how).
-    public var onSinkFailed: (@Sendable () -> Void)?
+    /// (``VoiceSessionStatistics/audioError`` says how), with whether that ends
+    /// the call (``AudioSink/failureEndsCall``).
+    public var onSinkFailed: (@Sendable (Bool) -> Void)?
 
     public init(
         endpoint: SecureUDPEndpoint, peer: PeerID, codec: CodecConfiguration, router: MediaRouter,
@@ -314,7 +316,7 @@ public final class VoiceSession: @unchecked Sendable {
                 } catch {
                     sinkFailed = true
                     stats.withLock { s in if s.audioError == nil { s.audioError = "cannot write the audio received: \(error)" } }
-                    onSinkFailed?()
+                    onSinkFailed?(sink.failureEndsCall)
                 }
             }
             if slot == chunksPerFrame - 1 {

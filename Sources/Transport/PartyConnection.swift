@@ -125,7 +125,7 @@ public final class PartyConnection: Sendable {
                     PartyDriver(
                         core: PartyMember(identity: identity.privateKey, configuration: configuration), endpoint: endpoint,
                         peer: peer, relay: relay, loop: loop, yield: yield, audio: audio, keyLog: keyLog,
-                        probeUDP: transport == .auto),
+                        probeUDP: transport == .auto, logger: logger),
                     eventLoop: loop)
             }.get()
         } catch {
@@ -301,6 +301,7 @@ final class PartyDriver {
     private let loop: any EventLoop
     private let audio: PartyConnection.AudioHandler?
     private let keyLog: KeyLogFile?
+    private let logger: Logger
     private let relay: TransportAddress
     private var probing: Scheduled<Void>?
     /// Starts the reconnection (set once the connection is made).
@@ -312,10 +313,11 @@ final class PartyDriver {
     init(
         core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID, relay: TransportAddress, loop: any EventLoop,
         yield: AsyncStream<PartyMemberEvent>.Continuation, audio: PartyConnection.AudioHandler?, keyLog: KeyLogFile?,
-        probeUDP: Bool
+        probeUDP: Bool, logger: Logger
     ) {
         self.audio = audio
         self.keyLog = keyLog
+        self.logger = logger
         self.relay = relay
         self.endpoint = endpoint
         self.peer = peer
@@ -426,7 +428,7 @@ final class PartyDriver {
                     onLost()
                 }
             case .keyLog(let line):
-                keyLog?.append(line)
+                if let failure = keyLog?.append(line) { logger.error("\(failure)") }
                 return
             case .audio(let from, let header, let bytes):
                 if let audio {

@@ -4,6 +4,7 @@ import NIOCore
 import NIOPosix
 import STUN
 import Secure
+import Synchronization
 import TURN
 import TusaBase
 
@@ -763,7 +764,7 @@ final class SecureEngine {
         case .handshakeFailed(let id):
             for w in waiters.removeValue(forKey: id) ?? [] { w.fail(SecureTransportError.handshakeFailed) }
         case .keyLog(let line):
-            keyLog?.append(line)
+            if let failure = keyLog?.append(line) { logger.error("\(failure)") }
             return
         case .peerMoved, .peerGone, .control:
             break
@@ -872,8 +873,11 @@ final class SecureDatagramHandler: ChannelInboundHandler {
 }
 
 /// The opt-in key log file: created 0600, lines appended and flushed at once.
+/// A line that cannot be written (a full disk) is said once; the call goes on.
 final class KeyLogFile: Sendable {
     private let fd: Int32
+    private let path: String
+    private let failed = Mutex(false)
 
     /// The key log to write: the one given, else the file `TUSA_KEYLOG` names, else none.
     static func path(_ given: String?) -> String? {
@@ -884,12 +888,24 @@ final class KeyLogFile: Sendable {
         let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw .keyLog("cannot open \(path): \(String(cString: strerror(errno)))") }
         self.fd = fd
+        self.path = path
     }
 
-    func append(_ line: String) {
+    /// Appends a line; the first failure is returned, for the caller to report.
+    func append(_ line: String) -> String? {
         var bytes = Array((line + "\n").utf8)
-        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        let code = errno
         for i in bytes.indices { bytes[i] = 0 }
+        guard written != bytes.count else { return nil }
+        let first = failed.withLock { f in
+            let was = f
+            f = true
+            return !was
+        }
+        guard first else { return nil }
+        let why = written < 0 ? String(cString: strerror(code)) : "cut short (\(written) of \(bytes.count) bytes)"
+        return "cannot write the key log \(path): \(why); its lines are missing from here on"
     }
 
     deinit { close(fd) }

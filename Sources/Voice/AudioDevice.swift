@@ -14,6 +14,14 @@ public protocol AudioSink: AnyObject {
     func write(_ samples: UnsafeBufferPointer<Int16>) throws(VoiceError)
     /// Idempotent; flushes files.
     func close()
+    /// Whether a failed write ends the call: true for what the listener hears
+    /// through (a speaker: nothing else to hear with); a recording that fails
+    /// (a full disk) stops, and the conversation goes on.
+    var failureEndsCall: Bool { get }
+}
+
+extension AudioSink {
+    public var failureEndsCall: Bool { true }
 }
 
 /// Samples left for a source of `durationSeconds` (nil: endless).

@@ -1,4 +1,5 @@
 import CSndfile
+import Glibc
 
 private func sndfileError(_ file: OpaquePointer?) -> String {
     guard let message = sf_strerror(file) else { return "libsndfile error" }
@@ -102,13 +103,19 @@ public final class WAVFileSource: AudioSource {
     }
 }
 
-/// A 16-bit PCM mono WAV file being written.
+/// A 16-bit PCM mono WAV file being written: a recording. Its header is brought up
+/// to date after every second of audio, so a file cut short (the process killed, the
+/// disk full) plays up to its last second. A write that fails says which limit it met.
 public final class WAVFileSink: AudioSink {
     public let path: String
     public let sampleRate: Int
     /// Samples written so far.
     public private(set) var samplesWritten = 0
+    /// `samplesWritten` when the header last counted them.
+    private var samplesInHeader = 0
     private var file: OpaquePointer?
+    /// A recording that fails stops; the call it records goes on.
+    public var failureEndsCall: Bool { false }
 
     public init(path: String, sampleRate: Int) throws(VoiceError) {
         file = try openForWriting(path: path, sampleRate: sampleRate, channels: 1)
@@ -121,9 +128,25 @@ public final class WAVFileSink: AudioSink {
     public func write(_ samples: UnsafeBufferPointer<Int16>) throws(VoiceError) {
         guard let file else { throw .file(path: path, reason: "written after close") }
         guard let base = samples.baseAddress, samples.count > 0 else { return }
+        errno = 0
         let written = Int(sf_writef_short(file, base, sf_count_t(samples.count)))
         samplesWritten += max(0, written)
-        guard written == samples.count else { throw .file(path: path, reason: sndfileError(file)) }
+        guard written == samples.count else {
+            let code = errno
+            let seconds = String(format: "%.1f", Double(samplesWritten) / Double(sampleRate))
+            let limit =
+                switch code {
+                case ENOSPC: "the disk is full"
+                case EDQUOT: "the disk quota is used up"
+                case EFBIG: "the file size limit (ulimit -f) is reached"
+                default: sndfileError(file)
+                }
+            throw .file(path: path, reason: "\(limit), after \(seconds) s recorded")
+        }
+        if samplesWritten - samplesInHeader >= sampleRate {
+            samplesInHeader = samplesWritten
+            sf_command(file, Int32(SFC_UPDATE_HEADER_NOW), nil, 0)
+        }
     }
 
     public func close() {

@@ -216,8 +216,8 @@ struct AnswerCommand: AsyncParsableCommand {
 }
 
 private func prepare(_ options: CallOptions) throws -> (Identity, TransportAddress, CallAgent.Options, AudioSource?, AudioSink?) {
-    // A file size limit (ulimit -f) then fails the write with EFBIG, which the call
-    // reports and ends on, rather than killing the process with the recording unclosed.
+    // A file size limit (ulimit -f) then fails the write with EFBIG: the recording
+    // stops and says so, rather than the process being killed with it unclosed.
     signal(SIGXFSZ, SIG_IGN)
     let identity: Identity
     do { identity = try options.loadIdentity() } catch { throw ValidationError("\(error)") }

@@ -522,7 +522,7 @@ enum PartySession {
                     try? await Task.sleep(for: .seconds(1))
                     stop.continuation.yield("input ended")
                 }
-                if voice.audioError != nil { stop.continuation.yield("audio error") }
+                if voice.audioErrorLeaves { stop.continuation.yield("audio error") }
                 if live { FileHandle.standardError.write(Data(("\r" + state.statusLine(voice.speakers) + "   ").utf8)) }
             }
         }

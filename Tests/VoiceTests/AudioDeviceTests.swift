@@ -1,3 +1,4 @@
+import Foundation
 import Glibc
 import Testing
 import TusaBase
@@ -48,6 +49,28 @@ import TusaBase
         let read = try readAll(source, chunk: 1000)
         let sameAgain = read == samples
         #expect(sameAgain)
+    }
+
+    /// A recording cut short (the process killed before it closed the file) plays
+    /// up to its last whole second: the header counts the samples every second.
+    @Test func aRecordingNeverClosedPlaysUpToItsLastSecond() throws {
+        let directory = try #require(temporaryDirectory())
+        defer { removeDirectory(directory) }
+        let path = directory + "/cut.wav"
+        let sink = try WAVFileSink(path: path, sampleRate: 8000)
+        let frame = [Int16](repeating: 1000, count: 160)
+        for _ in 0..<125 { try frame.withUnsafeBufferPointer { try sink.write($0) } }  // 2.5 s
+        // Read while the writer still holds it open, as after a SIGKILL: what the
+        // header's data chunk declares is what a player trusts (libsndfile reads on
+        // to the end of the file; Python's wave and most players do not).
+        let bytes = try #require(FileManager.default.contents(atPath: path).map { [UInt8]($0) })
+        let tag: [UInt8] = Array("data".utf8)
+        let found = (12..<(bytes.count - 8)).first { Array(bytes[$0..<($0 + 4)]) == tag }
+        let data = try #require(found, "no data chunk")
+        let declared = (0..<4).reduce(0) { $0 | Int(bytes[data + 4 + $1]) << (8 * $1) }
+        #expect(declared >= 32_000 && declared <= 40_000, "the header declares \(declared) bytes of the 40,000 written")
+        sink.close()
+        #expect(try WAVFile.read(path: path).samples.count == 20_000)
     }
 
     @Test func multichannelFilesAreMixedDown() throws {
