@@ -63,8 +63,6 @@ public final class MetricsEndpoint: Service, Sendable {
         let channel: any Channel
         do {
             let bootstrap = ServerBootstrap(group: group)
-                .serverChannelOption(.backlog, value: 64)
-                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
@@ -74,7 +72,7 @@ public final class MetricsEndpoint: Service, Sendable {
                         ])
                     }
                 }
-            channel = try await bootstrap.bind(to: SocketAddress(address)).get()
+            channel = try await bootstrap.listen(on: address, backlog: 64, listener: "metrics \(address)", logger: logger)
         } catch {
             let failure = RelayServiceError(
                 .bindFailed, "cannot serve metrics on tcp \(address): \(RelayServiceError.reason(error))")

@@ -522,9 +522,7 @@ public final class RelayService: Service, Sendable {
         let turn = turnLanes.withLockedValue { $0 }
         // Over TCP there is no RFC 5780 behaviour discovery, so the core needs no addresses.
         let core = BindingServer(configuration: .init(software: configuration.software))
-        var bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(.backlog, value: 256)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+        let bootstrap = ServerBootstrap(group: group)
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 if let refusal = admission.admit(channel) {
@@ -544,12 +542,12 @@ public final class RelayService: Service, Sendable {
                     ])
                 }
             }
-        if !address.ip.isIPv4 { bootstrap = bootstrap.serverChannelOption(Self.ipv6Only, value: 1) }
+        let name = tls == nil ? "tcp" : "tls"
         let channel: any Channel
         do {
-            channel = try await bootstrap.bind(to: SocketAddress(address)).get()
+            channel = try await bootstrap.listen(on: address, listener: "\(name) \(address)", logger: logger)
         } catch {
-            throw RelayServiceError.bindFailed(tls == nil ? "tcp" : "tls", address, error)
+            throw RelayServiceError.bindFailed(name, address, error)
         }
         return (channel, channel.localAddress.flatMap(TransportAddress.init) ?? address)
     }

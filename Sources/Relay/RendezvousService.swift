@@ -77,8 +77,6 @@ public final class RendezvousService: Service, Sendable {
         do {
             // One event loop: every connection's channel lives on the hub's loop.
             channel = try await ServerBootstrap(group: group)
-                .serverChannelOption(.backlog, value: 256)
-                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
                 .childChannelInitializer { [admission] channel in
                     // The core caps the total (with an error message); one source's share is capped here.
@@ -87,7 +85,7 @@ public final class RendezvousService: Service, Sendable {
                         try channel.pipeline.syncOperations.addHandler(RendezvousConnectionHandler(hub: hub.value))
                     }
                 }
-                .bind(to: SocketAddress(address)).get()
+                .listen(on: address, listener: "rendezvous \(address)", logger: logger)
         } catch {
             let failure = RelayServiceError(
                 .bindFailed, "cannot serve the rendezvous on tcp \(address): \(RelayServiceError.reason(error))")

@@ -402,21 +402,26 @@ final class TURNLane: TURNRelayPorts {
     )? {
         guard !stopped, relaySet >= 0, let ip = plan.ip(for: family) else { return nil }
         var bound: (relay: RelaySocket, reserved: RelaySocket?)?
+        // No socket can be made (too many open files): no other port would do better,
+        // so the draw stops trying them (every try a failing syscall) and says why.
+        var shortage: Int32?
         let port = ports.take(family: family, even: even, pair: reserveNext) { port in
+            guard shortage == nil else { return false }
             let address = TransportAddress(ip: ip, port: UInt16(port))
-            guard let fd = Self.bindSocket(address, dontFragment: dontFragment) else { return false }
+            guard let fd = Self.bindSocket(address, dontFragment: dontFragment, shortage: &shortage) else { return false }
             guard reserveNext else {
                 bound = (RelaySocket(address: address, fd: fd), nil)
                 return true
             }
             let next = TransportAddress(ip: ip, port: UInt16(port + 1))
-            guard let fd2 = Self.bindSocket(next, dontFragment: dontFragment) else {
+            guard let fd2 = Self.bindSocket(next, dontFragment: dontFragment, shortage: &shortage) else {
                 close(fd)
                 return false
             }
             bound = (RelaySocket(address: address, fd: fd), RelaySocket(address: next, fd: fd2))
             return true
         }
+        if port == nil, let shortage { reportShortage(shortage) }
         guard port != nil, let (socket, reserved) = bound else { return nil }
         relays[socket.address] = socket
         if let reserved { relays[reserved.address] = reserved }
@@ -472,17 +477,36 @@ final class TURNLane: TURNRelayPorts {
         return true
     }
 
-    /// A non-blocking UDP socket bound to `address`, or nil when the port is taken.
-    static func bindSocket(_ address: TransportAddress, dontFragment: Bool) -> Int32? {
-        try? bindUDPSocket(address) { fd in
-            guard dontFragment else { return }
-            var mode = IP_PMTUDISC_DO
-            if address.ip.isIPv4 {
-                setsockopt(fd, Int32(IPPROTO_IP), IP_MTU_DISCOVER, &mode, socklen_t(MemoryLayout<Int32>.size))
-            } else {
-                setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MTU_DISCOVER, &mode, socklen_t(MemoryLayout<Int32>.size))
+    /// A non-blocking UDP socket bound to `address`, or nil when the port is taken
+    /// or (`shortage` set to its errno) no socket could be made at all.
+    static func bindSocket(_ address: TransportAddress, dontFragment: Bool, shortage: inout Int32?) -> Int32? {
+        do {
+            return try bindUDPSocket(address) { fd in
+                guard dontFragment else { return }
+                var mode = IP_PMTUDISC_DO
+                if address.ip.isIPv4 {
+                    setsockopt(fd, Int32(IPPROTO_IP), IP_MTU_DISCOVER, &mode, socklen_t(MemoryLayout<Int32>.size))
+                } else {
+                    setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MTU_DISCOVER, &mode, socklen_t(MemoryLayout<Int32>.size))
+                }
             }
+        } catch {
+            if error.call == "socket" { shortage = error.errno }
+            return nil
         }
+    }
+
+    /// When a shortage of sockets was last logged.
+    private var shortageSaid: Timestamp?
+
+    /// An allocation refused (508) because no socket could be made: said once a minute.
+    private func reportShortage(_ code: Int32) {
+        let now = Timestamp.now()
+        if let said = shortageSaid, now.nanoseconds &- said.nanoseconds < 60_000_000_000 { return }
+        shortageSaid = now
+        logger.error(
+            "cannot open relay sockets: \(ResourceShortage.describe(errno: code)); allocations are refused (508) until some close"
+        )
     }
 }
 

@@ -78,7 +78,6 @@ extension SecureUDPEndpoint {
         let engine = self.engineOnLoop
         let counter = NIOLoopBoundBox.makeBoxSendingValue(UInt64(0), as: UInt64.self, eventLoop: loop)
         let bootstrap = ServerBootstrap(group: loop, childGroup: loop)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { stream in
                 // Initializers run on the child's loop, which is the endpoint's.
@@ -105,7 +104,11 @@ extension SecureUDPEndpoint {
             }
         let listener: Channel
         do {
-            listener = try await bootstrap.bind(host: host, port: port).get()
+            guard let ip = IPAddress(host), (0...65535).contains(port) else {
+                throw IOError(errnoCode: EINVAL, reason: "not an IP address and port")
+            }
+            let address = TransportAddress(ip: ip, port: UInt16(port))
+            listener = try await bootstrap.listen(on: address, listener: "streams \(address)", logger: logger)
         } catch {
             throw .bind("tcp \(host):\(port)", ErrorCause(error))
         }

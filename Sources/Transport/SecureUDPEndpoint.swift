@@ -82,6 +82,8 @@ public final class SecureUDPEndpoint: Sendable {
     var engineOnLoop: NIOLoopBound<SecureEngine> { engine }
     public let localAddress: TransportAddress
     public let publicKey: PublicKey
+    /// Where the endpoint's drivers log (its stream listener's accept failures).
+    let logger: Logger
     /// Events, in order (the newest 8,192 kept if the reader falls behind).
     public let events: AsyncStream<SecureUDPEvent>
 
@@ -97,13 +99,14 @@ public final class SecureUDPEndpoint: Sendable {
 
     private init(
         channel: Channel, engine: NIOLoopBound<SecureEngine>, localAddress: TransportAddress, publicKey: PublicKey,
-        events: AsyncStream<SecureUDPEvent>
+        events: AsyncStream<SecureUDPEvent>, logger: Logger
     ) {
         self.channel = channel
         self.engine = engine
         self.localAddress = localAddress
         self.publicKey = publicKey
         self.events = events
+        self.logger = logger
     }
 
     /// Binds a UDP socket (port 0: any) and starts the endpoint.
@@ -161,7 +164,8 @@ public final class SecureUDPEndpoint: Sendable {
                 throw SecureTransportError.noLocalAddress
             }
             return SecureUDPEndpoint(
-                channel: channel, engine: engine, localAddress: local, publicKey: identity.publicKey, events: stream)
+                channel: channel, engine: engine, localAddress: local, publicKey: identity.publicKey, events: stream,
+                logger: logger)
         } catch {
             try? await channel.close()
             continuation.finish()

@@ -211,6 +211,9 @@ enum Harness {
             return status
         }
 
+        /// The process id while it runs.
+        var pid: Int32? { process.isRunning ? process.processIdentifier : nil }
+
         /// SIGKILL now, without waiting (for `defer`, which cannot await; Process
         /// reaps the child).
         func kill() {

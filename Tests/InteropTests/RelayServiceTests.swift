@@ -413,6 +413,54 @@ struct RelayServiceTests {
         #expect(relay.stdout.contains("stopped: responses 1"), "\(relay.stdout)")
     }
 
+    /// Out of file descriptors (`prlimit --nofile`): connections the relay cannot
+    /// accept are closed as they come (with a spare descriptor given up for each),
+    /// instead of waiting in the kernel's queue while the relay spun on `accept` (70 %
+    /// of a core, for as long as they waited); the log names the limit. UDP Binding goes on.
+    @Test(
+        "tusa relay out of file descriptors closes what it cannot accept and says which limit",
+        .enabled(if: Harness.tusa != nil && Harness.which("prlimit") != nil, "needs the tusa binary and util-linux's prlimit"))
+    func binaryOutOfDescriptorsClosesWhatItCannotAccept() async throws {
+        let binary = try #require(Harness.tusa)
+        let prlimit = try #require(Harness.which("prlimit"))
+        let relay = try Harness.Background(
+            prlimit,
+            ["--nofile=48:48", "--", binary, "relay", "--listen", "127.0.0.1:0", "-u", "alice:wonderland", "-r", "example.org"])
+        defer { relay.kill() }
+        let line = try #require(
+            await relay.waitForMatch(#"listening tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+        let server = try #require(TransportAddress(String(line.dropFirst("listening tcp ".count))))
+        // More connections than descriptors left: the rest wait in the accept queue.
+        var held: [TestSocket] = []
+        for _ in 0..<60 { held.append(try TestSocket.tcp(connectingTo: server)) }
+        defer { held.removeAll() }
+        #expect(
+            await relay.waitFor(timeout: 10) { _, err in err.contains("cannot accept connections: too many open files") },
+            "\(relay.stderr.suffix(1500))")
+        #expect(relay.stderr.contains("ulimit -n 48"), "\(relay.stderr.suffix(1500))")
+        // Busy time over two seconds while they wait.
+        let pid = try #require(relay.pid)
+        let before = try #require(Self.cpuTicks(pid))
+        try await Task.sleep(for: .seconds(2))
+        let after = try #require(Self.cpuTicks(pid))
+        let share = Double(after - before) / Double(sysconf(Int32(_SC_CLK_TCK))) / 2
+        #expect(share < 0.2, "the relay used \(share) of a core while it could not accept")
+        // UDP Binding still answered.
+        let client = try TestSocket.udp(bindingTo: loopbackV4)
+        let (bytes, _) = try await Harness.offPool { try client.exchange(Message(type: .bindingRequest).encode(), with: server) }
+        #expect(try Message(decoding: bytes).type == MessageType(method: .binding, class: .successResponse))
+    }
+
+    /// utime + stime of a process, in clock ticks.
+    static func cpuTicks(_ pid: Int32) -> Int? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+            let end = stat.lastIndex(of: ")")
+        else { return nil }
+        let fields = stat[stat.index(after: end)...].split(separator: " ")
+        guard fields.count > 13, let user = Int(fields[11]), let system = Int(fields[12]) else { return nil }
+        return user + system
+    }
+
     @Test(
         "tusa relay refuses bad flags with one line and status 1",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
