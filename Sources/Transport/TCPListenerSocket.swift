@@ -9,8 +9,9 @@ import TusaBase
     import Musl
 #endif
 
-/// A TCP listening socket the relay makes itself (and hands to NIO with
-/// `withBoundSocket`), so that it can refuse what it cannot accept.
+/// A TCP listening socket made here (and handed to NIO with `withBoundSocket`) for
+/// the relay's listeners (TCP and TLS, rendezvous, metrics, party streams), so
+/// that they can refuse what they cannot accept.
 ///
 /// Out of descriptors (`ulimit -n`, the system's file table), `accept` fails and
 /// the connection stays queued; NIO's listener, asked to read, reads again at
@@ -20,7 +21,7 @@ import TusaBase
 /// and on such a failure gives it up, accepts each waiting connection and closes
 /// it at once (the client sees a close, not a silent queue), then takes the spare
 /// again, and says so once a minute, naming the limit.
-public enum TCPListenerSocket {
+enum TCPListenerSocket {
     /// A non-blocking, close-on-exec TCP socket bound to `address` and listening
     /// (`SO_REUSEADDR`; an IPv6 one v6-only).
     static func listen(_ address: TransportAddress, backlog: Int32) throws(IOError) -> Int32 {
