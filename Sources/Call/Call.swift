@@ -122,6 +122,12 @@ public final class CallAgent: Sendable {
             c.restartAfterSilence = restartAfterSilence
             c.networkCheckInterval = networkCheckInterval
             c.maximumDuration = maximumDuration
+            if candidatePolicy != .all {
+                // Relay-only: this machine's address is never told nor probed from; the
+                // ICE restart's fresh allocation brings the path back instead.
+                c.probeAfterSilence = nil
+                c.probesReachablePeer = false
+            }
             return c
         }
     }
@@ -423,12 +429,6 @@ public final class CallAgent: Sendable {
     /// socket's address is now, in the background; the answer comes back as
     /// ``CallEvent/reflexive(_:)``.
     private func learnReflexiveAddress(_ endpoint: SecureUDPEndpoint) {
-        // Relay-only: this machine's address is never told (nor probed to: see `.probe`);
-        // the ICE restart's fresh allocation brings the path back instead.
-        guard options.candidatePolicy == .all else {
-            feed.yield(.reflexive(nil))
-            return
-        }
         let server =
             options.stunServer ?? rendezvous.turn.flatMap { grant in Self.turnServers(grant).first { $0.1 == .udp }?.0 }
         guard let server else {
@@ -555,9 +555,6 @@ public final class CallAgent: Sendable {
                 case .learnReflexiveAddress:
                     learnReflexiveAddress(endpoint)
                 case .probe(let address):
-                    // Relay-only: nothing goes to the peer but through the relay (a probe
-                    // from our socket would show the peer this machine's address).
-                    guard options.candidatePolicy == .all else { break }
                     logger.info("the peer says it is reachable here: probing", metadata: ["address": "\(address)"])
                     try? await endpoint.probe(peerID, at: address)
                 case .rejoinRendezvous(let replacing):

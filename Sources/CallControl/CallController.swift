@@ -24,6 +24,10 @@ public struct CallController: SansIOCore {
         /// While the silence lasts, probe again this often (a rebinding just
         /// after a probe, in a loss burst, changes the address it told).
         public var probeRepeat: Duration = .milliseconds(500)
+        /// Whether the peer's ``CallMessage/Kind/reachable`` is probed. Off for a
+        /// relay-only call (with `probeAfterSilence` nil): a probe from our socket
+        /// would show the peer this machine's address.
+        public var probesReachablePeer = true
         /// How often this machine's addresses are looked at: when they change (a new
         /// network, a lost one) ICE restarts at once with the new candidates. Nil: never.
         public var networkCheckInterval: Duration? = .seconds(1)
@@ -206,7 +210,8 @@ public struct CallController: SansIOCore {
             guard let theirs = message.path else { return }
             actions.append(.checkICE(theirs))
         case .reachable:
-            guard let text = message.address, let address = TransportAddress(text) else { return }
+            guard configuration.probesReachablePeer, let text = message.address, let address = TransportAddress(text)
+            else { return }
             actions.append(.probe(address))
         case .offer, .answer, .reject:
             break

@@ -146,6 +146,21 @@ struct CallControllerTests {
         #expect(sim.caller.actions.probes == [TransportAddress("203.0.113.9:4000")!])
     }
 
+    @Test("a relay-only call neither asks for its address nor probes the peer's")
+    func relayOnlyNeverProbes() throws {
+        var configuration = CallController.Configuration()
+        configuration.probeAfterSilence = nil
+        configuration.probesReachablePeer = false
+        var sim = CallSimulation(configuration: configuration)
+        sim.advance(by: .seconds(1))
+        sim.mediaFlows = false
+        sim.advance(by: .milliseconds(1999))
+        #expect(sim.caller.actions.reflexiveQueries == 0 && sim.callee.actions.reflexiveQueries == 0)
+        let reachable = CallMessage(kind: .reachable, call: CallSimulation.callID, address: "203.0.113.9:4000")
+        sim.feed(0, .signal(reachable, from: sim.callee.key))
+        #expect(sim.caller.actions.probes.isEmpty)
+    }
+
     @Test("a reachable message without a usable address is a typed error")
     func reachableNeedsAnAddress() throws {
         for address in [nil, "nowhere", "203.0.113.9"] as [String?] {
