@@ -881,7 +881,7 @@ final class SecureDatagramHandler: ChannelInboundHandler {
 final class KeyLogFile: Sendable {
     private let fd: Int32
     private let path: String
-    private let failed = Mutex(false)
+    private let failed = Atomic(false)
 
     /// The key log to write: the one given, else the file `TUSA_KEYLOG` names, else none.
     static func path(_ given: String?) -> String? {
@@ -901,13 +901,7 @@ final class KeyLogFile: Sendable {
         let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         let code = errno
         for i in bytes.indices { bytes[i] = 0 }
-        guard written != bytes.count else { return nil }
-        let first = failed.withLock { f in
-            let was = f
-            f = true
-            return !was
-        }
-        guard first else { return nil }
+        guard written != bytes.count, !failed.exchange(true, ordering: .relaxed) else { return nil }
         let why = written < 0 ? String(cString: strerror(code)) : "cut short (\(written) of \(bytes.count) bytes)"
         return "cannot write the key log \(path): \(why); its lines are missing from here on"
     }
