@@ -1,4 +1,5 @@
-# Shared by binding-rps.sh, turn-bench.sh and voice-relay-bench.sh (sourced, not run): a scratch folder
+# Shared by binding-rps.sh, turn-bench.sh, voice-relay-bench.sh, soak.sh and scripts/nat-matrix.sh
+# (sourced, not run): a scratch folder
 # $TMP, the started processes $PIDS stopped on exit, free ports, CPU accounting,
 # waiting for a quiet machine, and a TURN server's readiness. Each script defines busy_ticks (which CPU
 # states count as busy) and sets QUIET_WAIT; bench_setup NAME starts it all.
@@ -61,6 +62,18 @@ free_port() {
 proc_ticks() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}'; }
 now() { date +%s.%N; }
 HZ=$(getconf CLK_TCK)
+
+# wait_line FILE SED-EXPR [TRIES]: the first line SED-EXPR prints from FILE, waiting
+# up to TRIES × 50 ms (default 200) for one; fails when none came.
+wait_line() {
+  local file=$1 expr=$2 tries=${3:-200} line
+  for _ in $(seq "$tries"); do
+    line=$(sed -n "$expr" "$file" | head -1)
+    [ -n "$line" ] && { echo "$line"; return 0; }
+    sleep 0.05
+  done
+  return 1
+}
 
 # field NAME LINE: the number after NAME= in a generator's output line.
 field() { sed -n "s/.*\\b$1=\\([0-9.]*\\).*/\\1/p" <<<"$2" | head -1; }

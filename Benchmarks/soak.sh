@@ -38,7 +38,8 @@
 #                member sends a tone, the other records) through K rounds of relay SIGKILL
 #                and restart and a member frozen for 10 s. Benchmarks/audio-gaps.py finds
 #                the outages in each recording: one per restart (heard again within 3 s of
-#                the relay's return) and one per freeze (within 3 s of the resume), no other.
+#                the relay's return) and one per freeze (within 3 s of the resume; 6 s in
+#                --short), no other.
 #
 # usage: Benchmarks/soak.sh [--short] [--no-build] [case ...]
 # env: TUSA (default <repo>/.build/release/tusa; --short: .build/debug/tusa), SWIFT,
@@ -360,16 +361,38 @@ start_fault_relay() {
   return 1
 }
 
-# restart_fault_relay: SIGKILL, then the same relay again; DOWN: the seconds it was away.
+# restart_fault_relay LABEL: SIGKILL, then the same relay again; the seconds it was
+# away go to DOWNS, and LABEL says so (a failure when it does not come back).
 restart_fault_relay() {
-  local t0
+  local t0 down
   t0=$(now)
   kill -KILL "$FRPID" 2>/dev/null
   wait "$FRPID" 2>/dev/null || true
   forget "$FRPID"
   sleep 0.5
-  start_fault_relay || return 1
-  DOWN=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
+  start_fault_relay || { fail "the relay did not start again"; return 1; }
+  down=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
+  DOWNS+=("$down")
+  echo "  $1relay killed and started again (down $down s)"
+}
+
+# judge_outages WHO: the outages (GAPS, ms) of WHO's recording, against the relay's
+# times away (DOWNS): one of a freeze's length (9 s or more) heard again within
+# FREEZE_BACK_MS of the resume, any other within 3 s of the relay's return; counted
+# in FREEZES and RESTARTS.
+judge_outages() {
+  local g
+  FREEZES=0 RESTARTS=0
+  for g in $GAPS; do
+    if ((g >= 9000)); then
+      FREEZES=$((FREEZES + 1))
+      ((g <= 10000 + FREEZE_BACK_MS)) || fail "$1: heard again $((g - 10000)) ms after the resume"
+    else
+      RESTARTS=$((RESTARTS + 1))
+      awk -v g="$g" -v d="${DOWNS[0]:-1}" 'BEGIN {exit !(g <= 1000 * d + 3000)}' \
+        || fail "$1: an outage of $g ms (the relay was down ${DOWNS[*]} s)"
+    fi
+  done
 }
 
 # gaps WAV: audio-gaps.py's lines for a recording, indented; GAPS holds the lengths (ms).
@@ -392,17 +415,14 @@ case_faults() {
   start_fault_relay || { fail "the relay did not start"; return; }
 
   # The call: relay-only, so that its media goes through the relay; the callee records the caller's tone.
-  local round=0 seconds=$((FAULT_ROUNDS * 32 + 16)) key downs=() offset=0
+  local round=0 seconds=$((FAULT_ROUNDS * 32 + 16)) key offset=0
+  DOWNS=()
   "${CLOCK[@]}" "$TUSA" answer --rendezvous "127.0.0.2:$FRV" --identity "$TMP/callee.key" --relay-only --in tone \
     --out "$TMP/heard.wav" --timeout 20 --json --quiet >"$TMP/callee.out" 2>"$TMP/callee.err" &
   local callee=$!
   PIDS+=("$callee")
-  for _ in $(seq 50); do
-    key=$(sed -n 's/^answering as \(.*\)$/\1/p' "$TMP/callee.out")
-    [[ -n $key ]] && break
-    sleep 0.1
-  done
-  [[ -n $key ]] || { fail "tusa answer did not register: $(tail -n 3 "$TMP/callee.err")"; return; }
+  key=$(wait_line "$TMP/callee.out" 's/^answering as \(.*\)$/\1/p' 100) \
+    || { fail "tusa answer did not register: $(tail -n 3 "$TMP/callee.err")"; return; }
   "${CLOCK[@]}" "$TUSA" call "$key" --rendezvous "127.0.0.2:$FRV" --identity "$TMP/caller.key" --relay-only --in tone \
     --duration "$seconds" --json --quiet >"$TMP/caller.out" 2>"$TMP/caller.err" &
   local caller=$!
@@ -410,9 +430,7 @@ case_faults() {
   sleep 4
   while ((round < FAULT_ROUNDS)); do
     round=$((round + 1))
-    restart_fault_relay || { fail "the relay did not start again"; break; }
-    downs+=("$DOWN")
-    echo "  round $round: relay killed and started again (down ${DOWN} s)"
+    restart_fault_relay "round $round: " || break
     sleep 6
     # The clock steps back an hour, then forward again next round.
     offset=$((offset == 0 ? -3600 : 0))
@@ -430,12 +448,7 @@ case_faults() {
   done
   # Once more after the last freeze: whatever path the call found since, it is the
   # relay's (a relay-only call has no audio while its relay is down).
-  if restart_fault_relay; then
-    downs+=("$DOWN")
-    echo "  the relay killed and started again (down ${DOWN} s)"
-  else
-    fail "the relay did not start again"
-  fi
+  restart_fault_relay "the " || true
   local rc=0
   wait "$caller" || rc=$?
   forget "$caller"
@@ -458,23 +471,10 @@ sys.exit(0 if ok else 1)
 PY
   echo "  what the callee heard:"
   if gaps "$TMP/heard.wav"; then
-    # One outage per relay restart, at least as long as the relay was away (the media
-    # is relayed) and heard again within 3 s of its return, and one per freeze (10 s,
-    # heard again within 3 s of the resume); nothing else.
-    local g n=0 long=0 restarts=0
-    for g in $GAPS; do
-      n=$((n + 1))
-      if ((g >= 9000)); then
-        long=$((long + 1))
-        ((g <= 10000 + FREEZE_BACK_MS)) || fail "audio came back $((g - 10000)) ms after the caller resumed"
-      else
-        restarts=$((restarts + 1))
-        awk -v g="$g" -v d="${downs[0]:-1}" 'BEGIN {exit !(g <= 1000 * d + 3000)}' \
-          || fail "an outage of $g ms (the relay was down ${downs[*]} s)"
-      fi
-    done
-    ((long == FAULT_ROUNDS)) || fail "$long outages of a freeze's length, $FAULT_ROUNDS freezes"
-    ((restarts == ${#downs[@]})) || fail "$restarts outages for ${#downs[@]} relay restarts (audio that went on is audio not relayed)"
+    # One outage per freeze, and one per relay restart (the media is relayed); nothing else.
+    judge_outages "the call"
+    ((FREEZES == FAULT_ROUNDS)) || fail "$FREEZES outages of a freeze's length, $FAULT_ROUNDS freezes"
+    ((RESTARTS == ${#DOWNS[@]})) || fail "$RESTARTS outages for ${#DOWNS[@]} relay restarts (audio that went on is audio not relayed)"
   else
     fail "the callee's recording"
   fi
@@ -488,24 +488,21 @@ PY
     "${common[@]}" >"$TMP/creator.out" 2>"$TMP/creator.err" &
   creator=$!
   PIDS+=("$creator")
-  for _ in $(seq 100); do
-    room=$(sed -n 's/^party \([a-z0-9]\{12\}\) .*/\1/p' "$TMP/creator.out" "$TMP/creator.err" | head -1)
-    [[ -n $room ]] && break
-    sleep 0.1
-  done
-  [[ -n $room ]] || { fail "tusa party create printed no room: $(tail -n 3 "$TMP/creator.err")"; stop_server "$FRPID" 50; return; }
+  room=$(wait_line "$TMP/creator.out" 's/^party \([a-z0-9]\{12\}\) .*/\1/p' 200) || {
+    fail "tusa party create printed no room: $(tail -n 3 "$TMP/creator.err")"
+    stop_server "$FRPID" 50
+    return
+  }
   "${CLOCK[@]}" "$TUSA" party join "$room" --identity "$TMP/callee.key" --in tone "${common[@]}" \
     >"$TMP/joiner.out" 2>"$TMP/joiner.err" &
   joiner=$!
   PIDS+=("$joiner")
   sleep 4
   round=0
-  local party_downs=()
+  DOWNS=()
   while ((round < FAULT_ROUNDS)); do
     round=$((round + 1))
-    restart_fault_relay || { fail "the relay did not start again"; break; }
-    party_downs+=("$DOWN")
-    echo "  party round $round: relay killed and started again (down ${DOWN} s)"
+    restart_fault_relay "party round $round: " || break
     sleep 6
     kill -STOP "$joiner"
     sleep 10
@@ -520,19 +517,9 @@ PY
   { grep -h "rejoined\|lost the relay\|left: \|joined: " "$TMP/creator.err" "$TMP/joiner.err" || true; } | sed 's/^/    /'
   echo "  what the creator heard:"
   if gaps "$TMP/room.wav"; then
-    local g n=0 long=0
-    for g in $GAPS; do
-      n=$((n + 1))
-      if ((g >= 9000)); then
-        long=$((long + 1))
-        ((g <= 10000 + FREEZE_BACK_MS)) || fail "the room was heard again $((g - 10000)) ms after the joiner resumed"
-      else
-        awk -v g="$g" -v d="${party_downs[0]:-1}" 'BEGIN {exit !(g <= 1000 * d + 3000)}' \
-          || fail "a party outage of $g ms (the relay was down ${party_downs[*]} s)"
-      fi
-    done
-    ((long == FAULT_ROUNDS)) || fail "$long party outages of a freeze's length, $FAULT_ROUNDS freezes"
-    ((n <= 2 * FAULT_ROUNDS)) || fail "$n party outages for $((2 * FAULT_ROUNDS)) faults"
+    judge_outages "the party"
+    ((FREEZES == FAULT_ROUNDS)) || fail "$FREEZES party outages of a freeze's length, $FAULT_ROUNDS freezes"
+    ((FREEZES + RESTARTS <= 2 * FAULT_ROUNDS)) || fail "$((FREEZES + RESTARTS)) party outages for $((2 * FAULT_ROUNDS)) faults"
   else
     fail "the creator's recording"
   fi

@@ -52,6 +52,9 @@
 set -uo pipefail
 [ -n "${NAT_MATRIX_TRACE:-}" ] && { exec 2>>"$NAT_MATRIX_TRACE"; set -x; }
 cd "$(dirname "$0")/.."
+# wait_line (its cleanup is replaced by this script's own, below).
+# shellcheck source=Benchmarks/bench-lib.sh
+source Benchmarks/bench-lib.sh
 
 OUT=out/nat-matrix
 PROBE=0
@@ -173,18 +176,6 @@ move_a() {
   ns a ip addr add 10.0.1.3/24 dev eth0
   ns a ip addr del 10.0.1.2/24 dev eth0
   ns a ip route replace default via 10.0.1.1 src 10.0.1.3
-}
-
-# wait_line FILE SED-EXPR [TRIES]: the first line SED-EXPR prints from FILE, waiting
-# up to TRIES × 50 ms (default 200) for one; fails when none came.
-wait_line() {
-  local file=$1 expr=$2 tries=${3:-200} line
-  for _ in $(seq "$tries"); do
-    line=$(sed -n "$expr" "$file" | head -1)
-    [ -n "$line" ] && { echo "$line"; return 0; }
-    sleep 0.05
-  done
-  return 1
 }
 
 # new_network MODE-A MODE-B: the internet, A's and B's routers (eim|sym) and hosts, afresh.
