@@ -331,8 +331,10 @@ public final class CallAgent: Sendable {
 
     /// Our candidates: this machine's addresses, and with the rendezvous' TURN grant
     /// an allocation (relayed) and the address the relay saw (server-reflexive).
-    /// `again`: a restart, with a fresh allocation (the old one may be unreachable
-    /// from where we are now, or gone with a restarted relay).
+    /// `again`: a restart. The allocation is kept when the relay still holds it
+    /// for this socket (the peer keeps reaching the same relayed address), else
+    /// made afresh (after a NAT rebinding the relay sees another 5-tuple; a
+    /// restarted relay has forgotten it).
     private func gather(_ endpoint: SecureUDPEndpoint, again: Bool) async throws -> [ICELocalCandidate] {
         var candidates: [ICELocalCandidate] = []
         if options.candidatePolicy == .all {
@@ -355,7 +357,7 @@ public final class CallAgent: Sendable {
                     let allocation =
                         first
                         ? try await endpoint.useRelay(server, over: transport, configuration: configuration, timeout: timeout)
-                        : try await endpoint.replaceRelay(server, over: transport, configuration: configuration, timeout: timeout)
+                        : try await endpoint.renewRelay(server, over: transport, configuration: configuration, timeout: timeout)
                     candidates.append(.relayed(allocation.relayed, mapped: allocation.mapped, base: ICEBase.relay))
                     // (Over TCP the mapped address is the TCP connection's: no UDP candidate.)
                     if transport == .udp, options.candidatePolicy == .all, let mapped = allocation.mapped,

@@ -5,9 +5,10 @@ import TusaBase
 /// server, its permissions and channels, kept alive on an injected clock.
 ///
 /// The driver owns the socket and the clock (the ``SansIOCore`` contract). It
-/// calls the operations (``allocate(now:)``, ``createPermission(for:now:)``,
-/// ``bindChannel(to:now:)``, ``deallocate(now:)``), feeds every datagram or
-/// stream frame from the server as ``Input/received(_:)`` (or, on its hot
+/// calls the operations (``allocate(now:)``, ``refresh(now:)``,
+/// ``createPermission(for:now:)``, ``bindChannel(to:now:)``,
+/// ``deallocate(now:)``), feeds every datagram or stream frame from the
+/// server as ``Input/received(_:)`` (or, on its hot
 /// path, to ``receive(_:now:)``, which returns a peer's data at once), and
 /// calls ``handleTimeout(now:)`` at ``nextDeadline``. After each call it
 /// drains ``pollAction()``: messages for the server, events, and data from
@@ -185,6 +186,19 @@ public struct TURNClient: Sendable {
         if permissions[peer.ip] == nil { permissions[peer.ip] = Permission() }
         let id = newOperation()
         start(.channelBind(number, peer), operation: id, now: now)
+        return id
+    }
+
+    /// Refreshes the allocation now, as the client does on its own before it
+    /// ends: to learn whether the server still holds it (after a pause, a
+    /// network change, a server restart) before giving it up for a new one.
+    /// The outcome is ``Event/confirmed(_:_:)`` or ``Event/failed(_:_:)``; a
+    /// 437 (the server has no allocation for this 5-tuple) also loses the
+    /// allocation (``Event/allocationLost(_:)``), as an own refresh would.
+    public mutating func refresh(now: Timestamp) throws(TURNClientError) -> OperationID {
+        guard phase == .allocated else { throw phase == .closed ? .closed : .notAllocated }
+        let id = newOperation()
+        start(.refresh(lifetime: configuration.lifetime), operation: id, now: now)
         return id
     }
 
@@ -525,6 +539,7 @@ public struct TURNClient: Sendable {
             allocation = current
             allocationRefreshAt = now + Self.refreshDelay(lifetime: current.lifetime)
             actions.append(.event(.refreshed(lifetime: current.lifetime, expiresAt: current.expiresAt)))
+            if let op = p.operation { actions.append(.event(.confirmed(op, current))) }
         case .createPermission(let ips):
             guard phase == .allocated else { return }
             for ip in ips { installPermission(ip, now: now) }
@@ -578,6 +593,7 @@ public struct TURNClient: Sendable {
                 if let op = p.operation { actions.append(.event(.failed(op, error))) }
                 return
             }
+            if let op = p.operation { actions.append(.event(.failed(op, error))) }
             guard phase == .allocated, error != .closed else { return }
             if case .timeout = error, let expiry = allocation?.expiresAt, now < expiry {
                 start(.refresh(lifetime: lifetime), operation: nil, now: now)

@@ -103,6 +103,9 @@ extension TURNClient {
     public enum Event: Hashable, Sendable {
         /// ``TURNClient/allocate(now:)`` succeeded.
         case allocated(OperationID, TURNClientAllocation)
+        /// ``TURNClient/refresh(now:)`` succeeded: the server still holds the
+        /// allocation, which now lasts until its `expiresAt`.
+        case confirmed(OperationID, TURNClientAllocation)
         /// ``TURNClient/createPermission(for:now:)`` succeeded.
         case permissionsCreated(OperationID, [IPAddress])
         /// ``TURNClient/bindChannel(to:now:)`` succeeded.
@@ -111,7 +114,8 @@ extension TURNClient {
         case deallocated(OperationID)
         /// An operation failed.
         case failed(OperationID, TURNClientError)
-        /// The client refreshed the allocation on its own; it now lasts until `expiresAt`.
+        /// The allocation was refreshed (on the client's own, or asked by
+        /// ``TURNClient/refresh(now:)``); it now lasts until `expiresAt`.
         case refreshed(lifetime: Duration, expiresAt: Timestamp)
         /// The allocation is gone: a refresh failed or it expired. Nothing more can be relayed.
         case allocationLost(TURNClientError)
@@ -119,6 +123,16 @@ extension TURNClient {
         case permissionLost(IPAddress, TURNClientError)
         /// A channel binding could not be refreshed and is gone (data to the peer falls back to Send indications while its permission lasts).
         case channelLost(ChannelNumber, peer: TransportAddress, TURNClientError)
+
+        /// The application's operation this event ends, if any.
+        public var operation: OperationID? {
+            switch self {
+            case .allocated(let id, _), .confirmed(let id, _), .permissionsCreated(let id, _), .channelBound(let id, _, _),
+                .deallocated(let id), .failed(let id, _):
+                id
+            case .refreshed, .allocationLost, .permissionLost, .channelLost: nil
+            }
+        }
     }
 
     /// Settings of one client.

@@ -355,6 +355,28 @@ public final class SecureUDPEndpoint: Sendable {
         return try await useRelay(server, over: transport, configuration: configuration, timeout: timeout)
     }
 
+    /// Keeps the relay in use when `server` still holds its allocation for this
+    /// socket (a Refresh answered within `check`), else replaces it as
+    /// ``replaceRelay(_:over:configuration:timeout:)`` does. For an ICE restart
+    /// after a pause: what the peer sends keeps reaching the same relayed
+    /// address, where a fresh allocation would strand it until the peer learns
+    /// the new one. After a NAT rebinding or a relay restart the relay answers
+    /// 437 at once and the allocation is made anew.
+    @discardableResult
+    public func renewRelay(
+        _ server: TransportAddress, over transport: TURNClientConnection.TransportProtocol = .udp,
+        configuration: TURNClient.Configuration, check: Duration = .milliseconds(700), timeout: Duration = .seconds(10)
+    ) async throws(SecureTransportError) -> TURNClientAllocation {
+        if let old = try await onLoop({ $0.turn }), old.server == server, old.transport == transport {
+            do {
+                return try await old.refresh(timeout: min(check, timeout))
+            } catch {
+                logger.debug("relay allocation not renewed", metadata: ["server": "\(server)", "error": "\(error)"])
+            }
+        }
+        return try await replaceRelay(server, over: transport, configuration: configuration, timeout: timeout)
+    }
+
     /// Sends everything for `address` through the relay (a channel is bound to it).
     public func reach(_ address: TransportAddress, viaRelay: Bool) async throws(SecureTransportError) {
         guard viaRelay else {

@@ -153,6 +153,18 @@ public final class TURNClientConnection: Sendable {
         }
     }
 
+    /// Refreshes the allocation now and returns it as the server confirmed it:
+    /// whether the server still holds it after a pause, a network change or a
+    /// restart. A 437 answer (nothing allocated for this socket there) also
+    /// loses the allocation.
+    public func refresh(timeout: Duration? = nil) async throws(TURNClientError) -> TURNClientAllocation {
+        try await operation(TURNClientAllocation.self) { engine, promise in
+            engine.start(method: .refresh, waiter: .allocate(promise), timeout: timeout) { core, now throws(TURNClientError) in
+                try core.refresh(now: now)
+            }
+        }
+    }
+
     /// Installs permissions for peers' IP addresses; they are then refreshed every 240 s.
     public func createPermission(for peers: [IPAddress], timeout: Duration? = nil) async throws(TURNClientError) {
         try await operation(Void.self) { engine, promise in
@@ -341,12 +353,31 @@ final class TURNClientEngine {
             return
         }
         do {
-            let id = try host.with(body)
-            waiters[id] = waiter
+            let id = try starting { () throws(TURNClientError) in try host.with(body) }
+            register(id, waiter)
             if let timeout { expire(id, after: timeout, method: method) }
         } catch {
             waiter.fail(error)
         }
+    }
+
+    /// Outcomes the core gave while the operation was being started, before its
+    /// waiter was in place (the host drains the core's actions before `with`
+    /// returns): a deallocation with nothing allocated ends at once.
+    private var early: [TURNClient.Event] = []
+    private var isStarting = false
+
+    private func starting<T, Failure: Error>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
+        isStarting = true
+        defer { isStarting = false }
+        return try body()
+    }
+
+    private func register(_ id: TURNClient.OperationID, _ waiter: Waiter) {
+        waiters[id] = waiter
+        let outcomes = early
+        early = []
+        for event in outcomes { handle(event) }
     }
 
     func send(_ payload: [UInt8], to peer: TransportAddress) throws(TURNClientError) {
@@ -361,8 +392,8 @@ final class TURNClientEngine {
             promise.fail(shutDownError)
             return
         }
-        let id = host.with { core, now in core.deallocate(now: now) }
-        waiters[id] = .done(promise)
+        let id = starting { host.with { core, now in core.deallocate(now: now) } }
+        register(id, .done(promise))
         expire(id, after: timeout, method: .refresh)
     }
 
@@ -422,8 +453,12 @@ final class TURNClientEngine {
     }
 
     private func handle(_ event: TURNClient.Event) {
+        if isStarting, let id = event.operation, waiters[id] == nil {
+            early.append(event)
+            return
+        }
         switch event {
-        case .allocated(let id, let allocation):
+        case .allocated(let id, let allocation), .confirmed(let id, let allocation):
             if case .allocate(let p)? = waiters.removeValue(forKey: id) { p.succeed(allocation) }
         case .permissionsCreated(let id, _), .deallocated(let id):
             if case .done(let p)? = waiters.removeValue(forKey: id) { p.succeed() }

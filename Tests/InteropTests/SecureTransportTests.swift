@@ -4,6 +4,7 @@ import NIOCore
 import NIOPosix
 import STUN
 import Secure
+import TURN
 import Testing
 import Transport
 import TusaBase
@@ -227,6 +228,46 @@ struct SecureTransportTests {
         await b.close()
         #expect(await relay.stop() == 0)
         #expect(relay.stdout.contains("turn: "), "\(relay.stdout)")
+    }
+
+    @Test(
+        "renewRelay keeps the allocation a relay still holds (media goes on through it) and allocates anew on one that restarted",
+        .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
+    func renewRelayKeepsWhatTheRelayStillHolds() async throws {
+        let (relay, server) = try await Self.startRelay()
+        let (a, b) = try await Self.twoEndpoints()
+        let ca = Collector(a)
+        let cb = Collector(b)
+        let credentials = TURNClient.Configuration(username: "alice", password: "wonderland")
+        let first = try await a.useRelay(server, configuration: credentials)
+        try await a.reach(b.localAddress, viaRelay: true)
+        async let waiting = a.waitForPeer(b.publicKey)
+        let aAtB = try await b.connect(to: a.publicKey, at: first.relayed)
+        let bAtA = try await waiting
+        await exchange(b, aAtB, cb, a, bAtA, ca, count: 20, offset: 500, payloadType: 0)
+
+        // The relay still holds it: the same relayed address, and the peer's channel still works.
+        let kept = try await a.renewRelay(server, configuration: credentials)
+        #expect(kept.relayed == first.relayed)
+        #expect(kept.expiresAt > first.expiresAt, "refreshed, not just read back")
+        for i in 0..<20 { b.send(frame(100 + i), to: aAtB, payloadType: 0, timestamp: UInt32(i * 160)) }
+        #expect(await ca.waitForMedia(40), "B's media still reaches A through the kept allocation")
+
+        // A relay restarted on the same port has forgotten it: 437, and a new allocation.
+        relay.kill()
+        _ = await relay.stop()
+        let (again, port) = try #require(
+            try await Harness.startRelay([
+                "--listen", "127.0.0.1:\(server.port)", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
+            ]))
+        defer { again.kill() }
+        #expect(port == server.port)
+        let fresh = try await a.renewRelay(server, configuration: credentials)
+        #expect(fresh.expiresAt > kept.expiresAt)
+        #expect(again.stderr.contains("user=alice"), "the restarted relay logs the new allocation: \(again.stderr)")
+        await a.close()
+        await b.close()
+        #expect(await again.stop() == 0)
     }
 
     @Test("ICE on the endpoint's socket: checks, the selected pair, then the handshake and media on it")

@@ -182,6 +182,38 @@ struct TURNClientPeerTests {
         #expect(after == 0)
     }
 
+    /// `refresh()` against coturn: confirmed while coturn holds the allocation; a
+    /// typed 437 once coturn restarted without it. Closing a connection whose
+    /// allocation is gone (or never was) ends at once, not at close's timeout.
+    @Test(.enabled(if: haveCoturn, "\(needs)"))
+    func refreshConfirmsOrSaysTheAllocationIsGoneAndCloseDoesNotWait() async throws {
+        let port = Harness.freePortPair()
+        let flags = ["-a", "-u", "alice:wonderland", "-r", "example.org", "--allow-loopback-peers"]
+        let first = try #require(try await Harness.startTurnserver(port: port, extra: flags), "turnserver did not start")
+        let server = TransportAddress(ip: .v4(0x7F00_0001), port: port)
+        let configuration = TURNClient.Configuration(username: "alice", password: "wonderland")
+        let turn = try await TURNClientConnection.connect(to: server, over: .udp, configuration: configuration)
+        let allocation = try await turn.allocate(timeout: .seconds(5))
+        let confirmed = try await turn.refresh(timeout: .seconds(5))
+        #expect(confirmed.relayed == allocation.relayed)
+        #expect(confirmed.expiresAt > allocation.expiresAt)
+
+        first.kill()
+        _ = await first.stop()
+        let second = try #require(try await Harness.startTurnserver(port: port, extra: flags), "turnserver did not restart")
+        defer { second.kill() }
+        await #expect(throws: TURNClientError.allocationMismatch(.refresh)) { try await turn.refresh(timeout: .seconds(5)) }
+        let clock = ContinuousClock()
+        var started = clock.now
+        try await turn.close(timeout: .seconds(30))
+        #expect(clock.now - started < .seconds(10), "closing a lost allocation waited for its timeout")
+
+        let idle = try await TURNClientConnection.connect(to: server, over: .udp, configuration: configuration)
+        started = clock.now
+        try await idle.close(timeout: .seconds(30))
+        #expect(clock.now - started < .seconds(10), "closing without an allocation waited for its timeout")
+    }
+
     /// coturn with permission and channel lifetimes of seconds and nonces that
     /// go stale every 2 s: the permission and the channel live only if the
     /// driver's timers refresh them, and the refreshes meet 438s on the way.

@@ -379,6 +379,53 @@ struct TURNClientTests {
         #expect(f.client.nextDeadline == Self.at(780))
     }
 
+    @Test func aRefreshAskedForConfirmsTheAllocationAndMovesItsRefresh() throws {
+        var f = try Fixture()
+        let allocation = try f.allocate(lifetime: 600)
+        f.advance(to: Self.at(100))
+        let op = try f.client.refresh(now: f.now)
+        let refresh = try f.request()
+        #expect(refresh.type == MessageType(method: .refresh, class: .request))
+        #expect(refresh.checkMessageIntegrity(key: try Self.key()) == .valid)
+        f.deliver(Self.answer(refresh, [.lifetime(600)]))
+        var confirmed = allocation
+        confirmed.expiresAt = Self.at(700)
+        #expect(f.events() == [.refreshed(lifetime: .seconds(600), expiresAt: Self.at(700)), .confirmed(op, confirmed)])
+        #expect(f.client.nextDeadline == Self.at(640))
+    }
+
+    @Test func aRefreshAskedForAnswered437FailsAndLosesTheAllocation() throws {
+        var f = try Fixture()
+        _ = try f.allocate()
+        let op = try f.client.refresh(now: f.now)
+        f.deliver(Self.error(try f.request(), 437))
+        #expect(f.events() == [.failed(op, .allocationMismatch(.refresh)), .allocationLost(.allocationMismatch(.refresh))])
+        #expect(f.client.phase == .closed)
+        #expect(throws: TURNClientError.closed) { _ = try f.client.refresh(now: f.now) }
+    }
+
+    @Test func aRefreshAskedForThatTimesOutFailsButTheAllocationLastsItsTime() throws {
+        var f = try Fixture()
+        _ = try f.allocate(lifetime: 600)
+        let op = try f.client.refresh(now: f.now)
+        let refresh = try f.request()
+        var events: [TURNClient.Event] = []
+        var retried: Message?
+        while let wake = f.client.nextDeadline, wake < Self.at(60), events.isEmpty {
+            f.advance(to: wake)
+            events = f.events()
+            for m in try f.sent() where m.transactionID != refresh.transactionID { retried = m }
+        }
+        #expect(events == [.failed(op, .timeout(.refresh))])
+        #expect(f.client.phase == .allocated, "the server may still hold it: kept while it lasts")
+        #expect(retried?.type.method == .refresh, "and refreshed again on the client's own")
+    }
+
+    @Test func noRefreshWithoutAnAllocation() throws {
+        var f = try Fixture()
+        #expect(throws: TURNClientError.notAllocated) { _ = try f.client.refresh(now: f.now) }
+    }
+
     @Test func shortLifetimesAreRefreshedHalfway() throws {
         var f = try Fixture()
         _ = try f.allocate(lifetime: 100)
