@@ -38,6 +38,11 @@ public struct PartyMember: SansIOCore {
         public var joinTimeout: Duration = .seconds(15)
         /// A ping goes to the relay when nothing came from it for this long.
         public var pingAfter: Duration = .milliseconds(500)
+        /// …and this soon when what stopped was a voice stream (the last thing heard
+        /// was a voice frame): a NAT rebinding or a path change mid-talkspurt, which
+        /// the ping repairs (the relay's session follows it to the new address); a
+        /// talkspurt's ordinary end costs one ping.
+        public var pingAfterVoice: Duration = .milliseconds(100)
         /// Nothing from the relay for this long, pings included: the session is lost.
         public var lostAfter: Duration = .seconds(2)
         /// How long a member whose session was lost tries to rejoin before the room ends for it.
@@ -104,6 +109,8 @@ public struct PartyMember: SansIOCore {
     /// When the relay was last heard from, and last pinged.
     private var lastHeard = Timestamp.zero
     private var lastPing: Timestamp?
+    /// When the last voice frame came from the relay.
+    private var lastVoice: Timestamp?
     /// The time of the input being handled.
     private var now = Timestamp.zero
     private var actions: [Action] = []
@@ -228,8 +235,12 @@ public struct PartyMember: SansIOCore {
         return [own, channel.nextDeadline].compactMap { $0 }.min()
     }
 
-    /// When the relay, silent since `lastHeard`, is pinged next.
-    private var pingDue: Timestamp { max(lastHeard, lastPing ?? lastHeard) + configuration.pingAfter }
+    /// When the relay, silent since `lastHeard`, is pinged next: sooner when a
+    /// voice stream stopped and nothing was pinged since.
+    private var pingDue: Timestamp {
+        if lastVoice == lastHeard, (lastPing ?? .zero) < lastHeard { return lastHeard + configuration.pingAfterVoice }
+        return max(lastHeard, lastPing ?? lastHeard) + configuration.pingAfter
+    }
 
     public mutating func pollAction() -> Action? {
         actions.isEmpty ? nil : actions.removeFirst()
@@ -260,6 +271,7 @@ public struct PartyMember: SansIOCore {
         guard let first = bytes.first else { return }
         lastHeard = now
         if first == PartyPacketType.media.rawValue {
+            lastVoice = now
             do {
                 let (header, audio) = try open(bytes)
                 emit(.audio(from: header.sender, header: header, audio: audio))

@@ -30,6 +30,45 @@ struct PartyRoomTests {
         #expect(roster.values.filter(\.creator).map(\.member) == [try #require(h.id(alice))])
     }
 
+    @Test func aVoiceStreamThatStopsIsPingedAfter100msAQuietRoomAfter500() throws {
+        final class Count: @unchecked Sendable { var pings = 0 }
+        let count = Count()
+        var h = PartyHarness()
+        for s in [alice, bob] { h.connect(s) }
+        _ = try unwrap(h.room(alice, [bob]))
+        h.acceptFrom = { session, bytes in
+            if session == bob, bytes.first == 0x02, String(decoding: bytes.dropFirst(9), as: UTF8.self).contains("ping") {
+                count.pings += 1
+            }
+            return true
+        }
+        /// When bob pinged, stepping the clock 10 ms at a time for `total`.
+        func pingTimes(over total: Duration) -> [Timestamp] {
+            var at: [Timestamp] = []
+            let end = h.now + total
+            while h.now < end {
+                let before = count.pings
+                h.advance(by: .milliseconds(10))
+                if count.pings > before { at.append(h.now) }
+            }
+            return at
+        }
+        // A quiet room: the relay is pinged half a second after it was last heard.
+        let quiet = pingTimes(over: .seconds(2))
+        try #require(quiet.count >= 2)
+        #expect(quiet[quiet.count - 1] - quiet[quiet.count - 2] == .milliseconds(500))
+        // Alice talks for 200 ms, then her stream stops (a rebinding, or her word's end): 100 ms.
+        var lastFrame = h.now
+        for _ in 0..<10 {
+            h.advance(by: .milliseconds(20))
+            h.speak(alice, speech)
+            lastFrame = h.now
+        }
+        let after = pingTimes(over: .milliseconds(400))
+        #expect(after.first.map { $0 - lastFrame } == .milliseconds(100), "\(after)")
+        #expect(after.count == 1, "then the quiet room's pace: \(after)")
+    }
+
     @Test func theRelayCannotOpenWhatItForwards() throws {
         var h = PartyHarness()
         for s in [alice, bob] { h.connect(s) }
