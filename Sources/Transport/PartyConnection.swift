@@ -268,6 +268,12 @@ public final class PartyConnection: Sendable {
         endpoint.eventLoop.execute { driver.value.send(audio, timestamp: timestamp, level: level) }
     }
 
+    /// Impairs this member's outgoing datagrams to the relay from now on, as
+    /// `SecureUDPEndpoint.impairMedia` does (tests and demos: the CI kernel has no netem).
+    public func impairMedia(_ decide: @escaping @Sendable () -> Duration?) async {
+        await endpoint.impairMedia(decide)
+    }
+
     /// The member core's state, read on its loop (for status lines and tests).
     public func read<T: Sendable>(_ body: @escaping @Sendable (PartyMember) -> T) async throws(PartyConnectionError) -> T {
         let driver = self.driver

@@ -62,7 +62,20 @@ public final class WAVFileSource: AudioSource {
         scratch.deallocate()
     }
 
+    /// Starts again from the beginning at the end of the file, for ever (hold
+    /// music, a long test call); false: reads return 0 at the end.
+    public var loops = false
+
     public func read(into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
+        let n = try readOnce(into: output)
+        guard n == 0, loops, frameCount > 0, let file, output.count > 0 else { return n }
+        guard sf_seek(file, 0, SEEK_SET) == 0 else {
+            throw .file(path: path, reason: "cannot go back to its start to play it again")
+        }
+        return try readOnce(into: output)
+    }
+
+    private func readOnce(into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
         guard let file, let base = output.baseAddress, output.count > 0 else { return 0 }
         if channels == 1 {
             var total = 0

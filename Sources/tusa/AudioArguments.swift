@@ -16,13 +16,22 @@ enum AudioArguments {
         return c
     }
 
-    /// `--in`: a WAV file, 'device', 'tone' or 'silence'.
-    static func source(_ input: String) throws -> AudioSource? {
+    /// The `--in` values that name no file.
+    static let nonFileInputs: Set<String> = ["silence", "none", "tone", "device"]
+
+    /// `--in`: a WAV file (played over and over with `--loop`), 'device', 'tone' or 'silence'.
+    static func source(_ input: String, loop: Bool = false) throws -> AudioSource? {
+        if loop && nonFileInputs.contains(input) {
+            throw ValidationError("--loop plays a file over and over: give --in a WAV file, not '\(input)'")
+        }
         switch input {
         case "silence", "none": return NullSource(sampleRate: voiceSampleRate)
         case "tone": return ToneSource(frequency: 440, amplitude: 8000, sampleRate: voiceSampleRate)
         case "device": return try PortAudioDevice(sampleRate: voiceSampleRate, framesPerBuffer: 160, capture: true, render: false)
-        default: return try WAVFileSource(path: input)
+        default:
+            let file = try WAVFileSource(path: input)
+            file.loops = loop
+            return file
         }
     }
 

@@ -29,6 +29,9 @@ struct CallOptions: ParsableArguments {
             "What to send: a WAV file, 'device' (the default input), 'tone' or 'silence'.", valueName: "file.wav|device"))
     var input = "silence"
 
+    @Flag(help: "Play the --in file over and over: the call then lasts until --duration or a hang-up.")
+    var loop = false
+
     @Option(
         name: .customLong("out"),
         help: ArgumentHelp("Where what you hear goes: a WAV file (8 kHz), 'device' or 'none'.", valueName: "file.wav|device"))
@@ -77,7 +80,7 @@ struct CallOptions: ParsableArguments {
         try AudioArguments.codec(codec, frame: frame, bitrate: bitrate)
     }
 
-    func source() throws -> AudioSource? { try AudioArguments.source(input) }
+    func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop) }
 
     func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
 

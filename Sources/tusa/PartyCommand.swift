@@ -103,6 +103,9 @@ struct PartyAudioOptions: ParsableArguments {
         help: ArgumentHelp("What to send: a WAV file, 'device', 'tone' or 'silence'.", valueName: "file.wav|device"))
     var input = "silence"
 
+    @Flag(help: "Play the --in file over and over: stay until --duration, the room's end or Ctrl-C.")
+    var loop = false
+
     @Option(
         name: .customLong("out"),
         help: ArgumentHelp("Where the room's mix goes: a WAV file (8 kHz), 'device' or 'none'.", valueName: "file.wav|device"))
@@ -123,6 +126,12 @@ struct PartyAudioOptions: ParsableArguments {
     )
     var duration: Double?
 
+    @Option(
+        help: ArgumentHelp(
+            "Impair what this member sends: loss=10%,burst=3,jitter=30ms,delay=20ms,spike=300ms/10s,seed=N (any subset).",
+            valueName: "spec"))
+    var impair: String?
+
     @Flag(help: "Print the final report as JSON on standard output.")
     var json = false
 
@@ -139,9 +148,14 @@ struct PartyAudioOptions: ParsableArguments {
         try AudioArguments.codec(codec, frame: frame, bitrate: bitrate)
     }
 
-    var inputIsFile: Bool { !["silence", "none", "tone", "device"].contains(input) }
+    var inputIsFile: Bool { !AudioArguments.nonFileInputs.contains(input) }
 
-    func source() throws -> AudioSource? { try AudioArguments.source(input) }
+    func impairment() throws -> Impairment? {
+        guard let impair else { return nil }
+        do { return try Impairment(parsing: impair) } catch { throw ValidationError("--impair: \(error)") }
+    }
+
+    func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop) }
 
     func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
 
@@ -445,6 +459,7 @@ enum PartySession {
         signal(SIGXFSZ, SIG_IGN)
         if let d = audio.duration { guard d > 0, d.isFinite else { throw ValidationError("--duration must be positive") } }
         let codec = try audio.codecConfiguration()
+        let impairment = try audio.impairment()
         let voice: PartyVoice
         do {
             voice = try PartyVoice(codec: codec, source: try audio.source(), sink: try audio.sink())
@@ -457,6 +472,9 @@ enum PartySession {
             connection = try await PartyConnection.connect(
                 to: relay, relayKey: relayKey, identity: identity, transport: audio.transport.value, audio: voice.audioHandler,
                 logger: quietLogger())
+            if let impairment {
+                await connection.impairMedia(impairment.decider(frameMilliseconds: codec.frameDuration.milliseconds))
+            }
             joined = try await enter(connection)
         } catch {
             FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
@@ -474,7 +492,7 @@ enum PartySession {
         let state = PartyState(me: joined.me, roster: joined.roster)
         voice.start(sending: connection)
         let limit: Duration? = audio.duration.map { .milliseconds(Int64($0 * 1000)) }
-        let followInput = audio.duration == nil && audio.inputIsFile
+        let followInput = audio.duration == nil && audio.inputIsFile && !audio.loop
         let stop = AsyncStream.makeStream(of: String.self)
         // The live status line on a terminal; roster and key changes as lines anyway (unless --quiet).
         let live = !audio.quiet && isatty(STDERR_FILENO) != 0

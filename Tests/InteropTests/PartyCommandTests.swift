@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import Voice
 
 /// `tusa party` as users run it: `tusa relay --party-port`, four member processes,
 /// each playing a different utterance in turn, each recording the room's mix;
@@ -86,6 +87,53 @@ import Testing
         for (pair, score) in scores.sorted(by: { $0.key < $1.key }) {
             #expect(score >= 3.7, "listener,speaker \(pair): PESQ \(score) (all: \(scores))")
         }
+    }
+
+    /// A member's `--impair` loses what it sends as a bad network would (the
+    /// listener counts the loss), and `--loop` plays a one-second file for the
+    /// whole stay; `--loop` without a file is a usage error.
+    @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
+    func impairedAndLoopingMembers() async throws {
+        let tusa = try #require(Harness.tusa)
+        let dir = NSTemporaryDirectory() + "tusa-party-impair-\(getpid())"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let second = (0..<8000).map { Int16(8000 * sin(Double($0) * 2 * .pi * 440 / 8000)) }
+        try WAVFile.write(path: "\(dir)/second.wav", samples: second, sampleRate: 8000)
+        let someKey = String(repeating: "A", count: 43) + "="
+        let usage = try await Harness.run(
+            tusa, ["party", "create", "X", "--relay", "127.0.0.1:9", "--relay-key", someKey, "--in", "tone", "--loop"])
+        #expect(usage.status == 64 && usage.stderr.contains("--loop"), "\(usage.status) \(usage.stderr)")
+        let badSpec = try await Harness.run(
+            tusa, ["party", "create", "X", "--relay", "127.0.0.1:9", "--relay-key", someKey, "--impair", "loss=x"])
+        #expect(badSpec.status == 64 && badSpec.stderr.contains("--impair"), "\(badSpec.status) \(badSpec.stderr)")
+
+        let (relay, address, key) = try await Self.relay()
+        defer { relay.kill() }
+        let common = ["--relay", address, "--relay-key", key, "--json", "--quiet"]
+        let creator = try Harness.Background(
+            tusa,
+            ["party", "create", "Impaired"] + common + [
+                "--in", "\(dir)/second.wav", "--loop", "--impair", "loss=30%,burst=3,seed=5", "--duration", "5",
+            ])
+        defer { creator.kill() }
+        let first = try #require(
+            await creator.waitForMatch(##"party [a-z0-9]{12} "Impaired" as #1"##), "\(creator.stdout) \(creator.stderr)")
+        let room = String(first.split(separator: " ")[1])
+        let listener = try Harness.Background(tusa, ["party", "join", room] + common + ["--duration", "6"])
+        defer { listener.kill() }
+        for (name, m) in [("creator", creator), ("listener", listener)] {
+            #expect(await m.waitForExit(timeout: 30), "\(name) did not leave")
+            #expect(m.status == 0, "\(name): \(m.stdout) \(m.stderr)")
+        }
+        let sent = try #require(Self.json(creator.stdout)?["framesSent"] as? Int, "\(creator.stdout)")
+        #expect(sent > 200, "the one-second file played for the whole stay: \(sent) frames")
+        let heard = try #require(
+            (Self.json(listener.stdout)?["speakers"] as? [[String: Any]])?.first, "\(listener.stdout)")
+        let packets = heard["packets"] as? Int ?? 0
+        let lost = heard["lostPercent"] as? Double ?? 0
+        #expect(packets > 100 && packets < sent * 85 / 100, "\(packets) of \(sent) arrived")
+        #expect(lost > 15, "30 % imposed, \(lost) % counted: \(heard)")
     }
 
     /// The relay is killed (SIGKILL) in the middle of a party and started again

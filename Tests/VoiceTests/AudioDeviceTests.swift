@@ -94,6 +94,26 @@ import TusaBase
         #expect(try WAVFile.read(path: path).samples.count == frames)
     }
 
+    @Test func aLoopingFileStartsAgainAtItsEndAndNeverEnds() throws {
+        let directory = try #require(temporaryDirectory())
+        defer { removeDirectory(directory) }
+        let path = directory + "/loop.wav"
+        let samples = (0..<1000).map { Int16($0 - 500) }
+        try WAVFile.write(path: path, interleaved: samples, channels: 1, sampleRate: 8000)
+        let source = try WAVFileSource(path: path)
+        source.loops = true
+        var got: [Int16] = []
+        var chunk = [Int16](repeating: 0, count: 160)
+        while got.count < 3500 {
+            let n = try chunk.withUnsafeMutableBufferPointer { try source.read(into: $0) }
+            try #require(n > 0, "a looping file never ends")
+            got += chunk[0..<n]
+        }
+        #expect(Array(got[0..<3000]) == samples + samples + samples)
+        let once = try WAVFileSource(path: path)
+        #expect(try readAll(once, chunk: 160).count == 1000, "without loops it ends")
+    }
+
     @Test func otherFormatsReadAsSixteenBit() throws {
         let directory = try #require(temporaryDirectory())
         defer { removeDirectory(directory) }
