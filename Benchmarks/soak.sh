@@ -30,6 +30,14 @@
 #                20 % loss in bursts and 20 ms of jitter both ways, A's NAT rebinding every
 #                R seconds: the call never drops, loss against what was imposed, ICE
 #                restarts, and the RSS and fds of the relay and both peers (growth per hour).
+#                The caller plays real speech over and over; PESQ of what the callee heard,
+#                one 8 s window a minute (Benchmarks/pesq-windows.py), stays level.
+#   party        a four-member party through the same NATs for C seconds (nat-matrix.sh
+#                party4): A1 plays the speech over and over, A2 (behind A's NAT), B1 and
+#                B2 (behind B's) listen; the same loss and jitter on every member's media
+#                and A's NAT rebinding every R seconds: nobody drops, each hears A1 with the
+#                loss imposed, PESQ a minute at A2 and B1 stays level, RSS and fds of the
+#                relay and the four members flat.
 #   faults       on loopback, a relay-only `tusa call` (tone in, the callee recording) through
 #                K rounds of: the relay SIGKILLed and started again (same identity and
 #                ports), the system clock stepped back an hour (or forward again; every
@@ -56,12 +64,12 @@ while (($#)); do
   case $1 in
     --short) SHORT=1; shift ;;
     --no-build) NO_BUILD=1; shift ;;
-    -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    flood|allocations|tcp|call|faults) CASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,57p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    flood|allocations|tcp|call|party|faults) CASES+=("$1"); shift ;;
     *) echo "soak: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-((${#CASES[@]})) || CASES=(flood allocations tcp call faults)
+((${#CASES[@]})) || CASES=(flood allocations tcp call party faults)
 CONFIG=release
 ((SHORT)) && CONFIG=debug
 SWIFT=${SWIFT:-swift}
@@ -71,11 +79,11 @@ BIN=$HERE/.build/$CONFIG
 if ((SHORT)); then
   FLOWS=20 FLOOD_SECONDS=2 FLOOD_RATE=5000 VOICE_SECONDS=2 ALLOCATIONS=200 ALLOC_FLOWS=20 ALLOC_SECONDS=4 SAMPLE=1
   TCP_SECONDS=2 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3
-  CALL_SECONDS=12 REBIND=4 FAULT_ROUNDS=1 FREEZE_BACK_MS=6000
+  CALL_SECONDS=12 REBIND=4 FAULT_ROUNDS=1 FREEZE_BACK_MS=6000 PESQ_EVERY=4 PESQ_WINDOW=4
 else
   FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=${SOAK_FLOWS:-600} ALLOC_SECONDS=270 SAMPLE=10
   TCP_SECONDS=10 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40
-  CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60 FAULT_ROUNDS=${SOAK_FAULT_ROUNDS:-5} FREEZE_BACK_MS=3000
+  CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60 FAULT_ROUNDS=${SOAK_FAULT_ROUNDS:-5} FREEZE_BACK_MS=3000 PESQ_EVERY=60 PESQ_WINDOW=8
 fi
 
 # shellcheck source=Benchmarks/bench-lib.sh
@@ -290,15 +298,78 @@ case_tcp() {
 }
 
 CALL_IMPAIR="loss=20%,burst=3,jitter=20ms"
-case_call() {
-  echo "call: ${CALL_SECONDS}s through real NATs, $CALL_IMPAIR both ways, A's NAT rebinding every ${REBIND}s"
+# make_speech_reference OUT: the speech the long voice cases play over and over (Debian's
+# pocketsphinx test clips joined, 8 kHz); false, with the reason, when it cannot be made.
+PESQ_PY=$ROOT/.venv/bin/python
+SPEECH_CLIPS=/usr/share/pocketsphinx/test/data/librivox
+make_speech_reference() {
+  local clips=("$SPEECH_CLIPS"/*.wav)
+  if [[ ! -x $PESQ_PY ]] || [[ ! -f ${clips[0]} ]]; then
+    echo "  (PESQ over time skipped: needs .venv and pocketsphinx-testdata: bash scripts/setup.sh)"
+    return 1
+  fi
+  "$PESQ_PY" "$HERE/pesq-windows.py" make "$1" "${clips[@]}" >/dev/null
+}
+
+# judge_pesq_windows REFERENCE RECORDING WHO: PESQ of RECORDING in a window every
+# PESQ_EVERY seconds; fails when nothing was heard in a window, or (long runs, 6
+# windows or more) when the last third's mean fell more than 0.3 below the first third's.
+judge_pesq_windows() {
+  local out=$2.pesq
+  "$PESQ_PY" "$HERE/pesq-windows.py" score "$1" "$2" --every "$PESQ_EVERY" --window "$PESQ_WINDOW" --json "$out.json" \
+    >"$out" 2>"$out.err" || { fail "$3: no PESQ: $(tail -n 2 "$out.err")"; return; }
+  echo "  $3 PESQ every ${PESQ_EVERY}s: $(tail -n 1 "$out")"
+  python3 - "$out.json" "$3" <<'PY' || FAILED=1
+import json, sys
+s, who = json.load(open(sys.argv[1])), sys.argv[2]
+scores = [r["pesq"] for r in s["rows"]]
+ok = True
+if min(scores) <= 1.0:
+    print(f"  FAILED: {who} heard nothing in a window: {scores}"); ok = False
+if len(scores) >= 6:
+    third = len(scores) // 3
+    first, last = sum(scores[:third]) / third, sum(scores[-third:]) / third
+    print(f"  {who}: PESQ first third {first:.2f}, last third {last:.2f}")
+    if last < first - 0.3:
+        print(f"  FAILED: {who}'s PESQ fell over time ({first:.2f} -> {last:.2f})"); ok = False
+sys.exit(0 if ok else 1)
+PY
+}
+
+# The call and the party run side by side, each in its own namespaces (so the soak
+# keeps to its hour): start_matrix CASE OUTDIR starts nat-matrix.sh's CASE in the
+# background with the soak's length, impairment and rebinding, the looped speech when
+# it can be made; MATRIX_PID[CASE] (empty when the matrix cannot run here).
+declare -A MATRIX_PID=()
+SPEECH_REFERENCE=""
+start_matrix() {
   if ! bash "$ROOT/scripts/nat-matrix.sh" --probe >/dev/null 2>&1; then
-    echo "  skipped: the NAT matrix cannot run here (it needs root, ip netns, nftables and conntrack)"
+    MATRIX_PID[$1]=""
     return
   fi
-  CALL_SECONDS=$CALL_SECONDS REBIND_EVERY=$REBIND IMPAIR=$CALL_IMPAIR TUSA=$TUSA \
-    bash "$ROOT/scripts/nat-matrix.sh" -o "$TMP/nm" roam >"$TMP/call.out" 2>&1 || fail "the call failed: $(tail -n 3 "$TMP/call.out")"
-  sed 's/^/  /' "$TMP/call.out" | grep -v '(rebinding A' || true
+  if [[ -z $SPEECH_REFERENCE ]] && make_speech_reference "$TMP/speech.wav"; then SPEECH_REFERENCE=$TMP/speech.wav; fi
+  CALL_SECONDS=$CALL_SECONDS REBIND_EVERY=$REBIND IMPAIR=$CALL_IMPAIR TUSA=$TUSA LOOP_SPEECH=$SPEECH_REFERENCE \
+    bash "$ROOT/scripts/nat-matrix.sh" -o "$2" "$1" >"$2.out" 2>&1 &
+  MATRIX_PID[$1]=$!
+  PIDS+=("$!")
+}
+
+# wait_matrix CASE OUTDIR WHAT: waits for it and prints its lines; false when it could not run.
+wait_matrix() {
+  if [[ -z ${MATRIX_PID[$1]} ]]; then
+    echo "  skipped: the NAT matrix cannot run here (it needs root, ip netns, nftables and conntrack)"
+    return 1
+  fi
+  wait "${MATRIX_PID[$1]}" || fail "the $3 failed: $(tail -n 3 "$2.out")"
+  sed 's/^/  /' "$2.out" | grep -v '(rebinding A' || true
+}
+
+start_call() { start_matrix roam "$TMP/nm"; }
+judge_call() {
+  echo "call: ${CALL_SECONDS}s through real NATs, $CALL_IMPAIR both ways, A's NAT rebinding every ${REBIND}s"
+  wait_matrix roam "$TMP/nm" call || return 0
+  # Real speech, played over and over by the caller, scored window by window at the callee.
+  [[ -n $SPEECH_REFERENCE ]] && judge_pesq_windows "$SPEECH_REFERENCE" "$TMP/nm/roam-callee.wav" "the callee"
   [[ -s $TMP/nm/roam-caller.json && -s $TMP/nm/roam-callee.json ]] || { fail "no call reports"; return; }
   python3 - "$TMP/nm" "$REBIND" <<'PY' || FAILED=1
 import json, sys
@@ -336,6 +407,54 @@ if len(rows) >= 2:
         allowed = 2 * (600 // every + 1) + 2 if who == "relay" else 2
         if abs(fds) > allowed:
             print(f"  FAILED: the {who}'s fds moved by {fds} (at most {allowed})"); ok = False
+sys.exit(0 if ok else 1)
+PY
+}
+
+start_party() { start_matrix party4 "$TMP/np"; }
+judge_party() {
+  echo "party: four members for ${CALL_SECONDS}s through real NATs, $CALL_IMPAIR on every member's media, A's NAT rebinding every ${REBIND}s"
+  wait_matrix party4 "$TMP/np" party || return 0
+  local m
+  for m in a1 a2 b1 b2; do [[ -s $TMP/np/party4-$m.json ]] || { fail "no report from $m"; return; }; done
+  # What A1 said, heard behind the same NAT (A2) and across both (B1).
+  if [[ -n $SPEECH_REFERENCE ]]; then
+    judge_pesq_windows "$SPEECH_REFERENCE" "$TMP/np/party4-a2.wav" "A2"
+    judge_pesq_windows "$SPEECH_REFERENCE" "$TMP/np/party4-b1.wav" "B1"
+  fi
+  python3 - "$TMP/np" "$REBIND" "$CALL_SECONDS" <<'PY' || FAILED=1
+import json, sys
+out, every, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r = {m: json.load(open(f"{out}/party4-{m}.json")) for m in ("a1", "a2", "b1", "b2")}
+rows = [list(map(int, l.split())) for l in open(f"{out}/party4-resources.txt") if l.strip()]
+ok = True
+creator = r["a1"]["me"]
+sent = max(1, r["a1"]["framesSent"])
+if sent < seconds * 50 * 0.95:
+    print(f"  FAILED: A1 sent {sent} frames in {seconds} s"); ok = False
+# As the call case: 20 % imposed on A1's media, three standard deviations of the draw,
+# each rebinding up to 15 frames more; and the first 2 s (100 frames), while the
+# listeners join a room already speaking and their buffers settle (a 12 s run counts
+# about 30 % lost of 20 % imposed; 30 minutes, 20.1 %).
+allowed = 21 + 300 * (0.2 * 0.8 * 3 / sent) ** 0.5 + 100 * (15 * len(rows) + 100) / sent
+for m in ("a2", "b1", "b2"):
+    s = next((s for s in r[m]["speakers"] if s["member"] == creator), None)
+    if s is None:
+        print(f"  FAILED: {m} never heard A1"); ok = False
+        continue
+    if s["packets"] < sent * 0.6:
+        print(f"  FAILED: {m} heard {s['packets']} of A1's {sent} frames"); ok = False
+    if s["lostPercent"] > allowed:
+        print(f"  FAILED: {m} lost {s['lostPercent']} % of A1's frames ({allowed:.1f} % allowed)"); ok = False
+if len(rows) >= 2:
+    first, last = rows[len(rows) // 5] if len(rows) >= 5 else rows[0], rows[-1]
+    span = max(1, last[0] - first[0])
+    for i, who in enumerate(("relay", "A1", "A2", "B1", "B2")):
+        rss = (last[1 + 2 * i] - first[1 + 2 * i]) * 3600 / span
+        fds = last[2 + 2 * i] - first[2 + 2 * i]
+        print(f"  {who}: RSS {first[1 + 2 * i]} -> {last[1 + 2 * i]} KiB ({rss:+.0f} KiB/hour), fds {first[2 + 2 * i]} -> {last[2 + 2 * i]} over {span} s")
+        if abs(fds) > 2:
+            print(f"  FAILED: {who}'s fds moved by {fds}"); ok = False
 sys.exit(0 if ok else 1)
 PY
 }
@@ -526,5 +645,17 @@ PY
   stop_server "$FRPID" 50
 }
 
-for c in "${CASES[@]}"; do "case_$c"; done
+# The call and the party start together at the first of them and are judged in turn.
+VOICE_CASES=()
+for c in "${CASES[@]}"; do [[ $c == call || $c == party ]] && VOICE_CASES+=("$c"); done
+for c in "${CASES[@]}"; do
+  case $c in
+    call|party)
+      if [[ $c == "${VOICE_CASES[0]}" ]]; then
+        for v in "${VOICE_CASES[@]}"; do "start_$v"; done
+        for v in "${VOICE_CASES[@]}"; do "judge_$v"; done
+      fi ;;
+    *) "case_$c" ;;
+  esac
+done
 exit $FAILED

@@ -25,7 +25,9 @@
 #          learns its address from the relay and tells the other, whose probe
 #          reopens the path (an ICE restart at 2 s if it does not). With
 #          REBIND_EVERY=S, A's NAT rebinds every S seconds instead, for the whole
-#          call (CALL_SECONDS), and the processes' RSS and fds are sampled each time
+#          call (CALL_SECONDS), and the processes' RSS and fds are sampled each time;
+#          with LOOP_SPEECH=FILE the caller plays FILE over and over (--loop) and
+#          the callee records what it hears to OUT/roam-callee.wav
 #   udp-blocked  A's network lets no UDP out (TCP only): A allocates over TURN/TCP,
 #          the relay talks UDP to B; expect relayed
 #   relay-restart  sym2, and mid-call the relay is killed and started again: the
@@ -38,6 +40,13 @@
 #          segments both ways, joins with --transport auto (so over TCP, RFC 4571);
 #          both speak and hear each other. Writes OUT/party-caller.json (A's
 #          report) and OUT/party-callee.json (B's).
+#   party4 (not run by default: `make soak` runs it) four members through two EIM
+#          NATs for CALL_SECONDS: A1 creates the room and plays LOOP_SPEECH over and
+#          over (a tone without it), A2 (behind A's NAT too), B1 and B2 join and send
+#          silence; every member records what it hears (OUT/party4-MEMBER.wav) and
+#          writes its report (OUT/party4-MEMBER.json); IMPAIR on every member's
+#          media; with REBIND_EVERY, A's NAT rebinds every S seconds and the RSS and
+#          fds of the relay and A1, A2, B1, B2 go to OUT/party4-resources.txt.
 #
 # Each case writes OUT/CASE-caller.json and OUT/CASE-callee.json (the call
 # reports) and their standard error (.log; TUSA_LOG=info says more), and prints
@@ -170,6 +179,28 @@ rebind_a() {
   ns ra conntrack -D -p udp 2>&1 | sed "s/^/   (rebinding A: /; s/$/)/"
 }
 
+# rebind_while FILE WATCHED PID...: A's NAT rebinds every REBIND_EVERY seconds while
+# WATCHED runs; each time, a line "seconds rss fds rss fds ..." (KiB, open fds) of
+# the PIDs goes to FILE. Prints how many rebindings there were.
+rebind_while() {
+  local file=$1 watched=$2 k=0 t=0 p line
+  shift 2
+  : >"$file"
+  while kill -0 "$watched" 2>/dev/null; do
+    sleep "$REBIND_EVERY"
+    kill -0 "$watched" 2>/dev/null || break
+    t=$((t + REBIND_EVERY))
+    k=$((k + 1))
+    rebind_a "$k" >/dev/null
+    line="$t"
+    for p in "$@"; do
+      line="$line $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0) $(ls "/proc/$p/fd" 2>/dev/null | wc -l)"
+    done
+    echo "$line" >>"$file"
+  done
+  echo "$k"
+}
+
 # A moves to a new address on its LAN; the old one goes.
 move_a() {
   ns a sysctl -qw net.ipv4.conf.eth0.promote_secondaries=1
@@ -259,6 +290,56 @@ PY
   stop_all
 }
 
+# A four-member party through two EIM NATs, for CALL_SECONDS (the soak's party case).
+run_party4_case() {
+  local name=party4 m
+  new_network eim eim
+  (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --party-port 3481 >"$work/relay.out" 2>"$work/relay.err") &
+  relay_pid=$!
+  pids+=($relay_pid)
+  local key
+  key=$(wait_line "$work/relay.out" 's/^party udp [^ ]* key \(.*\)$/\1/p' 100) \
+    || { echo "$name: the relay did not start: $(cat "$work/relay.err")"; return 1; }
+  local input=tone loop=() impair=()
+  [ -n "${LOOP_SPEECH:-}" ] && input=$LOOP_SPEECH loop=(--loop)
+  [ -n "${IMPAIR:-}" ] && impair=(--impair "$IMPAIR")
+  local common=(--relay 203.0.113.1:3481 --relay-key "$key" --json --quiet --duration "$SECONDS_OF_CALL" "${impair[@]}")
+  local -A member_pid=()
+  (bg a "$TUSA" party create Matrix "${common[@]}" --in "$input" "${loop[@]}" --out "$OUT/$name-a1.wav" \
+    >"$work/$name-a1.out" 2>"$work/$name-a1.err") &
+  member_pid[a1]=$!
+  pids+=("${member_pid[a1]}")
+  local room
+  room=$(wait_line "$work/$name-a1.out" 's/^party \([a-z0-9]*\) "Matrix" as .*/\1/p') \
+    || { echo "$name: tusa party create did not start: $(cat "$work/$name-a1.err")"; return 1; }
+  for m in a2 b1 b2; do
+    (bg "${m:0:1}" "$TUSA" party join "$room" "${common[@]}" --in silence --out "$OUT/$name-$m.wav" \
+      >"$work/$name-$m.out" 2>"$work/$name-$m.err") &
+    member_pid[$m]=$!
+    pids+=("${member_pid[$m]}")
+  done
+  if [ -n "${REBIND_EVERY:-}" ]; then
+    echo "$name: $(rebind_while "$OUT/$name-resources.txt" "${member_pid[a1]}" \
+      "$relay_pid" "${member_pid[a1]}" "${member_pid[a2]}" "${member_pid[b1]}" "${member_pid[b2]}") rebindings of A's NAT, every ${REBIND_EVERY}s"
+  fi
+  local rc=0
+  for m in a1 a2 b1 b2; do
+    wait "${member_pid[$m]}" || { rc=$?; echo "$name: $m exited $rc: $(tail -n 3 "$work/$name-$m.err")"; }
+    cp "$work/$name-$m.err" "$OUT/$name-$m.log"
+    sed -n '/^{/,$p' "$work/$name-$m.out" >"$OUT/$name-$m.json"
+  done
+  stop_all
+  [ $rc -eq 0 ] || return 1
+  python3 - "$OUT" "$name" <<'PY'
+import json, sys
+out, name = sys.argv[1], sys.argv[2]
+for m in ("a1", "a2", "b1", "b2"):
+    r = json.load(open(f"{out}/{name}-{m}.json"))
+    heard = "; ".join(f"#{s['member']} {s['packets']} pkts {s['lostPercent']}% lost" for s in r["speakers"]) or "nobody"
+    print(f"{name}: {m} (#{r['me']}) over {r['transport']}, {r['seconds']:.0f} s, sent {r['framesSent']}, heard {heard}")
+PY
+}
+
 # run_case NAME MODE-A MODE-B
 run_case() {
   local name=$1
@@ -272,6 +353,11 @@ run_case() {
   local level=${TUSA_LOG:-}
   [ "$name" = move ] && level=info
   [ -n "${IMPAIR:-}" ] && extra+=(--impair "$IMPAIR")
+  # roam with LOOP_SPEECH: the caller plays that file over and over, the callee records
+  # what it hears to OUT/roam-callee.wav (for PESQ over time: Benchmarks/pesq-windows.py).
+  local looping=0
+  [ "$name" = roam ] && [ -n "${LOOP_SPEECH:-}" ] && looping=1
+  [ $looping -eq 1 ] && extra+=(--out "$OUT/roam-callee.wav")
   (TUSA_LOG=$level bg a "$TUSA" answer --rendezvous "$rv" --in tone --timeout 20 --json --quiet "${extra[@]}" \
     >"$work/$name-callee.out" 2>"$work/$name-callee.err") &
   local answer=$!
@@ -283,9 +369,10 @@ run_case() {
   [ -f "$SPEECH" ] && [ $long -eq 0 ] && input=$SPEECH   # (the long cases outlast the speech)
   local duration=$SECONDS_OF_CALL
   [ $long -eq 1 ] && duration=$((SECONDS_OF_CALL + 6))
-  local impair=()
-  [ -n "${IMPAIR:-}" ] && impair=(--impair "$IMPAIR")
-  (bg b "$TUSA" call "$key" --rendezvous "$rv" --in "$input" --duration "$duration" --json --quiet "${impair[@]}" \
+  local sending=()
+  [ -n "${IMPAIR:-}" ] && sending=(--impair "$IMPAIR")
+  [ $looping -eq 1 ] && input=$LOOP_SPEECH sending+=(--loop)
+  (bg b "$TUSA" call "$key" --rendezvous "$rv" --in "$input" --duration "$duration" --json --quiet "${sending[@]}" \
     >"$work/$name-caller.out" 2>"$work/$name-caller.err") &
   local call=$!
   pids+=($call)
@@ -293,21 +380,7 @@ run_case() {
   # ends; each time, the RSS (KiB) and open fds of the relay, the callee and the caller
   # go to OUT/roam-resources.txt ("seconds relay_rss relay_fds callee_rss ...").
   if [ "$name" = roam ] && [ -n "${REBIND_EVERY:-}" ]; then
-    local k=0 t=0
-    : >"$OUT/roam-resources.txt"
-    while kill -0 "$call" 2>/dev/null; do
-      sleep "$REBIND_EVERY"
-      kill -0 "$call" 2>/dev/null || break
-      t=$((t + REBIND_EVERY))
-      k=$((k + 1))
-      rebind_a "$k" >/dev/null
-      local line="$t" p
-      for p in "$relay_pid" "$answer" "$call"; do
-        line="$line $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0) $(ls "/proc/$p/fd" 2>/dev/null | wc -l)"
-      done
-      echo "$line" >>"$OUT/roam-resources.txt"
-    done
-    echo "roam: $k rebindings, every ${REBIND_EVERY}s"
+    echo "roam: $(rebind_while "$OUT/roam-resources.txt" "$call" "$relay_pid" "$answer" "$call") rebindings, every ${REBIND_EVERY}s"
   # The long cases' mid-call event.
   elif [ $long -eq 1 ]; then
     sleep $((SECONDS_OF_CALL / 2 + 1))
@@ -352,7 +425,8 @@ for c in "${CASES[@]}"; do
     relay-restart) run_case relay-restart sym sym || failed=1 ;;
     move) run_case move eim eim || failed=1 ;;
     party) run_party_case || failed=1 ;;
-    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, udp-blocked, roam, relay-restart, move, party)" >&2; failed=1 ;;
+    party4) run_party4_case || failed=1 ;;
+    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, udp-blocked, roam, relay-restart, move, party, party4)" >&2; failed=1 ;;
   esac
 done
 exit $failed
