@@ -157,19 +157,38 @@ import Voice
         #expect(Self.json(caller.stdout)?["roundTripMilliseconds"] as? Double != nil, "\(caller.stdout)")
     }
 
-    /// A recording that cannot be written mid-call (a full disk; here a file size
-    /// limit, `prlimit --fsize`): the recording stops, the call goes on to its end.
-    /// The callee says which limit stopped it (at once and in its report) and exits
+    /// A recording that cannot be written mid-call, here for a file size limit
+    /// (`prlimit --fsize`): the recording stops, the call goes on to its end. The
+    /// callee says which limit stopped it (at once and in its report) and exits
     /// 2; what it wrote is still a valid WAV file, up to its last second.
     @Test(.enabled(if: ready && Harness.which("prlimit") != nil, "\(needs), and util-linux's prlimit"))
     func aRecordingThatCannotBeWrittenStopsAndTheCallGoesOn() async throws {
-        let (relay, port) = try await Self.relay()
-        defer { relay.kill() }
         let heard = NSTemporaryDirectory() + "tusa-call-\(getpid())-limited.wav"
         defer { unlink(heard) }
         let prlimit = try #require(Harness.which("prlimit"))
         // 8 kHz 16-bit mono: about 2 s fit in 32 KiB.
-        let (answerer, key) = try await Self.answer(port, ["--out", heard], wrapper: [prlimit, "--fsize=32768", "--"])
+        try await Self.recordingMeetsALimit(
+            heard, wrapper: [prlimit, "--fsize=32768", "--"], named: "the file size limit (ulimit -f) is reached")
+    }
+
+    /// The same on a disk that is really full: a 32 KiB tmpfs (mounting needs root, as CI runs).
+    @Test(.enabled(if: ready && getuid() == 0 && Harness.which("mount") != nil, "\(needs), and root to mount a tmpfs"))
+    func aRecordingOnAFullDiskStopsAndTheCallGoesOn() async throws {
+        let mount = try #require(Harness.which("mount"))
+        let umount = try #require(Harness.which("umount"))
+        let disk = NSTemporaryDirectory() + "tusa-full-disk-\(getpid())"
+        try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: disk) }
+        let mounted = try await Harness.run(mount, ["-t", "tmpfs", "-o", "size=32k", "tmpfs", disk])
+        try #require(mounted.status == 0, "cannot mount a tmpfs: \(mounted.stderr)")
+        defer { _ = try? Harness.runBlocking(umount, [disk]) }
+        try await Self.recordingMeetsALimit(disk + "/heard.wav", wrapper: [], named: "the disk is full")
+    }
+
+    static func recordingMeetsALimit(_ heard: String, wrapper: [String], named limit: String) async throws {
+        let (relay, port) = try await Self.relay()
+        defer { relay.kill() }
+        let (answerer, key) = try await Self.answer(port, ["--out", heard], wrapper: wrapper)
         defer { answerer.kill() }
         let caller = try await TURNClientPeerTests.tusa(
             [
@@ -185,7 +204,7 @@ import Voice
         #expect(a["ended"] as? String == "remote-hangup", "\(a)")
         let error = a["audioError"] as? String ?? ""
         #expect(error.hasPrefix("cannot write the audio received: \(heard)"), "\(a)")
-        #expect(error.contains("the file size limit (ulimit -f) is reached"), "\(a)")
+        #expect(error.contains(limit), "\(a)")
         #expect(answerer.stderr.contains("the recording stopped; the call goes on"), "\(answerer.stderr)")
         #expect(answerer.stderr.contains("tusa answer: cannot write the audio received: \(heard)"), "\(answerer.stderr)")
         let kept = try WAVFile.read(path: heard)
