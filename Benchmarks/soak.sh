@@ -89,6 +89,10 @@ fi
 # shellcheck source=Benchmarks/bench-lib.sh
 source "$HERE/bench-lib.sh"
 bench_setup tusa-soak
+# The NAT matrix runs of the call and party cases (see start_matrix), stopped before
+# the rest on an early exit.
+declare -A MATRIX_PID=()
+trap 'for m in "${MATRIX_PID[@]}"; do [[ -n $m ]] && stop_matrix "$m"; done; cleanup' EXIT
 busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 QUIET_WAIT=0
 
@@ -308,7 +312,8 @@ make_speech_reference() {
     echo "  (PESQ over time skipped: needs .venv and pocketsphinx-testdata: bash scripts/setup.sh)"
     return 1
   fi
-  "$PESQ_PY" "$HERE/pesq-windows.py" make "$1" "${clips[@]}" >/dev/null
+  "$PESQ_PY" "$HERE/pesq-windows.py" make "$1" "${clips[@]}" >/dev/null 2>"$1.err" \
+    || { echo "  (PESQ over time skipped: no reference: $(tail -n 1 "$1.err"))"; return 1; }
 }
 
 # judge_pesq_windows REFERENCE RECORDING WHO: PESQ of RECORDING in a window every
@@ -340,7 +345,6 @@ PY
 # keeps to its hour): start_matrix CASE OUTDIR starts nat-matrix.sh's CASE in the
 # background with the soak's length, impairment and rebinding, the looped speech when
 # it can be made; MATRIX_PID[CASE] (empty when the matrix cannot run here).
-declare -A MATRIX_PID=()
 SPEECH_REFERENCE=""
 start_matrix() {
   if ! bash "$ROOT/scripts/nat-matrix.sh" --probe >/dev/null 2>&1; then
@@ -351,7 +355,23 @@ start_matrix() {
   CALL_SECONDS=$CALL_SECONDS REBIND_EVERY=$REBIND IMPAIR=$CALL_IMPAIR TUSA=$TUSA LOOP_SPEECH=$SPEECH_REFERENCE \
     bash "$ROOT/scripts/nat-matrix.sh" -o "$2" "$1" >"$2.out" 2>&1 &
   MATRIX_PID[$1]=$!
-  PIDS+=("$!")
+}
+
+# stop_matrix PID: ends a NAT matrix run early (an interrupted soak): its processes
+# first, so that it is not held waiting for them, then the script, whose own cleanup
+# deletes its namespaces (SIGKILL after 15 s).
+descendants() {
+  local c
+  for c in $(pgrep -P "$1"); do
+    descendants "$c"
+    echo "$c"
+  done
+}
+stop_matrix() {
+  kill -0 "$1" 2>/dev/null || return 0
+  # shellcheck disable=SC2046
+  kill -TERM $(descendants "$1") 2>/dev/null || true
+  stop_server "$1" 150
 }
 
 # wait_matrix CASE OUTDIR WHAT: waits for it and prints its lines; false when it could not run.
@@ -361,6 +381,7 @@ wait_matrix() {
     return 1
   fi
   wait "${MATRIX_PID[$1]}" || fail "the $3 failed: $(tail -n 3 "$2.out")"
+  MATRIX_PID[$1]=""
   sed 's/^/  /' "$2.out" | grep -v '(rebinding A' || true
 }
 

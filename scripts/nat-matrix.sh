@@ -183,7 +183,7 @@ rebind_a() {
 # WATCHED runs; each time, a line "seconds rss fds rss fds ..." (KiB, open fds) of
 # the PIDs goes to FILE. Prints how many rebindings there were.
 rebind_while() {
-  local file=$1 watched=$2 k=0 t=0 p line
+  local file=$1 watched=$2 k=0 t=0 p line rss
   shift 2
   : >"$file"
   while kill -0 "$watched" 2>/dev/null; do
@@ -194,7 +194,8 @@ rebind_while() {
     rebind_a "$k" >/dev/null
     line="$t"
     for p in "$@"; do
-      line="$line $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0) $(ls "/proc/$p/fd" 2>/dev/null | wc -l)"
+      rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null)
+      line="$line ${rss:-0} $(ls "/proc/$p/fd" 2>/dev/null | wc -l)"
     done
     echo "$line" >>"$file"
   done

@@ -40,8 +40,8 @@ public struct PartyMember: SansIOCore {
         public var pingAfter: Duration = .milliseconds(500)
         /// …and this soon when what stopped was a voice stream (the last thing heard
         /// was a voice frame): a NAT rebinding or a path change mid-talkspurt, which
-        /// the ping repairs (the relay's session follows it to the new address); a
-        /// talkspurt's ordinary end costs one ping.
+        /// the ping repairs (the relay's session follows it to the new address). The
+        /// relay drops silence, so every pause in the room's speech costs one ping.
         public var pingAfterVoice: Duration = .milliseconds(100)
         /// Nothing from the relay for this long, pings included: the session is lost.
         public var lostAfter: Duration = .seconds(2)

@@ -531,6 +531,7 @@ public struct TURNClient: Sendable {
             var seconds = requested ?? 600
             if case .lifetime(let l)? = try? message.value(.lifetime) { seconds = l }
             guard seconds > 0 else {
+                if let op = p.operation { actions.append(.event(.failed(op, .badResponse("Refresh success with LIFETIME 0")))) }
                 lose(.badResponse("Refresh success with LIFETIME 0"))
                 return
             }

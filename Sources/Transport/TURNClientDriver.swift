@@ -370,7 +370,12 @@ final class TURNClientEngine {
     private func starting<T, Failure: Error>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
         isStarting = true
         defer { isStarting = false }
-        return try body()
+        do {
+            return try body()
+        } catch {
+            early = []  // (an operation refused at once has no outcome to wait for)
+            throw error
+        }
     }
 
     private func register(_ id: TURNClient.OperationID, _ waiter: Waiter) {

@@ -421,6 +421,15 @@ struct TURNClientTests {
         #expect(retried?.type.method == .refresh, "and refreshed again on the client's own")
     }
 
+    @Test func aRefreshAskedForAnsweredWithLifetimeZeroFailsAndLosesTheAllocation() throws {
+        var f = try Fixture()
+        _ = try f.allocate()
+        let op = try f.client.refresh(now: f.now)
+        f.deliver(Self.answer(try f.request(), [.lifetime(0)]))
+        let bad = TURNClientError.badResponse("Refresh success with LIFETIME 0")
+        #expect(f.events() == [.failed(op, bad), .allocationLost(bad)])
+    }
+
     @Test func noRefreshWithoutAnAllocation() throws {
         var f = try Fixture()
         #expect(throws: TURNClientError.notAllocated) { _ = try f.client.refresh(now: f.now) }
