@@ -341,6 +341,30 @@ sys.exit(0 if ok else 1)
 PY
 }
 
+# judge_resources FILE RELAY_FDS WHO...: the RSS and fds sampled at each rebinding
+# (nat-matrix.sh's "seconds rss fds rss fds ..." lines, one pair per WHO, the relay
+# first), from a fifth of the run on: growth per hour; fails when a process's fds
+# moved by more than 2 (the relay's by more than RELAY_FDS).
+judge_resources() {
+  python3 - "$@" <<'PY' || FAILED=1
+import sys
+path, relay_fds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+rows = [list(map(int, l.split())) for l in open(path) if l.strip()]
+ok = True
+if len(rows) >= 2:
+    first, last = rows[len(rows) // 5] if len(rows) >= 5 else rows[0], rows[-1]
+    span = max(1, last[0] - first[0])
+    for i, who in enumerate(names):
+        rss = (last[1 + 2 * i] - first[1 + 2 * i]) * 3600 / span
+        fds = last[2 + 2 * i] - first[2 + 2 * i]
+        print(f"  {who}: RSS {first[1 + 2 * i]} -> {last[1 + 2 * i]} KiB ({rss:+.0f} KiB/hour), fds {first[2 + 2 * i]} -> {last[2 + 2 * i]} over {span} s")
+        allowed = relay_fds if i == 0 else 2
+        if abs(fds) > allowed:
+            print(f"  FAILED: the {who}'s fds moved by {fds} (at most {allowed})"); ok = False
+sys.exit(0 if ok else 1)
+PY
+}
+
 # The call and the party run side by side, each in its own namespaces (so the soak
 # keeps to its hour): start_matrix CASE OUTDIR starts nat-matrix.sh's CASE in the
 # background with the soak's length, impairment and rebinding, the looped speech when
@@ -392,9 +416,9 @@ judge_call() {
   # Real speech, played over and over by the caller, scored window by window at the callee.
   [[ -n $SPEECH_REFERENCE ]] && judge_pesq_windows "$SPEECH_REFERENCE" "$TMP/nm/roam-callee.wav" "the callee"
   [[ -s $TMP/nm/roam-caller.json && -s $TMP/nm/roam-callee.json ]] || { fail "no call reports"; return; }
-  python3 - "$TMP/nm" "$REBIND" <<'PY' || FAILED=1
+  python3 - "$TMP/nm" <<'PY' || FAILED=1
 import json, sys
-out, every = sys.argv[1], int(sys.argv[2])
+out = sys.argv[1]
 caller, callee = (json.load(open(f"{out}/roam-{side}.json")) for side in ("caller", "callee"))
 ok = True
 for name, r in (("caller", caller), ("callee", callee)):
@@ -415,21 +439,12 @@ for name, r in (("caller", caller), ("callee", callee)):
     if r["lossPercent"] > allowed:
         print(f"  FAILED: {name} lost {r['lossPercent']:.1f} % (20 % imposed, {len(rows)} rebindings: {allowed:.1f} % allowed)")
         ok = False
-if len(rows) >= 2:
-    first, last = rows[len(rows) // 5] if len(rows) >= 5 else rows[0], rows[-1]
-    span = max(1, last[0] - first[0])
-    for i, who in enumerate(("relay", "callee", "caller")):
-        rss = (last[1 + 2 * i] - first[1 + 2 * i]) * 3600 / span
-        fds = last[2 + 2 * i] - first[2 + 2 * i]
-        print(f"  {who}: RSS {first[1 + 2 * i]} -> {last[1 + 2 * i]} KiB ({rss:+.0f} KiB/hour), fds {first[2 + 2 * i]} -> {last[2 + 2 * i]} over {span} s")
-        # The relay holds one socket per allocation: each ICE restart makes one per side, and
-        # the rebound side cannot delete its old one (its 5-tuple changed), which expires
-        # after 600 s: up to 600 / every of them at a time, not a leak.
-        allowed = 2 * (600 // every + 1) + 2 if who == "relay" else 2
-        if abs(fds) > allowed:
-            print(f"  FAILED: the {who}'s fds moved by {fds} (at most {allowed})"); ok = False
 sys.exit(0 if ok else 1)
 PY
+  # The relay holds one socket per allocation: each ICE restart makes one per side, and
+  # the rebound side cannot delete its old one (its 5-tuple changed), which expires
+  # after 600 s: up to 600 / REBIND of them at a time, not a leak.
+  judge_resources "$TMP/nm/roam-resources.txt" $((2 * (600 / REBIND + 1) + 2)) relay callee caller
 }
 
 start_party() { start_matrix party4 "$TMP/np"; }
@@ -443,9 +458,9 @@ judge_party() {
     judge_pesq_windows "$SPEECH_REFERENCE" "$TMP/np/party4-a2.wav" "A2"
     judge_pesq_windows "$SPEECH_REFERENCE" "$TMP/np/party4-b1.wav" "B1"
   fi
-  python3 - "$TMP/np" "$REBIND" "$CALL_SECONDS" <<'PY' || FAILED=1
+  python3 - "$TMP/np" "$CALL_SECONDS" <<'PY' || FAILED=1
 import json, sys
-out, every, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, seconds = sys.argv[1], int(sys.argv[2])
 r = {m: json.load(open(f"{out}/party4-{m}.json")) for m in ("a1", "a2", "b1", "b2")}
 rows = [list(map(int, l.split())) for l in open(f"{out}/party4-resources.txt") if l.strip()]
 ok = True
@@ -467,17 +482,9 @@ for m in ("a2", "b1", "b2"):
         print(f"  FAILED: {m} heard {s['packets']} of A1's {sent} frames"); ok = False
     if s["lostPercent"] > allowed:
         print(f"  FAILED: {m} lost {s['lostPercent']} % of A1's frames ({allowed:.1f} % allowed)"); ok = False
-if len(rows) >= 2:
-    first, last = rows[len(rows) // 5] if len(rows) >= 5 else rows[0], rows[-1]
-    span = max(1, last[0] - first[0])
-    for i, who in enumerate(("relay", "A1", "A2", "B1", "B2")):
-        rss = (last[1 + 2 * i] - first[1 + 2 * i]) * 3600 / span
-        fds = last[2 + 2 * i] - first[2 + 2 * i]
-        print(f"  {who}: RSS {first[1 + 2 * i]} -> {last[1 + 2 * i]} KiB ({rss:+.0f} KiB/hour), fds {first[2 + 2 * i]} -> {last[2 + 2 * i]} over {span} s")
-        if abs(fds) > 2:
-            print(f"  FAILED: {who}'s fds moved by {fds}"); ok = False
 sys.exit(0 if ok else 1)
 PY
+  judge_resources "$TMP/np/party4-resources.txt" 2 relay A1 A2 B1 B2
 }
 
 # The faults case's relay: rendezvous with TURN credentials, a party port, an identity

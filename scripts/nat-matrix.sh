@@ -247,18 +247,24 @@ start_relay() {
   return 1
 }
 
+# start_party_relay NAME: `tusa relay` with a party port (203.0.113.1:3481) on the
+# internet; relay_pid, and party_key, the relay's key (or says why it did not start, failing).
+start_party_relay() {
+  (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --party-port 3481 >"$work/relay.out" 2>"$work/relay.err") &
+  relay_pid=$!
+  pids+=($relay_pid)
+  party_key=$(wait_line "$work/relay.out" 's/^party udp [^ ]* key \(.*\)$/\1/p' 100) \
+    || { echo "$1: the relay did not start: $(cat "$work/relay.err")"; return 1; }
+}
+
 # A party: A behind a symmetric NAT creates it, B (UDP blocked, 5 % TCP loss) joins.
 run_party_case() {
   local name=party
   new_network sym eim
   block_udp rb
   ns rb nft add rule inet filter forward meta l4proto tcp numgen random mod 100 \< 5 drop
-  (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --party-port 3481 >"$work/relay.out" 2>"$work/relay.err") &
-  relay_pid=$!
-  pids+=($relay_pid)
-  local key
-  key=$(wait_line "$work/relay.out" 's/^party udp [^ ]* key \(.*\)$/\1/p' 100) \
-    || { echo "party: the relay did not start: $(cat "$work/relay.err")"; return 1; }
+  start_party_relay "$name" || return 1
+  local key=$party_key
   local input=tone
   [ -f "$SPEECH" ] && input=$SPEECH
   local common=(--relay 203.0.113.1:3481 --relay-key "$key" --json --duration $((SECONDS_OF_CALL + 3)))
@@ -295,12 +301,8 @@ PY
 run_party4_case() {
   local name=party4 m
   new_network eim eim
-  (bg pub "$TUSA" relay --listen 203.0.113.1:3478 --party-port 3481 >"$work/relay.out" 2>"$work/relay.err") &
-  relay_pid=$!
-  pids+=($relay_pid)
-  local key
-  key=$(wait_line "$work/relay.out" 's/^party udp [^ ]* key \(.*\)$/\1/p' 100) \
-    || { echo "$name: the relay did not start: $(cat "$work/relay.err")"; return 1; }
+  start_party_relay "$name" || return 1
+  local key=$party_key
   local input=tone loop=() impair=()
   [ -n "${LOOP_SPEECH:-}" ] && input=$LOOP_SPEECH loop=(--loop)
   [ -n "${IMPAIR:-}" ] && impair=(--impair "$IMPAIR")

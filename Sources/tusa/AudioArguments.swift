@@ -1,4 +1,5 @@
 import ArgumentParser
+import Call
 import Foundation
 import Secure
 import Voice
@@ -18,6 +19,12 @@ enum AudioArguments {
 
     /// The `--in` values that name no file.
     static let nonFileInputs: Set<String> = ["silence", "none", "tone", "device"]
+
+    /// `--impair SPEC`, parsed (nil without the flag), or a usage error naming it.
+    static func impairment(_ spec: String?) throws -> Impairment? {
+        guard let spec else { return nil }
+        do { return try Impairment(parsing: spec) } catch { throw ValidationError("--impair: \(error)") }
+    }
 
     /// `--in`: a WAV file (played over and over with `--loop`), 'device', 'tone' or 'silence'.
     static func source(_ input: String, loop: Bool = false) throws -> AudioSource? {

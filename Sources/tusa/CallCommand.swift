@@ -103,9 +103,7 @@ struct CallOptions: ParsableArguments {
             }
             o.stunServer = address
         }
-        if let impair {
-            do { o.impairment = try Impairment(parsing: impair) } catch { throw ValidationError("--impair: \(error)") }
-        }
+        o.impairment = try AudioArguments.impairment(impair)
         if !quiet {
             o.onStatus = { report in
                 FileHandle.standardError.write(Data(("\r" + report.statusLine + "   ").utf8))

@@ -150,11 +150,6 @@ struct PartyAudioOptions: ParsableArguments {
 
     var inputIsFile: Bool { !AudioArguments.nonFileInputs.contains(input) }
 
-    func impairment() throws -> Impairment? {
-        guard let impair else { return nil }
-        do { return try Impairment(parsing: impair) } catch { throw ValidationError("--impair: \(error)") }
-    }
-
     func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop) }
 
     func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
@@ -459,7 +454,7 @@ enum PartySession {
         signal(SIGXFSZ, SIG_IGN)
         if let d = audio.duration { guard d > 0, d.isFinite else { throw ValidationError("--duration must be positive") } }
         let codec = try audio.codecConfiguration()
-        let impairment = try audio.impairment()
+        let impairment = try AudioArguments.impairment(audio.impair)
         let voice: PartyVoice
         do {
             voice = try PartyVoice(codec: codec, source: try audio.source(), sink: try audio.sink())
