@@ -25,6 +25,11 @@
 #                bytes, stalled TLS handshakes; a legitimate client's Binding-over-TCP
 #                latency (p95) beside it against a quiet relay's, and when each abusive
 #                connection was closed.
+#   memory       the relay in a memory cgroup of its own (root; else skipped), F voice flows
+#                through it, its limit then set so that M MiB more reach 90 % of it, and
+#                more allocations asked for than fit: the relay refuses the rest (508,
+#                its log naming the cgroup's limit) and is not killed, the voice flows lose
+#                nothing, and once the limit is raised it allocates again.
 #   call         `tusa call` between two hosts behind real kernel NATs (scripts/nat-matrix.sh,
 #                case roam; root and network namespaces, else skipped) for C seconds with
 #                20 % loss in bursts and 20 ms of jitter both ways, A's NAT rebinding every
@@ -65,11 +70,11 @@ while (($#)); do
     --short) SHORT=1; shift ;;
     --no-build) NO_BUILD=1; shift ;;
     -h|--help) sed -n '2,57p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    flood|allocations|tcp|call|party|faults) CASES+=("$1"); shift ;;
+    flood|allocations|tcp|memory|call|party|faults) CASES+=("$1"); shift ;;
     *) echo "soak: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-((${#CASES[@]})) || CASES=(flood allocations tcp call party faults)
+((${#CASES[@]})) || CASES=(flood allocations tcp memory call party faults)
 CONFIG=release
 ((SHORT)) && CONFIG=debug
 SWIFT=${SWIFT:-swift}
@@ -80,10 +85,12 @@ if ((SHORT)); then
   FLOWS=20 FLOOD_SECONDS=2 FLOOD_RATE=5000 VOICE_SECONDS=2 ALLOCATIONS=200 ALLOC_FLOWS=20 ALLOC_SECONDS=4 SAMPLE=1
   TCP_SECONDS=2 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3
   CALL_SECONDS=12 REBIND=4 FAULT_ROUNDS=1 FREEZE_BACK_MS=6000 PESQ_EVERY=4 PESQ_WINDOW=4
+  MEM_FLOWS=20 MEM_BUDGET_MIB=2 MEM_ALLOCATIONS=4000
 else
   FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=${SOAK_FLOWS:-600} ALLOC_SECONDS=270 SAMPLE=10
   TCP_SECONDS=10 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40
   CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60 FAULT_ROUNDS=${SOAK_FAULT_ROUNDS:-5} FREEZE_BACK_MS=3000 PESQ_EVERY=60 PESQ_WINDOW=8
+  MEM_FLOWS=200 MEM_BUDGET_MIB=8 MEM_ALLOCATIONS=15000
 fi
 
 # shellcheck source=Benchmarks/bench-lib.sh
@@ -92,7 +99,7 @@ bench_setup tusa-soak
 # The NAT matrix runs of the call and party cases (see start_matrix), stopped before
 # the rest on an early exit.
 declare -A MATRIX_PID=()
-trap 'for m in "${MATRIX_PID[@]}"; do [[ -n $m ]] && stop_matrix "$m"; done; cleanup' EXIT
+trap 'for m in "${MATRIX_PID[@]}"; do [[ -n $m ]] && stop_matrix "$m"; done; cleanup; remove_memcg' EXIT
 busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 QUIET_WAIT=0
 
@@ -251,6 +258,101 @@ case_allocations() {
     fi
   fi
   stop_server "$RPID" 50
+}
+
+# make_memcg: a memory cgroup (v1's memory hierarchy or v2's with the memory controller;
+# root) in MEMCG, removed on exit; fails where none can be made.
+MEMCG=""
+make_memcg() {
+  ((EUID == 0)) || return 1
+  if [[ -w /sys/fs/cgroup/memory && -e /sys/fs/cgroup/memory/memory.limit_in_bytes ]]; then
+    MEMCG=/sys/fs/cgroup/memory/tusa-soak-$$ MEMCG_LIMIT=memory.limit_in_bytes MEMCG_USE=memory.usage_in_bytes
+    MEMCG_CACHE=total_inactive_file
+  elif grep -qw memory /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
+    MEMCG=/sys/fs/cgroup/tusa-soak-$$ MEMCG_LIMIT=memory.max MEMCG_USE=memory.current MEMCG_CACHE=inactive_file
+  else
+    return 1
+  fi
+  mkdir "$MEMCG" || { MEMCG=""; return 1; }
+}
+remove_memcg() {
+  [[ -n $MEMCG ]] || return 0
+  local _
+  for _ in $(seq 50); do rmdir "$MEMCG" 2>/dev/null && break; sleep 0.1; done
+  MEMCG=""
+}
+# The group's use less the page cache it can drop (as the relay counts it), bytes.
+memcg_working_set() {
+  awk -v u="$(cat "$MEMCG/$MEMCG_USE")" -v name="$MEMCG_CACHE" '$1 == name {c = $2} END {print (u > c ? u - c : 0)}' \
+    "$MEMCG/memory.stat"
+}
+memcg_oom_kills() {
+  local file=$MEMCG/memory.events
+  [[ -e $file ]] || file=$MEMCG/memory.oom_control
+  awk '$1 == "oom_kill" {k = $2} END {print k + 0}' "$file"
+}
+
+case_memory() {
+  echo "memory: the relay in a memory cgroup, $MEM_FLOWS voice flows, then ${MEM_BUDGET_MIB} MiB to its 90 % mark and $MEM_ALLOCATIONS allocations asked for"
+  make_memcg || { echo "  skipped: needs root and a memory cgroup hierarchy to make a group in"; return; }
+  echo $((1 << 30)) >"$MEMCG/$MEMCG_LIMIT"
+  local port lpid ws limit line alloc refused peak=0 w err
+  port=$(free_port) || { fail "no free port"; remove_memcg; return; }
+  err=$TMP/memory.relay.err
+  # The relay enters the group before it starts (sh execs it), so all it uses counts there.
+  "${SERVER_PIN[@]}" sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$MEMCG" \
+    "$TUSA" relay --listen "127.0.0.1:$port" -r example.org -u alice:wonderland --allow-loopback-peers --user-quota 0 \
+    >"$TMP/memory.relay.out" 2>"$err" &
+  RPID=$!
+  PIDS+=("$RPID")
+  wait_turn_ready "$RPID" "$port" || { fail "the relay did not start: $(tail -n 3 "$err")"; stop_server "$RPID" 50; remove_memcg; return; }
+  voice "$port" "$MEM_FLOWS" "$MEM_FLOWS" $((SHORT ? 8 : 60)) "$TMP/memory.out" &
+  lpid=$!
+  PIDS+=("$lpid")
+  wait_line "$TMP/memory.out" '/^setup/p' 1200 >/dev/null || { fail "the voice flows did not start"; stop_server "$RPID" 50; remove_memcg; return; }
+  sleep 1
+  ws=$(memcg_working_set)
+  limit=$(((ws + (MEM_BUDGET_MIB << 20)) * 10 / 9))
+  echo "$limit" >"$MEMCG/$MEMCG_LIMIT"
+  "${LOAD_PIN[@]}" "$LOAD" --target "127.0.0.1:$port" --mode allocate --clients "$MEM_ALLOCATIONS" --clients-per-ip 50 \
+    --source-net 127.6 --setup-timeout 120 >"$TMP/memory.alloc.out" 2>&1 &
+  local apid=$!
+  PIDS+=("$apid")
+  while kill -0 "$apid" 2>/dev/null; do
+    w=$(memcg_working_set)
+    ((w > peak)) && peak=$w
+    sleep 0.2
+  done
+  wait "$apid" || true
+  forget "$apid"
+  line=$(grep '^allocate' "$TMP/memory.alloc.out" || true)
+  alloc=$(field allocated "$line")
+  refused=$(sed -n 's/.*Allocate-508:\([0-9]*\).*/\1/p' <<<"$line")
+  printf '  working set %d KiB with the flows; limit %d KiB; %s more allocations made, %s refused (508); peak %d KiB (%d %% of the limit)\n' \
+    $((ws >> 10)) $((limit >> 10)) "${alloc:-?}" "${refused:-0}" $((peak >> 10)) $((peak * 100 / limit))
+  grep -m1 'memory short' "$err" | sed 's/^.*memory short/  relay: memory short/'
+  kill -0 "$RPID" 2>/dev/null || fail "the relay died (OOM killer: $(memcg_oom_kills))"
+  (($(memcg_oom_kills) == 0)) || fail "the OOM killer ended a process of the relay's group"
+  ((${refused:-0} > 0)) || fail "nothing was refused: $line"
+  ((${alloc:-0} > 0)) || fail "no allocation was made below the mark: $line"
+  grep -q "allocation refused (508): memory short, .* limit (cgroup $MEMCG/" "$err" || fail "no refusal in the relay's log names the cgroup's limit"
+  if wait "$lpid"; then
+    line=$(grep '^phase=both' "$TMP/memory.out" || true)
+    printf '  voice meanwhile: loss=%s%% delay p50/p99=%s/%s us\n' "$(field loss_pct "$line")" \
+      "$(field delay_p50_us "$line")" "$(field delay_p99_us "$line")"
+    [[ $(field loss_pct "$line") == 0.000 ]] || fail "voice lost packets while memory was short"
+  else
+    fail "the voice generator failed: $(tail -n 2 "$TMP/memory.out.err")"
+  fi
+  forget "$lpid"
+  echo $((1 << 30)) >"$MEMCG/$MEMCG_LIMIT"
+  if wait_line "$err" '/taking new allocations/p' 100 >/dev/null && wait_turn_ready "$RPID" "$port"; then
+    echo "  limit raised: allocating again"
+  else
+    fail "no allocation after the limit was raised: $(tail -n 2 "$err")"
+  fi
+  stop_server "$RPID" 50
+  remove_memcg
 }
 
 case_tcp() {

@@ -41,6 +41,9 @@ public struct PartyServer: SansIOCore {
         case received(PartySession, [UInt8])
         /// The session closed or timed out.
         case closed(PartySession)
+        /// The relay is short of memory (true) or no longer (false): while it is, new
+        /// rooms and joins are refused and members coming back (rejoins) are still taken.
+        case memoryShort(Bool)
     }
 
     public enum Action: Sendable {
@@ -106,6 +109,8 @@ public struct PartyServer: SansIOCore {
     private var dormant: [String: Timestamp] = [:]
     /// No later than the earliest resend due on any channel (recomputed at each timeout).
     private var resendDue: Timestamp?
+    /// See ``Input/memoryShort(_:)``.
+    public private(set) var memoryShort = false
     /// The time of the input being handled.
     private var now = Timestamp.zero
     private var actions: [Action] = []
@@ -149,6 +154,8 @@ public struct PartyServer: SansIOCore {
             remove(session, reason: .disconnected)
             sessionKeys[session] = nil
             channels[session] = nil
+        case .memoryShort(let short):
+            memoryShort = short
         }
     }
 
@@ -234,8 +241,10 @@ public struct PartyServer: SansIOCore {
     private mutating func handle(_ message: PartyControl, from session: PartySession, key: PublicKey) {
         switch message {
         case .create(let name, let maxMembers, let invite):
+            guard !memoryShort else { return refuse(session, .tooManyRooms, "the relay is short of memory") }
             create(name: name, maxMembers: maxMembers, invite: invite, by: session, key: key)
         case .join(let id):
+            guard !memoryShort else { return refuse(session, .full, "the relay is short of memory") }
             join(id, session: session, key: key)
         case .rejoin(let ticket, let member, let highest):
             rejoin(ticket, member: member, highest: highest, session: session, key: key)

@@ -40,13 +40,15 @@ public final class MetricsEndpoint: Service, Sendable {
     /// An endpoint that serves `service`'s ``RelayMetrics``, refreshed from
     /// its statistics about once a second.
     public static func serving(
-        _ service: RelayService, party: PartyService? = nil, on address: TransportAddress, logger: Logger
+        _ service: RelayService, party: PartyService? = nil, memory: MemoryGuard? = nil, on address: TransportAddress,
+        logger: Logger
     ) -> MetricsEndpoint {
         let registry = PrometheusCollectorRegistry()
         let metrics = RelayMetrics(factory: PrometheusMetricsFactory(registry: registry))
         return MetricsEndpoint(address: address, registry: registry, logger: logger) {
             await metrics.update(from: service)
             if let party { metrics.update(from: party) }
+            if let memory { metrics.update(from: memory) }
         }
     }
 

@@ -32,6 +32,8 @@ public final class PartyService: Service, Sendable {
     /// TCP ports members whose UDP is blocked connect to (RFC 4571 framing): nil
     /// stands for the UDP port's own number, 0 for any free port.
     public let streamPorts: [UInt16?]
+    /// While it says memory is short, new rooms and joins are refused.
+    private let memory: MemoryGuard?
     private let logger: Logger
     private let bound = BoundResult<TransportAddress>()
     private let boundStreams = BoundResult<[TransportAddress]>()
@@ -40,8 +42,9 @@ public final class PartyService: Service, Sendable {
 
     public init(
         address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(),
-        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], logger: Logger
+        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], memory: MemoryGuard? = nil, logger: Logger
     ) {
+        self.memory = memory
         self.keyLogPath = keyLogPath
         self.streamPorts = streamPorts
         self.address = address
@@ -111,12 +114,14 @@ public final class PartyService: Service, Sendable {
                 "address": "udp \(endpoint.localAddress)", "tcp": "\(streams.map(\.description))",
                 "key": "\(identity.publicKey)",
             ])
+        let observer = memory?.observe { short in loop.execute { rooms.value.memoryShort(short) } }
         bound.resolve(.success(endpoint.localAddress))
         boundStreams.resolve(.success(streams))
         await withDiscardingTaskGroup { group in
             // (The events stream must be read: what the handler saw also queues there.)
             group.addTask { for await _ in endpoint.events {} }
             try? await gracefulShutdown()
+            if let memory, let observer { memory.stopObserving(observer) }
             await endpoint.close()
         }
         try? await loop.submit { rooms.value.stop() }.get()
@@ -209,6 +214,8 @@ final class PartyRooms {
         guard peers.removeValue(forKey: session) != nil else { return }
         host.handle(.closed(session))
     }
+    func memoryShort(_ short: Bool) { host.handle(.memoryShort(short)) }
+
     func stop() { host.stop() }
 
     private func perform(_ action: PartyServer.Action) {

@@ -71,7 +71,7 @@ public enum RelayConfigFile {
         // Limits.
         "user-quota": .value, "total-quota": .value, "max-bps": .value, "max-allocate-lifetime": .value,
         "stale-nonce": .optionalValue, "strict-channel-numbers": .flag, "strict-amplification": .flag,
-        "max-tcp-connections": .value, "max-tcp-connections-per-ip": .value,
+        "max-tcp-connections": .value, "max-tcp-connections-per-ip": .value, "memory-limit": .value,
         // Metrics.
         "prometheus": .flag, "prometheus-port": .value, "prometheus-address": .value,
     ]

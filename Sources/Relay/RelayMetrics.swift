@@ -27,6 +27,8 @@ import TURN
 /// | `tusa_stun_responses_total` (every STUN answer, Binding and TURN) | counter | |
 /// | `tusa_stun_drops_total` | counter | `reason` (``BindingServer/DropReason``, `-` written `_`) |
 /// | `tusa_party_rooms`, `tusa_party_members` | gauge | |
+/// | `tusa_memory_used_bytes`, `tusa_memory_limit_bytes` (the fullest limit's), `tusa_memory_short` (1 while new work is refused) | gauge | |
+/// | `tusa_memory_refusals_total` (allocations refused for memory) | counter | |
 /// | `tusa_party_frames_total` | counter | `outcome`: `forwarded` (copies delivered), `not_selected` (not among the speakers, or muted), `spoofed` (another member's id, or no room) |
 public final class RelayMetrics: Sendable {
     private struct State {
@@ -34,6 +36,7 @@ public final class RelayMetrics: Sendable {
         var turn = TURNStatistics()
         var party = PartyServer.Statistics()
         var errorCounters: [Int: Counter] = [:]
+        var memoryRefusals = 0
     }
 
     private let factory: any MetricsFactory
@@ -62,6 +65,10 @@ public final class RelayMetrics: Sendable {
     private let partyForwarded: Counter
     private let partyNotSelected: Counter
     private let partySpoofed: Counter
+    private let memoryUsed: Gauge
+    private let memoryLimit: Gauge
+    private let memoryShort: Gauge
+    private let memoryRefusals: Counter
 
     public init(factory: any MetricsFactory = MetricsSystem.factory) {
         self.factory = factory
@@ -100,6 +107,25 @@ public final class RelayMetrics: Sendable {
         partyForwarded = counter("tusa_party_frames_total", [("outcome", "forwarded")])
         partyNotSelected = counter("tusa_party_frames_total", [("outcome", "not_selected")])
         partySpoofed = counter("tusa_party_frames_total", [("outcome", "spoofed")])
+        memoryUsed = Gauge(label: "tusa_memory_used_bytes", factory: factory)
+        memoryLimit = Gauge(label: "tusa_memory_limit_bytes", factory: factory)
+        memoryShort = Gauge(label: "tusa_memory_short", factory: factory)
+        memoryShort.record(0)
+        memoryRefusals = counter("tusa_memory_refusals_total")
+    }
+
+    /// Brings the memory metrics up to the guard's last sample.
+    public func update(from memory: MemoryGuard) {
+        let (fullest, short, refusals) = (memory.lastSample, memory.shortage != nil, memory.refusals)
+        state.withLockedValue { state in
+            if let fullest {
+                memoryUsed.record(Int(clamping: fullest.bytes))
+                memoryLimit.record(Int(clamping: fullest.limit.bytes))
+            }
+            memoryShort.record(short ? 1 : 0)
+            add(memoryRefusals, refusals, state.memoryRefusals)
+            state.memoryRefusals = refusals
+        }
     }
 
     /// Brings the party metrics up to these totals and counts.

@@ -158,6 +158,7 @@ public final class RelayService: Service, Sendable {
     }
 
     public let configuration: Configuration
+    private let memory: MemoryGuard?
     private let logger: Logger
     private let totals = StatisticsBox()
     private let bound = BoundResult<[BoundSocket]>()
@@ -184,8 +185,10 @@ public final class RelayService: Service, Sendable {
         return total
     }
 
-    public init(configuration: Configuration, logger: Logger) {
+    /// `memory`, when given, has TURN allocations refused (508) while memory is short.
+    public init(configuration: Configuration, memory: MemoryGuard? = nil, logger: Logger) {
         self.configuration = configuration
+        self.memory = memory
         tcpAdmission = ConnectionAdmission(
             limits: .init(total: configuration.maxTCPConnections, perSource: configuration.maxTCPConnectionsPerSource))
         self.logger = logger
@@ -227,11 +230,12 @@ public final class RelayService: Service, Sendable {
                 relayPorts.withLockedValue { $0 = ports }
                 for loop in group.makeIterator() {
                     let logger = self.logger
+                    let memory = self.memory
                     lanes.append(
                         try await loop.submit {
                             let lane = TURNLane(
                                 loop: loop, configuration: turn, plan: plan, logger: logger, gso: gso, batchWindow: window,
-                                ports: ports)
+                                ports: ports, memory: memory)
                             lane.start()
                             return NIOLoopBound(lane, eventLoop: loop)
                         }.get())

@@ -22,6 +22,8 @@ public final class RendezvousService: Service, Sendable {
     private let turnURIs: (@Sendable () async throws -> [String])?
     private let admission: ConnectionAdmission
     private let party: (@Sendable () async throws -> PartyGrant)?
+    /// While it says memory is short, posts are refused.
+    private let memory: MemoryGuard?
 
     /// `turnURIs`, when given, supplies the URIs of TURN grants once known (after the
     /// relay bound its sockets); `configuration.turn` supplies the secret and lifetime.
@@ -30,8 +32,9 @@ public final class RendezvousService: Service, Sendable {
     public init(
         address: TransportAddress, configuration: RendezvousServerConfiguration = .init(),
         turnURIs: (@Sendable () async throws -> [String])? = nil,
-        party: (@Sendable () async throws -> PartyGrant)? = nil, logger: Logger
+        party: (@Sendable () async throws -> PartyGrant)? = nil, memory: MemoryGuard? = nil, logger: Logger
     ) {
+        self.memory = memory
         self.address = address
         self.configuration = configuration
         admission = ConnectionAdmission(limits: .init(total: .max, perSource: configuration.maximumConnectionsPerSource))
@@ -95,8 +98,10 @@ public final class RendezvousService: Service, Sendable {
         }
         let local = channel.localAddress.flatMap(TransportAddress.init) ?? address
         logger.info("serving the rendezvous", metadata: ["address": "tcp \(local)"])
+        let observer = memory?.observe { short in loop.execute { hub.value.memoryShort(short) } }
         bound.resolve(.success(local))
         try? await gracefulShutdown()
+        if let memory, let observer { memory.stopObserving(observer) }
         try? await channel.close()
         try? await loop.submit { hub.value.closeAll() }.get()
         try? await group.shutdownGracefully()
@@ -141,6 +146,8 @@ final class Hub {
         host.handle(.closed(id))
         publish(host.read { $0.statistics })
     }
+
+    func memoryShort(_ short: Bool) { host.handle(.memoryShort(short)) }
 
     func closeAll() {
         host.stop()

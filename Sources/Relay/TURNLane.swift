@@ -94,12 +94,15 @@ final class TURNLane: TURNRelayPorts {
 
     /// See ``RelayService/Configuration/batchWindow``.
     let batchWindow: TimeAmount
+    /// While it says memory is short, no relay socket is opened (the core answers 508).
+    let memory: MemoryGuard?
 
     init(
         loop: any EventLoop, configuration: TURNServerConfiguration, plan: RelayAddressPlan, logger: Logger, gso: Bool = true,
-        batchWindow: TimeAmount = .zero, ports: RelayPortPool? = nil
+        batchWindow: TimeAmount = .zero, ports: RelayPortPool? = nil, memory: MemoryGuard? = nil
     ) {
         self.loop = loop
+        self.memory = memory
         self.ports = ports ?? RelayPortPool(plan: plan)
         self.batchWindow = batchWindow
         self.plan = plan
@@ -401,6 +404,10 @@ final class TURNLane: TURNRelayPorts {
         relay: TransportAddress, reserved: TransportAddress?
     )? {
         guard !stopped, relaySet >= 0, let ip = plan.ip(for: family) else { return nil }
+        if let short = memory?.refuse() {
+            reportMemory(short)
+            return nil
+        }
         var bound: (relay: RelaySocket, reserved: RelaySocket?)?
         // No socket can be made (too many open files): no other port would do better,
         // so the draw stops trying them (every try a failing syscall) and says why.
@@ -507,6 +514,17 @@ final class TURNLane: TURNRelayPorts {
         logger.error(
             "cannot open relay sockets: \(ResourceShortage.describe(errno: code)); allocations are refused (508) until some close"
         )
+    }
+
+    /// When a shortage of memory was last logged.
+    private var memorySaid: Timestamp?
+
+    /// An allocation refused (508) for memory: said once every 10 s.
+    private func reportMemory(_ use: MemoryUse) {
+        let now = Timestamp.now()
+        if let said = memorySaid, now.nanoseconds &- said.nanoseconds < 10_000_000_000 { return }
+        memorySaid = now
+        logger.error("allocation refused (508): memory short, \(use)")
     }
 }
 

@@ -9,6 +9,9 @@ extension RendezvousServer: SansIOCore {
         case received(ConnectionID, [UInt8], unixSeconds: UInt64)
         /// The driver saw the connection close.
         case closed(ConnectionID)
+        /// The host is short of memory (true) or no longer (false): while it is,
+        /// nothing new is kept (posts are refused); sending to an online peer goes on.
+        case memoryShort(Bool)
     }
 
     public typealias Action = RendezvousAction
@@ -18,6 +21,7 @@ extension RendezvousServer: SansIOCore {
         case .accepted(let id): pending += accept(id, now: now)
         case .received(let id, let bytes, let unixSeconds): pending += receive(id, bytes, now: now, unixSeconds: unixSeconds)
         case .closed(let id): closed(id, now: now)
+        case .memoryShort(let short): memoryShort = short
         }
     }
 

@@ -114,6 +114,8 @@ public struct RendezvousServer: Sendable {
     }
     private var mailbox: [PublicKey: [Posted]] = [:]
     private var mailboxCount = 0
+    /// See ``Input/memoryShort(_:)``.
+    public internal(set) var memoryShort = false
     /// What the driver is to do, in order (``pollAction()``).
     var pending: [RendezvousAction] = []
     public private(set) var statistics = RendezvousStatistics()
@@ -272,6 +274,9 @@ public struct RendezvousServer: Sendable {
         case .post(let requestID, let to, let sealed):
             guard let from = c.key else {
                 return refuse(id, .notRegistered, "register before post", requestID: requestID, close: false)
+            }
+            guard !memoryShort else {
+                return refuse(id, .full, "the rendezvous is short of memory", requestID: requestID, close: false)
             }
             expireMailbox(of: to, now: now)
             var box = mailbox[to] ?? []

@@ -226,6 +226,13 @@ struct Relay: AsyncParsableCommand {
         help: "TCP and TLS connections open at once from one IP address; more are closed on accept.")
     var maxTCPConnectionsPerSource = 1_000
 
+    @Option(
+        name: .customLong("memory-limit"),
+        help: ArgumentHelp(
+            "Memory the relay may use, e.g. 512M or 2G (default: its cgroup's limit, ulimit -v or the machine's RAM, whichever is tightest). At 90 % of it new allocations, rooms and joins are refused (508) and what exists goes on; below 80 % they are taken again.",
+            valueName: "size"))
+    var memoryLimit: String?
+
     @Flag(
         name: .customLong("strict-channel-numbers"),
         help:
@@ -367,7 +374,15 @@ struct Relay: AsyncParsableCommand {
         }
         let logger = Logger(label: "tusa.relay")
 
-        let service = RelayService(configuration: configuration, logger: logger)
+        var limit: UInt64?
+        if let memoryLimit {
+            guard let bytes = MemoryLimit.parse(memoryLimit) else {
+                throw failure("--memory-limit must be a size such as 512M or 2G, not '\(memoryLimit)'")
+            }
+            limit = bytes
+        }
+        let memory = MemoryGuard(option: limit, logger: logger)
+        let service = RelayService(configuration: configuration, memory: memory, logger: logger)
 
         let party: PartyService?
         if let partyPort {
@@ -381,19 +396,22 @@ struct Relay: AsyncParsableCommand {
             let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
             party = PartyService(
                 address: TransportAddress(ip: ip, port: partyPort), identity: key, configuration: rooms,
-                keyLogPath: partyKeyLog, streamPorts: [nil] + partyTCPPorts.map { $0 }, logger: logger)
+                keyLogPath: partyKeyLog, streamPorts: [nil] + partyTCPPorts.map { $0 }, memory: memory, logger: logger)
         } else {
             guard identity == nil, partyKeyLog == nil, partyTCPPorts.isEmpty else {
                 throw failure("--identity, --party-tcp-port and --party-keylog need --party-port")
             }
             party = nil
         }
-        let metrics = metricsAddress.map { MetricsEndpoint.serving(service, party: party, on: $0, logger: logger) }
+        let metrics = metricsAddress.map {
+            MetricsEndpoint.serving(service, party: party, memory: memory, on: $0, logger: logger)
+        }
         let rendezvous = rendezvousPort.map { port in
-            makeRendezvous(port: port, configuration: configuration, service: service, party: party, logger: logger)
+            makeRendezvous(
+                port: port, configuration: configuration, service: service, party: party, memory: memory, logger: logger)
         }
         let services: [any Service] =
-            [service] + (metrics.map { [$0] } ?? []) + (rendezvous.map { [$0] } ?? []) + (party.map { [$0] } ?? [])
+            [memory, service] + (metrics.map { [$0] } ?? []) + (rendezvous.map { [$0] } ?? []) + (party.map { [$0] } ?? [])
         let group = ServiceGroup(
             configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         do {
@@ -435,7 +453,7 @@ struct Relay: AsyncParsableCommand {
     /// get credentials (the first secret) for the relay's own TURN sockets.
     private func makeRendezvous(
         port: UInt16, configuration: RelayService.Configuration, service: RelayService, party: PartyService?,
-        logger: Logger
+        memory: MemoryGuard, logger: Logger
     ) -> RendezvousService {
         let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
         var core = RendezvousServerConfiguration()
@@ -453,7 +471,7 @@ struct Relay: AsyncParsableCommand {
             turnURIs: {
                 try await service.turnURIs().map(\.description)
             },
-            party: partyGrant, logger: logger)
+            party: partyGrant, memory: memory, logger: logger)
     }
 
     private struct ConfigurationProblem: Error {

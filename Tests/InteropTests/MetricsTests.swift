@@ -185,6 +185,7 @@ struct MetricsTests {
             fingerprint
             no-cli
             prometheus
+            memory-limit=3G
             """)
         let relay = try #require(try await Harness.startRelay(["-c", config.path, "--prometheus-port", "0", "--no-tcp"])?.0)
         defer { relay.kill() }
@@ -201,9 +202,14 @@ struct MetricsTests {
             "tusa_allocations_deleted_total", "tusa_relayed_packets_total", "tusa_relayed_bytes_total",
             "tusa_auth_failures_total", "tusa_challenges_total", "tusa_turn_drops_total",
             "tusa_stun_responses_total", "tusa_stun_drops_total", "tusa_relay_ports_held", "tusa_relay_ports_free",
+            "tusa_memory_used_bytes", "tusa_memory_limit_bytes", "tusa_memory_short", "tusa_memory_refusals_total",
         ] {
             #expect(names.contains(name), "\(name) missing from /metrics")
         }
+        // The file's memory-limit is the fullest of the relay's limits (a few MiB of 3 GiB
+        // against a few of the machine's RAM), and memory is not short.
+        #expect(response.body.contains("\ntusa_memory_limit_bytes 3221225472.0\n"), "\(response.body)")
+        #expect(response.body.contains("\ntusa_memory_short 0.0\n"), "\(response.body)")
         #expect(!relay.stdout.contains("listening tcp"), "--no-tcp from the command line")
         #expect(
             relay.stderr.contains("tusa relay: notice: \(config.path):6: ignoring coturn option 'fingerprint'"), "\(relay.stderr)"

@@ -223,7 +223,8 @@ enum Harness {
         deinit { kill() }
     }
 
-    /// Starts `tusa relay` with the given arguments and returns it with its UDP port.
+    /// Starts `tusa relay` with the given arguments and returns it with its UDP port;
+    /// nil without the binary. A relay that does not start throws what it said.
     static func startRelay(_ arguments: [String]) async throws -> (Background, UInt16)? {
         guard let tusa else { return nil }
         let relay = try Background(tusa, ["relay"] + arguments)
@@ -231,7 +232,8 @@ enum Harness {
             let port = line.split(separator: ":").last.flatMap({ UInt16($0) })
         else {
             relay.kill()
-            return nil
+            _ = await relay.waitForExit(timeout: 2)
+            throw HarnessError("tusa relay \(arguments.joined(separator: " ")) did not start: \(relay.stderr.suffix(800))")
         }
         return (relay, port)
     }
@@ -310,6 +312,12 @@ extension Harness {
 
 /// A file in the temporary directory (a config file for `tusa relay -c`),
 /// removed when this goes away.
+/// A test's helper could not do what it was asked, and says why.
+struct HarnessError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
 final class TemporaryFile: Sendable {
     let path: String
 

@@ -69,14 +69,18 @@ struct RealPeerTests {
         #expect(r.stdout.contains("mapping: no NAT"), "\(r.stdout)")
         #expect(r.stdout.contains("filtering: endpoint-independent"), "\(r.stdout)")
         #expect(r.stdout.contains("NAT type: open internet"), "\(r.stdout)")
-        // And against tusa relay itself.
-        let p2 = Harness.freePortPair()
-        let (relay, _) = try #require(
-            try await Harness.startRelay(["--listen", "127.0.0.1:\(p2)", "--alt-address", "127.0.0.2:\(p2 + 1)"]))
+        // And against tusa relay itself, on ports it picks (ports picked here could be
+        // taken by a parallel test before it binds them).
+        let (relay, p2) = try #require(
+            try await Harness.startRelay(["--listen", "127.0.0.1:0", "--alt-address", "127.0.0.2:0", "--no-tcp"]))
         defer { relay.kill() }
         let t = try await Harness.run(tusa, ["stun", "--behavior", "--timeout", "2", "127.0.0.1:\(p2)"], timeout: 30)
         #expect(t.status == 0, "\(t.stdout) \(t.stderr)")
-        #expect(t.stdout.contains("other address: 127.0.0.2:\(p2 + 1)"), "\(t.stdout)")
+        // The other address is the alternate IP on the alternate port, both the relay's.
+        let other = t.stdout.split(separator: "\n").first { $0.hasPrefix("other address: 127.0.0.2:") }
+        let otherPort = other.flatMap { $0.split(separator: ":").last }.flatMap { UInt16($0) }
+        #expect(otherPort != nil && otherPort != p2, "\(t.stdout)")
+        #expect(relay.stdout.contains("listening udp 127.0.0.2:\(otherPort ?? 0)"), "\(relay.stdout)")
         #expect(t.stdout.contains("NAT type: open internet"), "\(t.stdout)")
     }
 

@@ -95,6 +95,38 @@ struct PartyRejoinTests {
         #expect(h.heard(again, from: aliceID).last == speech)
     }
 
+    /// While the relay is short of memory it takes no new room and no new member,
+    /// with a refusal saying why, and the members it has go on: they speak, and one
+    /// whose session died takes its seat back. Once memory is back, rooms are made again.
+    @Test func shortOfMemoryRefusesNewRoomsAndJoinsAndKeepsWhatIs() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol, dave] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        h.server.handle(.memoryShort(true), now: h.now)
+        h.input(carol, .create(name: "Dota", maxMembers: nil, invite: []))
+        #expect(h.refusals(carol) == [.tooManyRooms])
+        h.input(dave, .join(room: room))
+        #expect(h.refusals(dave) == [.full])
+        #expect(h.server.rooms.count == 1)
+        #expect(h.server.rooms[room]?.members.count == 2)
+        // Bob's session dies and comes back: a member coming back is not new work.
+        let bobID = try unwrap(h.id(bob))
+        h.disconnect(bob)
+        let again = PartySession(22)
+        h.reconnect(bob, as: again)
+        #expect(h.id(again) == bobID)
+        h.advance(by: .seconds(1))
+        h.speak(again, speech)
+        #expect(h.heard(alice, from: bobID).last == speech)
+        // Memory back: the refused are taken.
+        h.server.handle(.memoryShort(false), now: h.now)
+        h.input(dave, .join(room: room))
+        #expect(h.members[dave]?.room == room)
+        h.input(carol, .create(name: "Dota", maxMembers: nil, invite: []))
+        #expect(h.members[carol]?.room != nil)
+        #expect(h.server.rooms.count == 2)
+    }
+
     /// The relay restarts (Bob is back in the rebuilt room before Alice, the
     /// creator), then Bob is frozen long enough to give the relay up, and comes back
     /// on a new session, which replaces his old one (Alice sees him leave, rekeys, and

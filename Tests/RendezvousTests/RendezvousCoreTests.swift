@@ -260,6 +260,30 @@ extension RendezvousClient {
         #expect(try net.messages(ConnectionID(8)).contains { if case .error(.notRegistered, _, 1) = $0 { true } else { false } })
     }
 
+    /// Short of memory, the rendezvous keeps nothing new: a post is refused with a
+    /// reason (and kept posts are still delivered); sending to an online peer goes on.
+    @Test func shortOfMemoryRefusesPostsAndSendsStillGo() throws {
+        var net = Net(RendezvousServerConfiguration())
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        let (kept, frame) = try ca.post([1], to: bob.publicKey)
+        #expect(try net.request(a, frame, &ca) == [.sent(id: kept)])
+        net.feed(.memoryShort(true))
+        let (refused, again) = try ca.post([2], to: bob.publicKey)
+        #expect(
+            try net.request(a, again, &ca) == [.refused(code: .full, detail: "the rendezvous is short of memory", id: refused)])
+        #expect(net.server.statistics.posted == 1)
+        var cb = RendezvousClient(identity: bob)
+        let heard = try net.connect(b, &cb).compactMap { if case .received(_, let p) = $0 { p } else { nil } }
+        #expect(heard == [[1]])
+        let (sent, direct) = try ca.send([3], to: bob.publicKey)
+        #expect(try net.request(a, direct, &ca) == [.sent(id: sent)])
+        #expect(try net.pump(b, &cb).contains(.received(from: alice.publicKey, payload: [3])))
+        net.feed(.memoryShort(false))
+        let (accepted, later) = try ca.post([4], to: bob.publicKey)
+        #expect(try net.request(a, later, &ca) == [.sent(id: accepted)])
+    }
+
     @Test func aNewerRegistrationOfTheSameKeyReplacesTheOlder() throws {
         var net = Net()
         var first = RendezvousClient(identity: alice)
