@@ -109,9 +109,26 @@ public struct MemoryPressure: Sendable {
         self.low = low
     }
 
+    /// The fullest limit's use at the last sample, with what was charged since.
+    public private(set) var fullest: MemoryUse?
+
     /// The sample's fullest limit decides; a change is returned when the state flips.
     public mutating func update(_ uses: [MemoryUse]) -> Change? {
         guard let fullest = uses.max(by: { $0.ratio < $1.ratio }) else { return nil }
+        self.fullest = fullest
+        return decide(fullest)
+    }
+
+    /// New work about to use `bytes` (an estimate) before the next sample shows it: work
+    /// admitted thousands a second between two samples is counted as it comes.
+    public mutating func charge(_ bytes: UInt64) -> Change? {
+        guard var use = fullest else { return nil }
+        use.bytes &+= bytes
+        fullest = use
+        return decide(use)
+    }
+
+    private mutating func decide(_ fullest: MemoryUse) -> Change? {
         if shortage == nil, fullest.ratio >= high {
             shortage = fullest
             return .began(fullest)
@@ -263,16 +280,27 @@ public final class MemoryGuard: Service, Sendable {
     /// The fullest limit at the last sample.
     public var lastSample: MemoryUse? { state.withLockedValue { $0.lastSample } }
 
-    /// Work refused for memory so far (counted by ``refuse()``).
+    /// Work refused for memory so far (counted by ``admit(cost:)``).
     public var refusals: Int { state.withLockedValue { $0.refusals } }
 
-    /// The shortage, counted as one refusal, or nil when new work is welcome.
-    public func refuse() -> MemoryUse? {
-        state.withLockedValue { state in
-            guard let shortage = state.pressure.shortage else { return nil }
-            state.refusals += 1
-            return shortage
+    /// What a TURN allocation is taken to use until a sample shows it: its state, and
+    /// its socket's kernel memory (counted by a cgroup).
+    public static let allocationCost: UInt64 = 4096
+
+    /// Admits new work that will use about `cost` bytes: nil, and the cost is counted
+    /// until the next sample; or, while memory is short, the shortage (counted as a refusal).
+    public func admit(cost: UInt64 = MemoryGuard.allocationCost) -> MemoryUse? {
+        let (refused, change, low) = state.withLockedValue { state -> (MemoryUse?, MemoryPressure.Change?, Double) in
+            if let shortage = state.pressure.shortage {
+                state.refusals += 1
+                return (shortage, nil, state.pressure.low)
+            }
+            let change = state.pressure.charge(cost)
+            if let change { Self.tell(state.observers, change) }
+            return (nil, change, state.pressure.low)
         }
+        if let change { say(change, low: low) }
+        return refused
     }
 
     /// `body` is told now whether memory is short, and again each time that changes,
@@ -299,13 +327,19 @@ public final class MemoryGuard: Service, Sendable {
         let (change, low) = state.withLockedValue { state in
             state.lastSample = uses.max(by: { $0.ratio < $1.ratio })
             let change = state.pressure.update(uses)
-            if let change {
-                for observer in state.observers.values {
-                    if case .began = change { observer(true) } else { observer(false) }
-                }
-            }
+            if let change { Self.tell(state.observers, change) }
             return (change, state.pressure.low)
         }
+        if let change { say(change, low: low) }
+    }
+
+    private static func tell(_ observers: [Int: @Sendable (Bool) -> Void], _ change: MemoryPressure.Change) {
+        for observer in observers.values {
+            if case .began = change { observer(true) } else { observer(false) }
+        }
+    }
+
+    private func say(_ change: MemoryPressure.Change, low: Double) {
         switch change {
         case .began(let use):
             logger.warning(
@@ -313,8 +347,6 @@ public final class MemoryGuard: Service, Sendable {
             )
         case .ended(let use):
             logger.notice("memory: \(use); taking new allocations, rooms, joins and posts again")
-        case nil:
-            break
         }
     }
 

@@ -404,7 +404,7 @@ final class TURNLane: TURNRelayPorts {
         relay: TransportAddress, reserved: TransportAddress?
     )? {
         guard !stopped, relaySet >= 0, let ip = plan.ip(for: family) else { return nil }
-        if let short = memory?.refuse() {
+        if let short = memory?.admit() {
             reportMemory(short)
             return nil
         }
