@@ -16,6 +16,8 @@ let package = Package(
         // The server side: `tusa relay` as a library (listeners, TURN lanes, raw relay
         // IO, metrics, config file, rendezvous service).
         .library(name: "Relay", targets: ["Relay"]),
+        // The directory's database side (server only).
+        .library(name: "Directory", targets: ["Directory"]),
         // The crypto core alone, for users (and the benchmarks) that need no NIO.
         .library(name: "Secure", targets: ["Secure"]),
         .library(name: "TusaInterop", targets: ["TusaInterop"]),
@@ -37,6 +39,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        .package(url: "https://github.com/vapor/sqlite-nio.git", from: "1.13.2"),
     ],
     targets: [
         // System libraries (Debian -dev packages); no logic lives here.
@@ -154,6 +157,18 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // The directory (server side): what the rendezvous keeps across restarts,
+        // in a database (SQLite through sqlite-nio), behind `tusa directory`.
+        .target(
+            name: "Directory",
+            dependencies: [
+                "Relay", "Rendezvous", "Secure",
+                .product(name: "SQLiteNIO", package: "sqlite-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
         // The voice engine: codecs (Opus, Speex), the 8 kHz DSP chain (speexdsp), the
         // adaptive jitter buffer with concealment and time-stretch, mixer, audio
         // devices (WAV via libsndfile, generators, PortAudio loaded at run time), PCM taps.
@@ -173,7 +188,7 @@ let package = Package(
             name: "tusa",
             dependencies: [
                 "TusaBase", "STUN", "TURN", "Transport", "Relay", "TusaInterop", "Secure", "Voice", "Rendezvous", "Call", "Party",
-                "CSodium", "COpus", "CSpeex", "CSpeexDSP",
+                "Directory", "CSodium", "COpus", "CSpeex", "CSpeexDSP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -278,6 +293,15 @@ let package = Package(
         .testTarget(
             name: "PartyTests",
             dependencies: ["Party", "Secure", "TusaBase"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "DirectoryTests",
+            dependencies: [
+                "Directory", "Rendezvous", "Secure",
+                .product(name: "SQLiteNIO", package: "sqlite-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

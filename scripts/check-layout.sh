@@ -22,10 +22,10 @@ def closure(name):
     return seen | products
 rules = {
     # what a calling app links
-    "Call": {"Relay", "CRelayIO", "NIOSSL", "NIOHTTP1", "Prometheus", "ServiceLifecycle", "CoreMetrics"},
-    "Transport": {"Relay", "CRelayIO", "NIOSSL", "NIOHTTP1", "Prometheus", "ServiceLifecycle", "CoreMetrics"},
+    "Call": {"Relay", "Directory", "SQLiteNIO", "CRelayIO", "NIOSSL", "NIOHTTP1", "Prometheus", "ServiceLifecycle", "CoreMetrics"},
+    "Transport": {"Relay", "Directory", "SQLiteNIO", "CRelayIO", "NIOSSL", "NIOHTTP1", "Prometheus", "ServiceLifecycle", "CoreMetrics"},
     # sans-IO cores: no sockets, no event loops
-    **{core: {"NIOCore", "NIOPosix", "Transport", "Relay", "CRelayIO"} for core in
+    **{core: {"NIOCore", "NIOPosix", "Transport", "Relay", "Directory", "CRelayIO"} for core in
        ["TusaBase", "STUN", "TURN", "Secure", "ICE", "Rendezvous", "Voice"] + [t for t in ["CallControl", "Party"] if t in targets]},
 }
 failed = False

@@ -24,6 +24,8 @@ public final class RendezvousService: Service, Sendable {
     private let party: (@Sendable () async throws -> PartyGrant)?
     /// While it says memory is short, posts are refused.
     private let memory: MemoryGuard?
+    /// Where posts and seen keys are written, and read back at start (a directory's database).
+    private let store: (any RendezvousStore)?
 
     /// `turnURIs`, when given, supplies the URIs of TURN grants once known (after the
     /// relay bound its sockets); `configuration.turn` supplies the secret and lifetime.
@@ -32,9 +34,11 @@ public final class RendezvousService: Service, Sendable {
     public init(
         address: TransportAddress, configuration: RendezvousServerConfiguration = .init(),
         turnURIs: (@Sendable () async throws -> [String])? = nil,
-        party: (@Sendable () async throws -> PartyGrant)? = nil, memory: MemoryGuard? = nil, logger: Logger
+        party: (@Sendable () async throws -> PartyGrant)? = nil, memory: MemoryGuard? = nil,
+        store: (any RendezvousStore)? = nil, logger: Logger
     ) {
         self.memory = memory
+        self.store = store
         self.address = address
         self.configuration = configuration
         admission = ConnectionAdmission(limits: .init(total: .max, perSource: configuration.maximumConnectionsPerSource))
@@ -67,15 +71,35 @@ public final class RendezvousService: Service, Sendable {
                 throw error
             }
         }
+        var snapshot: RendezvousSnapshot?
+        if let store {
+            do {
+                snapshot = try await store.load(
+                    unixSeconds: Hub.unixSeconds(), postsFor: configuration.mailboxLifetime,
+                    seenFor: configuration.rememberFor)
+            } catch {
+                let failure = RelayServiceError(.invalidConfiguration, "cannot read the directory's database: \(error)")
+                bound.resolve(.failure(failure))
+                throw failure
+            }
+        }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let loop = group.next()
         let core = RendezvousServer(configuration: configuration)
         let logger = self.logger
+        let writer = store.map { RecordWriter(store: $0, logger: logger) }
         let hub = try await loop.submit { [statisticsBox] in
             NIOLoopBound(
-                Hub(core: core, loop: loop, logger: logger) { stats in statisticsBox.withLockedValue { $0 = stats } },
+                Hub(core: core, loop: loop, writer: writer, restoring: snapshot, logger: logger) { stats in
+                    statisticsBox.withLockedValue { $0 = stats }
+                },
                 eventLoop: loop)
         }.get()
+        if let snapshot {
+            logger.info(
+                "rendezvous: restored from the database",
+                metadata: ["posts": "\(snapshot.posts.count)", "keys": "\(snapshot.seen.count)"])
+        }
         let channel: any Channel
         do {
             // One event loop: every connection's channel lives on the hub's loop.
@@ -104,7 +128,9 @@ public final class RendezvousService: Service, Sendable {
         if let memory, let observer { memory.stopObserving(observer) }
         try? await channel.close()
         try? await loop.submit { hub.value.closeAll() }.get()
+        if let writer { await writer.finish() }
         try? await group.shutdownGracefully()
+        await store?.close()
     }
 }
 
@@ -116,18 +142,32 @@ final class Hub {
     private var nextID: UInt64 = 1
     private let logger: Logger
     private let publish: (RendezvousStatistics) -> Void
+    private let loop: any EventLoop
+    /// Writes records to the store, in order; nil without one.
+    private let writer: RecordWriter?
+    /// Records handed to the writer, and those it has written.
+    private var recordsIssued: UInt64 = 0
+    private var recordsWritten: UInt64 = 0
+    /// Sends and closes that came after a record not yet written, with that record's number.
+    private var held: [(after: UInt64, action: RendezvousAction)] = []
 
-    init(core: RendezvousServer, loop: any EventLoop, logger: Logger, publish: @escaping (RendezvousStatistics) -> Void) {
+    init(
+        core: RendezvousServer, loop: any EventLoop, writer: RecordWriter? = nil, restoring snapshot: RendezvousSnapshot? = nil,
+        logger: Logger, publish: @escaping (RendezvousStatistics) -> Void
+    ) {
         self.logger = logger
         self.publish = publish
+        self.loop = loop
+        self.writer = writer
         host = CoreHost(core, on: loop) { [unowned self] action in
             perform(action)
         } afterActions: { [unowned self] in
             publish(host.read { $0.statistics })
         }
+        if let snapshot { host.handle(.restore(snapshot, unixSeconds: Self.unixSeconds())) }
     }
 
-    private static func unixSeconds() -> UInt64 { UInt64(max(0, Date().timeIntervalSince1970)) }
+    static func unixSeconds() -> UInt64 { UInt64(max(0, Date().timeIntervalSince1970)) }
 
     func opened(_ channel: any Channel) -> ConnectionID {
         let id = ConnectionID(nextID)
@@ -155,7 +195,35 @@ final class Hub {
     }
 
     private func perform(_ action: RendezvousAction) {
+        if case .record(let record) = action {
+            guard let writer else { return }
+            recordsIssued += 1
+            let number = recordsIssued
+            let hub = NIOLoopBound(self, eventLoop: loop)
+            writer.write(record) {
+                hub.eventLoop.execute { hub.value.written(number) }
+            }
+            return
+        }
+        // A post is acknowledged once it is written down, not before.
+        if recordsWritten < recordsIssued {
+            held.append((recordsIssued, action))
+            return
+        }
+        carryOut(action)
+    }
+
+    private func written(_ number: UInt64) {
+        recordsWritten = max(recordsWritten, number)
+        let ready = held.prefix { $0.after <= recordsWritten }
+        held.removeFirst(ready.count)
+        for entry in ready { carryOut(entry.action) }
+    }
+
+    private func carryOut(_ action: RendezvousAction) {
         switch action {
+        case .record:
+            break
         case .send(let id, let bytes):
             guard let channel = channels[id] else { return }
             channel.writeAndFlush(channel.allocator.buffer(bytes: bytes), promise: nil)
@@ -165,6 +233,53 @@ final class Hub {
             // After what was written for it (the error that says why).
             channel.writeAndFlush(channel.allocator.buffer(capacity: 0)).whenComplete { _ in channel.close(promise: nil) }
         }
+    }
+}
+
+/// Writes a rendezvous's records to its store in order, a transaction per batch
+/// (what arrived while the last one was written), and says when each is written.
+/// A failed write is logged (once a minute) and counted as done: the rendezvous
+/// goes on serving from memory rather than hold every acknowledgement.
+final class RecordWriter: Sendable {
+    private typealias Entry = (record: RendezvousRecord, done: @Sendable () -> Void)
+    private let queue = NIOLockedValueBox<[Entry]>([])
+    private let wake: AsyncStream<Void>.Continuation
+    private let task: Task<Void, Never>
+
+    init(store: any RendezvousStore, logger: Logger) {
+        let (wakes, wake) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+        self.wake = wake
+        let queue = self.queue
+        task = Task {
+            var said: ContinuousClock.Instant?
+            for await _ in wakes {
+                // Everything waiting goes in one transaction.
+                while case let batch = queue.withLockedValue({ q in
+                    defer { q.removeAll() }
+                    return q
+                }), !batch.isEmpty {
+                    do { try await store.write(batch.map(\.record)) } catch {
+                        let now = ContinuousClock.now
+                        if said.map({ now - $0 > .seconds(60) }) ?? true {
+                            said = now
+                            logger.error("directory database: cannot write \(batch.count) records: \(error)")
+                        }
+                    }
+                    for entry in batch { entry.done() }
+                }
+            }
+        }
+    }
+
+    func write(_ record: RendezvousRecord, then done: @escaping @Sendable () -> Void) {
+        queue.withLockedValue { $0.append((record, done)) }
+        wake.yield()
+    }
+
+    /// Writes what is queued, then stops.
+    func finish() async {
+        wake.finish()
+        await task.value
     }
 }
 

@@ -9,6 +9,9 @@ extension RendezvousServer: SansIOCore {
         case received(ConnectionID, [UInt8], unixSeconds: UInt64)
         /// The driver saw the connection close.
         case closed(ConnectionID)
+        /// What a store kept before this process started (``RendezvousRecord``), with
+        /// the Unix time now: given before the first connection.
+        case restore(RendezvousSnapshot, unixSeconds: UInt64)
         /// The host is short of memory (true) or no longer (false): while it is,
         /// nothing new is kept (posts are refused); sending to an online peer goes on.
         case memoryShort(Bool)
@@ -17,18 +20,34 @@ extension RendezvousServer: SansIOCore {
     public typealias Action = RendezvousAction
 
     public mutating func handle(_ input: Input, now: Timestamp) {
+        let actions: [RendezvousAction]
         switch input {
-        case .accepted(let id): pending += accept(id, now: now)
-        case .received(let id, let bytes, let unixSeconds): pending += receive(id, bytes, now: now, unixSeconds: unixSeconds)
-        case .closed(let id): closed(id, now: now)
-        case .memoryShort(let short): memoryShort = short
+        case .accepted(let id): actions = accept(id, now: now)
+        case .received(let id, let bytes, let unixSeconds): actions = receive(id, bytes, now: now, unixSeconds: unixSeconds)
+        case .closed(let id):
+            closed(id, now: now)
+            actions = []
+        case .restore(let snapshot, let unixSeconds):
+            restore(snapshot, unixSeconds: unixSeconds, now: now)
+            actions = []
+        case .memoryShort(let short):
+            memoryShort = short
+            actions = []
         }
+        emit(actions)
     }
 
     /// Connections that did not register in time or went silent are closed; peers
     /// forgotten after `rememberFor`.
     public mutating func handleTimeout(now: Timestamp) {
-        pending += poll(now: now)
+        emit(poll(now: now))
+    }
+
+    /// The records an input made go before its actions: a post is written down before it is acknowledged.
+    private mutating func emit(_ actions: [RendezvousAction]) {
+        pending += records.map(RendezvousAction.record)
+        records.removeAll()
+        pending += actions
     }
 
     public mutating func pollAction() -> RendezvousAction? {

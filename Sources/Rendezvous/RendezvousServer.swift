@@ -15,6 +15,9 @@ public enum RendezvousAction: Equatable, Sendable {
     case send(ConnectionID, [UInt8])
     /// Close the connection (after writing what was queued for it).
     case close(ConnectionID)
+    /// Write this down (a driver with a store; others ignore it). The actions after
+    /// a record (the `sent` that acknowledges a post) are to wait until it is written.
+    case record(RendezvousRecord)
 }
 
 public struct RendezvousServerConfiguration: Sendable {
@@ -106,12 +109,18 @@ public struct RendezvousServer: Sendable {
     public let configuration: RendezvousServerConfiguration
     private var connections: [ConnectionID: Connection] = [:]
     private var registry: [PublicKey: ConnectionID] = [:]
+    /// Keys that were registered, with when they are forgotten.
     private var seen: [PublicKey: Timestamp] = [:]
     private struct Posted {
+        var id: UInt64
         var from: PublicKey
         var sealed: [UInt8]
-        var at: Timestamp
+        /// When it is no longer kept.
+        var expires: Timestamp
     }
+    private var nextPostID: UInt64 = 1
+    /// Records made while handling an input, put before its actions (``pending``).
+    var records: [RendezvousRecord] = []
     private var mailbox: [PublicKey: [Posted]] = [:]
     private var mailboxCount = 0
     /// See ``Input/memoryShort(_:)``.
@@ -187,7 +196,7 @@ public struct RendezvousServer: Sendable {
                 actions += refuse(id, .timeout, "silent for \(configuration.idleTimeout)", requestID: nil, close: true)
             }
         }
-        seen = seen.filter { now - $0.value < configuration.rememberFor }
+        seen = seen.filter { now < $0.value }
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
         return actions
     }
@@ -197,9 +206,9 @@ public struct RendezvousServer: Sendable {
         let connection = connections.values.map {
             $0.key == nil ? $0.opened + configuration.registrationTimeout : $0.lastHeard + configuration.idleTimeout
         }.min()
-        let forget = seen.values.min().map { $0 + configuration.rememberFor }
+        let forget = seen.values.min()
         // Each box is in posting order: its first entry is its oldest.
-        let expire = mailbox.values.compactMap { $0.first?.at }.min().map { $0 + configuration.mailboxLifetime }
+        let expire = mailbox.values.compactMap { $0.first?.expires }.min()
         return [connection, forget, expire].compactMap { $0 }.min()
     }
 
@@ -241,6 +250,7 @@ public struct RendezvousServer: Sendable {
             connections[id] = c
             registry[key] = id
             seen[key] = nil
+            records.append(.seen(key, unixSeconds: unixSeconds))
             statistics.registered = registry.count
             let grant = configuration.turn?.grant(for: key, unixSeconds: unixSeconds)
             actions.append(.send(id, RendezvousFrame.frame(.registered(turn: grant, party: configuration.party))))
@@ -261,7 +271,7 @@ public struct RendezvousServer: Sendable {
                 return refuse(id, .notRegistered, "register before send", requestID: requestID, close: false)
             }
             guard let target = registry[to] else {
-                let known = seen[to].map { now - $0 < configuration.rememberFor } ?? false
+                let known = seen[to].map { now < $0 } ?? false
                 return known
                     ? refuse(id, .offline, "\(to) is offline", requestID: requestID, close: false)
                     : refuse(id, .unknownPeer, "no peer registered under \(to)", requestID: requestID, close: false)
@@ -281,13 +291,16 @@ public struct RendezvousServer: Sendable {
             expireMailbox(of: to, now: now)
             var box = mailbox[to] ?? []
             if box.count >= configuration.mailboxPerKey {
-                box.removeFirst()
+                records.append(.dropped([box.removeFirst().id]))
                 mailboxCount -= 1
             }
             guard mailboxCount < configuration.mailboxTotal else {
                 return refuse(id, .full, "the rendezvous keeps \(mailboxCount) posts", requestID: requestID, close: false)
             }
-            box.append(Posted(from: from, sealed: sealed, at: now))
+            let post = RendezvousPost(id: nextPostID, to: to, from: from, sealed: sealed, unixSeconds: unixSeconds)
+            nextPostID += 1
+            records.append(.posted(post))
+            box.append(Posted(id: post.id, from: from, sealed: sealed, expires: now + configuration.mailboxLifetime))
             mailbox[to] = box
             mailboxCount += 1
             statistics.posted = mailboxCount
@@ -309,9 +322,11 @@ public struct RendezvousServer: Sendable {
     /// Drops what was posted for `key` longer ago than the mailbox keeps it.
     private mutating func expireMailbox(of key: PublicKey, now: Timestamp) {
         guard var box = mailbox[key] else { return }
-        let before = box.count
-        box.removeAll { now - $0.at >= configuration.mailboxLifetime }
-        mailboxCount -= before - box.count
+        let expired = box.filter { now >= $0.expires }.map(\.id)
+        guard !expired.isEmpty else { return }
+        box.removeAll { now >= $0.expires }
+        records.append(.dropped(expired))
+        mailboxCount -= expired.count
         mailbox[key] = box.isEmpty ? nil : box
         statistics.posted = mailboxCount
     }
@@ -334,11 +349,36 @@ public struct RendezvousServer: Sendable {
         return actions
     }
 
+    /// What a store kept, back in the core: posts aged as their Unix times say
+    /// (against `unixSeconds`, now), and keys seen, for "offline" answers.
+    mutating func restore(_ snapshot: RendezvousSnapshot, unixSeconds: UInt64, now: Timestamp) {
+        /// `lifetime` from Unix time `then`, on this process's clock.
+        func end(_ then: UInt64, _ lifetime: Duration) -> Timestamp {
+            let age = Duration.seconds(Int64(min(unixSeconds &- min(then, unixSeconds), UInt64(Int64.max / 2))))
+            return age >= lifetime ? now : now + (lifetime - age)
+        }
+        for post in snapshot.posts {
+            var box = mailbox[post.to] ?? []
+            box.append(
+                Posted(
+                    id: post.id, from: post.from, sealed: post.sealed,
+                    expires: end(post.unixSeconds, configuration.mailboxLifetime)))
+            mailbox[post.to] = box
+            mailboxCount += 1
+            nextPostID = max(nextPostID, post.id + 1)
+        }
+        for (key, then) in snapshot.seen where registry[key] == nil {
+            let forget = end(then, configuration.rememberFor)
+            if seen[key].map({ $0 < forget }) ?? true { seen[key] = forget }
+        }
+        statistics.posted = mailboxCount
+    }
+
     private mutating func remember(_ key: PublicKey, _ now: Timestamp) {
         if seen.count >= configuration.rememberedKeys, let oldest = seen.min(by: { $0.value < $1.value })?.key {
             seen[oldest] = nil
         }
-        seen[key] = now
+        seen[key] = now + configuration.rememberFor
     }
 
     private mutating func count(_ code: RendezvousErrorCode) { statistics.refused[code, default: 0] += 1 }

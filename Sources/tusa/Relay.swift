@@ -1,4 +1,5 @@
 import ArgumentParser
+import Directory
 import Foundation
 import Logging
 import Party
@@ -272,6 +273,13 @@ struct Relay: AsyncParsableCommand {
     )
     var rendezvousPort: UInt16?
 
+    @Option(
+        name: .customLong("rendezvous-database"),
+        help: ArgumentHelp(
+            "Keep the rendezvous's invitations and known keys in this database (sqlite:PATH), so that they outlive a restart, as tusa directory does (default: in memory).",
+            valueName: "url"))
+    var rendezvousDatabase: String?
+
     // Parties (group voice rooms, end-to-end encrypted).
 
     @Option(
@@ -406,9 +414,21 @@ struct Relay: AsyncParsableCommand {
         let metrics = metricsAddress.map {
             MetricsEndpoint.serving(service, party: party, memory: memory, on: $0, logger: logger)
         }
+        var store: SQLiteDirectoryStore?
+        if let rendezvousDatabase {
+            guard rendezvousPort != nil else { throw failure("--rendezvous-database needs --rendezvous-port") }
+            do {
+                switch try DirectoryDatabase(rendezvousDatabase) {
+                case .sqlite(let path): store = try await SQLiteDirectoryStore.open(path: path, logger: logger)
+                }
+            } catch {
+                throw failure(error.description)
+            }
+        }
         let rendezvous = rendezvousPort.map { port in
             makeRendezvous(
-                port: port, configuration: configuration, service: service, party: party, memory: memory, logger: logger)
+                port: port, configuration: configuration, service: service, party: party, memory: memory, store: store,
+                logger: logger)
         }
         let services: [any Service] =
             [memory, service] + (metrics.map { [$0] } ?? []) + (rendezvous.map { [$0] } ?? []) + (party.map { [$0] } ?? [])
@@ -453,7 +473,7 @@ struct Relay: AsyncParsableCommand {
     /// get credentials (the first secret) for the relay's own TURN sockets.
     private func makeRendezvous(
         port: UInt16, configuration: RelayService.Configuration, service: RelayService, party: PartyService?,
-        memory: MemoryGuard, logger: Logger
+        memory: MemoryGuard, store: (any RendezvousStore)?, logger: Logger
     ) -> RendezvousService {
         let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
         var core = RendezvousServerConfiguration()
@@ -471,7 +491,7 @@ struct Relay: AsyncParsableCommand {
             turnURIs: {
                 try await service.turnURIs().map(\.description)
             },
-            party: partyGrant, memory: memory, logger: logger)
+            party: partyGrant, memory: memory, store: store, logger: logger)
     }
 
     private struct ConfigurationProblem: Error {

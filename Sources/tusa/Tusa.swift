@@ -8,7 +8,8 @@ struct Tusa: AsyncParsableCommand {
         abstract: "Encrypted voice over UDP that gets through NATs.",
         version: TusaVersion.string,
         subcommands: [
-            Relay.self, Stun.self, Turn.self, Keygen.self, CallCommand.self, AnswerCommand.self, PartyCommand.self,
+            Relay.self, DirectoryCommand.self, Stun.self, Turn.self, Keygen.self, CallCommand.self, AnswerCommand.self,
+            PartyCommand.self,
             VoiceCommand.self,
             Interop.self,
             Version.self,

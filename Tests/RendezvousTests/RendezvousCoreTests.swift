@@ -14,6 +14,10 @@ private struct Net {
     /// What the server sent each connection, unframed, and which connections it closed.
     var inbox: [ConnectionID: [UInt8]] = [:]
     var closed: Set<ConnectionID> = []
+    /// What the server asked to be written down, in order; and, per record, the
+    /// actions that came after it in the same batch (which wait for it).
+    var records: [RendezvousRecord] = []
+    var afterRecords: [RendezvousAction] = []
 
     init(_ configuration: RendezvousServerConfiguration = .init()) { server = RendezvousServer(configuration: configuration) }
 
@@ -29,11 +33,17 @@ private struct Net {
     }
 
     mutating func apply(_ actions: [RendezvousAction]) {
+        var recorded = false
         for a in actions {
             switch a {
             case .send(let id, let bytes): inbox[id, default: []] += bytes
             case .close(let id): closed.insert(id)
+            case .record(let r):
+                records.append(r)
+                recorded = true
+                continue
             }
+            if recorded { afterRecords.append(a) }
         }
     }
     mutating func take(_ id: ConnectionID) -> [UInt8] {
@@ -282,6 +292,63 @@ extension RendezvousClient {
         net.feed(.memoryShort(false))
         let (accepted, later) = try ca.post([4], to: bob.publicKey)
         #expect(try net.request(a, later, &ca) == [.sent(id: accepted)])
+    }
+
+    /// Posts are written down before they are acknowledged, with every drop (a full
+    /// box, the day's end); registrations too. A new server given them back delivers
+    /// the posts as old as they were, and tells "offline" from "unknown".
+    @Test func postsAndRegistrationsAreRecordedAndRestoredAfterARestart() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.mailboxPerKey = 2
+        var net = Net(configuration)
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        #expect(net.records == [.seen(alice.publicKey, unixSeconds: net.unix)])
+        for n: UInt8 in 1...3 {
+            let (id, frame) = try ca.post([n], to: bob.publicKey)
+            net.afterRecords = []
+            #expect(try net.request(a, frame, &ca) == [.sent(id: id)])
+            // The acknowledgement comes after the record, in the same batch.
+            #expect(net.afterRecords.contains { if case .send(a, _) = $0 { true } else { false } })
+        }
+        let posts = net.records.compactMap { if case .posted(let p) = $0 { p } else { nil } }
+        #expect(posts.count == 3 && Set(posts.map(\.sealed)).count == 3, "three sealed posts")
+        #expect(posts.allSatisfy { $0.to == bob.publicKey && $0.from == alice.publicKey && $0.unixSeconds == net.unix })
+        #expect(net.records.contains(.dropped([posts[0].id])), "the box holds two: the first went")
+
+        // A restart an hour later: the store gives back what is still kept.
+        var restarted = Net(configuration)
+        restarted.now = .seconds(50)  // a new process: its own clock
+        let hourLater = net.unix + 3600
+        restarted.feed(
+            .restore(
+                RendezvousSnapshot(posts: Array(posts[1...]), seen: [alice.publicKey: net.unix]), unixSeconds: hourLater))
+        #expect(restarted.server.statistics.posted == 2)
+        var cb = RendezvousClient(identity: bob)
+        let heard = try restarted.connect(b, &cb).compactMap { if case .received(_, let p) = $0 { p } else { nil } }
+        #expect(heard == [[2], [3]])
+        // Alice was here: offline, not unknown. A key never seen is unknown.
+        let (sent, frame) = try cb.send([9], to: alice.publicKey)
+        #expect(
+            try restarted.request(b, frame, &cb).contains { if case .refused(.offline, _, sent) = $0 { true } else { false } })
+        let stranger = PrivateKey.generate().publicKey
+        let (other, unknown) = try cb.send([9], to: stranger)
+        #expect(
+            try restarted.request(b, unknown, &cb).contains {
+                if case .refused(.unknownPeer, _, other) = $0 { true } else { false }
+            })
+        // New posts are numbered after the restored ones.
+        restarted.records = []
+        let (id, again) = try cb.post([4], to: alice.publicKey)
+        #expect(try restarted.request(b, again, &cb) == [.sent(id: id)])
+        let next = restarted.records.compactMap { if case .posted(let p) = $0 { p.id } else { nil } }
+        #expect(next.count == 1 && next[0] > posts[2].id)
+        // The day ends 23 hours after the restart for the restored posts: dropped, and said so.
+        restarted.now = restarted.now + .seconds(23 * 3600)
+        restarted.records = []
+        restarted.tick()
+        #expect(restarted.records.contains(.dropped([posts[1].id, posts[2].id])))
+        #expect(restarted.server.statistics.posted == 1)
     }
 
     @Test func aNewerRegistrationOfTheSameKeyReplacesTheOlder() throws {

@@ -1,0 +1,167 @@
+import Foundation
+import Logging
+import NIOCore
+import Relay
+import Rendezvous
+import SQLiteNIO
+import Secure
+
+/// The directory's rows in an SQLite file (sqlite-nio): posts (invitations) and
+/// the keys seen, so that a directory that restarts, or is killed, still delivers
+/// what was posted and still tells "offline" from "unknown". One schema with
+/// numbered migrations, applied when the file is opened.
+public actor SQLiteDirectoryStore: RendezvousStore {
+    /// Migration N (from 1) is `migrations[N - 1]`, its statements in order.
+    static let migrations: [[String]] = [
+        [
+            """
+            CREATE TABLE posts (id INTEGER PRIMARY KEY, recipient BLOB NOT NULL, sender BLOB NOT NULL,
+                sealed BLOB NOT NULL, posted_at INTEGER NOT NULL)
+            """,
+            "CREATE INDEX posts_by_time ON posts (posted_at)",
+            "CREATE TABLE seen (key BLOB PRIMARY KEY, at INTEGER NOT NULL)",
+        ]
+    ]
+
+    /// The schema this build knows.
+    public static var schemaVersion: Int { migrations.count }
+
+    private let connection: SQLiteConnection
+    public let path: String
+
+    private init(connection: SQLiteConnection, path: String) {
+        self.connection = connection
+        self.path = path
+    }
+
+    /// Opens (or makes) the file and brings its schema up to date.
+    public static func open(path: String, logger: Logger) async throws(DirectoryError) -> SQLiteDirectoryStore {
+        let connection: SQLiteConnection
+        do { connection = try await SQLiteConnection.open(storage: .file(path: path), logger: logger) } catch {
+            throw DirectoryError("cannot open the database \(path): \(Self.reason(error))")
+        }
+        let store = SQLiteDirectoryStore(connection: connection, path: path)
+        do {
+            try await store.prepare(logger: logger)
+        } catch {
+            try? await connection.close()
+            throw error
+        }
+        return store
+    }
+
+    private func prepare(logger: Logger) async throws(DirectoryError) {
+        do {
+            // WAL: a commit is in the file once written, whatever kills the process next.
+            _ = try await connection.query("PRAGMA journal_mode = WAL", [])
+            _ = try await connection.query("PRAGMA synchronous = NORMAL", [])
+            _ = try await connection.query("PRAGMA busy_timeout = 5000", [])
+            _ = try await connection.query(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)", [])
+        } catch {
+            throw DirectoryError("\(path) is not a usable SQLite database: \(Self.reason(error))")
+        }
+        let current: Int
+        do {
+            let rows = try await connection.query("SELECT MAX(version) AS v FROM schema_migrations", [])
+            current = rows.first?.column("v")?.integer.map { Int($0) } ?? 0
+        } catch {
+            throw DirectoryError("cannot read the schema version of \(path): \(Self.reason(error))")
+        }
+        guard current <= Self.schemaVersion else {
+            throw DirectoryError(
+                "\(path) has schema version \(current), newer than this tusa's \(Self.schemaVersion): use a newer tusa")
+        }
+        for version in (current + 1)..<(Self.schemaVersion + 1) {
+            do {
+                try await transaction {
+                    for statement in Self.migrations[version - 1] { _ = try await connection.query(statement, []) }
+                    _ = try await connection.query(
+                        "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+                        [.integer(version), .integer(Int(Date().timeIntervalSince1970))])
+                }
+            } catch {
+                throw DirectoryError("cannot bring \(path) to schema version \(version): \(Self.reason(error))")
+            }
+            logger.info("directory database: schema version \(version)", metadata: ["database": "\(path)"])
+        }
+    }
+
+    public func load(unixSeconds: UInt64, postsFor: Duration, seenFor: Duration) async throws -> RendezvousSnapshot {
+        let postsSince = Int(clamping: unixSeconds) - Int(postsFor.components.seconds)
+        let seenSince = Int(clamping: unixSeconds) - Int(seenFor.components.seconds)
+        try await transaction {
+            _ = try await connection.query("DELETE FROM posts WHERE posted_at <= ?", [.integer(postsSince)])
+            _ = try await connection.query("DELETE FROM seen WHERE at <= ?", [.integer(seenSince)])
+        }
+        var snapshot = RendezvousSnapshot()
+        for row in try await connection.query(
+            "SELECT id, recipient, sender, sealed, posted_at FROM posts ORDER BY id", [])
+        {
+            guard let id = row.column("id")?.integer, let to = Self.key(row.column("recipient")),
+                let from = Self.key(row.column("sender")), let sealed = row.column("sealed")?.blob,
+                let at = row.column("posted_at")?.integer, id > 0, at >= 0
+            else { continue }  // a row this tusa did not write: left alone
+            snapshot.posts.append(
+                RendezvousPost(
+                    id: UInt64(id), to: to, from: from, sealed: Array(sealed.readableBytesView), unixSeconds: UInt64(at)))
+        }
+        for row in try await connection.query("SELECT key, at FROM seen", []) {
+            guard let key = Self.key(row.column("key")), let at = row.column("at")?.integer, at >= 0 else { continue }
+            snapshot.seen[key] = UInt64(at)
+        }
+        return snapshot
+    }
+
+    public func write(_ records: [RendezvousRecord]) async throws {
+        guard !records.isEmpty else { return }
+        try await transaction {
+            for record in records {
+                switch record {
+                case .posted(let post):
+                    _ = try await connection.query(
+                        "INSERT OR REPLACE INTO posts (id, recipient, sender, sealed, posted_at) VALUES (?, ?, ?, ?, ?)",
+                        [
+                            .integer(Int(clamping: post.id)), Self.blob(post.to.bytes), Self.blob(post.from.bytes),
+                            Self.blob(post.sealed), .integer(Int(clamping: post.unixSeconds)),
+                        ])
+                case .dropped(let ids):
+                    for id in ids {
+                        _ = try await connection.query("DELETE FROM posts WHERE id = ?", [.integer(Int(clamping: id))])
+                    }
+                case .seen(let key, let unixSeconds):
+                    _ = try await connection.query(
+                        "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)",
+                        [Self.blob(key.bytes), .integer(Int(clamping: unixSeconds))])
+                }
+            }
+        }
+    }
+
+    public func close() async {
+        try? await connection.close()
+    }
+
+    /// `body` in one transaction: all of it, or (it threw) none.
+    private func transaction(_ body: () async throws -> Void) async throws {
+        _ = try await connection.query("BEGIN IMMEDIATE", [])
+        do {
+            try await body()
+            _ = try await connection.query("COMMIT", [])
+        } catch {
+            _ = try? await connection.query("ROLLBACK", [])
+            throw error
+        }
+    }
+
+    private static func blob(_ bytes: [UInt8]) -> SQLiteData { .blob(ByteBuffer(bytes: bytes)) }
+
+    private static func key(_ data: SQLiteData?) -> PublicKey? {
+        guard let buffer = data?.blob else { return nil }
+        return try? PublicKey(bytes: Array(buffer.readableBytesView))
+    }
+
+    private static func reason(_ error: any Error) -> String {
+        (error as? SQLiteError)?.message ?? "\(error)"
+    }
+}

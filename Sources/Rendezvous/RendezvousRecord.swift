@@ -1,0 +1,44 @@
+import Secure
+
+/// What the rendezvous keeps beyond a connection, for a store to write down
+/// (``RendezvousAction/record(_:)``) and give back after a restart
+/// (``RendezvousServer/Input/restore(_:unixSeconds:)``): posts are rows first,
+/// and a directory that restarts still delivers them and still knows who was here.
+public enum RendezvousRecord: Equatable, Sendable {
+    /// A payload kept for its recipient.
+    case posted(RendezvousPost)
+    /// Posts no longer kept (expired, or pushed out of a full box by newer ones).
+    case dropped([UInt64])
+    /// A key registered at this Unix time.
+    case seen(PublicKey, unixSeconds: UInt64)
+}
+
+/// A payload posted for a peer (an invitation), numbered by the rendezvous.
+public struct RendezvousPost: Equatable, Sendable {
+    public var id: UInt64
+    public var to: PublicKey
+    public var from: PublicKey
+    public var sealed: [UInt8]
+    /// When it was posted (Unix time, seconds).
+    public var unixSeconds: UInt64
+
+    public init(id: UInt64, to: PublicKey, from: PublicKey, sealed: [UInt8], unixSeconds: UInt64) {
+        self.id = id
+        self.to = to
+        self.from = from
+        self.sealed = sealed
+        self.unixSeconds = unixSeconds
+    }
+}
+
+/// What a store gives back at start: the posts still kept, in posting order, and
+/// the keys seen, with when.
+public struct RendezvousSnapshot: Equatable, Sendable {
+    public var posts: [RendezvousPost]
+    public var seen: [PublicKey: UInt64]
+
+    public init(posts: [RendezvousPost] = [], seen: [PublicKey: UInt64] = [:]) {
+        self.posts = posts
+        self.seen = seen
+    }
+}

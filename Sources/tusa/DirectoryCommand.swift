@@ -1,0 +1,140 @@
+import ArgumentParser
+import Directory
+import Foundation
+import Logging
+import Relay
+import Rendezvous
+import Secure
+import ServiceLifecycle
+import TURN
+import TusaBase
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
+
+/// `tusa directory`: the rendezvous on its own, its posts and known keys in a database.
+struct DirectoryCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "directory",
+        abstract: "Serve the directory: presence, sealed signalling and invitations, kept in a database across restarts.",
+        discussion: """
+            Speaks the rendezvous protocol (what `tusa relay --rendezvous-port` serves): everything `tusa call`, \
+            `answer` and `party` do with --rendezvous works against it. Invitations posted for a peer are \
+            written to the database before they are acknowledged and are delivered at its next login for a \
+            day, whatever happens to the directory in between. Prints 'directory tcp ADDRESS' and \
+            'database …' to standard output, then serves until SIGTERM or SIGINT.
+            """
+    )
+
+    @Option(help: ArgumentHelp("Where to listen (TCP).", valueName: "ip:port"))
+    var listen = "0.0.0.0:3480"
+
+    @Option(help: ArgumentHelp("Where the rows are kept: sqlite:PATH.", valueName: "url"))
+    var database = "sqlite:tusa-directory.sqlite"
+
+    @Option(
+        name: .customLong("static-auth-secret"),
+        help: ArgumentHelp(
+            "The relays' REST secret: registered peers get TURN credentials (with --turn-uri).", valueName: "secret"))
+    var secret: String?
+
+    @Option(
+        name: .customLong("turn-uri"),
+        help: ArgumentHelp("A relay's TURN URI handed out with the credentials (repeatable).", valueName: "uri"))
+    var turnURIs: [String] = []
+
+    @Option(
+        name: .customLong("party-relay"),
+        help: ArgumentHelp("Where parties are hosted, told to every peer.", valueName: "ip:port"))
+    var partyRelay: String?
+
+    @Option(name: .customLong("party-key"), help: ArgumentHelp("That relay's public key.", valueName: "key"))
+    var partyKey: String?
+
+    @Option(
+        name: .customLong("memory-limit"),
+        help: ArgumentHelp("As tusa relay's: at 90 % of it, posts are refused.", valueName: "size"))
+    var memoryLimit: String?
+
+    @Option(name: .customLong("log-level"), help: "Log level on standard error.")
+    var logLevel: Relay.LogLevel = .info
+
+    func run() async throws {
+        guard let address = TransportAddress(listen, defaultPort: 3480) else {
+            throw failure("--listen must be IP:PORT, not '\(listen)'")
+        }
+        let databaseURL: DirectoryDatabase
+        do { databaseURL = try DirectoryDatabase(database) } catch { throw failure(error.description) }
+        var core = RendezvousServerConfiguration()
+        if let secret {
+            guard !turnURIs.isEmpty else { throw failure("--static-auth-secret needs at least one --turn-uri") }
+            for uri in turnURIs where (try? TURNURI(parsing: uri)) == nil {
+                throw failure("--turn-uri '\(uri)' is not a turn: or turns: URI")
+            }
+            core.turn = TURNIssuer(secret: secret, uris: turnURIs)
+        } else if !turnURIs.isEmpty {
+            throw failure("--turn-uri needs --static-auth-secret")
+        }
+        switch (partyRelay, partyKey) {
+        case (let relay?, let key?):
+            guard TransportAddress(relay) != nil else { throw failure("--party-relay must be IP:PORT, not '\(relay)'") }
+            guard PublicKey(base64: key) != nil else { throw failure("--party-key is not a public key: '\(key)'") }
+            core.party = PartyGrant(address: relay, key: key)
+        case (nil, nil): break
+        default: throw failure("--party-relay and --party-key go together")
+        }
+        var limit: UInt64?
+        if let memoryLimit {
+            guard let bytes = MemoryLimit.parse(memoryLimit) else {
+                throw failure("--memory-limit must be a size such as 512M or 2G, not '\(memoryLimit)'")
+            }
+            limit = bytes
+        }
+
+        let level = logLevel.level
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: "tusa.directory")
+        let store: SQLiteDirectoryStore
+        switch databaseURL {
+        case .sqlite(let path):
+            do { store = try await SQLiteDirectoryStore.open(path: path, logger: logger) } catch {
+                throw failure(error.description)
+            }
+        }
+        let memory = MemoryGuard(option: limit, logger: logger)
+        let service = RendezvousService(address: address, configuration: core, memory: memory, store: store, logger: logger)
+        let group = ServiceGroup(
+            configuration: .init(services: [memory, service], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        do {
+            try await withThrowingTaskGroup(of: Void.self) { tasks in
+                tasks.addTask { try await group.run() }
+                tasks.addTask {
+                    print("directory tcp \(try await service.boundAddress())")
+                    print("database \(databaseURL) (schema \(SQLiteDirectoryStore.schemaVersion))")
+                    fflush(nil)
+                }
+                try await tasks.waitForAll()
+            }
+        } catch let error as RelayServiceError {
+            throw failure(error.message)
+        } catch {
+            throw failure("\(error)")
+        }
+        print("stopped")
+        fflush(nil)
+    }
+
+    /// One line on standard error; throw the result to exit with status 1.
+    private func failure(_ message: String) -> ExitCode {
+        let line = Array("tusa directory: error: \(message)\n".utf8)
+        _ = line.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
+        return ExitCode(1)
+    }
+}

@@ -1,0 +1,108 @@
+import Foundation
+import Rendezvous
+import Secure
+import Testing
+import Transport
+import TusaBase
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+// `tusa directory` as a process, its database a file: what was posted survives the
+// directory's SIGKILL, and what the protocol does against it is what it does against
+// `tusa relay --rendezvous-port`.
+
+@Suite("tusa directory", .serialized)
+struct DirectoryCommandTests {
+    /// Starts `tusa directory` (or `tusa relay` with its rendezvous) on a free loopback
+    /// port with this database; returns it with the rendezvous's address.
+    private static func start(_ command: String, _ database: String) async throws -> (Harness.Background, TransportAddress) {
+        let tusa = try #require(Harness.tusa)
+        let (arguments, prefix) =
+            command == "directory"
+            ? (["directory", "--listen", "127.0.0.1:0", "--database", "sqlite:\(database)"], "directory tcp ")
+            : (
+                [
+                    "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--rendezvous-port", "0", "--rendezvous-database",
+                    "sqlite:\(database)",
+                ], "rendezvous tcp "
+            )
+        let process = try Harness.Background(tusa, arguments)
+        guard let line = await process.waitForMatch(prefix + #"127\.0\.0\.1:[0-9]+"#),
+            let address = TransportAddress(String(line.dropFirst(prefix.count)))
+        else {
+            process.kill()
+            _ = await process.waitForExit(timeout: 2)
+            throw HarnessError("tusa \(command) did not start: \(process.stderr.suffix(800))")
+        }
+        return (process, address)
+    }
+
+    /// An invitation posted for an offline peer is written before it is acknowledged:
+    /// the directory SIGKILLed right after and started again on the same file delivers
+    /// it at the peer's login, and still knows the poster (offline, not unknown).
+    @Test(
+        "an invitation acknowledged by tusa directory (or a relay's rendezvous with a database) survives its SIGKILL and is delivered at the next login",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
+        arguments: ["directory", "relay"])
+    func invitationsSurviveAKill(_ command: String) async throws {
+        let database = NSTemporaryDirectory() + "tusa-directory-\(UUID().uuidString).sqlite"
+        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: database + suffix) } }
+        let alice = PrivateKey.generate()
+        let bob = PrivateKey.generate()
+
+        let (first, server) = try await Self.start(command, database)
+        if command == "directory" {
+            #expect(first.stdout.contains("database sqlite:\(database) (schema 1)"), "\(first.stdout)")
+        }
+        let a = try await RendezvousConnection.connect(to: server, identity: alice, timeout: .seconds(30))
+        let invitation = Array("Hearthstone: tusa party join ROOM".utf8)
+        try await a.post(invitation, to: bob.publicKey)
+        first.kill()
+        #expect(await first.waitForExit(timeout: 10))
+        await a.close()
+
+        let (second, again) = try await Self.start(command, database)
+        defer { second.kill() }
+        let b = try await RendezvousConnection.connect(to: again, identity: bob, timeout: .seconds(30))
+        let incoming = b.incoming
+        let delivered = await withTaskGroup(of: (from: PublicKey, payload: [UInt8])?.self) { group in
+            group.addTask {
+                for await message in incoming { return message }
+                return nil
+            }
+            group.addTask {
+                try? await Task.sleep(for: .seconds(10))
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+        #expect(delivered?.from == alice.publicKey && delivered?.payload == invitation)
+        await #expect(throws: RendezvousConnectionError.refused(.offline, "\(alice.publicKey) is offline")) {
+            try await b.send([1], to: alice.publicKey)
+        }
+        #expect(second.stderr.contains("restored from the database"), "\(second.stderr.suffix(800))")
+        await b.close()
+        #expect(await second.stop() == 0)
+    }
+
+    @Test(
+        "tusa directory refuses a database it cannot use with one line and status 1",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
+        arguments: [
+            (["--database", "postgres://tusa@127.0.0.1/tusa"], "PostgreSQL is not supported yet"),
+            (["--database", "sqlite:/nonexistent-dir/x.sqlite"], "cannot open the database /nonexistent-dir/x.sqlite"),
+            (["--listen", "nowhere"], "--listen must be IP:PORT"),
+            (["--turn-uri", "turn:127.0.0.1:3478"], "--turn-uri needs --static-auth-secret"),
+        ])
+    func badDatabasesAndFlags(_ flags: [String], _ message: String) async throws {
+        let tusa = try #require(Harness.tusa)
+        let result = try await Harness.run(tusa, ["directory", "--listen", "127.0.0.1:0"] + flags, timeout: 20)
+        #expect(result.status == 1)
+        #expect(result.stderr.hasPrefix("tusa directory: error: ") && result.stderr.contains(message), "\(result.stderr)")
+        #expect(result.stderr.split(separator: "\n").count == 1, "\(result.stderr)")
+    }
+}
