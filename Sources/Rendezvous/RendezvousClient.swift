@@ -99,6 +99,11 @@ public struct RendezvousClient: Sendable {
         return id
     }
 
+    /// A relay's report to the directory (no answer); `proof` from the directory's relay secret.
+    public mutating func report(_ load: RelayLoad, proof: [UInt8]) {
+        actions.append(.write(RendezvousFrame.frame(.load(load, proof: proof))))
+    }
+
     private mutating func takeID(now: Timestamp) -> UInt32 {
         defer { nextID &+= 1 }
         requestDeadlines[nextID] = now + timing.request
@@ -139,7 +144,7 @@ public struct RendezvousClient: Sendable {
                 actions.append(.write(RendezvousFrame.frame(.pong)))
             case .pong:
                 actions.append(.event(.pong))
-            case .register, .lookup, .send, .post:
+            case .register, .lookup, .send, .post, .load:
                 throw .malformed("a client message from the server")
             }
         }

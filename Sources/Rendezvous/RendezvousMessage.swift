@@ -86,6 +86,9 @@ public enum RendezvousMessage: Equatable, Sendable {
     /// Keepalive, either way; answered with `pong`.
     case ping
     case pong
+    /// Relay → directory, every 2 s once registered: its load, and the proof that it
+    /// holds the directory's relay secret (``RelayLoad/proof(secret:key:)``). No answer.
+    case load(RelayLoad, proof: [UInt8])
 
     private struct Wire: Codable {
         var type: String
@@ -101,6 +104,7 @@ public enum RendezvousMessage: Equatable, Sendable {
         var detail: String?
         var turn: TURNGrant?
         var party: PartyGrant?
+        var load: RelayLoad?
     }
 
     public func encode() -> [UInt8] {
@@ -151,6 +155,10 @@ public enum RendezvousMessage: Equatable, Sendable {
             w.id = id
         case .ping: w.type = "ping"
         case .pong: w.type = "pong"
+        case .load(let l, let p):
+            w.type = "load"
+            w.load = l
+            w.proof = b64(p)
         }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
@@ -193,6 +201,7 @@ public enum RendezvousMessage: Equatable, Sendable {
             self = .error(code: code, detail: w.detail ?? "", id: w.id)
         case "ping": self = .ping
         case "pong": self = .pong
+        case "load": self = .load(try need(w.load, "load"), proof: try bytes(w.proof, "proof"))
         default: throw .malformed("unknown message type \"\(w.type)\"")
         }
     }

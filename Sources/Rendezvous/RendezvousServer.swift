@@ -45,6 +45,11 @@ public struct RendezvousServerConfiguration: Sendable {
     public var mailboxLifetime: Duration = .seconds(24 * 3600)
     public var mailboxPerKey = 64
     public var mailboxTotal = 100_000
+    /// Relays that report with a proof of this secret (`tusa directory --relay-secret`)
+    /// are placed by load: each registered peer is told the party relay, and its TURN
+    /// grant names the relay, that ``RelayRegistry`` picks (nil: relays are not taken).
+    public var relaySecret: String?
+    public var relays = RelayRegistry.Configuration()
 
     public init() {}
 }
@@ -128,9 +133,14 @@ public struct RendezvousServer: Sendable {
     /// What the driver is to do, in order (``pollAction()``).
     var pending: [RendezvousAction] = []
     public private(set) var statistics = RendezvousStatistics()
+    /// The relays that report here, and where peers are sent.
+    public private(set) var relayRegistry: RelayRegistry
+    /// Which connection each reporting relay holds.
+    private var relayConnections: [ConnectionID: PublicKey] = [:]
 
-    public init(configuration: RendezvousServerConfiguration = .init()) {
+    public init(configuration: RendezvousServerConfiguration = .init(), seed: UInt64 = UInt64.random(in: .min ... .max)) {
         self.configuration = configuration
+        relayRegistry = RelayRegistry(configuration: configuration.relays, seed: seed)
     }
 
     /// A new connection: the server greets it with a challenge.
@@ -177,6 +187,7 @@ public struct RendezvousServer: Sendable {
     /// The driver saw the connection close.
     mutating func closed(_ id: ConnectionID, now: Timestamp) {
         guard let c = connections.removeValue(forKey: id) else { return }
+        if let relay = relayConnections.removeValue(forKey: id) { relayRegistry.remove(relay) }
         if let key = c.key, registry[key] == id {
             registry[key] = nil
             remember(key, now)
@@ -197,6 +208,7 @@ public struct RendezvousServer: Sendable {
             }
         }
         seen = seen.filter { now < $0.value }
+        relayRegistry.expire(now: now)
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
         return actions
     }
@@ -252,8 +264,14 @@ public struct RendezvousServer: Sendable {
             seen[key] = nil
             records.append(.seen(key, unixSeconds: unixSeconds))
             statistics.registered = registry.count
-            let grant = configuration.turn?.grant(for: key, unixSeconds: unixSeconds)
-            actions.append(.send(id, RendezvousFrame.frame(.registered(turn: grant, party: configuration.party))))
+            var grant = configuration.turn?.grant(for: key, unixSeconds: unixSeconds)
+            var party = configuration.party
+            // With relays reporting, the peer goes where the registry places it.
+            if configuration.relaySecret != nil, let relay = relayRegistry.place(now: now) {
+                party = relay.load.party ?? party
+                if !relay.load.turnURIs.isEmpty { grant?.uris = relay.load.turnURIs }
+            }
+            actions.append(.send(id, RendezvousFrame.frame(.registered(turn: grant, party: party))))
             // What was posted for this key while it was away (and is still kept).
             expireMailbox(of: key, now: now)
             for p in mailbox[key] ?? [] {
@@ -314,6 +332,20 @@ public struct RendezvousServer: Sendable {
             return [.send(id, RendezvousFrame.frame(.pong))]
         case .pong:
             return []
+        case .load(let load, let proof):
+            guard let key = c.key else {
+                return refuse(id, .notRegistered, "register before reporting load", requestID: nil, close: false)
+            }
+            guard let secret = configuration.relaySecret,
+                RelayLoad.proof(secret: secret, key: key).withUnsafeBytes({ want in
+                    proof.withUnsafeBytes { Sodium.constantTimeEqual($0, want) }
+                })
+            else {
+                return refuse(id, .badProof, "not a relay of this directory (its secret)", requestID: nil, close: true)
+            }
+            relayConnections[id] = key
+            relayRegistry.report(key, load, now: now)
+            return []
         case .hello, .registered, .lookupResult, .sent, .deliver, .error:
             return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
         }
@@ -339,6 +371,7 @@ public struct RendezvousServer: Sendable {
         if close {
             actions.append(.close(id))
             // Forget it now: nothing more from it is handled, whatever the driver still delivers.
+            if let relay = relayConnections.removeValue(forKey: id) { relayRegistry.remove(relay) }
             if let c = connections.removeValue(forKey: id), let key = c.key, registry[key] == id {
                 registry[key] = nil
                 remember(key, c.lastHeard)

@@ -133,6 +133,15 @@ public final class RendezvousConnection: Sendable {
         guard case .sent = event else { throw RendezvousConnectionError.unexpectedAnswer("\(event)") }
     }
 
+    /// A relay's load report to its directory (no answer; a refusal closes the connection).
+    public func report(_ load: RelayLoad, proof: [UInt8]) async throws {
+        let driver = self.driver
+        try await channel.eventLoop.submit { try driver.value.report(load, proof: proof) }.get()
+    }
+
+    /// Whether the server closed the connection (or it broke).
+    public var isClosed: Bool { !channel.isActive }
+
     public func close() async {
         try? await channel.close()
     }
@@ -173,6 +182,11 @@ final class RendezvousDriver {
     func connected() { host.handle(.connected) }
 
     func received(_ bytes: [UInt8]) { host.handle(.received(bytes)) }
+
+    func report(_ load: RelayLoad, proof: [UInt8]) throws {
+        if let ended { throw ended }
+        host.with { core, _ in core.report(load, proof: proof) }
+    }
 
     func request(_ make: (inout RendezvousClient, Timestamp) throws -> UInt32) -> EventLoopFuture<RendezvousClient.Event> {
         if let ended { return channel.eventLoop.makeFailedFuture(ended) }

@@ -55,6 +55,13 @@ struct DirectoryCommand: AsyncParsableCommand {
     var partyKey: String?
 
     @Option(
+        name: .customLong("relay-secret"),
+        help: ArgumentHelp(
+            "Take load reports from relays that hold this secret (tusa relay --directory … --directory-secret): each peer is then told the party relay, and given TURN URIs, of a live relay below 70 % of its capacity, the less loaded of two picked at random.",
+            valueName: "secret"))
+    var relaySecret: String?
+
+    @Option(
         name: .customLong("memory-limit"),
         help: ArgumentHelp("As tusa relay's: at 90 % of it, posts are refused.", valueName: "size"))
     var memoryLimit: String?
@@ -85,6 +92,10 @@ struct DirectoryCommand: AsyncParsableCommand {
             core.party = PartyGrant(address: relay, key: key)
         case (nil, nil): break
         default: throw failure("--party-relay and --party-key go together")
+        }
+        if let relaySecret {
+            guard !relaySecret.isEmpty else { throw failure("--relay-secret must not be empty") }
+            core.relaySecret = relaySecret
         }
         var limit: UInt64?
         if let memoryLimit {

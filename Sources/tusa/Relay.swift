@@ -2,6 +2,7 @@ import ArgumentParser
 import Directory
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import Party
 import Relay
 import Rendezvous
@@ -280,6 +281,23 @@ struct Relay: AsyncParsableCommand {
             valueName: "url"))
     var rendezvousDatabase: String?
 
+    // Scale-out: a directory places peers and rooms on relays by load.
+
+    @Option(
+        name: .customLong("directory"),
+        help: ArgumentHelp(
+            "Report this relay's load to a directory every 2 s (tusa directory --relay-secret), which then sends peers and parties here by load.",
+            valueName: "host:port"))
+    var directory: String?
+
+    @Option(name: .customLong("directory-secret"), help: ArgumentHelp("The directory's relay secret.", valueName: "secret"))
+    var directorySecret: String?
+
+    @Option(
+        name: .customLong("capacity-mbps"),
+        help: "What this relay may carry, megabits a second: the directory sends no new work past 70 % of it.")
+    var capacityMbps = 1000
+
     // Parties (group voice rooms, end-to-end encrypted).
 
     @Option(
@@ -430,8 +448,23 @@ struct Relay: AsyncParsableCommand {
                 port: port, configuration: configuration, service: service, party: party, memory: memory, store: store,
                 logger: logger)
         }
+        var reporter: DirectoryReporter?
+        if let directory {
+            guard let secret = directorySecret, !secret.isEmpty else { throw failure("--directory needs --directory-secret") }
+            guard let target = TransportAddress(directory, defaultPort: 3480) else {
+                throw failure("--directory must be IP:PORT, not '\(directory)'")
+            }
+            guard capacityMbps > 0 else { throw failure("--capacity-mbps must be above 0") }
+            let key = party?.identity.privateKey ?? PrivateKey.generate()
+            reporter = DirectoryReporter(
+                directory: target, secret: secret, identity: key, logger: logger,
+                load: Self.loadReporter(service: service, party: party, capacityMbps: capacityMbps))
+        } else if directorySecret != nil {
+            throw failure("--directory-secret needs --directory")
+        }
         let services: [any Service] =
             [memory, service] + (metrics.map { [$0] } ?? []) + (rendezvous.map { [$0] } ?? []) + (party.map { [$0] } ?? [])
+            + (reporter.map { [$0] } ?? [])
         let group = ServiceGroup(
             configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         do {
@@ -467,6 +500,40 @@ struct Relay: AsyncParsableCommand {
         }
         print("stopped: \(service.statistics)")
         fflush(nil)
+    }
+
+    /// The relay's figures for its directory: TURN bytes and packets and party frames
+    /// per second since the last call (a party voice frame counted as 120 bytes on the
+    /// wire), allocations, rooms, members, CPU in cores.
+    private static func loadReporter(service: RelayService, party: PartyService?, capacityMbps: Int)
+        -> @Sendable (Double) async -> RelayLoad
+    {
+        let last = NIOLockedValueBox((bytes: UInt64(0), packets: UInt64(0), frames: UInt64(0), cpu: 0.0, at: Date()))
+        return { _ in
+            let turn = await service.turnStatistics()
+            let frames = party?.statistics.framesForwarded ?? 0
+            let bytes = UInt64(clamping: turn.bytesToPeer) &+ UInt64(clamping: turn.bytesToClient)
+            let packets = UInt64(clamping: turn.packetsToPeer) &+ UInt64(clamping: turn.packetsToClient)
+            let cpu = DirectoryReporter.cpuSeconds()
+            let now = Date()
+            let before = last.withLockedValue { previous in
+                defer { previous = (bytes, packets, frames, cpu, now) }
+                return previous
+            }
+            let seconds = max(0.001, now.timeIntervalSince(before.at))
+            let rate = { (now: UInt64, then: UInt64) in UInt64(Double(now &- min(then, now)) / seconds) }
+            var grant: PartyGrant?
+            if let party, let address = try? await party.boundAddress() {
+                grant = PartyGrant(address: "\(address)", key: party.identity.publicKey.base64)
+            }
+            let uris = (try? await service.turnURIs().map(\.description)) ?? []
+            return RelayLoad(
+                party: grant, turnURIs: uris, capacityBitsPerSecond: UInt64(capacityMbps) * 1_000_000,
+                bitsPerSecond: rate(bytes, before.bytes) * 8 + rate(frames, before.frames) * 120 * 8,
+                packetsPerSecond: rate(packets, before.packets) + rate(frames, before.frames),
+                allocations: turn.allocationsActive, rooms: party?.roomCount ?? 0, members: party?.memberCount ?? 0,
+                cpu: (cpu - before.cpu) / seconds)
+        }
     }
 
     /// The rendezvous on the first listen address; with REST secrets, registered peers

@@ -89,6 +89,66 @@ struct DirectoryCommandTests {
         #expect(await second.stop() == 0)
     }
 
+    /// Three relays report to a directory: peers registering are spread over them
+    /// (each told one relay's party address; most/least within 1.5), and a relay
+    /// SIGKILLed is sent nobody from then on.
+    @Test(
+        "tusa directory spreads peers over the relays that report to it and drops a killed one",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func peersAreSpreadOverReportingRelays() async throws {
+        let tusa = try #require(Harness.tusa)
+        let database = NSTemporaryDirectory() + "tusa-directory-\(UUID().uuidString).sqlite"
+        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: database + suffix) } }
+        let directory = try Harness.Background(
+            tusa,
+            ["directory", "--listen", "127.0.0.1:0", "--database", "sqlite:\(database)", "--relay-secret", "s3cret"])
+        defer { directory.kill() }
+        let line = try #require(await directory.waitForMatch(#"directory tcp 127\.0\.0\.1:[0-9]+"#), "\(directory.stderr)")
+        let server = try #require(TransportAddress(String(line.dropFirst("directory tcp ".count))))
+        var relays: [(Harness.Background, String)] = []
+        defer { for (relay, _) in relays { relay.kill() } }
+        for _ in 0..<3 {
+            let relay = try Harness.Background(
+                tusa,
+                [
+                    "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--party-port", "0", "--directory", "\(server)",
+                    "--directory-secret", "s3cret",
+                ])
+            let party = try #require(
+                await relay.waitForMatch(#"party udp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+            relays.append((relay, String(party.dropFirst("party udp ".count))))
+        }
+        for (relay, _) in relays {
+            #expect(
+                await relay.waitFor(timeout: 10) { _, err in err.contains("reporting load to the directory") }, "\(relay.stderr)")
+        }
+        // Each relay's first report is on its way once it says it reports.
+        try await Task.sleep(for: .milliseconds(500))
+        func placements(_ count: Int) async throws -> [String: Int] {
+            var counts: [String: Int] = [:]
+            for _ in 0..<count {
+                let peer = try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30))
+                counts[peer.party?.address ?? "none", default: 0] += 1
+                await peer.close()
+            }
+            return counts
+        }
+        let spread = try await placements(30)
+        let addresses = relays.map(\.1)
+        #expect(Set(spread.keys) == Set(addresses), "\(spread) over \(addresses)")
+        let most = spread.values.max() ?? 0
+        let least = spread.values.min() ?? 0
+        #expect(least > 0 && Double(most) / Double(least) <= 1.5, "\(spread)")
+
+        relays[0].0.kill()
+        #expect(await relays[0].0.waitForExit(timeout: 10))
+        // Its connection closes with it: down at once (at the latest 6 s after its last report).
+        try await Task.sleep(for: .milliseconds(500))
+        let after = try await placements(12)
+        #expect(after[addresses[0]] == nil && after.values.reduce(0, +) == 12, "\(after)")
+        #expect(Set(after.keys) == Set(addresses[1...]), "\(after)")
+    }
+
     @Test(
         "tusa directory refuses a database it cannot use with one line and status 1",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),

@@ -351,6 +351,49 @@ extension RendezvousClient {
         #expect(restarted.server.statistics.posted == 1)
     }
 
+    /// Relays that report with the directory's secret are where registered peers
+    /// are sent (their party relay and TURN URIs); a report without the secret is
+    /// refused and closed; a relay whose connection closes is sent no one.
+    @Test func peersAreSentToRelaysThatReportWithTheSecret() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.relaySecret = "s3cret"
+        configuration.turn = TURNIssuer(secret: "rest", uris: ["turn:fallback:3478"])
+        var net = Net(configuration)
+        let relayKey = PrivateKey.generate()
+        var relay = RendezvousClient(identity: relayKey)
+        let r = ConnectionID(30)
+        _ = try net.connect(r, &relay)
+        let grant = PartyGrant(address: "127.0.0.9:3481", key: relayKey.publicKey.base64)
+        let report = RelayLoad(party: grant, turnURIs: ["turn:127.0.0.9:3478"], capacityBitsPerSecond: 100_000_000)
+        relay.report(report, proof: RelayLoad.proof(secret: "s3cret", key: relayKey.publicKey))
+        #expect(try net.pump(r, &relay).isEmpty)
+        #expect(net.server.relayRegistry.live(now: net.now).map(\.key) == [relayKey.publicKey])
+        var ca = RendezvousClient(identity: alice)
+        let registered = try net.connect(a, &ca)
+        guard case .registered(let turn?, let party)? = registered.first else {
+            Issue.record("\(registered)")
+            return
+        }
+        #expect(party == grant && turn.uris == ["turn:127.0.0.9:3478"])
+        // A relay without the secret: refused, closed, not placed.
+        let impostor = PrivateKey.generate()
+        var fake = RendezvousClient(identity: impostor)
+        let f = ConnectionID(31)
+        _ = try net.connect(f, &fake)
+        fake.report(report, proof: RelayLoad.proof(secret: "guess", key: impostor.publicKey))
+        #expect(try net.pump(f, &fake).contains { if case .refused(.badProof, _, nil) = $0 { true } else { false } })
+        #expect(net.closed.contains(f))
+        #expect(net.server.relayRegistry.live(now: net.now).count == 1)
+        // The relay's connection closes: peers get the configured grants again.
+        net.feed(.closed(r))
+        var cb = RendezvousClient(identity: bob)
+        guard case .registered(let fallback?, nil)? = try net.connect(b, &cb).first else {
+            Issue.record("bob was not registered with the fallback grants")
+            return
+        }
+        #expect(fallback.uris == ["turn:fallback:3478"])
+    }
+
     @Test func aNewerRegistrationOfTheSameKeyReplacesTheOlder() throws {
         var net = Net()
         var first = RendezvousClient(identity: alice)

@@ -1,0 +1,128 @@
+import Secure
+import TusaBase
+
+/// What a relay tells the directory about itself every 2 s (`tusa relay --directory`).
+public struct RelayLoad: Codable, Equatable, Sendable {
+    /// Where it hosts parties, if it does.
+    public var party: PartyGrant?
+    /// Its TURN URIs, handed out with the directory's credentials.
+    public var turnURIs: [String]
+    /// What it may relay, bits a second (`--capacity-mbps`), and relays now.
+    public var capacityBitsPerSecond: UInt64
+    public var bitsPerSecond: UInt64
+    public var packetsPerSecond: UInt64
+    public var allocations: Int
+    public var rooms: Int
+    public var members: Int
+    /// Its CPU use over the last period, in cores.
+    public var cpu: Double
+    /// Shutting down: no new work goes to it.
+    public var draining: Bool
+
+    public init(
+        party: PartyGrant? = nil, turnURIs: [String] = [], capacityBitsPerSecond: UInt64, bitsPerSecond: UInt64 = 0,
+        packetsPerSecond: UInt64 = 0, allocations: Int = 0, rooms: Int = 0, members: Int = 0, cpu: Double = 0,
+        draining: Bool = false
+    ) {
+        self.party = party
+        self.turnURIs = turnURIs
+        self.capacityBitsPerSecond = capacityBitsPerSecond
+        self.bitsPerSecond = bitsPerSecond
+        self.packetsPerSecond = packetsPerSecond
+        self.allocations = allocations
+        self.rooms = rooms
+        self.members = members
+        self.cpu = cpu
+        self.draining = draining
+    }
+
+    /// The proof that a relay's report comes from one that holds the directory's
+    /// shared secret, bound to the key it registered with.
+    public static func proof(secret: String, key: PublicKey) -> [UInt8] {
+        Blake2b.hash(parts: [Array("tusa relay load".utf8), key.bytes], key: Blake2b.hash(Array(secret.utf8)), outputLength: 32)
+    }
+}
+
+/// The relays a directory knows, from their reports, and where new work goes,
+/// sans-IO: a relay counts as down 6 s after its last report (or at once when its
+/// connection closes); new work goes to the less loaded of two live relays picked
+/// at random among those below 70 % of their capacity (so that placements made at
+/// the same moment do not all land on one), and what it is expected to use is
+/// reserved there until the relay's reports can show it.
+public struct RelayRegistry: Sendable {
+    public struct Configuration: Sendable {
+        /// A relay silent this long is down (LiveKit's nodes report every 2 s, down after 5).
+        public var downAfter: Duration = .seconds(6)
+        /// Above this share of its capacity a relay takes no new work.
+        public var ceiling = 0.7
+        /// What one placement is expected to add, and for how long it is reserved.
+        public var reservation: UInt64 = 100_000
+        public var reservedFor: Duration = .seconds(10)
+        public init() {}
+    }
+
+    public struct Relay: Sendable, Equatable {
+        public var key: PublicKey
+        public var load: RelayLoad
+        public var heard: Timestamp
+        /// Placements not yet in its reports: bits a second, until when.
+        public var reservations: [(bits: UInt64, until: Timestamp)]
+
+        public static func == (a: Relay, b: Relay) -> Bool {
+            a.key == b.key && a.load == b.load && a.heard == b.heard && a.reservations.count == b.reservations.count
+        }
+
+        /// Its use with what is reserved, as a share of its capacity.
+        public func utilisation(now: Timestamp) -> Double {
+            let reserved = reservations.filter { now < $0.until }.reduce(UInt64(0)) { $0 &+ $1.bits }
+            return Double(load.bitsPerSecond &+ reserved) / Double(max(1, load.capacityBitsPerSecond))
+        }
+    }
+
+    public let configuration: Configuration
+    public private(set) var relays: [PublicKey: Relay] = [:]
+    private var random: SplitMix64
+
+    public init(configuration: Configuration = .init(), seed: UInt64 = UInt64.random(in: .min ... .max)) {
+        self.configuration = configuration
+        random = SplitMix64(seed: seed)
+    }
+
+    public mutating func report(_ key: PublicKey, _ load: RelayLoad, now: Timestamp) {
+        var relay = relays[key] ?? Relay(key: key, load: load, heard: now, reservations: [])
+        relay.load = load
+        relay.heard = now
+        relay.reservations.removeAll { now >= $0.until }
+        relays[key] = relay
+    }
+
+    /// Its connection closed: down now.
+    public mutating func remove(_ key: PublicKey) { relays[key] = nil }
+
+    /// Relays heard within ``Configuration/downAfter``, by key.
+    public func live(now: Timestamp) -> [Relay] {
+        relays.values.filter { now - $0.heard < configuration.downAfter }.sorted { $0.key.base64 < $1.key.base64 }
+    }
+
+    /// Where new work goes (nil: no live relay has room), with its reservation made.
+    public mutating func place(now: Timestamp, where eligible: (RelayLoad) -> Bool = { _ in true }) -> Relay? {
+        let candidates = live(now: now).filter {
+            !$0.load.draining && eligible($0.load) && $0.utilisation(now: now) < configuration.ceiling
+        }
+        guard !candidates.isEmpty else { return nil }
+        let first = candidates[Int(random.next() % UInt64(candidates.count))]
+        var chosen = first
+        if candidates.count > 1 {
+            var second = first
+            while second.key == first.key { second = candidates[Int(random.next() % UInt64(candidates.count))] }
+            if second.utilisation(now: now) < first.utilisation(now: now) { chosen = second }
+        }
+        relays[chosen.key]?.reservations.append((configuration.reservation, now + configuration.reservedFor))
+        return relays[chosen.key]
+    }
+
+    /// Forgets relays down for longer than a minute.
+    public mutating func expire(now: Timestamp) {
+        relays = relays.filter { now - $0.value.heard < configuration.downAfter + .seconds(60) }
+    }
+}

@@ -1,0 +1,74 @@
+import Rendezvous
+import Secure
+import Testing
+import TusaBase
+
+@Suite("Relay registry: placement by load")
+struct RelayRegistryTests {
+    private let keys = (0..<5).map { _ in PrivateKey.generate().publicKey }
+    private let start = Timestamp.seconds(100)
+
+    private func load(_ bits: UInt64, capacity: UInt64 = 10_000_000, party: String = "") -> RelayLoad {
+        RelayLoad(
+            party: party.isEmpty ? nil : PartyGrant(address: party, key: keys[0].base64), capacityBitsPerSecond: capacity,
+            bitsPerSecond: bits)
+    }
+
+    /// Many placements at once, before any report can show them: reservations and
+    /// the two random choices spread them (max/min within 1.5), none on a relay past 70 %.
+    @Test func placementsSpreadAndAvoidFullRelays() {
+        var registry = RelayRegistry(seed: 7)
+        for key in keys[0..<3] { registry.report(key, load(1_000_000), now: start) }
+        registry.report(keys[3], load(7_500_000), now: start)  // past 70 %: never chosen
+        var placed: [PublicKey: Int] = [:]
+        for _ in 0..<150 {
+            guard let relay = registry.place(now: start) else {
+                Issue.record("nowhere to place")
+                return
+            }
+            placed[relay.key, default: 0] += 1
+        }
+        #expect(placed[keys[3]] == nil)
+        let counts = keys[0..<3].map { placed[$0] ?? 0 }
+        #expect(counts.reduce(0, +) == 150)
+        let most = counts.max() ?? 0
+        let least = counts.min() ?? 0
+        #expect(least > 0 && Double(most) / Double(least) <= 1.5, "\(counts)")
+    }
+
+    @Test func aRelayIsDownSixSecondsAfterItsLastReportOrWhenItsConnectionCloses() {
+        var registry = RelayRegistry(seed: 1)
+        registry.report(keys[0], load(0), now: start)
+        registry.report(keys[1], load(0), now: start)
+        #expect(registry.live(now: start + .milliseconds(5900)).count == 2)
+        registry.report(keys[1], load(0), now: start + .seconds(4))
+        #expect(registry.live(now: start + .seconds(6)).map(\.key) == [keys[1]])
+        for _ in 0..<10 { #expect(registry.place(now: start + .seconds(6))?.key == keys[1]) }
+        registry.remove(keys[1])
+        #expect(registry.place(now: start + .seconds(6)) == nil)
+    }
+
+    @Test func reservationsLapseAndReportsTakeOver() {
+        var configuration = RelayRegistry.Configuration()
+        configuration.reservation = 1_000_000
+        var registry = RelayRegistry(configuration: configuration, seed: 3)
+        registry.report(keys[0], load(0, capacity: 10_000_000), now: start)
+        // Seven reservations of 1 Mbit/s fill it to 70 %: the eighth finds no room.
+        for _ in 0..<7 { #expect(registry.place(now: start) != nil) }
+        #expect(registry.place(now: start) == nil)
+        // Ten seconds on, the reservations are gone; the relay says it carries 2 Mbit/s.
+        registry.report(keys[0], load(2_000_000), now: start + .seconds(10))
+        for _ in 0..<5 { #expect(registry.place(now: start + .seconds(10)) != nil) }
+        #expect(registry.place(now: start + .seconds(10)) == nil)
+    }
+
+    @Test func aDrainingRelayTakesNothingNew() {
+        var registry = RelayRegistry(seed: 5)
+        var draining = load(0)
+        draining.draining = true
+        registry.report(keys[0], draining, now: start)
+        #expect(registry.place(now: start) == nil)
+        registry.report(keys[1], load(0), now: start)
+        #expect(registry.place(now: start)?.key == keys[1])
+    }
+}
