@@ -87,13 +87,18 @@ public actor SQLiteDirectoryStore: RendezvousStore {
         }
     }
 
-    public func load(unixSeconds: UInt64, postsFor: Duration, seenFor: Duration) async throws -> RendezvousSnapshot {
-        let postsSince = Int(clamping: unixSeconds) - Int(postsFor.components.seconds)
-        let seenSince = Int(clamping: unixSeconds) - Int(seenFor.components.seconds)
+    public func prune(unixSeconds: UInt64, postsFor: Duration, seenFor: Duration) async throws {
+        let now = Int(clamping: unixSeconds)
+        let postsSince = now - Int(clamping: postsFor.components.seconds)
+        let seenSince = now - Int(clamping: seenFor.components.seconds)
         try await transaction {
             _ = try await connection.query("DELETE FROM posts WHERE posted_at <= ?", [.integer(postsSince)])
             _ = try await connection.query("DELETE FROM seen WHERE at <= ?", [.integer(seenSince)])
         }
+    }
+
+    public func load(unixSeconds: UInt64, postsFor: Duration, seenFor: Duration) async throws -> RendezvousSnapshot {
+        try await prune(unixSeconds: unixSeconds, postsFor: postsFor, seenFor: seenFor)
         var snapshot = RendezvousSnapshot()
         for row in try await connection.query(
             "SELECT id, recipient, sender, sealed, posted_at FROM posts ORDER BY id", [])

@@ -44,7 +44,6 @@ public final class DirectoryReporter: Service, Sendable {
     public var reportsSent: Int { reports.withLockedValue { $0 } }
 
     public func run() async throws {
-        let proof = RelayLoad.proof(secret: secret, key: identity.publicKey)
         let seconds = Double(interval.components.seconds) + Double(interval.components.attoseconds) / 1e18
         var connected = false
         var saidDown = false
@@ -65,7 +64,7 @@ public final class DirectoryReporter: Service, Sendable {
             saidDown = false
             while !Task.isCancelled && !Task.isShuttingDownGracefully && !connection.isClosed {
                 do {
-                    try await connection.report(await load(seconds), proof: proof)
+                    try await connection.report(await load(seconds), secret: secret)
                     reports.withLockedValue { $0 += 1 }
                 } catch {
                     break
@@ -75,7 +74,7 @@ public final class DirectoryReporter: Service, Sendable {
             if Task.isCancelled || Task.isShuttingDownGracefully {
                 var last = await load(seconds)
                 last.draining = true
-                try? await connection.report(last, proof: proof)
+                try? await connection.report(last, secret: secret)
                 await connection.close()
                 return
             }

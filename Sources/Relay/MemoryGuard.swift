@@ -186,9 +186,18 @@ public enum MemoryProbe {
         return nil
     }
 
+    /// The group's folder: the path /proc gives under the mount, or (a container that
+    /// sees the host's path but has its own group mounted as the root) the root itself.
+    private static func groupDirectory(_ root: String, _ path: String, holding file: String) -> String? {
+        let joined = root + (path == "/" ? "" : path)
+        if read(joined + "/" + file) != nil { return joined }
+        return joined != root && read(root + "/" + file) != nil ? root : nil
+    }
+
     private static func cgroupV2(_ path: String) -> MemoryUse? {
         let root = "/sys/fs/cgroup"
-        var directory = root + (path == "/" ? "" : path)
+        guard let own = groupDirectory(root, path, holding: "memory.current") else { return nil }
+        var directory = own
         guard let current = number(directory + "/memory.current") else { return nil }
         // The nearest limit up the tree binds first.
         var limit: MemoryLimit?
@@ -200,23 +209,22 @@ public enum MemoryProbe {
             directory = String(directory[..<slash])
         }
         guard let limit else { return nil }
-        let directoryOfUse = root + (path == "/" ? "" : path)
-        let cache = statField(directoryOfUse + "/memory.stat", "inactive_file") ?? 0
+        let cache = statField(own + "/memory.stat", "inactive_file") ?? 0
         return MemoryUse(bytes: current > cache ? current - cache : 0, limit: limit)
     }
 
     private static func cgroupV1(_ path: String) -> MemoryUse? {
-        let directory = "/sys/fs/cgroup/memory" + (path == "/" ? "" : path)
-        guard let usage = number(directory + "/memory.usage_in_bytes") else { return nil }
-        let file = directory + "/memory.stat"
-        // v1 says the limit in force, its ancestors' included.
-        guard let bytes = statField(file, "hierarchical_memory_limit") ?? number(directory + "/memory.limit_in_bytes"),
-            bytes < 1 << 62
+        guard let directory = groupDirectory("/sys/fs/cgroup/memory", path, holding: "memory.usage_in_bytes"),
+            let usage = number(directory + "/memory.usage_in_bytes")
         else { return nil }
+        let file = directory + "/memory.stat"
+        // v1 says the limit in force, its ancestors' included; named by the file it is set in where that is this group's.
+        let own = number(directory + "/memory.limit_in_bytes")
+        guard let bytes = statField(file, "hierarchical_memory_limit") ?? own, bytes < 1 << 62 else { return nil }
+        let source = own == bytes ? directory + "/memory.limit_in_bytes" : "\(file) hierarchical_memory_limit (a parent's)"
         let cache = statField(file, "total_inactive_file") ?? 0
         return MemoryUse(
-            bytes: usage > cache ? usage - cache : 0,
-            limit: MemoryLimit(bytes: bytes, source: .cgroup(path: directory + "/memory.limit_in_bytes")))
+            bytes: usage > cache ? usage - cache : 0, limit: MemoryLimit(bytes: bytes, source: .cgroup(path: source)))
     }
 
     /// A file holding one number; nil for `max` (no limit) or anything else.

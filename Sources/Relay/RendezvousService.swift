@@ -62,12 +62,14 @@ public final class RendezvousService: Service, Sendable {
         if configuration.turn != nil, let turnURIs {
             do { configuration.turn?.uris = try await turnURIs() } catch {
                 bound.resolve(.failure(error))
+                await store?.close()
                 throw error
             }
         }
         if let party {
             do { configuration.party = try await party() } catch {
                 bound.resolve(.failure(error))
+                await store?.close()
                 throw error
             }
         }
@@ -80,6 +82,7 @@ public final class RendezvousService: Service, Sendable {
             } catch {
                 let failure = RelayServiceError(.invalidConfiguration, "cannot read the directory's database: \(error)")
                 bound.resolve(.failure(failure))
+                await store.close()
                 throw failure
             }
         }
@@ -87,7 +90,10 @@ public final class RendezvousService: Service, Sendable {
         let loop = group.next()
         let core = RendezvousServer(configuration: configuration)
         let logger = self.logger
-        let writer = store.map { RecordWriter(store: $0, logger: logger) }
+        let writer = store.map {
+            RecordWriter(
+                store: $0, postsFor: configuration.mailboxLifetime, seenFor: configuration.rememberFor, logger: logger)
+        }
         let hub = try await loop.submit { [statisticsBox] in
             NIOLoopBound(
                 Hub(core: core, loop: loop, writer: writer, restoring: snapshot, logger: logger) { stats in
@@ -117,7 +123,10 @@ public final class RendezvousService: Service, Sendable {
             let failure = RelayServiceError(
                 .bindFailed, "cannot serve the rendezvous on tcp \(address): \(RelayServiceError.reason(error))")
             bound.resolve(.failure(failure))
+            try? await loop.submit { hub.value.closeAll() }.get()
+            if let writer { await writer.finish() }
             try? await group.shutdownGracefully()
+            await store?.close()
             throw failure
         }
         let local = channel.localAddress.flatMap(TransportAddress.init) ?? address
@@ -237,35 +246,54 @@ final class Hub {
 }
 
 /// Writes a rendezvous's records to its store in order, a transaction per batch
-/// (what arrived while the last one was written), and says when each is written.
-/// A failed write is logged (once a minute) and counted as done: the rendezvous
-/// goes on serving from memory rather than hold every acknowledgement.
+/// (what arrived while the last one was written), and says when each is written;
+/// prunes what is no longer kept once an hour. A write that fails is tried twice
+/// more (after 0.1 and 0.5 s); then it is logged (once a minute) and counted as
+/// done, the rendezvous going on from memory rather than hold every answer.
 final class RecordWriter: Sendable {
     private typealias Entry = (record: RendezvousRecord, done: @Sendable () -> Void)
     private let queue = NIOLockedValueBox<[Entry]>([])
     private let wake: AsyncStream<Void>.Continuation
     private let task: Task<Void, Never>
 
-    init(store: any RendezvousStore, logger: Logger) {
+    init(store: any RendezvousStore, postsFor: Duration, seenFor: Duration, logger: Logger) {
         let (wakes, wake) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
         self.wake = wake
         let queue = self.queue
         task = Task {
             var said: ContinuousClock.Instant?
+            var pruned = ContinuousClock.now
             for await _ in wakes {
                 // Everything waiting goes in one transaction.
                 while case let batch = queue.withLockedValue({ q in
                     defer { q.removeAll() }
                     return q
                 }), !batch.isEmpty {
-                    do { try await store.write(batch.map(\.record)) } catch {
+                    var failure: (any Error)?
+                    for pause in [Duration.zero, .milliseconds(100), .milliseconds(500)] {
+                        if pause > .zero { try? await Task.sleep(for: pause) }
+                        do {
+                            try await store.write(batch.map(\.record))
+                            failure = nil
+                            break
+                        } catch {
+                            failure = error
+                        }
+                    }
+                    if let failure {
                         let now = ContinuousClock.now
                         if said.map({ now - $0 > .seconds(60) }) ?? true {
                             said = now
-                            logger.error("directory database: cannot write \(batch.count) records: \(error)")
+                            logger.error(
+                                "directory database: \(batch.count) records not written (tried three times), answered anyway: \(failure)"
+                            )
                         }
                     }
                     for entry in batch { entry.done() }
+                }
+                if ContinuousClock.now - pruned > .seconds(3600) {
+                    pruned = ContinuousClock.now
+                    try? await store.prune(unixSeconds: Hub.unixSeconds(), postsFor: postsFor, seenFor: seenFor)
                 }
             }
         }

@@ -9,5 +9,7 @@ public protocol RendezvousStore: Sendable {
     func load(unixSeconds: UInt64, postsFor: Duration, seenFor: Duration) async throws -> RendezvousSnapshot
     /// Writes the records, in order, all or none.
     func write(_ records: [RendezvousRecord]) async throws
+    /// Deletes what is no longer kept at Unix time `unixSeconds` (as ``load`` does).
+    func prune(unixSeconds: UInt64, postsFor: Duration, seenFor: Duration) async throws
     func close() async
 }

@@ -36,10 +36,24 @@ public struct RelayLoad: Codable, Equatable, Sendable {
         self.draining = draining
     }
 
-    /// The proof that a relay's report comes from one that holds the directory's
-    /// shared secret, bound to the key it registered with.
-    public static func proof(secret: String, key: PublicKey) -> [UInt8] {
-        Blake2b.hash(parts: [Array("tusa relay load".utf8), key.bytes], key: Blake2b.hash(Array(secret.utf8)), outputLength: 32)
+    /// The proof that a report comes from a relay that holds the directory's shared
+    /// secret: a MAC over the key it registered with, the connection's challenge and
+    /// the report itself, so that it is good for this report on this connection only
+    /// (no one on the path can change what it says, or replay it elsewhere).
+    public static func proof(secret: String, key: PublicKey, challenge: [UInt8], load: RelayLoad) -> [UInt8] {
+        Blake2b.hash(
+            parts: [Array("tusa relay load".utf8), key.bytes, challenge, load.canonicalBytes],
+            key: Blake2b.hash(Array(secret.utf8)), outputLength: 32)
+    }
+
+    /// Every field, in a fixed order and form (what the proof covers).
+    var canonicalBytes: [UInt8] {
+        let fields: [String] = [
+            party?.address ?? "-", party?.key ?? "-", turnURIs.joined(separator: " "), "\(capacityBitsPerSecond)",
+            "\(bitsPerSecond)", "\(packetsPerSecond)", "\(allocations)", "\(rooms)", "\(members)", "\(cpu)",
+            draining ? "1" : "0",
+        ]
+        return Array(fields.joined(separator: "\n").utf8)
     }
 }
 
@@ -58,6 +72,9 @@ public struct RelayRegistry: Sendable {
         /// What one placement is expected to add, and for how long it is reserved.
         public var reservation: UInt64 = 100_000
         public var reservedFor: Duration = .seconds(10)
+        /// Reservations on one relay stop adding up past this share of its capacity:
+        /// a flood of registrations cannot make every relay look full.
+        public var reservationCeiling = 0.1
         public init() {}
     }
 
@@ -117,7 +134,11 @@ public struct RelayRegistry: Sendable {
             while second.key == first.key { second = candidates[Int(random.next() % UInt64(candidates.count))] }
             if second.utilisation(now: now) < first.utilisation(now: now) { chosen = second }
         }
-        relays[chosen.key]?.reservations.append((configuration.reservation, now + configuration.reservedFor))
+        let reserved = chosen.reservations.filter { now < $0.until }.reduce(UInt64(0)) { $0 &+ $1.bits }
+        let cap = Double(chosen.load.capacityBitsPerSecond) * configuration.reservationCeiling
+        if Double(reserved &+ configuration.reservation) <= cap {
+            relays[chosen.key]?.reservations.append((configuration.reservation, now + configuration.reservedFor))
+        }
         return relays[chosen.key]
     }
 

@@ -58,6 +58,8 @@ public struct RendezvousClient: Sendable {
     public let timing: Timing
     public private(set) var isRegistered = false
     private var framer = RendezvousFrame()
+    /// The server's challenge on this connection (what a relay's load proof covers).
+    private var challenge: [UInt8] = []
     private var nextID: UInt32 = 1
     private var failed = false
     private var registrationDeadline: Timestamp?
@@ -99,8 +101,10 @@ public struct RendezvousClient: Sendable {
         return id
     }
 
-    /// A relay's report to the directory (no answer); `proof` from the directory's relay secret.
-    public mutating func report(_ load: RelayLoad, proof: [UInt8]) {
+    /// A relay's report to the directory (no answer), proven with the directory's
+    /// relay secret over this connection's challenge (``RelayLoad/proof(secret:key:challenge:load:)``).
+    public mutating func report(_ load: RelayLoad, secret: String) {
+        let proof = RelayLoad.proof(secret: secret, key: identity.publicKey, challenge: challenge, load: load)
         actions.append(.write(RendezvousFrame.frame(.load(load, proof: proof))))
     }
 
@@ -114,6 +118,7 @@ public struct RendezvousClient: Sendable {
         for frame in try framer.append(bytes) {
             switch try RendezvousMessage(decoding: frame) {
             case .hello(let challenge, let serverKey):
+                self.challenge = challenge
                 guard let proof = try? RegistrationProof.make(identity: identity, serverKey: serverKey, challenge: challenge)
                 else {
                     throw .malformed("hello: the server's key is not usable")

@@ -87,7 +87,7 @@ public enum RendezvousMessage: Equatable, Sendable {
     case ping
     case pong
     /// Relay → directory, every 2 s once registered: its load, and the proof that it
-    /// holds the directory's relay secret (``RelayLoad/proof(secret:key:)``). No answer.
+    /// holds the directory's relay secret (``RelayLoad/proof(secret:key:challenge:load:)``). No answer.
     case load(RelayLoad, proof: [UInt8])
 
     private struct Wire: Codable {

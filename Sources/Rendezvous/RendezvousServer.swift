@@ -109,6 +109,8 @@ public struct RendezvousServer: Sendable {
         let opened: Timestamp
         var tokens: Double
         var tokensAt: Timestamp
+        /// When it registered, on both clocks: its key's last-seen time in Unix seconds.
+        var registered: (unix: UInt64, at: Timestamp)?
     }
 
     public let configuration: RendezvousServerConfiguration
@@ -191,6 +193,7 @@ public struct RendezvousServer: Sendable {
         if let key = c.key, registry[key] == id {
             registry[key] = nil
             remember(key, now)
+            recordSeen(c, at: now)
         }
         statistics.connections = connections.count
         statistics.registered = registry.count
@@ -259,6 +262,7 @@ public struct RendezvousServer: Sendable {
                 actions += refuse(old, .replaced, "\(key) registered again on a newer connection", requestID: nil, close: true)
             }
             c.key = key
+            c.registered = (unixSeconds, now)
             connections[id] = c
             registry[key] = id
             seen[key] = nil
@@ -337,7 +341,7 @@ public struct RendezvousServer: Sendable {
                 return refuse(id, .notRegistered, "register before reporting load", requestID: nil, close: false)
             }
             guard let secret = configuration.relaySecret,
-                RelayLoad.proof(secret: secret, key: key).withUnsafeBytes({ want in
+                RelayLoad.proof(secret: secret, key: key, challenge: c.challenge, load: load).withUnsafeBytes({ want in
                     proof.withUnsafeBytes { Sodium.constantTimeEqual($0, want) }
                 })
             else {
@@ -375,6 +379,7 @@ public struct RendezvousServer: Sendable {
             if let c = connections.removeValue(forKey: id), let key = c.key, registry[key] == id {
                 registry[key] = nil
                 remember(key, c.lastHeard)
+                recordSeen(c, at: c.lastHeard)
             }
             statistics.connections = connections.count
             statistics.registered = registry.count
@@ -400,11 +405,21 @@ public struct RendezvousServer: Sendable {
             mailboxCount += 1
             nextPostID = max(nextPostID, post.id + 1)
         }
-        for (key, then) in snapshot.seen where registry[key] == nil {
+        // The most recent first, as many as are remembered.
+        for (key, then) in snapshot.seen.sorted(by: { $0.value > $1.value }) where registry[key] == nil {
+            guard seen.count < configuration.rememberedKeys || seen[key] != nil else { break }
             let forget = end(then, configuration.rememberFor)
             if seen[key].map({ $0 < forget }) ?? true { seen[key] = forget }
         }
         statistics.posted = mailboxCount
+    }
+
+    /// A registered key leaves: when, in Unix seconds, for a store (what a restarted
+    /// directory counts a day from).
+    private mutating func recordSeen(_ c: Connection, at now: Timestamp) {
+        guard let key = c.key, let registered = c.registered else { return }
+        let online = UInt64(max(0, (now - registered.at).components.seconds))
+        records.append(.seen(key, unixSeconds: registered.unix &+ online))
     }
 
     private mutating func remember(_ key: PublicKey, _ now: Timestamp) {

@@ -133,10 +133,11 @@ public final class RendezvousConnection: Sendable {
         guard case .sent = event else { throw RendezvousConnectionError.unexpectedAnswer("\(event)") }
     }
 
-    /// A relay's load report to its directory (no answer; a refusal closes the connection).
-    public func report(_ load: RelayLoad, proof: [UInt8]) async throws {
+    /// A relay's load report to its directory, proven with the directory's relay
+    /// secret (no answer; a refusal closes the connection).
+    public func report(_ load: RelayLoad, secret: String) async throws {
         let driver = self.driver
-        try await channel.eventLoop.submit { try driver.value.report(load, proof: proof) }.get()
+        try await channel.eventLoop.submit { try driver.value.report(load, secret: secret) }.get()
     }
 
     /// Whether the server closed the connection (or it broke).
@@ -183,9 +184,9 @@ final class RendezvousDriver {
 
     func received(_ bytes: [UInt8]) { host.handle(.received(bytes)) }
 
-    func report(_ load: RelayLoad, proof: [UInt8]) throws {
+    func report(_ load: RelayLoad, secret: String) throws {
         if let ended { throw ended }
-        host.with { core, _ in core.report(load, proof: proof) }
+        host.with { core, _ in core.report(load, secret: secret) }
     }
 
     func request(_ make: (inout RendezvousClient, Timestamp) throws -> UInt32) -> EventLoopFuture<RendezvousClient.Event> {

@@ -77,7 +77,9 @@ struct DirectoryCommand: AsyncParsableCommand {
         do { databaseURL = try DirectoryDatabase(database) } catch { throw failure(error.description) }
         var core = RendezvousServerConfiguration()
         if let secret {
-            guard !turnURIs.isEmpty else { throw failure("--static-auth-secret needs at least one --turn-uri") }
+            guard !turnURIs.isEmpty || relaySecret != nil else {
+                throw failure("--static-auth-secret needs a --turn-uri, or --relay-secret for relays that report theirs")
+            }
             for uri in turnURIs where (try? TURNURI(parsing: uri)) == nil {
                 throw failure("--turn-uri '\(uri)' is not a turn: or turns: URI")
             }

@@ -454,7 +454,7 @@ struct Relay: AsyncParsableCommand {
             guard let target = TransportAddress(directory, defaultPort: 3480) else {
                 throw failure("--directory must be IP:PORT, not '\(directory)'")
             }
-            guard capacityMbps > 0 else { throw failure("--capacity-mbps must be above 0") }
+            guard (1...100_000_000).contains(capacityMbps) else { throw failure("--capacity-mbps must be 1-100000000") }
             let key = party?.identity.privateKey ?? PrivateKey.generate()
             reporter = DirectoryReporter(
                 directory: target, secret: secret, identity: key, logger: logger,

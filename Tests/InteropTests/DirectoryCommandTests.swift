@@ -122,8 +122,6 @@ struct DirectoryCommandTests {
             #expect(
                 await relay.waitFor(timeout: 10) { _, err in err.contains("reporting load to the directory") }, "\(relay.stderr)")
         }
-        // Each relay's first report is on its way once it says it reports.
-        try await Task.sleep(for: .milliseconds(500))
         func placements(_ count: Int) async throws -> [String: Int] {
             var counts: [String: Int] = [:]
             for _ in 0..<count {
@@ -132,6 +130,13 @@ struct DirectoryCommandTests {
                 await peer.close()
             }
             return counts
+        }
+        // Until every relay's first report is in (each says it reports once connected).
+        var seen = Set<String>()
+        let deadline = ContinuousClock.now + .seconds(15)
+        while seen.count < 3 && ContinuousClock.now < deadline {
+            seen.formUnion(try await placements(3).keys)
+            try await Task.sleep(for: .milliseconds(100))
         }
         let spread = try await placements(30)
         let addresses = relays.map(\.1)

@@ -51,6 +51,7 @@ struct RelayRegistryTests {
     @Test func reservationsLapseAndReportsTakeOver() {
         var configuration = RelayRegistry.Configuration()
         configuration.reservation = 1_000_000
+        configuration.reservationCeiling = 1
         var registry = RelayRegistry(configuration: configuration, seed: 3)
         registry.report(keys[0], load(0, capacity: 10_000_000), now: start)
         // Seven reservations of 1 Mbit/s fill it to 70 %: the eighth finds no room.
@@ -60,6 +61,18 @@ struct RelayRegistryTests {
         registry.report(keys[0], load(2_000_000), now: start + .seconds(10))
         for _ in 0..<5 { #expect(registry.place(now: start + .seconds(10)) != nil) }
         #expect(registry.place(now: start + .seconds(10)) == nil)
+    }
+
+    /// A flood of registrations (keys cost nothing) reserves at most a tenth of a
+    /// relay: it never makes a relay look full.
+    @Test func reservationsAloneNeverFillARelay() {
+        var registry = RelayRegistry(seed: 9)
+        registry.report(keys[0], load(0, capacity: 100_000_000), now: start)
+        var placed = 0
+        for _ in 0..<5_000 where registry.place(now: start) != nil { placed += 1 }
+        #expect(placed == 5_000)
+        let relay = registry.live(now: start)[0]
+        #expect(relay.utilisation(now: start) <= 0.1 + 1e-9)
     }
 
     @Test func aDrainingRelayTakesNothingNew() {

@@ -315,6 +315,10 @@ extension RendezvousClient {
         #expect(posts.count == 3 && Set(posts.map(\.sealed)).count == 3, "three sealed posts")
         #expect(posts.allSatisfy { $0.to == bob.publicKey && $0.from == alice.publicKey && $0.unixSeconds == net.unix })
         #expect(net.records.contains(.dropped([posts[0].id])), "the box holds two: the first went")
+        // Alice leaves two hours after she came: that is when she was last here.
+        net.now = net.now + .seconds(7200)
+        net.feed(.closed(a))
+        #expect(net.records.last == .seen(alice.publicKey, unixSeconds: net.unix + 7200))
 
         // A restart an hour later: the store gives back what is still kept.
         var restarted = Net(configuration)
@@ -365,7 +369,7 @@ extension RendezvousClient {
         _ = try net.connect(r, &relay)
         let grant = PartyGrant(address: "127.0.0.9:3481", key: relayKey.publicKey.base64)
         let report = RelayLoad(party: grant, turnURIs: ["turn:127.0.0.9:3478"], capacityBitsPerSecond: 100_000_000)
-        relay.report(report, proof: RelayLoad.proof(secret: "s3cret", key: relayKey.publicKey))
+        relay.report(report, secret: "s3cret")
         #expect(try net.pump(r, &relay).isEmpty)
         #expect(net.server.relayRegistry.live(now: net.now).map(\.key) == [relayKey.publicKey])
         var ca = RendezvousClient(identity: alice)
@@ -375,17 +379,29 @@ extension RendezvousClient {
             return
         }
         #expect(party == grant && turn.uris == ["turn:127.0.0.9:3478"])
+        // A report changed on the way (a proof good for another report) is refused and closed.
+        relay.report(RelayLoad(party: grant, capacityBitsPerSecond: 100_000_000), secret: "s3cret")
+        guard case .write(let framed)? = relay.drainActions().first,
+            case .load(_, let proof) = try RendezvousMessage(decoding: Array(framed.dropFirst(2)))
+        else {
+            Issue.record("the relay wrote no report")
+            return
+        }
+        var forged = report
+        forged.party = PartyGrant(address: "203.0.113.66:3481", key: grant.key)
+        net.feed(.received(r, RendezvousFrame.frame(.load(forged, proof: proof)), unixSeconds: net.unix))
+        #expect(net.closed.contains(r))
+        #expect(net.server.relayRegistry.live(now: net.now).isEmpty)
         // A relay without the secret: refused, closed, not placed.
         let impostor = PrivateKey.generate()
         var fake = RendezvousClient(identity: impostor)
         let f = ConnectionID(31)
         _ = try net.connect(f, &fake)
-        fake.report(report, proof: RelayLoad.proof(secret: "guess", key: impostor.publicKey))
+        fake.report(report, secret: "guess")
         #expect(try net.pump(f, &fake).contains { if case .refused(.badProof, _, nil) = $0 { true } else { false } })
         #expect(net.closed.contains(f))
-        #expect(net.server.relayRegistry.live(now: net.now).count == 1)
-        // The relay's connection closes: peers get the configured grants again.
-        net.feed(.closed(r))
+        #expect(net.server.relayRegistry.live(now: net.now).isEmpty)
+        // With no relay left, peers get the configured grants again.
         var cb = RendezvousClient(identity: bob)
         guard case .registered(let fallback?, nil)? = try net.connect(b, &cb).first else {
             Issue.record("bob was not registered with the fallback grants")
