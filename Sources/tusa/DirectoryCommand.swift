@@ -99,20 +99,13 @@ struct DirectoryCommand: AsyncParsableCommand {
             guard !relaySecret.isEmpty else { throw failure("--relay-secret must not be empty") }
             core.relaySecret = relaySecret
         }
-        var limit: UInt64?
-        if let memoryLimit {
-            guard let bytes = MemoryLimit.parse(memoryLimit) else {
-                throw failure("--memory-limit must be a size such as 512M or 2G, not '\(memoryLimit)'")
-            }
-            limit = bytes
+        let limit: UInt64?
+        switch Relay.memoryLimit(memoryLimit) {
+        case .success(let bytes): limit = bytes
+        case .failure(let problem): throw failure(problem.message)
         }
 
-        let level = logLevel.level
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        Relay.logToStandardError(at: logLevel.level)
         let logger = Logger(label: "tusa.directory")
         let store: SQLiteDirectoryStore
         switch databaseURL {

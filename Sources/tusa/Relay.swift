@@ -392,20 +392,13 @@ struct Relay: AsyncParsableCommand {
             throw failure(error.description)
         }
 
-        let level = logLevel.level
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        Relay.logToStandardError(at: logLevel.level)
         let logger = Logger(label: "tusa.relay")
 
-        var limit: UInt64?
-        if let memoryLimit {
-            guard let bytes = MemoryLimit.parse(memoryLimit) else {
-                throw failure("--memory-limit must be a size such as 512M or 2G, not '\(memoryLimit)'")
-            }
-            limit = bytes
+        let limit: UInt64?
+        switch Relay.memoryLimit(memoryLimit) {
+        case .success(let bytes): limit = bytes
+        case .failure(let problem): throw failure(problem.message)
         }
         let memory = MemoryGuard(option: limit, logger: logger)
         let service = RelayService(configuration: configuration, memory: memory, logger: logger)
@@ -621,5 +614,30 @@ struct Relay: AsyncParsableCommand {
     private func standardError(_ text: String) {
         let line = Array("\(text)\n".utf8)
         _ = line.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
+    }
+}
+
+// What `tusa relay` and `tusa directory` share.
+extension Relay {
+    struct OptionProblem: Error {
+        var message: String
+    }
+
+    /// `--memory-limit`'s bytes (nil when not given), or why the text is not a size.
+    static func memoryLimit(_ text: String?) -> Result<UInt64?, OptionProblem> {
+        guard let text else { return .success(nil) }
+        guard let bytes = MemoryLimit.parse(text) else {
+            return .failure(OptionProblem(message: "--memory-limit must be a size such as 512M or 2G, not '\(text)'"))
+        }
+        return .success(bytes)
+    }
+
+    /// Every logger to standard error from `level` up.
+    static func logToStandardError(at level: Logger.Level) {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
     }
 }
