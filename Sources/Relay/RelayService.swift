@@ -502,14 +502,26 @@ public final class RelayService: Service, Sendable {
 
     /// Reads the certificate chain and key once, so that a bad file fails the start.
     private func loadTLS(_ tls: TLSSettings) throws {
+        let context = try Self.tlsContext(tls)
+        tlsContext.withLockedValue { $0 = context }
+    }
+
+    /// Checks what `run()` would refuse before anything starts: the
+    /// configuration and, with TLS, that the certificate and key load. A
+    /// command calls it first so that a bad file is its only output.
+    public static func check(_ configuration: Configuration) throws(RelayServiceError) {
+        try configuration.validate()
+        if let tls = configuration.tls { _ = try tlsContext(tls) }
+    }
+
+    private static func tlsContext(_ tls: TLSSettings) throws(RelayServiceError) -> NIOSSLContext {
         do {
             let chain = try NIOSSLCertificate.fromPEMFile(tls.certificateFile)
             let key = try NIOSSLPrivateKey(file: tls.privateKeyFile, format: .pem)
             var config = TLSConfiguration.makeServerConfiguration(
                 certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
             config.minimumTLSVersion = .tlsv12
-            let context = try NIOSSLContext(configuration: config)
-            tlsContext.withLockedValue { $0 = context }
+            return try NIOSSLContext(configuration: config)
         } catch {
             throw RelayServiceError(
                 .invalidConfiguration, "TLS certificate \(tls.certificateFile) or key \(tls.privateKeyFile) unusable: \(error)")

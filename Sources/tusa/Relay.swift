@@ -391,6 +391,7 @@ struct Relay: AsyncParsableCommand {
         } catch {
             throw failure(error.description)
         }
+        do throws(RelayServiceError) { try RelayService.check(configuration) } catch { throw failure(error.message) }
 
         Relay.logToStandardError(at: logLevel.level)
         let logger = Logger(label: "tusa.relay")
