@@ -120,6 +120,13 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
     /// The newest packet's sequence number: a timestamp jump under the next sequence
     /// number is a pause the sender made (DTX: nothing sent in silence), not a loss.
     private var newestSequence: UInt16?
+    /// The latest such pause: the timestamps the sender skipped, `from..<to`.
+    private var senderPause: Range<Int64> = 0..<0
+    /// Frames concealed since the last packet played while the playout point waited
+    /// for the next one. When what it waited for turns out to be a sender's pause,
+    /// those frames already stood for as much of the pause: on every path, steady or
+    /// jittery, a pause costs no delay and is never counted as loss.
+    private var underrunFrames = 0
     /// When the current run of packets too late to play began (arrival, ms): a run
     /// that lasts is the sender's timeline moved, not jitter (``behindRunMs``).
     private var behindSinceMs: Double?
@@ -197,6 +204,8 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         speechSamples = 0
         lastGapMs = -.infinity
         newestSequence = nil
+        senderPause = 0..<0
+        underrunFrames = 0
         missingShare = 0
         waitedTs = .min
         silentRun = 0
@@ -301,6 +310,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         }
         let paused = ext > newestExtTs + Int64(spf) && newestSequence.map { sequence == $0 &+ 1 } == true
         if ext > newestExtTs + Int64(spf), !paused { lastGapMs = arrivalMs }  // a packet (or more) missing before this one
+        if paused { senderPause = (newestExtTs + Int64(spf))..<ext }
         if ext > newestExtTs {
             let missing = paused ? 0 : Double(min((ext - newestExtTs) / Int64(spf) - 1, 50))
             for _ in 0..<Int(missing) { missingShare += (1 - missingShare) / 200 }
@@ -441,6 +451,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             }
             if let s = present(nextTs) {
                 waitedFrames = 0  // the wait, if any, was for this packet: it was late, not lost
+                underrunFrames = 0
                 let hadConcealed = concealRun > 0
                 if hadConcealed {  // continuation to cross-fade from
                     if concealRun >= configuration.comfortNoiseAfterFrames {
@@ -547,6 +558,20 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             // packets is never waited for frame after frame. On a steady path the frames
             // concealed while waiting count for the lost ones (`waitedFrames`).
             let laterBuffered = newestExtTs > nextTs && anyBuffered(after: nextTs)
+            if senderPause.contains(nextTs) && laterBuffered {
+                // Nothing was sent for this frame: the sender paused. Frames already
+                // played while waiting stand for it; past those, the pause plays on as
+                // concealment fading to comfort noise, at the same delay. Neither is loss.
+                waitedFrames = max(0, waitedFrames - 1)
+                nextTs += Int64(spf)
+                if underrunFrames > 0 {
+                    underrunFrames -= 1
+                    continue
+                }
+                concealOne(into: frame)
+                push(frame, spf)
+                return
+            }
             let aim = max(targetMs(playMs), floorMs)
             let lossy = missingShare > lossyShare
             // A steady path: no packet of the last ten seconds came even half a frame late.
@@ -579,6 +604,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                 nextTs += Int64(spf)
             } else {
                 stats.concealedByCause.bufferEmpty += 1  // underrun: the playout point waits
+                underrunFrames += 1
                 // On a steady path a missing packet is most likely lost: should a later one
                 // come first, this frame stands in for it. On a jittery path the wait is the
                 // delay growth the jitter asks for, whatever the packet turns out to be.

@@ -50,7 +50,8 @@ struct Harness {
 
     /// Runs a schedule of (frame index, arrival ms) on a 20 ms pull clock for `ms` milliseconds.
     func run(
-        _ playout: any PlayoutBuffer, arrivals: [(Int, Double)], ms: Double, seq0: UInt16 = 0, ts0: UInt32 = 0, start: Double = 0
+        _ playout: any PlayoutBuffer, arrivals: [(Int, Double)], ms: Double, seq0: UInt16 = 0, ts0: UInt32 = 0, start: Double = 0,
+        sequence: (Int) -> Int = { $0 }
     ) -> [Int16] {
         let sorted = arrivals.sorted { $0.1 < $1.1 }
         var out = [Int16](repeating: 0, count: Int(ms / 20) * Self.spf)
@@ -61,7 +62,7 @@ struct Harness {
                 let (i, a) = sorted[next]
                 packets[i].withUnsafeBytes { raw in
                     playout.insert(
-                        sequence: seq0 &+ UInt16(truncatingIfNeeded: i), timestamp: ts0 &+ UInt32(i * Self.spf),
+                        sequence: seq0 &+ UInt16(truncatingIfNeeded: sequence(i)), timestamp: ts0 &+ UInt32(i * Self.spf),
                         payload: raw, arrivalNanoseconds: Int64(a * 1e6))
                 }
                 next += 1
@@ -178,6 +179,29 @@ struct PlayoutTests {
         #expect(delays.count == 200 - lost.count)
         let first = try #require(delays[10])
         #expect(delays.values.allSatisfy { $0 == first }, "delays: \(Set(delays.values).sorted())")
+    }
+
+    /// The sender pauses mid-stream (DTX: frames 80..<105 never sent, sequence numbers
+    /// without a gap) on a path steady or jittery (every fourth packet 15 ms late): the
+    /// pause is never counted as loss, and what follows it plays with no more delay than before.
+    @Test(arguments: [0.0, 15.0])
+    func aSendersPauseIsNeitherLossNorDelay(jitter: Double) throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        let pause = 80..<105
+        nonisolated(unsafe) var delays: [Int: Int64] = [:]  // frame -> play time minus send time (ns)
+        p.onPacketPlayed = { ts, playNs in delays[Int(ts) / Harness.spf] = playNs - Int64(ts) / 8 * 1_000_000 }
+        let sent = (0..<200).filter { !pause.contains($0) }
+        let out = h.run(
+            p, arrivals: sent.map { on($0, $0 % 4 == 0 ? jitter : 0) }, ms: 4400,
+            sequence: { $0 < pause.upperBound ? $0 : $0 - pause.count })
+        let s = p.statistics
+        #expect(s.lostPackets == 0 && s.concealedByCause.lost == 0, "\(s)")
+        #expect(s.packetsPlayed == sent.count, "\(s)")
+        let before = try #require(delays[79])
+        let after = try #require(delays[106])
+        // Not grown by the pause (half a second): at most shrunk toward the target in it.
+        #expect(after - before < 20_000_000, "delay \(before / 1_000_000) ms before the pause, \(after / 1_000_000) after")
+        #expect(h.find(out, frames: 105..<190) != nil)
     }
 
     @Test(arguments: [(40, 5.0), (160, 20.0)])
