@@ -40,6 +40,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         .package(url: "https://github.com/vapor/sqlite-nio.git", from: "1.13.2"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
     ],
     targets: [
         // System libraries (Debian -dev packages); no logic lives here.
@@ -158,13 +159,17 @@ let package = Package(
             swiftSettings: strict
         ),
         // The directory (server side): what the rendezvous keeps across restarts,
-        // in a database (SQLite through sqlite-nio), behind `tusa directory`.
+        // in a database (SQLite through sqlite-nio, PostgreSQL through postgres-nio),
+        // behind `tusa directory`.
         .target(
             name: "Directory",
             dependencies: [
                 "Relay", "Rendezvous", "Secure",
                 .product(name: "SQLiteNIO", package: "sqlite-nio"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -298,7 +303,7 @@ let package = Package(
         .testTarget(
             name: "DirectoryTests",
             dependencies: [
-                "Directory", "Rendezvous", "Secure",
+                "Directory", "Rendezvous", "Secure", "Relay", "TestSupport",
                 .product(name: "SQLiteNIO", package: "sqlite-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -364,7 +369,7 @@ let package = Package(
             name: "InteropTests",
             dependencies: [
                 "TusaBase", "STUN", "TURN", "TusaInterop", "Transport", "Relay", "Secure", "Rendezvous", "Call", "Voice", "ICE",
-                "Party",
+                "Party", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -22,8 +22,8 @@ def closure(name):
     return seen | products
 rules = {
     # what a calling app links
-    "Call": {"Relay", "Directory", "SQLiteNIO", "CRelayIO", "NIOSSL", "NIOHTTP1", "Prometheus", "ServiceLifecycle", "CoreMetrics"},
-    "Transport": {"Relay", "Directory", "SQLiteNIO", "CRelayIO", "NIOSSL", "NIOHTTP1", "Prometheus", "ServiceLifecycle", "CoreMetrics"},
+    "Call": {"Relay", "Directory", "SQLiteNIO", "PostgresNIO", "CRelayIO", "NIOSSL", "NIOHTTP1", "Prometheus", "ServiceLifecycle", "CoreMetrics"},
+    "Transport": {"Relay", "Directory", "SQLiteNIO", "PostgresNIO", "CRelayIO", "NIOSSL", "NIOHTTP1", "Prometheus", "ServiceLifecycle", "CoreMetrics"},
     # sans-IO cores: no sockets, no event loops
     **{core: {"NIOCore", "NIOPosix", "Transport", "Relay", "Directory", "CRelayIO"} for core in
        ["TusaBase", "STUN", "TURN", "Secure", "ICE", "Rendezvous", "Voice"] + [t for t in ["CallControl", "Party"] if t in targets]},

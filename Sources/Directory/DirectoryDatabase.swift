@@ -1,9 +1,14 @@
+import Logging
+import Relay
+
 /// Where a directory keeps its rows, as `--database` names it.
 public enum DirectoryDatabase: Equatable, Sendable, CustomStringConvertible {
     /// `sqlite:PATH`: a file on this machine, the single-node default.
     case sqlite(path: String)
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`: a PostgreSQL server.
+    case postgres(PostgresLocation)
 
-    /// `sqlite:PATH` (or a bare path ending in `.sqlite`/`.db`).
+    /// `sqlite:PATH` (or a bare path ending in `.sqlite`/`.db`), or a `postgres://` URL.
     public init(_ text: String) throws(DirectoryError) {
         if text.hasPrefix("sqlite:") {
             let path = String(text.dropFirst("sqlite:".count))
@@ -12,19 +17,34 @@ public enum DirectoryDatabase: Equatable, Sendable, CustomStringConvertible {
             }
             self = .sqlite(path: path)
         } else if text.hasPrefix("postgres://") || text.hasPrefix("postgresql://") {
-            throw DirectoryError(
-                "--database \(text): PostgreSQL is not supported yet (several directory nodes on one database come next); use sqlite:PATH"
-            )
+            self = .postgres(try PostgresLocation(url: text))
         } else if text.hasSuffix(".sqlite") || text.hasSuffix(".db") {
             self = .sqlite(path: text)
         } else {
-            throw DirectoryError("--database must be sqlite:PATH, not '\(text)'")
+            throw DirectoryError("--database must be sqlite:PATH or postgres://USER@HOST:PORT/DATABASE, not '\(text)'")
         }
     }
 
     public var description: String {
         switch self {
         case .sqlite(let path): "sqlite:\(path)"
+        case .postgres(let location): location.description
+        }
+    }
+
+    /// The schema version this build brings the database to.
+    public var schemaVersion: Int {
+        switch self {
+        case .sqlite: SQLiteDirectoryStore.schemaVersion
+        case .postgres: PostgresDirectoryStore.schemaVersion
+        }
+    }
+
+    /// Opens (or makes) the database and brings its schema up to date.
+    public func open(logger: Logger) async throws(DirectoryError) -> any RendezvousStore {
+        switch self {
+        case .sqlite(let path): try await SQLiteDirectoryStore.open(path: path, logger: logger)
+        case .postgres(let location): try await PostgresDirectoryStore.open(location, logger: logger)
         }
     }
 }

@@ -32,7 +32,10 @@ struct DirectoryCommand: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Where to listen (TCP).", valueName: "ip:port"))
     var listen = "0.0.0.0:3480"
 
-    @Option(help: ArgumentHelp("Where the rows are kept: sqlite:PATH.", valueName: "url"))
+    @Option(
+        help: ArgumentHelp(
+            "Where the rows are kept: sqlite:PATH, or postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (?host=FOLDER for a Unix socket, ?sslmode=require for TLS).",
+            valueName: "url"))
     var database = "sqlite:tusa-directory.sqlite"
 
     @Option(
@@ -107,13 +110,8 @@ struct DirectoryCommand: AsyncParsableCommand {
 
         Relay.logToStandardError(at: logLevel.level)
         let logger = Logger(label: "tusa.directory")
-        let store: SQLiteDirectoryStore
-        switch databaseURL {
-        case .sqlite(let path):
-            do { store = try await SQLiteDirectoryStore.open(path: path, logger: logger) } catch {
-                throw failure(error.description)
-            }
-        }
+        let store: any RendezvousStore
+        do { store = try await databaseURL.open(logger: logger) } catch { throw failure(error.description) }
         let memory = MemoryGuard(option: limit, logger: logger)
         let service = RendezvousService(address: address, configuration: core, memory: memory, store: store, logger: logger)
         let group = ServiceGroup(
@@ -123,7 +121,7 @@ struct DirectoryCommand: AsyncParsableCommand {
                 tasks.addTask { try await group.run() }
                 tasks.addTask {
                     print("directory tcp \(try await service.boundAddress())")
-                    print("database \(databaseURL) (schema \(SQLiteDirectoryStore.schemaVersion))")
+                    print("database \(databaseURL) (schema \(databaseURL.schemaVersion))")
                     fflush(nil)
                 }
                 try await tasks.waitForAll()

@@ -277,7 +277,7 @@ struct Relay: AsyncParsableCommand {
     @Option(
         name: .customLong("rendezvous-database"),
         help: ArgumentHelp(
-            "Keep the rendezvous's invitations and known keys in this database (sqlite:PATH), so that they outlive a restart, as tusa directory does (default: in memory).",
+            "Keep the rendezvous's invitations and known keys in this database (sqlite:PATH or postgres://…), so that they outlive a restart, as tusa directory does (default: in memory).",
             valueName: "url"))
     var rendezvousDatabase: String?
 
@@ -426,13 +426,11 @@ struct Relay: AsyncParsableCommand {
         let metrics = metricsAddress.map {
             MetricsEndpoint.serving(service, party: party, memory: memory, on: $0, logger: logger)
         }
-        var store: SQLiteDirectoryStore?
+        var store: (any RendezvousStore)?
         if let rendezvousDatabase {
             guard rendezvousPort != nil else { throw failure("--rendezvous-database needs --rendezvous-port") }
-            do {
-                switch try DirectoryDatabase(rendezvousDatabase) {
-                case .sqlite(let path): store = try await SQLiteDirectoryStore.open(path: path, logger: logger)
-                }
+            do throws(DirectoryError) {
+                store = try await DirectoryDatabase(rendezvousDatabase).open(logger: logger)
             } catch {
                 throw failure(error.description)
             }

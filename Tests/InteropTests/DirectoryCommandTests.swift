@@ -1,6 +1,7 @@
 import Foundation
 import Rendezvous
 import Secure
+import TestSupport
 import Testing
 import Transport
 import TusaBase
@@ -16,18 +17,18 @@ import TusaBase
 @Suite("tusa directory", .serialized)
 struct DirectoryCommandTests {
     /// Starts `tusa directory` (or `tusa relay` with its rendezvous) on a free loopback
-    /// port with this database; returns it with the rendezvous's address.
+    /// port with this database (`sqlite:PATH` or a PostgreSQL URL); returns it with
+    /// the rendezvous's address.
     private static func start(_ command: String, _ database: String) async throws -> (Harness.Background, TransportAddress) {
         let tusa = try #require(Harness.tusa)
         let (arguments, prefix) =
-            command == "directory"
-            ? (["directory", "--listen", "127.0.0.1:0", "--database", "sqlite:\(database)"], "directory tcp ")
-            : (
+            command == "relay"
+            ? (
                 [
                     "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--rendezvous-port", "0", "--rendezvous-database",
-                    "sqlite:\(database)",
+                    database,
                 ], "rendezvous tcp "
-            )
+            ) : (["directory", "--listen", "127.0.0.1:0", "--database", database], "directory tcp ")
         let process = try Harness.Background(tusa, arguments)
         guard let line = await process.waitForMatch(prefix + #"127\.0\.0\.1:[0-9]+"#),
             let address = TransportAddress(String(line.dropFirst(prefix.count)))
@@ -43,18 +44,21 @@ struct DirectoryCommandTests {
     /// the directory SIGKILLed right after and started again on the same file delivers
     /// it at the peer's login, and still knows the poster (offline, not unknown).
     @Test(
-        "an invitation acknowledged by tusa directory (or a relay's rendezvous with a database) survives its SIGKILL and is delivered at the next login",
+        "an invitation acknowledged by tusa directory (on SQLite or PostgreSQL, or a relay's rendezvous with a database) survives its SIGKILL and is delivered at the next login",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
-        arguments: ["directory", "relay"])
+        arguments: ["directory", "relay"] + (PostgresServer.isInstalled ? ["directory on postgres"] : []))
     func invitationsSurviveAKill(_ command: String) async throws {
-        let database = NSTemporaryDirectory() + "tusa-directory-\(UUID().uuidString).sqlite"
-        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: database + suffix) } }
+        let file = NSTemporaryDirectory() + "tusa-directory-\(UUID().uuidString).sqlite"
+        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: file + suffix) } }
+        let postgres = command.hasSuffix("postgres") ? try PostgresServer() : nil
+        defer { postgres?.remove() }
+        let database = postgres?.url ?? "sqlite:\(file)"
         let alice = PrivateKey.generate()
         let bob = PrivateKey.generate()
 
         let (first, server) = try await Self.start(command, database)
-        if command == "directory" {
-            #expect(first.stdout.contains("database sqlite:\(database) (schema 1)"), "\(first.stdout)")
+        if command != "relay" {
+            #expect(first.stdout.contains("database \(database) (schema 1)"), "\(first.stdout)")
         }
         let a = try await RendezvousConnection.connect(to: server, identity: alice, timeout: .seconds(30))
         let invitation = Array("Hearthstone: tusa party join ROOM".utf8)
@@ -158,7 +162,11 @@ struct DirectoryCommandTests {
         "tusa directory refuses a database it cannot use with one line and status 1",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
         arguments: [
-            (["--database", "postgres://tusa@127.0.0.1/tusa"], "PostgreSQL is not supported yet"),
+            (
+                ["--database", "postgres://tusa:hunter2@127.0.0.1:1/tusa"],
+                "cannot reach the database postgres://tusa:***@127.0.0.1:1/tusa: "
+            ),
+            (["--database", "postgres://127.0.0.1/tusa"], "names no user"),
             (["--database", "sqlite:/nonexistent-dir/x.sqlite"], "cannot open the database /nonexistent-dir/x.sqlite"),
             (["--listen", "nowhere"], "--listen must be IP:PORT"),
             (["--turn-uri", "turn:127.0.0.1:3478"], "--turn-uri needs --static-auth-secret"),
@@ -169,5 +177,6 @@ struct DirectoryCommandTests {
         #expect(result.status == 1)
         #expect(result.stderr.hasPrefix("tusa directory: error: ") && result.stderr.contains(message), "\(result.stderr)")
         #expect(result.stderr.split(separator: "\n").count == 1, "\(result.stderr)")
+        #expect(!result.stderr.contains("hunter2"))
     }
 }
