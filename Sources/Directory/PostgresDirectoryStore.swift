@@ -16,6 +16,11 @@ import Secure
 ///
 /// One connection, made again on the next write when the server dropped it (a
 /// PostgreSQL restart costs the writes in flight their retries, nothing more).
+///
+/// One directory per database for now: each numbers its own posts and keeps its
+/// own peers, so the connection holds a session advisory lock, and a second
+/// directory (or relay) pointed at the same database is refused with one line
+/// rather than let it overwrite the first one's rows.
 public actor PostgresDirectoryStore: RendezvousStore {
     /// Migration N (from 1) is `migrations[N - 1]`, its statements in order.
     static let migrations: [[String]] = [
@@ -33,6 +38,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
     public static var schemaVersion: Int { migrations.count }
     /// The advisory lock that serialises migrations between directory processes.
     static let migrationLock: Int64 = 0x7475_7361_6469_72  // "tusadir"
+    /// The session lock the serving directory holds for as long as it is connected.
+    static let servingLock: Int64 = 0x7475_7361_6e6f_6465  // "tusanode"
 
     public let location: PostgresLocation
     private let logger: Logger
@@ -77,13 +84,35 @@ public actor PostgresDirectoryStore: RendezvousStore {
         let made = try await PostgresConnection.connect(
             on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: nextID, logger: logger
         ).get()
+        // A directory that just stopped (or was killed) may hold the lock for a moment
+        // more, until the server sees its session end: a few tries over two seconds.
+        var serving = false
+        do {
+            for attempt in 0..<10 where !serving {
+                if attempt > 0 { try await Task.sleep(for: .milliseconds(200)) }
+                for try await held in try await made.query(
+                    "SELECT pg_try_advisory_lock(\(Self.servingLock))", logger: logger
+                ).decode(Bool.self) {
+                    serving = held
+                }
+            }
+        } catch {
+            try? await made.close()
+            throw error
+        }
+        guard serving else {
+            try? await made.close()
+            throw DirectoryError(
+                "another tusa directory serves \(location): one directory per database (several nodes on one database are not built yet)"
+            )
+        }
         connection = made
         return made
     }
 
     private func prepare() async throws(DirectoryError) {
         let connection: PostgresConnection
-        do { connection = try await connected() } catch {
+        do { connection = try await connected() } catch let error as DirectoryError { throw error } catch {
             throw DirectoryError("cannot reach the database \(location): \(Self.reason(error))")
         }
         let current: Int
@@ -200,7 +229,10 @@ public actor PostgresDirectoryStore: RendezvousStore {
     }
 
     public func close() async {
-        try? await connection?.close()
+        if let connection {
+            _ = try? await connection.query("SELECT pg_advisory_unlock(\(Self.servingLock))", logger: logger)
+            try? await connection.close()
+        }
         connection = nil
     }
 

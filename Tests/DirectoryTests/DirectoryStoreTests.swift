@@ -107,17 +107,32 @@ struct DirectoryStoreTests {
         ) { _ = try await SQLiteDirectoryStore.open(path: path, logger: logger) }
     }
 
-    /// Two directories opening one new database together apply each migration once
-    /// (the advisory lock); a newer schema than this build knows is refused.
+    /// Two directories opening one new database together: one serves it (its schema
+    /// made once), the other is refused with one line, and a directory can open it
+    /// once the first has closed. A newer schema than this build knows is refused.
     @Test(.enabled(if: postgresReady, "\(PostgresServer.absentMessage)"))
-    func thePostgresSchemaIsMadeOnceEvenByTwoAtOnceAndANewerOneIsRefused() async throws {
+    func onePostgresDatabaseServesOneDirectoryAndANewerSchemaIsRefused() async throws {
         let backing = try Backing("postgres")
         defer { backing.remove() }
         guard case .postgres(let location) = backing.database else { return }
-        async let first = backing.open()
-        async let second = backing.open()
-        let stores = try await [first, second]
-        for store in stores { await store.close() }
+        let attempt: @Sendable () async -> Result<any RendezvousStore, any Error> = {
+            do { return .success(try await backing.open()) } catch { return .failure(error) }
+        }
+        async let first = attempt()
+        async let second = attempt()
+        let results = await [first, second]
+        let opened = results.compactMap { try? $0.get() }
+        #expect(opened.count == 1)
+        for result in results {
+            if case .failure(let error) = result {
+                #expect(
+                    "\(error)"
+                        == "another tusa directory serves \(location): one directory per database (several nodes on one database are not built yet)"
+                )
+            }
+        }
+        for store in opened { await store.close() }
+        await (try backing.open()).close()
         let versions = try await Self.psql(backing, "SELECT version FROM schema_migrations ORDER BY version")
         #expect(versions == "1")
         _ = try await Self.psql(backing, "INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)")
