@@ -254,6 +254,18 @@ let package = Package(
             path: "Benchmarks/InProcess/party-bench",
             swiftSettings: strict
         ),
+        // Invitations acknowledged once stored, the directory's stores side by side:
+        // in memory, SQLite and PostgreSQL.
+        .executableTarget(
+            name: "directory-bench",
+            dependencies: [
+                "Directory", "Relay", "Rendezvous", "Secure", "Transport", "TusaBase",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Benchmarks/InProcess/directory-bench",
+            swiftSettings: strict
+        ),
         // Calls on loopback: dial to first audio and mouth-to-ear delay over a real
         // rendezvous and secure UDP, against the voice pipeline's own floor; and a
         // party's mouth-to-ear through the relay beside the call's.

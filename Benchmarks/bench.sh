@@ -16,6 +16,8 @@
 #     (voice-bench), and PESQ under loss against a speexdsp baseline (quality.sh).
 #     Parties: the room core's forwarding and hop sealing per delivered frame
 #     against the bare AEAD seal; join and rekey times on loopback (party-bench).
+#     The directory: invitations acknowledged once stored, in memory, SQLite and
+#     PostgreSQL side by side, at a steady pace from many users (directory-bench).
 #  6. Calls: dial to first audio and stack-added mouth-to-ear delay through real
 #     calls on loopback (call-bench); time to connect and to first audio through
 #     real kernel NAT, direct and relayed (scripts/nat-matrix.sh, as root).
@@ -50,6 +52,11 @@ echo "== Parties: forwarding + hop sealing per delivered frame, joins and rekeys
 swift build -c release --product party-bench >out/bench/party-build.log 2>&1 \
   || { cat out/bench/party-build.log; exit 1; }
 "$(swift build -c release --show-bin-path)/party-bench" --seconds 5 --joins 50 2>&1 | tee out/bench/party.md
+echo
+echo "== Directory: invitations acknowledged once stored, memory / SQLite / PostgreSQL (Benchmarks/InProcess/directory-bench)"
+swift build -c release --product directory-bench >out/bench/directory-build.log 2>&1 \
+  || { cat out/bench/directory-build.log; exit 1; }
+"$(swift build -c release --show-bin-path)/directory-bench" 2>&1 | tee out/bench/directory.md || true
 echo
 echo "== Voice: jitter-buffer delay, echo canceller, CPU per call-second (Benchmarks/InProcess/voice-bench)"
 swift build -c release --product voice-bench >out/bench/voice-build.log 2>&1 \

@@ -51,6 +51,15 @@ line=$("$(swift build --show-bin-path)/party-bench" --seconds 0.3 --joins 3)
 echo "$line" | sed 's/^/bench-smoke: /'
 grep -q "forward / bare" <<<"$line" && grep -q "rekey after a leave" <<<"$line" || { echo "bench-smoke: party-bench FAILED"; exit 1; }
 
+# The directory: invitations acknowledged once stored, in memory, SQLite and
+# PostgreSQL, for a second each (directory-bench exits non-zero if a post is
+# refused or a store fails; PostgreSQL must run here, as setup.sh installs it).
+swift build --product directory-bench >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+"$(swift build --show-bin-path)/directory-bench" --clients 20 --rate 200 --seconds 1 >"$work/directory.md" 2>&1 \
+  && grep -q "^| PostgreSQL | 200 | [0-9]" "$work/directory.md" \
+  || { cat "$work/directory.md"; echo "bench-smoke: directory-bench FAILED"; exit 1; }
+sed 's/^/bench-smoke: /' "$work/directory.md"
+
 # The voice engine: a few seconds of each voice benchmark in a debug build (the
 # figures mean nothing here; the runs must complete and report), and make
 # quality's tooling on two utterances.

@@ -197,33 +197,51 @@ public actor PostgresDirectoryStore: RendezvousStore {
         return snapshot
     }
 
+    /// The records in three statements whatever their number (arrays through
+    /// UNNEST, one round trip each): posts upserted, drops deleted, keys seen
+    /// upserted. Order is kept where it matters: a post and its drop in one batch
+    /// end deleted, and a key seen twice keeps the later time.
     public func write(_ records: [RendezvousRecord]) async throws {
         guard !records.isEmpty else { return }
+        var posts: [UInt64: RendezvousPost] = [:]
+        var dropped: [Int64] = []
+        var seen: [PublicKey: UInt64] = [:]
+        for record in records {
+            switch record {
+            case .posted(let post): posts[post.id] = post
+            case .dropped(let ids): dropped += ids.map { Int64(clamping: $0) }
+            case .seen(let key, let unixSeconds): seen[key] = unixSeconds
+            }
+        }
+        let ordered = posts.values.sorted { $0.id < $1.id }
+        let ids = ordered.map { Int64(clamping: $0.id) }
+        let recipients = ordered.map { ByteBuffer(bytes: $0.to.bytes) }
+        let senders = ordered.map { ByteBuffer(bytes: $0.from.bytes) }
+        let sealed = ordered.map { ByteBuffer(bytes: $0.sealed) }
+        let postedAt = ordered.map { Int64(clamping: $0.unixSeconds) }
+        let keys = Array(seen.keys)
+        let keyBytes = keys.map { ByteBuffer(bytes: $0.bytes) }
+        let seenAt = keys.map { Int64(clamping: seen[$0] ?? 0) }
         try await transaction { c, logger in
-            for record in records {
-                switch record {
-                case .posted(let post):
-                    let id = Int64(clamping: post.id)
-                    let at = Int64(clamping: post.unixSeconds)
-                    try await c.query(
-                        """
-                        INSERT INTO posts (id, recipient, sender, sealed, posted_at)
-                        VALUES (\(id), \(ByteBuffer(bytes: post.to.bytes)), \(ByteBuffer(bytes: post.from.bytes)),
-                            \(ByteBuffer(bytes: post.sealed)), \(at))
-                        ON CONFLICT (id) DO UPDATE SET recipient = EXCLUDED.recipient, sender = EXCLUDED.sender,
-                            sealed = EXCLUDED.sealed, posted_at = EXCLUDED.posted_at
-                        """, logger: logger)
-                case .dropped(let ids):
-                    let ids = ids.map { Int64(clamping: $0) }
-                    try await c.query("DELETE FROM posts WHERE id = ANY(\(ids))", logger: logger)
-                case .seen(let key, let unixSeconds):
-                    let at = Int64(clamping: unixSeconds)
-                    try await c.query(
-                        """
-                        INSERT INTO seen (key, at) VALUES (\(ByteBuffer(bytes: key.bytes)), \(at))
-                        ON CONFLICT (key) DO UPDATE SET at = EXCLUDED.at
-                        """, logger: logger)
-                }
+            if !ids.isEmpty {
+                try await c.query(
+                    """
+                    INSERT INTO posts (id, recipient, sender, sealed, posted_at)
+                    SELECT * FROM UNNEST(\(ids)::BIGINT[], \(recipients)::BYTEA[], \(senders)::BYTEA[],
+                        \(sealed)::BYTEA[], \(postedAt)::BIGINT[])
+                    ON CONFLICT (id) DO UPDATE SET recipient = EXCLUDED.recipient, sender = EXCLUDED.sender,
+                        sealed = EXCLUDED.sealed, posted_at = EXCLUDED.posted_at
+                    """, logger: logger)
+            }
+            if !dropped.isEmpty {
+                try await c.query("DELETE FROM posts WHERE id = ANY(\(dropped))", logger: logger)
+            }
+            if !keys.isEmpty {
+                try await c.query(
+                    """
+                    INSERT INTO seen (key, at) SELECT * FROM UNNEST(\(keyBytes)::BYTEA[], \(seenAt)::BIGINT[])
+                    ON CONFLICT (key) DO UPDATE SET at = EXCLUDED.at
+                    """, logger: logger)
             }
         }
     }
@@ -240,9 +258,9 @@ public actor PostgresDirectoryStore: RendezvousStore {
     private func transaction(
         _ body: (PostgresConnection, Logger) async throws -> Void
     ) async throws {
-        let c = try await connected()
         let logger = self.logger
         do {
+            let c = try await connected()
             try await c.withTransaction(logger: logger) { c in try await body(c, logger) }
         } catch {
             throw DirectoryError("\(location): \(Self.reason(error))")

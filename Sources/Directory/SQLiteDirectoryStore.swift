@@ -27,6 +27,7 @@ public actor SQLiteDirectoryStore: RendezvousStore {
     public static var schemaVersion: Int { migrations.count }
 
     private let connection: SQLiteConnection
+    private var closed = false
     public let path: String
 
     private init(connection: SQLiteConnection, path: String) {
@@ -143,7 +144,10 @@ public actor SQLiteDirectoryStore: RendezvousStore {
         }
     }
 
+    /// Closes the file; later calls do nothing (sqlite-nio's own close must run once).
     public func close() async {
+        guard !closed else { return }
+        closed = true
         try? await connection.close()
     }
 

@@ -1,0 +1,230 @@
+import Directory
+import Foundation
+import Logging
+import Relay
+import Rendezvous
+import Secure
+import ServiceLifecycle
+import Transport
+import TusaBase
+
+// `directory-bench`: invitations posted through a real rendezvous over loopback TCP,
+// each acknowledged only once its store has written it: in memory (no store), in
+// SQLite (WAL) and in PostgreSQL (a private server from scripts/postgres.sh), side
+// by side in one run. Users post at a steady pace, interleaved (the shape of
+// many people each inviting a few friends), to recipients that are offline
+// (stored for their next login) and online (delivered at once as well).
+//
+//   directory-bench [--clients N] [--rate POSTS_PER_S] [--seconds S] [--no-postgres]
+
+struct Options {
+    var clients = 200
+    var rates = [2000, 5000]
+    var seconds = 5.0
+    var postgres = true
+
+    init(_ arguments: [String]) throws {
+        var i = 0
+        func value() throws -> String {
+            i += 1
+            guard i < arguments.count else { throw BenchError("\(arguments[i - 1]) needs a value") }
+            return arguments[i]
+        }
+        while i < arguments.count {
+            switch arguments[i] {
+            case "--clients": clients = Int(try value()) ?? 0
+            case "--rate": rates = try value().split(separator: ",").compactMap { Int($0) }
+            case "--seconds": seconds = Double(try value()) ?? 0
+            case "--no-postgres": postgres = false
+            default: throw BenchError("unknown argument \(arguments[i])")
+            }
+            i += 1
+        }
+        guard clients > 0, !rates.isEmpty, rates.allSatisfy({ $0 > 0 }), seconds > 0 else {
+            throw BenchError("--clients, --rate and --seconds must be positive")
+        }
+    }
+}
+
+struct BenchError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+struct Result {
+    var acknowledged = 0
+    var refused = 0
+    var latenciesMs: [Double] = []
+    var wallSeconds = 0.0
+}
+
+func percentile(_ values: [Double], _ q: Double) -> Double {
+    guard !values.isEmpty else { return .nan }
+    let sorted = values.sorted()
+    return sorted[min(sorted.count - 1, Int((Double(sorted.count - 1) * q).rounded()))]
+}
+
+/// One backend at one rate: a fresh rendezvous on the store, `clients` users
+/// connected, each posting every clients/rate seconds (offsets spread) for
+/// `seconds`; every fourth post goes to an online user, the rest to offline keys.
+func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double) async throws -> Result {
+    var logger = Logger(label: "directory-bench")
+    logger.logLevel = .error
+    var configuration = RendezvousServerConfiguration()
+    let perClient = Double(rate) / Double(clients)
+    // The per-connection limit (20/s) stays unless the pace needs more.
+    configuration.requestsPerSecond = max(configuration.requestsPerSecond, perClient * 2)
+    configuration.mailboxTotal = max(configuration.mailboxTotal, Int(Double(rate) * seconds) * 2)
+    let service = RendezvousService(
+        address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, store: store, logger: logger)
+    let group = ServiceGroup(configuration: .init(services: [service], logger: logger))
+    let running = Task { try await group.run() }
+    defer { running.cancel() }
+    let server = try await service.boundAddress()
+
+    let users = try await withThrowingTaskGroup(of: RendezvousConnection.self) { group in
+        for _ in 0..<clients {
+            group.addTask { try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30)) }
+        }
+        var made: [RendezvousConnection] = []
+        for try await c in group { made.append(c) }
+        return made
+    }
+    // Deliveries to the online users are drained (their streams must not back up).
+    let listeners = users.map { user in
+        Task {
+            for await _ in user.incoming {}
+        }
+    }
+    let offline = (0..<1000).map { _ in PrivateKey.generate().publicKey }
+    let period = 1 / perClient
+    let start = ContinuousClock.now
+    let invitation = [UInt8](repeating: 0xA5, count: 160)  // a sealed invitation's size
+    var result = try await withThrowingTaskGroup(of: Result.self) { group in
+        for (k, user) in users.enumerated() {
+            let online = users[(k + 1) % users.count].identity
+            group.addTask {
+                var r = Result()
+                var n = 0
+                var next = start + .seconds(period * Double(k) / Double(clients))
+                while next < start + .seconds(seconds) {
+                    try await Task.sleep(until: next, clock: .continuous)
+                    let to = n % 4 == 0 ? online : offline[(k * 31 + n) % offline.count]
+                    let sent = ContinuousClock.now
+                    do {
+                        try await user.post(invitation, to: to)
+                        r.acknowledged += 1
+                        let d = ContinuousClock.now - sent
+                        r.latenciesMs.append(Double(d.components.attoseconds) / 1e15 + Double(d.components.seconds) * 1000)
+                    } catch {
+                        r.refused += 1
+                    }
+                    n += 1
+                    next += .seconds(period)
+                }
+                return r
+            }
+        }
+        var total = Result()
+        for try await r in group {
+            total.acknowledged += r.acknowledged
+            total.refused += r.refused
+            total.latenciesMs += r.latenciesMs
+        }
+        return total
+    }
+    let elapsed = ContinuousClock.now - start
+    result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    for user in users { await user.close() }
+    for l in listeners { l.cancel() }
+    await group.triggerGracefulShutdown()
+    _ = try? await running.value
+    return result
+}
+
+/// A private PostgreSQL for the run (scripts/postgres.sh), stopped at the end.
+func startPostgres(_ folder: String) throws -> String {
+    let port = 20000 + Int(getpid() % 20000)
+    let output = try shell(["bash", "scripts/postgres.sh", "start", folder, "\(port)"])
+    guard let url = output.split(separator: "\n").last(where: { $0.hasPrefix("postgres://") }) else {
+        throw BenchError("scripts/postgres.sh start: \(output)")
+    }
+    return String(url)
+}
+
+func shell(_ arguments: [String]) throws -> String {
+    let log = NSTemporaryDirectory() + "directory-bench-\(UUID().uuidString).log"
+    defer { try? FileManager.default.removeItem(atPath: log) }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+    posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    let argv = arguments.map { strdup($0) } + [nil]
+    defer { for a in argv { free(a) } }
+    var pid = pid_t()
+    guard posix_spawnp(&pid, arguments[0], &actions, nil, argv, environ) == 0 else {
+        throw BenchError("cannot run \(arguments[0])")
+    }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+    let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+    guard status == 0 else { throw BenchError("\(arguments.joined(separator: " ")) failed: \(output)") }
+    return output
+}
+
+let options: Options
+do { options = try Options(Array(CommandLine.arguments.dropFirst())) } catch {
+    FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
+    exit(64)
+}
+var logger = Logger(label: "directory-bench")
+logger.logLevel = .error
+let sqlitePath = NSTemporaryDirectory() + "directory-bench-\(getpid()).sqlite"
+let postgresFolder = NSTemporaryDirectory() + "directory-bench-pg-\(getpid())"
+defer {
+    for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: sqlitePath + suffix) }
+}
+var postgresURL: String?
+if options.postgres {
+    do { postgresURL = try startPostgres(postgresFolder) } catch {
+        print("(PostgreSQL not run: \(error))")
+    }
+}
+
+print(
+    "## Directory: invitations acknowledged once stored (directory-bench, \(options.clients) users on loopback TCP, \(Int(options.seconds)) s per run)"
+)
+print()
+print("| store | offered (posts/s) | acknowledged (posts/s) | refused | ack latency p50 / p95 / max (ms) | p95 vs memory |")
+print("|---|---|---|---|---|---|")
+var failed = false
+for rate in options.rates {
+    var memoryP95 = Double.nan
+    let backends: [(String, String?)] =
+        [("memory", nil), ("SQLite (WAL)", "sqlite:\(sqlitePath)")] + (postgresURL.map { [("PostgreSQL", $0)] } ?? [])
+    for (name, database) in backends {
+        do {
+            var store: (any RendezvousStore)?
+            if let database { store = try await DirectoryDatabase(database).open(logger: logger) }
+            // The service closes its store when it stops.
+            let r = try await run(store: store, clients: options.clients, rate: rate, seconds: options.seconds)
+            let p95 = percentile(r.latenciesMs, 0.95)
+            if name == "memory" { memoryP95 = p95 }
+            print(
+                String(
+                    format: "| %@ | %d | %.0f | %d | %.2f / %.2f / %.2f | %@ |", name, rate,
+                    Double(r.acknowledged) / r.wallSeconds, r.refused, percentile(r.latenciesMs, 0.5), p95,
+                    r.latenciesMs.max() ?? .nan, name == "memory" ? "1" : String(format: "%.1f×", p95 / memoryP95)))
+            if r.refused > 0 { failed = true }
+        } catch {
+            print("| \(name) | \(rate) | failed: \(error) | | | |")
+            failed = true
+        }
+    }
+}
+if postgresURL != nil {
+    _ = try? shell(["bash", "scripts/postgres.sh", "stop", postgresFolder])
+    try? FileManager.default.removeItem(atPath: postgresFolder)
+}
+exit(failed ? 1 : 0)
