@@ -182,9 +182,6 @@ var logger = Logger(label: "directory-bench")
 logger.logLevel = .error
 let sqlitePath = NSTemporaryDirectory() + "directory-bench-\(getpid()).sqlite"
 let postgresFolder = NSTemporaryDirectory() + "directory-bench-pg-\(getpid())"
-defer {
-    for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: sqlitePath + suffix) }
-}
 var postgresURL: String?
 if options.postgres {
     do { postgresURL = try startPostgres(postgresFolder) } catch {
@@ -223,6 +220,7 @@ for rate in options.rates {
         }
     }
 }
+for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: sqlitePath + suffix) }
 if postgresURL != nil {
     _ = try? shell(["bash", "scripts/postgres.sh", "stop", postgresFolder])
     try? FileManager.default.removeItem(atPath: postgresFolder)
