@@ -84,6 +84,17 @@ public actor PostgresDirectoryStore: RendezvousStore {
         let made = try await PostgresConnection.connect(
             on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: nextID, logger: logger
         ).get()
+        // The server drops a session whose peer vanished within about 25 s (not the
+        // system's two hours), so a directory cut off by the network and back does
+        // not find its own old session still holding the lock below for long.
+        do {
+            try await made.query("SET tcp_keepalives_idle = 10", logger: logger)
+            try await made.query("SET tcp_keepalives_interval = 5", logger: logger)
+            try await made.query("SET tcp_keepalives_count = 3", logger: logger)
+        } catch {
+            try? await made.close()
+            throw error
+        }
         // A directory that just stopped (or was killed) may hold the lock for a moment
         // more, until the server sees its session end: a few tries over two seconds.
         var serving = false
@@ -254,13 +265,26 @@ public actor PostgresDirectoryStore: RendezvousStore {
         connection = nil
     }
 
-    /// `body` in one transaction: all of it, or (it threw) none.
+    /// How long one transaction may take before its connection is closed (a
+    /// server gone silent fails the write, and its retry, instead of holding every
+    /// acknowledgement behind it until TCP gives up).
+    static let transactionDeadline: Duration = .seconds(10)
+
+    /// `body` in one transaction: all of it, or (it threw) none. Within
+    /// ``transactionDeadline``, else the connection is closed and the next call
+    /// connects again. The store expects one caller at a time (the rendezvous's
+    /// record writer): two transactions at once would share the connection.
     private func transaction(
         _ body: (PostgresConnection, Logger) async throws -> Void
     ) async throws {
         let logger = self.logger
         do {
             let c = try await connected()
+            let watchdog = Task {
+                try await Task.sleep(for: Self.transactionDeadline)
+                try? await c.close()
+            }
+            defer { watchdog.cancel() }
             try await c.withTransaction(logger: logger) { c in try await body(c, logger) }
         } catch {
             throw DirectoryError("\(location): \(Self.reason(error))")
@@ -328,10 +352,18 @@ public struct PostgresLocation: Equatable, Sendable, CustomStringConvertible {
         guard let url = URLComponents(string: text), url.scheme == "postgres" || url.scheme == "postgresql" else {
             throw DirectoryError("--database \(Self.redacted(text)) is not a PostgreSQL URL (\(usage))")
         }
-        guard let user = url.user.flatMap({ $0.removingPercentEncoding }), !user.isEmpty else {
+        // The percent-encoded parts, decoded once here (the decoded getters differ
+        // between platforms, and a second decoding would change a password).
+        guard let user = url.percentEncodedUser.flatMap({ $0.removingPercentEncoding }), !user.isEmpty else {
             throw DirectoryError("--database \(Self.redacted(text)) names no user (\(usage))")
         }
-        let database = String(url.path.drop(while: { $0 == "/" })).removingPercentEncoding ?? ""
+        let password = try url.percentEncodedPassword.map { encoded throws(DirectoryError) in
+            guard let decoded = encoded.removingPercentEncoding else {
+                throw DirectoryError("--database: the password is not valid percent-encoding (write % as %25)")
+            }
+            return decoded
+        }
+        let database = String(url.percentEncodedPath.drop(while: { $0 == "/" })).removingPercentEncoding ?? ""
         guard !database.isEmpty, !database.contains("/") else {
             throw DirectoryError("--database \(Self.redacted(text)) names no database (\(usage))")
         }
@@ -366,7 +398,7 @@ public struct PostgresLocation: Equatable, Sendable, CustomStringConvertible {
             server = .tcp(host: host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host, port: port)
         }
         self.user = user
-        self.password = url.password.flatMap { $0.removingPercentEncoding }
+        self.password = password
         self.database = database
         self.tls = tls
     }
@@ -383,9 +415,14 @@ public struct PostgresLocation: Equatable, Sendable, CustomStringConvertible {
         }
     }
 
-    private static func redacted(_ text: String) -> String {
-        guard var url = URLComponents(string: text), url.password != nil else { return text }
-        url.password = "***"
-        return url.string ?? "(a URL)"
+    /// The text with whatever stands between `://` and the last `@` before the
+    /// host reduced to the user: never the password, however the URL is malformed.
+    static func redacted(_ text: String) -> String {
+        guard let scheme = text.range(of: "://") else { return text }
+        let rest = text[scheme.upperBound...]
+        guard let at = rest.lastIndex(of: "@") else { return text }
+        let userInfo = rest[..<at]
+        guard let colon = userInfo.firstIndex(of: ":") else { return text }
+        return String(text[..<scheme.upperBound]) + userInfo[..<colon] + ":***" + rest[at...]
     }
 }

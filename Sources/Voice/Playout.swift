@@ -287,6 +287,8 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                     nextTs = ext
                     fifoCount = 0
                     behindSinceMs = nil
+                    senderPause = 0..<0  // the old timeline's pause means nothing on the new one
+                    underrunFrames = 0
                 }
             } else {
                 behindSinceMs = nil
@@ -307,6 +309,8 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             playing = false
             nextTs = ext
             fifoCount = 0
+            senderPause = 0..<0
+            underrunFrames = 0
         }
         let paused = ext > newestExtTs + Int64(spf) && newestSequence.map { sequence == $0 &+ 1 } == true
         if ext > newestExtTs + Int64(spf), !paused { lastGapMs = arrivalMs }  // a packet (or more) missing before this one

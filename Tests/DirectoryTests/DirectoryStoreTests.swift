@@ -217,6 +217,31 @@ struct DirectoryStoreTests {
         #expect(throws: DirectoryError.self) { try DirectoryDatabase(text) }
     }
 
+    /// However malformed the URL, its password is not in the error; a password
+    /// with an escaped % is decoded once.
+    @Test(arguments: [
+        "postgres://tusa:s3cr/et@db/tusa", "postgres://tusa:1234/x@db/tusa", "postgresql://tusa:pa?ss#@db",
+        "postgres://:s3cr/et@db/tusa",
+    ])
+    func aMalformedURLNeverPrintsItsPassword(_ text: String) {
+        do {
+            let database = try DirectoryDatabase(text)
+            #expect(!database.description.contains("s3cr") && !database.description.contains("1234/x"), "\(database)")
+        } catch {
+            #expect(!error.description.contains("s3cr") && !error.description.contains("1234"), "\(error)")
+            #expect(!error.description.contains("pa?ss"), "\(error)")
+        }
+    }
+
+    @Test func aPercentInAPasswordIsDecodedOnce() throws {
+        let database = try DirectoryDatabase("postgres://tusa:50%25off@db.example/tusa")
+        guard case .postgres(let location) = database else {
+            Issue.record("not a PostgreSQL database: \(database)")
+            return
+        }
+        #expect(location.password == "50%off")
+    }
+
     @Test func aPasswordIsNeverPrinted() throws {
         let database = try DirectoryDatabase("postgres://tusa:hunter2@db.example:5432/tusa")
         #expect(database.description == "postgres://tusa:***@db.example:5432/tusa")
