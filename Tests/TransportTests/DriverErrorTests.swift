@@ -32,12 +32,23 @@ struct DriverErrorTests {
     }
 
     @Test func anUnreachableRendezvousIsConnectFailedWithTheSystemsCause() async throws {
-        // A port that was just ours and is now closed: nothing listens there.
-        let probe = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .bind(host: "127.0.0.1", port: 0).get()
-        let port = try #require(probe.localAddress?.port)
-        try await probe.close()
-        let server = TransportAddress(ip: .v4(0x7F00_0001), port: UInt16(port))
+        // A port held by a TCP socket that is bound but never listens: nothing can
+        // accept there, and no parallel test can take the port meanwhile (a port
+        // closed and then connected to could be someone else's listener by then).
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        try #require(fd >= 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { p in
+                bind(fd, p, length) == 0 && getsockname(fd, p, &length) == 0
+            }
+        }
+        try #require(bound)
+        let server = TransportAddress(ip: .v4(0x7F00_0001), port: UInt16(bigEndian: address.sin_port))
         let outcome: Result<RendezvousConnection, any Error>
         do {
             outcome = .success(try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(5)))
