@@ -53,4 +53,9 @@ public enum DirectoryDatabase: Equatable, Sendable, CustomStringConvertible {
 public struct DirectoryError: Error, Equatable, Sendable, CustomStringConvertible {
     public let description: String
     public init(_ description: String) { self.description = description }
+
+    /// A database whose schema a later tusa made (either store).
+    static func newerSchema(in database: String, found: Int, known: Int) -> DirectoryError {
+        DirectoryError("\(database) has schema version \(found), newer than this tusa's \(known): use a newer tusa")
+    }
 }

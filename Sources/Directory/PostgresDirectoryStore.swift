@@ -11,8 +11,7 @@ import Secure
 /// The directory's rows in PostgreSQL (postgres-nio): the same posts and keys
 /// seen as ``SQLiteDirectoryStore``, in a server that outlives the directory
 /// process and that several processes can reach. One schema with numbered
-/// migrations, applied at start under an advisory lock (two directories starting
-/// together apply each migration once).
+/// migrations, applied at start.
 ///
 /// One connection, made again on the next write when the server dropped it (a
 /// PostgreSQL restart costs the writes in flight their retries, nothing more).
@@ -36,8 +35,6 @@ public actor PostgresDirectoryStore: RendezvousStore {
 
     /// The schema this build knows.
     public static var schemaVersion: Int { migrations.count }
-    /// The advisory lock that serialises migrations between directory processes.
-    static let migrationLock: Int64 = 0x7475_7361_6469_72  // "tusadir"
     /// The session lock the serving directory holds for as long as it is connected.
     static let servingLock: Int64 = 0x7475_7361_6e6f_6465  // "tusanode"
 
@@ -121,6 +118,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
         return made
     }
 
+    /// Brings the schema up to date. The serving lock (taken in ``connected()``)
+    /// makes this directory the database's only one, so nobody migrates beside it.
     private func prepare() async throws(DirectoryError) {
         let connection: PostgresConnection
         do { connection = try await connected() } catch let error as DirectoryError { throw error } catch {
@@ -128,50 +127,36 @@ public actor PostgresDirectoryStore: RendezvousStore {
         }
         let current: Int
         do {
-            current = try await connection.withTransaction(logger: logger) { c in
-                try await c.query("SELECT pg_advisory_xact_lock(\(Self.migrationLock))", logger: logger)
-                try await c.query(
-                    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
-                    logger: logger)
-                var version = 0
-                for try await v in try await c.query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", logger: logger)
-                    .decode(Int32.self)
-                {
-                    version = Int(v)
-                }
-                return version
+            try await connection.query(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+                logger: logger)
+            var version = 0
+            for try await v in try await connection.query(
+                "SELECT COALESCE(MAX(version), 0) FROM schema_migrations", logger: logger
+            ).decode(Int32.self) {
+                version = Int(v)
             }
+            current = version
         } catch {
             throw DirectoryError("\(location) is not a usable directory database: \(Self.reason(error))")
         }
         guard current <= Self.schemaVersion else {
-            throw DirectoryError(
-                "\(location) has schema version \(current), newer than this tusa's \(Self.schemaVersion): use a newer tusa")
+            throw .newerSchema(in: "\(location)", found: current, known: Self.schemaVersion)
         }
         for version in (current + 1)..<(Self.schemaVersion + 1) {
-            let applied: Bool
             do {
-                applied = try await connection.withTransaction(logger: logger) { c in
-                    try await c.query("SELECT pg_advisory_xact_lock(\(Self.migrationLock))", logger: logger)
-                    // Another directory may have applied it while this one waited for the lock.
-                    let version32 = Int32(version)
-                    for try await _ in try await c.query(
-                        "SELECT version FROM schema_migrations WHERE version = \(version32)", logger: logger)
-                    {
-                        return false
-                    }
+                try await connection.withTransaction(logger: logger) { c in
                     for statement in Self.migrations[version - 1] {
                         try await c.query(PostgresQuery(unsafeSQL: statement), logger: logger)
                     }
                     let now = Int64(Date().timeIntervalSince1970)
                     try await c.query(
-                        "INSERT INTO schema_migrations (version, applied_at) VALUES (\(version32), \(now))", logger: logger)
-                    return true
+                        "INSERT INTO schema_migrations (version, applied_at) VALUES (\(Int32(version)), \(now))", logger: logger)
                 }
             } catch {
                 throw DirectoryError("cannot bring \(location) to schema version \(version): \(Self.reason(error))")
             }
-            if applied { logger.info("directory database: schema version \(version)", metadata: ["database": "\(location)"]) }
+            logger.info("directory database: schema version \(version)", metadata: ["database": "\(location)"])
         }
     }
 

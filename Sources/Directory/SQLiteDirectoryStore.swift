@@ -70,8 +70,7 @@ public actor SQLiteDirectoryStore: RendezvousStore {
             throw DirectoryError("cannot read the schema version of \(path): \(Self.reason(error))")
         }
         guard current <= Self.schemaVersion else {
-            throw DirectoryError(
-                "\(path) has schema version \(current), newer than this tusa's \(Self.schemaVersion): use a newer tusa")
+            throw .newerSchema(in: path, found: current, known: Self.schemaVersion)
         }
         for version in (current + 1)..<(Self.schemaVersion + 1) {
             do {
