@@ -259,7 +259,7 @@ let package = Package(
         .executableTarget(
             name: "directory-bench",
             dependencies: [
-                "Directory", "Relay", "Rendezvous", "Secure", "Transport", "TusaBase",
+                "Directory", "Relay", "Rendezvous", "Secure", "Transport", "TusaBase", "TestSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],

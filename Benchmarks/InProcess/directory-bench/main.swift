@@ -5,6 +5,7 @@ import Relay
 import Rendezvous
 import Secure
 import ServiceLifecycle
+import TestSupport
 import Transport
 import TusaBase
 
@@ -142,37 +143,6 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
     return result
 }
 
-/// A private PostgreSQL for the run (scripts/postgres.sh), stopped at the end.
-func startPostgres(_ folder: String) throws -> String {
-    let port = 20000 + Int(getpid() % 20000)
-    let output = try shell(["bash", "scripts/postgres.sh", "start", folder, "\(port)"])
-    guard let url = output.split(separator: "\n").last(where: { $0.hasPrefix("postgres://") }) else {
-        throw BenchError("scripts/postgres.sh start: \(output)")
-    }
-    return String(url)
-}
-
-func shell(_ arguments: [String]) throws -> String {
-    let log = NSTemporaryDirectory() + "directory-bench-\(UUID().uuidString).log"
-    defer { try? FileManager.default.removeItem(atPath: log) }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-    posix_spawn_file_actions_adddup2(&actions, 1, 2)
-    let argv = arguments.map { strdup($0) } + [nil]
-    defer { for a in argv { free(a) } }
-    var pid = pid_t()
-    guard posix_spawnp(&pid, arguments[0], &actions, nil, argv, environ) == 0 else {
-        throw BenchError("cannot run \(arguments[0])")
-    }
-    var status: Int32 = 0
-    while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-    let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-    guard status == 0 else { throw BenchError("\(arguments.joined(separator: " ")) failed: \(output)") }
-    return output
-}
-
 let options: Options
 do { options = try Options(Array(CommandLine.arguments.dropFirst())) } catch {
     FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
@@ -181,13 +151,14 @@ do { options = try Options(Array(CommandLine.arguments.dropFirst())) } catch {
 var logger = Logger(label: "directory-bench")
 logger.logLevel = .error
 let sqlitePath = NSTemporaryDirectory() + "directory-bench-\(getpid()).sqlite"
-let postgresFolder = NSTemporaryDirectory() + "directory-bench-pg-\(getpid())"
-var postgresURL: String?
+// A private PostgreSQL for the run (scripts/postgres.sh, as the tests start it), removed at the end.
+var postgres: PostgresServer?
 if options.postgres {
-    do { postgresURL = try startPostgres(postgresFolder) } catch {
+    do { postgres = try PostgresServer() } catch {
         print("(PostgreSQL not run: \(error))")
     }
 }
+let postgresURL = postgres?.url
 
 print(
     "## Directory: invitations acknowledged once stored (directory-bench, \(options.clients) users on loopback TCP, \(Int(options.seconds)) s per run)"
@@ -221,8 +192,5 @@ for rate in options.rates {
     }
 }
 for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: sqlitePath + suffix) }
-if postgresURL != nil {
-    _ = try? shell(["bash", "scripts/postgres.sh", "stop", postgresFolder])
-    try? FileManager.default.removeItem(atPath: postgresFolder)
-}
+postgres?.remove()
 exit(failed ? 1 : 0)
