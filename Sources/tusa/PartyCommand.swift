@@ -550,7 +550,9 @@ enum PartySession {
         let report = PartyReport(
             room: joined.room, name: joined.name, me: joined.me.value, framesSent: voice.framesSent,
             seconds: Double(started.duration(to: .now).components.seconds), transport: transport,
-            speakers: voice.speakers.map { PartyReport.Speaker($0, frameMilliseconds: codec.frameDuration.rawValue) },
+            speakers: voice.speakers.map {
+                PartyReport.Speaker($0, frameMilliseconds: codec.frameDuration.rawValue, sampleRate: codec.sampleRate)
+            },
             audioError: voice.audioError)
         if audio.json {
             let encoder = JSONEncoder()
@@ -666,9 +668,12 @@ struct PartyReport: Encodable {
         var concealed: Int
         var delayMeanMilliseconds: Double
         var delayP95Milliseconds: Double
+        /// Speech the jitter buffer time-stretched (accelerated or expanded) to move its
+        /// delay: inaudible in small doses, but what a listener's PESQ pays for first.
+        var stretchedMilliseconds: Double
         var mos: Double
 
-        init(_ s: PartySpeakerReport, frameMilliseconds: Int) {
+        init(_ s: PartySpeakerReport, frameMilliseconds: Int, sampleRate: Int) {
             let p = s.playout
             member = s.member.value
             packets = s.packetsReceived
@@ -678,6 +683,8 @@ struct PartyReport: Encodable {
             concealed = p.framesConcealed
             delayMeanMilliseconds = (p.delayMeanMilliseconds * 10).rounded() / 10
             delayP95Milliseconds = (p.delayP95Milliseconds * 10).rounded() / 10
+            let stretched = Double(p.accelerateSamples + p.expandSamples) * 1000 / Double(max(1, sampleRate))
+            stretchedMilliseconds = (stretched * 10).rounded() / 10
             let oneWay = p.delayMeanMilliseconds + Double(frameMilliseconds) + 5
             mos = (EModel.mos(oneWayDelayMilliseconds: oneWay, lossPercent: lostPercent) * 100).rounded() / 100
         }

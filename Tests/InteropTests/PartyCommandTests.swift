@@ -61,12 +61,14 @@ import Voice
             members.append(m)
         }
         defer { for m in members { m.kill() } }
+        var heard: [String] = []  // each member's report of its speakers, for a failure's message
         for (k, m) in members.enumerated() {
             #expect(await m.waitForExit(timeout: total + 30), "member \(k) did not leave")
             #expect(m.status == 0, "member \(k): \(m.stdout) \(m.stderr)")
             let report = try #require(Self.json(m.stdout), "member \(k): \(m.stdout)")
             let speakers = try #require(report["speakers"] as? [[String: Any]])
             #expect(speakers.count == 3, "member \(k) heard \(speakers.count) speakers: \(report)")
+            heard.append("member \(k): \(speakers)")
             for s in speakers {
                 #expect((s["lostPercent"] as? Double ?? 100) < 1, "member \(k): \(s)")
             }
@@ -77,15 +79,21 @@ import Voice
         let scores = try #require(
             (try? JSONSerialization.jsonObject(with: Data(scored.stdout.utf8))) as? [String: Double], "\(scored.stdout)")
         #expect(scores.count == 12)
-        // Issue 15 asks 4.0 of every pair. Typical runs score 4.1-4.3 throughout, but in
-        // about one run in three one pair (so far always the first speaker, at one
-        // listener) dips to 3.8-3.9 with four debug-built members on two cores; the
-        // cause is not found yet. So: the median at 4.0, no pair below 3.7.
+        // Issue 15 asks 4.0 of every pair. Typical runs score 4.1-4.3 throughout, but now
+        // and then a pair or three dip (3.5-3.9; lower under a CPU hog) with four
+        // debug-built members on two cores. The network is not the cause (a capture shows
+        // the relay's packets on time); a listener's jitter buffer, playing one 5 ms pull
+        // after arrival, meets packets a few ms late and time-stretches speech to move its
+        // delay, which PESQ punishes (issue 18's CPU starvation). So: the median at 4.0,
+        // no pair below 3.7.
         let sorted = scores.values.sorted()
         let median = sorted.isEmpty ? 0 : (sorted[(sorted.count - 1) / 2] + sorted[sorted.count / 2]) / 2
-        #expect(median >= 4.0, "median PESQ \(median) (all: \(scores))")
+        // A shortfall names what each listener's jitter buffer did (delay, concealment,
+        // speech time-stretched): so far, a dip has come with stretching in that pair.
+        let playout = heard.joined(separator: "\n")
+        #expect(median >= 4.0, "median PESQ \(median) (all: \(scores))\n\(playout)")
         for (pair, score) in scores.sorted(by: { $0.key < $1.key }) {
-            #expect(score >= 3.7, "listener,speaker \(pair): PESQ \(score) (all: \(scores))")
+            #expect(score >= 3.7, "listener,speaker \(pair): PESQ \(score) (all: \(scores))\n\(playout)")
         }
     }
 
