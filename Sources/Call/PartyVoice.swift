@@ -29,6 +29,7 @@ public final class PartyVoice: @unchecked Sendable {
     private let source: FrameSource?
     private let sink: AudioSink?
     private let sinkResampler: Resampler?
+    private let playout: PlayoutConfiguration
     private let running = Atomic<Bool>(false)
     private let sent = Atomic<Int>(0)
     private let ended = Atomic<Bool>(false)
@@ -41,10 +42,16 @@ public final class PartyVoice: @unchecked Sendable {
     /// Called once on the audio thread when the source has no more audio.
     public var onSourceEnded: (@Sendable () -> Void)?
 
-    public init(codec: CodecConfiguration, source: AudioSource?, sink: AudioSink?, echoCancellation: Bool = false)
-        throws(VoiceError)
-    {
+    /// - Parameter playout: each speaker's jitter buffer (rate and frame come from
+    ///   `codec`); by default ``defaultPlayout(for:)``, which holds a frame at least.
+    public init(
+        codec: CodecConfiguration, source: AudioSource?, sink: AudioSink?, echoCancellation: Bool = false,
+        playout: PlayoutConfiguration? = nil
+    ) throws(VoiceError) {
         self.codec = codec
+        let playout = playout ?? Self.defaultPlayout(for: codec)
+        self.playout = playout
+        _ = try VoiceReceiver(codec: codec, playout: playout)  // a bad configuration fails here, not at a speaker's first frame
         sender = try VoiceSender(codec: codec, capture: echoCancellation ? CaptureConfiguration() : nil, taps: nil)
         self.source = try source.map { s throws(VoiceError) in
             try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame)
@@ -61,7 +68,7 @@ public final class PartyVoice: @unchecked Sendable {
             let now = monotonicNanoseconds()
             let receiver = receivers.withLock { r -> VoiceReceiver? in
                 if let existing = r[member] { return existing.receiver }
-                guard let made = try? Speaker(codec: self.codec) else { return nil }
+                guard let made = try? Speaker(codec: self.codec, playout: self.playout) else { return nil }
                 r[member] = made
                 return made.receiver
             }
@@ -71,6 +78,18 @@ public final class PartyVoice: @unchecked Sendable {
             }
             received.withLock { $0[member, default: 0] += 1 }
         }
+    }
+
+    /// A party's jitter buffers hold at least one frame. A call's plays a packet one 5 ms
+    /// pull after the fastest arrive, but a party's member runs a mixer, several
+    /// streams and, as often as not, a game: a packet a few ms late there left the
+    /// playout point waiting and then time-stretching speech back, which cost pairs of
+    /// the four-member party 0.2-0.7 PESQ in two runs of five on a quiet machine and in
+    /// every run beside two CPU hogs; with the frame held, none in any
+    /// (`Benchmarks/party-starvation.sh`). `tusa party --min-delay 0` goes back to the
+    /// pull for the lowest delay.
+    public static func defaultPlayout(for codec: CodecConfiguration) -> PlayoutConfiguration {
+        PlayoutConfiguration(minimumDelayMilliseconds: codec.frameDuration.milliseconds)
     }
 
     /// Starts the audio clock, sending through `connection`.
@@ -241,8 +260,8 @@ private final class Speaker: Sendable {
     let receiver: VoiceReceiver
     let lastPlayed = Atomic<Int64>(0)
 
-    init(codec: CodecConfiguration) throws(VoiceError) {
-        receiver = try VoiceReceiver(codec: codec)
+    init(codec: CodecConfiguration, playout: PlayoutConfiguration) throws(VoiceError) {
+        receiver = try VoiceReceiver(codec: codec, playout: playout)
         receiver.onPacketPlayed = { [weak self] _, playNs in self?.lastPlayed.store(playNs, ordering: .relaxed) }
     }
 }

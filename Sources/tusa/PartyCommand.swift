@@ -132,6 +132,13 @@ struct PartyAudioOptions: ParsableArguments {
             valueName: "spec"))
     var impair: String?
 
+    @Option(
+        name: .customLong("min-delay"),
+        help: ArgumentHelp(
+            "Keep every speaker's audio at least this long in the jitter buffer, in ms (0-300; default: one frame). 0 plays as early as the path allows, for the lowest delay on a quiet machine; more rides out a busy one.",
+            valueName: "ms"))
+    var minimumDelay: Int?
+
     @Flag(help: "Print the final report as JSON on standard output.")
     var json = false
 
@@ -151,6 +158,13 @@ struct PartyAudioOptions: ParsableArguments {
     var inputIsFile: Bool { !AudioArguments.nonFileInputs.contains(input) }
 
     func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop) }
+
+    /// Each speaker's jitter buffer: `--min-delay`, or the party's default (a frame).
+    func playout() throws -> PlayoutConfiguration? {
+        guard let minimumDelay else { return nil }
+        guard (0...300).contains(minimumDelay) else { throw ValidationError("--min-delay must be 0-300 ms, not \(minimumDelay)") }
+        return PlayoutConfiguration(minimumDelayMilliseconds: minimumDelay)
+    }
 
     func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
 
@@ -455,9 +469,10 @@ enum PartySession {
         if let d = audio.duration { guard d > 0, d.isFinite else { throw ValidationError("--duration must be positive") } }
         let codec = try audio.codecConfiguration()
         let impairment = try AudioArguments.impairment(audio.impair)
+        let playout = try audio.playout()
         let voice: PartyVoice
         do {
-            voice = try PartyVoice(codec: codec, source: try audio.source(), sink: try audio.sink())
+            voice = try PartyVoice(codec: codec, source: try audio.source(), sink: try audio.sink(), playout: playout)
         } catch {
             throw ValidationError("\(error)")
         }

@@ -12,11 +12,12 @@ import Voice
 
 /// A party's mouth-to-ear through the relay, measured as the call's is: a
 /// `PartyService` on loopback, a speaker playing the click train and a listener
-/// recording, each a `PartyConnection` with its `PartyVoice` (the same codec,
-/// playout and 5 ms audio clock as a call). The path adds the relay's hop: the
+/// recording, each a `PartyConnection` with its `PartyVoice` (the same codec and
+/// 5 ms audio clock as a call; the call's playout, or the party's default that
+/// holds a frame). The path adds the relay's hop: the
 /// speaker's frame is sealed end to end, then for the hop, opened by the relay,
 /// sealed again for the listener, opened twice.
-func runParty(frameMs: Int, seconds: Int) async throws -> [Double] {
+func runParty(frameMs: Int, seconds: Int, holdAFrame: Bool) async throws -> [Double] {
     var logger = Logger(label: "call-bench.party")
     logger.logLevel = .error
     let service = PartyService(
@@ -33,7 +34,9 @@ func runParty(frameMs: Int, seconds: Int) async throws -> [Double] {
         frame: options.codec.samplesPerFrame, period: max(2, 400 / frameMs), frames: seconds * 1000 / frameMs)
     let sink = TimedSink()
     let speaking = try PartyVoice(codec: options.codec, source: source, sink: nil)
-    let listening = try PartyVoice(codec: options.codec, source: nil, sink: sink)
+    let listening = try PartyVoice(
+        codec: options.codec, source: nil, sink: sink,
+        playout: holdAFrame ? PartyVoice.defaultPlayout(for: options.codec) : PlayoutConfiguration())
     let speaker = try await PartyConnection.connect(
         to: relay, relayKey: service.identity.publicKey, identity: .generate(), transport: .udp, audio: speaking.audioHandler,
         logger: logger)
