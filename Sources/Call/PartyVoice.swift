@@ -84,7 +84,7 @@ public final class PartyVoice: @unchecked Sendable {
     /// pull after the fastest arrive, but a party's member runs a mixer, several
     /// streams and, as often as not, a game: a packet a few ms late there left the
     /// playout point waiting and then time-stretching speech back, which cost pairs of
-    /// the four-member party 0.2-0.7 PESQ in two runs of five on a quiet machine and in
+    /// the four-member party 0.1-0.7 PESQ in two runs of five on a quiet machine and in
     /// every run beside two CPU hogs; with the frame held, none in any
     /// (`Benchmarks/party-starvation.sh`). `tusa party --min-delay 0` goes back to the
     /// pull for the lowest delay.
