@@ -353,7 +353,7 @@ let package = Package(
         .testTarget(
             name: "TransportTests",
             dependencies: [
-                "Transport", "Secure", "TusaBase",
+                "Transport", "Secure", "TusaBase", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],

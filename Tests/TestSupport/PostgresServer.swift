@@ -78,21 +78,7 @@ public final class PostgresServer: Sendable {
 
     /// A loopback TCP port nobody holds now (the kernel's pick, released at once).
     private static func freePort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw PostgresServerError("socket: errno \(errno)") }
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { p in
-                bind(fd, p, length) == 0 && getsockname(fd, p, &length) == 0
-            }
-        }
-        guard bound else { throw PostgresServerError("bind: errno \(errno)") }
-        return Int(UInt16(bigEndian: address.sin_port))
+        do { return Int(try BoundTCPPort().port) } catch { throw PostgresServerError("\(error)") }
     }
 }
 

@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import Secure
+import TestSupport
 import Testing
 import Transport
 import TusaBase
@@ -35,20 +36,9 @@ struct DriverErrorTests {
         // A port held by a TCP socket that is bound but never listens: nothing can
         // accept there, and no parallel test can take the port meanwhile (a port
         // closed and then connected to could be someone else's listener by then).
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        try #require(fd >= 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { p in
-                bind(fd, p, length) == 0 && getsockname(fd, p, &length) == 0
-            }
-        }
-        try #require(bound)
-        let server = TransportAddress(ip: .v4(0x7F00_0001), port: UInt16(bigEndian: address.sin_port))
+        let held = try BoundTCPPort()
+        defer { held.close() }
+        let server = TransportAddress(ip: .v4(0x7F00_0001), port: held.port)
         let outcome: Result<RendezvousConnection, any Error>
         do {
             outcome = .success(try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(5)))
