@@ -30,6 +30,13 @@ import Voice
         return try? JSONSerialization.jsonObject(with: Data(text[start...].utf8)) as? [String: Any]
     }
 
+    /// The id of the room `creator` (a `tusa party create NAME`) made, once it says so.
+    static func room(createdBy creator: Harness.Background, named name: String) async throws -> String {
+        let line = try #require(
+            await creator.waitForMatch(#"party [a-z0-9]{12} ""# + name + #"" as #1"#), "\(creator.stdout) \(creator.stderr)")
+        return String(line.split(separator: " ")[1])
+    }
+
     @Test(.enabled(if: ready, "\(needs)"))
     func fourMembersSpeakInTurnAndEveryoneHearsEveryoneClearly() async throws {
         let tusa = try #require(Harness.tusa)
@@ -52,9 +59,7 @@ import Voice
         }
         let creator = try Harness.Background(tusa, ["party", "create", "Hearthstone"] + common(0))
         defer { creator.kill() }
-        let first = try #require(
-            await creator.waitForMatch(##"party [a-z0-9]{12} "Hearthstone" as #1"##), "\(creator.stdout) \(creator.stderr)")
-        let room = String(first.split(separator: " ")[1])
+        let room = try await Self.room(createdBy: creator, named: "Hearthstone")
         var members = [creator]
         for k in 1..<4 {
             let m = try Harness.Background(tusa, ["party", "join", room] + common(k))
@@ -120,9 +125,7 @@ import Voice
                 "--in", "\(dir)/second.wav", "--loop", "--impair", "loss=30%,burst=3,seed=5", "--duration", "5",
             ])
         defer { creator.kill() }
-        let first = try #require(
-            await creator.waitForMatch(##"party [a-z0-9]{12} "Impaired" as #1"##), "\(creator.stdout) \(creator.stderr)")
-        let room = String(first.split(separator: " ")[1])
+        let room = try await Self.room(createdBy: creator, named: "Impaired")
         let listener = try Harness.Background(tusa, ["party", "join", room] + common + ["--duration", "6"])
         defer { listener.kill() }
         for (name, m) in [("creator", creator), ("listener", listener)] {
@@ -155,9 +158,7 @@ import Voice
         let creator = try Harness.Background(
             tusa, ["party", "create", "Held"] + common + ["--in", "tone", "--duration", "5"])
         defer { creator.kill() }
-        let first = try #require(
-            await creator.waitForMatch(##"party [a-z0-9]{12} "Held" as #1"##), "\(creator.stdout) \(creator.stderr)")
-        let room = String(first.split(separator: " ")[1])
+        let room = try await Self.room(createdBy: creator, named: "Held")
         var listeners: [(String, Harness.Background)] = []
         for (name, extra) in [("default", []), ("zero", ["--min-delay", "0"]), ("held", ["--min-delay", "60"])] {
             let m = try Harness.Background(tusa, ["party", "join", room] + common + extra + ["--duration", "4"])
@@ -203,9 +204,7 @@ import Voice
         let common = ["--relay", address, "--relay-key", key, "--in", "tone", "--duration", "14", "--json"]
         let creator = try Harness.Background(tusa, ["party", "create", "Valheim"] + common)
         defer { creator.kill() }
-        let first = try #require(
-            await creator.waitForMatch(##"party [a-z0-9]{12} "Valheim" as #1"##), "\(creator.stdout) \(creator.stderr)")
-        let room = String(first.split(separator: " ")[1])
+        let room = try await Self.room(createdBy: creator, named: "Valheim")
         let joiner = try Harness.Background(tusa, ["party", "join", room] + common)
         defer { joiner.kill() }
         _ = try #require(await joiner.waitForMatch(##"as #2"##), "\(joiner.stdout) \(joiner.stderr)")
@@ -275,8 +274,7 @@ import Voice
                 "--duration", "20", "--quiet",
             ])
         defer { alice.kill() }
-        let open = try #require(
-            await alice.waitForMatch(##"party [a-z0-9]{12} "Factorio" as #1"##), "\(alice.stdout) \(alice.stderr)")
+        let openRoom = try await Self.room(createdBy: alice, named: "Factorio")
         let aliceKey = try #require(
             alice.stdout.split(separator: "\n").first { $0.contains("creator") }?.split(separator: " ").dropFirst().first,
             "\(alice.stdout)")
@@ -285,7 +283,7 @@ import Voice
             tusa, ["party", "list", "--rendezvous", rendezvous, "--identity", bobFile], timeout: 30)
         #expect(listed.status == 0, "\(listed.stderr)")
         let factorio = try #require(
-            listed.stdout.components(separatedBy: "tusa party join \(open.split(separator: " ")[1])").last, "\(listed.stdout)")
+            listed.stdout.components(separatedBy: "tusa party join \(openRoom)").last, "\(listed.stdout)")
         #expect(factorio.contains("1 of at most 50 in it:"), "\(listed.stdout)")
         #expect(factorio.contains("#1 \(aliceKey)") && factorio.contains("creator"), "\(listed.stdout)")
         // Ctrl-C: Alice leaves (her room closes at once) and still reports.
