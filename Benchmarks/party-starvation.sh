@@ -23,26 +23,24 @@ SCORER=Tests/InteropTests/peers/party_pesq.py
 SPEECH=/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb
 [ -x "$TUSA" ] || { echo "party-starvation: no $TUSA (swift build -c release --product tusa)" >&2; exit 1; }
 [ -x "$PY" ] && [ -f "$SPEECH-0880.wav" ] || { echo "party-starvation: needs make setup (.venv, pocketsphinx-testdata)" >&2; exit 1; }
-work=$(mktemp -d /tmp/tusa-party-starvation.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
+source Benchmarks/bench-lib.sh
+bench_setup tusa-party-starvation
 
 # One party in $1 with extra member flags $3..., under $2 busy loops. Prints the
 # scores' JSON, then one JSON line per member report.
 party() {
   local dir=$1 hogs=$2; shift 2
   mkdir -p "$dir"
-  local plan total dur line addr key room k
+  local plan total dur line addr key room k p
   plan=$("$PY" "$SCORER" prepare "$dir" "$TUSA" "$SPEECH-0880.wav" "$SPEECH-0930.wav" "$SPEECH-0890.wav" "$SPEECH-0920.wav")
   total=$(echo "$plan" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["total"])')
   dur=$("$PY" -c "print('%.1f' % ($total + 1.5))")
   local hogpids=()
-  for ((k = 0; k < hogs; k++)); do (while :; do :; done) & hogpids+=($!); pids+=($!); done
+  for ((k = 0; k < hogs; k++)); do (while :; do :; done) & hogpids+=($!); PIDS+=($!); done
+  : >"$dir/relay.out"
   "$TUSA" relay --listen 127.0.0.1:0 --party-port 0 >"$dir/relay.out" 2>&1 &
-  local relay=$!; pids+=($relay)
-  for _ in $(seq 100); do line=$(grep -m1 '^party udp' "$dir/relay.out" || true); [ -n "$line" ] && break; sleep 0.1; done
-  [ -n "$line" ] || { echo "party-starvation: the relay did not start" >&2; exit 1; }
+  local relay=$!; PIDS+=($relay)
+  line=$(wait_line "$dir/relay.out" '/^party udp /p' 100) || { echo "party-starvation: the relay did not start" >&2; exit 1; }
   addr=$(echo "$line" | awk '{print $3}'); key=$(echo "$line" | awk '{print $5}')
   member() {  # k, then the command's words
     local k=$1; shift
@@ -50,17 +48,13 @@ party() {
       --duration "$dur" --json --quiet "${extra[@]}" >"$dir/m$k.out" 2>"$dir/m$k.err"
   }
   extra=("$@")
+  : >"$dir/m0.out"
   member 0 create Hearthstone & local members=($!)
-  for _ in $(seq 100); do
-    room=$(sed -n 's/^party \([a-z0-9]\{12\}\) .*/\1/p' "$dir/m0.out" 2>/dev/null | head -1 || true)
-    [ -n "$room" ] && break
-    sleep 0.1
-  done
-  [ -n "$room" ] || { echo "party-starvation: no room: $(cat "$dir/m0.err")" >&2; exit 1; }
+  room=$(wait_line "$dir/m0.out" 's/^party \([a-z0-9]\{12\}\) .*/\1/p') ||
+    { echo "party-starvation: no room: $(cat "$dir/m0.err")" >&2; exit 1; }
   for k in 1 2 3; do member "$k" join "$room" & members+=($!); done
   wait "${members[@]}"
-  kill "$relay" "${hogpids[@]}" 2>/dev/null || true
-  wait "$relay" "${hogpids[@]}" 2>/dev/null || true
+  for p in "$relay" "${hogpids[@]}"; do stop_server "$p" 10; done
   "$PY" "$SCORER" score "$dir" 4
   for k in 0 1 2 3; do sed -n '/^{/,$p' "$dir/m$k.out" | tr -d '\n'; echo; done
 }
@@ -71,8 +65,8 @@ row() {  # name, hogs, member flags...
   if ((${#ROWS[@]})) && [[ " ${ROWS[*]} " != *" $name "* ]]; then return; fi
   local r
   local tag=${name//[^a-z0-9]/-}
-  for ((r = 1; r <= RUNS; r++)); do party "$work/$tag-$r" "$hogs" "$@" >"$work/$tag-$r.json"; done
-  "$PY" - "$name" "$RUNS" "$work" "$tag" <<'EOF'
+  for ((r = 1; r <= RUNS; r++)); do party "$TMP/$tag-$r" "$hogs" "$@" >"$TMP/$tag-$r.json"; done
+  "$PY" - "$name" "$RUNS" "$TMP" "$tag" <<'EOF'
 import json, statistics, sys
 name, runs, work, tag = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 worst, medians, delays, stretched = [], [], [], []
