@@ -341,7 +341,7 @@ let package = Package(
         .testTarget(
             name: "RelayTests",
             dependencies: [
-                "Relay", "Transport", "TURN", "STUN", "TusaBase", "Party", "Secure",
+                "Relay", "Transport", "TURN", "STUN", "TusaBase", "Party", "Secure", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

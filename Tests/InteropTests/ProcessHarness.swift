@@ -1,5 +1,6 @@
 import Foundation
 import STUN
+import TestSupport
 import TusaBase
 
 #if canImport(Glibc)
@@ -40,10 +41,9 @@ enum Harness {
 
     static var isRoot: Bool { getuid() == 0 }
 
-    /// A free loopback UDP port (bound and released; good enough for tests that start at once).
-    static func freePort() -> UInt16 {
-        (try? TestSocket.udp(bindingTo: .v4(0x7F00_0001)).localAddress.port) ?? 40_000 + UInt16.random(in: 0..<10_000)
-    }
+    /// A loopback port free for UDP and TCP, where no other test's port-0 socket or
+    /// relay allocation can take it before the server that asked for it binds it.
+    static func freePort() -> UInt16 { QuietPort.draw() }
 
     /// Two consecutive free ports p, p+1 on both 127.0.0.1 and 127.0.0.2 (for RFC 5780 setups).
     static func freePortPair() -> UInt16 {
@@ -54,7 +54,7 @@ enum Harness {
                 return p
             }
         }
-        return 40_000 + UInt16.random(in: 0..<10_000)
+        return freePort()
     }
 
     static func isFree(ip: String, port: UInt16) -> Bool {

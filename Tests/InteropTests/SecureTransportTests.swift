@@ -74,10 +74,12 @@ struct SecureTransportTests {
     /// A `tusa relay` on loopback with user alice that relays to loopback peers, and
     /// its UDP address. (Process waits run off the cooperative pool: a blocked pool
     /// thread stalls other suites' async tests.)
-    static func startRelay() async throws -> (Harness.Background, TransportAddress) {
+    /// A relay on `port` (0: the kernel's pick; a test that restarts it on the same
+    /// number passes `Harness.freePort()`, where nothing takes the number in between).
+    static func startRelay(port: UInt16 = 0) async throws -> (Harness.Background, TransportAddress) {
         let (relay, port) = try #require(
             try await Harness.startRelay([
-                "--listen", "127.0.0.1:0", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
+                "--listen", "127.0.0.1:\(port)", "-r", "example.org", "-u", "alice:wonderland", "--allow-loopback-peers",
             ]))
         return (relay, TransportAddress(ip: .v4(0x7F00_0001), port: port))
     }
@@ -234,7 +236,7 @@ struct SecureTransportTests {
         "renewRelay keeps the allocation a relay still holds (media goes on through it) and allocates anew on one that restarted",
         .enabled(if: Harness.tusa != nil, "needs the built tusa binary"))
     func renewRelayKeepsWhatTheRelayStillHolds() async throws {
-        let (relay, server) = try await Self.startRelay()
+        let (relay, server) = try await Self.startRelay(port: Harness.freePort())
         let (a, b) = try await Self.twoEndpoints()
         let ca = Collector(a)
         let cb = Collector(b)

@@ -8,6 +8,7 @@ import STUN
 import Secure
 import ServiceLifecycle
 import Synchronization
+import TestSupport
 import Testing
 import Transport
 import TusaBase
@@ -157,7 +158,10 @@ struct PartyServiceTests {
     /// its seat with its keys; the room is heard again, nobody is dropped.
     @Test func aRestartedRelayHasEveryMemberBackInItsSeat() async throws {
         let identity = Identity.generate()
-        let first = try await RunningPartyRelay.start(identity: identity)
+        // A number nothing else takes between the two relays (not the kernel's pick).
+        let port = QuietPort.draw()
+        let first = try await RunningPartyRelay.start(
+            identity: identity, at: TransportAddress(ip: .v4(0x7F00_0001), port: port))
         let connections = try await (0..<3).asyncMap { _ in
             try await PartyConnection.connect(
                 to: first.address, relayKey: identity.publicKey, identity: .generate(), logger: quiet)

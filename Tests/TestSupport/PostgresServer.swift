@@ -27,7 +27,8 @@ public final class PostgresServer: Sendable {
     /// Makes the cluster and starts it; throws with the script's own words when it cannot.
     public init() throws {
         folder = NSTemporaryDirectory() + "tusa-pg-\(UUID().uuidString)"
-        port = try Self.freePort()
+        // Where nothing takes it unasked while the server restarts on it.
+        port = Int(QuietPort.draw())
         let (status, output) = try Self.script(["start", folder, "\(port)"])
         guard status == 0, let line = output.split(separator: "\n").last(where: { $0.hasPrefix("postgres://") }) else {
             try? FileManager.default.removeItem(atPath: folder)
@@ -76,10 +77,9 @@ public final class PostgresServer: Sendable {
         return (exited ? (status >> 8) & 0xff : 128 + (status & 0x7f), output)
     }
 
-    /// A loopback TCP port nobody holds now (the kernel's pick, released at once).
-    private static func freePort() throws -> Int {
-        do { return Int(try BoundTCPPort().port) } catch { throw PostgresServerError("\(error)") }
-    }
+    /// A loopback TCP port nobody holds now, where nothing takes it unasked while
+    /// the server restarts on it.
+    private static func freePort() throws -> Int { Int(QuietPort.draw()) }
 }
 
 public struct PostgresServerError: Error, CustomStringConvertible {

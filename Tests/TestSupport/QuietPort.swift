@@ -1,0 +1,60 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Loopback port numbers for servers a test starts on a number it chose, above all
+/// those it stops and starts again on the same number. A port the kernel picked and
+/// released lies in its ephemeral range, where every socket bound to port 0 (other
+/// tests running beside) and every relay allocation (pools at 49152–65535) may take
+/// it in between; these are drawn below both, where nothing takes a port unasked.
+public enum QuietPort {
+    /// A number free now on 127.0.0.1 for UDP and for TCP, below the kernel's
+    /// ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`); the kernel's
+    /// own pick when that range leaves no room below it.
+    public static func draw() -> UInt16 {
+        let low = ephemeralLow()
+        let floor: UInt16 = 20_000
+        if low > floor + 1_000 {
+            for _ in 0..<200 {
+                let port = UInt16.random(in: floor..<low)
+                if isFree(port) { return port }
+            }
+        }
+        return (try? BoundTCPPort().port) ?? UInt16.random(in: floor..<30_000)
+    }
+
+    /// Whether `port` on 127.0.0.1 can be bound now, for UDP and for TCP.
+    public static func isFree(_ port: UInt16, ip: UInt32 = 0x7F00_0001) -> Bool {
+        [Int32(SOCK_DGRAM.rawValue), Int32(SOCK_STREAM.rawValue)].allSatisfy { canBind(type: $0, ip: ip, port: port) }
+    }
+
+    private static func canBind(type: Int32, ip: UInt32, port: UInt16) -> Bool {
+        let fd = socket(AF_INET, type, 0)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = ip.bigEndian
+        address.sin_port = port.bigEndian
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+            }
+        }
+    }
+
+    /// The first port of the kernel's ephemeral range (Linux's default 32768 when unreadable).
+    private static func ephemeralLow() -> UInt16 {
+        let fd = open("/proc/sys/net/ipv4/ip_local_port_range", O_RDONLY)
+        guard fd >= 0 else { return 32_768 }
+        defer { close(fd) }
+        var bytes = [UInt8](repeating: 0, count: 64)
+        let count = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard count > 0 else { return 32_768 }
+        let text = String(decoding: bytes.prefix(count), as: UTF8.self)
+        guard let first = text.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).first,
+            let low = UInt16(first), low >= 1_024
+        else { return 32_768 }
+        return low
+    }
+}
