@@ -10,16 +10,22 @@ import Secure
 
 /// The directory's rows in PostgreSQL (postgres-nio): the same posts and keys
 /// seen as ``SQLiteDirectoryStore``, in a server that outlives the directory
-/// process and that several processes can reach. One schema with numbered
-/// migrations, applied at start.
+/// process and that several directory nodes share. One schema with numbered
+/// migrations, applied at start (one node at a time, under an advisory lock).
 ///
-/// One connection, made again on the next write when the server dropped it (a
-/// PostgreSQL restart costs the writes in flight their retries, nothing more).
+/// Each node that opens the database is numbered (`nodes`, a heartbeat every 2 s)
+/// and writes, beside its rows, what the other nodes are to hear (`NOTIFY
+/// tusa_directory`, see ``RendezvousCluster``): keys registered and gone here
+/// (also kept in `presence`), posts, drops, and the signals it sends to keys
+/// registered at another node (`signals` holds one too long for a notification).
+/// A node is gone when its session ends (it stopped, or was killed: its session
+/// lock is free) or its heartbeat is 6 s old (cut off): whichever node notices
+/// first deletes its presence and says so.
 ///
-/// One directory per database for now: each numbers its own posts and keeps its
-/// own peers, so the connection holds a session advisory lock, and a second
-/// directory (or relay) pointed at the same database is refused with one line
-/// rather than let it overwrite the first one's rows.
+/// Two connections: one for writes, made again on the next write when the server
+/// dropped it (a PostgreSQL restart costs the writes in flight their retries,
+/// nothing more); one that holds the node's session lock and listens, made again
+/// a second after it is lost, each time reading back what a gap may have hidden.
 public actor PostgresDirectoryStore: RendezvousStore {
     /// Migration N (from 1) is `migrations[N - 1]`, its statements in order.
     static let migrations: [[String]] = [
@@ -30,25 +36,54 @@ public actor PostgresDirectoryStore: RendezvousStore {
             """,
             "CREATE INDEX posts_by_time ON posts (posted_at)",
             "CREATE TABLE seen (key BYTEA PRIMARY KEY, at BIGINT NOT NULL)",
-        ]
+        ],
+        [
+            "CREATE TABLE nodes (id SERIAL PRIMARY KEY, started_at BIGINT NOT NULL, heartbeat_at BIGINT NOT NULL)",
+            "CREATE TABLE presence (key BYTEA PRIMARY KEY, node INTEGER NOT NULL, since BIGINT NOT NULL)",
+            "CREATE INDEX presence_by_node ON presence (node)",
+            """
+            CREATE TABLE signals (id BIGSERIAL PRIMARY KEY, node INTEGER NOT NULL, recipient BYTEA NOT NULL,
+                sender BYTEA NOT NULL, sealed BYTEA NOT NULL, sent_at BIGINT NOT NULL)
+            """,
+        ],
     ]
 
     /// The schema this build knows.
     public static var schemaVersion: Int { migrations.count }
-    /// The session lock the serving directory holds for as long as it is connected.
-    static let servingLock: Int64 = 0x7475_7361_6e6f_6465  // "tusanode"
+    /// The transaction lock nodes migrate under, one at a time.
+    static let migrationLock: Int64 = 0x7475_7361_6e6f_6465  // "tusanode"
+    /// Node N holds the session lock (nodeLockClass, N) while it lives.
+    static let nodeLockClass: Int32 = 0x7475_7361  // "tusa"
+    /// Where the nodes' notices travel.
+    static let channel = "tusa_directory"
+    /// The database server's clock in milliseconds: heartbeats compare on one clock.
+    static let serverMilliseconds = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT"
+    static let heartbeatInterval: Duration = .seconds(2)
+    /// A node whose heartbeat is older than this is gone.
+    static let silentNodeMilliseconds: Int64 = 6_000
+    /// A notification carries at most 8,000 bytes; a longer notice goes by row.
+    static let longestNotice = 7_900
 
     public let location: PostgresLocation
-    private let logger: Logger
+    let logger: Logger
     private var connection: PostgresConnection?
-    private var nextID = 0
+    /// The listening connection made at open (holding the node's lock), until ``follow(_:)`` takes it.
+    var link: PostgresConnection?
+    private var connectionsMade = 0
+    /// This node's number (`nodes.id`), from ``open(_:logger:)`` on.
+    public private(set) var node: UInt32 = 0
+    /// Keys registered at this node now, since when: published again should the
+    /// other nodes have taken this one for gone.
+    var registeredHere: [PublicKey: UInt64] = [:]
+    /// When a problem with the database was last logged (once a minute).
+    var lastComplaint: ContinuousClock.Instant?
 
     private init(location: PostgresLocation, logger: Logger) {
         self.location = location
         self.logger = logger
     }
 
-    /// Connects and brings the schema up to date.
+    /// Connects, brings the schema up to date and numbers this node.
     public static func open(_ location: PostgresLocation, logger: Logger) async throws(DirectoryError)
         -> PostgresDirectoryStore
     {
@@ -62,10 +97,9 @@ public actor PostgresDirectoryStore: RendezvousStore {
         return store
     }
 
-    private func connected() async throws -> PostgresConnection {
-        if let connection, !connection.isClosed { return connection }
-        connection = nil
-        nextID += 1
+    /// A new connection to the server.
+    func makeConnection() async throws -> PostgresConnection {
+        connectionsMade += 1
         var configuration: PostgresConnection.Configuration
         switch location.server {
         case .tcp(let host, let port):
@@ -79,11 +113,11 @@ public actor PostgresDirectoryStore: RendezvousStore {
         }
         configuration.options.connectTimeout = .seconds(5)
         let made = try await PostgresConnection.connect(
-            on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: nextID, logger: logger
+            on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: connectionsMade,
+            logger: logger
         ).get()
         // The server drops a session whose peer vanished within about 25 s (not the
-        // system's two hours), so a directory cut off by the network and back does
-        // not find its own old session still holding the lock below for long.
+        // system's two hours): a node cut off by the network is soon gone.
         do {
             try await made.query("SET tcp_keepalives_idle = 10", logger: logger)
             try await made.query("SET tcp_keepalives_interval = 5", logger: logger)
@@ -92,72 +126,84 @@ public actor PostgresDirectoryStore: RendezvousStore {
             try? await made.close()
             throw error
         }
-        // A directory that just stopped (or was killed) may hold the lock for a moment
-        // more, until the server sees its session end: a few tries over two seconds.
-        var serving = false
-        do {
-            for attempt in 0..<10 where !serving {
-                if attempt > 0 { try await Task.sleep(for: .milliseconds(200)) }
-                for try await held in try await made.query(
-                    "SELECT pg_try_advisory_lock(\(Self.servingLock))", logger: logger
-                ).decode(Bool.self) {
-                    serving = held
-                }
-            }
-        } catch {
-            try? await made.close()
-            throw error
-        }
-        guard serving else {
-            try? await made.close()
-            throw DirectoryError(
-                "another tusa directory serves \(location): one directory per database (several nodes on one database are not built yet)"
-            )
-        }
+        return made
+    }
+
+    /// The connection for writes, made again when the server dropped it.
+    private func connected() async throws -> PostgresConnection {
+        if let connection, !connection.isClosed { return connection }
+        connection = nil
+        let made = try await makeConnection()
         connection = made
         return made
     }
 
-    /// Brings the schema up to date. The serving lock (taken in ``connected()``)
-    /// makes this directory the database's only one, so nobody migrates beside it.
+    /// Brings the schema up to date (one node at a time: the others wait for the
+    /// lock, then find it done) and numbers this node.
     private func prepare() async throws(DirectoryError) {
         let connection: PostgresConnection
-        do { connection = try await connected() } catch let error as DirectoryError { throw error } catch {
+        do { connection = try await connected() } catch {
             throw DirectoryError("cannot reach the database \(location): \(Self.reason(error))")
         }
-        let current: Int
+        let logger = self.logger
+        let location = self.location
+        let applied: [Int]
         do {
-            try await connection.query(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
-                logger: logger)
-            var version = 0
-            for try await v in try await connection.query(
-                "SELECT COALESCE(MAX(version), 0) FROM schema_migrations", logger: logger
-            ).decode(Int32.self) {
-                version = Int(v)
-            }
-            current = version
-        } catch {
-            throw DirectoryError("\(location) is not a usable directory database: \(Self.reason(error))")
-        }
-        guard current <= Self.schemaVersion else {
-            throw .newerSchema(in: "\(location)", found: current, known: Self.schemaVersion)
-        }
-        for version in (current + 1)..<(Self.schemaVersion + 1) {
-            do {
-                try await connection.withTransaction(logger: logger) { c in
+            applied = try await connection.withTransaction(logger: logger) { c in
+                try await c.query("SELECT pg_advisory_xact_lock(\(Self.migrationLock))", logger: logger)
+                try await c.query(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+                    logger: logger)
+                var current = 0
+                for try await v in try await c.query(
+                    "SELECT COALESCE(MAX(version), 0) FROM schema_migrations", logger: logger
+                ).decode(Int32.self) {
+                    current = Int(v)
+                }
+                guard current <= Self.schemaVersion else {
+                    throw DirectoryError.newerSchema(in: "\(location)", found: current, known: Self.schemaVersion)
+                }
+                var applied: [Int] = []
+                for version in (current + 1)..<(Self.schemaVersion + 1) {
                     for statement in Self.migrations[version - 1] {
                         try await c.query(PostgresQuery(unsafeSQL: statement), logger: logger)
                     }
                     let now = Int64(Date().timeIntervalSince1970)
                     try await c.query(
-                        "INSERT INTO schema_migrations (version, applied_at) VALUES (\(Int32(version)), \(now))", logger: logger)
+                        "INSERT INTO schema_migrations (version, applied_at) VALUES (\(Int32(version)), \(now))",
+                        logger: logger)
+                    applied.append(version)
                 }
-            } catch {
-                throw DirectoryError("cannot bring \(location) to schema version \(version): \(Self.reason(error))")
+                return applied
             }
+        } catch {
+            if let inner = (error as? PostgresTransactionError)?.closureError as? DirectoryError { throw inner }
+            throw DirectoryError("cannot bring \(location) to schema version \(Self.schemaVersion): \(Self.reason(error))")
+        }
+        for version in applied {
             logger.info("directory database: schema version \(version)", metadata: ["database": "\(location)"])
         }
+        // Numbered and locked on the connection that will listen, before its row
+        // exists: from its first moment, a node the others see is a node that lives.
+        do {
+            let link = try await makeConnection()
+            self.link = link
+            for try await id in try await link.query(
+                "SELECT nextval(pg_get_serial_sequence('nodes', 'id'))::INTEGER", logger: logger
+            ).decode(Int32.self) {
+                node = UInt32(clamping: id)
+            }
+            try await Self.lockNode(node, on: link, logger: logger)
+            try await link.query(
+                """
+                INSERT INTO nodes (id, started_at, heartbeat_at)
+                VALUES (\(Int32(clamping: node)), \(unescaped: Self.serverMilliseconds), \(unescaped: Self.serverMilliseconds))
+                """, logger: logger)
+        } catch {
+            throw DirectoryError("cannot register this directory node in \(location): \(Self.reason(error))")
+        }
+        guard node != 0 else { throw DirectoryError("\(location) gave this directory node no number") }
+        logger.info("directory node \(node)", metadata: ["database": "\(location)"])
     }
 
     public func prune(unixSeconds: UInt64, postsFor: Duration, seenFor: Duration) async throws {
@@ -167,46 +213,69 @@ public actor PostgresDirectoryStore: RendezvousStore {
         try await transaction { c, logger in
             try await c.query("DELETE FROM posts WHERE posted_at <= \(postsSince)", logger: logger)
             try await c.query("DELETE FROM seen WHERE at <= \(seenSince)", logger: logger)
+            // A signal's row lives until its node reads it; one nobody read in a minute never will be.
+            try await c.query(
+                "DELETE FROM signals WHERE sent_at < \(unescaped: Self.serverMilliseconds) - 60000", logger: logger)
         }
     }
 
     public func load(unixSeconds: UInt64, postsFor: Duration, seenFor: Duration) async throws -> RendezvousSnapshot {
         try await prune(unixSeconds: unixSeconds, postsFor: postsFor, seenFor: seenFor)
-        let c = try await connected()
+        return try await Self.snapshot(on: try await connected(), logger: logger)
+    }
+
+    /// Every post kept, in posting order (all nodes'), and every key seen.
+    static func snapshot(on c: PostgresConnection, logger: Logger) async throws -> RendezvousSnapshot {
         var snapshot = RendezvousSnapshot()
         let posts = try await c.query(
-            "SELECT id, recipient, sender, sealed, posted_at FROM posts ORDER BY id", logger: logger)
+            "SELECT id, recipient, sender, sealed, posted_at FROM posts ORDER BY posted_at, id", logger: logger)
         for try await (id, recipient, sender, sealed, at) in posts.decode(
             (Int64, ByteBuffer, ByteBuffer, ByteBuffer, Int64).self)
         {
-            guard let to = Self.key(recipient), let from = Self.key(sender), id > 0, at >= 0 else { continue }
+            guard let to = key(recipient), let from = key(sender), id > 0, at >= 0 else { continue }
             snapshot.posts.append(
                 RendezvousPost(
                     id: UInt64(id), to: to, from: from, sealed: Array(sealed.readableBytesView), unixSeconds: UInt64(at)))
         }
-        for try await (key, at) in try await c.query("SELECT key, at FROM seen", logger: logger).decode(
+        for try await (bytes, at) in try await c.query("SELECT key, at FROM seen", logger: logger).decode(
             (ByteBuffer, Int64).self)
         {
-            guard let key = Self.key(key), at >= 0 else { continue }
+            guard let key = key(bytes), at >= 0 else { continue }
             snapshot.seen[key] = UInt64(at)
         }
         return snapshot
     }
 
-    /// The records in three statements whatever their number (arrays through
+    /// The records in a few statements whatever their number (arrays through
     /// UNNEST, one round trip each): posts upserted, drops deleted, keys seen
-    /// upserted. Order is kept where it matters: a post and its drop in one batch
-    /// end deleted, and a key seen twice keeps the later time.
+    /// upserted, this node's presence, then one notification for each thing the
+    /// other nodes are to hear, in order. Order is kept where it matters: a post
+    /// and its drop in one batch end deleted, and a key seen twice keeps the later time.
     public func write(_ records: [RendezvousRecord]) async throws {
         guard !records.isEmpty else { return }
         var posts: [UInt64: RendezvousPost] = [:]
         var dropped: [Int64] = []
         var seen: [PublicKey: UInt64] = [:]
+        /// Registered here since (nil: gone), the last word for each key.
+        var presence: [PublicKey: UInt64?] = [:]
+        var notices: [RendezvousClusterEvent] = []
+        let node = self.node
         for record in records {
             switch record {
-            case .posted(let post): posts[post.id] = post
-            case .dropped(let ids): dropped += ids.map { Int64(clamping: $0) }
+            case .posted(let post):
+                posts[post.id] = post
+                notices.append(.posted(post))
+            case .dropped(let ids):
+                dropped += ids.map { Int64(clamping: $0) }
+                notices.append(.dropped(ids))
             case .seen(let key, let unixSeconds): seen[key] = unixSeconds
+            case .online(let key, let unixSeconds):
+                presence[key] = .some(unixSeconds)
+                notices.append(.online(key, ClusterPresence(node: node, unixSeconds: unixSeconds)))
+            case .offline(let key):
+                presence[key] = .some(nil)
+                notices.append(.offline(key, node: node))
+            case .signal(let signal): notices.append(.signal(signal))
             }
         }
         let ordered = posts.values.sorted { $0.id < $1.id }
@@ -218,6 +287,11 @@ public actor PostgresDirectoryStore: RendezvousStore {
         let keys = Array(seen.keys)
         let keyBytes = keys.map { ByteBuffer(bytes: $0.bytes) }
         let seenAt = keys.map { Int64(clamping: seen[$0] ?? 0) }
+        let arrived = presence.compactMap { key, since in since.map { (key, $0) } }
+        let arrivedKeys = arrived.map { ByteBuffer(bytes: $0.0.bytes) }
+        let arrivedNodes = arrived.map { _ in Int32(clamping: node) }
+        let arrivedSince = arrived.map { Int64(clamping: $0.1) }
+        let left = presence.filter { $0.value == nil }.map { ByteBuffer(bytes: $0.key.bytes) }
         try await transaction { c, logger in
             if !ids.isEmpty {
                 try await c.query(
@@ -239,15 +313,91 @@ public actor PostgresDirectoryStore: RendezvousStore {
                     ON CONFLICT (key) DO UPDATE SET at = EXCLUDED.at
                     """, logger: logger)
             }
+            if !arrived.isEmpty {
+                try await c.query(
+                    """
+                    INSERT INTO presence (key, node, since)
+                    SELECT * FROM UNNEST(\(arrivedKeys)::BYTEA[], \(arrivedNodes)::INTEGER[], \(arrivedSince)::BIGINT[])
+                    ON CONFLICT (key) DO UPDATE SET node = EXCLUDED.node, since = EXCLUDED.since
+                    """, logger: logger)
+            }
+            if !left.isEmpty {
+                try await c.query(
+                    "DELETE FROM presence WHERE node = \(Int32(clamping: node)) AND key = ANY(\(left)::BYTEA[])",
+                    logger: logger)
+            }
+            try await Self.notify(notices, from: node, on: c, logger: logger)
         }
+        for (key, since) in presence { registeredHere[key] = since }
     }
 
-    public func close() async {
-        if let connection {
-            _ = try? await connection.query("SELECT pg_advisory_unlock(\(Self.servingLock))", logger: logger)
-            try? await connection.close()
+    /// Tells the other nodes (when `c`'s transaction commits), in order; a notice
+    /// too long for a notification goes by its row (a signal is written to
+    /// `signals` for it, a post is in `posts` already).
+    static func notify(
+        _ events: [RendezvousClusterEvent], from node: UInt32, on c: PostgresConnection, logger: Logger
+    ) async throws {
+        guard !events.isEmpty else { return }
+        var texts: [String] = []
+        for event in events {
+            let text = ClusterNotice(origin: node, .event(event)).encode()
+            guard text.utf8.count > longestNotice else {
+                texts.append(text)
+                continue
+            }
+            switch event {
+            case .signal(let s):
+                let rows = try await c.query(
+                    """
+                    INSERT INTO signals (node, recipient, sender, sealed, sent_at)
+                    VALUES (\(Int32(clamping: s.node)), \(ByteBuffer(bytes: s.to.bytes)), \(ByteBuffer(bytes: s.from.bytes)),
+                        \(ByteBuffer(bytes: s.sealed)), \(unescaped: serverMilliseconds))
+                    RETURNING id
+                    """, logger: logger)
+                for try await id in rows.decode(Int64.self) {
+                    texts.append(ClusterNotice(origin: node, .signalRow(UInt64(id), node: s.node)).encode())
+                }
+            case .posted(let post): texts.append(ClusterNotice(origin: node, .postRow(post.id)).encode())
+            case .dropped(let ids):
+                // Never this long in practice; split so that each fits.
+                for part in stride(from: 0, to: ids.count, by: 200).map({ Array(ids[$0..<min($0 + 200, ids.count)]) }) {
+                    texts.append(ClusterNotice(origin: node, .event(.dropped(part))).encode())
+                }
+            case .online, .offline, .nodeGone: texts.append(text)  // a key and a number: always short
+            }
         }
+        let rows = try await c.query(
+            "SELECT pg_notify(\(channel), n) FROM UNNEST(\(texts)::TEXT[]) AS n", logger: logger)
+        for try await _ in rows {}
+    }
+
+    /// Takes node `node`'s session lock on `c` (a reaper testing it may hold it a moment).
+    static func lockNode(_ node: UInt32, on c: PostgresConnection, logger: Logger) async throws {
+        for attempt in 0..<20 {
+            if attempt > 0 { try await Task.sleep(for: .milliseconds(100)) }
+            for try await held in try await c.query(
+                "SELECT pg_try_advisory_lock(\(nodeLockClass), \(Int32(clamping: node)))", logger: logger
+            ).decode(Bool.self) where held {
+                return
+            }
+        }
+        throw DirectoryError("the session lock of directory node \(node) is held by another session")
+    }
+
+    /// Says this node is gone (its presence deleted, the others told) and disconnects.
+    public func close() async {
+        if let connection, !connection.isClosed, node != 0 {
+            let node = self.node
+            try? await transaction { c, logger in
+                try await c.query("DELETE FROM presence WHERE node = \(Int32(clamping: node))", logger: logger)
+                try await c.query("DELETE FROM nodes WHERE id = \(Int32(clamping: node))", logger: logger)
+                try await Self.notify([.nodeGone(node)], from: node, on: c, logger: logger)
+            }
+        }
+        try? await connection?.close()
         connection = nil
+        try? await link?.close()
+        link = nil
     }
 
     /// How long one transaction may take before its connection is closed (a
@@ -276,7 +426,7 @@ public actor PostgresDirectoryStore: RendezvousStore {
         }
     }
 
-    private static func key(_ buffer: ByteBuffer) -> PublicKey? {
+    static func key(_ buffer: ByteBuffer) -> PublicKey? {
         try? PublicKey(bytes: Array(buffer.readableBytesView))
     }
 

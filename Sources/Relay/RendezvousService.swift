@@ -86,6 +86,8 @@ public final class RendezvousService: Service, Sendable {
                 throw failure
             }
         }
+        // A node of several on one database numbers its posts apart and tells the others.
+        if let store { configuration.node = await store.node }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let loop = group.next()
         let core = RendezvousServer(configuration: configuration)
@@ -106,6 +108,32 @@ public final class RendezvousService: Service, Sendable {
                 "rendezvous: restored from the database",
                 metadata: ["posts": "\(snapshot.posts.count)", "keys": "\(snapshot.seen.count)"])
         }
+        // What the other nodes on the database say, until shutdown (nothing, alone).
+        // A node serves once it knows who is registered at the others (or after 5 s
+        // without: it then learns as the database answers).
+        let known = BoundResult<Void>()
+        let follower = store.map { store in
+            Task {
+                await store.follow { update in
+                    loop.execute {
+                        hub.value.cluster(update)
+                        if case .resync = update { known.resolve(.success(())) }
+                    }
+                }
+            }
+        }
+        if configuration.node != 0 {
+            let learned = await withTaskGroup(of: Bool.self) { group in
+                group.addTask { (try? await known.wait()) != nil }
+                group.addTask {
+                    try? await Task.sleep(for: .seconds(5))
+                    return false
+                }
+                defer { group.cancelAll() }
+                return await group.next() ?? false
+            }
+            if !learned { logger.warning("rendezvous: serving before the other directory nodes' presence could be read") }
+        }
         let channel: any Channel
         do {
             // One event loop: every connection's channel lives on the hub's loop.
@@ -123,6 +151,8 @@ public final class RendezvousService: Service, Sendable {
             let failure = RelayServiceError(
                 .bindFailed, "cannot serve the rendezvous on tcp \(address): \(RelayServiceError.reason(error))")
             bound.resolve(.failure(failure))
+            follower?.cancel()
+            await follower?.value
             try? await loop.submit { hub.value.closeAll() }.get()
             if let writer { await writer.finish() }
             try? await group.shutdownGracefully()
@@ -136,6 +166,8 @@ public final class RendezvousService: Service, Sendable {
         try? await gracefulShutdown()
         if let memory, let observer { memory.stopObserving(observer) }
         try? await channel.close()
+        follower?.cancel()
+        await follower?.value
         try? await loop.submit { hub.value.closeAll() }.get()
         if let writer { await writer.finish() }
         try? await group.shutdownGracefully()
@@ -197,6 +229,16 @@ final class Hub {
     }
 
     func memoryShort(_ short: Bool) { host.handle(.memoryShort(short)) }
+
+    /// What the other directory nodes said.
+    func cluster(_ update: RendezvousClusterUpdate) {
+        switch update {
+        case .event(let event): host.handle(.cluster(event, unixSeconds: Self.unixSeconds()))
+        case .resync(let snapshot, let presence):
+            host.handle(.restore(snapshot, unixSeconds: Self.unixSeconds()))
+            host.handle(.clusterPresence(presence))
+        }
+    }
 
     func closeAll() {
         host.stop()

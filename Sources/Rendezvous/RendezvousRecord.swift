@@ -11,6 +11,14 @@ public enum RendezvousRecord: Equatable, Sendable {
     case dropped([UInt64])
     /// A key registered at this Unix time.
     case seen(PublicKey, unixSeconds: UInt64)
+    // For the other nodes of a cluster (``RendezvousCluster``): made only by a node
+    // that shares its database with others.
+    /// A key registered here, at this Unix time.
+    case online(PublicKey, unixSeconds: UInt64)
+    /// A key registered here left.
+    case offline(PublicKey)
+    /// A sealed payload sent from here to a key registered at another node.
+    case signal(ClusterSignal)
 }
 
 /// A payload posted for a peer (an invitation), numbered by the rendezvous.
@@ -32,7 +40,8 @@ public struct RendezvousPost: Equatable, Sendable {
 }
 
 /// What a store gives back at start: the posts still kept, in posting order, and
-/// the keys seen, with when.
+/// the keys seen, with when. Given again later (a cluster's node after a gap in
+/// what the others said), posts already held are not taken twice.
 public struct RendezvousSnapshot: Equatable, Sendable {
     public var posts: [RendezvousPost]
     public var seen: [PublicKey: UInt64]

@@ -1,3 +1,4 @@
+import Secure
 import TusaBase
 
 extension RendezvousServer: SansIOCore {
@@ -15,6 +16,11 @@ extension RendezvousServer: SansIOCore {
         /// The host is short of memory (true) or no longer (false): while it is,
         /// nothing new is kept (posts are refused); sending to an online peer goes on.
         case memoryShort(Bool)
+        /// What another directory node said (``RendezvousCluster``), with the Unix time now.
+        case cluster(RendezvousClusterEvent, unixSeconds: UInt64)
+        /// Every key registered at the other nodes now (read from the database at
+        /// start and after a gap in what they said): replaces what was known.
+        case clusterPresence([PublicKey: ClusterPresence])
     }
 
     public typealias Action = RendezvousAction
@@ -33,6 +39,8 @@ extension RendezvousServer: SansIOCore {
         case .memoryShort(let short):
             memoryShort = short
             actions = []
+        case .cluster(let event, let unixSeconds): actions = cluster(event, now: now, unixSeconds: unixSeconds)
+        case .clusterPresence(let presence): actions = clusterPresence(presence, now: now)
         }
         emit(actions)
     }

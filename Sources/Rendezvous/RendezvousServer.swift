@@ -50,6 +50,12 @@ public struct RendezvousServerConfiguration: Sendable {
     /// grant names the relay, that ``RelayRegistry`` picks (nil: relays are not taken).
     public var relaySecret: String?
     public var relays = RelayRegistry.Configuration()
+    /// This node's number among the directory nodes that share its database
+    /// (``RendezvousCluster``; the database numbers them from 1), 0 for a rendezvous
+    /// alone. A node tells the others (through ``RendezvousRecord``s its store
+    /// publishes) who registers and leaves here and what it sends their keys, and
+    /// hears the same from them (``RendezvousServer/Input/cluster(_:)``).
+    public var node: UInt32 = 0
 
     public init() {}
 }
@@ -86,6 +92,11 @@ public struct RendezvousStatistics: Sendable, Equatable {
     public var delivered = 0
     /// Payloads kept for later delivery now.
     public var posted = 0
+    /// Keys registered at the other nodes of a cluster, as last heard.
+    public var elsewhere = 0
+    /// Sealed payloads sent to keys registered at other nodes, and from them to keys here.
+    public var signalsOut = 0
+    public var signalsIn = 0
     public var refused: [RendezvousErrorCode: Int] = [:]
     public init() {}
 }
@@ -125,11 +136,16 @@ public struct RendezvousServer: Sendable {
         /// When it is no longer kept.
         var expires: Timestamp
     }
-    private var nextPostID: UInt64 = 1
+    private var nextPostID: UInt64
     /// Records made while handling an input, put before its actions (``pending``).
     var records: [RendezvousRecord] = []
     private var mailbox: [PublicKey: [Posted]] = [:]
-    private var mailboxCount = 0
+    /// Each kept post's recipient, by id (a post another node announces is taken once).
+    private var postRecipients: [UInt64: PublicKey] = [:]
+    private var mailboxCount: Int { postRecipients.count }
+    /// Keys registered at the other nodes of a cluster, and where.
+    private var elsewhere: [PublicKey: ClusterPresence] = [:]
+    private var clustered: Bool { configuration.node != 0 }
     /// See ``Input/memoryShort(_:)``.
     public internal(set) var memoryShort = false
     /// What the driver is to do, in order (``pollAction()``).
@@ -142,6 +158,7 @@ public struct RendezvousServer: Sendable {
 
     public init(configuration: RendezvousServerConfiguration = .init(), seed: UInt64 = UInt64.random(in: .min ... .max)) {
         self.configuration = configuration
+        nextPostID = RendezvousCluster.firstPostID(node: configuration.node)
         relayRegistry = RelayRegistry(configuration: configuration.relays, seed: seed)
     }
 
@@ -190,12 +207,17 @@ public struct RendezvousServer: Sendable {
     mutating func closed(_ id: ConnectionID, now: Timestamp) {
         guard let c = connections.removeValue(forKey: id) else { return }
         if let relay = relayConnections.removeValue(forKey: id) { relayRegistry.remove(relay) }
-        if let key = c.key, registry[key] == id {
-            registry[key] = nil
-            remember(key, now)
-            recordSeen(c, at: now)
-        }
+        unregister(c, id, at: now)
         statistics.connections = connections.count
+    }
+
+    /// A closed connection's key is no longer registered here (if it still was, on this connection).
+    private mutating func unregister(_ c: Connection, _ id: ConnectionID, at now: Timestamp) {
+        guard let key = c.key, registry[key] == id else { return }
+        registry[key] = nil
+        remember(key, now)
+        recordSeen(c, at: now)
+        if clustered { records.append(.offline(key)) }
         statistics.registered = registry.count
     }
 
@@ -227,8 +249,8 @@ public struct RendezvousServer: Sendable {
         return [connection, forget, expire].compactMap { $0 }.min()
     }
 
-    /// Whether a key is registered now.
-    public func isOnline(_ key: PublicKey) -> Bool { registry[key] != nil }
+    /// Whether a key is registered now (here, or at another node of the cluster).
+    public func isOnline(_ key: PublicKey) -> Bool { registry[key] != nil || elsewhere[key] != nil }
 
     private mutating func handle(_ id: ConnectionID, _ frame: [UInt8], now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction]
     {
@@ -267,6 +289,8 @@ public struct RendezvousServer: Sendable {
             registry[key] = id
             seen[key] = nil
             records.append(.seen(key, unixSeconds: unixSeconds))
+            // The other nodes hear it; one that holds the key too closes its connection (the newer wins).
+            if clustered { records.append(.online(key, unixSeconds: unixSeconds)) }
             statistics.registered = registry.count
             var grant = configuration.turn?.grant(for: key, unixSeconds: unixSeconds)
             var party = configuration.party
@@ -287,10 +311,16 @@ public struct RendezvousServer: Sendable {
             guard c.key != nil else {
                 return refuse(id, .notRegistered, "register before lookup", requestID: requestID, close: false)
             }
-            return [.send(id, RendezvousFrame.frame(.lookupResult(id: requestID, key: key, online: registry[key] != nil)))]
+            return [.send(id, RendezvousFrame.frame(.lookupResult(id: requestID, key: key, online: isOnline(key))))]
         case .send(let requestID, let to, let sealed):
             guard let from = c.key else {
                 return refuse(id, .notRegistered, "register before send", requestID: requestID, close: false)
+            }
+            if registry[to] == nil, let there = elsewhere[to] {
+                // Written down for the node it is registered at, then acknowledged.
+                records.append(.signal(ClusterSignal(to: to, node: there.node, from: from, sealed: sealed)))
+                statistics.signalsOut += 1
+                return [.send(id, RendezvousFrame.frame(.sent(id: requestID)))]
             }
             guard let target = registry[to] else {
                 let known = seen[to].map { now < $0 } ?? false
@@ -312,19 +342,22 @@ public struct RendezvousServer: Sendable {
             }
             expireMailbox(of: to, now: now)
             var box = mailbox[to] ?? []
-            if box.count >= configuration.mailboxPerKey {
-                records.append(.dropped([box.removeFirst().id]))
-                mailboxCount -= 1
-            }
-            guard mailboxCount < configuration.mailboxTotal else {
+            // A full box makes room by its oldest: that one counts as gone when the total is checked.
+            let boxFull = box.count >= configuration.mailboxPerKey
+            guard mailboxCount - (boxFull ? 1 : 0) < configuration.mailboxTotal else {
                 return refuse(id, .full, "the rendezvous keeps \(mailboxCount) posts", requestID: requestID, close: false)
+            }
+            if boxFull {
+                let oldest = box.removeFirst().id
+                records.append(.dropped([oldest]))
+                postRecipients[oldest] = nil
             }
             let post = RendezvousPost(id: nextPostID, to: to, from: from, sealed: sealed, unixSeconds: unixSeconds)
             nextPostID += 1
             records.append(.posted(post))
             box.append(Posted(id: post.id, from: from, sealed: sealed, expires: now + configuration.mailboxLifetime))
             mailbox[to] = box
-            mailboxCount += 1
+            postRecipients[post.id] = to
             statistics.posted = mailboxCount
             var actions: [RendezvousAction] = []
             if let target = registry[to] {
@@ -362,7 +395,7 @@ public struct RendezvousServer: Sendable {
         guard !expired.isEmpty else { return }
         box.removeAll { now >= $0.expires }
         records.append(.dropped(expired))
-        mailboxCount -= expired.count
+        for id in expired { postRecipients[id] = nil }
         mailbox[key] = box.isEmpty ? nil : box
         statistics.posted = mailboxCount
     }
@@ -376,13 +409,8 @@ public struct RendezvousServer: Sendable {
             actions.append(.close(id))
             // Forget it now: nothing more from it is handled, whatever the driver still delivers.
             if let relay = relayConnections.removeValue(forKey: id) { relayRegistry.remove(relay) }
-            if let c = connections.removeValue(forKey: id), let key = c.key, registry[key] == id {
-                registry[key] = nil
-                remember(key, c.lastHeard)
-                recordSeen(c, at: c.lastHeard)
-            }
+            if let c = connections.removeValue(forKey: id) { unregister(c, id, at: c.lastHeard) }
             statistics.connections = connections.count
-            statistics.registered = registry.count
         }
         return actions
     }
@@ -395,15 +423,10 @@ public struct RendezvousServer: Sendable {
             let age = Duration.seconds(Int64(min(unixSeconds &- min(then, unixSeconds), UInt64(Int64.max / 2))))
             return age >= lifetime ? now : now + (lifetime - age)
         }
-        for post in snapshot.posts {
-            var box = mailbox[post.to] ?? []
-            box.append(
-                Posted(
-                    id: post.id, from: post.from, sealed: post.sealed,
-                    expires: end(post.unixSeconds, configuration.mailboxLifetime)))
-            mailbox[post.to] = box
-            mailboxCount += 1
-            nextPostID = max(nextPostID, post.id + 1)
+        for post in snapshot.posts where postRecipients[post.id] == nil {
+            keep(post, expires: end(post.unixSeconds, configuration.mailboxLifetime))
+            // Posts this node numbered before (a node alone keeps its number, 0).
+            if RendezvousCluster.node(ofPost: post.id) == configuration.node { nextPostID = max(nextPostID, post.id + 1) }
         }
         // The most recent first, as many as are remembered.
         for (key, then) in snapshot.seen.sorted(by: { $0.value > $1.value }) where registry[key] == nil {
@@ -412,6 +435,77 @@ public struct RendezvousServer: Sendable {
             if seen[key].map({ $0 < forget }) ?? true { seen[key] = forget }
         }
         statistics.posted = mailboxCount
+    }
+
+    /// A post kept in its recipient's box, in the order it came.
+    private mutating func keep(_ post: RendezvousPost, expires: Timestamp) {
+        mailbox[post.to, default: []].append(Posted(id: post.id, from: post.from, sealed: post.sealed, expires: expires))
+        postRecipients[post.id] = post.to
+    }
+
+    /// What another node of the cluster said.
+    mutating func cluster(_ event: RendezvousClusterEvent, now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
+        var actions: [RendezvousAction] = []
+        switch event {
+        case .online(let key, let there):
+            guard there.node != configuration.node else { return [] }
+            elsewhere[key] = there
+            if let id = registry[key], let mine = connections[id]?.registered {
+                let here = ClusterPresence(node: configuration.node, unixSeconds: mine.unix)
+                if there.isNewer(than: here) {
+                    actions += refuse(
+                        id, .replaced, "\(key) registered again at another directory node", requestID: nil, close: true)
+                }
+            }
+        case .offline(let key, let node):
+            guard elsewhere[key]?.node == node else { return [] }
+            elsewhere[key] = nil
+            if registry[key] == nil { remember(key, now) }
+        case .nodeGone(let node):
+            for (key, there) in elsewhere where there.node == node {
+                elsewhere[key] = nil
+                if registry[key] == nil { remember(key, now) }
+            }
+        case .signal(let signal):
+            guard signal.node == configuration.node, let target = registry[signal.to] else { return [] }
+            statistics.signalsIn += 1
+            statistics.delivered += 1
+            actions.append(.send(target, RendezvousFrame.frame(.deliver(from: signal.from, sealed: signal.sealed))))
+        case .posted(let post):
+            guard postRecipients[post.id] == nil, RendezvousCluster.node(ofPost: post.id) != configuration.node else {
+                return []
+            }
+            let age = Duration.seconds(Int64(min(unixSeconds &- min(post.unixSeconds, unixSeconds), UInt64(Int64.max / 2))))
+            guard age < configuration.mailboxLifetime else { return [] }
+            keep(post, expires: now + (configuration.mailboxLifetime - age))
+            statistics.posted = mailboxCount
+            if let target = registry[post.to] {
+                statistics.delivered += 1
+                actions.append(.send(target, RendezvousFrame.frame(.deliver(from: post.from, sealed: post.sealed))))
+            }
+        case .dropped(let ids):
+            for id in ids {
+                guard let key = postRecipients.removeValue(forKey: id) else { continue }
+                mailbox[key]?.removeAll { $0.id == id }
+                if mailbox[key]?.isEmpty == true { mailbox[key] = nil }
+            }
+            statistics.posted = mailboxCount
+        }
+        statistics.elsewhere = elsewhere.count
+        return actions
+    }
+
+    /// Every key registered at the other nodes now, replacing what was known.
+    mutating func clusterPresence(_ presence: [PublicKey: ClusterPresence], now: Timestamp) -> [RendezvousAction] {
+        let before = elsewhere
+        elsewhere = [:]
+        for key in before.keys where presence[key] == nil && registry[key] == nil { remember(key, now) }
+        var actions: [RendezvousAction] = []
+        for (key, there) in presence {
+            actions += cluster(.online(key, there), now: now, unixSeconds: there.unixSeconds)
+        }
+        statistics.elsewhere = elsewhere.count
+        return actions
     }
 
     /// A registered key leaves: when, in Unix seconds, for a store (what a restarted

@@ -24,8 +24,10 @@ struct DirectoryCommand: AsyncParsableCommand {
             Speaks the rendezvous protocol (what `tusa relay --rendezvous-port` serves): everything `tusa call`, \
             `answer` and `party` do with --rendezvous works against it. Invitations posted for a peer are \
             written to the database before they are acknowledged and are delivered at its next login for a \
-            day, whatever happens to the directory in between. Prints 'directory tcp ADDRESS' and \
-            'database …' to standard output, then serves until SIGTERM or SIGINT.
+            day, whatever happens to the directory in between. Several directories on one PostgreSQL \
+            database serve as one (nodes): a peer registered at one reaches peers registered at the others, \
+            and a post made at one is delivered at any. Prints 'directory tcp ADDRESS' and 'database …' \
+            (with the node's number on PostgreSQL) to standard output, then serves until SIGTERM or SIGINT.
             """
     )
 
@@ -121,7 +123,9 @@ struct DirectoryCommand: AsyncParsableCommand {
                 tasks.addTask { try await group.run() }
                 tasks.addTask {
                     print("directory tcp \(try await service.boundAddress())")
-                    print("database \(databaseURL) (schema \(databaseURL.schemaVersion))")
+                    let node = await store.node
+                    print(
+                        "database \(databaseURL) (schema \(databaseURL.schemaVersion)" + (node == 0 ? ")" : ", node \(node))"))
                     fflush(nil)
                 }
                 try await tasks.waitForAll()

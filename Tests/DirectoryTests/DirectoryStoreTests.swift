@@ -5,6 +5,7 @@ import Relay
 import Rendezvous
 import SQLiteNIO
 import Secure
+import Synchronization
 import TestSupport
 import Testing
 
@@ -41,6 +42,27 @@ private final class Backing: Sendable {
 }
 
 private let postgresReady = PostgresServer.isInstalled
+
+/// What a store's ``RendezvousStore/follow(_:)`` handed over, for checks that wait.
+private final class Heard: Sendable {
+    private let updates = Mutex<[RendezvousClusterUpdate]>([])
+
+    func add(_ update: RendezvousClusterUpdate) { updates.withLock { $0.append(update) } }
+    var all: [RendezvousClusterUpdate] { updates.withLock { $0 } }
+    var events: [RendezvousClusterEvent] { all.compactMap { if case .event(let e) = $0 { e } else { nil } } }
+
+    /// Whether `condition` held within `seconds` (polled; the deadline only bounds a failure).
+    func wait(seconds: Int = 5, _ condition: (Heard) -> Bool) async -> Bool {
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while ContinuousClock.now < deadline {
+            if condition(self) { return true }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return condition(self)
+    }
+
+    func contains(_ match: (RendezvousClusterUpdate) -> Bool) -> Bool { all.contains(where: match) }
+}
 
 @Suite("The directory's stores (SQLite, PostgreSQL)")
 struct DirectoryStoreTests {
@@ -107,38 +129,95 @@ struct DirectoryStoreTests {
         ) { _ = try await SQLiteDirectoryStore.open(path: path, logger: logger) }
     }
 
-    /// Two directories opening one new database together: one serves it (its schema
-    /// made once), the other is refused with one line, and a directory can open it
-    /// once the first has closed. A newer schema than this build knows is refused.
+    /// Two directory nodes opening one new database together: both serve it, each
+    /// numbered apart, its schema made once (one waits for the other's migration).
+    /// A node that closes leaves no row behind. A newer schema than this build
+    /// knows is refused.
     @Test(.enabled(if: postgresReady, "\(PostgresServer.absentMessage)"))
-    func onePostgresDatabaseServesOneDirectoryAndANewerSchemaIsRefused() async throws {
+    func twoNodesOpenOneNewPostgresDatabaseTogetherAndANewerSchemaIsRefused() async throws {
         let backing = try Backing("postgres")
         defer { backing.remove() }
         guard case .postgres(let location) = backing.database else { return }
-        let attempt: @Sendable () async -> Result<any RendezvousStore, any Error> = {
-            do { return .success(try await backing.open()) } catch { return .failure(error) }
-        }
-        async let first = attempt()
-        async let second = attempt()
-        let results = await [first, second]
-        let opened = results.compactMap { try? $0.get() }
-        #expect(opened.count == 1)
-        for result in results {
-            if case .failure(let error) = result {
-                #expect(
-                    "\(error)"
-                        == "another tusa directory serves \(location): one directory per database (several nodes on one database are not built yet)"
-                )
-            }
-        }
-        for store in opened { await store.close() }
-        await (try backing.open()).close()
+        async let first = backing.open()
+        async let second = backing.open()
+        let stores = try await [first, second]
+        let nodes = [await stores[0].node, await stores[1].node]
+        #expect(Set(nodes).count == 2 && !nodes.contains(0), "\(nodes)")
+        #expect(try await Self.psql(backing, "SELECT count(*) FROM nodes") == "2")
+        for store in stores { await store.close() }
+        #expect(try await Self.psql(backing, "SELECT count(*) FROM nodes") == "0")
         let versions = try await Self.psql(backing, "SELECT version FROM schema_migrations ORDER BY version")
-        #expect(versions == "1")
+        #expect(versions == "1,2")
         _ = try await Self.psql(backing, "INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)")
         await #expect(
-            throws: DirectoryError("\(location) has schema version 99, newer than this tusa's 1: use a newer tusa")
+            throws: DirectoryError("\(location) has schema version 99, newer than this tusa's 2: use a newer tusa")
         ) { _ = try await PostgresDirectoryStore.open(location, logger: logger) }
+    }
+
+    /// What one node writes, another hears in order: who registered and left,
+    /// posts and signals (those too long for a notification by their rows), and a
+    /// node closing or falling silent. A node the others took for gone numbers
+    /// itself again and says who is registered at it.
+    @Test(.enabled(if: postgresReady, "\(PostgresServer.absentMessage)"))
+    func nodesOnOnePostgresHearEachOther() async throws {
+        let backing = try Backing("postgres")
+        defer { backing.remove() }
+        let a = try await backing.open()
+        let b = try await backing.open()
+        let (nodeA, nodeB) = (await a.node, await b.node)
+        let heard = Heard()
+        let following = Task { await b.follow { heard.add($0) } }
+        defer { following.cancel() }
+        #expect(await heard.wait { $0.contains { if case .resync = $0 { true } else { false } } })
+
+        let carol = PrivateKey.generate().publicKey
+        let long = [UInt8](repeating: 7, count: 9_000)  // past a notification's 8,000 bytes
+        let records: [RendezvousRecord] = [
+            .online(carol, unixSeconds: now), .posted(post((UInt64(nodeA) << 40) | 1, at: now, 1)),
+            .posted(RendezvousPost(id: (UInt64(nodeA) << 40) | 2, to: bob, from: alice, sealed: long, unixSeconds: now)),
+            .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: [1, 2, 3])),
+            .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
+            .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol),
+        ]
+        try await a.write(records)
+        let expected: [RendezvousClusterEvent] = [
+            .online(carol, ClusterPresence(node: nodeA, unixSeconds: now)),
+            .posted(post((UInt64(nodeA) << 40) | 1, at: now, 1)),
+            .posted(RendezvousPost(id: (UInt64(nodeA) << 40) | 2, to: bob, from: alice, sealed: long, unixSeconds: now)),
+            .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: [1, 2, 3])),
+            .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
+            .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol, node: nodeA),
+        ]
+        #expect(await heard.wait { $0.events.count >= expected.count }, "\(heard.events.count)")
+        #expect(heard.events == expected)
+        // A long signal's row is read once, then deleted.
+        #expect(try await Self.psql(backing, "SELECT count(*) FROM signals") == "0")
+
+        // A third node falls silent (its heartbeat 10 s old): B says it is gone and deletes its presence.
+        let c = try await backing.open()
+        let nodeC = await c.node
+        try await c.write([.online(alice, unixSeconds: now)])
+        #expect(try await Self.psql(backing, "SELECT count(*) FROM presence WHERE node = \(nodeC)") == "1")
+        _ = try await Self.psql(backing, "UPDATE nodes SET heartbeat_at = heartbeat_at - 10000 WHERE id = \(nodeC)")
+        #expect(await heard.wait(seconds: 8) { $0.events.contains(.nodeGone(nodeC)) }, "\(heard.events.suffix(3))")
+        #expect(try await Self.psql(backing, "SELECT count(*) FROM presence WHERE node = \(nodeC)") == "0")
+        // C comes back to life: at its next heartbeat it registers again, with Alice.
+        let followingC = Task { await c.follow { _ in } }
+        defer { followingC.cancel() }
+        // (The second time B hears it: the first was C's write above.)
+        let aliceAtC = RendezvousClusterEvent.online(alice, ClusterPresence(node: nodeC, unixSeconds: now))
+        #expect(await heard.wait(seconds: 8) { $0.events.filter { $0 == aliceAtC }.count == 2 }, "\(heard.events.suffix(3))")
+        #expect(try await Self.psql(backing, "SELECT count(*) FROM presence WHERE node = \(nodeC)") == "1")
+        followingC.cancel()
+        await followingC.value
+
+        // A closes: B hears it gone.
+        await a.close()
+        #expect(await heard.wait { $0.events.contains(.nodeGone(nodeA)) })
+        following.cancel()
+        await following.value
+        await b.close()
+        await c.close()
     }
 
     /// A server that stops and comes back costs the writes in between, not the store:

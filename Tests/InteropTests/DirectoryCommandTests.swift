@@ -58,7 +58,7 @@ struct DirectoryCommandTests {
 
         let (first, server) = try await Self.start(command, database)
         if command != "relay" {
-            #expect(first.stdout.contains("database \(database) (schema 1)"), "\(first.stdout)")
+            #expect(first.stdout.contains("database \(database) (schema "), "\(first.stdout)")
         }
         let a = try await RendezvousConnection.connect(to: server, identity: alice, timeout: .seconds(30))
         let invitation = Array("Hearthstone: tusa party join ROOM".utf8)
@@ -70,20 +70,7 @@ struct DirectoryCommandTests {
         let (second, again) = try await Self.start(command, database)
         defer { second.kill() }
         let b = try await RendezvousConnection.connect(to: again, identity: bob, timeout: .seconds(30))
-        let incoming = b.incoming
-        let delivered = await withTaskGroup(of: (from: PublicKey, payload: [UInt8])?.self) { group in
-            group.addTask {
-                for await message in incoming { return message }
-                return nil
-            }
-            group.addTask {
-                try? await Task.sleep(for: .seconds(10))
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first
-        }
+        let delivered = await Self.next(b.incoming, within: .seconds(10))
         #expect(delivered?.from == alice.publicKey && delivered?.payload == invitation)
         await #expect(throws: RendezvousConnectionError.refused(.offline, "\(alice.publicKey) is offline")) {
             try await b.send([1], to: alice.publicKey)
@@ -156,6 +143,83 @@ struct DirectoryCommandTests {
         let after = try await placements(12)
         #expect(after[addresses[0]] == nil && after.values.reduce(0, +) == 12, "\(after)")
         #expect(Set(after.keys) == Set(addresses[1...]), "\(after)")
+    }
+
+    /// Two `tusa directory` nodes on one PostgreSQL serve as one: a peer at one
+    /// finds and reaches a peer at the other, a post made at one is delivered at a
+    /// login at the other, and a node SIGKILLed is soon taken for gone (its peers
+    /// offline at the other) while its peers register at the other node.
+    @Test(
+        "two tusa directory nodes on one PostgreSQL serve as one, and one killed is taken for gone",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
+        .enabled(if: PostgresServer.isInstalled, "\(PostgresServer.absentMessage)"))
+    func twoNodesOnOnePostgresServeAsOne() async throws {
+        let postgres = try PostgresServer()
+        defer { postgres.remove() }
+        let (first, one) = try await Self.start("directory", postgres.url)
+        defer { first.kill() }
+        let (second, two) = try await Self.start("directory", postgres.url)
+        defer { second.kill() }
+        for node in [first, second] { #expect(node.stdout.contains("(schema 2, node "), "\(node.stdout)") }
+        let alice = PrivateKey.generate()
+        let bob = PrivateKey.generate()
+        let carol = PrivateKey.generate()
+        let a = try await RendezvousConnection.connect(to: one, identity: alice, timeout: .seconds(30))
+        let b = try await RendezvousConnection.connect(to: two, identity: bob, timeout: .seconds(30))
+        #expect(await eventually(within: .seconds(5)) { (try? await b.lookup(alice.publicKey)) == true })
+        #expect(try await a.lookup(bob.publicKey))
+
+        // A sealed send crosses the nodes, both ways.
+        let offer = Array("offer from node one".utf8)
+        let sentAt = ContinuousClock.now
+        try await a.send(offer, to: bob.publicKey)
+        let heard = await Self.next(b.incoming, within: .seconds(5))
+        #expect(heard?.from == alice.publicKey && heard?.payload == offer)
+        print("directory nodes: a send from node one heard at node two after \(ContinuousClock.now - sentAt)")
+        try await b.send(Array("answer".utf8), to: alice.publicKey)
+        #expect(await Self.next(a.incoming, within: .seconds(5))?.payload == Array("answer".utf8))
+
+        // A post for Carol, never here, made at node one: she logs in at node two.
+        let invitation = Array("Valheim: tusa party join ROOM".utf8)
+        try await a.post(invitation, to: carol.publicKey)
+        let c = try await RendezvousConnection.connect(to: two, identity: carol, timeout: .seconds(30))
+        let delivered = await Self.next(c.incoming, within: .seconds(5))
+        #expect(delivered?.from == alice.publicKey && delivered?.payload == invitation)
+
+        // Node one is killed: Alice is offline at node two within its 6 s of silence
+        // and a heartbeat, and reached there once she registers there.
+        first.kill()
+        let killedAt = ContinuousClock.now
+        #expect(
+            await eventually(within: .seconds(12), poll: .milliseconds(100)) {
+                (try? await b.lookup(alice.publicKey)) == false
+            })
+        print("directory nodes: a killed node's peers offline at the other after \(ContinuousClock.now - killedAt)")
+        let moved = try await RendezvousConnection.connect(to: two, identity: alice, timeout: .seconds(30))
+        try await b.send([7], to: alice.publicKey)
+        #expect(await Self.next(moved.incoming, within: .seconds(5))?.payload == [7])
+        for connection in [b, c, moved] { await connection.close() }
+        await a.close()
+        #expect(await second.stop() == 0)
+    }
+
+    /// The next payload a connection hears within `limit`, if any.
+    private static func next(
+        _ incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>, within limit: Duration
+    ) async -> (from: PublicKey, payload: [UInt8])? {
+        await withTaskGroup(of: (from: PublicKey, payload: [UInt8])?.self) { group in
+            group.addTask {
+                for await message in incoming { return message }
+                return nil
+            }
+            group.addTask {
+                try? await Task.sleep(for: limit)
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
     }
 
     @Test(

@@ -7,10 +7,10 @@ import TusaBase
 @testable import Rendezvous
 
 /// The rendezvous cores on a virtual clock: a server and clients wired by hand.
-private struct Net {
+struct Net {
     var server: RendezvousServer
     var now = Timestamp.seconds(1000)
-    let unix: UInt64 = 1_800_000_000
+    var unix: UInt64 = 1_800_000_000
     /// What the server sent each connection, unframed, and which connections it closed.
     var inbox: [ConnectionID: [UInt8]] = [:]
     var closed: Set<ConnectionID> = []

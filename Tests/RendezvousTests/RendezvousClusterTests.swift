@@ -1,0 +1,234 @@
+import Secure
+import Testing
+import TusaBase
+
+@testable import Rendezvous
+
+/// Directory nodes on one database, as cores: what each records for the others
+/// (as a store publishes it) is what the others hear, in order.
+private struct Cluster {
+    var nodes: [Net]
+    /// How many of each node's records were passed on.
+    private var passed: [Int]
+
+    init(nodes count: Int, _ configure: (inout RendezvousServerConfiguration) -> Void = { _ in }) {
+        nodes = (1...count).map { n in
+            var configuration = RendezvousServerConfiguration()
+            configuration.node = UInt32(n)
+            configure(&configuration)
+            return Net(configuration)
+        }
+        passed = Array(repeating: 0, count: count)
+    }
+
+    /// Node `n` (from 1).
+    subscript(n: Int) -> Net {
+        get { nodes[n - 1] }
+        set { nodes[n - 1] = newValue }
+    }
+
+    /// Passes on what the nodes recorded until nothing more comes.
+    mutating func settle() {
+        var moved = true
+        while moved {
+            moved = false
+            for i in nodes.indices {
+                let fresh = nodes[i].records[passed[i]...]
+                passed[i] = nodes[i].records.count
+                let node = UInt32(i + 1)
+                for record in fresh {
+                    guard let event = Self.event(record, from: node) else { continue }
+                    moved = true
+                    for j in nodes.indices where j != i {
+                        let unix = nodes[j].unix
+                        nodes[j].feed(.cluster(event, unixSeconds: unix))
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the others hear of a record, as the PostgreSQL store says it.
+    static func event(_ record: RendezvousRecord, from node: UInt32) -> RendezvousClusterEvent? {
+        switch record {
+        case .online(let key, let unix): .online(key, ClusterPresence(node: node, unixSeconds: unix))
+        case .offline(let key): .offline(key, node: node)
+        case .signal(let signal): .signal(signal)
+        case .posted(let post): .posted(post)
+        case .dropped(let ids): .dropped(ids)
+        case .seen: nil
+        }
+    }
+}
+
+@Suite("Rendezvous cores as directory nodes on one database")
+struct RendezvousClusterTests {
+    let alice = PrivateKey.generate(), bob = PrivateKey.generate(), carol = PrivateKey.generate()
+    let a = ConnectionID(1), b = ConnectionID(2), c = ConnectionID(3)
+
+    /// Alice at node 1, Bob at node 2: each sees the other online and their sealed
+    /// sends cross, each acknowledged once written down for the other node.
+    @Test func peersAtTwoNodesFindAndReachEachOther() throws {
+        var cluster = Cluster(nodes: 2)
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
+        _ = try cluster[1].connect(a, &ca)
+        _ = try cluster[2].connect(b, &cb)
+        cluster.settle()
+        #expect(cluster[1].server.statistics.elsewhere == 1 && cluster[2].server.statistics.elsewhere == 1)
+
+        let (lookupID, lookup) = cb.lookup(alice.publicKey)
+        #expect(try cluster[2].request(b, lookup, &cb) == [.lookup(id: lookupID, key: alice.publicKey, online: true)])
+        let offer = Array("offer".utf8)
+        let (sendID, send) = try cb.send(offer, to: alice.publicKey)
+        cluster[2].afterRecords = []
+        #expect(try cluster[2].request(b, send, &cb) == [.sent(id: sendID)])
+        // The acknowledgement waits for the signal's record.
+        #expect(cluster[2].afterRecords.contains { if case .send(b, _) = $0 { true } else { false } })
+        cluster.settle()
+        #expect(try cluster[1].pump(a, &ca) == [.received(from: bob.publicKey, payload: offer)])
+        let (_, back) = try ca.send(Array("answer".utf8), to: bob.publicKey)
+        _ = try cluster[1].request(a, back, &ca)
+        cluster.settle()
+        #expect(try cluster[2].pump(b, &cb) == [.received(from: alice.publicKey, payload: Array("answer".utf8))])
+        #expect(cluster[1].server.statistics.signalsOut == 1 && cluster[1].server.statistics.signalsIn == 1)
+
+        // Alice leaves node 1: offline at node 2 (known, not unknown).
+        cluster[1].feed(.closed(a))
+        cluster.settle()
+        let (gone, again) = try cb.send([1], to: alice.publicKey)
+        #expect(
+            try cluster[2].request(b, again, &cb).contains { if case .refused(.offline, _, gone) = $0 { true } else { false } })
+    }
+
+    /// A post made at node 1 reaches its recipient online at node 2 at once, and
+    /// one offline at the next login at any node; ids never collide; drops and
+    /// expiry hold at every node.
+    @Test func postsReachTheirRecipientsAtAnyNode() throws {
+        var cluster = Cluster(nodes: 3) { $0.mailboxPerKey = 2 }
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
+        _ = try cluster[1].connect(a, &ca)
+        _ = try cluster[2].connect(b, &cb)
+        cluster.settle()
+        let (_, toBob) = try ca.post([1], to: bob.publicKey)
+        _ = try cluster[1].request(a, toBob, &ca)
+        cluster.settle()
+        #expect(try cluster[2].pump(b, &cb) == [.received(from: alice.publicKey, payload: [1])])
+
+        // Carol is offline: three posts from two nodes, the box holds two.
+        for n: UInt8 in 2...3 {
+            let (_, frame) = try ca.post([n], to: carol.publicKey)
+            _ = try cluster[1].request(a, frame, &ca)
+            cluster.settle()
+        }
+        let (_, fromBob) = try cb.post([4], to: carol.publicKey)
+        _ = try cluster[2].request(b, fromBob, &cb)
+        cluster.settle()
+        let ids = cluster.nodes.flatMap { $0.records }.compactMap { if case .posted(let p) = $0 { p.id } else { nil } }
+        #expect(Set(ids).count == ids.count, "\(ids)")
+        #expect(ids.map(RendezvousCluster.node(ofPost:)) == [1, 1, 1, 2])
+        // Node 2 pushed out the oldest of Carol's (node 1's [2]); every node holds the same.
+        #expect(cluster.nodes.map { $0.server.statistics.posted } == [3, 3, 3])
+        var cc = RendezvousClient(identity: carol)
+        let heard = try cluster[3].connect(c, &cc).compactMap { if case .received(_, let p) = $0 { p } else { nil } }
+        #expect(heard == [[3], [4]])
+
+        // A day later every node has let them go.
+        for i in 1...3 {
+            cluster[i].now = cluster[i].now + .seconds(24 * 3600)
+            cluster[i].tick()
+        }
+        #expect(cluster.nodes.map { $0.server.statistics.posted } == [0, 0, 0])
+    }
+
+    /// One key registered at two nodes (a client that moved): the later
+    /// registration wins, the earlier connection is told it was replaced and closed,
+    /// and the others send to the later one.
+    @Test(arguments: [1, 2])
+    func theLaterRegistrationOfAKeyWinsAcrossNodes(later: Int) throws {
+        var cluster = Cluster(nodes: 3)
+        let earlier = 3 - later
+        var first = RendezvousClient(identity: alice)
+        var second = RendezvousClient(identity: alice)
+        _ = try cluster[earlier].connect(a, &first)
+        cluster.settle()
+        cluster[later].unix += 1
+        _ = try cluster[later].connect(a, &second)
+        cluster.settle()
+        #expect(cluster[earlier].closed == [a])
+        #expect(!cluster[later].closed.contains(a))
+        #expect(
+            try cluster[earlier].pump(a, &first).contains { if case .refused(.replaced, _, nil) = $0 { true } else { false } })
+        // Bob at node 3 reaches her where she is now.
+        var cb = RendezvousClient(identity: bob)
+        _ = try cluster[3].connect(b, &cb)
+        let (_, send) = try cb.send([5], to: alice.publicKey)
+        _ = try cluster[3].request(b, send, &cb)
+        cluster.settle()
+        #expect(try cluster[later].pump(a, &second) == [.received(from: bob.publicKey, payload: [5])])
+        #expect(cluster[earlier].server.isOnline(alice.publicKey))
+    }
+
+    /// A node gone (stopped, or silent: its database says so) takes its keys with
+    /// it: offline at the others. The presence read after a gap replaces what was known.
+    @Test func aNodeGoneTakesItsKeysOfflineAndPresenceIsReadAfresh() throws {
+        var cluster = Cluster(nodes: 2)
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
+        _ = try cluster[1].connect(a, &ca)
+        _ = try cluster[2].connect(b, &cb)
+        cluster.settle()
+        cluster[1].feed(.cluster(.nodeGone(2), unixSeconds: cluster[1].unix))
+        #expect(!cluster[1].server.isOnline(bob.publicKey))
+        let (gone, send) = try ca.send([1], to: bob.publicKey)
+        #expect(
+            try cluster[1].request(a, send, &ca).contains { if case .refused(.offline, _, gone) = $0 { true } else { false } })
+
+        // Read afresh: Carol at node 3 and Bob back at node 2.
+        let unix = cluster[1].unix
+        cluster[1].feed(
+            .clusterPresence([
+                bob.publicKey: ClusterPresence(node: 2, unixSeconds: unix),
+                carol.publicKey: ClusterPresence(node: 3, unixSeconds: unix),
+            ]))
+        #expect(cluster[1].server.isOnline(bob.publicKey) && cluster[1].server.isOnline(carol.publicKey))
+        #expect(cluster[1].server.statistics.elsewhere == 2)
+        cluster[1].feed(.clusterPresence([:]))
+        #expect(!cluster[1].server.isOnline(carol.publicKey) && cluster[1].server.statistics.elsewhere == 0)
+        // A signal for another node, or for a key not here, is dropped.
+        cluster[1].feed(
+            .cluster(
+                .signal(ClusterSignal(to: alice.publicKey, node: 2, from: bob.publicKey, sealed: [1])),
+                unixSeconds: unix))
+        cluster[1].feed(
+            .cluster(
+                .signal(ClusterSignal(to: carol.publicKey, node: 1, from: bob.publicKey, sealed: [1])),
+                unixSeconds: unix))
+        #expect(try cluster[1].pump(a, &ca).isEmpty)
+        #expect(cluster[1].server.statistics.signalsIn == 0)
+    }
+
+    /// Every notice a node sends reads back the same; what is not one is a typed error.
+    @Test func clusterNoticesRoundTripAndBadOnesAreTypedErrors() throws {
+        let key = alice.publicKey
+        let post = RendezvousPost(id: 1 << 40 | 7, to: key, from: bob.publicKey, sealed: [1, 2, 3], unixSeconds: 99)
+        let bodies: [ClusterNotice.Body] = [
+            .event(.online(key, ClusterPresence(node: 3, unixSeconds: 1_800_000_000))), .event(.offline(key, node: 3)),
+            .event(.signal(ClusterSignal(to: key, node: 2, from: bob.publicKey, sealed: [9, 8]))), .event(.posted(post)),
+            .event(.dropped([1, 2, 1 << 41])), .event(.nodeGone(4)), .signalRow(12, node: 2), .postRow(1 << 40 | 7),
+        ]
+        for body in bodies {
+            let notice = ClusterNotice(origin: 5, body)
+            #expect(try ClusterNotice(decoding: notice.encode()) == notice)
+        }
+        for bad in [
+            "", "{", "[]", #"{"origin":1}"#, #"{"v":1,"origin":1,"type":"warp"}"#,
+            #"{"v":2,"origin":1,"type":"node-gone","node":1}"#,
+            #"{"v":1,"origin":1,"type":"online","key":"AAAA","node":1,"at":5}"#, #"{"v":1,"origin":1,"type":"offline"}"#,
+            #"{"v":1,"origin":-1,"type":"node-gone","node":1}"#,
+        ] {
+            #expect(throws: RendezvousError.self, "\(bad)") { try ClusterNotice(decoding: bad) }
+        }
+    }
+}
