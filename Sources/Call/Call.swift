@@ -405,13 +405,13 @@ public final class CallAgent: Sendable {
     }
 
     /// A new registration at the rendezvous after the connection dropped (a relay
-    /// restart), or (`replacing`) after our addresses changed, when the old
-    /// connection may be dead without knowing it; the server drops the old registration.
+    /// restart, or a directory node gone: the next of its servers is tried first),
+    /// or (`replacing`) after our addresses changed, when the old connection may
+    /// be dead without knowing it; the server drops the old registration.
     private func reconnect(replacing: Bool) async throws(RendezvousConnectionError) {
         let old = rendezvous
-        let server = old.server
         let c: RendezvousConnection
-        do { c = try await RendezvousConnection.connect(to: server, identity: identity.privateKey, timeout: .seconds(2)) } catch {
+        do { c = try await old.connectAgain(identity: identity.privateKey, timeout: .seconds(2)) } catch {
             logger.info("the rendezvous is still unreachable", metadata: ["error": "\(error)"])
             throw error as? RendezvousConnectionError ?? .closed(ErrorCause(error))
         }
@@ -424,7 +424,7 @@ public final class CallAgent: Sendable {
         }
         listen(to: c, generation: generation)
         if replacing { await old.close() }
-        logger.info("registered again at the rendezvous", metadata: ["server": "\(server)"])
+        logger.info("registered again at the rendezvous", metadata: ["server": "\(c.server)"])
     }
 
     /// Asks the STUN server (or the relay: it answers Binding too) what our

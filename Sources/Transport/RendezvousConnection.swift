@@ -18,6 +18,8 @@ public enum RendezvousConnectionError: Error, Equatable, Sendable, CustomStringC
     case closed(ErrorCause?)
     /// The server answered a request with something that does not answer it.
     case unexpectedAnswer(String)
+    /// An empty list of servers to try.
+    case noServer
 
     public var description: String {
         switch self {
@@ -27,6 +29,7 @@ public enum RendezvousConnectionError: Error, Equatable, Sendable, CustomStringC
         case .closed(nil): "the rendezvous connection was closed by the server"
         case .closed(let cause?): "the rendezvous connection broke: \(cause)"
         case .unexpectedAnswer(let what): "the rendezvous answered with \(what)"
+        case .noServer: "no rendezvous server to try"
         }
     }
 }
@@ -37,7 +40,10 @@ public enum RendezvousConnectionError: Error, Equatable, Sendable, CustomStringC
 /// The core pings to keep the registration alive and times out what the server
 /// does not answer.
 public final class RendezvousConnection: Sendable {
+    /// The server this connection is registered at.
     public let server: TransportAddress
+    /// Every server it may register at (directory nodes serving as one), `server` among them.
+    public let servers: [TransportAddress]
     public let identity: PublicKey
     /// TURN credentials the rendezvous handed out at registration, if any.
     public let turn: TURNGrant?
@@ -52,11 +58,12 @@ public final class RendezvousConnection: Sendable {
     private let driver: NIOLoopBound<RendezvousDriver>
 
     private init(
-        server: TransportAddress, identity: PublicKey, turn: TURNGrant?, party: PartyGrant?, channel: any Channel,
-        driver: NIOLoopBound<RendezvousDriver>, incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>,
-        requestTimeout: Duration
+        server: TransportAddress, servers: [TransportAddress], identity: PublicKey, turn: TURNGrant?, party: PartyGrant?,
+        channel: any Channel, driver: NIOLoopBound<RendezvousDriver>,
+        incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>, requestTimeout: Duration
     ) {
         self.server = server
+        self.servers = servers
         self.identity = identity
         self.turn = turn
         self.party = party
@@ -70,6 +77,50 @@ public final class RendezvousConnection: Sendable {
     public static func connect(
         to server: TransportAddress, identity: PrivateKey, timeout: Duration = .seconds(10),
         group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) async throws -> RendezvousConnection {
+        try await connect(to: server, among: [server], identity: identity, timeout: timeout, group: group)
+    }
+
+    /// Registers at the first of `servers` (directory nodes serving as one) that
+    /// takes `identity`, trying them in order, each for its share of `timeout`
+    /// (at least a second); the last one's error when none does.
+    public static func connect(
+        toAnyOf servers: [TransportAddress], identity: PrivateKey, timeout: Duration = .seconds(10),
+        group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) async throws -> RendezvousConnection {
+        try await connect(trying: servers, among: servers, identity: identity, timeout: timeout, group: group)
+    }
+
+    /// Registers at one of its servers again, the one after ``server`` first and
+    /// ``server`` last (the connection broke, or its server died).
+    public func connectAgain(
+        identity: PrivateKey, timeout: Duration = .seconds(10),
+        group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) async throws -> RendezvousConnection {
+        let next = servers.firstIndex(of: server).map { $0 + 1 } ?? 0
+        let order = Array(servers[next...] + servers[..<next])
+        return try await Self.connect(trying: order, among: servers, identity: identity, timeout: timeout, group: group)
+    }
+
+    private static func connect(
+        trying order: [TransportAddress], among servers: [TransportAddress], identity: PrivateKey, timeout: Duration,
+        group: any EventLoopGroup
+    ) async throws -> RendezvousConnection {
+        var failure: any Error = RendezvousConnectionError.noServer
+        let share = order.count == 1 ? timeout : max(.seconds(1), timeout / order.count)
+        for server in order {
+            do {
+                return try await connect(to: server, among: servers, identity: identity, timeout: share, group: group)
+            } catch {
+                failure = error
+            }
+        }
+        throw failure
+    }
+
+    private static func connect(
+        to server: TransportAddress, among servers: [TransportAddress], identity: PrivateKey, timeout: Duration,
+        group: any EventLoopGroup
     ) async throws -> RendezvousConnection {
         let (stream, yield) = AsyncStream<(from: PublicKey, payload: [UInt8])>.makeStream()
         var timing = RendezvousClient.Timing()
@@ -107,9 +158,8 @@ public final class RendezvousConnection: Sendable {
                 eventLoop: channel.eventLoop)
         }.get()
         return RendezvousConnection(
-            server: server, identity: identity.publicKey, turn: grants.turn, party: grants.party, channel: channel,
-            driver: driver,
-            incoming: stream, requestTimeout: timing.request)
+            server: server, servers: servers, identity: identity.publicKey, turn: grants.turn, party: grants.party,
+            channel: channel, driver: driver, incoming: stream, requestTimeout: timing.request)
     }
 
     /// Whether `peer` is registered now.

@@ -13,7 +13,9 @@ import Voice
 struct CallOptions: ParsableArguments {
     @Option(
         name: .customLong("rendezvous"),
-        help: ArgumentHelp("The relay's rendezvous, HOST:PORT (tusa relay --rendezvous-port).", valueName: "host:port"))
+        help: ArgumentHelp(
+            "The relay's rendezvous, HOST:PORT (tusa relay --rendezvous-port), or a directory's (tusa directory). \(RendezvousServers.listHelp)",
+            valueName: "host:port"))
     var rendezvous: String
 
     @Option(
@@ -84,12 +86,7 @@ struct CallOptions: ParsableArguments {
 
     func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
 
-    func server() throws -> TransportAddress {
-        guard let address = TransportAddress(rendezvous, defaultPort: 3480) else {
-            throw ValidationError("--rendezvous '\(rendezvous)' is not HOST:PORT")
-        }
-        return address
-    }
+    func servers() throws -> [TransportAddress] { try RendezvousServers.parse(rendezvous) }
 
     func agentOptions() throws -> CallAgent.Options {
         var o = CallAgent.Options()
@@ -156,10 +153,10 @@ struct CallCommand: AsyncParsableCommand {
         guard let key = PublicKey(base64: peer) else {
             throw ValidationError("PEER '\(peer)' is not a 32-byte base64 public key")
         }
-        let (identity, server, agentOptions, source, sink) = try prepare(options)
+        let (identity, servers, agentOptions, source, sink) = try prepare(options)
         let report: CallReport
         do {
-            let rendezvous = try await RendezvousConnection.connect(to: server, identity: identity.privateKey)
+            let rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey)
             let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
             report = try await agent.call(key, source: source, sink: sink)
             await rendezvous.close()
@@ -197,11 +194,11 @@ struct AnswerCommand: AsyncParsableCommand {
             return k
         }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
-        var (identity, server, agentOptions, source, sink) = try prepare(options)
+        var (identity, servers, agentOptions, source, sink) = try prepare(options)
         agentOptions.ringTimeout = .milliseconds(Int64(timeout * 1000))
         let report: CallReport
         do {
-            let rendezvous = try await RendezvousConnection.connect(to: server, identity: identity.privateKey)
+            let rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey)
             print("answering as \(identity.publicKey.base64)")
             fflush(nil)
             let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
@@ -216,13 +213,14 @@ struct AnswerCommand: AsyncParsableCommand {
     }
 }
 
-private func prepare(_ options: CallOptions) throws -> (Identity, TransportAddress, CallAgent.Options, AudioSource?, AudioSink?) {
+private func prepare(_ options: CallOptions) throws -> (Identity, [TransportAddress], CallAgent.Options, AudioSource?, AudioSink?)
+{
     // A file size limit (ulimit -f) then fails the write with EFBIG: the recording
     // stops and says so, rather than the process being killed with it unclosed.
     signal(SIGXFSZ, SIG_IGN)
     let identity: Identity
     do { identity = try options.loadIdentity() } catch { throw ValidationError("\(error)") }
-    let server = try options.server()
+    let servers = try options.servers()
     let agentOptions = try options.agentOptions()
     let source: AudioSource?
     let sink: AudioSink?
@@ -232,5 +230,5 @@ private func prepare(_ options: CallOptions) throws -> (Identity, TransportAddre
     } catch {
         throw ValidationError("\(error)")
     }
-    return (identity, server, agentOptions, source, sink)
+    return (identity, servers, agentOptions, source, sink)
 }

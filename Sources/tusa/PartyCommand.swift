@@ -23,7 +23,7 @@ struct PartyCommand: AsyncParsableCommand {
 struct PartyPlace: ParsableArguments {
     @Option(
         help: ArgumentHelp(
-            "The relay's rendezvous, HOST:PORT (tusa relay --rendezvous-port with --party-port): it says where the parties are and carries invitations.",
+            "The relay's rendezvous, HOST:PORT (tusa relay --rendezvous-port with --party-port), or a directory's: it says where the parties are and carries invitations. \(RendezvousServers.listHelp)",
             valueName: "host:port"))
     var rendezvous: String?
 
@@ -45,12 +45,9 @@ struct PartyPlace: ParsableArguments {
         if (relay == nil) != (relayKey == nil) { throw ValidationError("--relay and --relay-key go together") }
     }
 
-    func rendezvousAddress() throws -> TransportAddress? {
+    func rendezvousServers() throws -> [TransportAddress]? {
         guard let rendezvous else { return nil }
-        guard let a = TransportAddress(rendezvous, defaultPort: 3480) else {
-            throw ValidationError("--rendezvous '\(rendezvous)' is not HOST:PORT")
-        }
-        return a
+        return try RendezvousServers.parse(rendezvous)
     }
 
     /// The party service and its key as given on the command line, if they were.
@@ -266,7 +263,9 @@ struct PartyWatch: AsyncParsableCommand {
             "Invitations sent while you were away (kept for a day) come first. With --join, joins the first one with the audio options and stays as tusa party join does. Exit status: 0, 64 on bad usage, 2 when the rendezvous could not be reached."
     )
 
-    @Option(help: ArgumentHelp("The relay's rendezvous, HOST:PORT.", valueName: "host:port"))
+    @Option(
+        help: ArgumentHelp(
+            "The relay's rendezvous, HOST:PORT, or a directory's. \(RendezvousServers.listHelp)", valueName: "host:port"))
     var rendezvous: String
 
     @Flag(help: "Join the first invitation.")
@@ -278,13 +277,11 @@ struct PartyWatch: AsyncParsableCommand {
     @OptionGroup var audio: PartyAudioOptions
 
     func run() async throws {
-        guard let server = TransportAddress(rendezvous, defaultPort: 3480) else {
-            throw ValidationError("--rendezvous '\(rendezvous)' is not HOST:PORT")
-        }
+        let servers = try RendezvousServers.parse(rendezvous)
         if let timeout { guard timeout > 0 else { throw ValidationError("--timeout must be positive") } }
         let identity = try audio.identityOrExit()
         let connection: RendezvousConnection
-        do { connection = try await RendezvousConnection.connect(to: server, identity: identity.privateKey) } catch {
+        do { connection = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey) } catch {
             FileHandle.standardError.write(Data("tusa party watch: \(error)\n".utf8))
             throw ExitCode(2)
         }
@@ -292,7 +289,8 @@ struct PartyWatch: AsyncParsableCommand {
         fflush(nil)
         let limit: Duration? = timeout.map { .milliseconds(Int64($0 * 1000)) }
         guard join else {
-            _ = await PartySession.invitations(from: connection, within: limit) { invitation, from in
+            _ = await PartySession.invitations(from: connection, within: limit, reconnectingAs: identity.privateKey) {
+                invitation, from in
                 print(PartySession.invitationLine(invitation, from: from))
                 fflush(nil)
                 return false
@@ -304,7 +302,8 @@ struct PartyWatch: AsyncParsableCommand {
         // invitation kept from yesterday may name a room that has closed since).
         guard let grant = connection.party else {
             await connection.close()
-            FileHandle.standardError.write(Data("tusa party watch: the relay at \(server) hosts no parties\n".utf8))
+            FileHandle.standardError.write(
+                Data("tusa party watch: the relay at \(connection.server) hosts no parties\n".utf8))
             throw ExitCode(2)
         }
         let (relay, relayKey) = try PartyPlace.parse(relay: grant.address, key: grant.key)
@@ -352,7 +351,9 @@ struct PartyList: AsyncParsableCommand {
             """
     )
 
-    @Option(help: ArgumentHelp("The relay's rendezvous, HOST:PORT.", valueName: "host:port"))
+    @Option(
+        help: ArgumentHelp(
+            "The relay's rendezvous, HOST:PORT, or a directory's. \(RendezvousServers.listHelp)", valueName: "host:port"))
     var rendezvous: String
 
     @Option(
@@ -361,14 +362,12 @@ struct PartyList: AsyncParsableCommand {
     var identity: String?
 
     func run() async throws {
-        guard let server = TransportAddress(rendezvous, defaultPort: 3480) else {
-            throw ValidationError("--rendezvous '\(rendezvous)' is not HOST:PORT")
-        }
+        let servers = try RendezvousServers.parse(rendezvous)
         var options = PartyAudioOptions()
         options.identity = identity
         let me = try options.identityOrExit()
         let connection: RendezvousConnection
-        do { connection = try await RendezvousConnection.connect(to: server, identity: me.privateKey) } catch {
+        do { connection = try await RendezvousConnection.connect(toAnyOf: servers, identity: me.privateKey) } catch {
             FileHandle.standardError.write(Data("tusa party list: \(error)\n".utf8))
             throw ExitCode(2)
         }
@@ -435,12 +434,12 @@ enum PartySession {
         TransportAddress, PublicKey, RendezvousConnection?
     ) {
         let given = try place.givenRelay()
-        guard let server = try place.rendezvousAddress() else {
+        guard let servers = try place.rendezvousServers() else {
             guard let given else { throw ValidationError("give --rendezvous, or --relay and --relay-key") }
             return (given.0, given.1, nil)
         }
         let rendezvous: RendezvousConnection
-        do { rendezvous = try await RendezvousConnection.connect(to: server, identity: identity.privateKey) } catch {
+        do { rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey) } catch {
             FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
             throw ExitCode(2)
         }
@@ -448,7 +447,7 @@ enum PartySession {
         guard let grant = rendezvous.party else {
             await rendezvous.close()
             FileHandle.standardError.write(
-                Data("tusa \(command): the relay at \(server) hosts no parties (tusa relay --party-port)\n".utf8))
+                Data("tusa \(command): the relay at \(rendezvous.server) hosts no parties (tusa relay --party-port)\n".utf8))
             throw ExitCode(2)
         }
         do {
@@ -584,18 +583,39 @@ enum PartySession {
     }
 
     /// Reads invitations from `connection` until `handle` returns true (that one is
-    /// returned), the connection closes or `limit` passes.
+    /// returned), the connection closes or `limit` passes. With `reconnectingAs`, a
+    /// connection that closes is made again (at the next of its servers first: a
+    /// directory node that died), and reading goes on there.
     static func invitations(
-        from connection: RendezvousConnection, within limit: Duration?,
+        from connection: RendezvousConnection, within limit: Duration?, reconnectingAs identity: PrivateKey? = nil,
         _ handle: @escaping @Sendable (PartyInvitation, PublicKey) -> Bool
     ) async -> (PartyInvitation, PublicKey)? {
-        await withTaskGroup(of: (PartyInvitation, PublicKey)?.self) { group in
+        let current = Latest(connection)
+        let found = await withTaskGroup(of: (PartyInvitation, PublicKey)?.self) { group in
             group.addTask {
-                for await (from, payload) in connection.incoming {
-                    guard let invitation = PartyInvitation(decoding: payload) else { continue }
-                    if handle(invitation, from) { return (invitation, from) }
+                var connection = connection
+                // What a new registration hands over again (kept invitations) is said once.
+                var heard = Set<[UInt8]>()
+                while true {
+                    for await (from, payload) in connection.incoming {
+                        guard heard.insert(from.bytes + payload).inserted,
+                            let invitation = PartyInvitation(decoding: payload)
+                        else { continue }
+                        if handle(invitation, from) { return (invitation, from) }
+                    }
+                    guard let identity, !Task.isCancelled else { return nil }
+                    FileHandle.standardError.write(
+                        Data("tusa party watch: the rendezvous at \(connection.server) is gone: registering again\n".utf8))
+                    while !Task.isCancelled {
+                        if let again = try? await connection.connectAgain(identity: identity, timeout: .seconds(3)) {
+                            connection = again
+                            current.value.withLock { $0 = again }
+                            FileHandle.standardError.write(Data("tusa party watch: watching at \(again.server)\n".utf8))
+                            break
+                        }
+                        try? await Task.sleep(for: .seconds(1))
+                    }
                 }
-                return nil
             }
             if let limit {
                 group.addTask {
@@ -607,6 +627,16 @@ enum PartySession {
             group.cancelAll()
             return first
         }
+        // The caller closes the connection it gave; one made here is closed here.
+        let last = current.value.withLock { $0 }
+        if last !== connection { await last.close() }
+        return found
+    }
+
+    /// The connection ``invitations(from:within:reconnectingAs:_:)`` reads now.
+    private final class Latest: Sendable {
+        let value: Mutex<RendezvousConnection>
+        init(_ connection: RendezvousConnection) { value = Mutex(connection) }
     }
 
     static func invitationLine(_ invitation: PartyInvitation, from: PublicKey) -> String {

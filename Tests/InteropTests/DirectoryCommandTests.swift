@@ -1,4 +1,5 @@
 import Foundation
+import Party
 import Rendezvous
 import Secure
 import TestSupport
@@ -186,8 +187,22 @@ struct DirectoryCommandTests {
         let delivered = await Self.next(c.incoming, within: .seconds(5))
         #expect(delivered?.from == alice.publicKey && delivered?.payload == invitation)
 
-        // Node one is killed: Alice is offline at node two within its 6 s of silence
-        // and a heartbeat, and reached there once she registers there.
+        // `tusa party watch` given both nodes registers at the first.
+        let tusa = try #require(Harness.tusa)
+        let identityFile = try Self.keyFile()
+        defer { try? FileManager.default.removeItem(atPath: identityFile) }
+        let watcher = try Harness.Background(
+            tusa, ["party", "watch", "--rendezvous", "\(one),\(two)", "--identity", identityFile, "--timeout", "60"])
+        defer { watcher.kill() }
+        let watching = try #require(await watcher.waitForMatch(#"watching as [A-Za-z0-9+/=]+"#), "\(watcher.stderr)")
+        let dave = try #require(PublicKey(base64: String(watching.dropFirst("watching as ".count))))
+        let valheim = PartyInvitation(room: "R1", name: "Valheim", relay: "127.0.0.1:3481", relayKey: bob.publicKey.base64)
+        try await b.post(valheim.encoded(), to: dave)
+        #expect(await watcher.waitForMatch("created party Valheim") != nil, "\(watcher.stdout) \(watcher.stderr)")
+
+        // Node one is killed: Alice is offline at node two once node two sees its
+        // session end, and reached there once she registers there; the watcher
+        // moves to node two and hears what is posted there, and nothing twice.
         first.kill()
         let killedAt = ContinuousClock.now
         #expect(
@@ -198,9 +213,21 @@ struct DirectoryCommandTests {
         let moved = try await RendezvousConnection.connect(to: two, identity: alice, timeout: .seconds(30))
         try await b.send([7], to: alice.publicKey)
         #expect(await Self.next(moved.incoming, within: .seconds(5))?.payload == [7])
+        #expect(await watcher.waitFor(timeout: 10) { _, err in err.contains("watching at \(two)") }, "\(watcher.stderr)")
+        let rust = PartyInvitation(room: "R2", name: "Rust", relay: "127.0.0.1:3481", relayKey: bob.publicKey.base64)
+        try await b.post(rust.encoded(), to: dave)
+        #expect(await watcher.waitForMatch("created party Rust") != nil, "\(watcher.stdout) \(watcher.stderr)")
+        #expect(watcher.stdout.components(separatedBy: "created party Valheim").count == 2, "\(watcher.stdout)")
         for connection in [b, c, moved] { await connection.close() }
         await a.close()
         #expect(await second.stop() == 0)
+    }
+
+    /// A fresh identity file (what `tusa keygen` writes) in the temporary folder.
+    private static func keyFile() throws -> String {
+        let path = NSTemporaryDirectory() + "tusa-watch-\(UUID().uuidString).key"
+        try Identity.generate().write(to: path)
+        return path
     }
 
     /// The next payload a connection hears within `limit`, if any.

@@ -1,0 +1,22 @@
+import ArgumentParser
+import TusaBase
+
+/// `--rendezvous HOST:PORT[,HOST:PORT…]`: a relay's rendezvous, or the nodes of a
+/// directory serving as one, tried in order; a client whose node dies moves to the next.
+enum RendezvousServers {
+    /// What the option's help adds about a list.
+    static let listHelp =
+        "Several, comma-separated, for directory nodes serving as one: the first that answers is used, the next when it dies."
+
+    static func parse(_ text: String) throws -> [TransportAddress] {
+        var servers: [TransportAddress] = []
+        for part in text.split(separator: ",", omittingEmptySubsequences: false) {
+            let trimmed = String(part.drop(while: { $0 == " " }).reversed().drop(while: { $0 == " " }).reversed())
+            guard let address = TransportAddress(trimmed, defaultPort: 3480) else {
+                throw ValidationError("--rendezvous '\(trimmed)' is not HOST:PORT")
+            }
+            if !servers.contains(address) { servers.append(address) }
+        }
+        return servers
+    }
+}
