@@ -10,17 +10,21 @@ import Secure
 extension PostgresDirectoryStore {
     public func follow(_ deliver: @escaping @Sendable (RendezvousClusterUpdate) -> Void) async {
         while !Task.isCancelled {
+            let started = ContinuousClock.now
             do {
                 try await followOnce(deliver)
             } catch {
                 guard !Task.isCancelled else { return }
-                complain("directory database: lost the other nodes' notices, listening again in 1 s: \(Self.reason(error))")
+                complain("directory database: lost the other nodes' notices, listening again: \(Self.reason(error))")
             }
-            try? await Task.sleep(for: .seconds(1))
+            // At once after a connection that served a while (the others test this
+            // node's lock 3 s after its last heartbeat); a second apart while it fails.
+            try? await Task.sleep(for: ContinuousClock.now - started > .seconds(10) ? .milliseconds(100) : .seconds(1))
         }
     }
 
-    /// One listening connection, until it fails or the task is cancelled.
+    /// One listening connection, until it fails or the task is cancelled (which
+    /// closes the connection: nothing waits on a database that went silent).
     private func followOnce(_ deliver: @escaping @Sendable (RendezvousClusterUpdate) -> Void) async throws {
         let c: PostgresConnection
         if let made = link, !made.isClosed {
@@ -33,28 +37,55 @@ extension PostgresDirectoryStore {
             }
         }
         link = nil
-        defer { Task { try? await c.close() } }
         let logger = self.logger
-        try await c.listen(on: Self.channel) { notices in
-            // Listening from here on: what was said before is in the rows.
-            try await beat(on: c)
-            deliver(.resync(try await Self.snapshot(on: c, logger: logger), presence: try await presence(on: c)))
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                group.addTask {
-                    while true {
-                        try await Task.sleep(for: Self.heartbeatInterval)
-                        for gone in try await self.beat(on: c) { deliver(.event(.nodeGone(gone))) }
+        let ended: Result<Void, any Error>
+        do {
+            try await listen(on: c, logger: logger, deliver)
+            ended = .success(())
+        } catch {
+            ended = .failure(error)
+        }
+        try? await c.close()
+        try ended.get()
+    }
+
+    private func listen(
+        on c: PostgresConnection, logger: Logger, _ deliver: @escaping @Sendable (RendezvousClusterUpdate) -> Void
+    ) async throws {
+        try await withTaskCancellationHandler {
+            try await c.listen(on: Self.channel) { notices in
+                // Listening from here on: what was said before is in the rows.
+                for gone in try await beat(on: c) { deliver(.event(.nodeGone(gone))) }
+                deliver(.resync(try await Self.snapshot(on: c, logger: logger), presence: try await presence(on: c)))
+                // Notices and heartbeats are handled in turn, one query on the connection at a time.
+                let (work, feed) = AsyncStream<String?>.makeStream()
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    group.addTask {
+                        for try await notice in notices { feed.yield(notice.payload) }
+                        throw DirectoryError("the database closed the listening connection")
                     }
-                }
-                group.addTask {
-                    for try await notice in notices {
-                        if let event = try await self.event(from: notice.payload, on: c) { deliver(.event(event)) }
+                    group.addTask {
+                        while true {
+                            try await Task.sleep(for: Self.heartbeatInterval)
+                            feed.yield(nil)
+                        }
                     }
-                    throw DirectoryError("the database closed the listening connection")
+                    group.addTask {
+                        for await item in work {
+                            if let payload = item {
+                                if let event = try await self.event(from: payload, on: c) { deliver(.event(event)) }
+                            } else {
+                                for gone in try await self.beat(on: c) { deliver(.event(.nodeGone(gone))) }
+                            }
+                        }
+                    }
+                    defer { group.cancelAll() }
+                    try await group.next()
                 }
-                defer { group.cancelAll() }
-                try await group.next()
             }
+        } onCancel: {
+            let closing: EventLoopFuture<Void> = c.close()
+            _ = closing
         }
     }
 
@@ -63,6 +94,10 @@ extension PostgresDirectoryStore {
     /// gone, it is numbered as before and its presence written and told again.
     @discardableResult
     private func beat(on c: PostgresConnection) async throws -> [UInt32] {
+        // The first time, every other node's lock is tried: a directory restarted
+        // after a kill does not take its former self's peers for online a moment.
+        let fresh = heartbeats == 0 ? 0 : Self.lockTestedAfterMilliseconds
+        heartbeats += 1
         let me = Int32(clamping: node)
         var alive = false
         for try await _ in try await c.query(
@@ -104,25 +139,21 @@ extension PostgresDirectoryStore {
         let logger = self.logger
         let node = self.node
         try await c.withTransaction(logger: logger) { c in
-            // CASE fixes the order: this node's own lock is never tried, a stale one's neither.
-            var locked: [Int32] = []
-            for try await (id, tried) in try await c.query(
+            // CASE fixes the order: this node's own lock is never tried, nor that of a
+            // node whose heartbeat is fresh (its listening connection may be being
+            // made again) or stale (gone anyway). A lock tried is held to the commit.
+            for try await id in try await c.query(
                 """
-                WITH t AS (SELECT \(unescaped: Self.serverMilliseconds) - \(Self.silentNodeMilliseconds) AS stale)
+                WITH t AS (SELECT \(unescaped: Self.serverMilliseconds) AS now)
                 DELETE FROM nodes USING t WHERE CASE
                     WHEN nodes.id = \(me) THEN false
-                    WHEN nodes.heartbeat_at < t.stale THEN true
-                    ELSE pg_try_advisory_lock(\(Self.nodeLockClass), nodes.id) END
-                RETURNING nodes.id, nodes.heartbeat_at >= t.stale
+                    WHEN nodes.heartbeat_at < t.now - \(Self.silentNodeMilliseconds) THEN true
+                    WHEN nodes.heartbeat_at > t.now - \(fresh) THEN false
+                    ELSE pg_try_advisory_xact_lock(\(Self.nodeLockClass), nodes.id) END
+                RETURNING nodes.id
                 """, logger: logger
-            ).decode((Int32, Bool).self) {
+            ).decode(Int32.self) {
                 gone.append(UInt32(clamping: id))
-                if tried { locked.append(id) }
-            }
-            for id in locked {
-                for try await _ in try await c.query(
-                    "SELECT pg_advisory_unlock(\(Self.nodeLockClass), \(id))", logger: logger
-                ) {}
             }
             guard !gone.isEmpty else { return }
             let ids = gone.map { Int32(clamping: $0) }

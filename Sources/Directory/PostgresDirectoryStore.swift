@@ -7,6 +7,7 @@ import PostgresNIO
 import Relay
 import Rendezvous
 import Secure
+import Synchronization
 
 /// The directory's rows in PostgreSQL (postgres-nio): the same posts and keys
 /// seen as ``SQLiteDirectoryStore``, in a server that outlives the directory
@@ -18,9 +19,9 @@ import Secure
 /// tusa_directory`, see ``RendezvousCluster``): keys registered and gone here
 /// (also kept in `presence`), posts, drops, and the signals it sends to keys
 /// registered at another node (`signals` holds one too long for a notification).
-/// A node is gone when its session ends (it stopped, or was killed: its session
-/// lock is free) or its heartbeat is 6 s old (cut off): whichever node notices
-/// first deletes its presence and says so.
+/// A node is gone when its heartbeat is 3 s old and its session has ended (it
+/// stopped, or was killed: its session lock is free), or its heartbeat is 6 s old
+/// (cut off): whichever node notices first deletes its presence and says so.
 ///
 /// Two connections: one for writes, made again on the next write when the server
 /// dropped it (a PostgreSQL restart costs the writes in flight their retries,
@@ -50,8 +51,9 @@ public actor PostgresDirectoryStore: RendezvousStore {
 
     /// The schema this build knows.
     public static var schemaVersion: Int { migrations.count }
-    /// The transaction lock nodes migrate under, one at a time.
-    static let migrationLock: Int64 = 0x7475_7361_6e6f_6465  // "tusanode"
+    /// The transaction lock nodes migrate under, one at a time (not the lock a
+    /// directory of schema 1 held while it served: a node waits for no such one).
+    static let migrationLock: Int64 = 0x7475_7361_6d69_6772  // "tusamigr"
     /// Node N holds the session lock (nodeLockClass, N) while it lives.
     static let nodeLockClass: Int32 = 0x7475_7361  // "tusa"
     /// Where the nodes' notices travel.
@@ -61,6 +63,10 @@ public actor PostgresDirectoryStore: RendezvousStore {
     static let heartbeatInterval: Duration = .seconds(2)
     /// A node whose heartbeat is older than this is gone.
     static let silentNodeMilliseconds: Int64 = 6_000
+    /// A node whose heartbeat is older than this is gone if its lock is free.
+    static let lockTestedAfterMilliseconds: Int64 = 3_000
+    /// This process's notices so far (each is numbered).
+    static let noticesSent = Mutex<UInt64>(0)
     /// A notification carries at most 8,000 bytes; a longer notice goes by row.
     static let longestNotice = 7_900
 
@@ -75,6 +81,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
     /// Keys registered at this node now, since when: published again should the
     /// other nodes have taken this one for gone.
     var registeredHere: [PublicKey: UInt64] = [:]
+    /// Heartbeats so far.
+    var heartbeats = 0
     /// When a problem with the database was last logged (once a minute).
     var lastComplaint: ContinuousClock.Instant?
 
@@ -150,6 +158,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
         let applied: [Int]
         do {
             applied = try await connection.withTransaction(logger: logger) { c in
+                // Another node migrating holds it for moments; a wait longer than this is a fault.
+                try await c.query("SET LOCAL lock_timeout = '15s'", logger: logger)
                 try await c.query("SELECT pg_advisory_xact_lock(\(Self.migrationLock))", logger: logger)
                 try await c.query(
                     "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
@@ -276,6 +286,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 presence[key] = .some(nil)
                 notices.append(.offline(key, node: node))
             case .signal(let signal): notices.append(.signal(signal))
+            case .relayLoad(let key, let load): notices.append(.relayLoad(key, load))
+            case .relayGone(let key): notices.append(.relayGone(key))
             }
         }
         let ordered = posts.values.sorted { $0.id < $1.id }
@@ -339,8 +351,18 @@ public actor PostgresDirectoryStore: RendezvousStore {
     ) async throws {
         guard !events.isEmpty else { return }
         var texts: [String] = []
+        /// The next number of this process's notices.
+        func numbered(_ body: ClusterNotice.Body) -> String {
+            ClusterNotice(
+                origin: node,
+                sequence: noticesSent.withLock {
+                    $0 += 1
+                    return $0
+                }, body
+            ).encode()
+        }
         for event in events {
-            let text = ClusterNotice(origin: node, .event(event)).encode()
+            let text = numbered(.event(event))
             guard text.utf8.count > longestNotice else {
                 texts.append(text)
                 continue
@@ -355,15 +377,16 @@ public actor PostgresDirectoryStore: RendezvousStore {
                     RETURNING id
                     """, logger: logger)
                 for try await id in rows.decode(Int64.self) {
-                    texts.append(ClusterNotice(origin: node, .signalRow(UInt64(id), node: s.node)).encode())
+                    texts.append(numbered(.signalRow(UInt64(id), node: s.node)))
                 }
-            case .posted(let post): texts.append(ClusterNotice(origin: node, .postRow(post.id)).encode())
+            case .posted(let post): texts.append(numbered(.postRow(post.id)))
             case .dropped(let ids):
                 // Never this long in practice; split so that each fits.
                 for part in stride(from: 0, to: ids.count, by: 200).map({ Array(ids[$0..<min($0 + 200, ids.count)]) }) {
-                    texts.append(ClusterNotice(origin: node, .event(.dropped(part))).encode())
+                    texts.append(numbered(.event(.dropped(part))))
                 }
-            case .online, .offline, .nodeGone: texts.append(text)  // a key and a number: always short
+            // A key and a number, or a relay's figures: always short.
+            case .online, .offline, .nodeGone, .relayLoad, .relayGone: texts.append(text)
             }
         }
         let rows = try await c.query(

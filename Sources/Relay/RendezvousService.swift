@@ -235,8 +235,7 @@ final class Hub {
         switch update {
         case .event(let event): host.handle(.cluster(event, unixSeconds: Self.unixSeconds()))
         case .resync(let snapshot, let presence):
-            host.handle(.restore(snapshot, unixSeconds: Self.unixSeconds()))
-            host.handle(.clusterPresence(presence))
+            host.handle(.clusterResync(snapshot, presence: presence, unixSeconds: Self.unixSeconds()))
         }
     }
 

@@ -20,9 +20,12 @@ public enum RendezvousCluster {
     public static func node(ofPost id: UInt64) -> UInt32 { UInt32(truncatingIfNeeded: id >> UInt64(postCounterBits)) }
 }
 
-/// A key registered at a node of the cluster, since when (Unix seconds: when one
-/// key registers at two nodes, the later registration wins; within one second,
-/// the higher node number's).
+/// A key registered at a node of the cluster, since when (Unix seconds).
+///
+/// When one key registers at two nodes, the registration a node hears of after
+/// its own replaces its own (its connection is told so and closed): a client that
+/// moved is where it went. Two registrations made at once, each before its node
+/// heard of the other, replace each other: both connections are closed.
 public struct ClusterPresence: Equatable, Sendable {
     public var node: UInt32
     public var unixSeconds: UInt64
@@ -30,11 +33,6 @@ public struct ClusterPresence: Equatable, Sendable {
     public init(node: UInt32, unixSeconds: UInt64) {
         self.node = node
         self.unixSeconds = unixSeconds
-    }
-
-    /// Whether this registration is the later one (it replaces `other`).
-    public func isNewer(than other: ClusterPresence) -> Bool {
-        (unixSeconds, node) > (other.unixSeconds, other.node)
     }
 }
 
@@ -68,6 +66,10 @@ public enum RendezvousClusterEvent: Equatable, Sendable {
     case dropped([UInt64])
     /// A node stopped, or went silent: none of its keys are registered any more.
     case nodeGone(UInt32)
+    /// A relay reported its load there; placed on here as well.
+    case relayLoad(PublicKey, RelayLoad)
+    /// A relay that reported there is gone.
+    case relayGone(PublicKey)
 }
 
 /// One ``RendezvousClusterEvent`` as a node sends it to the others: a JSON object
@@ -83,16 +85,21 @@ public struct ClusterNotice: Equatable, Sendable {
     }
 
     public var origin: UInt32
+    /// The notice's number at its node: two alike in one transaction stay two
+    /// (PostgreSQL delivers identical notifications of a transaction once).
+    public var sequence: UInt64
     public var body: Body
 
-    public init(origin: UInt32, _ body: Body) {
+    public init(origin: UInt32, sequence: UInt64 = 0, _ body: Body) {
         self.origin = origin
+        self.sequence = sequence
         self.body = body
     }
 
     private struct Wire: Codable {
         var v = 1
         var origin: UInt32
+        var n: UInt64?
         var type: String
         var key: String?
         var node: UInt32?
@@ -102,10 +109,11 @@ public struct ClusterNotice: Equatable, Sendable {
         var sealed: String?
         var ids: [UInt64]?
         var id: UInt64?
+        var load: RelayLoad?
     }
 
     public func encode() -> String {
-        var w = Wire(origin: origin, type: "")
+        var w = Wire(origin: origin, n: sequence, type: "")
         switch body {
         case .event(.online(let key, let presence)):
             (w.type, w.key, w.node, w.at) = ("online", key.base64, presence.node, presence.unixSeconds)
@@ -118,6 +126,8 @@ public struct ClusterNotice: Equatable, Sendable {
             )
         case .event(.dropped(let ids)): (w.type, w.ids) = ("dropped", ids)
         case .event(.nodeGone(let node)): (w.type, w.node) = ("node-gone", node)
+        case .event(.relayLoad(let key, let load)): (w.type, w.key, w.load) = ("relay-load", key.base64, load)
+        case .event(.relayGone(let key)): (w.type, w.key) = ("relay-gone", key.base64)
         case .signalRow(let id, let node): (w.type, w.id, w.node) = ("signal-row", id, node)
         case .postRow(let id): (w.type, w.id) = ("post-row", id)
         }
@@ -149,6 +159,7 @@ public struct ClusterNotice: Equatable, Sendable {
             return Array(d)
         }
         origin = w.origin
+        sequence = w.n ?? 0
         switch w.type {
         case "online":
             body = .event(
@@ -170,6 +181,8 @@ public struct ClusterNotice: Equatable, Sendable {
                         sealed: try bytes(w.sealed, "sealed"), unixSeconds: try need(w.at, "at"))))
         case "dropped": body = .event(.dropped(try need(w.ids, "ids")))
         case "node-gone": body = .event(.nodeGone(try need(w.node, "node")))
+        case "relay-load": body = .event(.relayLoad(try key(w.key, "key"), try need(w.load, "load")))
+        case "relay-gone": body = .event(.relayGone(try key(w.key, "key")))
         case "signal-row": body = .signalRow(try need(w.id, "id"), node: try need(w.node, "node"))
         case "post-row": body = .postRow(try need(w.id, "id"))
         default: throw .malformed("unknown cluster notice type \"\(w.type)\"")

@@ -19,6 +19,10 @@ public enum RendezvousRecord: Equatable, Sendable {
     case offline(PublicKey)
     /// A sealed payload sent from here to a key registered at another node.
     case signal(ClusterSignal)
+    /// A relay reported its load here (the other nodes place peers on it too).
+    case relayLoad(PublicKey, RelayLoad)
+    /// A relay that reported here is gone (its connection closed).
+    case relayGone(PublicKey)
 }
 
 /// A payload posted for a peer (an invitation), numbered by the rendezvous.

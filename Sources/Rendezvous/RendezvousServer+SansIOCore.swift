@@ -18,9 +18,9 @@ extension RendezvousServer: SansIOCore {
         case memoryShort(Bool)
         /// What another directory node said (``RendezvousCluster``), with the Unix time now.
         case cluster(RendezvousClusterEvent, unixSeconds: UInt64)
-        /// Every key registered at the other nodes now (read from the database at
-        /// start and after a gap in what they said): replaces what was known.
-        case clusterPresence([PublicKey: ClusterPresence])
+        /// What the database holds (read at start and after a gap in what the other
+        /// nodes said): the posts, and who is registered at the other nodes.
+        case clusterResync(RendezvousSnapshot, presence: [PublicKey: ClusterPresence], unixSeconds: UInt64)
     }
 
     public typealias Action = RendezvousAction
@@ -40,7 +40,8 @@ extension RendezvousServer: SansIOCore {
             memoryShort = short
             actions = []
         case .cluster(let event, let unixSeconds): actions = cluster(event, now: now, unixSeconds: unixSeconds)
-        case .clusterPresence(let presence): actions = clusterPresence(presence, now: now)
+        case .clusterResync(let snapshot, let presence, let unixSeconds):
+            actions = clusterResync(snapshot, presence: presence, unixSeconds: unixSeconds, now: now)
         }
         emit(actions)
     }

@@ -206,7 +206,7 @@ public struct RendezvousServer: Sendable {
     /// The driver saw the connection close.
     mutating func closed(_ id: ConnectionID, now: Timestamp) {
         guard let c = connections.removeValue(forKey: id) else { return }
-        if let relay = relayConnections.removeValue(forKey: id) { relayRegistry.remove(relay) }
+        if let relay = relayConnections.removeValue(forKey: id) { relayLeft(relay) }
         unregister(c, id, at: now)
         statistics.connections = connections.count
     }
@@ -382,6 +382,7 @@ public struct RendezvousServer: Sendable {
             }
             relayConnections[id] = key
             relayRegistry.report(key, load, now: now)
+            if clustered { records.append(.relayLoad(key, load)) }
             return []
         case .hello, .registered, .lookupResult, .sent, .deliver, .error:
             return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
@@ -408,7 +409,7 @@ public struct RendezvousServer: Sendable {
         if close {
             actions.append(.close(id))
             // Forget it now: nothing more from it is handled, whatever the driver still delivers.
-            if let relay = relayConnections.removeValue(forKey: id) { relayRegistry.remove(relay) }
+            if let relay = relayConnections.removeValue(forKey: id) { relayLeft(relay) }
             if let c = connections.removeValue(forKey: id) { unregister(c, id, at: c.lastHeard) }
             statistics.connections = connections.count
         }
@@ -418,15 +419,26 @@ public struct RendezvousServer: Sendable {
     /// What a store kept, back in the core: posts aged as their Unix times say
     /// (against `unixSeconds`, now), and keys seen, for "offline" answers.
     mutating func restore(_ snapshot: RendezvousSnapshot, unixSeconds: UInt64, now: Timestamp) {
+        _ = merge(snapshot, unixSeconds: unixSeconds, now: now)
+    }
+
+    /// A snapshot's posts and keys seen taken in (posts already held are not taken
+    /// twice); what is new for a key registered here is delivered (returned).
+    private mutating func merge(_ snapshot: RendezvousSnapshot, unixSeconds: UInt64, now: Timestamp) -> [RendezvousAction] {
         /// `lifetime` from Unix time `then`, on this process's clock.
         func end(_ then: UInt64, _ lifetime: Duration) -> Timestamp {
             let age = Duration.seconds(Int64(min(unixSeconds &- min(then, unixSeconds), UInt64(Int64.max / 2))))
             return age >= lifetime ? now : now + (lifetime - age)
         }
+        var actions: [RendezvousAction] = []
         for post in snapshot.posts where postRecipients[post.id] == nil {
             keep(post, expires: end(post.unixSeconds, configuration.mailboxLifetime))
             // Posts this node numbered before (a node alone keeps its number, 0).
             if RendezvousCluster.node(ofPost: post.id) == configuration.node { nextPostID = max(nextPostID, post.id + 1) }
+            if let target = registry[post.to] {
+                statistics.delivered += 1
+                actions.append(.send(target, RendezvousFrame.frame(.deliver(from: post.from, sealed: post.sealed))))
+            }
         }
         // The most recent first, as many as are remembered.
         for (key, then) in snapshot.seen.sorted(by: { $0.value > $1.value }) where registry[key] == nil {
@@ -435,11 +447,45 @@ public struct RendezvousServer: Sendable {
             if seen[key].map({ $0 < forget }) ?? true { seen[key] = forget }
         }
         statistics.posted = mailboxCount
+        return actions
     }
 
-    /// A post kept in its recipient's box, in the order it came.
+    /// What the database holds after a gap in what the other nodes said: posts the
+    /// others made are taken (and delivered here) or let go as the rows say (this
+    /// node's own may still be on their way to the database: they stay), and who is
+    /// registered at the other nodes replaces what was known.
+    mutating func clusterResync(
+        _ snapshot: RendezvousSnapshot, presence: [PublicKey: ClusterPresence], unixSeconds: UInt64, now: Timestamp
+    ) -> [RendezvousAction] {
+        let rows = Set(snapshot.posts.map(\.id))
+        let gone = postRecipients.keys.filter {
+            !rows.contains($0) && RendezvousCluster.node(ofPost: $0) != configuration.node
+        }
+        if !gone.isEmpty { _ = cluster(.dropped(gone), now: now, unixSeconds: unixSeconds) }
+        var actions = merge(snapshot, unixSeconds: unixSeconds, now: now)
+        let before = elsewhere
+        for key in before.keys where presence[key] == nil {
+            elsewhere[key] = nil
+            if registry[key] == nil { remember(key, now) }
+        }
+        for (key, there) in presence { actions += cluster(.online(key, there), now: now, unixSeconds: unixSeconds) }
+        statistics.elsewhere = elsewhere.count
+        return actions
+    }
+
+    /// A relay that reported here left: down now, here and (clustered) at the other nodes.
+    private mutating func relayLeft(_ key: PublicKey) {
+        relayRegistry.remove(key)
+        if clustered { records.append(.relayGone(key)) }
+    }
+
+    /// A post kept in its recipient's box, which stays in the order posts expire
+    /// (the order they were made: the oldest first, to expire and to be pushed out).
     private mutating func keep(_ post: RendezvousPost, expires: Timestamp) {
-        mailbox[post.to, default: []].append(Posted(id: post.id, from: post.from, sealed: post.sealed, expires: expires))
+        var box = mailbox[post.to] ?? []
+        let at = box.lastIndex { $0.expires <= expires }.map { $0 + 1 } ?? 0
+        box.insert(Posted(id: post.id, from: post.from, sealed: post.sealed, expires: expires), at: at)
+        mailbox[post.to] = box
         postRecipients[post.id] = post.to
     }
 
@@ -449,13 +495,13 @@ public struct RendezvousServer: Sendable {
         switch event {
         case .online(let key, let there):
             guard there.node != configuration.node else { return [] }
+            let known = elsewhere[key]
             elsewhere[key] = there
-            if let id = registry[key], let mine = connections[id]?.registered {
-                let here = ClusterPresence(node: configuration.node, unixSeconds: mine.unix)
-                if there.isNewer(than: here) {
-                    actions += refuse(
-                        id, .replaced, "\(key) registered again at another directory node", requestID: nil, close: true)
-                }
+            // A registration there not heard of before is the later one (what this
+            // node heard of when its own was made, its own replaced there).
+            if known != there, let id = registry[key] {
+                actions += refuse(
+                    id, .replaced, "\(key) registered again at another directory node", requestID: nil, close: true)
             }
         case .offline(let key, let node):
             guard elsewhere[key]?.node == node else { return [] }
@@ -483,6 +529,13 @@ public struct RendezvousServer: Sendable {
                 statistics.delivered += 1
                 actions.append(.send(target, RendezvousFrame.frame(.deliver(from: post.from, sealed: post.sealed))))
             }
+        case .relayLoad(let key, let load):
+            // Unless it reports here too: then this node's own connection says when it is gone.
+            guard !relayConnections.values.contains(key) else { return [] }
+            relayRegistry.report(key, load, now: now)
+        case .relayGone(let key):
+            guard !relayConnections.values.contains(key) else { return [] }
+            relayRegistry.remove(key)
         case .dropped(let ids):
             for id in ids {
                 guard let key = postRecipients.removeValue(forKey: id) else { continue }
@@ -490,19 +543,6 @@ public struct RendezvousServer: Sendable {
                 if mailbox[key]?.isEmpty == true { mailbox[key] = nil }
             }
             statistics.posted = mailboxCount
-        }
-        statistics.elsewhere = elsewhere.count
-        return actions
-    }
-
-    /// Every key registered at the other nodes now, replacing what was known.
-    mutating func clusterPresence(_ presence: [PublicKey: ClusterPresence], now: Timestamp) -> [RendezvousAction] {
-        let before = elsewhere
-        elsewhere = [:]
-        for key in before.keys where presence[key] == nil && registry[key] == nil { remember(key, now) }
-        var actions: [RendezvousAction] = []
-        for (key, there) in presence {
-            actions += cluster(.online(key, there), now: now, unixSeconds: there.unixSeconds)
         }
         statistics.elsewhere = elsewhere.count
         return actions

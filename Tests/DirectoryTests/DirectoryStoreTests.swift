@@ -168,6 +168,9 @@ struct DirectoryStoreTests {
         let heard = Heard()
         let following = Task { await b.follow { heard.add($0) } }
         defer { following.cancel() }
+        // A beats too (a node that does not is gone within seconds).
+        let followingA = Task { await a.follow { _ in } }
+        defer { followingA.cancel() }
         #expect(await heard.wait { $0.contains { if case .resync = $0 { true } else { false } } })
 
         let carol = PrivateKey.generate().publicKey
@@ -212,6 +215,9 @@ struct DirectoryStoreTests {
         await followingC.value
 
         // A closes: B hears it gone.
+        followingA.cancel()
+        await followingA.value
+        #expect(!heard.events.contains(.nodeGone(nodeA)))
         await a.close()
         #expect(await heard.wait { $0.events.contains(.nodeGone(nodeA)) })
         following.cancel()

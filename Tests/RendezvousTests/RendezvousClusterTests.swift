@@ -56,6 +56,8 @@ private struct Cluster {
         case .signal(let signal): .signal(signal)
         case .posted(let post): .posted(post)
         case .dropped(let ids): .dropped(ids)
+        case .relayLoad(let key, let load): .relayLoad(key, load)
+        case .relayGone(let key): .relayGone(key)
         case .seen: nil
         }
     }
@@ -170,6 +172,69 @@ struct RendezvousClusterTests {
         #expect(cluster[earlier].server.isOnline(alice.publicKey))
     }
 
+    /// Two registrations of one key made at once, each before its node heard of
+    /// the other, replace each other; an announcement heard again (a node that
+    /// says who is registered at it once more) replaces nothing.
+    @Test func registrationsAtOnceReplaceEachOtherAndARepeatReplacesNothing() throws {
+        var cluster = Cluster(nodes: 2)
+        var first = RendezvousClient(identity: alice)
+        var second = RendezvousClient(identity: alice)
+        _ = try cluster[1].connect(a, &first)
+        _ = try cluster[2].connect(a, &second)
+        cluster.settle()
+        #expect(cluster[1].closed == [a] && cluster[2].closed == [a])
+
+        var ca = RendezvousClient(identity: alice)
+        _ = try cluster[1].connect(b, &ca)
+        cluster.settle()
+        let unix = cluster[1].unix
+        cluster[2].feed(.cluster(.online(alice.publicKey, ClusterPresence(node: 1, unixSeconds: unix)), unixSeconds: unix))
+        var again = RendezvousClient(identity: alice)
+        // Alice moves to node 2, which had heard of her at node 1: node 1's connection goes.
+        _ = try cluster[2].connect(c, &again)
+        cluster[2].feed(.cluster(.online(alice.publicKey, ClusterPresence(node: 1, unixSeconds: unix)), unixSeconds: unix))
+        #expect(!cluster[2].closed.contains(c), "node 1's registration, heard again, is not a new one")
+        cluster.settle()
+        #expect(cluster[1].closed.contains(b) && !cluster[2].closed.contains(c))
+    }
+
+    /// After a gap in what the others said, the rows decide: a post made elsewhere
+    /// in the gap is taken (and delivered to its recipient here), one dropped
+    /// elsewhere in the gap is let go; this node's own posts stay.
+    @Test func aResyncTakesAndDropsWhatTheGapHid() throws {
+        var cluster = Cluster(nodes: 2)
+        var cb = RendezvousClient(identity: bob)
+        var ca = RendezvousClient(identity: alice)
+        _ = try cluster[1].connect(b, &cb)
+        _ = try cluster[2].connect(a, &ca)
+        cluster.settle()
+        // Node 2's posts for Carol reach node 1; node 1 posts one of its own.
+        for n: UInt8 in 1...2 {
+            let (_, frame) = try ca.post([n], to: carol.publicKey)
+            _ = try cluster[2].request(a, frame, &ca)
+        }
+        cluster.settle()
+        let (_, own) = try cb.post([3], to: carol.publicKey)
+        _ = try cluster[1].request(b, own, &cb)
+        let posts = cluster.nodes.flatMap { $0.records }.compactMap { if case .posted(let p) = $0 { p } else { nil } }
+        #expect(cluster[1].server.statistics.posted == 3)
+        // In the gap node 2 dropped its first and posted one for Bob; the rows say so.
+        let forBob = RendezvousPost(
+            id: RendezvousCluster.firstPostID(node: 2) + 10, to: bob.publicKey, from: alice.publicKey,
+            sealed: try Sealing.seal([4], from: alice, to: bob.publicKey), unixSeconds: cluster[1].unix)
+        let second = try #require(posts.first { $0.id == RendezvousCluster.firstPostID(node: 2) + 1 })
+        let rows = RendezvousSnapshot(posts: [second, forBob])
+        cluster[1].feed(
+            .clusterResync(
+                rows, presence: [alice.publicKey: ClusterPresence(node: 2, unixSeconds: cluster[1].unix)],
+                unixSeconds: cluster[1].unix))
+        #expect(cluster[1].server.statistics.posted == 3, "node 2's second, node 1's own, and Bob's")
+        #expect(try cluster[1].pump(b, &cb) == [.received(from: alice.publicKey, payload: [4])])
+        var cc = RendezvousClient(identity: carol)
+        let heard = try cluster[1].connect(c, &cc).compactMap { if case .received(_, let p) = $0 { p } else { nil } }
+        #expect(heard == [[2], [3]])
+    }
+
     /// A node gone (stopped, or silent: its database says so) takes its keys with
     /// it: offline at the others. The presence read after a gap replaces what was known.
     @Test func aNodeGoneTakesItsKeysOfflineAndPresenceIsReadAfresh() throws {
@@ -188,13 +253,15 @@ struct RendezvousClusterTests {
         // Read afresh: Carol at node 3 and Bob back at node 2.
         let unix = cluster[1].unix
         cluster[1].feed(
-            .clusterPresence([
-                bob.publicKey: ClusterPresence(node: 2, unixSeconds: unix),
-                carol.publicKey: ClusterPresence(node: 3, unixSeconds: unix),
-            ]))
+            .clusterResync(
+                RendezvousSnapshot(),
+                presence: [
+                    bob.publicKey: ClusterPresence(node: 2, unixSeconds: unix),
+                    carol.publicKey: ClusterPresence(node: 3, unixSeconds: unix),
+                ], unixSeconds: unix))
         #expect(cluster[1].server.isOnline(bob.publicKey) && cluster[1].server.isOnline(carol.publicKey))
         #expect(cluster[1].server.statistics.elsewhere == 2)
-        cluster[1].feed(.clusterPresence([:]))
+        cluster[1].feed(.clusterResync(RendezvousSnapshot(), presence: [:], unixSeconds: unix))
         #expect(!cluster[1].server.isOnline(carol.publicKey) && cluster[1].server.statistics.elsewhere == 0)
         // A signal for another node, or for a key not here, is dropped.
         cluster[1].feed(
@@ -209,6 +276,39 @@ struct RendezvousClusterTests {
         #expect(cluster[1].server.statistics.signalsIn == 0)
     }
 
+    /// A relay reporting to node 1 is where node 2 sends its peers too, until it
+    /// leaves node 1 (or, with node 1 gone, until its last report is 6 s old).
+    @Test func relaysReportingToOneNodeAreUsedByAll() throws {
+        var cluster = Cluster(nodes: 2) { $0.relaySecret = "s3cret" }
+        let relayKey = PrivateKey.generate()
+        var relay = RendezvousClient(identity: relayKey)
+        let r = ConnectionID(30)
+        _ = try cluster[1].connect(r, &relay)
+        let grant = PartyGrant(address: "127.0.0.9:3481", key: relayKey.publicKey.base64)
+        relay.report(RelayLoad(party: grant, capacityBitsPerSecond: 100_000_000), secret: "s3cret")
+        _ = try cluster[1].pump(r, &relay)
+        cluster.settle()
+        #expect(cluster[2].server.relayRegistry.live(now: cluster[2].now).map(\.key) == [relayKey.publicKey])
+        var cb = RendezvousClient(identity: bob)
+        guard case .registered(_, let party)? = try cluster[2].connect(b, &cb).first else {
+            Issue.record("bob was not registered")
+            return
+        }
+        #expect(party == grant)
+        // The relay's connection to node 1 closes: node 2 stops placing on it at once.
+        cluster[1].feed(.closed(r))
+        cluster.settle()
+        #expect(cluster[2].server.relayRegistry.live(now: cluster[2].now).isEmpty)
+        // Reported again, then node 1 dies silently: node 2 lets it go 6 s after its last report.
+        _ = try cluster[1].connect(ConnectionID(31), &relay)
+        relay.report(RelayLoad(party: grant, capacityBitsPerSecond: 100_000_000), secret: "s3cret")
+        _ = try cluster[1].pump(ConnectionID(31), &relay)
+        cluster.settle()
+        #expect(cluster[2].server.relayRegistry.live(now: cluster[2].now).count == 1)
+        cluster[2].now = cluster[2].now + .seconds(6)
+        #expect(cluster[2].server.relayRegistry.live(now: cluster[2].now).isEmpty)
+    }
+
     /// Every notice a node sends reads back the same; what is not one is a typed error.
     @Test func clusterNoticesRoundTripAndBadOnesAreTypedErrors() throws {
         let key = alice.publicKey
@@ -217,6 +317,13 @@ struct RendezvousClusterTests {
             .event(.online(key, ClusterPresence(node: 3, unixSeconds: 1_800_000_000))), .event(.offline(key, node: 3)),
             .event(.signal(ClusterSignal(to: key, node: 2, from: bob.publicKey, sealed: [9, 8]))), .event(.posted(post)),
             .event(.dropped([1, 2, 1 << 41])), .event(.nodeGone(4)), .signalRow(12, node: 2), .postRow(1 << 40 | 7),
+            .event(
+                .relayLoad(
+                    bob.publicKey,
+                    RelayLoad(
+                        party: PartyGrant(address: "127.0.0.9:3481", key: key.base64), turnURIs: ["turn:127.0.0.9:3478"],
+                        capacityBitsPerSecond: 1_000_000))),
+            .event(.relayGone(bob.publicKey)),
         ]
         for body in bodies {
             let notice = ClusterNotice(origin: 5, body)
