@@ -16,10 +16,12 @@ import TusaBase
 /// `tusa relay --directory HOST:PORT --directory-secret S`: the relay registers
 /// with a directory under its identity and reports its load every 2 s, so that the
 /// directory sends peers and rooms to it by load; a lost connection is made again
-/// every 2 s. On shutdown it reports itself draining (no new work) before it goes.
+/// every 2 s, at the next of the directory's nodes first (when it has several).
+/// On shutdown it reports itself draining (no new work) before it goes.
 /// A swift-service-lifecycle `Service`.
 public final class DirectoryReporter: Service, Sendable {
-    public let directory: TransportAddress
+    /// The directory's nodes (one for a directory alone).
+    public let directories: [TransportAddress]
     public let interval: Duration
     private let secret: String
     private let identity: PrivateKey
@@ -29,10 +31,10 @@ public final class DirectoryReporter: Service, Sendable {
 
     /// `load` is asked for the relay's figures over the last `seconds`.
     public init(
-        directory: TransportAddress, secret: String, identity: PrivateKey, interval: Duration = .seconds(2),
+        directories: [TransportAddress], secret: String, identity: PrivateKey, interval: Duration = .seconds(2),
         logger: Logger, load: @escaping @Sendable (_ seconds: Double) async -> RelayLoad
     ) {
-        self.directory = directory
+        self.directories = directories
         self.secret = secret
         self.identity = identity
         self.interval = interval
@@ -45,22 +47,29 @@ public final class DirectoryReporter: Service, Sendable {
 
     public func run() async throws {
         let seconds = Double(interval.components.seconds) + Double(interval.components.attoseconds) / 1e18
-        var connected = false
         var saidDown = false
+        var last: RendezvousConnection?
+        let named = directories.map(\.description).joined(separator: ",")
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             let connection: RendezvousConnection
             do {
-                connection = try await RendezvousConnection.connect(to: directory, identity: identity, timeout: .seconds(5))
+                connection =
+                    if let last {
+                        try await last.connectAgain(identity: identity, timeout: .seconds(5))
+                    } else {
+                        try await RendezvousConnection.connect(toAnyOf: directories, identity: identity, timeout: .seconds(5))
+                    }
+                last = connection
             } catch {
                 if !saidDown {
-                    logger.warning("directory \(directory) unreachable, trying every \(interval): \(error)")
+                    logger.warning("directory \(named) unreachable, trying every \(interval): \(error)")
                     saidDown = true
                 }
                 try? await Task.sleep(for: interval)
                 continue
             }
-            if !connected || saidDown { logger.info("reporting load to the directory", metadata: ["directory": "\(directory)"]) }
-            connected = true
+            // Each connection says where it reports (after a loss, maybe another node).
+            logger.info("reporting load to the directory", metadata: ["directory": "\(connection.server)"])
             saidDown = false
             while !Task.isCancelled && !Task.isShuttingDownGracefully && !connection.isClosed {
                 do {
@@ -79,7 +88,7 @@ public final class DirectoryReporter: Service, Sendable {
                 return
             }
             await connection.close()
-            logger.warning("lost the directory \(directory); connecting again")
+            logger.warning("lost the directory \(connection.server); connecting again")
         }
     }
 

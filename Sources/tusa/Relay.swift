@@ -286,7 +286,7 @@ struct Relay: AsyncParsableCommand {
     @Option(
         name: .customLong("directory"),
         help: ArgumentHelp(
-            "Report this relay's load to a directory every 2 s (tusa directory --relay-secret), which then sends peers and parties here by load.",
+            "Report this relay's load to a directory every 2 s (tusa directory --relay-secret), which then sends peers and parties here by load. Several, comma-separated: nodes of one directory, the next tried when one dies.",
             valueName: "host:port"))
     var directory: String?
 
@@ -443,13 +443,17 @@ struct Relay: AsyncParsableCommand {
         var reporter: DirectoryReporter?
         if let directory {
             guard let secret = directorySecret, !secret.isEmpty else { throw failure("--directory needs --directory-secret") }
-            guard let target = TransportAddress(directory, defaultPort: 3480) else {
-                throw failure("--directory must be IP:PORT, not '\(directory)'")
+            var targets: [TransportAddress] = []
+            for part in directory.split(separator: ",", omittingEmptySubsequences: false) {
+                guard let target = TransportAddress(String(part), defaultPort: 3480) else {
+                    throw failure("--directory must be IP:PORT (or several, comma-separated), not '\(part)'")
+                }
+                if !targets.contains(target) { targets.append(target) }
             }
             guard (1...100_000_000).contains(capacityMbps) else { throw failure("--capacity-mbps must be 1-100000000") }
             let key = party?.identity.privateKey ?? PrivateKey.generate()
             reporter = DirectoryReporter(
-                directory: target, secret: secret, identity: key, logger: logger,
+                directories: targets, secret: secret, identity: key, logger: logger,
                 load: Self.loadReporter(service: service, party: party, capacityMbps: capacityMbps))
         } else if directorySecret != nil {
             throw failure("--directory-secret needs --directory")

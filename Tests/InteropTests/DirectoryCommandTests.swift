@@ -20,7 +20,9 @@ struct DirectoryCommandTests {
     /// Starts `tusa directory` (or `tusa relay` with its rendezvous) on a free loopback
     /// port with this database (`sqlite:PATH` or a PostgreSQL URL); returns it with
     /// the rendezvous's address.
-    private static func start(_ command: String, _ database: String) async throws -> (Harness.Background, TransportAddress) {
+    private static func start(_ command: String, _ database: String, _ extra: [String] = []) async throws -> (
+        Harness.Background, TransportAddress
+    ) {
         let tusa = try #require(Harness.tusa)
         let (arguments, prefix) =
             command == "relay"
@@ -30,7 +32,7 @@ struct DirectoryCommandTests {
                     database,
                 ], "rendezvous tcp "
             ) : (["directory", "--listen", "127.0.0.1:0", "--database", database], "directory tcp ")
-        let process = try Harness.Background(tusa, arguments)
+        let process = try Harness.Background(tusa, arguments + extra)
         guard let line = await process.waitForMatch(prefix + #"127\.0\.0\.1:[0-9]+"#),
             let address = TransportAddress(String(line.dropFirst(prefix.count)))
         else {
@@ -157,10 +159,25 @@ struct DirectoryCommandTests {
     func twoNodesOnOnePostgresServeAsOne() async throws {
         let postgres = try PostgresServer()
         defer { postgres.remove() }
-        let (first, one) = try await Self.start("directory", postgres.url)
+        let (first, one) = try await Self.start("directory", postgres.url, ["--relay-secret", "s3cret"])
         defer { first.kill() }
-        let (second, two) = try await Self.start("directory", postgres.url)
+        let (second, two) = try await Self.start("directory", postgres.url, ["--relay-secret", "s3cret"])
         defer { second.kill() }
+        // A relay reporting to the nodes (to node one, the first that answers).
+        let tusa = try #require(Harness.tusa)
+        let relay = try Harness.Background(
+            tusa,
+            [
+                "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--party-port", "0", "--directory", "\(one),\(two)",
+                "--directory-secret", "s3cret",
+            ])
+        defer { relay.kill() }
+        let partyLine = try #require(await relay.waitForMatch(#"party udp 127\.0\.0\.1:[0-9]+"#), "\(relay.stderr)")
+        let partyAddress = String(partyLine.dropFirst("party udp ".count))
+        #expect(
+            await relay.waitFor(timeout: 10) { _, err in err.contains("reporting load to the directory") && err.contains("\(one)")
+            },
+            "\(relay.stderr)")
         for node in [first, second] { #expect(node.stdout.contains("(schema 2, node "), "\(node.stdout)") }
         let alice = PrivateKey.generate()
         let bob = PrivateKey.generate()
@@ -187,8 +204,15 @@ struct DirectoryCommandTests {
         let delivered = await Self.next(c.incoming, within: .seconds(5))
         #expect(delivered?.from == alice.publicKey && delivered?.payload == invitation)
 
+        // Node two sends its peers to the relay that reports to node one.
+        #expect(
+            await eventually(within: .seconds(5)) {
+                let peer = try? await RendezvousConnection.connect(to: two, identity: .generate(), timeout: .seconds(5))
+                await peer?.close()
+                return peer?.party?.address == partyAddress
+            })
+
         // `tusa party watch` given both nodes registers at the first.
-        let tusa = try #require(Harness.tusa)
         let identityFile = try Self.keyFile()
         defer { try? FileManager.default.removeItem(atPath: identityFile) }
         let watcher = try Harness.Background(
@@ -214,6 +238,12 @@ struct DirectoryCommandTests {
         try await b.send([7], to: alice.publicKey)
         #expect(await Self.next(moved.incoming, within: .seconds(5))?.payload == [7])
         #expect(await watcher.waitFor(timeout: 10) { _, err in err.contains("watching at \(two)") }, "\(watcher.stderr)")
+        // The relay reports to node two now, which places on it.
+        #expect(
+            await relay.waitFor(timeout: 10) { _, err in err.contains("directory=\(two)") }, "\(relay.stderr.suffix(600))")
+        let placed = try await RendezvousConnection.connect(to: two, identity: .generate(), timeout: .seconds(5))
+        #expect(placed.party?.address == partyAddress)
+        await placed.close()
         let rust = PartyInvitation(room: "R2", name: "Rust", relay: "127.0.0.1:3481", relayKey: bob.publicKey.base64)
         try await b.post(rust.encoded(), to: dave)
         #expect(await watcher.waitForMatch("created party Rust") != nil, "\(watcher.stdout) \(watcher.stderr)")
