@@ -15,12 +15,16 @@ import TusaBase
 // by side in one run. Users post at a steady pace, interleaved (the shape of
 // many people each inviting a few friends), to recipients that are offline
 // (stored for their next login) and online (delivered at once as well).
+// Then, on PostgreSQL, an invitation to an online friend at the same directory
+// node against one at another node (two nodes on one database): how long until
+// the friend has it.
 //
-//   directory-bench [--clients N] [--rate POSTS_PER_S] [--seconds S] [--no-postgres]
+//   directory-bench [--clients N] [--rate POSTS_PER_S] [--friend-rate POSTS_PER_S] [--seconds S] [--no-postgres]
 
 struct Options {
     var clients = 200
     var rates = [2000, 5000]
+    var friendRates = [200, 2000]
     var seconds = 5.0
     var postgres = true
 
@@ -35,14 +39,16 @@ struct Options {
             switch arguments[i] {
             case "--clients": clients = Int(try value()) ?? 0
             case "--rate": rates = try value().split(separator: ",").compactMap { Int($0) }
+            case "--friend-rate": friendRates = try value().split(separator: ",").compactMap { Int($0) }
             case "--seconds": seconds = Double(try value()) ?? 0
             case "--no-postgres": postgres = false
             default: throw BenchError("unknown argument \(arguments[i])")
             }
             i += 1
         }
-        guard clients > 0, !rates.isEmpty, rates.allSatisfy({ $0 > 0 }), seconds > 0 else {
-            throw BenchError("--clients, --rate and --seconds must be positive")
+        guard clients > 1, !rates.isEmpty, rates.allSatisfy({ $0 > 0 }), friendRates.allSatisfy({ $0 > 0 }), seconds > 0
+        else {
+            throw BenchError("--clients (2 or more), --rate, --friend-rate and --seconds must be positive")
         }
     }
 }
@@ -143,6 +149,112 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
     return result
 }
 
+/// Invitations to online friends: `clients` users spread over one rendezvous per
+/// store (nodes on one database when there are two), each posting to the next
+/// user (at the other node when there are two) every clients/rate seconds. Each
+/// invitation carries when it was posted; the friend's connection says when it
+/// arrived.
+func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds: Double) async throws -> (
+    Result, delivered: [Double]
+) {
+    var logger = Logger(label: "directory-bench")
+    logger.logLevel = .error
+    var configuration = RendezvousServerConfiguration()
+    let perClient = Double(rate) / Double(clients)
+    configuration.requestsPerSecond = max(configuration.requestsPerSecond, perClient * 2)
+    configuration.mailboxTotal = max(configuration.mailboxTotal, Int(Double(rate) * seconds) * 2)
+    let services = stores.map {
+        RendezvousService(
+            address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, store: $0, logger: logger)
+    }
+    let group = ServiceGroup(configuration: .init(services: services, logger: logger))
+    let running = Task { try await group.run() }
+    defer { running.cancel() }
+    var servers: [TransportAddress] = []
+    for service in services { servers.append(try await service.boundAddress()) }
+    let users = try await withThrowingTaskGroup(of: (Int, RendezvousConnection).self) { group in
+        for k in 0..<clients {
+            let server = servers[k % servers.count]
+            group.addTask {
+                (k, try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30)))
+            }
+        }
+        var made: [(Int, RendezvousConnection)] = []
+        for try await c in group { made.append(c) }
+        return made.sorted { $0.0 < $1.0 }.map(\.1)
+    }
+    // Every friend is online everywhere before the first post (the nodes have told each other).
+    for (k, user) in users.enumerated() {
+        let friend = users[(k + 1) % users.count].identity
+        var tries = 0
+        while !((try? await user.lookup(friend)) ?? false) {
+            tries += 1
+            guard tries < 50 else { throw BenchError("a friend is not online at the other node after 5 s") }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+    }
+    let start = ContinuousClock.now
+    func sinceStart() -> Double {
+        let d = ContinuousClock.now - start
+        return Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15
+    }
+    let listeners = users.map { user in
+        Task {
+            var delays: [Double] = []
+            for await (_, payload) in user.incoming where payload.count >= 8 {
+                let sent = payload.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+                delays.append(sinceStart() - Double(sent) / 1e6)
+            }
+            return delays
+        }
+    }
+    let period = 1 / perClient
+    var result = try await withThrowingTaskGroup(of: Result.self) { group in
+        for (k, user) in users.enumerated() {
+            let friend = users[(k + 1) % users.count].identity
+            group.addTask {
+                var r = Result()
+                var next = start + .seconds(period * Double(k) / Double(clients))
+                while next < start + .seconds(seconds) {
+                    try await Task.sleep(until: next, clock: .continuous)
+                    // When it was posted, in nanoseconds from the start, then a sealed invitation's size.
+                    let at = UInt64(max(0, sinceStart() * 1e6))
+                    let invitation =
+                        (0..<8).map { UInt8(truncatingIfNeeded: at >> (56 - 8 * $0)) } + [UInt8](repeating: 0xA5, count: 152)
+                    let sent = ContinuousClock.now
+                    do {
+                        try await user.post(invitation, to: friend)
+                        r.acknowledged += 1
+                        let d = ContinuousClock.now - sent
+                        r.latenciesMs.append(Double(d.components.attoseconds) / 1e15 + Double(d.components.seconds) * 1000)
+                    } catch {
+                        r.refused += 1
+                    }
+                    next += .seconds(period)
+                }
+                return r
+            }
+        }
+        var total = Result()
+        for try await r in group {
+            total.acknowledged += r.acknowledged
+            total.refused += r.refused
+            total.latenciesMs += r.latenciesMs
+        }
+        return total
+    }
+    let elapsed = ContinuousClock.now - start
+    result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    // What is still on its way arrives within a second.
+    try await Task.sleep(for: .seconds(1))
+    for user in users { await user.close() }
+    var delivered: [Double] = []
+    for l in listeners { delivered += await l.value }
+    await group.triggerGracefulShutdown()
+    _ = try? await running.value
+    return (result, delivered)
+}
+
 let options: Options
 do { options = try Options(Array(CommandLine.arguments.dropFirst())) } catch {
     FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
@@ -188,6 +300,35 @@ for rate in options.rates {
         } catch {
             print("| \(name) | \(rate) | failed: \(error) | | | |")
             failed = true
+        }
+    }
+}
+if let postgresURL {
+    print()
+    print(
+        "## Directory nodes: an invitation to an online friend, at the same node and at another node on one PostgreSQL (directory-bench, \(options.clients) users, \(Int(options.seconds)) s per run)"
+    )
+    print()
+    print("| nodes | friend at | offered (posts/s) | posted / delivered | ack p50 / p95 (ms) | delivered p50 / p95 / max (ms) |")
+    print("|---|---|---|---|---|---|")
+    for rate in options.friendRates {
+        for nodes in [1, 2] {
+            do {
+                var stores: [any RendezvousStore] = []
+                for _ in 0..<nodes { stores.append(try await DirectoryDatabase(postgresURL).open(logger: logger)) }
+                let (r, delivered) = try await runFriends(
+                    stores: stores, clients: options.clients, rate: rate, seconds: options.seconds)
+                print(
+                    String(
+                        format: "| %d | %@ | %d | %d / %d | %.2f / %.2f | %.2f / %.2f / %.2f |", nodes,
+                        nodes == 1 ? "the same node" : "the other node", rate, r.acknowledged, delivered.count,
+                        percentile(r.latenciesMs, 0.5), percentile(r.latenciesMs, 0.95), percentile(delivered, 0.5),
+                        percentile(delivered, 0.95), delivered.max() ?? .nan))
+                if r.refused > 0 || delivered.count < r.acknowledged { failed = true }
+            } catch {
+                print("| \(nodes) | | \(rate) | failed: \(error) | | |")
+                failed = true
+            }
         }
     }
 }
