@@ -19,7 +19,8 @@
 #     Parties: the room core's forwarding and hop sealing per delivered frame
 #     against the bare AEAD seal; join and rekey times on loopback (party-bench).
 #     The directory: invitations acknowledged once stored, in memory, SQLite and
-#     PostgreSQL side by side, at a steady pace from many users (directory-bench).
+#     PostgreSQL side by side, at a steady pace from many users, and an invitation
+#     to an online friend at the same node and at another node (directory-bench).
 #  6. Calls: dial to first audio and stack-added mouth-to-ear delay through real
 #     calls on loopback (call-bench); time to connect and to first audio through
 #     real kernel NAT, direct and relayed (scripts/nat-matrix.sh, as root).
@@ -55,7 +56,7 @@ swift build -c release --product party-bench >out/bench/party-build.log 2>&1 \
   || { cat out/bench/party-build.log; exit 1; }
 "$(swift build -c release --show-bin-path)/party-bench" --seconds 5 --joins 50 2>&1 | tee out/bench/party.md
 echo
-echo "== Directory: invitations acknowledged once stored, memory / SQLite / PostgreSQL (Benchmarks/InProcess/directory-bench)"
+echo "== Directory: invitations acknowledged once stored, memory / SQLite / PostgreSQL; to a friend at another node (Benchmarks/InProcess/directory-bench)"
 swift build -c release --product directory-bench >out/bench/directory-build.log 2>&1 \
   || { cat out/bench/directory-build.log; exit 1; }
 "$(swift build -c release --show-bin-path)/directory-bench" 2>&1 | tee out/bench/directory.md || true
