@@ -90,9 +90,10 @@ extension PostgresDirectoryStore {
     }
 
     /// This node's heartbeat; nodes whose session ended (their lock is free) or
-    /// that fell silent are deleted with their presence and said to be gone (returned). Should the others have taken this node for
-    /// gone, it is numbered as before and its presence written and told again.
-    @discardableResult
+    /// that fell silent are deleted with their presence and said to be gone
+    /// (returned). Should the others have taken this node for gone, it is numbered
+    /// as before and its peers written and told again: those not registered at
+    /// another node since (a row there is a later registration).
     private func beat(on c: PostgresConnection) async throws -> [UInt32] {
         // The first time, every other node's lock is tried: a directory restarted
         // after a kill does not take its former self's peers for online a moment.
@@ -113,6 +114,7 @@ extension PostgresDirectoryStore {
             let node = self.node
             let here = registeredHere
             try await c.withTransaction(logger: logger) { c in
+                var back: [PublicKey] = []
                 try await c.query(
                     """
                     INSERT INTO nodes (id, started_at, heartbeat_at)
@@ -123,15 +125,18 @@ extension PostgresDirectoryStore {
                     let bytes = keys.map { ByteBuffer(bytes: $0.bytes) }
                     let nodes = keys.map { _ in me }
                     let since = keys.map { Int64(clamping: here[$0] ?? 0) }
-                    try await c.query(
+                    for try await inserted in try await c.query(
                         """
                         INSERT INTO presence (key, node, since)
                         SELECT * FROM UNNEST(\(bytes)::BYTEA[], \(nodes)::INTEGER[], \(since)::BIGINT[])
-                        ON CONFLICT (key) DO UPDATE SET node = EXCLUDED.node, since = EXCLUDED.since
-                        """, logger: logger)
+                        ON CONFLICT (key) DO NOTHING RETURNING key
+                        """, logger: logger
+                    ).decode(ByteBuffer.self) {
+                        if let key = Self.key(inserted) { back.append(key) }
+                    }
                 }
                 try await Self.notify(
-                    keys.map { .online($0, ClusterPresence(node: node, unixSeconds: here[$0] ?? 0)) }, from: node, on: c,
+                    back.map { .online($0, ClusterPresence(node: node, unixSeconds: here[$0] ?? 0)) }, from: node, on: c,
                     logger: logger)
             }
         }

@@ -289,7 +289,7 @@ public struct RendezvousServer: Sendable {
             registry[key] = id
             seen[key] = nil
             records.append(.seen(key, unixSeconds: unixSeconds))
-            // The other nodes hear it; one that holds the key too closes its connection (the newer wins).
+            // The other nodes hear it; one that holds the key too closes its connection (a client that moved).
             if clustered { records.append(.online(key, unixSeconds: unixSeconds)) }
             statistics.registered = registry.count
             var grant = configuration.turn?.grant(for: key, unixSeconds: unixSeconds)
