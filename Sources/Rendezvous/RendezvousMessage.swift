@@ -50,7 +50,8 @@ public enum RendezvousErrorCode: String, Codable, Sendable, CaseIterable {
     case offline
     /// No peer with this key has registered lately.
     case unknownPeer = "unknown-peer"
-    /// Too many requests from this connection; it is closed.
+    /// Too many requests from this connection (it is closed), or too many posts
+    /// from its key (the post is refused, the connection stays).
     case rateLimited = "rate-limited"
     /// Registration took too long, or the connection idled out.
     case timeout

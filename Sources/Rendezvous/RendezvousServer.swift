@@ -32,6 +32,11 @@ public struct RendezvousServerConfiguration: Sendable {
     /// Requests a connection may make per second on average, and in a burst.
     public var requestsPerSecond = 20.0
     public var requestBurst = 100.0
+    /// Posts one key may make (whatever its connections): a burst, then this many a
+    /// minute. A flood of invitations to strangers is cut short; the key's other
+    /// requests go on, and a post refused is not kept.
+    public var postBurst = 30.0
+    public var postsPerMinute = 60.0
     /// How long a key that was registered is remembered, so that a lookup or send can
     /// tell "offline" from "unknown"; at most `rememberedKeys` keys are kept.
     public var rememberFor: Duration = .seconds(24 * 3600)
@@ -145,6 +150,8 @@ public struct RendezvousServer: Sendable {
     private var mailboxCount: Int { postRecipients.count }
     /// Keys registered at the other nodes of a cluster, and where.
     private var elsewhere: [PublicKey: ClusterPresence] = [:]
+    /// What is left of each poster's budget (``RendezvousServerConfiguration/postBurst``), and when.
+    private var postBudgets: [PublicKey: (posts: Double, at: Timestamp)] = [:]
     private var clustered: Bool { configuration.node != 0 }
     /// See ``Input/memoryShort(_:)``.
     public internal(set) var memoryShort = false
@@ -233,6 +240,9 @@ public struct RendezvousServer: Sendable {
             }
         }
         seen = seen.filter { now < $0.value }
+        // A budget refilled to the burst is the same as none.
+        let refill = Duration.seconds(configuration.postBurst * 60 / max(configuration.postsPerMinute, 1e-9))
+        postBudgets = postBudgets.filter { now - $0.value.at < refill }
         relayRegistry.expire(now: now)
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
         return actions
@@ -340,6 +350,12 @@ public struct RendezvousServer: Sendable {
             guard !memoryShort else {
                 return refuse(id, .full, "the rendezvous is short of memory", requestID: requestID, close: false)
             }
+            guard spendPost(of: from, now: now) else {
+                return refuse(
+                    id, .rateLimited,
+                    "more than \(Int(configuration.postBurst)) posts at once, then \(Int(configuration.postsPerMinute)) a minute",
+                    requestID: requestID, close: false)
+            }
             expireMailbox(of: to, now: now)
             var box = mailbox[to] ?? []
             // A full box makes room by its oldest: that one counts as gone when the total is checked.
@@ -387,6 +403,22 @@ public struct RendezvousServer: Sendable {
         case .hello, .registered, .lookupResult, .sent, .deliver, .error:
             return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
         }
+    }
+
+    /// Takes one post from `key`'s budget; false when none is left.
+    private mutating func spendPost(of key: PublicKey, now: Timestamp) -> Bool {
+        var budget = postBudgets[key] ?? (configuration.postBurst, now)
+        let elapsed = now - budget.at
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        budget.posts = min(configuration.postBurst, budget.posts + max(0, seconds) * configuration.postsPerMinute / 60)
+        budget.at = now
+        guard budget.posts >= 1 else {
+            postBudgets[key] = budget
+            return false
+        }
+        budget.posts -= 1
+        postBudgets[key] = budget
+        return true
     }
 
     /// Drops what was posted for `key` longer ago than the mailbox keeps it.

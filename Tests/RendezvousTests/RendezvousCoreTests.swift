@@ -124,7 +124,7 @@ extension RendezvousClient {
 
 @Suite("Rendezvous core") struct RendezvousCoreTests {
     let alice = PrivateKey.generate(), bob = PrivateKey.generate()
-    let a = ConnectionID(1), b = ConnectionID(2)
+    let a = ConnectionID(1), b = ConnectionID(2), c = ConnectionID(3)
 
     /// A relayed call refreshes its allocation with the credentials it started
     /// with: by default they outlive a call of many hours and a clock stepped by one.
@@ -272,6 +272,49 @@ extension RendezvousClient {
 
     /// Short of memory, the rendezvous keeps nothing new: a post is refused with a
     /// reason (and kept posts are still delivered); sending to an online peer goes on.
+    /// A key flooding invitations to strangers: its burst is kept, then each post
+    /// is refused (rate-limited, not kept, the connection open for everything
+    /// else) until its budget refills; a new connection under the same key starts
+    /// from the same budget. Other keys post as before.
+    @Test func aFloodOfPostsFromOneKeyIsCutShort() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.postBurst = 5
+        configuration.postsPerMinute = 6
+        var net = Net(configuration)
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        var answers: [RendezvousClient.Event] = []
+        for _ in 0..<8 {
+            let (_, frame) = try ca.post([1], to: PrivateKey.generate().publicKey)
+            answers += try net.request(a, frame, &ca)
+        }
+        let kept = answers.filter { if case .sent = $0 { true } else { false } }.count
+        let refused = answers.filter { if case .refused(.rateLimited, _, _?) = $0 { true } else { false } }.count
+        #expect(kept == 5 && refused == 3, "\(answers)")
+        #expect(net.server.statistics.posted == 5)
+        #expect(!net.closed.contains(a))
+        let (lookup, frame) = ca.lookup(bob.publicKey)
+        #expect(try net.request(a, frame, &ca) == [.lookup(id: lookup, key: bob.publicKey, online: false)])
+        // Alice again on a new connection: still out of posts.
+        net.feed(.closed(a))
+        var again = RendezvousClient(identity: alice)
+        _ = try net.connect(c, &again)
+        let (_, more) = try again.post([2], to: bob.publicKey)
+        #expect(try net.request(c, more, &again).contains { if case .refused(.rateLimited, _, _) = $0 { true } else { false } })
+        // Bob has his own budget; ten seconds later Alice has one post again.
+        var cb = RendezvousClient(identity: bob)
+        _ = try net.connect(b, &cb)
+        let (bobs, post) = try cb.post([3], to: alice.publicKey)
+        #expect(try net.request(b, post, &cb) == [.sent(id: bobs)])
+        net.now = net.now + .seconds(10)
+        let (one, once) = try again.post([4], to: bob.publicKey)
+        // (Bob's invitation to her arrives with the answer.)
+        let answer = try net.request(c, once, &again)
+        #expect(answer == [.received(from: bob.publicKey, payload: [3]), .sent(id: one)], "\(answer)")
+        let (_, twice) = try again.post([5], to: bob.publicKey)
+        #expect(try net.request(c, twice, &again).contains { if case .refused(.rateLimited, _, _) = $0 { true } else { false } })
+    }
+
     @Test func shortOfMemoryRefusesPostsAndSendsStillGo() throws {
         var net = Net(RendezvousServerConfiguration())
         var ca = RendezvousClient(identity: alice)

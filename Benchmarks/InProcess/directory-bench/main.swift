@@ -82,6 +82,9 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
     // The per-connection limit (20/s) stays unless the pace needs more.
     configuration.requestsPerSecond = max(configuration.requestsPerSecond, perClient * 2)
     configuration.mailboxTotal = max(configuration.mailboxTotal, Int(Double(rate) * seconds) * 2)
+    // Each user posts at the bench's pace, past a person's budget.
+    configuration.postsPerMinute = max(configuration.postsPerMinute, perClient * 120)
+    configuration.postBurst = max(configuration.postBurst, perClient * 10)
     let service = RendezvousService(
         address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, store: store, logger: logger)
     let group = ServiceGroup(configuration: .init(services: [service], logger: logger))
@@ -163,6 +166,8 @@ func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds:
     let perClient = Double(rate) / Double(clients)
     configuration.requestsPerSecond = max(configuration.requestsPerSecond, perClient * 2)
     configuration.mailboxTotal = max(configuration.mailboxTotal, Int(Double(rate) * seconds) * 2)
+    configuration.postsPerMinute = max(configuration.postsPerMinute, perClient * 120)
+    configuration.postBurst = max(configuration.postBurst, perClient * 10)
     let services = stores.map {
         RendezvousService(
             address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, store: $0, logger: logger)
