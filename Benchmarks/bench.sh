@@ -20,7 +20,8 @@
 #     against the bare AEAD seal; join and rekey times on loopback (party-bench).
 #     The directory: invitations acknowledged once stored, in memory, SQLite and
 #     PostgreSQL side by side, at a steady pace from many users, and an invitation
-#     to an online friend at the same node and at another node (directory-bench).
+#     to an online friend at the same node and at another node (directory-bench);
+#     the memory of one node holding 15,000 idle users (directory-idle.sh).
 #  6. Calls: dial to first audio and stack-added mouth-to-ear delay through real
 #     calls on loopback (call-bench); time to connect and to first audio through
 #     real kernel NAT, direct and relayed (scripts/nat-matrix.sh, as root).
@@ -60,6 +61,9 @@ echo "== Directory: invitations acknowledged once stored, memory / SQLite / Post
 swift build -c release --product directory-bench >out/bench/directory-build.log 2>&1 \
   || { cat out/bench/directory-build.log; exit 1; }
 "$(swift build -c release --show-bin-path)/directory-bench" 2>&1 | tee out/bench/directory.md || true
+echo
+echo "== Directory: idle users on one node, SQLite / PostgreSQL (Benchmarks/directory-idle.sh)"
+bash Benchmarks/directory-idle.sh 2>&1 | tee out/bench/directory-idle.md || true
 echo
 echo "== Voice: jitter-buffer delay, echo canceller, CPU per call-second (Benchmarks/InProcess/voice-bench)"
 swift build -c release --product voice-bench >out/bench/voice-build.log 2>&1 \

@@ -59,6 +59,11 @@ swift build --product directory-bench >"$work/build.log" 2>&1 || { cat "$work/bu
   && grep -q "^| PostgreSQL | 200 | [0-9]" "$work/directory.md" \
   || { cat "$work/directory.md"; echo "bench-smoke: directory-bench FAILED"; exit 1; }
 sed 's/^/bench-smoke: /' "$work/directory.md"
+# One node holding idle users (directory-idle.sh): 100 users for a second, SQLite and PostgreSQL.
+BUILD=debug bash Benchmarks/directory-idle.sh 100 1 >"$work/idle.md" 2>&1 \
+  && grep -q "^| PostgreSQL | 100 |" "$work/idle.md" \
+  || { cat "$work/idle.md"; echo "bench-smoke: directory-idle FAILED"; exit 1; }
+sed 's/^/bench-smoke: /' "$work/idle.md"
 
 # The voice engine: a few seconds of each voice benchmark in a debug build (the
 # figures mean nothing here; the runs must complete and report), and make

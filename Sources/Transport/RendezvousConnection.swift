@@ -73,12 +73,13 @@ public final class RendezvousConnection: Sendable {
         self.requestTimeout = requestTimeout
     }
 
-    /// Connects, registers `identity` and returns once the server confirmed it.
+    /// Connects (from `local`, when given: one of this machine's addresses, port 0
+    /// for any), registers `identity` and returns once the server confirmed it.
     public static func connect(
-        to server: TransportAddress, identity: PrivateKey, timeout: Duration = .seconds(10),
+        to server: TransportAddress, identity: PrivateKey, timeout: Duration = .seconds(10), from local: TransportAddress? = nil,
         group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
     ) async throws -> RendezvousConnection {
-        try await connect(to: server, among: [server], identity: identity, timeout: timeout, group: group)
+        try await connect(to: server, among: [server], identity: identity, timeout: timeout, from: local, group: group)
     }
 
     /// Registers at the first of `servers` (directory nodes serving as one) that
@@ -110,7 +111,8 @@ public final class RendezvousConnection: Sendable {
         let share = order.count == 1 ? timeout : max(.seconds(1), timeout / order.count)
         for server in order {
             do {
-                return try await connect(to: server, among: servers, identity: identity, timeout: share, group: group)
+                return try await connect(
+                    to: server, among: servers, identity: identity, timeout: share, from: nil, group: group)
             } catch {
                 failure = error
             }
@@ -120,7 +122,7 @@ public final class RendezvousConnection: Sendable {
 
     private static func connect(
         to server: TransportAddress, among servers: [TransportAddress], identity: PrivateKey, timeout: Duration,
-        group: any EventLoopGroup
+        from local: TransportAddress?, group: any EventLoopGroup
     ) async throws -> RendezvousConnection {
         let (stream, yield) = AsyncStream<(from: PublicKey, payload: [UInt8])>.makeStream()
         var timing = RendezvousClient.Timing()
@@ -129,7 +131,10 @@ public final class RendezvousConnection: Sendable {
         let registered = loop.makePromise(of: Registration.self)
         let channel: any Channel
         do {
-            channel = try await ClientBootstrap(group: loop)
+            var bootstrap = ClientBootstrap(group: loop)
+            if let local { bootstrap = bootstrap.bind(to: SocketAddress(local)) }
+            channel =
+                try await bootstrap
                 .channelOption(.socketOption(.tcp_nodelay), value: 1)
                 .connectTimeout(.nanoseconds(timeout.nanoseconds))
                 .channelInitializer { [timing] channel in

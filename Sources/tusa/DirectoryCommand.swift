@@ -67,6 +67,13 @@ struct DirectoryCommand: AsyncParsableCommand {
     var relaySecret: String?
 
     @Option(
+        name: .customLong("max-connections"),
+        help: ArgumentHelp(
+            "Peers connected at once, 1,000 at most from one address (each takes a file descriptor: the soft ulimit -n is raised to the hard one at start).",
+            valueName: "n"))
+    var maxConnections = 20_000
+
+    @Option(
         name: .customLong("memory-limit"),
         help: ArgumentHelp("As tusa relay's: at 90 % of it, posts are refused.", valueName: "size"))
     var memoryLimit: String?
@@ -104,6 +111,8 @@ struct DirectoryCommand: AsyncParsableCommand {
             guard !relaySecret.isEmpty else { throw failure("--relay-secret must not be empty") }
             core.relaySecret = relaySecret
         }
+        guard (1...1_000_000).contains(maxConnections) else { throw failure("--max-connections must be 1-1000000") }
+        core.maximumConnections = maxConnections
         let limit: UInt64?
         switch Relay.memoryLimit(memoryLimit) {
         case .success(let bytes): limit = bytes
@@ -112,8 +121,14 @@ struct DirectoryCommand: AsyncParsableCommand {
 
         Relay.logToStandardError(at: logLevel.level)
         let logger = Logger(label: "tusa.directory")
+        let descriptors = Self.raiseDescriptorLimit()
         let store: any RendezvousStore
         do { store = try await databaseURL.open(logger: logger) } catch { throw failure(error.description) }
+        if descriptors < UInt64(maxConnections) + 64 {
+            logger.warning(
+                "--max-connections \(maxConnections) is past what the descriptor limit (ulimit -n \(descriptors)) holds: connections past it are closed at once"
+            )
+        }
         let memory = MemoryGuard(option: limit, logger: logger)
         let service = RendezvousService(address: address, configuration: core, memory: memory, store: store, logger: logger)
         let group = ServiceGroup(
@@ -137,6 +152,18 @@ struct DirectoryCommand: AsyncParsableCommand {
         }
         print("stopped")
         fflush(nil)
+    }
+
+    /// The soft limit on open descriptors raised to the hard one; the limit now.
+    private static func raiseDescriptorLimit() -> UInt64 {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 0 }
+        if limit.rlim_cur < limit.rlim_max {
+            var raised = limit
+            raised.rlim_cur = limit.rlim_max
+            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 { limit = raised }
+        }
+        return UInt64(limit.rlim_cur)
     }
 
     /// One line on standard error; throw the result to exit with status 1.

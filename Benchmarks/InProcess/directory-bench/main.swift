@@ -20,6 +20,12 @@ import TusaBase
 // the friend has it.
 //
 //   directory-bench [--clients N] [--rate POSTS_PER_S] [--friend-rate POSTS_PER_S] [--seconds S] [--no-postgres]
+//   directory-bench --idle N --server IP:PORT [--hold S]
+//
+// With --idle: N users registered at a running directory (900 from each of
+// 127.0.0.1, 127.0.0.2, …: a directory takes 1,000 from one address), held idle
+// S seconds (their keepalives go on), then closed; Benchmarks/directory-idle.sh
+// reads the directory's memory meanwhile.
 
 struct Options {
     var clients = 200
@@ -27,6 +33,9 @@ struct Options {
     var friendRates = [200, 2000]
     var seconds = 5.0
     var postgres = true
+    var idle: Int?
+    var server: TransportAddress?
+    var hold = 40.0
 
     init(_ arguments: [String]) throws {
         var i = 0
@@ -42,6 +51,9 @@ struct Options {
             case "--friend-rate": friendRates = try value().split(separator: ",").compactMap { Int($0) }
             case "--seconds": seconds = Double(try value()) ?? 0
             case "--no-postgres": postgres = false
+            case "--idle": idle = Int(try value())
+            case "--server": server = TransportAddress(try value())
+            case "--hold": hold = Double(try value()) ?? 0
             default: throw BenchError("unknown argument \(arguments[i])")
             }
             i += 1
@@ -260,10 +272,80 @@ func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds:
     return (result, delivered)
 }
 
+/// `--idle`: `users` registered at `server` from several loopback addresses,
+/// `concurrently` at a time; held `hold` seconds, then closed.
+func holdIdle(users: Int, server: TransportAddress, hold: Double) async throws {
+    var limit = rlimit()
+    if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max
+        _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    }
+    let started = ContinuousClock.now
+    var held: [RendezvousConnection] = []
+    var failures = 0
+    var lastError = ""
+    let concurrently = 100
+    var next = 0
+    try await withThrowingTaskGroup(of: Swift.Result<RendezvousConnection, any Error>.self) { group in
+        func add(_ k: Int) {
+            // 900 a source address: 127.0.0.1, then 127.0.0.2, …
+            let local = TransportAddress(ip: .v4(0x7F00_0001 + UInt32(k / 900)), port: 0)
+            group.addTask {
+                do {
+                    return .success(
+                        try await RendezvousConnection.connect(
+                            to: server, identity: .generate(), timeout: .seconds(30), from: local))
+                } catch {
+                    return .failure(error)
+                }
+            }
+        }
+        while next < min(concurrently, users) {
+            add(next)
+            next += 1
+        }
+        while let result = try await group.next() {
+            switch result {
+            case .success(let c): held.append(c)
+            case .failure(let error):
+                failures += 1
+                lastError = "\(error)"
+            }
+            if next < users {
+                add(next)
+                next += 1
+            }
+        }
+    }
+    let took = ContinuousClock.now - started
+    let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
+    print(
+        "idle: \(held.count) registered (\(failures) failed\(failures > 0 ? ": \(lastError)" : "")) in "
+            + String(format: "%.1f s", seconds))
+    fflush(nil)
+    try await Task.sleep(for: .seconds(hold))
+    let open = held.filter { !$0.isClosed }.count
+    print("idle: held \(hold) s, \(open) still registered")
+    fflush(nil)
+    for c in held { await c.close() }
+    if failures > 0 || open < held.count { exit(1) }
+}
+
 let options: Options
 do { options = try Options(Array(CommandLine.arguments.dropFirst())) } catch {
     FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
     exit(64)
+}
+if let users = options.idle {
+    guard let server = options.server, users > 0, options.hold >= 0 else {
+        FileHandle.standardError.write(Data("directory-bench: --idle N needs --server IP:PORT\n".utf8))
+        exit(64)
+    }
+    do { try await holdIdle(users: users, server: server, hold: options.hold) } catch {
+        FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
+        exit(1)
+    }
+    exit(0)
 }
 var logger = Logger(label: "directory-bench")
 logger.logLevel = .error

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One directory node holding idle users (issue 16: 20,000 in under 1 GiB).
+# `tusa directory` (release build) on SQLite and on PostgreSQL, one after the
+# other; `directory-bench --idle` registers USERS from 127.0.0.1, 127.0.0.2, …
+# (a directory takes 1,000 from one address) and holds them HOLD seconds, a
+# keepalive round (clients ping every 30 s). The directory's resident memory and
+# descriptors before and with them, per user, and the 20,000 at that rate. This
+# machine's descriptor limit (ulimit -n, hard) bounds USERS: each side holds one
+# per user.
+#
+#   bash Benchmarks/directory-idle.sh [USERS] [HOLD]     (default 15000 and 40)
+#   BUILD=debug bash Benchmarks/directory-idle.sh 100 1  (make test's smoke: debug builds)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source Benchmarks/bench-lib.sh
+USERS=${1:-15000}
+HOLD=${2:-40}
+bench_setup directory-idle
+
+BUILD=${BUILD:-release}
+swift build -c "$BUILD" --product tusa >"$TMP/build.log" 2>&1 || { cat "$TMP/build.log"; exit 1; }
+swift build -c "$BUILD" --product directory-bench >>"$TMP/build.log" 2>&1 || { cat "$TMP/build.log"; exit 1; }
+BIN=$(swift build -c "$BUILD" --show-bin-path)
+
+# kib PID NAME: the process's VmRSS (or another /proc status line) in KiB.
+kib() { awk -v n="$2:" '$1 == n { print $2 }' "/proc/$1/status"; }
+fds() { ls "/proc/$1/fd" | wc -l; }
+
+postgres_url=""
+chmod 711 "$TMP"  # as root the server runs as the postgres user, who must reach $TMP/pg
+if bash scripts/postgres.sh start "$TMP/pg" "$(free_port)" >"$TMP/pg.log" 2>&1; then
+  postgres_url=$(grep '^postgres://' "$TMP/pg.log" | tail -1)
+else
+  echo "(PostgreSQL not run: $(tail -1 "$TMP/pg.log"))"
+fi
+stop_postgres() { [ -z "$postgres_url" ] || bash scripts/postgres.sh stop "$TMP/pg" >/dev/null 2>&1 || true; }
+trap 'stop_postgres; cleanup' EXIT
+
+echo "## Directory: idle users on one node (Benchmarks/directory-idle.sh $USERS $HOLD; ulimit -n $(ulimit -Hn))"
+echo
+echo "| store | users held | registered in | RSS before / with them (MiB) | per user (KiB) | descriptors with them | 20,000 at that rate (MiB) |"
+echo "|---|---|---|---|---|---|---|"
+failed=0
+for database in "sqlite:$TMP/directory.sqlite" ${postgres_url:+"$postgres_url"}; do
+  name=SQLite
+  [[ $database == postgres* ]] && name=PostgreSQL
+  "$BIN/tusa" directory --listen 127.0.0.1:0 --database "$database" --max-connections $((USERS + 100)) \
+    >"$TMP/directory.out" 2>"$TMP/directory.err" &
+  pid=$!
+  PIDS+=("$pid")
+  address=$(wait_line "$TMP/directory.out" 's/^directory tcp //p') || {
+    cat "$TMP/directory.err"
+    exit 1
+  }
+  sleep 1
+  before=$(kib "$pid" VmRSS)
+  "$BIN/directory-bench" --idle "$USERS" --server "$address" --hold "$HOLD" >"$TMP/idle.out" 2>&1 &
+  client=$!
+  PIDS+=("$client")
+  registered=$(wait_line "$TMP/idle.out" 's/^idle: \([0-9]*\) registered.* in \(.*\)$/\1 \2/p' 2400) || {
+    cat "$TMP/idle.out"
+    exit 1
+  }
+  # Half the hold in: past the first keepalives.
+  sleep $((HOLD / 2 + 1))
+  with=$(kib "$pid" VmRSS)
+  descriptors=$(fds "$pid")
+  wait "$client" || failed=1
+  forget "$client"
+  held=${registered%% *}
+  took=${registered#* }
+  per=$(((with - before) / (held > 0 ? held : 1)))
+  awk -v n="$name" -v h="$held" -v t="$took" -v b="$before" -v w="$with" -v p="$per" -v d="$descriptors" \
+    'BEGIN { printf "| %s | %s | %s | %.1f / %.1f | %d | %s | %.0f |\n", n, h, t, b / 1024, w / 1024, p, d, (h > 0 ? (b + 20000 * (w - b) / h) / 1024 : 0) }'
+  grep -q "held .* $held still registered" "$TMP/idle.out" || { cat "$TMP/idle.out"; failed=1; }
+  stop_server "$pid" 50
+done
+exit $failed
