@@ -55,7 +55,7 @@ grep -q "forward / bare" <<<"$line" && grep -q "rekey after a leave" <<<"$line" 
 # PostgreSQL, for a second each (directory-bench exits non-zero if a post is
 # refused or a store fails; PostgreSQL must run here, as setup.sh installs it).
 swift build --product directory-bench >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
-"$(swift build --show-bin-path)/directory-bench" --clients 20 --rate 200 --friend-rate 100 --seconds 1 >"$work/directory.md" 2>&1 \
+"$(swift build --show-bin-path)/directory-bench" --clients 20 --rate 200 --friend-rate 100 --placements 50 --seconds 1 >"$work/directory.md" 2>&1 \
   && grep -q "^| PostgreSQL | 200 | [0-9]" "$work/directory.md" \
   || { cat "$work/directory.md"; echo "bench-smoke: directory-bench FAILED"; exit 1; }
 sed 's/^/bench-smoke: /' "$work/directory.md"

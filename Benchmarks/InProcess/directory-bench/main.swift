@@ -19,7 +19,8 @@ import TusaBase
 // node against one at another node (two nodes on one database): how long until
 // the friend has it.
 //
-//   directory-bench [--clients N] [--rate POSTS_PER_S] [--friend-rate POSTS_PER_S] [--seconds S] [--no-postgres]
+//   directory-bench [--clients N] [--rate POSTS_PER_S] [--friend-rate POSTS_PER_S] [--placements N] [--seconds S]
+//                   [--no-postgres]
 //   directory-bench --idle N --server IP:PORT [--hold S]
 //
 // With --idle: N users registered at a running directory (900 from each of
@@ -31,6 +32,7 @@ struct Options {
     var clients = 200
     var rates = [2000, 5000]
     var friendRates = [200, 2000]
+    var placements = 1000
     var seconds = 5.0
     var postgres = true
     var idle: Int?
@@ -49,6 +51,7 @@ struct Options {
             case "--clients": clients = Int(try value()) ?? 0
             case "--rate": rates = try value().split(separator: ",").compactMap { Int($0) }
             case "--friend-rate": friendRates = try value().split(separator: ",").compactMap { Int($0) }
+            case "--placements": placements = Int(try value()) ?? 0
             case "--seconds": seconds = Double(try value()) ?? 0
             case "--no-postgres": postgres = false
             case "--idle": idle = Int(try value())
@@ -58,7 +61,8 @@ struct Options {
             }
             i += 1
         }
-        guard clients > 1, !rates.isEmpty, rates.allSatisfy({ $0 > 0 }), friendRates.allSatisfy({ $0 > 0 }), seconds > 0
+        guard clients > 1, placements > 0, !rates.isEmpty, rates.allSatisfy({ $0 > 0 }), friendRates.allSatisfy({ $0 > 0 }),
+            seconds > 0
         else {
             throw BenchError("--clients (2 or more), --rate, --friend-rate and --seconds must be positive")
         }
@@ -331,6 +335,63 @@ func holdIdle(users: Int, server: TransportAddress, hold: Double) async throws {
     if failures > 0 || open < held.count { exit(1) }
 }
 
+/// Placement: relays report 1,000 live rooms between them (their load at 30 %
+/// to 50 %); `registrations` users register one after another at `rate` a second,
+/// each told where parties are. How long a registration takes (TCP connect,
+/// challenge, proof, the key's rows written, the relay placed), and where they went.
+func runPlacement(store: (any RendezvousStore)?, registrations: Int, rate: Int) async throws -> (
+    latenciesMs: [Double], perRelay: [Int]
+) {
+    var logger = Logger(label: "directory-bench")
+    logger.logLevel = .error
+    var configuration = RendezvousServerConfiguration()
+    configuration.relaySecret = "bench"
+    let service = RendezvousService(
+        address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, store: store, logger: logger)
+    let group = ServiceGroup(configuration: .init(services: [service], logger: logger))
+    let running = Task { try await group.run() }
+    defer { running.cancel() }
+    let server = try await service.boundAddress()
+    // Three relays, 1,000 rooms between them, each reporting every 2 s as a relay does.
+    let capacity: UInt64 = 1_000_000_000
+    var relays: [(RendezvousConnection, RelayLoad)] = []
+    for (n, rooms) in [300, 333, 367].enumerated() {
+        let key = PrivateKey.generate()
+        let load = RelayLoad(
+            party: PartyGrant(address: "127.0.0.\(n + 10):3481", key: key.publicKey.base64),
+            capacityBitsPerSecond: capacity, bitsPerSecond: capacity / 100 * UInt64(30 + 10 * n), rooms: rooms,
+            members: rooms * 4)
+        let c = try await RendezvousConnection.connect(to: server, identity: key, timeout: .seconds(30))
+        try await c.report(load, secret: "bench")
+        relays.append((c, load))
+    }
+    let reporting = Task {
+        while !Task.isCancelled {
+            try? await Task.sleep(for: .seconds(2))
+            for (c, load) in relays { try? await c.report(load, secret: "bench") }
+        }
+    }
+    try await Task.sleep(for: .milliseconds(200))
+    var latencies: [Double] = []
+    var perRelay: [String: Int] = [:]
+    let start = ContinuousClock.now
+    for k in 0..<registrations {
+        try await Task.sleep(until: start + .seconds(Double(k) / Double(rate)), clock: .continuous)
+        let began = ContinuousClock.now
+        let user = try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30))
+        let d = ContinuousClock.now - began
+        latencies.append(Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15)
+        perRelay[user.party?.address ?? "none", default: 0] += 1
+        await user.close()
+    }
+    reporting.cancel()
+    for (c, _) in relays { await c.close() }
+    await group.triggerGracefulShutdown()
+    _ = try? await running.value
+    // In the relays' order (30, 40, 50 %), then those placed nowhere.
+    return (latencies, (10..<13).map { perRelay["127.0.0.\($0):3481"] ?? 0 } + [perRelay["none"] ?? 0])
+}
+
 let options: Options
 do { options = try Options(Array(CommandLine.arguments.dropFirst())) } catch {
     FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
@@ -388,6 +449,31 @@ for rate in options.rates {
             print("| \(name) | \(rate) | failed: \(error) | | | |")
             failed = true
         }
+    }
+}
+print()
+print(
+    "## Placement: where registering users are sent, three relays reporting 1,000 rooms (at 30 / 40 / 50 % of their capacity), \(options.placements) registrations at 200 a second"
+)
+print()
+print("| store | registration p50 / p95 / max (ms) | sent to each relay (30 / 40 / 50 %) | to none |")
+print("|---|---|---|---|")
+let placementBackends: [(String, String?)] =
+    [("memory", nil), ("SQLite (WAL)", "sqlite:\(sqlitePath)")] + (postgresURL.map { [("PostgreSQL", $0)] } ?? [])
+for (name, database) in placementBackends {
+    do {
+        var store: (any RendezvousStore)?
+        if let database { store = try await DirectoryDatabase(database).open(logger: logger) }
+        let (latencies, perRelay) = try await runPlacement(store: store, registrations: options.placements, rate: 200)
+        print(
+            String(
+                format: "| %@ | %.2f / %.2f / %.2f | %@ | %d |", name, percentile(latencies, 0.5),
+                percentile(latencies, 0.95), latencies.max() ?? .nan,
+                perRelay.prefix(3).map(String.init).joined(separator: " / "), perRelay[3]))
+        if perRelay[3] > 0 { failed = true }
+    } catch {
+        print("| \(name) | failed: \(error) | | |")
+        failed = true
     }
 }
 if let postgresURL {
