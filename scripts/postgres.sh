@@ -29,6 +29,12 @@ fi
 case $cmd in
 start)
   port=${3:?usage: scripts/postgres.sh start DIR PORT}
+  # The server lives on after this script: it must not keep what the caller had
+  # open (a test process's sockets hold their ports for as long as it runs).
+  for fd in /proc/$$/fd/*; do
+    fd=${fd##*/}
+    case $fd in 0 | 1 | 2 | 255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
+  done
   mkdir -p "$dir"
   [ ${#as[@]} -eq 0 ] || chown postgres "$dir"
   chmod 700 "$dir"
