@@ -4,11 +4,30 @@ import PostgresNIO
 import Relay
 import Rendezvous
 import Secure
+import Synchronization
 
 // What the other directory nodes on the database say, heard on a connection of
 // its own (LISTEN), and this node's heartbeat on the same connection.
 extension PostgresDirectoryStore {
+    /// Returns as soon as the task is cancelled: the loop is cancelled too (its
+    /// connection closed), but what it awaits in the database driver at that
+    /// moment (a LISTEN being set up, a connection being made) is not waited for.
     public func follow(_ deliver: @escaping @Sendable (RendezvousClusterUpdate) -> Void) async {
+        let loop = Task { await self.followLoop(deliver) }
+        let ended = Flag()
+        Task {
+            await loop.value
+            ended.raise()
+        }
+        await withTaskCancellationHandler {
+            await ended.wait()
+        } onCancel: {
+            loop.cancel()
+            ended.raise()
+        }
+    }
+
+    private func followLoop(_ deliver: @escaping @Sendable (RendezvousClusterUpdate) -> Void) async {
         while !Task.isCancelled {
             let started = ContinuousClock.now
             do {
@@ -140,7 +159,6 @@ extension PostgresDirectoryStore {
                     logger: logger)
             }
         }
-        if !unsynced.isEmpty { try await writeUnsynced(on: c) }
         var gone: [UInt32] = []
         let logger = self.logger
         let node = self.node
@@ -170,49 +188,6 @@ extension PostgresDirectoryStore {
             logger.info("directory node \(id) is gone (its session ended, or silent \(Self.silentNodeMilliseconds / 1000) s)")
         }
         return gone
-    }
-
-    /// The presence that writes which failed left out: arrivals not registered at
-    /// another node since, and departures, written and told now.
-    private func writeUnsynced(on c: PostgresConnection) async throws {
-        let pending = unsynced
-        let me = Int32(clamping: node)
-        let node = self.node
-        let logger = self.logger
-        let arrived = pending.compactMap { key, since in since.map { (key, $0) } }
-        let left = pending.filter { $0.value == nil }.map(\.key)
-        try await c.withTransaction(logger: logger) { c in
-            var events: [RendezvousClusterEvent] = []
-            if !arrived.isEmpty {
-                for try await inserted in try await c.query(
-                    """
-                    INSERT INTO presence (key, node, since)
-                    SELECT * FROM UNNEST(\(arrived.map { ByteBuffer(bytes: $0.0.bytes) })::BYTEA[],
-                        \(arrived.map { _ in me })::INTEGER[], \(arrived.map { Int64(clamping: $0.1) })::BIGINT[])
-                    ON CONFLICT (key) DO NOTHING RETURNING key, since
-                    """, logger: logger
-                ).decode((ByteBuffer, Int64).self) {
-                    if let key = Self.key(inserted.0) {
-                        events.append(.online(key, ClusterPresence(node: node, unixSeconds: UInt64(max(0, inserted.1)))))
-                    }
-                }
-            }
-            if !left.isEmpty {
-                for try await deleted in try await c.query(
-                    """
-                    DELETE FROM presence WHERE node = \(me) AND key = ANY(\(left.map { ByteBuffer(bytes: $0.bytes) })::BYTEA[])
-                    RETURNING key
-                    """, logger: logger
-                ).decode(ByteBuffer.self) {
-                    if let key = Self.key(deleted) { events.append(.offline(key, node: node)) }
-                }
-            }
-            try await Self.notify(events, from: node, on: c, logger: logger)
-        }
-        for (key, since) in pending where unsynced[key] == since {
-            unsynced[key] = nil
-            registeredHere[key] = since
-        }
     }
 
     /// Who is registered at the other live nodes.
@@ -266,5 +241,31 @@ extension PostgresDirectoryStore {
         guard lastComplaint.map({ now - $0 > .seconds(60) }) ?? true else { return }
         lastComplaint = now
         logger.error("\(message)")
+    }
+}
+
+/// Raised once; ``wait()`` returns once it is (at once if it was).
+private final class Flag: Sendable {
+    private let state = Mutex<(raised: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func raise() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard !state.raised else { return [] }
+            state.raised = true
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    func wait() async {
+        await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
+            let now = state.withLock { state -> Bool in
+                if state.raised { return true }
+                state.waiters.append(waiter)
+                return false
+            }
+            if now { waiter.resume() }
+        }
     }
 }

@@ -83,9 +83,6 @@ public actor PostgresDirectoryStore: RendezvousStore {
     var registeredHere: [PublicKey: UInt64] = [:]
     /// Heartbeats so far.
     var heartbeats = 0
-    /// Who registered here (since when) or left (nil) in writes that failed: the
-    /// presence rows and the others are told at the next heartbeat.
-    var unsynced: [PublicKey: UInt64?] = [:]
     /// When a problem with the database was last logged (once a minute).
     var lastComplaint: ContinuousClock.Instant?
 
@@ -307,52 +304,43 @@ public actor PostgresDirectoryStore: RendezvousStore {
         let arrivedNodes = arrived.map { _ in Int32(clamping: node) }
         let arrivedSince = arrived.map { Int64(clamping: $0.1) }
         let left = presence.filter { $0.value == nil }.map { ByteBuffer(bytes: $0.key.bytes) }
-        do {
-            try await transaction { c, logger in
-                if !ids.isEmpty {
-                    try await c.query(
-                        """
-                        INSERT INTO posts (id, recipient, sender, sealed, posted_at)
-                        SELECT * FROM UNNEST(\(ids)::BIGINT[], \(recipients)::BYTEA[], \(senders)::BYTEA[],
-                            \(sealed)::BYTEA[], \(postedAt)::BIGINT[])
-                        ON CONFLICT (id) DO UPDATE SET recipient = EXCLUDED.recipient, sender = EXCLUDED.sender,
-                            sealed = EXCLUDED.sealed, posted_at = EXCLUDED.posted_at
-                        """, logger: logger)
-                }
-                if !dropped.isEmpty {
-                    try await c.query("DELETE FROM posts WHERE id = ANY(\(dropped))", logger: logger)
-                }
-                if !keys.isEmpty {
-                    try await c.query(
-                        """
-                        INSERT INTO seen (key, at) SELECT * FROM UNNEST(\(keyBytes)::BYTEA[], \(seenAt)::BIGINT[])
-                        ON CONFLICT (key) DO UPDATE SET at = EXCLUDED.at
-                        """, logger: logger)
-                }
-                if !arrived.isEmpty {
-                    try await c.query(
-                        """
-                        INSERT INTO presence (key, node, since)
-                        SELECT * FROM UNNEST(\(arrivedKeys)::BYTEA[], \(arrivedNodes)::INTEGER[], \(arrivedSince)::BIGINT[])
-                        ON CONFLICT (key) DO UPDATE SET node = EXCLUDED.node, since = EXCLUDED.since
-                        """, logger: logger)
-                }
-                if !left.isEmpty {
-                    try await c.query(
-                        "DELETE FROM presence WHERE node = \(Int32(clamping: node)) AND key = ANY(\(left)::BYTEA[])",
-                        logger: logger)
-                }
-                try await Self.notify(notices, from: node, on: c, logger: logger)
+        try await transaction { c, logger in
+            if !ids.isEmpty {
+                try await c.query(
+                    """
+                    INSERT INTO posts (id, recipient, sender, sealed, posted_at)
+                    SELECT * FROM UNNEST(\(ids)::BIGINT[], \(recipients)::BYTEA[], \(senders)::BYTEA[],
+                        \(sealed)::BYTEA[], \(postedAt)::BIGINT[])
+                    ON CONFLICT (id) DO UPDATE SET recipient = EXCLUDED.recipient, sender = EXCLUDED.sender,
+                        sealed = EXCLUDED.sealed, posted_at = EXCLUDED.posted_at
+                    """, logger: logger)
             }
-        } catch {
-            // Written at the next heartbeat, unless a later write says otherwise first.
-            for (key, since) in presence { unsynced[key] = since }
-            throw error
+            if !dropped.isEmpty {
+                try await c.query("DELETE FROM posts WHERE id = ANY(\(dropped))", logger: logger)
+            }
+            if !keys.isEmpty {
+                try await c.query(
+                    """
+                    INSERT INTO seen (key, at) SELECT * FROM UNNEST(\(keyBytes)::BYTEA[], \(seenAt)::BIGINT[])
+                    ON CONFLICT (key) DO UPDATE SET at = EXCLUDED.at
+                    """, logger: logger)
+            }
+            if !arrived.isEmpty {
+                try await c.query(
+                    """
+                    INSERT INTO presence (key, node, since)
+                    SELECT * FROM UNNEST(\(arrivedKeys)::BYTEA[], \(arrivedNodes)::INTEGER[], \(arrivedSince)::BIGINT[])
+                    ON CONFLICT (key) DO UPDATE SET node = EXCLUDED.node, since = EXCLUDED.since
+                    """, logger: logger)
+            }
+            if !left.isEmpty {
+                try await c.query(
+                    "DELETE FROM presence WHERE node = \(Int32(clamping: node)) AND key = ANY(\(left)::BYTEA[])",
+                    logger: logger)
+            }
+            try await Self.notify(notices, from: node, on: c, logger: logger)
         }
-        for (key, since) in presence {
-            registeredHere[key] = since
-            unsynced[key] = nil
-        }
+        for (key, since) in presence { registeredHere[key] = since }
     }
 
     /// Tells the other nodes (when `c`'s transaction commits), in order; a notice

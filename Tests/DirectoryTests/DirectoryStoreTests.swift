@@ -226,43 +226,6 @@ struct DirectoryStoreTests {
         await c.close()
     }
 
-    /// A registration whose write failed (the server was down) is not lost to the
-    /// other nodes: once the server is back, the node writes its presence at a
-    /// heartbeat and they hear of it.
-    @Test(.enabled(if: postgresReady, "\(PostgresServer.absentMessage)"))
-    func presenceAFailedWriteLeftOutIsWrittenWhenTheServerIsBack() async throws {
-        let backing = try Backing("postgres")
-        defer { backing.remove() }
-        let server = try #require(backing.postgres)
-        let a = try await backing.open()
-        let b = try await backing.open()
-        let nodeA = await a.node
-        let heard = Heard()
-        let followingA = Task { await a.follow { _ in } }
-        defer { followingA.cancel() }
-        let followingB = Task { await b.follow { heard.add($0) } }
-        defer { followingB.cancel() }
-        #expect(await heard.wait { $0.contains { if case .resync = $0 { true } else { false } } })
-        server.stop()
-        await #expect(throws: (any Error).self) { try await a.write([.online(alice, unixSeconds: now)]) }
-        try server.start()
-        let aliceAtA = RendezvousClusterEvent.online(alice, ClusterPresence(node: nodeA, unixSeconds: now))
-        #expect(
-            await heard.wait(seconds: 20) { heard in
-                heard.events.contains(aliceAtA)
-                    || heard.all.contains {
-                        if case .resync(_, let presence) = $0 { presence[alice]?.node == nodeA } else { false }
-                    }
-            }, "\(heard.events.suffix(4))")
-        #expect(try await Self.psql(backing, "SELECT count(*) FROM presence WHERE node = \(nodeA)") == "1")
-        for task in [followingA, followingB] {
-            task.cancel()
-            await task.value
-        }
-        await a.close()
-        await b.close()
-    }
-
     /// A server that stops and comes back costs the writes in between, not the store:
     /// the next write connects again.
     @Test(.enabled(if: postgresReady, "\(PostgresServer.absentMessage)"))
