@@ -126,16 +126,35 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
     let period = 1 / perClient
     let start = ContinuousClock.now
     let invitation = [UInt8](repeating: 0xA5, count: 160)  // a sealed invitation's size
-    var result = try await withThrowingTaskGroup(of: Result.self) { group in
+    var result = try await postAtPace(users, period: period, start: start, seconds: seconds) { k, n in
+        let online = users[(k + 1) % users.count].identity
+        return (invitation, n % 4 == 0 ? online : offline[(k * 31 + n) % offline.count])
+    }
+    let elapsed = ContinuousClock.now - start
+    result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    for user in users { await user.close() }
+    for l in listeners { l.cancel() }
+    await group.triggerGracefulShutdown()
+    _ = try? await running.value
+    return result
+}
+
+/// Each user posts every `period` seconds from its own offset (the users spread
+/// evenly over one period) until `seconds` from `start`; `post(k, n)` is user k's
+/// n-th invitation and its recipient. Acknowledgement latencies and refusals, summed.
+func postAtPace(
+    _ users: [RendezvousConnection], period: Double, start: ContinuousClock.Instant, seconds: Double,
+    _ post: @escaping @Sendable (Int, Int) -> ([UInt8], PublicKey)
+) async throws -> Result {
+    try await withThrowingTaskGroup(of: Result.self) { group in
         for (k, user) in users.enumerated() {
-            let online = users[(k + 1) % users.count].identity
             group.addTask {
                 var r = Result()
                 var n = 0
-                var next = start + .seconds(period * Double(k) / Double(clients))
+                var next = start + .seconds(period * Double(k) / Double(users.count))
                 while next < start + .seconds(seconds) {
                     try await Task.sleep(until: next, clock: .continuous)
-                    let to = n % 4 == 0 ? online : offline[(k * 31 + n) % offline.count]
+                    let (invitation, to) = post(k, n)
                     let sent = ContinuousClock.now
                     do {
                         try await user.post(invitation, to: to)
@@ -159,13 +178,6 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
         }
         return total
     }
-    let elapsed = ContinuousClock.now - start
-    result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-    for user in users { await user.close() }
-    for l in listeners { l.cancel() }
-    await group.triggerGracefulShutdown()
-    _ = try? await running.value
-    return result
 }
 
 /// Invitations to online friends: `clients` users spread over one rendezvous per
@@ -215,7 +227,7 @@ func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds:
         }
     }
     let start = ContinuousClock.now
-    func sinceStart() -> Double {
+    @Sendable func sinceStart() -> Double {
         let d = ContinuousClock.now - start
         return Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15
     }
@@ -230,39 +242,11 @@ func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds:
         }
     }
     let period = 1 / perClient
-    var result = try await withThrowingTaskGroup(of: Result.self) { group in
-        for (k, user) in users.enumerated() {
-            let friend = users[(k + 1) % users.count].identity
-            group.addTask {
-                var r = Result()
-                var next = start + .seconds(period * Double(k) / Double(clients))
-                while next < start + .seconds(seconds) {
-                    try await Task.sleep(until: next, clock: .continuous)
-                    // When it was posted, in nanoseconds from the start, then a sealed invitation's size.
-                    let at = UInt64(max(0, sinceStart() * 1e6))
-                    let invitation =
-                        (0..<8).map { UInt8(truncatingIfNeeded: at >> (56 - 8 * $0)) } + [UInt8](repeating: 0xA5, count: 152)
-                    let sent = ContinuousClock.now
-                    do {
-                        try await user.post(invitation, to: friend)
-                        r.acknowledged += 1
-                        let d = ContinuousClock.now - sent
-                        r.latenciesMs.append(Double(d.components.attoseconds) / 1e15 + Double(d.components.seconds) * 1000)
-                    } catch {
-                        r.refused += 1
-                    }
-                    next += .seconds(period)
-                }
-                return r
-            }
-        }
-        var total = Result()
-        for try await r in group {
-            total.acknowledged += r.acknowledged
-            total.refused += r.refused
-            total.latenciesMs += r.latenciesMs
-        }
-        return total
+    var result = try await postAtPace(users, period: period, start: start, seconds: seconds) { k, _ in
+        // When it was posted, in nanoseconds from the start, then a sealed invitation's size.
+        let at = UInt64(max(0, sinceStart() * 1e6))
+        let invitation = (0..<8).map { UInt8(truncatingIfNeeded: at >> (56 - 8 * $0)) } + [UInt8](repeating: 0xA5, count: 152)
+        return (invitation, users[(k + 1) % users.count].identity)
     }
     let elapsed = ContinuousClock.now - start
     result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
