@@ -443,12 +443,11 @@ struct Relay: AsyncParsableCommand {
         var reporter: DirectoryReporter?
         if let directory {
             guard let secret = directorySecret, !secret.isEmpty else { throw failure("--directory needs --directory-secret") }
-            var targets: [TransportAddress] = []
-            for part in directory.split(separator: ",", omittingEmptySubsequences: false) {
-                guard let target = TransportAddress(String(part), defaultPort: 3480) else {
-                    throw failure("--directory must be IP:PORT (or several, comma-separated), not '\(part)'")
-                }
-                if !targets.contains(target) { targets.append(target) }
+            let targets: [TransportAddress]
+            switch RendezvousServers.addresses(directory) {
+            case .success(let list): targets = list
+            case .failure(let bad):
+                throw failure("--directory must be IP:PORT (or several, comma-separated), not '\(bad.part)'")
             }
             guard (1...100_000_000).contains(capacityMbps) else { throw failure("--capacity-mbps must be 1-100000000") }
             let key = party?.identity.privateKey ?? PrivateKey.generate()
