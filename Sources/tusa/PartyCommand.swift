@@ -132,7 +132,7 @@ struct PartyAudioOptions: ParsableArguments {
     @Option(
         name: .customLong("min-delay"),
         help: ArgumentHelp(
-            "Keep every speaker's audio at least this long in the jitter buffer, in ms (0-300; default: one frame). 0 plays as early as the path allows, for the lowest delay on a quiet machine; more rides out a busy one.",
+            "Play every speaker at least this long behind its fastest packets, in ms (0-300; default: one frame): a packet that came n ms slower than those waits n ms less in the jitter buffer. 0 plays as early as the path allows, for the lowest delay on a quiet machine; more rides out a busy one.",
             valueName: "ms"))
     var minimumDelay: Int?
 
@@ -711,8 +711,12 @@ struct PartyReport: Encodable {
         var played: Int
         var lostPercent: Double
         var concealed: Int
+        /// How long the packets waited in the jitter buffer (arrival to playout).
         var delayMeanMilliseconds: Double
         var delayP95Milliseconds: Double
+        /// The delay the jitter buffer aimed at last, over the speaker's fastest packets
+        /// (at least `--min-delay`).
+        var targetDelayMilliseconds: Double
         /// Speech the jitter buffer time-stretched (accelerated or expanded) to move its
         /// delay: inaudible in small doses, but what a listener's PESQ pays for first.
         var stretchedMilliseconds: Double
@@ -728,6 +732,7 @@ struct PartyReport: Encodable {
             concealed = p.framesConcealed
             delayMeanMilliseconds = (p.delayMeanMilliseconds * 10).rounded() / 10
             delayP95Milliseconds = (p.delayP95Milliseconds * 10).rounded() / 10
+            targetDelayMilliseconds = (p.targetDelayMilliseconds * 10).rounded() / 10
             let stretched = Double(p.accelerateSamples + p.expandSamples) * 1000 / Double(max(1, sampleRate))
             stretchedMilliseconds = (stretched * 10).rounded() / 10
             let oneWay = p.delayMeanMilliseconds + Double(frameMilliseconds) + 5

@@ -142,8 +142,9 @@ import Voice
         #expect(lost > 15, "30 % imposed, \(lost) % counted: \(heard)")
     }
 
-    /// A listener's playout holds a frame by default; `--min-delay 0` plays as early
-    /// as the path allows and `--min-delay 60` holds 60 ms; out of range it is a usage error.
+    /// A listener's playout holds a frame over each speaker's fastest packets by
+    /// default; `--min-delay 0` plays as early as the path allows and `--min-delay 60`
+    /// holds 60 ms; out of range it is a usage error.
     @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
     func aListenersMinimumDelayHoldsItsPlayout() async throws {
         let tusa = try #require(Harness.tusa)
@@ -167,6 +168,7 @@ import Voice
         defer { for (_, m) in listeners { m.kill() } }
         #expect(await creator.waitForExit(timeout: 30), "the creator did not leave")
         var delays: [String: Double] = [:]
+        var targets: [String: Double] = [:]
         for (name, m) in listeners {
             #expect(await m.waitForExit(timeout: 30), "\(name) did not leave")
             #expect(m.status == 0, "\(name): \(m.stdout) \(m.stderr)")
@@ -175,15 +177,23 @@ import Voice
             #expect((heard["packets"] as? Int ?? 0) > 100, "\(name): \(heard)")
             #expect((heard["lostPercent"] as? Double ?? 100) < 1, "\(name): \(heard)")
             delays[name] = heard["delayMeanMilliseconds"] as? Double
+            targets[name] = heard["targetDelayMilliseconds"] as? Double
         }
+        let all = "waited \(delays), aimed at \(targets)"
         let byDefault = try #require(delays["default"])
         let zero = try #require(delays["zero"])
         let held = try #require(delays["held"])
-        #expect(byDefault >= 19 && byDefault < 40, "by default: \(byDefault) ms (all: \(delays))")
+        // The floor holds the playout point over the speaker's fastest packets: what the
+        // buffer aims at is never below it.
+        #expect(try #require(targets["default"]) >= 20, "\(all)")
+        #expect(try #require(targets["held"]) >= 60, "\(all)")
+        // A packet waits the floor less its own lateness over the fastest (a few ms on a
+        // busy machine, a sender's timer and four processes on two cores).
+        #expect(byDefault >= 10 && byDefault < 40, "by default: \(all)")
         // Without a floor the delay is the path's: about 7 ms, or a frame more after a
         // packet came late (the concealment that waited for it stays), so no bound but this.
-        #expect(zero < 40, "--min-delay 0: \(zero) ms (all: \(delays))")
-        #expect(held >= 59 && held < 90, "--min-delay 60: \(held) ms (all: \(delays))")
+        #expect(zero < 40, "--min-delay 0: \(all)")
+        #expect(held >= 45 && held < 90 && held - byDefault >= 20, "--min-delay 60: \(all)")
     }
 
     /// The relay is killed (SIGKILL) in the middle of a party and started again

@@ -117,13 +117,14 @@ struct SecureTransportTests {
         defer { relay.kill() }
         let (a, b) = try await Self.twoEndpoints()
         #expect(try await a.reflexiveAddress(from: server) == a.localAddress)
-        // Nobody answers here: retransmitted, then a timeout after the time given.
+        // Nobody answers here: retransmitted, then a timeout after the time given (long
+        // enough past the last retransmission, at 300 ms, for a loaded machine to send it).
         let silent = try TestSocket.udp(bindingTo: .v4(0x7F00_0001))
         let started = ContinuousClock.now
         await #expect(throws: SecureTransportError.timeout) {
-            try await a.reflexiveAddress(from: silent.localAddress, timeout: .milliseconds(400))
+            try await a.reflexiveAddress(from: silent.localAddress, timeout: .milliseconds(900))
         }
-        #expect(ContinuousClock.now - started >= .milliseconds(400))
+        #expect(ContinuousClock.now - started >= .milliseconds(900))
         var requests = 0
         while try await Harness.offPool({ try silent.receive(timeout: 0.05) }) != nil { requests += 1 }
         #expect(requests == 3, "the request and its retransmissions at 100 and 300 ms")
