@@ -88,8 +88,15 @@ public final class PartyVoice: @unchecked Sendable {
     /// every run beside two CPU hogs; with the frame held, none in any
     /// (`Benchmarks/party-starvation.sh`). `tusa party --min-delay 0` goes back to the
     /// pull for the lowest delay.
+    ///
+    /// Delay gained that way (a late packet waited for) comes off in the speaker's next
+    /// pause, not by speeding speech up, up to 60 ms over the target; past that (a
+    /// pile-up after a TCP stall) speech plays up to 2× faster until it is back under,
+    /// and past the 400 ms maximum audio is dropped
+    /// (``PlayoutConfiguration/shrinkInPausesUpToMilliseconds``).
     public static func defaultPlayout(for codec: CodecConfiguration) -> PlayoutConfiguration {
-        PlayoutConfiguration(minimumDelayMilliseconds: codec.frameDuration.milliseconds)
+        PlayoutConfiguration(
+            minimumDelayMilliseconds: codec.frameDuration.milliseconds, shrinkInPausesUpToMilliseconds: 60)
     }
 
     /// Starts the audio clock, sending through `connection`.

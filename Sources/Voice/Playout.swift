@@ -24,11 +24,19 @@ public struct PlayoutConfiguration: Sendable, Hashable {
     public var maximumStretch: Double
     /// Concealment fades to comfort noise after this many missing frames.
     public var comfortNoiseAfterFrames: Int
+    /// Delay over the target up to this much comes off only in pauses (silent frames
+    /// dropped), never by speeding speech up; above it (a pile-up: a TCP stall, a
+    /// frozen sender) speech plays faster, up to 2× and past `maximumStretch`, until
+    /// the excess is back under it; past `maximumDelayMilliseconds` audio is dropped.
+    /// 0 (the default, a call's): speech is sped up from half a frame over the target,
+    /// within `maximumStretch`.
+    public var shrinkInPausesUpToMilliseconds: Int
 
     public init(
         sampleRate: Int = voiceSampleRate, frameDuration: FrameDuration = .ms20, capacity: Int = 64,
         maximumPayloadSize: Int = 1500, minimumDelayMilliseconds: Int = 0, maximumDelayMilliseconds: Int = 400,
-        targetQuantile: Double = 0.95, maximumStretch: Double = 0.05, comfortNoiseAfterFrames: Int = 8
+        targetQuantile: Double = 0.95, maximumStretch: Double = 0.05, comfortNoiseAfterFrames: Int = 8,
+        shrinkInPausesUpToMilliseconds: Int = 0
     ) {
         self.sampleRate = sampleRate
         self.frameDuration = frameDuration
@@ -39,6 +47,7 @@ public struct PlayoutConfiguration: Sendable, Hashable {
         self.targetQuantile = targetQuantile
         self.maximumStretch = maximumStretch
         self.comfortNoiseAfterFrames = comfortNoiseAfterFrames
+        self.shrinkInPausesUpToMilliseconds = shrinkInPausesUpToMilliseconds
     }
 
     func validate() throws(VoiceError) {
@@ -52,6 +61,9 @@ public struct PlayoutConfiguration: Sendable, Hashable {
         guard targetQuantile > 0.5, targetQuantile < 1 else { throw .invalidConfiguration("targetQuantile not in (0.5, 1)") }
         guard maximumStretch >= 0, maximumStretch <= 0.5 else { throw .invalidConfiguration("maximumStretch not in 0...0.5") }
         guard comfortNoiseAfterFrames >= 1 else { throw .invalidConfiguration("comfortNoiseAfterFrames must be ≥ 1") }
+        guard (0...maximumDelayMilliseconds).contains(shrinkInPausesUpToMilliseconds) else {
+            throw .invalidConfiguration("shrinkInPausesUpToMilliseconds not in 0...maximumDelayMilliseconds")
+        }
     }
 }
 
@@ -505,8 +517,12 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                 // Only with the next packet already buffered, so shortening never causes an underrun.
                 // Shrinking speech: at half a frame over the target; while the stream loses
                 // packets (FEC look-ahead held), only at a whole frame, as every stretch adds
-                // to the loss's own artifacts — below that, wait for a pause.
-                let shrinkAt = fecHeld(playMs) ? frameMs : frameMs / 2
+                // to the loss's own artifacts — below that, wait for a pause. With
+                // `shrinkInPausesUpToMilliseconds`, only past it, and then as fast as a pitch
+                // period a frame allows (a pile-up to drain, not a drift to trim).
+                let pausesFirst = Double(configuration.shrinkInPausesUpToMilliseconds)
+                let pileUp = pausesFirst > 0 && late > pausesFirst
+                let shrinkAt = pausesFirst > 0 ? pausesFirst : fecHeld(playMs) ? frameMs : frameMs / 2
                 if (inPause ? late >= frameMs : late > shrinkAt) && present(nextTs + Int64(spf)) != nil {
                     // A whole silent frame goes only when a frame too much is buffered: dropping
                     // it earlier would land below the target and invite an insertion (oscillation).
@@ -516,7 +532,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                         nextTs += Int64(spf)
                         continue
                     }
-                    if !silent && stretchedSoFar + Double(maxLag) <= budget {
+                    if !silent && (pileUp || stretchedSoFar + Double(maxLag) <= budget) {
                         let n = TimeStretch.accelerate(
                             UnsafeBufferPointer(frame), into: stretched, minLag: minLag, maxLag: maxLag)
                         if n > 0 {

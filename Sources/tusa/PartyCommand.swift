@@ -156,11 +156,14 @@ struct PartyAudioOptions: ParsableArguments {
 
     func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop) }
 
-    /// Each speaker's jitter buffer: `--min-delay`, or the party's default (a frame).
-    func playout() throws -> PlayoutConfiguration? {
-        guard let minimumDelay else { return nil }
+    /// Each speaker's jitter buffer: the party's (`PartyVoice.defaultPlayout`), its floor
+    /// moved by `--min-delay`.
+    func playout(for codec: CodecConfiguration) throws -> PlayoutConfiguration {
+        var playout = PartyVoice.defaultPlayout(for: codec)
+        guard let minimumDelay else { return playout }
         guard (0...300).contains(minimumDelay) else { throw ValidationError("--min-delay must be 0-300 ms, not \(minimumDelay)") }
-        return PlayoutConfiguration(minimumDelayMilliseconds: minimumDelay)
+        playout.minimumDelayMilliseconds = minimumDelay
+        return playout
     }
 
     func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
@@ -468,7 +471,7 @@ enum PartySession {
         if let d = audio.duration { guard d > 0, d.isFinite else { throw ValidationError("--duration must be positive") } }
         let codec = try audio.codecConfiguration()
         let impairment = try AudioArguments.impairment(audio.impair)
-        let playout = try audio.playout()
+        let playout = try audio.playout(for: codec)
         let voice: PartyVoice
         do {
             voice = try PartyVoice(codec: codec, source: try audio.source(), sink: try audio.sink(), playout: playout)

@@ -88,9 +88,10 @@ import Voice
         // 5 ms pull after the fastest arrive) a pair or three dipped to 3.5-3.9 in about
         // one run in three: a packet a few ms late left the listener's jitter buffer
         // waiting, then time-stretching speech back, which PESQ punishes. The party's
-        // playout holds a frame (`PartyVoice.defaultPlayout`): no dip in any run since, quiet or
-        // beside two CPU hogs (BENCHMARKS.md, "A party on a busy machine"). A shortfall
-        // names what each listener's jitter buffer did (delay, concealment, stretching).
+        // playout holds a frame (`PartyVoice.defaultPlayout`) and takes the delay a later
+        // packet adds off in the speaker's next pause, speech untouched (BENCHMARKS.md, "A
+        // party on a busy machine"). A shortfall names what each listener's jitter buffer
+        // did (delay, concealment, stretching).
         let playout = heard.joined(separator: "\n")
         for (pair, score) in scores.sorted(by: { $0.key < $1.key }) {
             #expect(score >= 4.0, "listener,speaker \(pair): PESQ \(score) (all: \(scores))\n\(playout)")

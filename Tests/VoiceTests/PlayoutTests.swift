@@ -29,10 +29,12 @@ struct Harness {
     let signal: [Int16]
     let packets: [[UInt8]]
 
-    /// A 400 Hz tone, amplitude 8000 (never silent).
-    init(frames: Int, frequency: Double = 400) {
+    /// A 400 Hz tone, amplitude 8000, silent (zero) only in the frames `silent`.
+    init(frames: Int, frequency: Double = 400, silent: Range<Int> = 0..<0) {
         var s = [Int16](repeating: 0, count: frames * Self.spf)
-        for n in 0..<s.count { s[n] = Int16(8000 * sin(2 * Double.pi * frequency * Double(n) / 8000)) }
+        for n in 0..<s.count where !silent.contains(n / Self.spf) {
+            s[n] = Int16(8000 * sin(2 * Double.pi * frequency * Double(n) / 8000))
+        }
         signal = s
         let enc = L16Encoder(Self.codec)
         var ps: [[UInt8]] = []
@@ -301,6 +303,53 @@ struct PlayoutTests {
         #expect(after <= before + 10, "target \(after) ms 15 s after one spike, \(before) ms before")
     }
 
+    /// One packet 30 ms late in the middle of speech: the frame waited for adds a frame
+    /// of delay. The call's playout speeds speech up to take it off again; with
+    /// `shrinkInPausesUpToMilliseconds` the delay stays until the speaker's next pause
+    /// (frames 120..<135 silent) and comes off there, speech untouched.
+    @Test func aLatePacketsDelayComesOffInTheNextPause() throws {
+        let h = Harness(frames: 200, silent: 120..<135)
+        let arrivals = (0..<200).map { on($0, $0 == 40 ? 30 : 0) }
+        func run(_ configuration: PlayoutConfiguration) throws -> (PlayoutStatistics, [Int: Double]) {
+            let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: configuration)
+            nonisolated(unsafe) var delays: [Int: Double] = [:]  // frame -> play time minus send time (ms)
+            p.onPacketPlayed = { ts, playNs in delays[Int(ts) / Harness.spf] = Double(playNs) / 1e6 - Double(ts) / 8 }
+            _ = h.run(p, arrivals: arrivals, ms: 4400)
+            return (p.statistics, delays)
+        }
+        let (call, _) = try run(PlayoutConfiguration())
+        #expect(call.accelerateSamples > 0, "the call's playout: \(call)")
+        let (party, delays) = try run(PlayoutConfiguration(shrinkInPausesUpToMilliseconds: 60))
+        #expect(party.accelerateSamples == 0 && party.expandSamples == 0, "\(party)")
+        #expect(party.framesDroppedInSilence >= 1, "\(party)")
+        #expect(party.lostPackets == 0 && party.packetsPlayed == 200, "\(party)")
+        let before = try #require(delays[30])
+        let held = try #require(delays[100])
+        let after = try #require(delays[150])
+        #expect(held >= before + 19, "delay before \(before) ms, after the late packet \(held) ms")
+        #expect(after <= before + 1, "delay before \(before) ms, after the pause \(after) ms")
+    }
+
+    /// A 300 ms stall (a TCP member's: frames 50..<65 held up, then all at once): the
+    /// pile-up is drained by speeding speech up, past the 5 % stretch budget, to under
+    /// 60 ms over the target within three seconds; the call's playout, held to its
+    /// budget, is still some 40 ms over that then.
+    @Test func aPileUpIsDrainedFasterThanTheStretchBudget() throws {
+        let arrivals = (0..<200).map { i in (50..<65).contains(i) ? (i, 65.0 * 20 + 25) : on(i) }
+        func delay(_ configuration: PlayoutConfiguration) throws -> (Double, PlayoutStatistics) {
+            let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: configuration)
+            nonisolated(unsafe) var delays: [Int: Double] = [:]
+            p.onPacketPlayed = { ts, playNs in delays[Int(ts) / Harness.spf] = Double(playNs) / 1e6 - Double(ts) / 8 }
+            _ = h.run(p, arrivals: arrivals, ms: 4400)
+            return (try #require(delays[190]) - 25, p.statistics)  // over the path's own 25 ms
+        }
+        let (party, ps) = try delay(PlayoutConfiguration(minimumDelayMilliseconds: 20, shrinkInPausesUpToMilliseconds: 60))
+        let (call, cs) = try delay(PlayoutConfiguration(minimumDelayMilliseconds: 20))
+        #expect(ps.lostPackets == 0 && ps.framesDroppedInCatchUp == 0, "\(ps)")
+        #expect(party <= 20 + 60 + 20, "the party's playout: \(party) ms buffered 3 s after the stall; \(ps)")
+        #expect(call >= party + 30, "the call's playout: \(call) ms, the party's \(party) ms; \(cs)")
+    }
+
     @Test func hardMaximumTriggersCatchUp() throws {
         let p = try Playout(
             decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(maximumDelayMilliseconds: 200))
@@ -350,6 +399,11 @@ struct PlayoutTests {
         }
         #expect(throws: VoiceError.self) {
             try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(frameDuration: .ms10))
+        }
+        #expect(throws: VoiceError.self) {
+            try Playout(
+                decoder: L16Decoder(Harness.codec),
+                configuration: PlayoutConfiguration(maximumDelayMilliseconds: 200, shrinkInPausesUpToMilliseconds: 201))
         }
     }
 
