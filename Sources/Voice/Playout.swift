@@ -105,6 +105,14 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
     private let stretched: UnsafeMutableBufferPointer<Int16>
     private let fifo: UnsafeMutableBufferPointer<Int16>
     private var fifoStart = 0, fifoCount = 0
+    /// What the FIFO holds is a frame concealed while the playout point waits for the
+    /// packet at `nextTs` (an underrun). Should that packet come while some of the frame
+    /// is still unplayed, the rest goes and the packet plays at the next pull: a packet
+    /// 5 ms late costs 5 ms of concealment and delay on a 5 ms audio clock, not a frame.
+    private var waitingInFifo = false
+    /// Samples of concealment so dropped, at the start of `concealFrame`, for the packet
+    /// to cross-fade from (the concealment's own continuation).
+    private var resumeFade = 0
     private var concealRun = 0
     private var noiseFloor = 30.0
     private var noiseState: UInt64 = 0x9E37_79B9_7F4A_7C15
@@ -209,6 +217,8 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         playing = false
         fifoStart = 0
         fifoCount = 0
+        waitingInFifo = false
+        resumeFade = 0
         concealRun = 0
         estimator.reset()
         stats = PlayoutStatistics()
@@ -371,7 +381,13 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         floorMs = min(frameMs, max(1, Double(output.count) * 1000 / rate))
         stats.targetDelayMilliseconds = targetMs(nowMs)
         while filled < output.count {
+            if waitingInFifo && fifoCount > 0 && present(nextTs) != nil {
+                resumeFade = min(fifoCount, spf / 2)
+                for i in 0..<resumeFade { concealFrame[i] = fifo[(fifoStart + i) % fifo.count] }
+                fifoCount = 0
+            }
             if fifoCount == 0 {
+                waitingInFifo = false
                 let playMs = nowMs + Double(filled) * 1000 / rate
                 if !playing {
                     if haveFirst
@@ -448,6 +464,8 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
     }
 
     private func produce(playMs: Double) {
+        var fade = resumeFade  // the concealment a packet that came while it played cut short
+        resumeFade = 0
         while true {
             // Playout runs at no less than one pull of delay (see `floorMs`): shrinking
             // below that would only underrun and stretch speech back and forth.
@@ -469,7 +487,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                 waitedFrames = 0  // the wait, if any, was for this packet: it was late, not lost
                 underrunFrames = 0
                 let hadConcealed = concealRun > 0
-                if hadConcealed {  // continuation to cross-fade from
+                if hadConcealed && fade == 0 {  // continuation to cross-fade from
                     if concealRun >= configuration.comfortNoiseAfterFrames {
                         comfortNoise(into: concealFrame)
                     } else {
@@ -487,12 +505,13 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                 }
                 stats.framesDecoded += 1
                 if hadConcealed {
-                    let n = spf / 2
+                    let n = fade > 0 ? fade : spf / 2
                     for i in 0..<n {
                         let w = Double(i) / Double(n)
                         frame[i] = Int16(clamping: Int(Double(concealFrame[i]) * (1 - w) + Double(frame[i]) * w))
                     }
                 }
+                fade = 0
                 endConcealment()
                 let level = rms(frame)
                 let silent = level < max(3 * noiseFloor, 60)
@@ -563,6 +582,15 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                             return
                         }
                     }
+                } else if inPause && late > frameMs / 4 && present(nextTs + Int64(spf)) != nil {
+                    // Less than a frame too much (a packet waited for a pull or two) comes off
+                    // in a pause too: the silent frame is cut short by it.
+                    let cut = min(spf - 1, Int(late * rate / 1000))
+                    stats.silenceTrimmedSamples += cut
+                    played(s, playMs)
+                    nextTs += Int64(spf)
+                    push(frame, spf - cut)
+                    return
                 }
                 played(s, playMs)
                 nextTs += Int64(spf)
@@ -625,6 +653,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             } else {
                 stats.concealedByCause.bufferEmpty += 1  // underrun: the playout point waits
                 underrunFrames += 1
+                waitingInFifo = true
                 // On a steady path a missing packet is most likely lost: should a later one
                 // come first, this frame stands in for it. On a jittery path the wait is the
                 // delay growth the jitter asks for, whatever the packet turns out to be.

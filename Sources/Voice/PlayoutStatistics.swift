@@ -27,6 +27,8 @@ public struct PlayoutStatistics: Sendable, Hashable, CustomStringConvertible {
     public var expandSamples = 0
     public var framesDroppedInSilence = 0
     public var framesInsertedInSilence = 0
+    /// Samples cut from silent frames: less than a frame too much delay, taken off in a pause.
+    public var silenceTrimmedSamples = 0
     public var catchUps = 0
     public var framesDroppedInCatchUp = 0
     /// Concealment runs of 150 ms or more, and their total length.
@@ -49,7 +51,7 @@ public struct PlayoutStatistics: Sendable, Hashable, CustomStringConvertible {
         | decoded / FEC / concealed / comfort noise | \(framesDecoded) / \(framesRecoveredByFEC) / \(framesConcealed) / \(framesComfortNoise) |
         | concealed: lost / late / empty | \(concealedByCause.lost) / \(concealedByCause.late) / \(concealedByCause.bufferEmpty) |
         | accelerate / expand samples | \(accelerateSamples) / \(expandSamples) |
-        | silence frames dropped / inserted | \(framesDroppedInSilence) / \(framesInsertedInSilence) |
+        | silence frames dropped / inserted; samples trimmed | \(framesDroppedInSilence) / \(framesInsertedInSilence); \(silenceTrimmedSamples) |
         | catch-ups (frames dropped) | \(catchUps) (\(framesDroppedInCatchUp)) |
         | interruptions ≥150 ms | \(interruptions) (\(interruptionMilliseconds) ms) |
         | target / mean / p95 delay ms | \(fmt(targetDelayMilliseconds)) / \(fmt(delayMeanMilliseconds)) / \(fmt(delayP95Milliseconds)) |

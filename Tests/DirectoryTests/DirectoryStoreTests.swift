@@ -244,6 +244,45 @@ struct DirectoryStoreTests {
         await store.close()
     }
 
+    /// Two nodes following each other through a PostgreSQL restart: once the server is
+    /// back, each hears what the other writes again (their listening connections are
+    /// made again, their nodes numbered as before).
+    @Test(.enabled(if: postgresReady, "\(PostgresServer.absentMessage)"))
+    func followersHearEachOtherAgainAfterAPostgresRestart() async throws {
+        let backing = try Backing("postgres")
+        defer { backing.remove() }
+        let server = try #require(backing.postgres)
+        let a = try await backing.open()
+        let b = try await backing.open()
+        let nodeA = await a.node
+        let heard = Heard()
+        let following = Task { await b.follow { heard.add($0) } }
+        defer { following.cancel() }
+        let followingA = Task { await a.follow { _ in } }
+        defer { followingA.cancel() }
+        #expect(await heard.wait { $0.contains { if case .resync = $0 { true } else { false } } })
+        server.stop()
+        try server.start()
+        // Writes while the listening connections are being made again may be lost with
+        // them (the resync that follows carries presence): write until one is heard.
+        let carol = PrivateKey.generate().publicKey
+        let online = RendezvousClusterEvent.online(carol, ClusterPresence(node: nodeA, unixSeconds: now))
+        let deadline = ContinuousClock.now + .seconds(15)
+        var resyncs = 0
+        while ContinuousClock.now < deadline, !heard.events.contains(online) {
+            try? await a.write([.online(carol, unixSeconds: now)])
+            resyncs = heard.all.filter { if case .resync = $0 { true } else { false } }.count
+            _ = await heard.wait(seconds: 1) { $0.events.contains(online) }
+        }
+        #expect(heard.events.contains(online), "B heard \(heard.events.suffix(5)); \(resyncs) resyncs")
+        following.cancel()
+        followingA.cancel()
+        await following.value
+        await followingA.value
+        await a.close()
+        await b.close()
+    }
+
     @Test func anUnreachablePostgresIsAClearError() async throws {
         // Port 1 on loopback: nothing listens there.
         let location = try PostgresLocation(url: "postgres://tusa:secret@127.0.0.1:1/tusa")

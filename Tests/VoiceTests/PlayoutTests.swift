@@ -238,6 +238,41 @@ struct PlayoutTests {
         #expect(p.statistics.lostPackets == 0 && p.statistics.concealedByCause.lost == 0, "\(p.statistics)")
     }
 
+    /// On a 5 ms audio clock, one packet 7 ms late on a steady path (no floor): the
+    /// playout point waits for it with concealment, and plays it at the first pull
+    /// after it came, the rest of the concealed frame dropped. It and what follows play
+    /// at most two pulls (10 ms) later than before, not a whole frame.
+    @Test func aLatePacketCostsThePullsWaitedNotAFrame() throws {
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
+        nonisolated(unsafe) var delays: [Int: Double] = [:]  // frame -> play time minus send time (ms)
+        p.onPacketPlayed = { ts, playNs in delays[Int(ts) / Harness.spf] = Double(playNs) / 1e6 - Double(ts) / 8 }
+        let arrival = { (i: Int) in Double(i) * 20 + 25 + (i == 100 ? 7 : 0) }
+        var out = [Int16](repeating: 0, count: 40)
+        var next = 0
+        var t = 3.7
+        var pending = Array(0..<190).sorted { arrival($0) < arrival($1) }[...]
+        while t < 3500 {  // (stopped before the stream ends, which would be waited for too)
+            while let i = pending.first, arrival(i) <= t {
+                h.packets[i].withUnsafeBytes {
+                    p.insert(
+                        sequence: UInt16(i), timestamp: UInt32(i * 160), payload: $0, arrivalNanoseconds: Int64(arrival(i) * 1e6))
+                }
+                pending.removeFirst()
+                next += 1
+            }
+            out.withUnsafeMutableBufferPointer { p.pull(nowNanoseconds: Int64(t * 1e6), into: $0) }
+            t += 5
+        }
+        let s = p.statistics
+        #expect(next > 170 && s.packetsPlayed > 170 && s.lostPackets == 0, "\(s)")
+        #expect(s.concealedByCause.bufferEmpty == 1, "\(s)")
+        let before = try #require(delays[99])
+        let late = try #require(delays[100])
+        let after = try #require(delays[150])
+        #expect(late > before && late <= before + 10.01, "frame 99 played \(before) ms after it was sent, 100 \(late) ms")
+        #expect(after <= before + 10.01, "frame 99 played \(before) ms after it was sent, 150 \(after) ms")
+    }
+
     @Test func longOutageFadesToComfortNoise() throws {
         let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: noStretch)
         _ = h.run(p, arrivals: (0..<200).filter { $0 < 50 || $0 >= 100 }.map { on($0) }, ms: 4400)
@@ -321,12 +356,12 @@ struct PlayoutTests {
         #expect(call.accelerateSamples > 0, "the call's playout: \(call)")
         let (party, delays) = try run(PlayoutConfiguration(shrinkInPausesUpToMilliseconds: 60))
         #expect(party.accelerateSamples == 0 && party.expandSamples == 0, "\(party)")
-        #expect(party.framesDroppedInSilence >= 1, "\(party)")
+        #expect(party.framesDroppedInSilence + party.silenceTrimmedSamples > 0, "\(party)")
         #expect(party.lostPackets == 0 && party.packetsPlayed == 200, "\(party)")
         let before = try #require(delays[30])
         let held = try #require(delays[100])
         let after = try #require(delays[150])
-        #expect(held >= before + 19, "delay before \(before) ms, after the late packet \(held) ms")
+        #expect(held >= before + 10, "delay before \(before) ms, after the late packet \(held) ms")
         #expect(after <= before + 1, "delay before \(before) ms, after the pause \(after) ms")
     }
 
