@@ -43,7 +43,7 @@ public final class PartyVoice: @unchecked Sendable {
     public var onSourceEnded: (@Sendable () -> Void)?
 
     /// - Parameter playout: each speaker's jitter buffer (rate and frame come from
-    ///   `codec`); by default ``defaultPlayout(for:)``, which holds a frame at least.
+    ///   `codec`); by default ``defaultPlayout(for:)``.
     public init(
         codec: CodecConfiguration, source: AudioSource?, sink: AudioSink?, echoCancellation: Bool = false,
         playout: PlayoutConfiguration? = nil
@@ -80,23 +80,19 @@ public final class PartyVoice: @unchecked Sendable {
         }
     }
 
-    /// A party's jitter buffers hold at least one frame. A call's plays a packet one 5 ms
-    /// pull after the fastest arrive, but a party's member runs a mixer, several
-    /// streams and, as often as not, a game: a packet a few ms late there left the
-    /// playout point waiting and then time-stretching speech back, which cost pairs of
-    /// the four-member party 0.1-0.7 PESQ in two runs of five on a quiet machine and in
-    /// every run beside two CPU hogs; with the frame held, none in any
-    /// (`Benchmarks/party-starvation.sh`). `tusa party --min-delay 0` goes back to the
-    /// pull for the lowest delay.
-    ///
-    /// Delay gained that way (a late packet waited for) comes off in the speaker's next
-    /// pause, not by speeding speech up, up to 60 ms over the target; past that (a
-    /// pile-up after a TCP stall) speech plays up to 2× faster until it is back under,
-    /// and past the 400 ms maximum audio is dropped
-    /// (``PlayoutConfiguration/shrinkInPausesUpToMilliseconds``).
+    /// A party's jitter buffers play as early as a call's (a packet one 5 ms pull after
+    /// the fastest arrive), but delay a late packet added (the frame concealed while it
+    /// was waited for, cut short when it came) comes off in the speaker's next pause,
+    /// not by speeding speech up, up to 60 ms over the target; past that (a pile-up
+    /// after a TCP stall) speech plays up to 2× faster until it is back under, and past
+    /// the 400 ms maximum audio is dropped
+    /// (``PlayoutConfiguration/shrinkInPausesUpToMilliseconds``). A party's member runs
+    /// a mixer, several streams and, as often as not, a game: time-stretching speech
+    /// back after each packet a few ms late cost pairs of the four-member party 0.1-1.1
+    /// PESQ beside two CPU hogs; now none (`Benchmarks/party-starvation.sh`).
+    /// `tusa party --min-delay` holds more.
     public static func defaultPlayout(for codec: CodecConfiguration) -> PlayoutConfiguration {
-        PlayoutConfiguration(
-            minimumDelayMilliseconds: codec.frameDuration.milliseconds, shrinkInPausesUpToMilliseconds: 60)
+        PlayoutConfiguration(minimumDelayMilliseconds: 0, shrinkInPausesUpToMilliseconds: 60)
     }
 
     /// Starts the audio clock, sending through `connection`.

@@ -132,7 +132,7 @@ struct PartyAudioOptions: ParsableArguments {
     @Option(
         name: .customLong("min-delay"),
         help: ArgumentHelp(
-            "Play every speaker at least this long behind its fastest packets, in ms (0-300; default: one frame): a packet that came n ms slower than those waits n ms less in the jitter buffer. 0 plays as early as the path allows, for the lowest delay on a quiet machine; more rides out a busy one.",
+            "Play every speaker at least this long behind its fastest packets, in ms (0-300; default 0: as early as the path allows, as a call does): a packet that came n ms slower than those waits n ms less in the jitter buffer. More rides out a path or a machine that delays packets often.",
             valueName: "ms"))
     var minimumDelay: Int?
 

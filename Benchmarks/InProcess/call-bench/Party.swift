@@ -13,8 +13,8 @@ import Voice
 /// A party's mouth-to-ear through the relay, measured as the call's is: a
 /// `PartyService` on loopback, a speaker playing the click train and a listener
 /// recording, each a `PartyConnection` with its `PartyVoice` (the same codec and
-/// 5 ms audio clock as a call; the call's playout, or the party's default that
-/// holds a frame). The path adds the relay's hop: the
+/// 5 ms audio clock as a call; the party's default playout, or that with a frame
+/// held). The path adds the relay's hop: the
 /// speaker's frame is sealed end to end, then for the hop, opened by the relay,
 /// sealed again for the listener, opened twice.
 func runParty(frameMs: Int, seconds: Int, holdAFrame: Bool) async throws -> [Double] {
@@ -33,10 +33,10 @@ func runParty(frameMs: Int, seconds: Int, holdAFrame: Bool) async throws -> [Dou
     let source = ClickSource(
         frame: options.codec.samplesPerFrame, period: max(2, 400 / frameMs), frames: seconds * 1000 / frameMs)
     let sink = TimedSink()
+    var playout = PartyVoice.defaultPlayout(for: options.codec)
+    if holdAFrame { playout.minimumDelayMilliseconds = frameMs }
     let speaking = try PartyVoice(codec: options.codec, source: source, sink: nil)
-    let listening = try PartyVoice(
-        codec: options.codec, source: nil, sink: sink,
-        playout: holdAFrame ? PartyVoice.defaultPlayout(for: options.codec) : PlayoutConfiguration())
+    let listening = try PartyVoice(codec: options.codec, source: nil, sink: sink, playout: playout)
     let speaker = try await PartyConnection.connect(
         to: relay, relayKey: service.identity.publicKey, identity: .generate(), transport: .udp, audio: speaking.audioHandler,
         logger: logger)

@@ -78,8 +78,8 @@ for (frameMs, target) in [(20, 45.0), (10, 25.0)] {
 }
 
 // A party through the relay beside the call (issue 15: within 5 ms of a direct call),
-// with the call's playout (`--min-delay 0`: the hop's own cost) and with the party's
-// default, which holds a frame (`PartyVoice.defaultPlayout`).
+// with the party's default playout (`PartyVoice.defaultPlayout`: no floor, as a call's)
+// and with a frame held (`--min-delay` of a frame).
 print()
 print("## A party through the relay, beside the direct call (call-bench, \(seconds) s, same codec)")
 print()
@@ -100,10 +100,10 @@ for frameMs in [20, 10] {
             print(
                 String(
                     format: "| %d ms | %@ | %.1f / %.1f / %.1f | %.1f | %+.1f | %d | %@ |",
-                    frameMs, held ? "party default (a frame held)" : "the call's (--min-delay 0)", med,
+                    frameMs, held ? "a frame held (--min-delay \(frameMs))" : "party default", med,
                     percentile(delays, 0.95), delays.max() ?? .nan, call, med - call, delays.count, verdict))
         } catch {
-            print("| \(frameMs) ms | \(held ? "party default" : "--min-delay 0") | party failed: \(error) | | | | |")
+            print("| \(frameMs) ms | \(held ? "a frame held" : "party default") | party failed: \(error) | | | | |")
             failed = true
         }
     }
