@@ -221,6 +221,13 @@ let package = Package(
             dependencies: ["Secure", "FuzzDriver"],
             swiftSettings: strict
         ),
+        // libFuzzer entry point for the directory's parsers and server core
+        // (RendezvousFuzzChecks); same build modes as STUNFuzz.
+        .executableTarget(
+            name: "RendezvousFuzz",
+            dependencies: ["Rendezvous", "FuzzDriver"],
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "SecureTests",
             dependencies: ["Secure", "TusaBase", "TestSupport"],
@@ -324,6 +331,7 @@ let package = Package(
         .testTarget(
             name: "RendezvousTests",
             dependencies: ["Rendezvous", "Secure", "TusaBase"],
+            exclude: ["FuzzCrashes", "FuzzSeeds"],
             swiftSettings: strict
         ),
         .testTarget(

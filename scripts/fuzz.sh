@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets and runs them for N seconds in all (default
 # 600), split between them: STUNFuzz (the STUN decoders) on a corpus seeded from
-# ../shared/interop/fuzz-seeds and its pinned crash inputs, then SecureFuzz (media
-# and control packet openers, the Noise IK responder) on its pinned inputs. A
+# ../shared/interop/fuzz-seeds and its pinned crash inputs, for half; then
+# SecureFuzz (media and control packet openers, the Noise IK responder) and
+# RendezvousFuzz (the directory's messages, framing, cluster notices and server
+# core; seeded from Tests/RendezvousTests/FuzzSeeds) on their pinned inputs, a
+# quarter each. A
 # crash writes the input to Tests/<Target>Tests/FuzzCrashes/ (pin it there: a
 # test replays every file).
 set -euo pipefail
@@ -41,5 +44,9 @@ else
   echo "fuzz: ../shared/interop absent: STUNFuzz starts from the pinned inputs only"
 fi
 half=$((seconds / 2))
+quarter=$(((seconds - half) / 2))
 fuzz STUNFuzz Tests/STUNTests/FuzzCrashes "$half"
-fuzz SecureFuzz Tests/SecureTests/FuzzCrashes "$((seconds - half))"
+fuzz SecureFuzz Tests/SecureTests/FuzzCrashes "$((seconds - half - quarter))"
+mkdir -p "$scratch/corpus-RendezvousFuzz"
+cp -n Tests/RendezvousTests/FuzzSeeds/*.json "$scratch/corpus-RendezvousFuzz"/ 2>/dev/null || true
+fuzz RendezvousFuzz Tests/RendezvousTests/FuzzCrashes "$quarter"
