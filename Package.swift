@@ -330,7 +330,7 @@ let package = Package(
         ),
         .testTarget(
             name: "RendezvousTests",
-            dependencies: ["Rendezvous", "Secure", "TusaBase"],
+            dependencies: ["Rendezvous", "Secure", "TusaBase", "TestSupport"],
             exclude: ["FuzzCrashes", "FuzzSeeds"],
             swiftSettings: strict
         ),

@@ -1,19 +1,18 @@
 import Foundation
 import Rendezvous
 import Secure
+import TestSupport
 import Testing
 
 /// Every input RendezvousFuzz ever crashed on stays fixed, and the checks hold
 /// for inputs shaped like what a fuzzer starts from: real messages and notices,
 /// cut short and with a byte changed.
 struct RendezvousFuzzRegressionTests {
-    static let folder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("FuzzCrashes")
-    static let inputs: [String] = ((try? FileManager.default.contentsOfDirectory(atPath: folder.path)) ?? [])
-        .filter { $0 != "README.md" }.sorted()
+    static let pinned = PinnedFuzzInputs(besideTestFile: #filePath)
 
-    @Test(arguments: inputs)
+    @Test(arguments: pinned.names)
     func pinnedCrashInputStaysFixed(name: String) throws {
-        RendezvousFuzzChecks.exercise(Array(try Data(contentsOf: Self.folder.appendingPathComponent(name))))
+        RendezvousFuzzChecks.exercise(try Self.pinned.bytes(name))
     }
 
     /// The corpus `scripts/fuzz.sh` starts from holds what the server and the database

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 import TusaBase
 
@@ -7,14 +8,11 @@ import TusaBase
 /// Every input the fuzzer ever crashed on stays fixed: each file in
 /// FuzzCrashes/ runs through the same checks as the fuzz target.
 struct FuzzRegressionTests {
-    static let folder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("FuzzCrashes")
-    static let inputs: [String] = ((try? FileManager.default.contentsOfDirectory(atPath: folder.path)) ?? [])
-        .filter { $0 != "README.md" }.sorted()
+    static let pinned = PinnedFuzzInputs(besideTestFile: #filePath)
 
-    @Test(arguments: inputs)
+    @Test(arguments: pinned.names)
     func pinnedCrashInputStaysFixed(name: String) throws {
-        let bytes = Array(try Data(contentsOf: Self.folder.appendingPathComponent(name)))
-        FuzzChecks.exercise(bytes)
+        FuzzChecks.exercise(try Self.pinned.bytes(name))
     }
 
     /// Inputs shaped like the bugs fuzzers find in STUN parsers: lengths that

@@ -1,17 +1,16 @@
 import Foundation
 import Secure
+import TestSupport
 import Testing
 
 /// Every input SecureFuzz ever crashed on stays fixed, and the checks hold
 /// for inputs shaped like what a fuzzer starts from.
 struct SecureFuzzRegressionTests {
-    static let folder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("FuzzCrashes")
-    static let inputs: [String] = ((try? FileManager.default.contentsOfDirectory(atPath: folder.path)) ?? [])
-        .filter { $0 != "README.md" }.sorted()
+    static let pinned = PinnedFuzzInputs(besideTestFile: #filePath)
 
-    @Test(arguments: inputs)
+    @Test(arguments: pinned.names)
     func pinnedCrashInputStaysFixed(name: String) throws {
-        SecureFuzzChecks.exercise(Array(try Data(contentsOf: Self.folder.appendingPathComponent(name))))
+        SecureFuzzChecks.exercise(try Self.pinned.bytes(name))
     }
 
     @Test func seedShapedInputsPassTheChecks() throws {
