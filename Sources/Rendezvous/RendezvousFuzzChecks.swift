@@ -73,9 +73,7 @@ public enum RendezvousFuzzChecks {
             }
             if !sent { break }
         }
-        let framed =
-            bytes.count <= RendezvousFrame.maximumLength
-            ? [UInt8(truncatingIfNeeded: bytes.count >> 8), UInt8(truncatingIfNeeded: bytes.count)] + bytes : []
+        let framed = bytes.count <= RendezvousFrame.maximumLength ? RendezvousFrame.frame(body: bytes) : []
         for input in [framed, bytes] where !input.isEmpty {
             server.handle(.received(registered, input, unixSeconds: unixSeconds), now: now)
             _ = server.drainActions()

@@ -237,9 +237,11 @@ public struct RendezvousFrame: Sendable {
 
     public init() {}
 
-    public static func frame(_ message: RendezvousMessage) -> [UInt8] {
-        let body = message.encode()
-        return [UInt8(truncatingIfNeeded: body.count >> 8), UInt8(truncatingIfNeeded: body.count)] + body
+    public static func frame(_ message: RendezvousMessage) -> [UInt8] { frame(body: message.encode()) }
+
+    /// `body` behind its length (at most `maximumLength` bytes, or the stream breaks).
+    public static func frame(body: [UInt8]) -> [UInt8] {
+        [UInt8(truncatingIfNeeded: body.count >> 8), UInt8(truncatingIfNeeded: body.count)] + body
     }
 
     /// Adds stream bytes; returns the complete frames so far. A frame announced longer
