@@ -15,7 +15,8 @@
 #     echo return loss, CPU per call-second against the bare library calls
 #     (voice-bench), and PESQ under loss against a speexdsp baseline (quality.sh).
 #     A four-member party's PESQ beside two CPU hogs and on a quiet machine, on
-#     defaults and with a frame held, --min-delay 20 (party-starvation.sh).
+#     defaults, with a frame held (--min-delay 20) and with 60 ms held as the
+#     party test holds (party-starvation.sh).
 #     Parties: the room core's forwarding and hop sealing per delivered frame
 #     against the bare AEAD seal; join and rekey times on loopback (party-bench).
 #     The directory: invitations acknowledged once stored, in memory, SQLite and
@@ -79,7 +80,7 @@ echo
 echo "== Voice quality: PESQ under loss (Benchmarks/quality.sh, also make quality)"
 TUSA="$TUSA" bash Benchmarks/quality.sh
 echo
-echo "== A party on a busy machine: PESQ with two CPU hogs, defaults and --min-delay 20 (Benchmarks/party-starvation.sh)"
+echo "== A party on a busy machine: PESQ with two CPU hogs, defaults, --min-delay 20 and 60 (Benchmarks/party-starvation.sh)"
 TUSA="$TUSA" bash Benchmarks/party-starvation.sh 5 2>&1 | tee out/bench/party-starvation.md || true
 echo
 echo "== Calls: dial to first audio, mouth-to-ear (Benchmarks/InProcess/call-bench)"

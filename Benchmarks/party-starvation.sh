@@ -8,7 +8,10 @@
 #               packets, as in a call; delay a late packet added comes off in pauses);
 #   quiet, 20   the same with --min-delay 20 (a frame held);
 #   hog         two busy loops, one per core, for the whole party, on defaults;
-#   hog, 20     the same with --min-delay 20.
+#   hog, 20     the same with --min-delay 20;
+#   hog, 60     the same with --min-delay 60 (what PartyCommandTests holds: its
+#               debug-build members on a shared CI machine).
+# TUSA=.build/debug/tusa runs the debug build the tests run.
 # Each row: the runs' worst pair, the median pair, the members' mean playout delay
 # and how much speech their jitter buffers time-stretched (summed over listeners).
 # Usage: Benchmarks/party-starvation.sh [RUNS [ROW...]]   (default 3 runs of every row)
@@ -95,3 +98,4 @@ row quiet 0
 row "quiet, 20" 0 --min-delay 20
 row hog 2
 row "hog, 20" 2 --min-delay 20
+row "hog, 60" 2 --min-delay 60
