@@ -114,8 +114,11 @@ public final class RelayMetrics: Sendable {
         memoryRefusals = counter("tusa_memory_refusals_total")
     }
 
-    /// Brings the memory metrics up to the guard's last sample.
+    /// Brings the memory metrics up to the guard's last sample. A guard that has not
+    /// sampled yet (its service started beside the endpoint, on a busy machine a moment
+    /// after the first scrape) is made to sample now: the limit is never shown as 0.
     public func update(from memory: MemoryGuard) {
+        if memory.lastSample == nil { memory.check() }
         let (fullest, short, refusals) = (memory.lastSample, memory.shortage != nil, memory.refusals)
         state.withLockedValue { state in
             if let fullest {

@@ -52,6 +52,24 @@ struct MetricsTests {
         #expect(after["tusa_party_frames_total{outcome=\"spoofed\"}"] == 2)
     }
 
+    /// A scrape before the memory guard's first sample (the guard's service starts beside
+    /// the endpoint; on a busy machine the endpoint's first refresh can come first) shows
+    /// the limit, not 0. The last fresh-clone run beside two CPU hogs served
+    /// `tusa_memory_limit_bytes 0.0` to `tusa relay -c FILE --prometheus`.
+    @Test("memory metrics before the guard's first sample: it samples, the limit is never 0")
+    func memoryMetricsBeforeTheFirstSample() throws {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = RelayMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        let memory = MemoryGuard(option: 3 << 30, logger: quietLogger)
+        #expect(memory.lastSample == nil)
+        metrics.update(from: memory)
+        let text = Exposition(registry.emitToString())
+        let limit = try #require(text["tusa_memory_limit_bytes"])
+        #expect(limit > 0 && limit <= Double(3 << 30), "\(limit)")
+        #expect(try #require(text["tusa_memory_used_bytes"]) > 0)
+        #expect(text["tusa_memory_short"] == 0)
+    }
+
     @Test("every metric is registered up front; updates add what each total gained")
     func relayMetricsFollowTotals() throws {
         let registry = PrometheusCollectorRegistry()
