@@ -228,20 +228,21 @@ struct PartyServiceTests {
     }
 
     /// The same key back again and again (`tusa party list` then `join`, a client
-    /// restarted): each new session is answered at once, whatever the last one left.
+    /// restarted): each new session is answered, whatever the last one left. That it
+    /// is answered at once, with no wait for the roaming interval, is pinned on the
+    /// virtual clock (`SecureEndpointTests.aPeerRestartedOnAnotherPortIsHeardAtOnce`):
+    /// the wall time here is the machine's (1.3 s once beside two CPU hogs).
     @Test func theSameKeyReconnectingIsAnsweredEveryTime() async throws {
         try await withPartyRelay { relay, relayKey, _ in
             let bob = Identity.generate()
             for round in 0..<8 {
                 let c = try await PartyConnection.connect(
                     to: relay, relayKey: relayKey, identity: bob, transport: .udp, logger: quiet)
-                let started = ContinuousClock.now
                 let answer: Result<RoomDescription?, any Error>
                 do { answer = .success(try await c.describe("nosuchroomxx", timeout: .seconds(3))) } catch {
                     answer = .failure(error)
                 }
                 #expect((try? answer.get()) == .some(nil), "round \(round): \(answer)")
-                #expect(ContinuousClock.now - started < .milliseconds(500), "round \(round): answered only after a wait")
                 await c.close()
             }
         }
