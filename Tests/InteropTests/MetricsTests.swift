@@ -54,7 +54,7 @@ struct MetricsTests {
 
     /// A scrape before the memory guard's first sample (the guard's service starts beside
     /// the endpoint; on a busy machine the endpoint's first refresh can come first) shows
-    /// the limit, not 0. The last fresh-clone run beside two CPU hogs served
+    /// the limit, not 0. A run of the whole suite beside two CPU hogs served
     /// `tusa_memory_limit_bytes 0.0` to `tusa relay -c FILE --prometheus`.
     @Test("memory metrics before the guard's first sample: it samples, the limit is never 0")
     func memoryMetricsBeforeTheFirstSample() throws {
