@@ -18,11 +18,11 @@ struct RendezvousFuzzRegressionTests {
     /// The corpus `scripts/fuzz.sh` starts from holds what the server and the database
     /// really deliver: each seed is a message or a notice.
     @Test func theFuzzSeedsAreMessagesAndNotices() throws {
-        let seeds = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("FuzzSeeds")
-        let names = try FileManager.default.contentsOfDirectory(atPath: seeds.path).filter { $0.hasSuffix(".json") }
+        let seeds = PinnedFuzzInputs(besideTestFile: #filePath, folder: "FuzzSeeds")
+        let names = seeds.names.filter { $0.hasSuffix(".json") }
         #expect(names.count >= 8)
         for name in names {
-            let bytes = Array(try Data(contentsOf: seeds.appendingPathComponent(name)))
+            let bytes = try seeds.bytes(name)
             let message = try? RendezvousMessage(decoding: bytes)
             let notice = try? ClusterNotice(decoding: String(decoding: bytes, as: UTF8.self))
             #expect(message != nil || notice != nil, "\(name)")
