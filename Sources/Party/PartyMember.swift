@@ -134,6 +134,12 @@ public struct PartyMember: SansIOCore {
         return nil
     }
 
+    /// The room this member is getting back into after losing its session (nil otherwise).
+    public var rejoining: String? {
+        if case .rejoining(let room, _, _, _) = phase { return room }
+        return nil
+    }
+
     // MARK: SansIOCore
 
     public mutating func handle(_ input: Input, now: Timestamp) {

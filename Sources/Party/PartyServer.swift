@@ -30,6 +30,9 @@ public struct PartyServer: SansIOCore {
         /// How long a room whose last member's session was lost waits for a
         /// member to come back (``PartyControl/rejoin(ticket:member:highest:)``).
         public var dormantFor: Duration = .seconds(60)
+        /// What every room id starts with: a relay of a directory puts its tag
+        /// there (``RoomHome/roomPrefix(for:)``), so the directory finds its rooms.
+        public var roomPrefix = ""
         public init() {}
     }
 
@@ -305,7 +308,7 @@ public struct PartyServer: SansIOCore {
         }
         let limit = min(max(maxMembers ?? configuration.maxMembers, 2), configuration.maxMembers)
         var id: String
-        repeat { id = Self.roomID(&random) } while rooms[id] != nil
+        repeat { id = configuration.roomPrefix + Self.roomID(&random) } while rooms[id] != nil
         rooms[id] = Room(
             id: id, name: name, creator: key, maxMembers: limit, invited: invited,
             ticket: tickets.issue(room: id, name: name, creator: key, maxMembers: limit, invited: invited),

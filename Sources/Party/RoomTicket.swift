@@ -54,6 +54,18 @@ public struct RoomTicketAuthority: Sendable {
         self.init(key: (try? SecretKey(bytes: derived)) ?? .random(), incarnation: incarnation)
     }
 
+    /// Tickets keyed from a directory's relay secret (`tusa relay --directory-secret`):
+    /// every relay of that directory accepts the others' tickets, so a room whose
+    /// relay died or drained is rebuilt, as it was made, on the relay the directory
+    /// places it on next (``RoomHome``).
+    public init(directorySecret: String, incarnation: UInt64) {
+        // (The secret hashed first: a key is at most 64 bytes, a secret any length.)
+        let derived = Blake2b.hash(
+            Array("tusa party room tickets of a directory".utf8), key: Blake2b.hash(Array(directorySecret.utf8)),
+            outputLength: 32)
+        self.init(key: (try? SecretKey(bytes: derived)) ?? .random(), incarnation: incarnation)
+    }
+
     public init(key: SecretKey, incarnation: UInt64) {
         self.key = key
         self.incarnation = incarnation

@@ -32,6 +32,10 @@ public final class PartyService: Service, Sendable {
     /// TCP ports members whose UDP is blocked connect to (RFC 4571 framing): nil
     /// stands for the UDP port's own number, 0 for any free port.
     public let streamPorts: [UInt16?]
+    /// The directory's relay secret when the relay reports to one: room tickets are
+    /// keyed from it, so that any relay of the directory takes a moved room back
+    /// (``RoomTicketAuthority/init(directorySecret:incarnation:)``); nil: from the identity.
+    public let ticketSecret: String?
     /// While it says memory is short, new rooms and joins are refused.
     private let memory: MemoryGuard?
     private let logger: Logger
@@ -42,8 +46,10 @@ public final class PartyService: Service, Sendable {
 
     public init(
         address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(),
-        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], memory: MemoryGuard? = nil, logger: Logger
+        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], ticketSecret: String? = nil, memory: MemoryGuard? = nil,
+        logger: Logger
     ) {
+        self.ticketSecret = ticketSecret
         self.memory = memory
         self.keyLogPath = keyLogPath
         self.streamPorts = streamPorts
@@ -78,8 +84,12 @@ public final class PartyService: Service, Sendable {
         let loop = endpoint.eventLoop
         let logger = self.logger
         let configuration = self.configuration
-        // Keyed by the identity: with the same identity file, a restarted relay takes its rooms' members back.
-        let tickets = RoomTicketAuthority(identity: identity.privateKey, incarnation: UInt64.random(in: .min ... .max))
+        // Keyed by the identity: with the same identity file, a restarted relay takes its rooms' members back;
+        // by the directory's secret: so does any relay of the directory.
+        let incarnation = UInt64.random(in: .min ... .max)
+        let tickets =
+            ticketSecret.map { RoomTicketAuthority(directorySecret: $0, incarnation: incarnation) }
+            ?? RoomTicketAuthority(identity: identity.privateKey, incarnation: incarnation)
         let rooms: NIOLoopBound<PartyRooms>
         do {
             rooms = try await loop.submit { [statisticsBox, roomsBox] in

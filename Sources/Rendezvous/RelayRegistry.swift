@@ -99,6 +99,11 @@ public struct RelayRegistry: Sendable {
     public let configuration: Configuration
     public private(set) var relays: [PublicKey: Relay] = [:]
     private var random: SplitMix64
+    /// Rooms placed again (their own relay gone or draining), and where: a room
+    /// stays where it was sent while that relay lives, whatever joins the cluster.
+    private var moved: [String: PublicKey] = [:]
+    /// At most this many moves are remembered (a flood of bogus room ids cannot grow it further).
+    static let movedLimit = 100_000
 
     public init(configuration: Configuration = .init(), seed: UInt64 = UInt64.random(in: .min ... .max)) {
         self.configuration = configuration
@@ -142,8 +147,31 @@ public struct RelayRegistry: Sendable {
         return relays[chosen.key]
     }
 
-    /// Forgets relays down for longer than a minute.
+    /// The relay that hosts party room `room` now (nil: no live relay hosts parties).
+    ///
+    /// While the relay it was made on (``RoomHome/tag(ofRoom:)``) or last placed on
+    /// is live and not draining, that one; else the live relay of highest
+    /// ``RoomHome`` weight for it, below the ceiling when any is (remembered, so that
+    /// the room stays there). Every node that knows the same live relays answers the same.
+    public mutating func host(room: String, now: Timestamp) -> Relay? {
+        let hosts = live(now: now).filter { $0.load.party != nil && !$0.load.draining }
+        if let key = moved[room], let relay = hosts.first(where: { $0.key == key }) { return relay }
+        if let tag = RoomHome.tag(ofRoom: room), let home = hosts.first(where: { RoomHome.tag(of: $0.key) == tag }) {
+            return home
+        }
+        let roomy = hosts.filter { $0.utilisation(now: now) < configuration.ceiling }
+        guard
+            let chosen = (roomy.isEmpty ? hosts : roomy).max(by: {
+                RoomHome.weight(room: room, relay: $0.key) < RoomHome.weight(room: room, relay: $1.key)
+            })
+        else { return nil }
+        if moved[room] != nil || moved.count < Self.movedLimit { moved[room] = chosen.key }
+        return chosen
+    }
+
+    /// Forgets relays down for longer than a minute, and moves to them.
     public mutating func expire(now: Timestamp) {
         relays = relays.filter { now - $0.value.heard < configuration.downAfter + .seconds(60) }
+        moved = moved.filter { relays[$0.value] != nil }
     }
 }

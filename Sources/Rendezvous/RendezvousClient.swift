@@ -16,6 +16,8 @@ public struct RendezvousClient: Sendable {
         /// hosts parties when it does.
         case registered(TURNGrant?, party: PartyGrant?)
         case lookup(id: UInt32, key: PublicKey, online: Bool)
+        /// Where party room `room` is hosted now (the answer to ``RendezvousClient/locate(room:now:)``).
+        case located(id: UInt32, room: String, party: PartyGrant)
         /// The server passed request `id` on.
         case sent(id: UInt32)
         /// A payload from a peer, opened and authenticated as coming from `from`.
@@ -79,6 +81,14 @@ public struct RendezvousClient: Sendable {
         return id
     }
 
+    /// Asks which relay hosts party room `room` now; the answer is `.located` or
+    /// `.refused` (`.noRelay`) with the returned id.
+    public mutating func locate(room: String, now: Timestamp) -> UInt32 {
+        let id = takeID(now: now)
+        actions.append(.write(RendezvousFrame.frame(.locate(id: id, room: room))))
+        return id
+    }
+
     /// Seals `payload` to `peer` and frames it for the server; the answer is `.sent`
     /// or `.refused` with the returned id.
     public mutating func send(_ payload: [UInt8], to peer: PublicKey, now: Timestamp) throws -> UInt32 {
@@ -135,6 +145,9 @@ public struct RendezvousClient: Sendable {
             case .sent(let id):
                 requestDeadlines[id] = nil
                 actions.append(.event(.sent(id: id)))
+            case .located(let id, let room, let party):
+                requestDeadlines[id] = nil
+                actions.append(.event(.located(id: id, room: room, party: party)))
             case .deliver(let from, let sealed):
                 do {
                     actions.append(.event(.received(from: from, payload: try Sealing.open(sealed, from: from, to: identity))))
@@ -149,7 +162,7 @@ public struct RendezvousClient: Sendable {
                 actions.append(.write(RendezvousFrame.frame(.pong)))
             case .pong:
                 actions.append(.event(.pong))
-            case .register, .lookup, .send, .post, .load:
+            case .register, .lookup, .send, .post, .load, .locate:
                 throw .malformed("a client message from the server")
             }
         }

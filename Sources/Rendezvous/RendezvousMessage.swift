@@ -57,6 +57,8 @@ public enum RendezvousErrorCode: String, Codable, Sendable, CaseIterable {
     case timeout
     /// The server holds too many connections.
     case full
+    /// No live relay hosts parties now (the answer to `locate`).
+    case noRelay = "no-relay"
 }
 
 /// One rendezvous message. Binary fields travel as base64 in JSON objects, one per
@@ -90,6 +92,11 @@ public enum RendezvousMessage: Equatable, Sendable {
     /// Relay → directory, every 2 s once registered: its load, and the proof that it
     /// holds the directory's relay secret (``RelayLoad/proof(secret:key:challenge:load:)``). No answer.
     case load(RelayLoad, proof: [UInt8])
+    /// Client → server: which relay hosts party room `room` now? (A joiner asks, and
+    /// a member whose relay went silent: ``RelayRegistry/host(room:now:)``.)
+    case locate(id: UInt32, room: String)
+    /// Server → client: the answer to `locate`.
+    case located(id: UInt32, room: String, party: PartyGrant)
 
     private struct Wire: Codable {
         var type: String
@@ -106,6 +113,7 @@ public enum RendezvousMessage: Equatable, Sendable {
         var turn: TURNGrant?
         var party: PartyGrant?
         var load: RelayLoad?
+        var room: String?
     }
 
     public func encode() -> [UInt8] {
@@ -160,6 +168,15 @@ public enum RendezvousMessage: Equatable, Sendable {
             w.type = "load"
             w.load = l
             w.proof = b64(p)
+        case .locate(let id, let room):
+            w.type = "locate"
+            w.id = id
+            w.room = room
+        case .located(let id, let room, let party):
+            w.type = "located"
+            w.id = id
+            w.room = room
+            w.party = party
         }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
@@ -203,6 +220,9 @@ public enum RendezvousMessage: Equatable, Sendable {
         case "ping": self = .ping
         case "pong": self = .pong
         case "load": self = .load(try need(w.load, "load"), proof: try bytes(w.proof, "proof"))
+        case "locate": self = .locate(id: try need(w.id, "id"), room: try need(w.room, "room"))
+        case "located":
+            self = .located(id: try need(w.id, "id"), room: try need(w.room, "room"), party: try need(w.party, "party"))
         default: throw .malformed("unknown message type \"\(w.type)\"")
         }
     }

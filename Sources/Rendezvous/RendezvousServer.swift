@@ -400,7 +400,24 @@ public struct RendezvousServer: Sendable {
             relayRegistry.report(key, load, now: now)
             if clustered { records.append(.relayLoad(key, load)) }
             return []
-        case .hello, .registered, .lookupResult, .sent, .deliver, .error:
+        case .locate(let requestID, let room):
+            guard c.key != nil else {
+                return refuse(id, .notRegistered, "register before locate", requestID: requestID, close: false)
+            }
+            guard (1...Self.longestRoomID).contains(room.utf8.count) else {
+                return refuse(
+                    id, .malformed, "a room id is 1-\(Self.longestRoomID) bytes, not \(room.utf8.count)", requestID: requestID,
+                    close: false)
+            }
+            // A relay's own rendezvous: its relay. With relays reporting: where the registry says.
+            let party =
+                configuration.relaySecret == nil
+                ? configuration.party : relayRegistry.host(room: room, now: now)?.load.party
+            guard let party else {
+                return refuse(id, .noRelay, "no relay hosts parties now", requestID: requestID, close: false)
+            }
+            return [.send(id, RendezvousFrame.frame(.located(id: requestID, room: room, party: party)))]
+        case .hello, .registered, .lookupResult, .sent, .deliver, .error, .located:
             return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
         }
     }
@@ -596,4 +613,7 @@ public struct RendezvousServer: Sendable {
     }
 
     private mutating func count(_ code: RendezvousErrorCode) { statistics.refused[code, default: 0] += 1 }
+
+    /// The longest room id `locate` takes (as an invitation does).
+    static let longestRoomID = 64
 }

@@ -1,4 +1,5 @@
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import Party
 import Secure
@@ -58,21 +59,25 @@ public struct PartyJoined: Hashable, Sendable {
 ///
 /// When the core reports the session lost (`.connectionLost`: the relay went
 /// silent or restarted), the connection handshakes with the relay again, retrying
-/// with backoff, and the core rejoins its room (`.rejoined`) with its keys.
+/// with backoff, and the core rejoins its room (`.rejoined`) with its keys. Given
+/// a ``Locator`` (a directory's `locate`), it asks before each try where the room
+/// is now: when the directory has placed it on another relay (its own died or
+/// drained), the member moves there and rejoins with the same ticket and keys.
 public final class PartyConnection: Sendable {
-    public let relay: TransportAddress
-    public let relayKey: PublicKey
+    /// The relay this member is with now (another after a move).
+    public var relay: TransportAddress { place.withLockedValue { $0.address } }
+    public var relayKey: PublicKey { place.withLockedValue { $0.key } }
+    private let place: NIOLockedValueBox<(address: TransportAddress, key: PublicKey)>
     public let identity: PublicKey
     public let events: AsyncStream<PartyMemberEvent>
     private let endpoint: SecureUDPEndpoint
     private let driver: NIOLoopBound<PartyDriver>
 
     private init(
-        relay: TransportAddress, relayKey: PublicKey, identity: PublicKey, events: AsyncStream<PartyMemberEvent>,
-        endpoint: SecureUDPEndpoint, driver: NIOLoopBound<PartyDriver>
+        place: NIOLockedValueBox<(address: TransportAddress, key: PublicKey)>, identity: PublicKey,
+        events: AsyncStream<PartyMemberEvent>, endpoint: SecureUDPEndpoint, driver: NIOLoopBound<PartyDriver>
     ) {
-        self.relay = relay
-        self.relayKey = relayKey
+        self.place = place
         self.identity = identity
         self.events = events
         self.endpoint = endpoint
@@ -84,16 +89,21 @@ public final class PartyConnection: Sendable {
     /// taken as the packet arrives, not when a task gets round to it).
     public typealias AudioHandler = @Sendable (MemberID, PartyFrameHeader, [UInt8]) -> Void
 
+    /// Where room `room` is hosted now, asked of a directory when the relay went
+    /// silent (nil: no answer; the member keeps trying the relay it knows).
+    public typealias Locator = @Sendable (_ room: String) async -> (address: TransportAddress, key: PublicKey)?
+
     /// Opens the secure session with the relay at `relay`, whose static key is `relayKey`.
     ///
     /// - Parameter keyLogPath: append the session's media keys and every party
     ///   sender key this member uses or is handed to this file (mode 0600), for
     ///   `tusa interop decrypt`; when nil, `TUSA_KEYLOG` names the file. Off when neither is set.
     /// - Parameter transport: UDP, TCP, or both raced (``PartyTransport/auto``).
+    /// - Parameter locate: asked where the room is before each try to get back to it.
     public static func connect(
         to relay: TransportAddress, relayKey: PublicKey, identity: Identity, host: String? = nil,
         transport: PartyTransport = .auto, configuration: PartyMember.Configuration = .init(),
-        timeout: Duration = .seconds(5), keyLogPath: String? = nil, audio: AudioHandler? = nil,
+        timeout: Duration = .seconds(5), keyLogPath: String? = nil, audio: AudioHandler? = nil, locate: Locator? = nil,
         logger: Logger = Logger(label: "tusa.party")
     ) async throws(PartyConnectionError) -> PartyConnection {
         let endpoint: SecureUDPEndpoint
@@ -133,42 +143,58 @@ public final class PartyConnection: Sendable {
             throw .closed
         }
         await endpoint.setMediaHandler { from, header, payload in
-            guard from == peer, header.payloadType == PartyHop.payloadType else { return }
+            guard from == driver.value.peer, header.payloadType == PartyHop.payloadType else { return }
             driver.value.received(Array(payload))
         }
+        let place = NIOLockedValueBox((address: relay, key: relayKey))
         let lost: @Sendable () -> Void = {
             Task {
-                await Self.reconnect(endpoint: endpoint, relay: relay, relayKey: relayKey, transport: transport, driver: driver)
+                await Self.reconnect(endpoint: endpoint, place: place, transport: transport, driver: driver, locate: locate)
             }
         }
         try? await loop.submit { driver.value.onLost = lost }.get()
         // The session's end (the relay gone for good) ends the room.
         Task {
             for await event in endpoint.events {
-                if case .session(.peerGone(let gone)) = event, gone == peer {
-                    loop.execute { driver.value.disconnected() }
+                if case .session(.peerGone(let gone)) = event {
+                    loop.execute { if gone == driver.value.peer { driver.value.disconnected() } }
                 }
             }
             loop.execute { driver.value.disconnected() }
         }
-        return PartyConnection(
-            relay: relay, relayKey: relayKey, identity: identity.publicKey, events: events, endpoint: endpoint, driver: driver)
+        return PartyConnection(place: place, identity: identity.publicKey, events: events, endpoint: endpoint, driver: driver)
     }
 
     /// Handshakes with the relay until a session is up again (or the member no
     /// longer wants one: it left, or gave up rejoining), then lets the core rejoin.
+    /// Before each try, `locate` (when given) says where the room is now: another
+    /// relay than the one known is where the member goes.
     private static func reconnect(
-        endpoint: SecureUDPEndpoint, relay: TransportAddress, relayKey: PublicKey, transport: PartyTransport,
-        driver: NIOLoopBound<PartyDriver>
+        endpoint: SecureUDPEndpoint, place: NIOLockedValueBox<(address: TransportAddress, key: PublicKey)>,
+        transport: PartyTransport, driver: NIOLoopBound<PartyDriver>, locate: Locator?
     ) async {
         let loop = endpoint.eventLoop
         var pause = Duration.milliseconds(100)
         while (try? await loop.submit({ driver.value.wantsSession }).get()) == true {
+            var (relay, relayKey) = place.withLockedValue { $0 }
+            if let locate, let room = try? await loop.submit({ driver.value.read(\.rejoining) }).get(),
+                let found = await locate(room)
+            {
+                (relay, relayKey) = found
+            }
             do {
                 // Two handshake attempts' worth: the core sends the second after a second.
-                _ = try await handshake(
+                let peer = try await handshake(
                     endpoint: endpoint, relay: relay, relayKey: relayKey, transport: transport,
                     timeout: .milliseconds(2100), fresh: true)
+                let moved = place.withLockedValue { known in
+                    defer { known = (relay, relayKey) }
+                    return known.key != relayKey
+                }
+                if moved, let left = try? await loop.submit({ driver.value.moved(to: peer, at: relay) }).get() {
+                    // The relay left behind no longer ends this member's room (nor is tried again).
+                    await endpoint.removePeer(left)
+                }
                 loop.execute { driver.value.reconnected() }
                 return
             } catch {
@@ -301,14 +327,15 @@ public final class PartyConnection: Sendable {
 final class PartyDriver {
     private var host: CoreHost<PartyMember>!
     private let endpoint: SecureUDPEndpoint
-    private let peer: PeerID
+    /// The relay's session (another after a move).
+    private(set) var peer: PeerID
     private let yield: AsyncStream<PartyMemberEvent>.Continuation
     private var joining: EventLoopPromise<PartyJoined>?
     private let loop: any EventLoop
     private let audio: PartyConnection.AudioHandler?
     private let keyLog: KeyLogFile?
     private let logger: Logger
-    private let relay: TransportAddress
+    private var relay: TransportAddress
     private var probing: Scheduled<Void>?
     /// Starts the reconnection (set once the connection is made).
     var onLost: (@Sendable () -> Void)?
@@ -358,6 +385,15 @@ final class PartyDriver {
             if case .rejoining = $0.phase { return true }
             return false
         }
+    }
+
+    /// The member moved to another relay (its room was placed there): returns the session it left.
+    func moved(to newPeer: PeerID, at address: TransportAddress) -> PeerID {
+        defer {
+            peer = newPeer
+            relay = address
+        }
+        return peer
     }
 
     func reconnected() {

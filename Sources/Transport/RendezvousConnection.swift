@@ -174,6 +174,18 @@ public final class RendezvousConnection: Sendable {
         return online
     }
 
+    /// The relay that hosts party room `room` now: a relay's own rendezvous names
+    /// its relay; a directory the relay the room was made on, or, when that one is
+    /// gone or draining, the one it places the room on now (throws
+    /// `.refused(.noRelay, …)` when no relay hosts parties).
+    public func locate(room: String) async throws -> PartyGrant {
+        let event = try await request { core, now in core.locate(room: room, now: now) }
+        guard case .located(_, let located, let party) = event, located == room else {
+            throw RendezvousConnectionError.unexpectedAnswer("\(event)")
+        }
+        return party
+    }
+
     /// Seals `payload` to `peer` and waits until the server passed it on (throws
     /// `.refused(.offline/.unknownPeer, …)` otherwise).
     public func send(_ payload: [UInt8], to peer: PublicKey) async throws {
@@ -283,7 +295,7 @@ final class RendezvousDriver {
         case .registered(let turn, let party):
             registered?.succeed(Registration(turn: turn, party: party))
             registered = nil
-        case .lookup(let id, _, _), .sent(let id):
+        case .lookup(let id, _, _), .sent(let id), .located(let id, _, _):
             pending.removeValue(forKey: id)?.succeed(event)
         case .refused(let code, let detail, let id):
             let error = RendezvousConnectionError.refused(code, detail)

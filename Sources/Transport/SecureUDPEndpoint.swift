@@ -190,6 +190,11 @@ public final class SecureUDPEndpoint: Sendable {
         try await onLoop { $0.core.addPeer(key, address: address) }
     }
 
+    /// Forgets a peer (its keys zeroed, its handshakes abandoned): one this endpoint moved away from.
+    public func removePeer(_ id: PeerID) async {
+        try? await onLoop { $0.core.removePeer(id) }
+    }
+
     /// Handshakes with the peer with `key` at `address` and waits until keys are in place both ways.
     @discardableResult
     public func connect(to key: PublicKey, at address: TransportAddress, timeout: Duration = .seconds(10))

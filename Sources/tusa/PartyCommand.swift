@@ -207,17 +207,18 @@ struct PartyCreate: AsyncParsableCommand {
         let command = "party create"
         let identity = try options.audio.identityOrExit()
         let (relay, relayKey, rendezvous) = try await PartySession.place(options.place, identity: identity, command: command)
+        let locator = rendezvous.map { RoomLocator($0, identity: identity.privateKey) }
         if !keys.isEmpty && rendezvous == nil {
             FileHandle.standardError.write(
                 Data("tusa \(command): notice: without --rendezvous the invited keys are let in but not told\n".utf8))
         }
         try await PartySession.run(
-            options.audio, identity: identity, relay: relay, relayKey: relayKey, command: command,
+            options.audio, identity: identity, relay: relay, relayKey: relayKey, command: command, locator: locator,
             enter: { c in try await c.create(name: name, maxMembers: max, invite: keys) },
             joined: { joined in
                 // Each invited key learns of the room through the rendezvous: now if it is
                 // online, at its next registration within a day if not.
-                guard let rendezvous else { return }
+                guard let rendezvous = locator?.current else { return }
                 let invitation = PartyInvitation(
                     room: joined.room, name: joined.name, relay: "\(relay)", relayKey: relayKey.base64)
                 for key in keys {
@@ -230,7 +231,7 @@ struct PartyCreate: AsyncParsableCommand {
                 }
                 fflush(nil)
             })
-        await rendezvous?.close()
+        await locator?.close()
     }
 }
 
@@ -249,11 +250,13 @@ struct PartyJoin: AsyncParsableCommand {
     func run() async throws {
         let command = "party join"
         let identity = try options.audio.identityOrExit()
-        let (relay, relayKey, rendezvous) = try await PartySession.place(options.place, identity: identity, command: command)
-        await rendezvous?.close()
+        let (relay, relayKey, rendezvous) = try await PartySession.place(
+            options.place, identity: identity, command: command, room: id)
+        let locator = rendezvous.map { RoomLocator($0, identity: identity.privateKey) }
         try await PartySession.run(
-            options.audio, identity: identity, relay: relay, relayKey: relayKey, command: command,
+            options.audio, identity: identity, relay: relay, relayKey: relayKey, command: command, locator: locator,
             enter: { c in try await c.join(id) })
+        await locator?.close()
     }
 }
 
@@ -432,8 +435,10 @@ enum PartySession {
         """
 
     /// The party service to use: as given, or as the rendezvous says (which stays
-    /// open for invitations).
-    static func place(_ place: PartyPlace, identity: Identity, command: String) async throws -> (
+    /// open, for invitations and to find the room again if its relay goes): for a
+    /// new room, the relay it places this member on; for `room`, the relay that
+    /// hosts it (a directory finds it among its relays).
+    static func place(_ place: PartyPlace, identity: Identity, command: String, room: String? = nil) async throws -> (
         TransportAddress, PublicKey, RendezvousConnection?
     ) {
         let given = try place.givenRelay()
@@ -447,7 +452,15 @@ enum PartySession {
             throw ExitCode(2)
         }
         if let given { return (given.0, given.1, rendezvous) }
-        guard let grant = rendezvous.party else {
+        var located: PartyGrant?
+        if let room {
+            do { located = try await rendezvous.locate(room: room) } catch {
+                await rendezvous.close()
+                FileHandle.standardError.write(Data("tusa \(command): cannot find room \(room): \(error)\n".utf8))
+                throw ExitCode(2)
+            }
+        }
+        guard let grant = located ?? rendezvous.party else {
             await rendezvous.close()
             FileHandle.standardError.write(
                 Data("tusa \(command): the relay at \(rendezvous.server) hosts no parties (tusa relay --party-port)\n".utf8))
@@ -463,9 +476,12 @@ enum PartySession {
         }
     }
 
+    /// One member's stay. With a `locator`, a member whose relay goes silent asks it
+    /// where the room is now, and follows it to another relay.
     static func run(
         _ audio: PartyAudioOptions, identity: Identity, relay: TransportAddress, relayKey: PublicKey, command: String,
-        enter: (PartyConnection) async throws -> PartyJoined, joined afterJoin: (PartyJoined) async -> Void = { _ in }
+        locator: RoomLocator? = nil, enter: (PartyConnection) async throws -> PartyJoined,
+        joined afterJoin: (PartyJoined) async -> Void = { _ in }
     ) async throws {
         signal(SIGXFSZ, SIG_IGN)
         if let d = audio.duration { guard d > 0, d.isFinite else { throw ValidationError("--duration must be positive") } }
@@ -480,10 +496,12 @@ enum PartySession {
         }
         let connection: PartyConnection
         let joined: PartyJoined
+        var locate: PartyConnection.Locator?
+        if let locator { locate = { room in await locator.locate(room) } }
         do {
             connection = try await PartyConnection.connect(
                 to: relay, relayKey: relayKey, identity: identity, transport: audio.transport.value, audio: voice.audioHandler,
-                logger: quietLogger())
+                locate: locate, logger: quietLogger())
             if let impairment {
                 await connection.impairMedia(impairment.decider(frameMilliseconds: codec.frameDuration.milliseconds))
             }
@@ -510,8 +528,14 @@ enum PartySession {
         let live = !audio.quiet && isatty(STDERR_FILENO) != 0
         // Events: the roster, the room's end.
         let eventsTask = Task {
+            var at = relay
             for await event in connection.events {
-                if let line = state.apply(event) {
+                if var line = state.apply(event) {
+                    // A rejoin elsewhere: the room's relay went, and the directory placed it on another.
+                    if case .rejoined = event, connection.relay != at {
+                        at = connection.relay
+                        line += " on the relay at \(at) (the room moved)"
+                    }
                     if !audio.quiet { FileHandle.standardError.write(Data(((live ? "\r" : "") + line + "\n").utf8)) }
                 }
                 if case .ended(let reason) = event { stop.continuation.yield("ended: \(reason.rawValue)") }

@@ -413,10 +413,14 @@ struct Relay: AsyncParsableCommand {
             }
             var rooms = PartyServer.Configuration()
             rooms.maxMembers = maxPartySize
+            // A directory finds this relay's rooms by their ids' first characters, and
+            // its other relays take them over with their tickets when this one goes.
+            if directory != nil { rooms.roomPrefix = RoomHome.roomPrefix(for: key.publicKey) }
             let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
             party = PartyService(
                 address: TransportAddress(ip: ip, port: partyPort), identity: key, configuration: rooms,
-                keyLogPath: partyKeyLog, streamPorts: [nil] + partyTCPPorts.map { $0 }, memory: memory, logger: logger)
+                keyLogPath: partyKeyLog, streamPorts: [nil] + partyTCPPorts.map { $0 },
+                ticketSecret: directory != nil ? directorySecret : nil, memory: memory, logger: logger)
         } else {
             guard identity == nil, partyKeyLog == nil, partyTCPPorts.isEmpty else {
                 throw failure("--identity, --party-tcp-port and --party-keylog need --party-port")

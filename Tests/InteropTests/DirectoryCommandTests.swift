@@ -148,6 +148,78 @@ struct DirectoryCommandTests {
         #expect(Set(after.keys) == Set(addresses[1...]), "\(after)")
     }
 
+    /// A room lives on the relay the directory placed its creator on, and a joiner
+    /// asking the directory (`tusa party join ID --rendezvous`) finds it there,
+    /// whichever relay it was placed on itself. That relay SIGKILLed, every member
+    /// follows the room to the relay the directory places it on next, rejoining with
+    /// its ticket and keys; a newcomer asking the directory then lands in the moved
+    /// room and hears its creator.
+    @Test(
+        "a party room is found through tusa directory, and its members follow it to another relay when its relay is SIGKILLed",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func aRoomMovesOffAKilledRelayWithItsMembers() async throws {
+        let tusa = try #require(Harness.tusa)
+        let folder = NSTemporaryDirectory() + "tusa-moves-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let directory = try Harness.Background(
+            tusa,
+            ["directory", "--listen", "127.0.0.1:0", "--database", "sqlite:\(folder)/d.sqlite", "--relay-secret", "s3cret"])
+        defer { directory.kill() }
+        let line = try #require(await directory.waitForMatch(#"directory tcp 127\.0\.0\.1:[0-9]+"#), "\(directory.stderr)")
+        let server = String(line.dropFirst("directory tcp ".count))
+        var relays: [Harness.Background] = []
+        defer { for relay in relays { relay.kill() } }
+        for _ in 0..<2 {
+            let relay = try Harness.Background(
+                tusa,
+                [
+                    "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--party-port", "0", "--directory", server,
+                    "--directory-secret", "s3cret",
+                ])
+            relays.append(relay)
+            #expect(
+                await relay.waitFor(timeout: 15) { _, err in err.contains("reporting load to the directory") }, "\(relay.stderr)")
+        }
+        var members: [Harness.Background] = []
+        defer { for member in members { member.kill() } }
+        func member(_ name: String, _ arguments: [String]) async throws -> Harness.Background {
+            let keygen = try await Harness.run(tusa, ["keygen", "--out", "\(folder)/\(name).key"])
+            #expect(keygen.status == 0, "\(keygen.stderr)")
+            let process = try Harness.Background(
+                tusa, ["party"] + arguments + ["--rendezvous", server, "--identity", "\(folder)/\(name).key"])
+            members.append(process)
+            return process
+        }
+        let creator = try await member("a", ["create", "Valheim", "--in", "tone", "--duration", "40"])
+        let created = try #require(
+            await creator.waitForMatch(#"party [a-z0-9]{4}-[a-z0-9]{12}"#, timeout: 20), "\(creator.stderr)")
+        let room = String(created.dropFirst("party ".count))
+        let joiner = try await member("b", ["join", room, "--in", "tone", "--duration", "40"])
+        #expect(await creator.waitFor(timeout: 15) { _, err in err.contains("joined: #2") }, "\(creator.stderr)")
+        let host = try #require(
+            relays.firstIndex { $0.stderr.contains("room=\(room)") }, "no relay says it hosts \(room)")
+        relays[host].kill()
+        let killed = ContinuousClock.now
+        // Every member is back in the room, on the other relay (the number is the issue's target).
+        for m in [creator, joiner] {
+            #expect(await m.waitFor(timeout: 20) { _, err in err.contains("(the room moved)") }, "\(m.stderr)")
+        }
+        let back = killed.duration(to: .now)
+        #expect(back < .seconds(5), "the members were back in the room \(back) after the kill")
+        let other = relays[1 - host]
+        #expect(other.stderr.contains("party restored from a member's ticket"), "\(other.stderr)")
+        // A newcomer asking the directory is sent to where the room is now, and hears its creator there.
+        let newcomer = try await member("c", ["join", room, "--in", "silence", "--duration", "4", "--json"])
+        #expect(await newcomer.waitForExit(timeout: 30), "\(newcomer.stderr)")
+        let report = try #require(
+            try JSONSerialization.jsonObject(with: Data(newcomer.stdout.drop { $0 != "{" }.utf8)) as? [String: Any],
+            "\(newcomer.stdout) \(newcomer.stderr)")
+        let speakers = report["speakers"] as? [[String: Any]] ?? []
+        let fromCreator = speakers.first { $0["member"] as? Int == 1 }?["packets"] as? Int ?? 0
+        #expect(fromCreator > 100, "the newcomer heard \(fromCreator) packets from the creator: \(speakers)")
+    }
+
     /// Two `tusa directory` nodes on one PostgreSQL serve as one: a peer at one
     /// finds and reaches a peer at the other, a post made at one is delivered at a
     /// login at the other, and a node SIGKILLed is soon taken for gone (its peers

@@ -251,6 +251,27 @@ struct PartyRejoinTests {
         #expect(h.server.statistics.controlRefused == 1)
     }
 
+    /// The relays of one directory key their tickets from its relay secret: each
+    /// takes the others' (a room moved off a dead or draining relay is rebuilt as it
+    /// was made); a relay of another directory, or keyed by its identity, takes none.
+    /// Their rooms' ids carry the relay's tag, for the directory to find them.
+    @Test func relaysOfOneDirectoryTakeEachOthersTicketsAndTagTheirRooms() throws {
+        let creator = PrivateKey.generate().publicKey
+        for secret in ["s3cret", String(repeating: "a long secret ", count: 20)] {
+            let issuer = RoomTicketAuthority(directorySecret: secret, incarnation: 1)
+            let ticket = issuer.issue(room: "x7kq-abcdefghijkm", name: "Valheim", creator: creator, maxMembers: 8, invited: [])
+            #expect(RoomTicketAuthority(directorySecret: secret, incarnation: 2).verify(ticket))
+            #expect(!RoomTicketAuthority(directorySecret: secret + "!", incarnation: 1).verify(ticket))
+            #expect(!RoomTicketAuthority(identity: PrivateKey.generate(), incarnation: 1).verify(ticket))
+        }
+        var configuration = PartyServer.Configuration()
+        configuration.roomPrefix = "x7kq-"
+        var h = PartyHarness(configuration: configuration)
+        for s in [alice, bob] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        #expect(room.hasPrefix("x7kq-") && room.count == 17, "\(room)")
+    }
+
     @Test func newcomersInARestoredRoomAreNumberedAboveTheMembersToCome() throws {
         var h = PartyHarness()
         for s in [alice, bob, carol] { h.connect(s) }

@@ -36,6 +36,43 @@ struct RelayRegistryTests {
         #expect(least > 0 && Double(most) / Double(least) <= 1.5, "\(counts)")
     }
 
+    /// Where a room is: on the relay its id's tag names while that one is live and
+    /// not draining; else on the live relay of highest weight for it (below the
+    /// ceiling when one is), where it then stays; a dead relay's rooms spread.
+    @Test func roomsStayOnTheirRelayAndMoveByWeightWhenItGoes() {
+        var registry = RelayRegistry(seed: 5)
+        func party(_ n: Int, bits: UInt64 = 0, draining: Bool = false) -> RelayLoad {
+            RelayLoad(
+                party: PartyGrant(address: "127.0.0.\(n):3481", key: keys[n].base64), capacityBitsPerSecond: 10_000_000,
+                bitsPerSecond: bits, draining: draining)
+        }
+        for n in 0..<4 { registry.report(keys[n], party(n), now: start) }
+        registry.report(keys[4], load(0), now: start)  // no parties: never a room's host
+        let rooms = (0..<200).map { RoomHome.roomPrefix(for: keys[0]) + "room\($0)" }
+        for room in rooms { #expect(registry.host(room: room, now: start)?.key == keys[0]) }
+        // Its relay drains: every room goes elsewhere, spread over the other three, and the answer holds.
+        registry.report(keys[0], party(0, draining: true), now: start + .seconds(1))
+        var moved: [String: PublicKey] = [:]
+        for room in rooms { moved[room] = registry.host(room: room, now: start + .seconds(1))?.key }
+        let counts = keys[1..<4].map { key in moved.values.filter { $0 == key }.count }
+        #expect(moved.count == 200 && counts.min() ?? 0 >= 40, "\(counts)")
+        for room in rooms { #expect(registry.host(room: room, now: start + .seconds(2))?.key == moved[room]) }
+        // Another registry with the same relays (another directory node) answers the same without being told.
+        var other = RelayRegistry(seed: 99)
+        for n in 1..<4 { other.report(keys[n], party(n), now: start) }
+        for room in rooms { #expect(other.host(room: room, now: start)?.key == moved[room]) }
+        // The drained relay back: rooms moved stay where they went; a relay past the ceiling takes no moved room.
+        registry.report(keys[0], party(0), now: start + .seconds(2))
+        for room in rooms { #expect(registry.host(room: room, now: start + .seconds(2))?.key == moved[room]) }
+        registry.report(keys[1], party(1, bits: 8_000_000), now: start + .seconds(2))
+        let fresh = RoomHome.roomPrefix(for: PrivateKey.generate().publicKey) + "abcdefghijkm"
+        #expect(registry.host(room: fresh, now: start + .seconds(3)).map { $0.key != keys[1] } == true)
+        // No relay hosting parties: nowhere.
+        var empty = RelayRegistry(seed: 1)
+        empty.report(keys[4], load(0), now: start)
+        #expect(empty.host(room: rooms[0], now: start) == nil)
+    }
+
     @Test func aRelayIsDownSixSecondsAfterItsLastReportOrWhenItsConnectionCloses() {
         var registry = RelayRegistry(seed: 1)
         registry.report(keys[0], load(0), now: start)

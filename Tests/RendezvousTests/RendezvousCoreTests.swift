@@ -453,6 +453,85 @@ extension RendezvousClient {
         #expect(fallback.uris == ["turn:fallback:3478"])
     }
 
+    /// A party room is found through the directory: on the relay its id names
+    /// while that relay reports, on the one placed next once it is gone (for
+    /// every member that asks), and a relay's own rendezvous names its relay.
+    @Test func roomsAreLocatedOnTheirRelayAndPlacedAgainWhenItGoes() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.relaySecret = "s3cret"
+        var net = Net(configuration)
+        var relays: [(key: PrivateKey, client: RendezvousClient, grant: PartyGrant)] = []
+        for n in 0..<3 {
+            let key = PrivateKey.generate()
+            var client = RendezvousClient(identity: key)
+            _ = try net.connect(ConnectionID(UInt64(40 + n)), &client)
+            let grant = PartyGrant(address: "127.0.0.\(n + 1):3481", key: key.publicKey.base64)
+            client.report(RelayLoad(party: grant, capacityBitsPerSecond: 100_000_000), secret: "s3cret")
+            #expect(try net.pump(ConnectionID(UInt64(40 + n)), &client).isEmpty)
+            relays.append((key, client, grant))
+        }
+        func locate(_ connection: ConnectionID, _ client: inout RendezvousClient, _ room: String) throws -> RendezvousClient
+            .Event?
+        {
+            let id = client.locate(room: room, now: .zero)
+            return try net.request(connection, client.takeWrites(), &client).first {
+                if case .timedOut = $0 { false } else { true }
+            }
+            .map { event in
+                if case .located(let answered, _, _) = event { #expect(answered == id) }
+                return event
+            }
+        }
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
+        // Asked before registering: refused, the connection stays.
+        net.feed(.accepted(b))
+        #expect(try locate(b, &cb, "x") == .refused(code: .notRegistered, detail: "register before locate", id: 1))
+        #expect(!net.closed.contains(b))
+        _ = try net.pump(b, &cb)
+        _ = try net.connect(a, &ca)
+        let home = relays[1]
+        let room = RoomHome.roomPrefix(for: home.key.publicKey) + "abcdefghijkm"
+        #expect(try locate(a, &ca, room) == .located(id: 1, room: room, party: home.grant))
+        // Its relay's connection closes (SIGKILL): the room goes where the highest weight says, for everyone.
+        net.feed(.closed(ConnectionID(41)))
+        guard case .located(_, _, let moved)? = try locate(a, &ca, room) else {
+            Issue.record("the room was not placed again")
+            return
+        }
+        #expect(moved != home.grant && [relays[0].grant, relays[2].grant].contains(moved))
+        #expect(try locate(b, &cb, room) == .located(id: 2, room: room, party: moved))
+        // Its old relay back (restarted with its identity): the room stays where it went.
+        var back = RendezvousClient(identity: home.key)
+        _ = try net.connect(ConnectionID(41), &back)
+        back.report(RelayLoad(party: home.grant, capacityBitsPerSecond: 100_000_000), secret: "s3cret")
+        _ = try net.pump(ConnectionID(41), &back)
+        #expect(try locate(a, &ca, room) == .located(id: 3, room: room, party: moved))
+        // A room id too long is refused, the connection stays; a room of no relay's gets a relay.
+        #expect(
+            try locate(a, &ca, String(repeating: "r", count: 65))
+                == .refused(code: .malformed, detail: "a room id is 1-64 bytes, not 65", id: 4))
+        #expect(!net.closed.contains(a))
+        guard case .located? = try locate(a, &ca, "abcdefghijkm") else {
+            Issue.record("a room without a tag found no relay")
+            return
+        }
+        // A relay's own rendezvous (no relays reporting) names its party service, or says there is none.
+        var single = RendezvousServerConfiguration()
+        single.party = PartyGrant(address: "127.0.0.1:3481", key: alice.publicKey.base64)
+        var one = Net(single)
+        var cc = RendezvousClient(identity: bob)
+        _ = try one.connect(c, &cc)
+        _ = cc.locate(room: room, now: .zero)
+        #expect(try one.request(c, cc.takeWrites(), &cc) == [.located(id: 1, room: room, party: single.party!)])
+        var none = Net()
+        var cd = RendezvousClient(identity: bob)
+        _ = try none.connect(c, &cd)
+        _ = cd.locate(room: room, now: .zero)
+        #expect(
+            try none.request(c, cd.takeWrites(), &cd) == [.refused(code: .noRelay, detail: "no relay hosts parties now", id: 1)])
+    }
+
     @Test func aNewerRegistrationOfTheSameKeyReplacesTheOlder() throws {
         var net = Net()
         var first = RendezvousClient(identity: alice)
@@ -629,7 +708,9 @@ extension RendezvousClient {
             .registered(turn: nil, party: PartyGrant(address: "127.0.0.1:3481", key: k.base64)), .post(id: 8, to: k, sealed: [7]),
             .lookup(id: 1, key: k), .lookupResult(id: 2, key: k, online: true), .send(id: 3, to: k, sealed: [0]),
             .sent(id: 4), .deliver(from: k, sealed: [5, 6]), .error(code: .offline, detail: "d", id: 7),
-            .error(code: .timeout, detail: "", id: nil), .ping, .pong,
+            .error(code: .timeout, detail: "", id: nil), .ping, .pong, .locate(id: 9, room: "x7kq-abcdefghijkm"),
+            .located(id: 9, room: "x7kq-abcdefghijkm", party: PartyGrant(address: "127.0.0.1:3481", key: k.base64)),
+            .error(code: .noRelay, detail: "none", id: 9),
         ]
         for m in all { #expect(try RendezvousMessage(decoding: m.encode()) == m) }
         // Split at every byte: the framer reassembles.
