@@ -187,14 +187,7 @@ public final class PartyConnection: Sendable {
                 let peer = try await handshake(
                     endpoint: endpoint, relay: relay, relayKey: relayKey, transport: transport,
                     timeout: .milliseconds(2100), fresh: true)
-                let moved = place.withLockedValue { known in
-                    defer { known = (relay, relayKey) }
-                    return known.key != relayKey
-                }
-                if moved, let left = try? await loop.submit({ driver.value.moved(to: peer, at: relay) }).get() {
-                    // The relay left behind no longer ends this member's room (nor is tried again).
-                    await endpoint.removePeer(left)
-                }
+                await switchRelay(endpoint: endpoint, place: place, driver: driver, to: peer, at: relay, key: relayKey)
                 loop.execute { driver.value.reconnected() }
                 return
             } catch {
@@ -204,6 +197,51 @@ public final class PartyConnection: Sendable {
             }
         }
         loop.execute { driver.value.reconnectEnded() }
+    }
+
+    /// Makes the session with `key` at `relay` (`peer`) the member's relay, if it is
+    /// another relay than the one it had: the one left behind is forgotten (it no
+    /// longer ends the room, nor is it tried again).
+    private static func switchRelay(
+        endpoint: SecureUDPEndpoint, place: NIOLockedValueBox<(address: TransportAddress, key: PublicKey)>,
+        driver: NIOLoopBound<PartyDriver>, to peer: PeerID, at relay: TransportAddress, key: PublicKey
+    ) async {
+        let moved = place.withLockedValue { known in
+            defer { known = (relay, key) }
+            return known.key != key
+        }
+        guard moved, let left = try? await endpoint.eventLoop.submit({ driver.value.moved(to: peer, at: relay) }).get() else {
+            return
+        }
+        await endpoint.removePeer(left)
+    }
+
+    /// Moves to the party service at `relay` (static key `relayKey`) before joining
+    /// a room there: a room found on another relay than the one connected to
+    /// (`tusa party watch --join`). Only outside a room (``PartyConnectionError/busy`` in one).
+    public func move(
+        to relay: TransportAddress, relayKey: PublicKey, transport: PartyTransport = .auto, timeout: Duration = .seconds(5)
+    )
+        async throws(PartyConnectionError)
+    {
+        guard relayKey != self.relayKey else { return }
+        let driver = self.driver
+        let idle =
+            (try? await endpoint.eventLoop.submit {
+                driver.value.read { member in
+                    switch member.phase {
+                    case .idle, .ended: true
+                    default: false
+                    }
+                }
+            }.get()) ?? false
+        guard idle else { throw .busy }
+        let peer: PeerID
+        do {
+            peer = try await Self.handshake(
+                endpoint: endpoint, relay: relay, relayKey: relayKey, transport: transport, timeout: timeout, fresh: false)
+        } catch { throw .transport(error) }
+        await Self.switchRelay(endpoint: endpoint, place: place, driver: driver, to: peer, at: relay, key: relayKey)
     }
 
     /// How long UDP has to answer the handshake before TCP joins the race.

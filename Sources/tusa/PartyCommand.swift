@@ -304,8 +304,9 @@ struct PartyWatch: AsyncParsableCommand {
             await connection.close()
             return
         }
-        // Joining: rooms on this rendezvous' relay; the first that lets us in (an
-        // invitation kept from yesterday may name a room that has closed since).
+        // Joining: the first room that lets us in (an invitation kept from yesterday
+        // may name a room that has closed since), on the relay that hosts it now
+        // (a directory's other relay, or another since the invitation was sent).
         guard let grant = connection.party else {
             await connection.close()
             FileHandle.standardError.write(
@@ -313,8 +314,9 @@ struct PartyWatch: AsyncParsableCommand {
             throw ExitCode(2)
         }
         let (relay, relayKey) = try PartyPlace.parse(relay: grant.address, key: grant.key)
+        let locator = RoomLocator(connection, identity: identity.privateKey)
         try await PartySession.run(
-            audio, identity: identity, relay: relay, relayKey: relayKey, command: "party watch",
+            audio, identity: identity, relay: relay, relayKey: relayKey, command: "party watch", locator: locator,
             enter: { party in
                 let deadline = limit.map { ContinuousClock.now + $0 }
                 // Past the deadline the rendezvous closes, which ends the wait below.
@@ -330,19 +332,21 @@ struct PartyWatch: AsyncParsableCommand {
                     print(PartySession.invitationLine(invitation, from: from))
                     fflush(nil)
                     if let deadline, ContinuousClock.now > deadline { break }
-                    guard invitation.relayKey == grant.key else { continue }
+                    guard let (address, key) = await PartySession.whereIs(invitation, asking: locator) else { continue }
                     do {
-                        let joined = try await party.join(invitation.room)
-                        await connection.close()
-                        return joined
+                        try await party.move(to: address, relayKey: key, transport: audio.transport.value)
+                        return try await party.join(invitation.room)
                     } catch PartyConnectionError.refused(let code, let detail) {
                         FileHandle.standardError.write(
                             Data("tusa party watch: \(invitation.room): \(code.rawValue): \(detail)\n".utf8))
+                    } catch {
+                        FileHandle.standardError.write(Data("tusa party watch: \(invitation.room): \(error)\n".utf8))
                     }
                 }
                 await connection.close()
                 throw PartyConnectionError.closed
             })
+        await locator.close()
     }
 }
 
@@ -387,21 +391,28 @@ struct PartyList: AsyncParsableCommand {
             }
         }
         _ = try? await connection.lookup(me.publicKey)
-        await connection.close()
         await collector.value
         let invitations = found.all
+        // Where each room is now (a room on a directory's relay may have moved since it was sent).
+        let locator = RoomLocator(connection, identity: me.privateKey)
+        var places: [String: (address: TransportAddress, key: PublicKey)] = [:]
+        for (invitation, _) in invitations { places[invitation.room] = await PartySession.whereIs(invitation, asking: locator) }
+        await locator.close()
         if invitations.isEmpty { print("no invitations") }
         // Who is in each room now, asked of its relay (one session per relay).
         var relays: [String: PartyConnection] = [:]
         for (invitation, from) in invitations {
             print(PartySession.invitationLine(invitation, from: from))
-            let place = "\(invitation.relay) \(invitation.relayKey)"
+            guard let (address, key) = places[invitation.room] else {
+                print("  (its relay is not known: \(invitation.relay) \(invitation.relayKey) does not parse)")
+                continue
+            }
+            let place = "\(address) \(key.base64)"
             let relay: PartyConnection
             if let open = relays[place] {
                 relay = open
             } else {
                 do {
-                    let (address, key) = try PartyPlace.parse(relay: invitation.relay, key: invitation.relayKey)
                     relay = try await PartyConnection.connect(
                         to: address, relayKey: key, identity: me, timeout: .seconds(3), logger: quietLogger())
                     relays[place] = relay
@@ -664,6 +675,16 @@ enum PartySession {
     private final class Latest: Sendable {
         let value: Mutex<RendezvousConnection>
         init(_ connection: RendezvousConnection) { value = Mutex(connection) }
+    }
+
+    /// Where an invitation's room is now: for a room of a directory's relay (its id
+    /// carries the relay's tag), as the directory says; else, or without an
+    /// answer, on the relay the invitation names.
+    static func whereIs(_ invitation: PartyInvitation, asking locator: RoomLocator) async -> (
+        address: TransportAddress, key: PublicKey
+    )? {
+        if RoomHome.tag(ofRoom: invitation.room) != nil, let found = await locator.locate(invitation.room) { return found }
+        return try? PartyPlace.parse(relay: invitation.relay, key: invitation.relayKey)
     }
 
     static func invitationLine(_ invitation: PartyInvitation, from: PublicKey) -> String {

@@ -153,7 +153,8 @@ struct DirectoryCommandTests {
     /// whichever relay it was placed on itself. That relay SIGKILLed, every member
     /// follows the room to the relay the directory places it on next, rejoining with
     /// its ticket and keys; a newcomer asking the directory then lands in the moved
-    /// room and hears its creator.
+    /// room and hears its creator, and so does an invited watcher, whose invitation
+    /// names the dead relay (`tusa party list` shows the room's members from there too).
     @Test(
         "a party room is found through tusa directory, and its members follow it to another relay when its relay is SIGKILLed",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
@@ -183,15 +184,24 @@ struct DirectoryCommandTests {
         }
         var members: [Harness.Background] = []
         defer { for member in members { member.kill() } }
+        func keygen(_ name: String) async throws -> String {
+            let made = try await Harness.run(tusa, ["keygen", "--out", "\(folder)/\(name).key"])
+            #expect(made.status == 0, "\(made.stderr)")
+            return try #require(
+                made.stdout.split(whereSeparator: \.isWhitespace).map(String.init).first { $0.count == 44 && $0.hasSuffix("=") },
+                "\(made.stdout)")
+        }
+        // The room is for these three (and its creator): invited by key.
+        let invited = [try await keygen("b"), try await keygen("c"), try await keygen("w")]
         func member(_ name: String, _ arguments: [String]) async throws -> Harness.Background {
-            let keygen = try await Harness.run(tusa, ["keygen", "--out", "\(folder)/\(name).key"])
-            #expect(keygen.status == 0, "\(keygen.stderr)")
+            if !FileManager.default.fileExists(atPath: "\(folder)/\(name).key") { _ = try await keygen(name) }
             let process = try Harness.Background(
                 tusa, ["party"] + arguments + ["--rendezvous", server, "--identity", "\(folder)/\(name).key"])
             members.append(process)
             return process
         }
-        let creator = try await member("a", ["create", "Valheim", "--in", "tone", "--duration", "40"])
+        let creator = try await member(
+            "a", ["create", "Valheim"] + invited.flatMap { ["--invite", $0] } + ["--in", "tone", "--duration", "40"])
         let created = try #require(
             await creator.waitForMatch(#"party [a-z0-9]{4}-[a-z0-9]{12}"#, timeout: 20), "\(creator.stderr)")
         let room = String(created.dropFirst("party ".count))
@@ -212,12 +222,23 @@ struct DirectoryCommandTests {
         // A newcomer asking the directory is sent to where the room is now, and hears its creator there.
         let newcomer = try await member("c", ["join", room, "--in", "silence", "--duration", "4", "--json"])
         #expect(await newcomer.waitForExit(timeout: 30), "\(newcomer.stderr)")
-        let report = try #require(
-            try JSONSerialization.jsonObject(with: Data(newcomer.stdout.drop { $0 != "{" }.utf8)) as? [String: Any],
-            "\(newcomer.stdout) \(newcomer.stderr)")
-        let speakers = report["speakers"] as? [[String: Any]] ?? []
-        let fromCreator = speakers.first { $0["member"] as? Int == 1 }?["packets"] as? Int ?? 0
-        #expect(fromCreator > 100, "the newcomer heard \(fromCreator) packets from the creator: \(speakers)")
+        func heardFromCreator(_ process: Harness.Background) throws -> Int {
+            let report = try #require(
+                try JSONSerialization.jsonObject(with: Data(process.stdout.drop { $0 != "{" }.utf8)) as? [String: Any],
+                "\(process.stdout) \(process.stderr)")
+            let speakers = report["speakers"] as? [[String: Any]] ?? []
+            return speakers.first { $0["member"] as? Int == 1 }?["packets"] as? Int ?? 0
+        }
+        let fromCreator = try heardFromCreator(newcomer)
+        #expect(fromCreator > 100, "the newcomer heard \(fromCreator) packets from the creator: \(newcomer.stdout)")
+        // The invited watcher: its invitation names the dead relay; list and join find the room where it is.
+        let list = try await Harness.run(tusa, ["party", "list", "--rendezvous", server, "--identity", "\(folder)/w.key"])
+        #expect(list.status == 0 && list.stdout.contains(" in it:") && list.stdout.contains(" creator"), "\(list.stdout)")
+        let watching = try await member(
+            "w", ["watch", "--join", "--timeout", "20", "--in", "silence", "--duration", "4", "--json"])
+        #expect(await watching.waitForExit(timeout: 40), "\(watching.stderr)")
+        let watcherHeard = try heardFromCreator(watching)
+        #expect(watcherHeard > 100, "the watcher heard \(watcherHeard) packets from the creator: \(watching.stdout)")
     }
 
     /// Two `tusa directory` nodes on one PostgreSQL serve as one: a peer at one
