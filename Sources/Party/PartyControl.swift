@@ -59,6 +59,8 @@ public enum PartyErrorCode: String, Codable, Hashable, Sendable {
     case badName = "bad-name"
     /// A rejoin's room ticket was not issued by this relay, or the room it names was closed.
     case badTicket = "bad-ticket"
+    /// The relay is shutting down (draining): it takes no new room or member.
+    case draining
 }
 
 /// A party control message, inside the member's hop-by-hop session with the
@@ -93,6 +95,9 @@ public enum PartyControl: Codable, Hashable, Sendable {
     case refused(code: PartyErrorCode, detail: String)
     /// The answer to `describe`: nil when there is no such room or the asker may not join it.
     case described(room: String, RoomDescription?)
+    /// The relay is shutting down: ask the directory where the room goes next, and
+    /// rejoin there with the ticket (``PartyConnection`` does, given a locator).
+    case moving
 
     /// The message as JSON (``ControlChannel`` frames it).
     public func encodedJSON() -> [UInt8] {

@@ -358,6 +358,11 @@ public struct PartyMember: SansIOCore {
             }
         case .described(let room, let description):
             emit(.described(room: room, description))
+        case .moving:
+            // The relay is going: find where the room goes next (the driver asks) and rejoin there.
+            guard case .inRoom(let room, _, _) = phase else { return }
+            emit(.relayDraining(room: room))
+            lose()
         case .create, .join, .rejoin, .ping, .describe, .leave, .kick, .close, .mute:
             emit(.malformed(.malformed("a member's request sent to a member")))
         }
@@ -555,6 +560,9 @@ public enum PartyMemberEvent: Sendable {
     case malformed(PartyWireError)
     /// The session with the relay is lost; the member rejoins when its driver reconnects.
     case connectionLost(room: String)
+    /// The relay is shutting down and told the member to move: `.connectionLost`
+    /// follows, and the member rejoins where the directory places the room next.
+    case relayDraining(room: String)
     /// The relay's answer to ``PartyMember/Input/describe(room:)``.
     case described(room: String, RoomDescription?)
     /// A key-log line (``Configuration/keyLog``): for the key log file, not for display.

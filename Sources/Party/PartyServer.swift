@@ -47,6 +47,10 @@ public struct PartyServer: SansIOCore {
         /// The relay is short of memory (true) or no longer (false): while it is, new
         /// rooms and joins are refused and members coming back (rejoins) are still taken.
         case memoryShort(Bool)
+        /// The relay is shutting down, and a directory places its rooms elsewhere:
+        /// every member is told to move (``PartyControl/moving``); no room or member
+        /// is taken from now on, and one that rejoins here is told to move again.
+        case draining
     }
 
     public enum Action: Sendable {
@@ -114,6 +118,8 @@ public struct PartyServer: SansIOCore {
     private var resendDue: Timestamp?
     /// See ``Input/memoryShort(_:)``.
     public private(set) var memoryShort = false
+    /// See ``Input/draining``.
+    public private(set) var draining = false
     /// The time of the input being handled.
     private var now = Timestamp.zero
     private var actions: [Action] = []
@@ -159,6 +165,9 @@ public struct PartyServer: SansIOCore {
             channels[session] = nil
         case .memoryShort(let short):
             memoryShort = short
+        case .draining:
+            draining = true
+            for session in membership.keys.sorted(by: { $0.value < $1.value }) { send(session, .moving) }
         }
     }
 
@@ -245,12 +254,16 @@ public struct PartyServer: SansIOCore {
         switch message {
         case .create(let name, let maxMembers, let invite):
             guard !memoryShort else { return refuse(session, .tooManyRooms, "the relay is short of memory") }
+            guard !draining else { return refuse(session, .draining, "the relay is shutting down") }
             create(name: name, maxMembers: maxMembers, invite: invite, by: session, key: key)
         case .join(let id):
             guard !memoryShort else { return refuse(session, .full, "the relay is short of memory") }
+            guard !draining else { return refuse(session, .draining, "the relay is shutting down") }
             join(id, session: session, key: key)
         case .rejoin(let ticket, let member, let highest):
             rejoin(ticket, member: member, highest: highest, session: session, key: key)
+            // Taken back (its seat must not be lost), and told to move on at once.
+            if draining, membership[session] != nil { send(session, .moving) }
         case .ping:
             break  // the channel's acknowledgement is the answer
         case .describe(let id):
@@ -284,7 +297,7 @@ public struct PartyServer: SansIOCore {
             relay(from: session, to: to) { .key(member: $0, sealed: sealed) }
         case .keyAck(let to, let kid):
             relay(from: session, to: to) { .keyAck(member: $0, kid: kid) }
-        case .joined, .described, .memberJoined, .memberLeft, .memberMuted, .closed, .refused:
+        case .joined, .described, .memberJoined, .memberLeft, .memberMuted, .closed, .refused, .moving:
             refuse(session, .malformed, "a relay's message sent to the relay")
         }
     }

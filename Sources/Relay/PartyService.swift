@@ -21,7 +21,11 @@ import TusaBase
 /// payload of a secure media packet of payload type `PartyHop.payloadType`.
 ///
 /// A swift-service-lifecycle `Service`, run beside ``RelayService`` by
-/// `tusa relay --party-port`.
+/// `tusa relay --party-port`. On a graceful shutdown of a relay that reports to a
+/// directory (``ticketSecret``), it drains: every member is told to move (the
+/// directory, told first by the ``DirectoryReporter`` that runs after it, places
+/// the rooms elsewhere), and it goes once no member has been heard for a second,
+/// or after ``drainDeadline``.
 public final class PartyService: Service, Sendable {
     public let address: TransportAddress
     public let identity: Identity
@@ -36,6 +40,8 @@ public final class PartyService: Service, Sendable {
     /// keyed from it, so that any relay of the directory takes a moved room back
     /// (``RoomTicketAuthority/init(directorySecret:incarnation:)``); nil: from the identity.
     public let ticketSecret: String?
+    /// The longest a drain waits for members to move away.
+    public let drainDeadline: Duration
     /// While it says memory is short, new rooms and joins are refused.
     private let memory: MemoryGuard?
     private let logger: Logger
@@ -46,10 +52,11 @@ public final class PartyService: Service, Sendable {
 
     public init(
         address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(),
-        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], ticketSecret: String? = nil, memory: MemoryGuard? = nil,
-        logger: Logger
+        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], ticketSecret: String? = nil,
+        drainDeadline: Duration = .seconds(10), memory: MemoryGuard? = nil, logger: Logger
     ) {
         self.ticketSecret = ticketSecret
+        self.drainDeadline = drainDeadline
         self.memory = memory
         self.keyLogPath = keyLogPath
         self.streamPorts = streamPorts
@@ -131,11 +138,26 @@ public final class PartyService: Service, Sendable {
             // (The events stream must be read: what the handler saw also queues there.)
             group.addTask { for await _ in endpoint.events {} }
             try? await gracefulShutdown()
+            if ticketSecret != nil { await drain(rooms, on: loop) }
             if let memory, let observer { memory.stopObserving(observer) }
             await endpoint.close()
         }
         try? await loop.submit { rooms.value.stop() }.get()
     }
+    /// Tells every member to move, then waits until none has been heard for a second (they have gone
+    /// to the relay the directory placed their rooms on) or the deadline passes.
+    private func drain(_ rooms: NIOLoopBound<PartyRooms>, on loop: any EventLoop) async {
+        guard let told = try? await loop.submit({ rooms.value.drain() }).get(), told > 0 else { return }
+        logger.info("draining: members told to move", metadata: ["members": "\(told)"])
+        let started = ContinuousClock.now
+        while started.duration(to: .now) < drainDeadline {
+            try? await Task.sleep(for: .milliseconds(100))
+            guard let quiet = try? await loop.submit({ rooms.value.quietFor }).get() else { break }
+            if quiet >= .seconds(1) { break }
+        }
+        logger.info("drained", metadata: ["after": "\(started.duration(to: .now))"])
+    }
+
     /// UDP, then the same sessions over TCP for members whose UDP is blocked, on the
     /// UDP port's number (members try that number over TCP). With any free port asked
     /// for (0), a number free for UDP but taken for TCP is given back and another drawn.
@@ -216,7 +238,22 @@ final class PartyRooms {
     func received(_ peer: PeerID, _ bytes: [UInt8]) {
         let session = Self.session(peer)
         guard peers[session] != nil else { return }
+        lastHeard = .now
         host.handle(.received(session, bytes))
+    }
+
+    /// When a member's packet last came.
+    private var lastHeard: ContinuousClock.Instant?
+
+    /// How long no member has been heard (since the first packet ever, when none has).
+    var quietFor: Duration { (lastHeard ?? started).duration(to: .now) }
+    private let started = ContinuousClock.now
+
+    /// Tells every member in a room to move (``PartyServer/Input/draining``); returns how many.
+    func drain() -> Int {
+        let members = host.read { $0.memberCount }
+        host.handle(.draining)
+        return members
     }
 
     func closed(_ peer: PeerID) {

@@ -168,19 +168,28 @@ public final class PartyConnection: Sendable {
     /// Handshakes with the relay until a session is up again (or the member no
     /// longer wants one: it left, or gave up rejoining), then lets the core rejoin.
     /// Before each try, `locate` (when given) says where the room is now: another
-    /// relay than the one known is where the member goes.
+    /// relay than the one known is where the member goes. A relay that told the
+    /// member to move (it is draining) is tried again only after a pause: the
+    /// directory may not have heard yet that it drains.
     private static func reconnect(
         endpoint: SecureUDPEndpoint, place: NIOLockedValueBox<(address: TransportAddress, key: PublicKey)>,
         transport: PartyTransport, driver: NIOLoopBound<PartyDriver>, locate: Locator?
     ) async {
         let loop = endpoint.eventLoop
         var pause = Duration.milliseconds(100)
+        let draining = (try? await loop.submit({ driver.value.takeToldToMove() }).get()) == true
+        let leaving = draining ? place.withLockedValue { $0.key } : nil
         while (try? await loop.submit({ driver.value.wantsSession }).get()) == true {
             var (relay, relayKey) = place.withLockedValue { $0 }
             if let locate, let room = try? await loop.submit({ driver.value.read(\.rejoining) }).get(),
                 let found = await locate(room)
             {
                 (relay, relayKey) = found
+            }
+            if relayKey == leaving {
+                try? await Task.sleep(for: pause)
+                pause = min(pause * 2, .seconds(2))
+                if locate != nil { continue }
             }
             do {
                 // Two handshake attempts' worth: the core sends the second after a second.
@@ -378,6 +387,8 @@ final class PartyDriver {
     /// Starts the reconnection (set once the connection is made).
     var onLost: (@Sendable () -> Void)?
     private var reconnecting = false
+    /// The relay told the member to move (it drains): see ``takeToldToMove()``.
+    private var toldToMove = false
     /// Callers waiting for a room's description, by room.
     private var describing: [String: [EventLoopPromise<RoomDescription?>]] = [:]
 
@@ -432,6 +443,12 @@ final class PartyDriver {
             relay = address
         }
         return peer
+    }
+
+    /// Whether the relay told the member to move since the last ask.
+    func takeToldToMove() -> Bool {
+        defer { toldToMove = false }
+        return toldToMove
     }
 
     func reconnected() {
@@ -502,6 +519,8 @@ final class PartyDriver {
             case .described(let room, let description):
                 for promise in describing.removeValue(forKey: room) ?? [] { promise.succeed(description) }
                 return
+            case .relayDraining:
+                toldToMove = true
             case .connectionLost:
                 if !reconnecting, let onLost {
                     reconnecting = true

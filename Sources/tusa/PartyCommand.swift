@@ -721,6 +721,8 @@ final class PartyState: @unchecked Sendable {
             return "left: \(m) (\(reason.rawValue))"
         case .ended(let reason):
             return "the room ended for you: \(reason.rawValue)"
+        case .relayDraining:
+            return "the relay is shutting down: following the room to its next relay"
         case .connectionLost:
             return "lost the relay; rejoining with the same keys"
         case .rejoined(_, _, let id, let roster):

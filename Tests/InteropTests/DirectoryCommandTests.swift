@@ -159,86 +159,62 @@ struct DirectoryCommandTests {
         "a party room is found through tusa directory, and its members follow it to another relay when its relay is SIGKILLed",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func aRoomMovesOffAKilledRelayWithItsMembers() async throws {
-        let tusa = try #require(Harness.tusa)
-        let folder = NSTemporaryDirectory() + "tusa-moves-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: folder) }
-        let directory = try Harness.Background(
-            tusa,
-            ["directory", "--listen", "127.0.0.1:0", "--database", "sqlite:\(folder)/d.sqlite", "--relay-secret", "s3cret"])
-        defer { directory.kill() }
-        let line = try #require(await directory.waitForMatch(#"directory tcp 127\.0\.0\.1:[0-9]+"#), "\(directory.stderr)")
-        let server = String(line.dropFirst("directory tcp ".count))
-        var relays: [Harness.Background] = []
-        defer { for relay in relays { relay.kill() } }
-        for _ in 0..<2 {
-            let relay = try Harness.Background(
-                tusa,
-                [
-                    "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--party-port", "0", "--directory", server,
-                    "--directory-secret", "s3cret",
-                ])
-            relays.append(relay)
-            #expect(
-                await relay.waitFor(timeout: 15) { _, err in err.contains("reporting load to the directory") }, "\(relay.stderr)")
-        }
-        var members: [Harness.Background] = []
-        defer { for member in members { member.kill() } }
-        func keygen(_ name: String) async throws -> String {
-            let made = try await Harness.run(tusa, ["keygen", "--out", "\(folder)/\(name).key"])
-            #expect(made.status == 0, "\(made.stderr)")
-            return try #require(
-                made.stdout.split(whereSeparator: \.isWhitespace).map(String.init).first { $0.count == 44 && $0.hasSuffix("=") },
-                "\(made.stdout)")
-        }
-        // The room is for these three (and its creator): invited by key.
-        let invited = [try await keygen("b"), try await keygen("c"), try await keygen("w")]
-        func member(_ name: String, _ arguments: [String]) async throws -> Harness.Background {
-            if !FileManager.default.fileExists(atPath: "\(folder)/\(name).key") { _ = try await keygen(name) }
-            let process = try Harness.Background(
-                tusa, ["party"] + arguments + ["--rendezvous", server, "--identity", "\(folder)/\(name).key"])
-            members.append(process)
-            return process
-        }
-        let creator = try await member(
-            "a", ["create", "Valheim"] + invited.flatMap { ["--invite", $0] } + ["--in", "tone", "--duration", "40"])
-        let created = try #require(
-            await creator.waitForMatch(#"party [a-z0-9]{4}-[a-z0-9]{12}"#, timeout: 20), "\(creator.stderr)")
-        let room = String(created.dropFirst("party ".count))
-        let joiner = try await member("b", ["join", room, "--in", "tone", "--duration", "40"])
-        #expect(await creator.waitFor(timeout: 15) { _, err in err.contains("joined: #2") }, "\(creator.stderr)")
-        let host = try #require(
-            relays.firstIndex { $0.stderr.contains("room=\(room)") }, "no relay says it hosts \(room)")
-        relays[host].kill()
+        let cluster = try await PartyCluster(relays: 2)
+        defer { cluster.stop() }
+        let (room, members) = try await cluster.room(invitingAlso: ["c", "w"])
+        let host = try #require(cluster.host(of: room), "no relay says it hosts \(room)")
+        cluster.relays[host].kill()
         let killed = ContinuousClock.now
         // Every member is back in the room, on the other relay (the number is the issue's target).
-        for m in [creator, joiner] {
+        for m in members {
             #expect(await m.waitFor(timeout: 20) { _, err in err.contains("(the room moved)") }, "\(m.stderr)")
         }
         let back = killed.duration(to: .now)
         #expect(back < .seconds(5), "the members were back in the room \(back) after the kill")
-        let other = relays[1 - host]
+        let other = cluster.relays[1 - host]
         #expect(other.stderr.contains("party restored from a member's ticket"), "\(other.stderr)")
         // A newcomer asking the directory is sent to where the room is now, and hears its creator there.
-        let newcomer = try await member("c", ["join", room, "--in", "silence", "--duration", "4", "--json"])
+        let newcomer = try await cluster.member("c", ["join", room, "--in", "silence", "--duration", "4", "--json"])
         #expect(await newcomer.waitForExit(timeout: 30), "\(newcomer.stderr)")
-        func heardFromCreator(_ process: Harness.Background) throws -> Int {
-            let report = try #require(
-                try JSONSerialization.jsonObject(with: Data(process.stdout.drop { $0 != "{" }.utf8)) as? [String: Any],
-                "\(process.stdout) \(process.stderr)")
-            let speakers = report["speakers"] as? [[String: Any]] ?? []
-            return speakers.first { $0["member"] as? Int == 1 }?["packets"] as? Int ?? 0
-        }
-        let fromCreator = try heardFromCreator(newcomer)
+        let fromCreator = try PartyCluster.heardFromCreator(newcomer)
         #expect(fromCreator > 100, "the newcomer heard \(fromCreator) packets from the creator: \(newcomer.stdout)")
         // The invited watcher: its invitation names the dead relay; list and join find the room where it is.
-        let list = try await Harness.run(tusa, ["party", "list", "--rendezvous", server, "--identity", "\(folder)/w.key"])
+        let list = try await Harness.run(
+            cluster.tusa, ["party", "list", "--rendezvous", cluster.server, "--identity", cluster.keyFile("w")])
         #expect(list.status == 0 && list.stdout.contains(" in it:") && list.stdout.contains(" creator"), "\(list.stdout)")
-        let watching = try await member(
+        let watching = try await cluster.member(
             "w", ["watch", "--join", "--timeout", "20", "--in", "silence", "--duration", "4", "--json"])
         #expect(await watching.waitForExit(timeout: 40), "\(watching.stderr)")
-        let watcherHeard = try heardFromCreator(watching)
+        let watcherHeard = try PartyCluster.heardFromCreator(watching)
         #expect(watcherHeard > 100, "the watcher heard \(watcherHeard) packets from the creator: \(watching.stdout)")
+    }
+
+    /// A relay that reports to a directory drains on SIGTERM: it says so to the
+    /// directory, tells its members to move, and exits once they have gone; they
+    /// follow the room to another relay at once, without waiting to find it silent.
+    @Test(
+        "a relay of tusa directory drains on SIGTERM: its members move with their room to another relay, then it exits",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func aDrainingRelaySendsItsMembersOn() async throws {
+        let cluster = try await PartyCluster(relays: 2)
+        defer { cluster.stop() }
+        let (room, members) = try await cluster.room()
+        let host = try #require(cluster.host(of: room), "no relay says it hosts \(room)")
+        let draining = cluster.relays[host]
+        #expect(Glibc.kill(try #require(draining.pid), SIGTERM) == 0)
+        let asked = ContinuousClock.now
+        for m in members {
+            #expect(
+                await m.waitFor(timeout: 20) { _, err in
+                    err.contains("the relay is shutting down") && err.contains("(the room moved)")
+                }, "\(m.stderr)")
+        }
+        let moved = asked.duration(to: .now)
+        #expect(moved < .seconds(5), "the members were in the room on the other relay \(moved) after the SIGTERM")
+        #expect(await draining.waitForExit(timeout: 20), "\(draining.stderr)")
+        #expect(draining.status == 0, "\(draining.stderr)")
+        #expect(draining.stderr.contains("draining: members told to move") && draining.stderr.contains("drained"))
+        #expect(cluster.relays[1 - host].stderr.contains("party restored from a member's ticket"))
     }
 
     /// Two `tusa directory` nodes on one PostgreSQL serve as one: a peer at one
@@ -393,5 +369,94 @@ struct DirectoryCommandTests {
         #expect(result.stderr.hasPrefix("tusa directory: error: ") && result.stderr.contains(message), "\(result.stderr)")
         #expect(result.stderr.split(separator: "\n").count == 1, "\(result.stderr)")
         #expect(!result.stderr.contains("hunter2"))
+    }
+}
+
+/// A `tusa directory` (SQLite, a relay secret) with relays reporting to it, each
+/// hosting parties, and party members as processes, in one temporary folder.
+final class PartyCluster {
+    let tusa: String
+    let folder: String
+    let directory: Harness.Background
+    /// The directory's address, for `--rendezvous` and `--directory`.
+    let server: String
+    private(set) var relays: [Harness.Background] = []
+    private(set) var members: [Harness.Background] = []
+
+    init(relays count: Int) async throws {
+        tusa = try #require(Harness.tusa)
+        folder = NSTemporaryDirectory() + "tusa-cluster-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        directory = try Harness.Background(
+            tusa,
+            ["directory", "--listen", "127.0.0.1:0", "--database", "sqlite:\(folder)/d.sqlite", "--relay-secret", "s3cret"])
+        guard let line = await directory.waitForMatch(#"directory tcp 127\.0\.0\.1:[0-9]+"#) else {
+            directory.kill()
+            throw HarnessError("tusa directory did not start: \(directory.stderr.suffix(800))")
+        }
+        server = String(line.dropFirst("directory tcp ".count))
+        for _ in 0..<count {
+            let relay = try Harness.Background(
+                tusa,
+                [
+                    "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--party-port", "0", "--directory", server,
+                    "--directory-secret", "s3cret",
+                ])
+            relays.append(relay)
+            #expect(
+                await relay.waitFor(timeout: 15) { _, err in err.contains("reporting load to the directory") }, "\(relay.stderr)")
+        }
+    }
+
+    func keyFile(_ name: String) -> String { "\(folder)/\(name).key" }
+
+    /// Makes `name`'s identity file; returns its public key.
+    @discardableResult
+    func keygen(_ name: String) async throws -> String {
+        let made = try await Harness.run(tusa, ["keygen", "--out", keyFile(name)])
+        #expect(made.status == 0, "\(made.stderr)")
+        return try #require(
+            made.stdout.split(whereSeparator: \.isWhitespace).map(String.init).first { $0.count == 44 && $0.hasSuffix("=") },
+            "\(made.stdout)")
+    }
+
+    /// `tusa party ARGUMENTS` as `name` (its identity made if need be), through the directory.
+    func member(_ name: String, _ arguments: [String]) async throws -> Harness.Background {
+        if !FileManager.default.fileExists(atPath: keyFile(name)) { try await keygen(name) }
+        let process = try Harness.Background(tusa, ["party"] + arguments + ["--rendezvous", server, "--identity", keyFile(name)])
+        members.append(process)
+        return process
+    }
+
+    /// A room "Valheim" created by `a` and joined by `b` (both sending a tone for 40 s),
+    /// invite-only: `b` and `others` are invited by key.
+    func room(invitingAlso others: [String] = []) async throws -> (String, [Harness.Background]) {
+        var invited: [String] = []
+        for name in ["b"] + others { invited.append(try await keygen(name)) }
+        let creator = try await member(
+            "a", ["create", "Valheim"] + invited.flatMap { ["--invite", $0] } + ["--in", "tone", "--duration", "40"])
+        let created = try #require(
+            await creator.waitForMatch(#"party [a-z0-9]{4}-[a-z0-9]{12}"#, timeout: 20), "\(creator.stderr)")
+        let room = String(created.dropFirst("party ".count))
+        let joiner = try await member("b", ["join", room, "--in", "tone", "--duration", "40"])
+        #expect(await creator.waitFor(timeout: 15) { _, err in err.contains("joined: #2") }, "\(creator.stderr)")
+        return (room, [creator, joiner])
+    }
+
+    /// Which relay logged the room's creation.
+    func host(of room: String) -> Int? { relays.firstIndex { $0.stderr.contains("room=\(room)") } }
+
+    /// Packets a member's `--json` report counts from member #1 (the creator).
+    static func heardFromCreator(_ process: Harness.Background) throws -> Int {
+        let report = try #require(
+            try JSONSerialization.jsonObject(with: Data(process.stdout.drop { $0 != "{" }.utf8)) as? [String: Any],
+            "\(process.stdout) \(process.stderr)")
+        let speakers = report["speakers"] as? [[String: Any]] ?? []
+        return speakers.first { $0["member"] as? Int == 1 }?["packets"] as? Int ?? 0
+    }
+
+    func stop() {
+        for process in members + relays + [directory] { process.kill() }
+        try? FileManager.default.removeItem(atPath: folder)
     }
 }

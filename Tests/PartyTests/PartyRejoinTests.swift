@@ -272,6 +272,34 @@ struct PartyRejoinTests {
         #expect(room.hasPrefix("x7kq-") && room.count == 17, "\(room)")
     }
 
+    /// A relay shutting down with a directory to send its rooms to tells every
+    /// member to move: each keeps its keys and seat for the rejoin elsewhere (its
+    /// driver asks the directory where). It takes no new room or member; one that
+    /// rejoins it anyway (the directory had not heard yet) is taken back and told again.
+    @Test func aDrainingRelayTellsItsMembersToMoveAndTakesNoOneNew() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob]))
+        let aliceID = try unwrap(h.id(alice))
+        h.server.handle(.draining, now: h.now)
+        h.pump()
+        func toldToMove(_ s: PartySession) -> Int {
+            (h.events[s] ?? []).filter { if case .relayDraining(room) = $0 { true } else { false } }.count
+        }
+        for s in [alice, bob] {
+            #expect(toldToMove(s) == 1)
+            #expect(h.members[s]?.rejoining == room)
+            #expect((h.events[s] ?? []).contains { if case .connectionLost(room) = $0 { true } else { false } })
+        }
+        #expect(toldToMove(carol) == 0)
+        h.input(carol, .join(room: room))
+        h.input(carol, .create(name: "Valheim", maxMembers: nil, invite: []))
+        #expect(h.refusals(carol) == [.draining, .draining])
+        h.reconnect(alice)
+        #expect((h.events[alice] ?? []).contains { if case .rejoined(room, _, aliceID, _) = $0 { true } else { false } })
+        #expect(toldToMove(alice) == 2 && h.members[alice]?.rejoining == room)
+    }
+
     @Test func newcomersInARestoredRoomAreNumberedAboveTheMembersToCome() throws {
         var h = PartyHarness()
         for s in [alice, bob, carol] { h.connect(s) }
