@@ -2,7 +2,10 @@
 /// 6.7) protected SRTCP-style:
 ///
 ///     0x80 (V=2, P=0, subtype 0) ‖ 204 (APP) ‖ length ‖ sender SSRC ‖ "TUSA"
-///     ‖ ciphertext of the ControlReport (32) ‖ E=1 ‖ 31-bit index ‖ tag (16)
+///     ‖ ciphertext of the ControlReport (36) ‖ E=1 ‖ 31-bit index ‖ tag (16)
+///
+/// A packet four bytes shorter carries a version-1 report (32 bytes, no burst
+/// length): it is read too.
 ///
 /// `length` counts the RTCP part (header to ciphertext) in 32-bit words − 1,
 /// as RFC 3550; the index and tag trail it as in SRTCP (RFC 3711 3.4).
@@ -17,16 +20,29 @@ public enum ControlPacket {
     /// Indices are 31 bits; the E bit is always set.
     public static let maxIndex: UInt32 = 0x7FFF_FFFF
     static let lengthField = UInt16((prefixLength + ControlReport.encodedLength) / 4 - 1)
+    /// A version-1 packet's length (its report is four bytes shorter).
+    static let versionOneLength = length - (ControlReport.encodedLength - ControlReport.versionOneLength)
+
+    /// The encrypted report's length in a control packet of `count` bytes (nil: no such packet).
+    static func reportLength(packet count: Int) -> Int? {
+        switch count {
+        case length: ControlReport.encodedLength
+        case versionOneLength: ControlReport.versionOneLength
+        default: nil
+        }
+    }
 
     /// Sender SSRC and index of a control packet, read without decrypting
     /// (for the replay check); `.truncated`/`.malformed` on anything else.
     public static func peek(_ packet: UnsafeRawBufferPointer) throws -> (ssrc: UInt32, index: UInt32) {
-        guard packet.count >= length else { throw SecureError.truncated }
-        guard packet.count == length else { throw SecureError.malformed("control packet of \(packet.count) bytes") }
-        guard packet[0] == 0x80, packet[1] == payloadType, packet.loadBigEndianUInt16(at: 2) == lengthField,
+        guard packet.count >= versionOneLength else { throw SecureError.truncated }
+        guard let report = reportLength(packet: packet.count) else {
+            throw SecureError.malformed("control packet of \(packet.count) bytes")
+        }
+        guard packet[0] == 0x80, packet[1] == payloadType, packet.loadBigEndianUInt16(at: 2) == (prefixLength + report) / 4 - 1,
             packet[8] == name[0], packet[9] == name[1], packet[10] == name[2], packet[11] == name[3]
         else { throw SecureError.malformed("not a Tusa control packet") }
-        let e = packet.loadBigEndianUInt32(at: prefixLength + ControlReport.encodedLength)
+        let e = packet.loadBigEndianUInt32(at: prefixLength + report)
         guard e & 0x8000_0000 != 0 else { throw SecureError.malformed("control packet without the E bit") }
         return (packet.loadBigEndianUInt32(at: 4), e & maxIndex)
     }
@@ -45,7 +61,7 @@ public enum SecurePacketKind: Sendable, Equatable {
 }
 
 extension MediaCipher {
-    /// Seals `report` as a control packet (`ControlPacket.length` = 64 bytes)
+    /// Seals `report` as a control packet (`ControlPacket.length` = 68 bytes)
     /// into `out`; returns its length. `index` must be ≤ 2^31 − 1 and never
     /// repeat under this key.
     public func sealControl(
@@ -84,7 +100,7 @@ extension MediaCipher {
     func decryptControl(packet: UnsafeMutableRawBufferPointer, verifyOnly: Bool = false) throws -> (ssrc: UInt32, index: UInt32) {
         let (ssrc, index) = try ControlPacket.peek(UnsafeRawBufferPointer(packet))
         let body = ControlPacket.prefixLength
-        let trailer = body + ControlReport.encodedLength
+        let trailer = body + (ControlPacket.reportLength(packet: packet.count) ?? ControlReport.encodedLength)
         try withControlAD(packet, trailer: trailer) { ad in
             try open(
                 domain: Self.controlDomain, index: UInt64(index), ad: ad,
@@ -113,8 +129,9 @@ extension MediaCipher {
 
     static func decodeControlBody(_ packet: UnsafeMutableRawBufferPointer) throws -> ControlReport {
         let body = ControlPacket.prefixLength
-        return try ControlReport.decode(
-            UnsafeRawBufferPointer(rebasing: packet[body..<body + ControlReport.encodedLength]))
+        let report = ControlPacket.reportLength(packet: packet.count) ?? ControlReport.encodedLength
+        guard packet.count >= body + report else { throw SecureError.truncated }
+        return try ControlReport.decode(UnsafeRawBufferPointer(rebasing: packet[body..<body + report]))
     }
 
     /// Convenience (allocates).

@@ -2,10 +2,13 @@
 /// spirit of an RTCP receiver report block (RFC 3550 6.4.1), plus a loss hint
 /// for the peer's encoder and the packet's purpose.
 ///
-/// Encoding, version 1, 32 bytes, big-endian:
+/// Encoding, version 2, 36 bytes, big-endian:
 /// version(1) kind(1) fractionLost(1) lossHint(1) highestSequence(8)
 /// cumulativeLost(4) jitter(4) lastReportTimestamp(4) delaySinceLastReport(4)
-/// timestamp(4)
+/// timestamp(4) meanBurstLength(1) reserved(3, zero)
+///
+/// Version 1 is the same without the last four bytes (32 bytes; read as no burst
+/// length known).
 ///
 /// Round-trip time works as RFC 3550's LSR/DLSR: each report carries the
 /// sender's compact clock (`timestamp`); the peer echoes the last one it got
@@ -17,8 +20,10 @@ public struct ControlReport: Sendable, Equatable {
         case bye = 2
     }
 
-    public static let version: UInt8 = 1
-    public static let encodedLength = 32
+    public static let version: UInt8 = 2
+    public static let encodedLength = 36
+    /// Version 1's length (no burst length).
+    static let versionOneLength = 32
 
     public var kind: Kind
     /// Highest extended sequence number received from the peer.
@@ -38,12 +43,18 @@ public struct ControlReport: Sendable, Equatable {
     public var lossHint: UInt8
     /// The sender's compact clock when it sent this report (`compactTimestamp`), for the peer to echo.
     public var timestamp: UInt32
+    /// How many packets the peer's losses came in at a time lately, on average, in
+    /// 1/16 packet (16: one at a time; 48: bursts of three); 0 when it lost none
+    /// lately. In the spirit of RFC 3611's burst metrics: the peer's sender sizes its
+    /// redundancy by it.
+    public var meanBurstLength: UInt8
 
     public init(
         kind: Kind = .report, highestSequence: UInt64 = 0, cumulativeLost: UInt32 = 0,
         fractionLost: UInt8 = 0, jitter: UInt32 = 0, lastReportTimestamp: UInt32 = 0,
-        delaySinceLastReport: UInt32 = 0, lossHint: UInt8 = 0, timestamp: UInt32 = 0
+        delaySinceLastReport: UInt32 = 0, lossHint: UInt8 = 0, timestamp: UInt32 = 0, meanBurstLength: UInt8 = 0
     ) {
+        self.meanBurstLength = meanBurstLength
         self.kind = kind
         self.highestSequence = highestSequence
         self.cumulativeLost = cumulativeLost
@@ -89,17 +100,22 @@ public struct ControlReport: Sendable, Equatable {
         out.storeBigEndian(lastReportTimestamp, at: 20)
         out.storeBigEndian(delaySinceLastReport, at: 24)
         out.storeBigEndian(timestamp, at: 28)
+        out[32] = meanBurstLength
+        out[33] = 0
+        out[34] = 0
+        out[35] = 0
         return Self.encodedLength
     }
 
-    /// Decodes exactly one version-1 encoding.
+    /// Decodes exactly one version-2 (or version-1) encoding.
     public static func decode(_ bytes: UnsafeRawBufferPointer) throws -> ControlReport {
         guard bytes.count >= 1 else { throw SecureError.truncated }
-        guard bytes[0] == version else { throw SecureError.unsupportedVersion(bytes[0]) }
-        guard bytes.count == encodedLength else {
-            throw bytes.count < encodedLength
+        guard bytes[0] == version || bytes[0] == 1 else { throw SecureError.unsupportedVersion(bytes[0]) }
+        let length = bytes[0] == 1 ? versionOneLength : encodedLength
+        guard bytes.count == length else {
+            throw bytes.count < length
                 ? SecureError.truncated
-                : SecureError.malformed("control report of \(bytes.count) bytes, expected \(encodedLength)")
+                : SecureError.malformed("control report of \(bytes.count) bytes, expected \(length)")
         }
         guard let kind = Kind(rawValue: bytes[1]) else { throw SecureError.malformed("unknown control kind \(bytes[1])") }
         guard bytes[3] <= 100 else { throw SecureError.malformed("loss hint \(bytes[3]) above 100") }
@@ -108,7 +124,7 @@ public struct ControlReport: Sendable, Equatable {
             cumulativeLost: bytes.loadBigEndianUInt32(at: 12), fractionLost: bytes[2],
             jitter: bytes.loadBigEndianUInt32(at: 16), lastReportTimestamp: bytes.loadBigEndianUInt32(at: 20),
             delaySinceLastReport: bytes.loadBigEndianUInt32(at: 24), lossHint: bytes[3],
-            timestamp: bytes.loadBigEndianUInt32(at: 28))
+            timestamp: bytes.loadBigEndianUInt32(at: 28), meanBurstLength: length > 32 ? bytes[32] : 0)
     }
 
     public func encoded() -> [UInt8] {

@@ -20,6 +20,8 @@ public struct ReceiverReports: Sendable {
     public private(set) var lastSent: Timestamp?
     /// The encoder's loss hint before rounding, in 0...1.
     public private(set) var smoothedLoss = 0.0
+    /// The mean length of the peer's loss bursts, smoothed across intervals that lost any (0: none yet).
+    public private(set) var smoothedBurst = 0.0
     private var answeredFirstReport = false
     /// Zero: no periodic reports.
     public let interval: Duration
@@ -86,6 +88,9 @@ public struct ReceiverReports: Sendable {
         let fraction = reception.takeFractionLost()
         // The loss hint follows the reported loss, smoothed so one bad interval does not swing the encoder.
         smoothedLoss = 0.7 * smoothedLoss + 0.3 * Double(fraction) / 256
+        if let burst = reception.takeMeanBurstLength() {
+            smoothedBurst = smoothedBurst == 0 ? burst : 0.7 * smoothedBurst + 0.3 * burst
+        }
         var echo: UInt32 = 0
         var held: UInt32 = 0
         if let (report, at) = lastPeerReport, report.timestamp != 0 {
@@ -97,6 +102,7 @@ public struct ReceiverReports: Sendable {
             kind: .report, highestSequence: reception.highestSequence,
             cumulativeLost: UInt32(clamping: reception.cumulativeLost), fractionLost: fraction,
             jitter: reception.jitter, lastReportTimestamp: echo, delaySinceLastReport: held,
-            lossHint: UInt8(min(100, (smoothedLoss * 100).rounded(.up))), timestamp: stamp == 0 ? 1 : stamp)
+            lossHint: UInt8(min(100, (smoothedLoss * 100).rounded(.up))), timestamp: stamp == 0 ? 1 : stamp,
+            meanBurstLength: UInt8(min(255, (smoothedBurst * 16).rounded())))
     }
 }

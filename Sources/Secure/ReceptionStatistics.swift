@@ -14,6 +14,9 @@ public struct ReceptionStatistics: Sendable, Equatable {
     private var receivedPrior: UInt64 = 0
     private var lastTransit: UInt32?
     private var jitterEstimate: Double = 0
+    /// Since the last ``takeMeanBurstLength()``: gaps in the sequence, and packets missing in them.
+    private var gapsInterval: UInt64 = 0
+    private var missingInterval: UInt64 = 0
 
     public init(clockRate: UInt32) { self.clockRate = max(clockRate, 1) }
 
@@ -22,6 +25,11 @@ public struct ReceptionStatistics: Sendable, Equatable {
         if baseSequence == nil {
             baseSequence = ext
             highestSequence = ext
+        }
+        if ext > highestSequence + 1 {
+            // A gap: that many packets lost together (or late: reordering is rare enough to ignore here).
+            gapsInterval += 1
+            missingInterval += ext - highestSequence - 1
         }
         if ext > highestSequence { highestSequence = ext }
         received += 1
@@ -41,6 +49,16 @@ public struct ReceptionStatistics: Sendable, Equatable {
     public var cumulativeLost: UInt64 { expected > received ? expected - received : 0 }
     /// Interarrival jitter in RTP timestamp units.
     public var jitter: UInt32 { UInt32(min(jitterEstimate, Double(UInt32.max))) }
+
+    /// How many packets went missing at a time since the previous call, on average
+    /// (nil: none went missing), starting a new interval.
+    public mutating func takeMeanBurstLength() -> Double? {
+        defer {
+            gapsInterval = 0
+            missingInterval = 0
+        }
+        return gapsInterval == 0 ? nil : Double(missingInterval) / Double(gapsInterval)
+    }
 
     /// The fraction lost since the previous call, in 1/256 (RFC 3550 A.3), starting a new interval.
     public mutating func takeFractionLost() -> UInt8 {

@@ -204,16 +204,22 @@ struct ControlTests {
     let report = ControlReport(
         kind: .report, highestSequence: 0x1_2345, cumulativeLost: 17, fractionLost: 12,
         jitter: 480, lastReportTimestamp: 0xABCD_0001, delaySinceLastReport: 0x8000,
-        lossHint: 5, timestamp: 0x1234_5678)
+        lossHint: 5, timestamp: 0x1234_5678, meanBurstLength: 48)
 
     @Test func reportEncodingRoundTripsAndIsVersioned() throws {
         let bytes = report.encoded()
-        #expect(bytes.count == 32 && bytes[0] == 1)
+        #expect(bytes.count == 36 && bytes[0] == 2 && bytes[32] == 48)
         #expect(try ControlReport.decode(bytes) == report)
-        var v2 = bytes
-        v2[0] = 2
-        #expect(throws: SecureError.unsupportedVersion(2)) { try ControlReport.decode(v2) }
-        #expect(throws: SecureError.truncated) { try ControlReport.decode(Array(bytes.prefix(31))) }
+        var v3 = bytes
+        v3[0] = 3
+        #expect(throws: SecureError.unsupportedVersion(3)) { try ControlReport.decode(v3) }
+        // Version 1 (32 bytes, before the burst length) still reads, as no burst known.
+        var v1 = Array(bytes.prefix(32))
+        v1[0] = 1
+        var withoutBurst = report
+        withoutBurst.meanBurstLength = 0
+        #expect(try ControlReport.decode(v1) == withoutBurst)
+        #expect(throws: SecureError.truncated) { try ControlReport.decode(Array(bytes.prefix(35))) }
         #expect(throws: SecureError.truncated) { try ControlReport.decode([]) }
         #expect(throws: SecureError.self) { try ControlReport.decode(bytes + [0]) }
         var kind = bytes
@@ -226,11 +232,11 @@ struct ControlTests {
 
     @Test func wireLayout() throws {
         let p = try cipher.sealControl(report, ssrc: 0xDEAD_BEEF, index: 5)
-        #expect(p.count == 64)
-        // V=2 P=0 subtype 0, PT 204, length = (44 / 4) − 1 = 10, SSRC, "TUSA".
-        #expect(Hex.encode(p.prefix(12)) == "80cc000adeadbeef" + Hex.encode(Array("TUSA".utf8)))
-        #expect(Hex.encode(p[44..<48]) == "80000005")
-        #expect(Array(p[12..<44]) != report.encoded())
+        #expect(p.count == 68)
+        // V=2 P=0 subtype 0, PT 204, length = (48 / 4) − 1 = 11, SSRC, "TUSA".
+        #expect(Hex.encode(p.prefix(12)) == "80cc000bdeadbeef" + Hex.encode(Array("TUSA".utf8)))
+        #expect(Hex.encode(p[48..<52]) == "80000005")
+        #expect(Array(p[12..<48]) != report.encoded())
         let got = try cipher.openControl(p)
         #expect(got == ReceivedControl(ssrc: 0xDEAD_BEEF, index: 5, report: report))
     }

@@ -51,6 +51,33 @@ import TusaBase
         #expect(r.reception.received == 0 && r.reception.expected == 0)
     }
 
+    /// Losses one at a time report a mean burst of one packet (16 in 1/16); losses
+    /// three at a time, three (48); the next interval's blend is smoothed; a clean
+    /// interval leaves it as it was.
+    @Test func theMeanLossBurstIsReportedInSixteenths() {
+        var r = reports()
+        let t = Timestamp.seconds(10)
+        var sequence: UInt64 = 0
+        func send(_ count: Int, losingEvery period: Int, run: Int) {
+            for i in 0..<count {
+                sequence += 1
+                if period > 0, i % period < run { continue }
+                r.record(
+                    extendedSequence: sequence, rtpTimestamp: UInt32(sequence * 160),
+                    arrival: t + .milliseconds(20 * Int(sequence)))
+            }
+        }
+        send(100, losingEvery: 10, run: 1)
+        #expect(r.makeReport(now: t + .seconds(3)).meanBurstLength == 16)
+        send(100, losingEvery: 10, run: 3)
+        // 0.7 × 1 + 0.3 × 3 = 1.6 packets.
+        #expect(r.makeReport(now: t + .seconds(6)).meanBurstLength == 26)
+        send(50, losingEvery: 0, run: 0)
+        #expect(r.makeReport(now: t + .seconds(9)).meanBurstLength == 26)
+        var fresh = reports()
+        #expect(fresh.makeReport(now: t).meanBurstLength == 0, "nothing lost yet")
+    }
+
     @Test func theRoundTripComesFromThePeersEchoOfOurReport() {
         var a = reports()
         var b = reports()
