@@ -41,6 +41,10 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var iceRestarts = 0
     /// The encoder's bitrate at the end (lowered from the configured one under heavy loss).
     public var sendBitrate = 0
+    /// Previous frames each packet carried again at the end (redundant audio, sized by the peer's reports).
+    public var sendRedundancy = 0
+    /// Frames whose packet was lost, played from the copy a later packet carried.
+    public var framesRecoveredByRedundancy = 0
     /// Why our audio input or output failed during the call (nil when it did not).
     public var audioError: String?
 
@@ -62,13 +66,17 @@ public struct CallReport: Sendable, Codable, Equatable {
         if let d = dialToFirstAudioMilliseconds { lines.append(String(format: "  dial to first audio: %.0f ms", d)) }
         lines.append(
             String(format: "  duration %.1f s, sent %d, received %d packets", durationSeconds, packetsSent, packetsReceived))
-        lines.append("  sending at \(sendBitrate / 1000) kb/s")
+        lines.append(
+            "  sending at \(sendBitrate / 1000) kb/s"
+                + (sendRedundancy > 0 ? " with the previous \(sendRedundancy) frame\(sendRedundancy > 1 ? "s" : "") again" : ""))
         lines.append(
             String(
                 format: "  loss %.1f%% (peer saw %.1f%%), jitter %.0f ms, rtt %@, buffer %.0f ms",
                 lossPercent, remoteLossPercent, jitterMilliseconds,
                 roundTripMilliseconds.map { String(format: "%.1f ms", $0) } ?? "-", jitterBufferDelayMilliseconds))
-        lines.append("  concealed \(framesConcealed) frames, \(framesRecoveredByFEC) rebuilt by FEC")
+        lines.append(
+            "  concealed \(framesConcealed) frames, \(framesRecoveredByFEC) rebuilt by FEC"
+                + (framesRecoveredByRedundancy > 0 ? ", \(framesRecoveredByRedundancy) from redundant audio" : ""))
         if iceRestarts > 0 { lines.append("  ICE restarted \(iceRestarts)×") }
         if let audioError { lines.append("  audio error: \(audioError)") }
         lines.append(String(format: "  estimated MOS (E-model): %.2f", estimatedMOS))
@@ -679,7 +687,8 @@ public final class CallAgent: Sendable {
             estimatedMOS: s.estimatedMOS(frameMilliseconds: codec.frameDuration.milliseconds),
             ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected,
             iceRestarts: restarts,
-            sendBitrate: s.encoderBitrate, audioError: s.audioError)
+            sendBitrate: s.encoderBitrate, sendRedundancy: s.redundancy,
+            framesRecoveredByRedundancy: p.framesRecoveredByRedundancy, audioError: s.audioError)
     }
 
     /// The peer's answer (or refusal) to our offer, awaited among the agent's events.

@@ -15,7 +15,7 @@ public func monotonicNanoseconds() -> Int64 {
 /// (a lock-free ring behind it). Make it before binding the endpoint, pass
 /// `handler` as the endpoint's media handler, attach the receiver when the call starts.
 public final class MediaRouter: Sendable {
-    private let target = Mutex<(peer: PeerID, receiver: VoiceReceiver, payloadType: UInt8)?>(nil)
+    private let target = Mutex<(peer: PeerID, receiver: VoiceReceiver, payloadType: UInt8, redundant: UInt8)?>(nil)
     private let counters = Mutex<(packets: Int, bytes: Int, other: Int, first: Int64?)>((0, 0, 0, nil))
     private let last = Atomic<Int64>(0)
 
@@ -25,9 +25,12 @@ public final class MediaRouter: Sendable {
         { [self] peer, header, payload in
             let now = monotonicNanoseconds()
             let accepted = target.withLock { t -> Bool in
-                guard let t, t.peer == peer, t.payloadType == header.payloadType else { return false }
+                guard let t, t.peer == peer, t.payloadType == header.payloadType || t.redundant == header.payloadType else {
+                    return false
+                }
                 t.receiver.receive(
-                    sequence: header.sequenceNumber, timestamp: header.timestamp, payload: payload, arrivalNanoseconds: now)
+                    sequence: header.sequenceNumber, timestamp: header.timestamp, payload: payload, arrivalNanoseconds: now,
+                    redundant: header.payloadType == t.redundant)
                 return true
             }
             if accepted { last.store(now, ordering: .relaxed) }
@@ -43,8 +46,9 @@ public final class MediaRouter: Sendable {
         }
     }
 
-    func attach(_ receiver: VoiceReceiver, peer: PeerID, payloadType: UInt8) {
-        target.withLock { $0 = (peer, receiver, payloadType) }
+    /// Media of `payloadType` from `peer` goes to `receiver`; of `redundant`, as redundant audio.
+    func attach(_ receiver: VoiceReceiver, peer: PeerID, payloadType: UInt8, redundant: UInt8) {
+        target.withLock { $0 = (peer, receiver, payloadType, redundant) }
     }
     func detach() { target.withLock { $0 = nil } }
     var received: (packets: Int, bytes: Int, other: Int, first: Int64?) { counters.withLock { $0 } }
@@ -71,6 +75,8 @@ public struct VoiceSessionStatistics: Sendable, Equatable {
     public var encoderLossHint = 0
     /// The encoder's bitrate now (the configured one, lowered under heavy loss).
     public var encoderBitrate = 0
+    /// Previous frames each packet carries again (``RedundancyPolicy``, from the peer's reports).
+    public var redundancy = 0
     public var sourceEnded = false
     /// The first error reading the audio to send or writing the audio received
     /// (an unplugged device, a full disk, a file size limit); the call ends on it,
@@ -111,6 +117,8 @@ public enum EModel {
 public final class VoiceSession: @unchecked Sendable {
     public let codec: CodecConfiguration
     public static let payloadType: UInt8 = 111
+    /// Redundant audio (RFC 2198 "red", ``RedundantAudio``) around the codec's frames.
+    public static let redundantPayloadType: UInt8 = 63
     private let endpoint: SecureUDPEndpoint
     private let peer: PeerID
     private let router: MediaRouter
@@ -124,7 +132,9 @@ public final class VoiceSession: @unchecked Sendable {
     private let stats = Mutex(VoiceSessionStatistics())
     private let pendingHint = Atomic<Int>(-1)
     private let pendingBitrate = Atomic<Int>(-1)
+    private let pendingRedundancy = Atomic<Int>(-1)
     private let bitrate: Mutex<BitrateController?>
+    private let redundancy = Mutex(RedundancyPolicy())
     private let firstPlayed = AtomicBox()
     private var thread: Thread?
     /// The audio thread's end, and whoever awaits it in ``stop()``.
@@ -150,7 +160,7 @@ public final class VoiceSession: @unchecked Sendable {
         withUnsafeMutableBytes(of: &timestamp) { Sodium.randomBytes($0) }
         sender = try VoiceSender(
             codec: codec, capture: echoCancellation ? CaptureConfiguration() : nil, taps: taps,
-            initialSequence: sequence, initialTimestamp: timestamp)
+            initialSequence: sequence, initialTimestamp: timestamp, blockPayloadType: Self.payloadType)
         receiver = try VoiceReceiver(codec: codec, taps: taps)
         self.source = try source.map { s throws(VoiceError) in
             try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame)
@@ -178,7 +188,7 @@ public final class VoiceSession: @unchecked Sendable {
     /// Starts the audio clock.
     public func start() {
         guard !running.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        router.attach(receiver, peer: peer, payloadType: Self.payloadType)
+        router.attach(receiver, peer: peer, payloadType: Self.payloadType, redundant: Self.redundantPayloadType)
         // A thread of its own, not a task: the audio clock must never wait for the cooperative pool.
         let t = Thread { [self] in
             self.loop()
@@ -217,6 +227,13 @@ public final class VoiceSession: @unchecked Sendable {
             s.remoteJitterMilliseconds = Double(report.jitter) * 1000 / Double(codec.sampleRate)
         }
         pendingHint.store(Int(report.lossHint), ordering: .releasing)
+        // Redundant audio, sized by how the peer loses our packets (L16 is sent as it is).
+        if codec.kind != .l16 {
+            let depth = redundancy.withLock {
+                $0.report(lossPercent: Double(report.lossHint), meanBurstLength: Double(report.meanBurstLength) / 16)
+            }
+            pendingRedundancy.store(depth, ordering: .releasing)
+        }
         if let b = bitrate.withLock({ $0?.report(lossFraction: Double(report.fractionLost) / 256) }) {
             pendingBitrate.store(b, ordering: .releasing)
         }
@@ -270,6 +287,11 @@ public final class VoiceSession: @unchecked Sendable {
                         try? sender.adapt(lossPercent: hint)
                         stats.withLock { $0.encoderLossHint = hint }
                     }
+                    let depth = pendingRedundancy.exchange(-1, ordering: .acquiringAndReleasing)
+                    if depth >= 0 {
+                        sender.adapt(redundancy: depth)
+                        stats.withLock { $0.redundancy = depth }
+                    }
                     let rate = pendingBitrate.exchange(-1, ordering: .acquiringAndReleasing)
                     if rate > 0, (try? sender.adapt(bitrate: rate)) != nil {
                         stats.withLock { $0.encoderBitrate = rate }
@@ -281,7 +303,8 @@ public final class VoiceSession: @unchecked Sendable {
                     }
                     if let frame, frame.byteCount > 0 {
                         endpoint.send(
-                            Array(payload[0..<frame.byteCount]), to: peer, payloadType: Self.payloadType,
+                            Array(payload[0..<frame.byteCount]), to: peer,
+                            payloadType: frame.redundant ? Self.redundantPayloadType : Self.payloadType,
                             timestamp: frame.timestamp)
                         sent += 1
                     }

@@ -141,6 +141,25 @@ public struct NetworkTrace: Sendable, Hashable {
     }
 
     /// Minimum transit (arrival − send) over arrived entries.
+    /// What a receiver's reports would say of this trace's loss: the share of
+    /// packets lost, in percent, and how many at a time on average (0: none lost).
+    public var lossReport: (lossPercent: Double, meanBurstLength: Double) {
+        let ordered = entries.sorted { $0.sequence < $1.sequence }
+        guard !ordered.isEmpty else { return (0, 0) }
+        var lost = 0
+        var bursts = 0
+        var inBurst = false
+        for entry in ordered {
+            let missing = entry.arrivalMilliseconds == nil
+            if missing {
+                lost += 1
+                if !inBurst { bursts += 1 }
+            }
+            inBurst = missing
+        }
+        return (100 * Double(lost) / Double(ordered.count), bursts == 0 ? 0 : Double(lost) / Double(bursts))
+    }
+
     public var minimumTransitMilliseconds: Double {
         entries.compactMap { e in e.arrivalMilliseconds.map { $0 - e.sendMilliseconds } }.min() ?? 0
     }

@@ -6,6 +6,16 @@ public protocol PlayoutBuffer: AnyObject {
     /// comfort noise or silence).
     func pull(nowNanoseconds: Int64, into output: UnsafeMutableBufferPointer<Int16>)
     var statistics: PlayoutStatistics { get }
+    /// A previous frame carried again in a later packet (``RedundantAudio``): taken
+    /// only when its own packet is not here and its time has not passed.
+    func insertRedundant(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64)
+}
+
+extension PlayoutBuffer {
+    /// A buffer that knows nothing of redundancy takes a redundant frame as a packet (a duplicate when it has it).
+    public func insertRedundant(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64) {
+        insert(sequence: sequence, timestamp: timestamp, payload: payload, arrivalNanoseconds: arrivalNanoseconds)
+    }
 }
 
 public struct PlayoutConfiguration: Sendable, Hashable {
@@ -256,8 +266,14 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
 
     /// Whether the buffer holds a frame of look-ahead for FEC (the stream lost packets lately).
     private func fecHeld(_ nowMs: Double) -> Bool {
-        decoder.recoversFromNextPacket && nowMs - lastGapMs < fecHoldMs
+        (decoder.recoversFromNextPacket || redundancy(nowMs) > 0) && nowMs - lastGapMs < fecHoldMs
     }
+
+    /// How many packets back the sender's redundant frames reach (``RedundantAudio``),
+    /// while such packets keep coming (0: none lately).
+    private func redundancy(_ nowMs: Double) -> Int { nowMs - redundancySeenMs < 2000 ? redundancyDepth : 0 }
+    private var redundancyDepth = 0
+    private var redundancySeenMs = -Double.infinity
 
     /// The largest relative delay seen in the last ten seconds (ms over the minimum).
     private func recentMaximumDelay(_ nowMs: Double) -> Double {
@@ -273,13 +289,29 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         // here: while the stream is losing packets, hold one more frame of delay.
         // Packets come a frame at a time, so the look-ahead is a whole frame above the
         // one-frame floor of the playout point.
-        if fecHeld(nowMs) { t = max(t, floorMs) + frameMs }
+        // Redundant audio carries a frame up to `depth` packets later: hold that many,
+        // and one more where the codec's FEC rebuilds the frame before the oldest copy.
+        let depth = redundancy(nowMs)
+        let held = depth == 0 ? 1 : depth + (decoder.recoversFromNextPacket ? 1 : 0)
+        // (From the first redundant packet on: the sender adds redundancy once the path
+        // is known to lose, and the delay is best set before speech needs stretching.)
+        if fecHeld(nowMs) || depth > 0 { t = max(t, floorMs) + frameMs * Double(held) }
         return min(
             Double(configuration.maximumDelayMilliseconds) - frameMs,
             max(Double(configuration.minimumDelayMilliseconds), t))
     }
 
     public func insert(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64) {
+        store(
+            sequence: sequence, timestamp: timestamp, payload: payload, arrivalNanoseconds: arrivalNanoseconds, redundant: false)
+    }
+
+    /// A packet, or (`redundant`) a frame a later packet carried again: that one says
+    /// nothing of the path's delay or loss (it is as late as the redundancy makes it),
+    /// so it is kept out of the delay estimate and the loss tracking.
+    private func store(
+        sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64, redundant: Bool
+    ) {
         stats.packetsReceived += 1
         let ext: Int64
         if haveFirst {
@@ -334,6 +366,10 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             senderPause = 0..<0
             underrunFrames = 0
         }
+        if redundant {
+            keep(ext, slot: s, payload: payload, arrivalMs: arrivalMs)
+            return
+        }
         let paused = ext > newestExtTs + Int64(spf) && newestSequence.map { sequence == $0 &+ 1 } == true
         if ext > newestExtTs + Int64(spf), !paused { lastGapMs = arrivalMs }  // a packet (or more) missing before this one
         if paused { senderPause = (newestExtTs + Int64(spf))..<ext }
@@ -355,6 +391,33 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         } else if relative > secondMaxima[k] {
             secondMaxima[k] = relative
         }
+        keep(ext, slot: s, payload: payload, arrivalMs: arrivalMs)
+        if ext > newestExtTs || newestSequence == nil {
+            newestExtTs = max(newestExtTs, ext)
+            newestSequence = sequence
+        }
+        if !playing && ext < nextTs || !playing && stats.packetsReceived - stats.duplicates == 1 { nextTs = ext }
+    }
+
+    public func insertRedundant(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64) {
+        guard haveFirst else { return }
+        let ext = lastExtTs + Int64(Int32(bitPattern: timestamp &- lastRawTs))
+        // How far back the sender's redundancy reaches: the delay to hold for it.
+        let arrivalMs = Double(arrivalNanoseconds) / 1e6
+        let back = Int(min(max((newestExtTs - ext) / Int64(spf), 1), Int64(RedundantAudio.maximumDepth)))
+        redundancyDepth = arrivalMs - redundancySeenMs < 2000 ? max(redundancyDepth, back) : back
+        redundancySeenMs = arrivalMs
+        // Its own packet came, or its time has passed: nothing to rebuild.
+        guard slotTs[slot(ext)] != ext, !(playing && ext < nextTs) else { return }
+        let before = stats.packetsReceived
+        store(sequence: sequence, timestamp: timestamp, payload: payload, arrivalNanoseconds: arrivalNanoseconds, redundant: true)
+        // A frame rebuilt, not a packet received.
+        stats.packetsReceived = before
+        if slotTs[slot(ext)] == ext { stats.framesRecoveredByRedundancy += 1 }
+    }
+
+    /// Copies a payload into its slot.
+    private func keep(_ ext: Int64, slot s: Int, payload: UnsafeRawBufferPointer, arrivalMs: Double) {
         if let base = payload.baseAddress {
             (payloads + s * configuration.maximumPayloadSize).update(
                 from: base.assumingMemoryBound(to: UInt8.self), count: payload.count)
@@ -363,11 +426,6 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         slotLength[s] = payload.count
         slotArrivalMs[s] = arrivalMs
         slotPlayed[s] = false
-        if ext > newestExtTs || newestSequence == nil {
-            newestExtTs = max(newestExtTs, ext)
-            newestSequence = sequence
-        }
-        if !playing && ext < nextTs || !playing && stats.packetsReceived - stats.duplicates == 1 { nextTs = ext }
     }
 
     private func present(_ ext: Int64) -> Int? {

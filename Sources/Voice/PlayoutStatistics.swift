@@ -20,6 +20,8 @@ public struct PlayoutStatistics: Sendable, Hashable, CustomStringConvertible {
     public var lostPackets = 0
     public var framesDecoded = 0
     public var framesRecoveredByFEC = 0
+    /// Frames whose packet was lost, played from the copy a later packet carried (``RedundantAudio``).
+    public var framesRecoveredByRedundancy = 0
     public var framesConcealed = 0
     public var framesComfortNoise = 0
     public var concealedByCause = ConcealmentCauses()

@@ -14,6 +14,7 @@ public final class PacketRing: @unchecked Sendable {
     private let sequences: UnsafeMutablePointer<UInt16>
     private let timestamps: UnsafeMutablePointer<UInt32>
     private let arrivals: UnsafeMutablePointer<Int64>
+    private let redundant: UnsafeMutablePointer<Bool>
     private let head = Atomic<Int>(0)
     private let tail = Atomic<Int>(0)
     private let dropped = Atomic<Int>(0)
@@ -30,6 +31,8 @@ public final class PacketRing: @unchecked Sendable {
         timestamps.initialize(repeating: 0, count: self.slots)
         arrivals = .allocate(capacity: self.slots)
         arrivals.initialize(repeating: 0, count: self.slots)
+        redundant = .allocate(capacity: self.slots)
+        redundant.initialize(repeating: false, count: self.slots)
     }
 
     deinit {
@@ -38,11 +41,15 @@ public final class PacketRing: @unchecked Sendable {
         sequences.deallocate()
         timestamps.deallocate()
         arrivals.deallocate()
+        redundant.deallocate()
     }
 
-    /// Producer: copies the packet in. False (and counted) when the ring is full or the packet too large.
+    /// Producer: copies the packet in (`redundant`: its payload is ``RedundantAudio``).
+    /// False (and counted) when the ring is full or the packet too large.
     @discardableResult
-    public func push(sequence: UInt16, timestamp: UInt32, arrivalNanoseconds: Int64, payload: UnsafeRawBufferPointer) -> Bool {
+    public func push(
+        sequence: UInt16, timestamp: UInt32, arrivalNanoseconds: Int64, payload: UnsafeRawBufferPointer, redundant: Bool = false
+    ) -> Bool {
         let h = head.load(ordering: .relaxed)
         guard payload.count <= maximumPacketSize, h - tail.load(ordering: .acquiring) < slots else {
             dropped.wrappingAdd(1, ordering: .relaxed)
@@ -56,6 +63,7 @@ public final class PacketRing: @unchecked Sendable {
         sequences[slot] = sequence
         timestamps[slot] = timestamp
         arrivals[slot] = arrivalNanoseconds
+        self.redundant[slot] = redundant
         head.store(h + 1, ordering: .releasing)
         return true
     }
@@ -65,12 +73,24 @@ public final class PacketRing: @unchecked Sendable {
     public func pop(
         _ body: (_ sequence: UInt16, _ timestamp: UInt32, _ arrivalNanoseconds: Int64, _ payload: UnsafeRawBufferPointer) -> Void
     ) -> Bool {
+        popPacket { sequence, timestamp, arrival, payload, _ in body(sequence, timestamp, arrival, payload) }
+    }
+
+    /// ``pop(_:)``, with whether the payload is ``RedundantAudio``.
+    @discardableResult
+    public func popPacket(
+        _ body:
+            (
+                _ sequence: UInt16, _ timestamp: UInt32, _ arrivalNanoseconds: Int64, _ payload: UnsafeRawBufferPointer,
+                _ redundant: Bool
+            ) -> Void
+    ) -> Bool {
         let t = tail.load(ordering: .relaxed)
         guard head.load(ordering: .acquiring) > t else { return false }
         let slot = t % slots
         body(
             sequences[slot], timestamps[slot], arrivals[slot],
-            UnsafeRawBufferPointer(start: storage + slot * maximumPacketSize, count: lengths[slot]))
+            UnsafeRawBufferPointer(start: storage + slot * maximumPacketSize, count: lengths[slot]), redundant[slot])
         tail.store(t + 1, ordering: .releasing)
         return true
     }

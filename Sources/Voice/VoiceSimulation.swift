@@ -24,6 +24,8 @@ public struct VoiceSimulationOptions: Sendable {
     public var capture: CaptureConfiguration?
     /// Write each stage to `<directory>/<stage>.wav` (`played` is the output itself).
     public var tapsDirectory: String?
+    /// Previous frames each packet carries again (``RedundantAudio``, 0–2; Tusa's playout only).
+    public var redundancy = 0
 
     public init(
         codec: CodecConfiguration = CodecConfiguration(),
@@ -71,6 +73,12 @@ public enum VoiceSimulation {
 
         // Encode.
         let sender = try VoiceSender(codec: codec, capture: options.capture, taps: taps)
+        guard (0...RedundantAudio.maximumDepth).contains(options.redundancy) else {
+            throw .invalidConfiguration("redundancy must be 0-\(RedundantAudio.maximumDepth), not \(options.redundancy)")
+        }
+        // The codec alone decodes every frame in order: nothing to carry twice.
+        let redundancy = options.playout == .tusa ? options.redundancy : 0
+        sender.adapt(redundancy: redundancy)
         let frames = frameCount(samples: pcm.count, codec: codec)
         let spf = codec.samplesPerFrame
         var packets: [[UInt8]] = []
@@ -112,6 +120,7 @@ public enum VoiceSimulation {
         }
         let receiver = try VoiceReceiver(
             codec: codec, playout: options.playoutConfiguration, baseline: options.playout == .speex, taps: taps)
+        receiver.redundantPayloads = redundancy > 0
         let replay = TraceReplay.run(
             trace: trace, packets: packets, playout: receiver,
             samplesPerFrame: spf, sampleRate: codec.sampleRate)

@@ -15,6 +15,9 @@ public struct EncodedFrame: Sendable, Hashable {
     public var timestamp: UInt32
     /// The preprocessor's voice activity decision for this frame (true without VAD).
     public var voiceActivity: Bool
+    /// The payload is redundant audio (``RedundantAudio``: the previous frames
+    /// beside this one), to be sent under the "red" payload type.
+    public var redundant = false
 }
 
 /// How captured audio is cleaned before encoding.
@@ -43,6 +46,19 @@ public final class VoiceSender {
     private var nextSequence: UInt16
     private var nextTimestamp: UInt32
     private var lossHint: Int
+    /// Previous frames each payload carries again (0: plain payloads).
+    public private(set) var redundancy = 0
+    /// The payload type the redundant blocks name (the codec's, as the call sends it).
+    public let blockPayloadType: UInt8
+    /// The primary frame, encoded before the redundant payload is built around it.
+    private let primary: UnsafeMutableRawBufferPointer
+    /// The last two frames sent (the newest at `newest`), their lengths and timestamps.
+    private let history: UnsafeMutableRawBufferPointer
+    private var historyLength = (0, 0)
+    private var historyTimestamp: (UInt32, UInt32) = (0, 0)
+    private var newest = 0
+    /// The largest redundant payload: blocks that would pass it are left out.
+    public static let redundantPayloadLimit = 1200
 
     /// - Parameters:
     ///   - capture: the cleaning chain, or nil to encode the captured audio as it is.
@@ -52,10 +68,14 @@ public final class VoiceSender {
         capture: CaptureConfiguration? = CaptureConfiguration(),
         taps: PCMTaps? = nil,
         initialSequence: UInt16 = 0,
-        initialTimestamp: UInt32 = 0
+        initialTimestamp: UInt32 = 0,
+        blockPayloadType: UInt8 = 111
     ) throws(VoiceError) {
         self.codec = codec
         self.encoder = try makeEncoder(codec)
+        self.blockPayloadType = blockPayloadType
+        primary = .allocate(byteCount: encoder.maximumPacketSize, alignment: 16)
+        history = .allocate(byteCount: 2 * encoder.maximumPacketSize, alignment: 16)
         if let capture {
             self.processor = try CaptureProcessor(
                 frameSize: codec.samplesPerFrame, sampleRate: codec.sampleRate,
@@ -77,10 +97,14 @@ public final class VoiceSender {
     deinit {
         cleaned.deallocate()
         silence.deallocate()
+        primary.deallocate()
+        history.deallocate()
     }
 
     /// The largest payload `encode` writes.
-    public var maximumPayloadSize: Int { encoder.maximumPacketSize }
+    public var maximumPayloadSize: Int {
+        max(encoder.maximumPacketSize + RedundantAudio.overhead(redundant: 0), Self.redundantPayloadLimit)
+    }
 
     /// Encodes one frame of `codec.samplesPerFrame` captured samples. `reference` is
     /// the far-end audio played at the time the frame was captured (nil: nothing played).
@@ -104,13 +128,71 @@ public final class VoiceSender {
             toEncode = captured
         }
         taps?.write(.sent, toEncode)
-        let bytes = try encoder.encode(toEncode, into: payload)
-        let frame = EncodedFrame(byteCount: bytes, sequence: nextSequence, timestamp: nextTimestamp, voiceActivity: voice)
+        let bytes = try encoder.encode(toEncode, into: primary)
+        var written = bytes
+        if bytes > 0 {
+            written = try redundancy > 0 ? writeRedundant(bytes, into: payload) : copyPrimary(bytes, into: payload)
+            remember(bytes)
+        }
+        var frame = EncodedFrame(byteCount: written, sequence: nextSequence, timestamp: nextTimestamp, voiceActivity: voice)
+        frame.redundant = bytes > 0 && redundancy > 0
         // A DTX frame sends nothing but its time still passes: the timestamp moves,
         // the sequence number does not (RFC 3550: sequence counts packets sent).
         if bytes > 0 { nextSequence &+= 1 }
         nextTimestamp &+= codec.timestampStep
         return frame
+    }
+
+    private func copyPrimary(_ bytes: Int, into payload: UnsafeMutableRawBufferPointer) throws(VoiceError) -> Int {
+        guard payload.count >= bytes else { throw .bufferTooSmall(needed: bytes, available: payload.count) }
+        payload.copyMemory(from: UnsafeRawBufferPointer(rebasing: primary[0..<bytes]))
+        return bytes
+    }
+
+    /// The primary behind the last `redundancy` frames sent (those within reach of
+    /// a header, and of ``redundantPayloadLimit``).
+    private func writeRedundant(_ bytes: Int, into payload: UnsafeMutableRawBufferPointer) throws(VoiceError) -> Int {
+        let size = encoder.maximumPacketSize
+        func block(_ back: Int) -> RedundantAudio.Block? {
+            let index = back == 1 ? newest : 1 - newest
+            let length = index == 0 ? historyLength.0 : historyLength.1
+            let timestamp = index == 0 ? historyTimestamp.0 : historyTimestamp.1
+            let offset = nextTimestamp &- timestamp
+            guard back <= redundancy, length > 0, length <= RedundantAudio.maximumBlockLength, offset > 0,
+                offset <= RedundantAudio.maximumOffset
+            else { return nil }
+            return RedundantAudio.Block(
+                offset: offset, bytes: UnsafeRawBufferPointer(rebasing: history[(index * size)..<(index * size + length)]))
+        }
+        var previous = block(1)
+        var older = previous == nil ? nil : block(2)
+        let limit = Self.redundantPayloadLimit - RedundantAudio.overhead(redundant: 2) - bytes
+        if (older?.bytes.count ?? 0) + (previous?.bytes.count ?? 0) > limit { older = nil }
+        if (previous?.bytes.count ?? 0) > limit { previous = nil }
+        return try RedundantAudio.write(
+            primary: UnsafeRawBufferPointer(rebasing: primary[0..<bytes]), payloadType: blockPayloadType, older: older,
+            previous: previous, into: payload)
+    }
+
+    /// Keeps the frame just encoded as the newest of the two previous frames.
+    private func remember(_ bytes: Int) {
+        let size = encoder.maximumPacketSize
+        newest = 1 - newest
+        UnsafeMutableRawBufferPointer(rebasing: history[(newest * size)..<(newest * size + bytes)])
+            .copyMemory(from: UnsafeRawBufferPointer(rebasing: primary[0..<bytes]))
+        if newest == 0 {
+            historyLength.0 = bytes
+            historyTimestamp.0 = nextTimestamp
+        } else {
+            historyLength.1 = bytes
+            historyTimestamp.1 = nextTimestamp
+        }
+    }
+
+    /// Carries the previous `depth` frames (0–2) in every payload from now on
+    /// (``RedundantAudio``); 0 sends plain payloads.
+    public func adapt(redundancy depth: Int) {
+        redundancy = min(max(depth, 0), RedundantAudio.maximumDepth)
     }
 
     /// The encoder's bitrate from now on (``BitrateController`` decides it).
@@ -163,18 +245,51 @@ public final class VoiceReceiver: PlayoutBuffer, PlayoutTimingReporting, @unchec
         self.taps = taps
     }
 
-    /// Network side: queue one packet. False when the ring is full or the payload too large (counted).
+    /// Network side: queue one packet (`redundant`: its payload is ``RedundantAudio``,
+    /// sent under the "red" payload type). False when the ring is full or the payload
+    /// too large (counted).
     @discardableResult
-    public func receive(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64) -> Bool {
-        return ring.push(sequence: sequence, timestamp: timestamp, arrivalNanoseconds: arrivalNanoseconds, payload: payload)
+    public func receive(
+        sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64, redundant: Bool = false
+    ) -> Bool {
+        return ring.push(
+            sequence: sequence, timestamp: timestamp, arrivalNanoseconds: arrivalNanoseconds, payload: payload,
+            redundant: redundant)
     }
+
+    /// Whether ``insert(sequence:timestamp:payload:arrivalNanoseconds:)`` (the
+    /// `PlayoutBuffer` path: simulations, mixing) takes its payloads as redundant audio.
+    public var redundantPayloads = false
+
+    /// Redundant-audio payloads that did not parse (dropped).
+    public private(set) var malformedRedundant = 0
 
     /// Audio side: fills `output` with the next `output.count` samples at the codec rate.
     public func render(nowNanoseconds: Int64, into output: UnsafeMutableBufferPointer<Int16>) {
         let playout = self.playout
-        while ring.pop({ sequence, timestamp, arrival, payload in
-            playout.insert(sequence: sequence, timestamp: timestamp, payload: payload, arrivalNanoseconds: arrival)
+        var malformed = 0
+        while ring.popPacket({ sequence, timestamp, arrival, payload, redundant in
+            guard redundant else {
+                playout.insert(sequence: sequence, timestamp: timestamp, payload: payload, arrivalNanoseconds: arrival)
+                return
+            }
+            // The previous frames first, as if their packets had come now; then the packet's own.
+            do {
+                try RedundantAudio.forEachBlock(payload) { offset, back, bytes in
+                    guard !bytes.isEmpty else { return }
+                    if back == 0 {
+                        playout.insert(sequence: sequence, timestamp: timestamp, payload: bytes, arrivalNanoseconds: arrival)
+                    } else {
+                        playout.insertRedundant(
+                            sequence: sequence &- UInt16(truncatingIfNeeded: back), timestamp: timestamp &- offset,
+                            payload: bytes, arrivalNanoseconds: arrival)
+                    }
+                }
+            } catch {
+                malformed += 1
+            }
         }) {}
+        malformedRedundant += malformed
         playout.pull(nowNanoseconds: nowNanoseconds, into: output)
         taps?.write(.received, UnsafeBufferPointer(output))
     }
@@ -184,7 +299,9 @@ public final class VoiceReceiver: PlayoutBuffer, PlayoutTimingReporting, @unchec
 
     // PlayoutBuffer, so a receiver can stand wherever a bare jitter buffer can (simulation, mixing).
     public func insert(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64) {
-        receive(sequence: sequence, timestamp: timestamp, payload: payload, arrivalNanoseconds: arrivalNanoseconds)
+        receive(
+            sequence: sequence, timestamp: timestamp, payload: payload, arrivalNanoseconds: arrivalNanoseconds,
+            redundant: redundantPayloads)
     }
 
     public func pull(nowNanoseconds: Int64, into output: UnsafeMutableBufferPointer<Int16>) {

@@ -58,6 +58,12 @@ extension VoiceCommand {
         @Flag(name: .customLong("no-fec"), help: "Turn Opus in-band FEC off.")
         var noFEC = false
 
+        @Option(
+            help:
+                "Carry the previous 0, 1 or 2 frames again in every packet (redundant audio, RFC 2198): a burst of that many lost packets is rebuilt from the next (tusa playout only). auto: as a call's sender sets it from the receiver's reports of this network's loss and burst length."
+        )
+        var redundancy = "0"
+
         @Option(help: "Packet loss in percent (\"10\" or \"10%\").")
         var loss: String = "0"
 
@@ -174,21 +180,33 @@ extension VoiceCommand {
             var playoutConfiguration = PlayoutConfiguration()
             playoutConfiguration.maximumStretch = maxStretch / 100
             playoutConfiguration.maximumDelayMilliseconds = maxDelay
-            let options = VoiceSimulationOptions(
+            var options = VoiceSimulationOptions(
                 codec: codecConfiguration, playout: playoutKind, playoutConfiguration: playoutConfiguration,
                 capture: preprocess ? CaptureConfiguration(echoCancellation: false) : nil,
                 tapsDirectory: taps)
+            switch redundancy {
+            case "auto":
+                var policy = RedundancyPolicy()
+                let heard = networkTrace?.lossReport ?? (lossPercent: 0, meanBurstLength: 0)
+                options.redundancy = policy.report(lossPercent: heard.lossPercent, meanBurstLength: heard.meanBurstLength)
+            default:
+                guard let depth = Int(redundancy), (0...RedundantAudio.maximumDepth).contains(depth) else {
+                    throw .invalidConfiguration("--redundancy must be 0, 1, 2 or auto, not \(redundancy)")
+                }
+                options.redundancy = depth
+            }
             let result = try VoiceSimulation.run(
                 input: samples, inputRate: inputRate, trace: networkTrace, options: options)
             try WAVFile.write(path: output, samples: result.output, sampleRate: result.sampleRate)
-            report(result, codec: codecConfiguration, playout: playoutKind, inputRate: inputRate)
+            report(result, codec: codecConfiguration, playout: playoutKind, inputRate: inputRate, redundancy: options.redundancy)
         }
 
         static func dictionary(_ s: PlayoutStatistics) -> [String: Any] {
             [
                 "packetsReceived": s.packetsReceived, "duplicates": s.duplicates, "packetsPlayed": s.packetsPlayed,
                 "latePackets": s.latePackets, "lostPackets": s.lostPackets, "framesDecoded": s.framesDecoded,
-                "framesRecoveredByFEC": s.framesRecoveredByFEC, "framesConcealed": s.framesConcealed,
+                "framesRecoveredByFEC": s.framesRecoveredByFEC, "framesRecoveredByRedundancy": s.framesRecoveredByRedundancy,
+                "framesConcealed": s.framesConcealed,
                 "framesComfortNoise": s.framesComfortNoise,
                 "concealedByCause": [
                     "lost": s.concealedByCause.lost, "late": s.concealedByCause.late,
@@ -211,7 +229,9 @@ extension VoiceCommand {
             return value
         }
 
-        private func report(_ result: VoiceSimulationResult, codec: CodecConfiguration, playout: PlayoutKind, inputRate: Int) {
+        private func report(
+            _ result: VoiceSimulationResult, codec: CodecConfiguration, playout: PlayoutKind, inputRate: Int, redundancy: Int
+        ) {
             let seconds = Double(result.packetsSent * codec.frameDuration.milliseconds) / 1000
             let kbps = seconds > 0 ? Double(result.payloadBytes * 8) / seconds / 1000 : 0
             var fields: [(String, String)] = [
@@ -225,7 +245,10 @@ extension VoiceCommand {
                     "output",
                     "\(output) (\(result.sampleRate) Hz, \(String(format: "%.2f", Double(result.output.count) / Double(result.sampleRate))) s)"
                 ),
-                ("packets sent", "\(result.packetsSent) (\(String(format: "%.1f", kbps)) kb/s payload)"),
+                (
+                    "packets sent",
+                    "\(result.packetsSent) (\(String(format: "%.1f", kbps)) kb/s payload\(redundancy > 0 ? ", each with the previous \(redundancy) again" : ""))"
+                ),
             ]
             if let replay = result.replay {
                 fields += [
@@ -245,6 +268,7 @@ extension VoiceCommand {
                     "frameMilliseconds": codec.frameDuration.milliseconds, "bitrate": codec.bitrate,
                     "playout": playout.rawValue, "packetsSent": result.packetsSent,
                     "payloadBytes": result.payloadBytes, "outputSamples": result.output.count,
+                    "redundancy": redundancy,
                 ]
                 if let replay = result.replay {
                     object["networkLossRate"] = replay.networkLossRate

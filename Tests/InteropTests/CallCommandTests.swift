@@ -242,11 +242,19 @@ import Voice
         _ = await answerer.waitForExit(timeout: 10)
         let c = try #require(Self.json(caller.stdout), "\(caller.stdout)")
         let a = try #require(Self.json(answerer.stdout), "\(answerer.stdout)")
-        // The callee's reports carry the loss back to the caller; the callee rebuilt frames from FEC.
+        // The callee's reports carry the loss back to the caller; the callee rebuilt frames from FEC
+        // and, once the caller carried each previous frame again (redundant audio, sized by those
+        // reports), from the next packet's copy.
         let seen = try #require(c["remoteLossPercent"] as? Double)
         #expect(seen > 8 && seen < 35, "peer saw \(seen) %")
-        #expect(try #require(a["framesRecoveredByFEC"] as? Int) > 0)
-        #expect(try #require(a["lossPercent"] as? Double) > 8)
+        let rebuilt = try #require(a["framesRecoveredByFEC"] as? Int) + (try #require(a["framesRecoveredByRedundancy"] as? Int))
+        #expect(rebuilt > 0, "\(a)")
+        #expect(try #require(c["sendRedundancy"] as? Int) >= 1, "\(c)")
+        #expect(try #require(a["framesRecoveredByRedundancy"] as? Int) > 0, "\(a)")
+        #expect(try #require(a["sendRedundancy"] as? Int) == 0, "\(a)")  // the way back was clean
+        // What the callee missed at its turn: less than the path lost, by what was rebuilt.
+        let missed = try #require(a["lossPercent"] as? Double)
+        #expect(missed < seen, "the callee missed \(missed) % of frames, the path lost \(seen) %")
         // The caller's encoder followed the callee's reports of heavy loss down from 24 kb/s.
         #expect(try #require(c["sendBitrate"] as? Int) < 22_000, "\(c)")
         #expect(try #require(a["sendBitrate"] as? Int) == 24_000, "\(a)")  // the way back was clean
