@@ -227,8 +227,9 @@ public final class VoiceSession: @unchecked Sendable {
             s.remoteJitterMilliseconds = Double(report.jitter) * 1000 / Double(codec.sampleRate)
         }
         pendingHint.store(Int(report.lossHint), ordering: .releasing)
-        // Redundant audio, sized by how the peer loses our packets (L16 is sent as it is).
-        if codec.kind != .l16 {
+        // Redundant audio, sized by how the peer loses our packets (L16 is sent as it
+        // is; a peer whose reports are version 1 predates redundant audio and reads none).
+        if codec.kind != .l16, report.version >= 2 {
             let depth = redundancy.withLock {
                 $0.report(lossPercent: Double(report.lossHint), meanBurstLength: Double(report.meanBurstLength) / 16)
             }

@@ -19,7 +19,6 @@ public enum ControlPacket {
     public static let length = prefixLength + ControlReport.encodedLength + 4 + AEAD.tagLength
     /// Indices are 31 bits; the E bit is always set.
     public static let maxIndex: UInt32 = 0x7FFF_FFFF
-    static let lengthField = UInt16((prefixLength + ControlReport.encodedLength) / 4 - 1)
     /// A version-1 packet's length (its report is four bytes shorter).
     static let versionOneLength = length - (ControlReport.encodedLength - ControlReport.versionOneLength)
 
@@ -61,7 +60,7 @@ public enum SecurePacketKind: Sendable, Equatable {
 }
 
 extension MediaCipher {
-    /// Seals `report` as a control packet (`ControlPacket.length` = 68 bytes)
+    /// Seals `report` as a control packet (`ControlPacket.length` = 68 bytes; 64 for a version-1 report)
     /// into `out`; returns its length. `index` must be ≤ 2^31 − 1 and never
     /// repeat under this key.
     public func sealControl(
@@ -69,13 +68,13 @@ extension MediaCipher {
         into out: UnsafeMutableRawBufferPointer
     ) throws -> Int {
         guard index <= ControlPacket.maxIndex else { throw SecureError.nonceExhausted }
-        let total = ControlPacket.length
+        let total = ControlPacket.length - ControlReport.encodedLength + report.encodedLength
         guard out.count >= total else { throw SecureError.bufferTooSmall(needed: total, have: out.count) }
         let body = ControlPacket.prefixLength
-        let trailer = body + ControlReport.encodedLength
+        let trailer = body + report.encodedLength
         out[0] = 0x80
         out[1] = ControlPacket.payloadType
-        out.storeBigEndian(ControlPacket.lengthField, at: 2)
+        out.storeBigEndian(UInt16((body + report.encodedLength) / 4 - 1), at: 2)
         out.storeBigEndian(ssrc, at: 4)
         for (i, b) in ControlPacket.name.enumerated() { out[8 + i] = b }
         _ = try report.encode(into: UnsafeMutableRawBufferPointer(rebasing: out[body..<trailer]))
@@ -95,7 +94,7 @@ extension MediaCipher {
         return ReceivedControl(ssrc: ssrc, index: index, report: try Self.decodeControlBody(packet))
     }
 
-    /// Authentication and decryption only; the report is left at bytes 12..<40.
+    /// Authentication and decryption only; the report is left at bytes 12..<48 (12..<44 for version 1).
     /// `verifyOnly`: check the tag and write nothing.
     func decryptControl(packet: UnsafeMutableRawBufferPointer, verifyOnly: Bool = false) throws -> (ssrc: UInt32, index: UInt32) {
         let (ssrc, index) = try ControlPacket.peek(UnsafeRawBufferPointer(packet))
@@ -137,8 +136,8 @@ extension MediaCipher {
     /// Convenience (allocates).
     public func sealControl(_ report: ControlReport, ssrc: UInt32, index: UInt32) throws -> [UInt8] {
         var out = [UInt8](repeating: 0, count: ControlPacket.length)
-        _ = try out.withUnsafeMutableBytes { try sealControl(report, ssrc: ssrc, index: index, into: $0) }
-        return out
+        let n = try out.withUnsafeMutableBytes { try sealControl(report, ssrc: ssrc, index: index, into: $0) }
+        return Array(out.prefix(n))
     }
 
     /// Convenience (copies the packet).

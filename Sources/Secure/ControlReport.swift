@@ -8,7 +8,9 @@
 /// timestamp(4) meanBurstLength(1) reserved(3, zero)
 ///
 /// Version 1 is the same without the last four bytes (32 bytes; read as no burst
-/// length known).
+/// length known). Keepalives and byes go as version 1 (they carry no report), and
+/// so do reports to a peer whose own reports are version 1 (an older Tusa):
+/// ``version`` says which a report is.
 ///
 /// Round-trip time works as RFC 3550's LSR/DLSR: each report carries the
 /// sender's compact clock (`timestamp`); the peer echoes the last one it got
@@ -48,6 +50,11 @@ public struct ControlReport: Sendable, Equatable {
     /// lately. In the spirit of RFC 3611's burst metrics: the peer's sender sizes its
     /// redundancy by it.
     public var meanBurstLength: UInt8
+    /// The encoding it came in, or goes out in (1: without ``meanBurstLength``).
+    public var version: UInt8 = ControlReport.version
+
+    /// Its encoding's length.
+    public var encodedLength: Int { version == 1 ? Self.versionOneLength : Self.encodedLength }
 
     public init(
         kind: Kind = .report, highestSequence: UInt64 = 0, cumulativeLost: UInt32 = 0,
@@ -85,12 +92,12 @@ public struct ControlReport: Sendable, Equatable {
         return .nanoseconds(Int64(units * 1_000_000_000 >> 16))
     }
 
-    /// Writes the 32-byte encoding; returns 32.
+    /// Writes the encoding of ``version`` (36 bytes, or 32 for version 1); returns its length.
     public func encode(into out: UnsafeMutableRawBufferPointer) throws -> Int {
-        guard out.count >= Self.encodedLength else {
-            throw SecureError.bufferTooSmall(needed: Self.encodedLength, have: out.count)
+        guard out.count >= encodedLength else {
+            throw SecureError.bufferTooSmall(needed: encodedLength, have: out.count)
         }
-        out[0] = Self.version
+        out[0] = version == 1 ? 1 : Self.version
         out[1] = kind.rawValue
         out[2] = fractionLost
         out[3] = min(lossHint, 100)
@@ -100,6 +107,7 @@ public struct ControlReport: Sendable, Equatable {
         out.storeBigEndian(lastReportTimestamp, at: 20)
         out.storeBigEndian(delaySinceLastReport, at: 24)
         out.storeBigEndian(timestamp, at: 28)
+        guard version != 1 else { return Self.versionOneLength }
         out[32] = meanBurstLength
         out[33] = 0
         out[34] = 0
@@ -119,16 +127,18 @@ public struct ControlReport: Sendable, Equatable {
         }
         guard let kind = Kind(rawValue: bytes[1]) else { throw SecureError.malformed("unknown control kind \(bytes[1])") }
         guard bytes[3] <= 100 else { throw SecureError.malformed("loss hint \(bytes[3]) above 100") }
-        return ControlReport(
+        var report = ControlReport(
             kind: kind, highestSequence: bytes.loadBigEndianUInt64(at: 4),
             cumulativeLost: bytes.loadBigEndianUInt32(at: 12), fractionLost: bytes[2],
             jitter: bytes.loadBigEndianUInt32(at: 16), lastReportTimestamp: bytes.loadBigEndianUInt32(at: 20),
             delaySinceLastReport: bytes.loadBigEndianUInt32(at: 24), lossHint: bytes[3],
             timestamp: bytes.loadBigEndianUInt32(at: 28), meanBurstLength: length > 32 ? bytes[32] : 0)
+        report.version = bytes[0]
+        return report
     }
 
     public func encoded() -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: Self.encodedLength)
+        var out = [UInt8](repeating: 0, count: encodedLength)
         _ = out.withUnsafeMutableBytes { try? encode(into: $0) }
         return out
     }

@@ -22,6 +22,8 @@ final class PeerState {
     var remoteSSRC: UInt32?
     var nextSequence: UInt64
     var nextControlIndex: UInt32 = 0
+    /// The version of the peer's own reports: ours to it go in the same (an older peer reads only 1).
+    var peerReportVersion: UInt8 = ControlReport.version
     var replay = ReplayWindow()
     var controlReplay = ReplayWindow()
     var highestReceived: UInt64?

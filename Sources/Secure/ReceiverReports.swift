@@ -90,6 +90,8 @@ public struct ReceiverReports: Sendable {
         smoothedLoss = 0.7 * smoothedLoss + 0.3 * Double(fraction) / 256
         if let burst = reception.takeMeanBurstLength() {
             smoothedBurst = smoothedBurst == 0 ? burst : 0.7 * smoothedBurst + 0.3 * burst
+        } else if smoothedLoss < 0.005 {
+            smoothedBurst = 0  // nothing lost lately: no burst length to speak of
         }
         var echo: UInt32 = 0
         var held: UInt32 = 0

@@ -224,6 +224,10 @@ public final class SecureEndpoint {
         guard let p = peers[id] else { throw SecureSendError.unknownPeer }
         guard let address = at ?? p.address else { throw SecureSendError.noAddress }
         guard let keys = p.sendKeys(now: now, configuration) else { throw SecureSendError.notEstablished }
+        // Keepalives and byes carry no report: version 1, which every peer reads; a
+        // report goes in the version the peer's own reports came in.
+        var report = report
+        report.version = report.kind == .report ? p.peerReportVersion : 1
         var buffer = [UInt8](repeating: 0, count: ControlPacket.length)
         let n = try buffer.withUnsafeMutableBytes {
             try keys.send.sealControl(report, ssrc: p.localSSRC, index: p.nextControlIndex, into: $0)
@@ -318,6 +322,7 @@ public final class SecureEndpoint {
                 let report = try? MediaCipher.decodeControlBody(packet)
             else { continue }
             p.controlReplay.accept(UInt64(index))
+            if report.kind == .report { p.peerReportVersion = report.version }
             authenticated(p, keys: keys, from: source, newest: true, now: now)
             // The peer's first report gets one at once: it echoes the peer's timestamp.
             if report.kind == .report, p.reports.peerReported(report, now: now, canAnswer: p.keys.current != nil) {

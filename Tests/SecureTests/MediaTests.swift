@@ -218,7 +218,13 @@ struct ControlTests {
         v1[0] = 1
         var withoutBurst = report
         withoutBurst.meanBurstLength = 0
+        withoutBurst.version = 1
         #expect(try ControlReport.decode(v1) == withoutBurst)
+        // Written as version 1 (a keepalive, or a report to an older peer): the same 32 bytes.
+        #expect(withoutBurst.encoded() == v1)
+        let sealed = try cipher.sealControl(withoutBurst, ssrc: 7, index: 3)
+        #expect(sealed.count == 64 && Hex.encode(sealed.prefix(4)) == "80cc000a")
+        #expect(try cipher.openControl(sealed).report == withoutBurst)
         #expect(throws: SecureError.truncated) { try ControlReport.decode(Array(bytes.prefix(35))) }
         #expect(throws: SecureError.truncated) { try ControlReport.decode([]) }
         #expect(throws: SecureError.self) { try ControlReport.decode(bytes + [0]) }
