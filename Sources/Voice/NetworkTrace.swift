@@ -140,7 +140,6 @@ public struct NetworkTrace: Sendable, Hashable {
         }
     }
 
-    /// Minimum transit (arrival − send) over arrived entries.
     /// What a receiver's reports would say of this trace's loss: the share of
     /// packets lost, in percent, and how many at a time on average (0: none lost).
     public var lossReport: (lossPercent: Double, meanBurstLength: Double) {
@@ -160,6 +159,7 @@ public struct NetworkTrace: Sendable, Hashable {
         return (100 * Double(lost) / Double(ordered.count), bursts == 0 ? 0 : Double(lost) / Double(bursts))
     }
 
+    /// Minimum transit (arrival − send) over arrived entries.
     public var minimumTransitMilliseconds: Double {
         entries.compactMap { e in e.arrivalMilliseconds.map { $0 - e.sendMilliseconds } }.min() ?? 0
     }

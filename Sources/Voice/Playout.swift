@@ -6,14 +6,18 @@ public protocol PlayoutBuffer: AnyObject {
     /// comfort noise or silence).
     func pull(nowNanoseconds: Int64, into output: UnsafeMutableBufferPointer<Int16>)
     var statistics: PlayoutStatistics { get }
-    /// A previous frame carried again in a later packet (``RedundantAudio``): taken
-    /// only when its own packet is not here and its time has not passed.
-    func insertRedundant(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64)
+    /// A previous frame carried again in a later packet (``RedundantAudio``), `back`
+    /// packets after its own: taken only when its own packet is not here and its
+    /// time has not passed.
+    func insertRedundant(
+        sequence: UInt16, timestamp: UInt32, back: Int, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64)
 }
 
 extension PlayoutBuffer {
     /// A buffer that knows nothing of redundancy takes a redundant frame as a packet (a duplicate when it has it).
-    public func insertRedundant(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64) {
+    public func insertRedundant(
+        sequence: UInt16, timestamp: UInt32, back: Int, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64
+    ) {
         insert(sequence: sequence, timestamp: timestamp, payload: payload, arrivalNanoseconds: arrivalNanoseconds)
     }
 }
@@ -399,13 +403,16 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         if !playing && ext < nextTs || !playing && stats.packetsReceived - stats.duplicates == 1 { nextTs = ext }
     }
 
-    public func insertRedundant(sequence: UInt16, timestamp: UInt32, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64) {
+    public func insertRedundant(
+        sequence: UInt16, timestamp: UInt32, back: Int, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64
+    ) {
         guard haveFirst else { return }
         let ext = lastExtTs + Int64(Int32(bitPattern: timestamp &- lastRawTs))
-        // How far back the sender's redundancy reaches: the delay to hold for it.
+        // How far back the sender's redundancy reaches now (a packet's blocks come
+        // oldest first): the delay to hold for it.
         let arrivalMs = Double(arrivalNanoseconds) / 1e6
-        let back = Int(min(max((newestExtTs - ext) / Int64(spf), 1), Int64(RedundantAudio.maximumDepth)))
-        redundancyDepth = arrivalMs - redundancySeenMs < 2000 ? max(redundancyDepth, back) : back
+        let depth = min(max(back, 1), RedundantAudio.maximumDepth)
+        redundancyDepth = arrivalMs == redundancySeenMs ? max(redundancyDepth, depth) : depth
         redundancySeenMs = arrivalMs
         // Its own packet came, or its time has passed: nothing to rebuild.
         guard slotTs[slot(ext)] != ext, !(playing && ext < nextTs) else { return }

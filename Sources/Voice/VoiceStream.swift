@@ -282,7 +282,7 @@ public final class VoiceReceiver: PlayoutBuffer, PlayoutTimingReporting, @unchec
                     } else {
                         playout.insertRedundant(
                             sequence: sequence &- UInt16(truncatingIfNeeded: back), timestamp: timestamp &- offset,
-                            payload: bytes, arrivalNanoseconds: arrival)
+                            back: back, payload: bytes, arrivalNanoseconds: arrival)
                     }
                 }
             } catch {
