@@ -252,6 +252,8 @@ final class PartyRooms {
     /// Tells every member in a room to move (``PartyServer/Input/draining``); returns how many.
     func drain() -> Int {
         let members = host.read { $0.memberCount }
+        // Quiet counts from now: members silent before (muted, or between words) must first hear the news.
+        lastHeard = .now
         host.handle(.draining)
         return members
     }

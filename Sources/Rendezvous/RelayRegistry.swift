@@ -150,18 +150,20 @@ public struct RelayRegistry: Sendable {
     /// The relay that hosts party room `room` now (nil: no live relay hosts parties).
     ///
     /// While the relay it was made on (``RoomHome/tag(ofRoom:)``) or last placed on
-    /// is live and not draining, that one; else the live relay of highest
-    /// ``RoomHome`` weight for it, below the ceiling when any is (remembered, so that
-    /// the room stays there). Every node that knows the same live relays answers the same.
+    /// (here) is live and not draining, that one; else the live relay of highest
+    /// ``RoomHome`` weight for it, remembered here so that the room stays there when
+    /// relays come and go. The weight alone decides, not the load (which nodes see
+    /// a moment apart): every node that knows the same live relays places a room the
+    /// same. What a node remembers is its own, though: a room moved while its relay
+    /// was away may be placed on its returning relay by a node that did not move it.
     public mutating func host(room: String, now: Timestamp) -> Relay? {
         let hosts = live(now: now).filter { $0.load.party != nil && !$0.load.draining }
         if let key = moved[room], let relay = hosts.first(where: { $0.key == key }) { return relay }
         if let tag = RoomHome.tag(ofRoom: room), let home = hosts.first(where: { RoomHome.tag(of: $0.key) == tag }) {
             return home
         }
-        let roomy = hosts.filter { $0.utilisation(now: now) < configuration.ceiling }
         guard
-            let chosen = (roomy.isEmpty ? hosts : roomy).max(by: {
+            let chosen = hosts.max(by: {
                 RoomHome.weight(room: room, relay: $0.key) < RoomHome.weight(room: room, relay: $1.key)
             })
         else { return nil }

@@ -7,8 +7,9 @@ import Secure
 /// the directory finds a room's relay from the id alone, without a table of rooms
 /// (``RelayRegistry/host(room:now:)``). When that relay is gone or draining, the
 /// room is placed again by rendezvous hashing (highest random weight) over the
-/// live relays: every member that asks, at any node of the directory, is sent to
-/// the same one, and a dead relay's rooms spread evenly over the others.
+/// live relays: every member that asks, at any node of the directory that knows
+/// the same relays, is sent to the same one, and a dead relay's rooms spread
+/// evenly over the others.
 public enum RoomHome {
     /// The alphabet of room ids (no 0/o, 1/l).
     static let alphabet = Array("abcdefghijkmnpqrstuvwxyz23456789")

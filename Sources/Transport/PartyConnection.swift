@@ -169,8 +169,9 @@ public final class PartyConnection: Sendable {
     /// longer wants one: it left, or gave up rejoining), then lets the core rejoin.
     /// Before each try, `locate` (when given) says where the room is now: another
     /// relay than the one known is where the member goes. A relay that told the
-    /// member to move (it is draining) is tried again only after a pause: the
-    /// directory may not have heard yet that it drains.
+    /// member to move (it is draining) is not tried again for ``drainGrace`` (the
+    /// directory may not have heard yet that it drains: it is asked again, after a
+    /// pause); after that it is, as any other (it may have restarted).
     private static func reconnect(
         endpoint: SecureUDPEndpoint, place: NIOLockedValueBox<(address: TransportAddress, key: PublicKey)>,
         transport: PartyTransport, driver: NIOLoopBound<PartyDriver>, locate: Locator?
@@ -179,6 +180,7 @@ public final class PartyConnection: Sendable {
         var pause = Duration.milliseconds(100)
         let draining = (try? await loop.submit({ driver.value.takeToldToMove() }).get()) == true
         let leaving = draining ? place.withLockedValue { $0.key } : nil
+        let told = ContinuousClock.now
         while (try? await loop.submit({ driver.value.wantsSession }).get()) == true {
             var (relay, relayKey) = place.withLockedValue { $0 }
             if let locate, let room = try? await loop.submit({ driver.value.read(\.rejoining) }).get(),
@@ -186,10 +188,10 @@ public final class PartyConnection: Sendable {
             {
                 (relay, relayKey) = found
             }
-            if relayKey == leaving {
+            if relayKey == leaving, told.duration(to: .now) < drainGrace {
                 try? await Task.sleep(for: pause)
-                pause = min(pause * 2, .seconds(2))
-                if locate != nil { continue }
+                pause = min(pause * 2, .seconds(1))
+                continue
             }
             do {
                 // Two handshake attempts' worth: the core sends the second after a second.
@@ -252,6 +254,9 @@ public final class PartyConnection: Sendable {
         } catch { throw .transport(error) }
         await Self.switchRelay(endpoint: endpoint, place: place, driver: driver, to: peer, at: relay, key: relayKey)
     }
+
+    /// How long a relay that told the member to move is passed over (see ``reconnect``).
+    static let drainGrace: Duration = .seconds(3)
 
     /// How long UDP has to answer the handshake before TCP joins the race.
     static let udpHeadStart: Duration = .milliseconds(250)

@@ -332,7 +332,14 @@ struct PartyWatch: AsyncParsableCommand {
                     print(PartySession.invitationLine(invitation, from: from))
                     fflush(nil)
                     if let deadline, ContinuousClock.now > deadline { break }
-                    guard let (address, key) = await PartySession.whereIs(invitation, asking: locator) else { continue }
+                    // Only where the directory says the room is, or this rendezvous' own relay:
+                    // an invitation's sender does not choose where this member connects.
+                    guard let (address, key) = await PartySession.trustedPlace(of: invitation, asking: locator, grant: grant)
+                    else {
+                        FileHandle.standardError.write(
+                            Data("tusa party watch: \(invitation.room): not a room of this rendezvous' relays\n".utf8))
+                        continue
+                    }
                     do {
                         try await party.move(to: address, relayKey: key, transport: audio.transport.value)
                         return try await party.join(invitation.room)
@@ -463,12 +470,18 @@ enum PartySession {
             throw ExitCode(2)
         }
         if let given { return (given.0, given.1, rendezvous) }
+        // A room of a directory's relay (its id carries the relay's tag): where the
+        // directory says it is. Others (and an answer refused by an older rendezvous,
+        // which knows no `locate`): on the relay the rendezvous names.
         var located: PartyGrant?
-        if let room {
-            do { located = try await rendezvous.locate(room: room) } catch {
+        if let room, RoomHome.tag(ofRoom: room) != nil {
+            do { located = try await rendezvous.locate(room: room) } catch RendezvousConnectionError.refused(.noRelay, let detail)
+            {
                 await rendezvous.close()
-                FileHandle.standardError.write(Data("tusa \(command): cannot find room \(room): \(error)\n".utf8))
+                FileHandle.standardError.write(Data("tusa \(command): cannot find room \(room): \(detail)\n".utf8))
                 throw ExitCode(2)
+            } catch {
+                located = nil
             }
         }
         guard let grant = located ?? rendezvous.party else {
@@ -685,6 +698,17 @@ enum PartySession {
     )? {
         if RoomHome.tag(ofRoom: invitation.room) != nil, let found = await locator.locate(invitation.room) { return found }
         return try? PartyPlace.parse(relay: invitation.relay, key: invitation.relayKey)
+    }
+
+    /// Where `party watch --join` may go for an invitation: for a room of a
+    /// directory's relay, where the directory says it is; else the rendezvous' own
+    /// relay, when the invitation names it (nil otherwise).
+    static func trustedPlace(of invitation: PartyInvitation, asking locator: RoomLocator, grant: PartyGrant) async -> (
+        address: TransportAddress, key: PublicKey
+    )? {
+        if RoomHome.tag(ofRoom: invitation.room) != nil { return await locator.locate(invitation.room) }
+        guard invitation.relayKey == grant.key else { return nil }
+        return try? PartyPlace.parse(relay: grant.address, key: grant.key)
     }
 
     static func invitationLine(_ invitation: PartyInvitation, from: PublicKey) -> String {

@@ -106,7 +106,8 @@ struct DirectoryClusterTests {
             try await friend.join(room)
         }
         let everyone = creators + friends
-        for user in everyone { user.startSpeaking() }
+        let voices = VoiceClock(everyone.compactMap(\.connection))
+        defer { voices.stop() }
         let start = ContinuousClock.now
         #expect(
             await eventually(within: .seconds(10), poll: .milliseconds(50)) {
@@ -256,8 +257,13 @@ final class ClusterUser: Sendable {
     private func connect(
         to address: TransportAddress, relayKey: PublicKey, enter: (PartyConnection) async throws -> PartyJoined
     ) async throws -> PartyJoined {
+        // Frames are noted as they are opened, on the connection's event loop: the
+        // cooperative pool is shared with every other suite (and, in a full run
+        // beside busy cores, it may be the last to get a thread).
+        let heard = lastHeard
         let connection = try await PartyConnection.connect(
             to: address, relayKey: relayKey, identity: identity, transport: .udp,
+            audio: { from, _, _ in heard.withLockedValue { $0[from] = .now } },
             locate: { [self] room in
                 // Over whichever registration this user holds now (its own task makes it again when lost).
                 guard let current = rendezvous.withLockedValue({ $0 }), !current.isClosed else { return nil }
@@ -270,7 +276,6 @@ final class ClusterUser: Sendable {
         let listener = Task { [self] in
             for await event in connection.events {
                 switch event {
-                case .audio(let from, _, _): lastHeard.withLockedValue { $0[from] = .now }
                 case .memberJoined(let entry): roster.withLockedValue { _ = $0.insert(entry.member) }
                 case .memberLeft(let member, _): roster.withLockedValue { _ = $0.remove(member) }
                 default: break
@@ -281,20 +286,8 @@ final class ClusterUser: Sendable {
         return joined
     }
 
-    /// A voice-sized frame every 100 ms, voiced.
-    func startSpeaking() {
-        guard let connection = party.withLockedValue({ $0 }) else { return }
-        let task = Task {
-            var timestamp: UInt32 = 0
-            while !Task.isCancelled {
-                connection.send(
-                    [UInt8](repeating: 0x5A, count: 60), timestamp: timestamp, level: AudioLevel(level: 30, voiced: true))
-                timestamp &+= 800
-                try? await Task.sleep(for: .milliseconds(100))
-            }
-        }
-        tasks.withLockedValue { $0.append(task) }
-    }
+    /// Its party connection, once in a room.
+    var connection: PartyConnection? { party.withLockedValue { $0 } }
 
     /// Whether every other member of its room has been heard since `instant`.
     func hearsEveryone(since instant: ContinuousClock.Instant) -> Bool {
@@ -325,4 +318,30 @@ final class ClusterUser: Sendable {
         await party.withLockedValue { $0 }?.close()
         await rendezvous.withLockedValue { $0 }?.close()
     }
+}
+
+/// Every member speaking: a voice-sized voiced frame from each connection every
+/// 100 ms, sent from a thread of its own (the cooperative pool is shared with
+/// every other suite, and in a full run beside busy cores it may be the last to
+/// get a thread).
+final class VoiceClock: Sendable {
+    private let running = NIOLockedValueBox(true)
+
+    init(_ connections: [PartyConnection]) {
+        let running = self.running
+        let thread = Thread {
+            var timestamp: UInt32 = 0
+            let frame = [UInt8](repeating: 0x5A, count: 60)
+            while running.withLockedValue({ $0 }) {
+                for connection in connections {
+                    connection.send(frame, timestamp: timestamp, level: AudioLevel(level: 30, voiced: true))
+                }
+                timestamp &+= 800
+                usleep(100_000)
+            }
+        }
+        thread.start()
+    }
+
+    func stop() { running.withLockedValue { $0 = false } }
 }
