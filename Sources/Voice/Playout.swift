@@ -293,10 +293,11 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         // here: while the stream is losing packets, hold one more frame of delay.
         // Packets come a frame at a time, so the look-ahead is a whole frame above the
         // one-frame floor of the playout point.
-        // Redundant audio carries a frame up to `depth` packets later: hold that many,
-        // and one more where the codec's FEC rebuilds the frame before the oldest copy.
+        // Redundant audio carries a frame up to `depth` packets later: hold that many
+        // frames (one more, for FEC to rebuild the frame before the oldest copy, gained
+        // 0.06 PESQ on 20 % bursty loss for 20 ms more delay: not held).
         let depth = redundancy(nowMs)
-        let held = depth == 0 ? 1 : depth + (decoder.recoversFromNextPacket ? 1 : 0)
+        let held = max(1, depth)
         // (From the first redundant packet on: the sender adds redundancy once the path
         // is known to lose, and the delay is best set before speech needs stretching.)
         if fecHeld(nowMs) || depth > 0 { t = max(t, floorMs) + frameMs * Double(held) }
