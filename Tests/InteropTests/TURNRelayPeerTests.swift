@@ -83,8 +83,15 @@ struct TURNRelayPeerTests {
         let (name, flags) = Self.modes[mode]
         let (peer, peerPort) = try #require(try await Self.startPeer())
         defer { peer.kill() }
-        let (relay, port) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
+        let (relay, udpPort) = try #require(try await Harness.startRelay(["--listen", "127.0.0.1:0"] + Self.relayAuth))
         defer { relay.kill() }
+        // Over TCP, the TCP listener's port: the UDP port's number when it was free for
+        // TCP too, another when a connection elsewhere on the machine held it.
+        var port = udpPort
+        if flags.contains("-t") {
+            let line = try #require(await relay.waitForMatch(#"listening tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout)")
+            port = try #require(line.split(separator: ":").last.flatMap { UInt16($0) })
+        }
         let r = try await Self.uclient(flags, server: port, peer: peerPort)
         #expect(r.sent > 0 && r.sent == r.received, "\(name): sent \(r.sent), received \(r.received)\n\(r.output.suffix(1500))")
         #expect(r.lost == 0, "\(name): lost \(String(describing: r.lost))")
