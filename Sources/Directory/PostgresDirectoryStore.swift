@@ -288,6 +288,7 @@ public actor PostgresDirectoryStore: RendezvousStore {
             case .signal(let signal): notices.append(.signal(signal))
             case .relayLoad(let key, let load): notices.append(.relayLoad(key, load))
             case .relayGone(let key): notices.append(.relayGone(key))
+            case .roomMoved(let room, let relay): notices.append(.roomMoved(room: room, relay: relay))
             }
         }
         let ordered = posts.values.sorted { $0.id < $1.id }
@@ -385,8 +386,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 for part in stride(from: 0, to: ids.count, by: 200).map({ Array(ids[$0..<min($0 + 200, ids.count)]) }) {
                     texts.append(numbered(.event(.dropped(part))))
                 }
-            // A key and a number, or a relay's figures: always short.
-            case .online, .offline, .nodeGone, .relayLoad, .relayGone: texts.append(text)
+            // A key and a number, a relay's figures, a room id: always short.
+            case .online, .offline, .nodeGone, .relayLoad, .relayGone, .roomMoved: texts.append(text)
             }
         }
         let rows = try await c.query(

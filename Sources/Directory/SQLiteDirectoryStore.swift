@@ -138,7 +138,7 @@ public actor SQLiteDirectoryStore: RendezvousStore {
                     _ = try await connection.query(
                         "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)",
                         [Self.blob(key.bytes), .integer(Int(clamping: unixSeconds))])
-                case .online, .offline, .signal, .relayLoad, .relayGone:
+                case .online, .offline, .signal, .relayLoad, .relayGone, .roomMoved:
                     // For other nodes: a file on this machine is one node's alone (node 0 makes none).
                     break
                 }

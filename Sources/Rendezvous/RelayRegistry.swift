@@ -154,9 +154,12 @@ public struct RelayRegistry: Sendable {
     /// ``RoomHome`` weight for it, remembered here so that the room stays there when
     /// relays come and go. The weight alone decides, not the load (which nodes see
     /// a moment apart): every node that knows the same live relays places a room the
-    /// same. What a node remembers is its own, though: a room moved while its relay
-    /// was away may be placed on its returning relay by a node that did not move it.
-    public mutating func host(room: String, now: Timestamp) -> Relay? {
+    /// same. A node that moves a room tells the others (``RendezvousRecord/roomMoved(room:relay:)``,
+    /// ``remember(room:on:)``): they keep it there too, also once its own relay is back.
+    ///
+    /// `placed` is set when this call moved the room (the others are to be told).
+    public mutating func host(room: String, now: Timestamp, placed: inout Bool) -> Relay? {
+        placed = false
         let hosts = live(now: now).filter { $0.load.party != nil && !$0.load.draining }
         if let key = moved[room], let relay = hosts.first(where: { $0.key == key }) { return relay }
         if let tag = RoomHome.tag(ofRoom: room), let home = hosts.first(where: { RoomHome.tag(of: $0.key) == tag }) {
@@ -167,8 +170,22 @@ public struct RelayRegistry: Sendable {
                 RoomHome.weight(room: room, relay: $0.key) < RoomHome.weight(room: room, relay: $1.key)
             })
         else { return nil }
-        if moved[room] != nil || moved.count < Self.movedLimit { moved[room] = chosen.key }
+        if moved[room] != nil || moved.count < Self.movedLimit {
+            placed = moved[room] != chosen.key
+            moved[room] = chosen.key
+        }
         return chosen
+    }
+
+    /// ``host(room:now:placed:)``, when no one is to be told.
+    public mutating func host(room: String, now: Timestamp) -> Relay? {
+        var placed = false
+        return host(room: room, now: now, placed: &placed)
+    }
+
+    /// Another node moved `room` to `relay`: it is hosted there while that relay lives.
+    public mutating func remember(room: String, on relay: PublicKey) {
+        if moved[room] != nil || moved.count < Self.movedLimit { moved[room] = relay }
     }
 
     /// Forgets relays down for longer than a minute, and moves to them.

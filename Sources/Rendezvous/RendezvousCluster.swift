@@ -70,6 +70,8 @@ public enum RendezvousClusterEvent: Equatable, Sendable {
     case relayLoad(PublicKey, RelayLoad)
     /// A relay that reported there is gone.
     case relayGone(PublicKey)
+    /// A party room placed again there, on this relay.
+    case roomMoved(room: String, relay: PublicKey)
 }
 
 /// One ``RendezvousClusterEvent`` as a node sends it to the others: a JSON object
@@ -110,6 +112,7 @@ public struct ClusterNotice: Equatable, Sendable {
         var ids: [UInt64]?
         var id: UInt64?
         var load: RelayLoad?
+        var room: String?
     }
 
     public func encode() -> String {
@@ -128,6 +131,7 @@ public struct ClusterNotice: Equatable, Sendable {
         case .event(.nodeGone(let node)): (w.type, w.node) = ("node-gone", node)
         case .event(.relayLoad(let key, let load)): (w.type, w.key, w.load) = ("relay-load", key.base64, load)
         case .event(.relayGone(let key)): (w.type, w.key) = ("relay-gone", key.base64)
+        case .event(.roomMoved(let room, let relay)): (w.type, w.room, w.key) = ("room-moved", room, relay.base64)
         case .signalRow(let id, let node): (w.type, w.id, w.node) = ("signal-row", id, node)
         case .postRow(let id): (w.type, w.id) = ("post-row", id)
         }
@@ -183,6 +187,12 @@ public struct ClusterNotice: Equatable, Sendable {
         case "node-gone": body = .event(.nodeGone(try need(w.node, "node")))
         case "relay-load": body = .event(.relayLoad(try key(w.key, "key"), try need(w.load, "load")))
         case "relay-gone": body = .event(.relayGone(try key(w.key, "key")))
+        case "room-moved":
+            let room = try need(w.room, "room")
+            guard (1...RendezvousServer.longestRoomID).contains(room.utf8.count) else {
+                throw .malformed("cluster room-moved: a room id of \(room.utf8.count) bytes")
+            }
+            body = .event(.roomMoved(room: room, relay: try key(w.key, "key")))
         case "signal-row": body = .signalRow(try need(w.id, "id"), node: try need(w.node, "node"))
         case "post-row": body = .postRow(try need(w.id, "id"))
         default: throw .malformed("unknown cluster notice type \"\(w.type)\"")

@@ -23,6 +23,9 @@ public enum RendezvousRecord: Equatable, Sendable {
     case relayLoad(PublicKey, RelayLoad)
     /// A relay that reported here is gone (its connection closed).
     case relayGone(PublicKey)
+    /// A party room placed again here, on this relay (its own was gone or
+    /// draining): every node sends it there from now on.
+    case roomMoved(room: String, relay: PublicKey)
 }
 
 /// A payload posted for a peer (an invitation), numbered by the rendezvous.

@@ -410,9 +410,14 @@ public struct RendezvousServer: Sendable {
                     close: false)
             }
             // A relay's own rendezvous: its relay. With relays reporting: where the registry says.
+            var placed = false
             let party =
                 configuration.relaySecret == nil
-                ? configuration.party : relayRegistry.host(room: room, now: now)?.load.party
+                ? configuration.party : relayRegistry.host(room: room, now: now, placed: &placed)?.load.party
+            // A room moved here: the other nodes send its members to the same relay.
+            if placed, clustered, let relay = relayRegistry.host(room: room, now: now) {
+                records.append(.roomMoved(room: room, relay: relay.key))
+            }
             guard let party else {
                 return refuse(id, .noRelay, "no relay hosts parties now", requestID: requestID, close: false)
             }
@@ -585,6 +590,8 @@ public struct RendezvousServer: Sendable {
         case .relayGone(let key):
             guard !relayConnections.values.contains(key) else { return [] }
             relayRegistry.remove(key)
+        case .roomMoved(let room, let relay):
+            relayRegistry.remember(room: room, on: relay)
         case .dropped(let ids):
             for id in ids {
                 guard let key = postRecipients.removeValue(forKey: id) else { continue }

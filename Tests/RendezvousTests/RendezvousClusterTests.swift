@@ -58,6 +58,7 @@ private struct Cluster {
         case .dropped(let ids): .dropped(ids)
         case .relayLoad(let key, let load): .relayLoad(key, load)
         case .relayGone(let key): .relayGone(key)
+        case .roomMoved(let room, let relay): .roomMoved(room: room, relay: relay)
         case .seen: nil
         }
     }
@@ -309,6 +310,51 @@ struct RendezvousClusterTests {
         #expect(cluster[2].server.relayRegistry.live(now: cluster[2].now).isEmpty)
     }
 
+    /// A room moved off its dead relay by node 1 is where node 2 sends its members
+    /// too, also once its own relay is back (node 2 never saw it gone): one room
+    /// stays one room, whichever node its members ask.
+    @Test func aRoomMovedAtOneNodeIsWhereEveryNodeSendsItsMembers() throws {
+        var cluster = Cluster(nodes: 2) { $0.relaySecret = "s3cret" }
+        var relays: [(key: PrivateKey, client: RendezvousClient, grant: PartyGrant)] = []
+        func report(_ n: Int) throws {
+            relays[n].client.report(RelayLoad(party: relays[n].grant, capacityBitsPerSecond: 100_000_000), secret: "s3cret")
+            _ = try cluster[1].pump(ConnectionID(UInt64(40 + n)), &relays[n].client)
+        }
+        for n in 0..<3 {
+            let key = PrivateKey.generate()
+            relays.append(
+                (key, RendezvousClient(identity: key), PartyGrant(address: "127.0.0.\(n + 1):3481", key: key.publicKey.base64)))
+            _ = try cluster[1].connect(ConnectionID(UInt64(40 + n)), &relays[n].client)
+            try report(n)
+        }
+        cluster.settle()
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
+        _ = try cluster[1].connect(a, &ca)
+        _ = try cluster[2].connect(b, &cb)
+        func locate(_ node: Int, _ id: ConnectionID, _ client: inout RendezvousClient, _ room: String) throws -> PartyGrant? {
+            _ = client.locate(room: room, now: .zero)
+            let events = try cluster[node].request(id, client.takeWrites(), &client)
+            for case .located(_, _, let party) in events { return party }
+            return nil
+        }
+        let room = RoomHome.roomPrefix(for: relays[0].key.publicKey) + "abcdefghijkm"
+        #expect(try locate(2, b, &cb, room) == relays[0].grant)
+        // Its relay's connection to node 1 closes; Alice (at node 1) is the first to ask.
+        cluster[1].feed(.closed(ConnectionID(40)))
+        cluster.settle()
+        let moved = try #require(try locate(1, a, &ca, room))
+        #expect(moved != relays[0].grant)
+        cluster.settle()
+        // The relay is back (restarted with its key) before Bob, at node 2, asks.
+        _ = try cluster[1].connect(ConnectionID(40), &relays[0].client)
+        try report(0)
+        cluster.settle()
+        #expect(cluster[2].server.relayRegistry.live(now: cluster[2].now).count == 3)
+        #expect(try locate(2, b, &cb, room) == moved)
+        #expect(try locate(1, a, &ca, room) == moved)
+    }
+
     /// Every notice a node sends reads back the same; what is not one is a typed error.
     @Test func clusterNoticesRoundTripAndBadOnesAreTypedErrors() throws {
         let key = alice.publicKey
@@ -323,7 +369,7 @@ struct RendezvousClusterTests {
                     RelayLoad(
                         party: PartyGrant(address: "127.0.0.9:3481", key: key.base64), turnURIs: ["turn:127.0.0.9:3478"],
                         capacityBitsPerSecond: 1_000_000))),
-            .event(.relayGone(bob.publicKey)),
+            .event(.relayGone(bob.publicKey)), .event(.roomMoved(room: "x7kq-abcdefghijkm", relay: bob.publicKey)),
         ]
         for body in bodies {
             let notice = ClusterNotice(origin: 5, body)
@@ -334,6 +380,8 @@ struct RendezvousClusterTests {
             #"{"v":2,"origin":1,"type":"node-gone","node":1}"#,
             #"{"v":1,"origin":1,"type":"online","key":"AAAA","node":1,"at":5}"#, #"{"v":1,"origin":1,"type":"offline"}"#,
             #"{"v":1,"origin":-1,"type":"node-gone","node":1}"#,
+            #"{"v":1,"origin":1,"type":"room-moved","key":"\#(bob.publicKey.base64)"}"#,
+            #"{"v":1,"origin":1,"type":"room-moved","room":"","key":"\#(bob.publicKey.base64)"}"#,
         ] {
             #expect(throws: RendezvousError.self, "\(bad)") { try ClusterNotice(decoding: bad) }
         }
