@@ -17,7 +17,7 @@ public enum RedundantAudio {
     /// Largest timestamp offset a header can name (14 bits).
     public static let maximumOffset: UInt32 = 0x3FFF
 
-    /// Bytes a RED payload takes around `blocks` bytes of frames, `redundant` of them redundant.
+    /// Header bytes of a RED payload with `redundant` redundant blocks (4 each, and 1 for the primary).
     public static func overhead(redundant: Int) -> Int { 4 * redundant + 1 }
 
     /// A previous frame to carry again: its bytes and its timestamp offset back from the primary.
