@@ -128,13 +128,14 @@ public final class PartyConnection: Sendable {
         }
         let (events, yield) = AsyncStream.makeStream(of: PartyMemberEvent.self, bufferingPolicy: .bufferingNewest(4096))
         let loop = endpoint.eventLoop
+        let place = NIOLockedValueBox((address: relay, key: relayKey))
         let driver: NIOLoopBound<PartyDriver>
         do {
             driver = try await loop.submit {
                 NIOLoopBound(
                     PartyDriver(
                         core: PartyMember(identity: identity.privateKey, configuration: configuration), endpoint: endpoint,
-                        peer: peer, relay: relay, loop: loop, yield: yield, audio: audio, keyLog: keyLog,
+                        peer: peer, place: place, loop: loop, yield: yield, audio: audio, keyLog: keyLog,
                         probeUDP: transport == .auto, logger: logger),
                     eventLoop: loop)
             }.get()
@@ -146,7 +147,6 @@ public final class PartyConnection: Sendable {
             guard from == driver.value.peer, header.payloadType == PartyHop.payloadType else { return }
             driver.value.received(Array(payload))
         }
-        let place = NIOLockedValueBox((address: relay, key: relayKey))
         let lost: @Sendable () -> Void = {
             Task {
                 await Self.reconnect(endpoint: endpoint, place: place, transport: transport, driver: driver, locate: locate)
@@ -221,7 +221,7 @@ public final class PartyConnection: Sendable {
             defer { known = (relay, key) }
             return known.key != key
         }
-        guard moved, let left = try? await endpoint.eventLoop.submit({ driver.value.moved(to: peer, at: relay) }).get() else {
+        guard moved, let left = try? await endpoint.eventLoop.submit({ driver.value.moved(to: peer) }).get() else {
             return
         }
         await endpoint.removePeer(left)
@@ -387,7 +387,8 @@ final class PartyDriver {
     private let audio: PartyConnection.AudioHandler?
     private let keyLog: KeyLogFile?
     private let logger: Logger
-    private var relay: TransportAddress
+    /// The relay the member is with (its connection's, changed by a move).
+    private let place: NIOLockedValueBox<(address: TransportAddress, key: PublicKey)>
     private var probing: Scheduled<Void>?
     /// Starts the reconnection (set once the connection is made).
     var onLost: (@Sendable () -> Void)?
@@ -398,14 +399,15 @@ final class PartyDriver {
     private var describing: [String: [EventLoopPromise<RoomDescription?>]] = [:]
 
     init(
-        core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID, relay: TransportAddress, loop: any EventLoop,
+        core: PartyMember, endpoint: SecureUDPEndpoint, peer: PeerID,
+        place: NIOLockedValueBox<(address: TransportAddress, key: PublicKey)>, loop: any EventLoop,
         yield: AsyncStream<PartyMemberEvent>.Continuation, audio: PartyConnection.AudioHandler?, keyLog: KeyLogFile?,
         probeUDP: Bool, logger: Logger
     ) {
         self.audio = audio
         self.keyLog = keyLog
         self.logger = logger
-        self.relay = relay
+        self.place = place
         self.endpoint = endpoint
         self.peer = peer
         self.yield = yield
@@ -422,6 +424,7 @@ final class PartyDriver {
         let engine = endpoint.engineOnLoop
         // (Built and run on the loop: the driver is confined to it.)
         probing = loop.assumeIsolated().scheduleTask(in: .nanoseconds(Self.probeInterval.nanoseconds)) { [unowned self] in
+            let relay = place.withLockedValue { $0.address }
             if engine.value.streams[relay] != nil {
                 engine.value.probeUDP.insert(relay)
                 host.handle(.ping)
@@ -442,11 +445,8 @@ final class PartyDriver {
     }
 
     /// The member moved to another relay (its room was placed there): returns the session it left.
-    func moved(to newPeer: PeerID, at address: TransportAddress) -> PeerID {
-        defer {
-            peer = newPeer
-            relay = address
-        }
+    func moved(to newPeer: PeerID) -> PeerID {
+        defer { peer = newPeer }
         return peer
     }
 
