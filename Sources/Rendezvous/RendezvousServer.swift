@@ -411,13 +411,10 @@ public struct RendezvousServer: Sendable {
             }
             // A relay's own rendezvous: its relay. With relays reporting: where the registry says.
             var placed = false
-            let party =
-                configuration.relaySecret == nil
-                ? configuration.party : relayRegistry.host(room: room, now: now, placed: &placed)?.load.party
+            let relay = configuration.relaySecret == nil ? nil : relayRegistry.host(room: room, now: now, placed: &placed)
+            let party = configuration.relaySecret == nil ? configuration.party : relay?.load.party
             // A room moved here: the other nodes send its members to the same relay.
-            if placed, clustered, let relay = relayRegistry.host(room: room, now: now) {
-                records.append(.roomMoved(room: room, relay: relay.key))
-            }
+            if placed, clustered, let relay { records.append(.roomMoved(room: room, relay: relay.key)) }
             guard let party else {
                 return refuse(id, .noRelay, "no relay hosts parties now", requestID: requestID, close: false)
             }
