@@ -242,12 +242,11 @@ final class PartyRooms {
         host.handle(.received(session, bytes))
     }
 
-    /// When a member's packet last came.
-    private var lastHeard: ContinuousClock.Instant?
+    /// When a member's packet last came (or the drain began, whichever is later).
+    private var lastHeard = ContinuousClock.now
 
-    /// How long no member has been heard (since the first packet ever, when none has).
-    var quietFor: Duration { (lastHeard ?? started).duration(to: .now) }
-    private let started = ContinuousClock.now
+    /// How long no member has been heard.
+    var quietFor: Duration { lastHeard.duration(to: .now) }
 
     /// Tells every member in a room to move (``PartyServer/Input/draining``); returns how many.
     func drain() -> Int {
