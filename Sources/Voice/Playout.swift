@@ -320,7 +320,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         stats.packetsReceived += 1
         let ext: Int64
         if haveFirst {
-            ext = lastExtTs + Int64(Int32(bitPattern: timestamp &- lastRawTs))
+            ext = extended(timestamp)
         } else {
             ext = Int64(timestamp)
             haveFirst = true
@@ -408,7 +408,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         sequence: UInt16, timestamp: UInt32, back: Int, payload: UnsafeRawBufferPointer, arrivalNanoseconds: Int64
     ) {
         guard haveFirst else { return }
-        let ext = lastExtTs + Int64(Int32(bitPattern: timestamp &- lastRawTs))
+        let ext = extended(timestamp)
         // How far back the sender's redundancy reaches now (a packet's blocks come
         // oldest first): the delay to hold for it.
         let arrivalMs = Double(arrivalNanoseconds) / 1e6
@@ -423,6 +423,9 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         stats.packetsReceived = before
         if slotTs[slot(ext)] == ext { stats.framesRecoveredByRedundancy += 1 }
     }
+
+    /// `timestamp` on the extended timeline, against the newest one seen.
+    private func extended(_ timestamp: UInt32) -> Int64 { lastExtTs + Int64(Int32(bitPattern: timestamp &- lastRawTs)) }
 
     /// Copies a payload into its slot.
     private func keep(_ ext: Int64, slot s: Int, payload: UnsafeRawBufferPointer, arrivalMs: Double) {

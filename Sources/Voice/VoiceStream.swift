@@ -54,8 +54,8 @@ public final class VoiceSender {
     private let primary: UnsafeMutableRawBufferPointer
     /// The last two frames sent (the newest at `newest`), their lengths and timestamps.
     private let history: UnsafeMutableRawBufferPointer
-    private var historyLength = (0, 0)
-    private var historyTimestamp: (UInt32, UInt32) = (0, 0)
+    private var historyLength = [0, 0]
+    private var historyTimestamp: [UInt32] = [0, 0]
     private var newest = 0
     /// The largest redundant payload: blocks that would pass it are left out.
     public static let redundantPayloadLimit = 1200
@@ -155,9 +155,8 @@ public final class VoiceSender {
         let size = encoder.maximumPacketSize
         func block(_ back: Int) -> RedundantAudio.Block? {
             let index = back == 1 ? newest : 1 - newest
-            let length = index == 0 ? historyLength.0 : historyLength.1
-            let timestamp = index == 0 ? historyTimestamp.0 : historyTimestamp.1
-            let offset = nextTimestamp &- timestamp
+            let length = historyLength[index]
+            let offset = nextTimestamp &- historyTimestamp[index]
             guard back <= redundancy, length > 0, length <= RedundantAudio.maximumBlockLength, offset > 0,
                 offset <= RedundantAudio.maximumOffset
             else { return nil }
@@ -180,13 +179,8 @@ public final class VoiceSender {
         newest = 1 - newest
         UnsafeMutableRawBufferPointer(rebasing: history[(newest * size)..<(newest * size + bytes)])
             .copyMemory(from: UnsafeRawBufferPointer(rebasing: primary[0..<bytes]))
-        if newest == 0 {
-            historyLength.0 = bytes
-            historyTimestamp.0 = nextTimestamp
-        } else {
-            historyLength.1 = bytes
-            historyTimestamp.1 = nextTimestamp
-        }
+        historyLength[newest] = bytes
+        historyTimestamp[newest] = nextTimestamp
     }
 
     /// Carries the previous `depth` frames (0–2) in every payload from now on
