@@ -3,7 +3,8 @@
 # the C libraries (-dev packages), the real peers used by the interop tests
 # (coturn, tshark), iproute2, nftables and conntrack (the NAT matrix), openssl (test certificates
 # for TURN over TLS), real speech for the
-# voice tests (pocketsphinx-testdata), PostgreSQL for the directory (scripts/postgres.sh
+# voice tests (pocketsphinx-testdata), a sound server with its tools and PortAudio for the live
+# device tests (scripts/sound.sh runs a private PulseAudio), PostgreSQL for the directory (scripts/postgres.sh
 # runs private servers; the system's own cluster is left stopped) and a Python venv in .venv with aioice, dpkt,
 # and numpy + pesq for the voice quality scores.
 # Safe to run again: it only installs what is missing.
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   pkg-config libsodium-dev libopus-dev libspeex-dev libspeexdsp-dev
   libpcap-dev zlib1g-dev libsndfile1-dev coturn tshark iproute2 nftables conntrack python3-venv openssl
-  pocketsphinx-testdata postgresql
+  pocketsphinx-testdata postgresql pulseaudio pulseaudio-utils libportaudio2
 )
 PY_PACKAGES=(aioice dpkt numpy pesq)
 

@@ -47,6 +47,9 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var framesRecoveredByRedundancy = 0
     /// Why our audio input or output failed during the call (nil when it did not).
     public var audioError: String?
+    /// The live capture and playback devices, when the call used them (``LiveCapture``, ``LivePlayback``).
+    public var captureDevice: LiveAudioStatistics?
+    public var playbackDevice: LiveAudioStatistics?
 
     public var statusLine: String {
         let rtt = roundTripMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-"
@@ -79,6 +82,16 @@ public struct CallReport: Sendable, Codable, Equatable {
                 + (framesRecoveredByRedundancy > 0 ? ", \(framesRecoveredByRedundancy) from redundant audio" : ""))
         if iceRestarts > 0 { lines.append("  ICE restarted \(iceRestarts)×") }
         if let audioError { lines.append("  audio error: \(audioError)") }
+        for (what, device) in [("capture", captureDevice), ("playback", playbackDevice)] {
+            guard let device else { continue }
+            lines.append(
+                String(
+                    format:
+                        "  %@ device %@: open in %@, queue %.0f ms (at most %.0f), %d underruns, %d samples dropped, %d repeated%@",
+                    what, device.device, device.openMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-",
+                    device.queueMilliseconds, device.maximumQueueMilliseconds, device.underruns, device.droppedSamples,
+                    device.repeatedSamples, device.fellBackToDefault ? ", fell back to the default" : ""))
+        }
         lines.append(String(format: "  estimated MOS (E-model): %.2f", estimatedMOS))
         return lines.joined(separator: "\n")
     }

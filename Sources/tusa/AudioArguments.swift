@@ -17,8 +17,11 @@ enum AudioArguments {
         return c
     }
 
-    /// The `--in` values that name no file.
+    /// The `--in` values that name no file (and `device:NAME`).
     static let nonFileInputs: Set<String> = ["silence", "none", "tone", "device"]
+
+    /// Whether `--in` names a WAV file.
+    static func isFile(_ input: String) -> Bool { !nonFileInputs.contains(input) && !input.hasPrefix("device:") }
 
     /// `--impair SPEC`, parsed (nil without the flag), or a usage error naming it.
     static func impairment(_ spec: String?) throws -> Impairment? {
@@ -26,15 +29,20 @@ enum AudioArguments {
         do { return try Impairment(parsing: spec) } catch { throw ValidationError("--impair: \(error)") }
     }
 
-    /// `--in`: a WAV file (played over and over with `--loop`), 'device', 'tone' or 'silence'.
-    static func source(_ input: String, loop: Bool = false) throws -> AudioSource? {
-        if loop && nonFileInputs.contains(input) {
+    /// `--in`: a WAV file (played over and over with `--loop`), 'device' or 'device:NAME'
+    /// (`--in-device NAME` names it too), 'tone' or 'silence'.
+    static func source(_ input: String, loop: Bool = false, device: String? = nil) throws -> AudioSource? {
+        if loop && !isFile(input) {
             throw ValidationError("--loop plays a file over and over: give --in a WAV file, not '\(input)'")
+        }
+        if let name = try deviceName(input, flag: "--in", named: device) {
+            return LiveCapture(
+                deviceName: try name.map { try AudioDevices.resolve($0, direction: .capture) },
+                sampleRate: voiceSampleRate, notice: printNotice)
         }
         switch input {
         case "silence", "none": return NullSource(sampleRate: voiceSampleRate)
         case "tone": return ToneSource(frequency: 440, amplitude: 8000, sampleRate: voiceSampleRate)
-        case "device": return try PortAudioDevice(sampleRate: voiceSampleRate, framesPerBuffer: 160, capture: true, render: false)
         default:
             let file = try WAVFileSource(path: input)
             file.loops = loop
@@ -42,13 +50,40 @@ enum AudioArguments {
         }
     }
 
-    /// `--out`: a WAV file, 'device' or 'none'.
-    static func sink(_ output: String) throws -> AudioSink? {
+    /// `--out`: a WAV file, 'device' or 'device:NAME' (`--out-device NAME` names it too), or 'none'.
+    static func sink(_ output: String, device: String? = nil) throws -> AudioSink? {
+        if let name = try deviceName(output, flag: "--out", named: device) {
+            return LivePlayback(
+                deviceName: try name.map { try AudioDevices.resolve($0, direction: .playback) },
+                sampleRate: voiceSampleRate, notice: printNotice)
+        }
         switch output {
         case "none": return nil
-        case "device": return try PortAudioDevice(sampleRate: voiceSampleRate, framesPerBuffer: 160, capture: false, render: true)
         default: return try WAVFileSink(path: output, sampleRate: voiceSampleRate)
         }
+    }
+
+    /// For a device: .some(the name asked for, nil for the default); nil when `value` is not a device.
+    private static func deviceName(_ value: String, flag: String, named: String?) throws -> String?? {
+        let inline: String?
+        if value == "device" {
+            inline = nil
+        } else if value.hasPrefix("device:") {
+            inline = String(value.dropFirst("device:".count))
+            guard inline?.isEmpty == false else { throw ValidationError("\(flag) device:NAME needs a NAME") }
+        } else {
+            if let named { throw ValidationError("\(flag)-device '\(named)' picks a device for \(flag) device, not '\(value)'") }
+            return nil
+        }
+        if let inline, let named, inline != named {
+            throw ValidationError("\(flag) names device '\(inline)' and \(flag)-device '\(named)': give one")
+        }
+        return .some(inline ?? named)
+    }
+
+    /// A live device's notice (it fell back to the default), on stderr on a line of its own.
+    private static let printNotice: @Sendable (String) -> Void = { message in
+        FileHandle.standardError.write(Data("\ntusa: \(message)\n".utf8))
     }
 
     /// `--identity FILE`, else the default key file, else a fresh key.

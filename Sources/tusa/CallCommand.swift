@@ -28,15 +28,32 @@ struct CallOptions: ParsableArguments {
     @Option(
         name: .customLong("in"),
         help: ArgumentHelp(
-            "What to send: a WAV file, 'device' (the default input), 'tone' or 'silence'.", valueName: "file.wav|device"))
+            "What to send: a WAV file, 'device' (the default input) or 'device:NAME', 'tone' or 'silence'.",
+            valueName: "file.wav|device"))
     var input = "silence"
+
+    @Option(
+        name: .customLong("in-device"),
+        help: ArgumentHelp(
+            "The capture device for --in device: a name from 'tusa voice devices', or a part of its name or description.",
+            valueName: "name"))
+    var inputDevice: String?
+
+    @Option(
+        name: .customLong("out-device"),
+        help: ArgumentHelp(
+            "The playback device for --out device: a name from 'tusa voice devices', or a part of its name or description.",
+            valueName: "name"))
+    var outputDevice: String?
 
     @Flag(help: "Play the --in file over and over: the call then lasts until --duration or a hang-up.")
     var loop = false
 
     @Option(
         name: .customLong("out"),
-        help: ArgumentHelp("Where what you hear goes: a WAV file (8 kHz), 'device' or 'none'.", valueName: "file.wav|device"))
+        help: ArgumentHelp(
+            "Where what you hear goes: a WAV file (8 kHz), 'device' (the default output) or 'device:NAME', or 'none'.",
+            valueName: "file.wav|device"))
     var output = "none"
 
     @Option(help: "opus, speex or l16.")
@@ -82,9 +99,9 @@ struct CallOptions: ParsableArguments {
         try AudioArguments.codec(codec, frame: frame, bitrate: bitrate)
     }
 
-    func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop) }
+    func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop, device: inputDevice) }
 
-    func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
+    func sink() throws -> AudioSink? { try AudioArguments.sink(output, device: outputDevice) }
 
     func servers() throws -> [TransportAddress] { try RendezvousServers.parse(rendezvous) }
 
@@ -111,7 +128,13 @@ struct CallOptions: ParsableArguments {
 
     /// Prints the report; a call whose audio failed (whatever ended it) then exits 2
     /// with the reason on standard error.
-    func finish(_ report: CallReport, command: String) throws {
+    func finish(_ report: CallReport, command: String, source: AudioSource?, sink: AudioSink?) throws {
+        var report = report
+        if let capture = source as? LiveCapture {
+            capture.close()
+            report.captureDevice = capture.statistics
+        }
+        if let playback = sink as? LivePlayback { report.playbackDevice = playback.statistics }
         if !quiet { FileHandle.standardError.write(Data("\n".utf8)) }
         if json {
             let encoder = JSONEncoder()
@@ -165,7 +188,7 @@ struct CallCommand: AsyncParsableCommand {
             FileHandle.standardError.write(Data("tusa call: \(error)\n".utf8))
             throw ExitCode(2)
         }
-        try options.finish(report, command: "call")
+        try options.finish(report, command: "call", source: source, sink: sink)
     }
 }
 
@@ -209,7 +232,7 @@ struct AnswerCommand: AsyncParsableCommand {
             FileHandle.standardError.write(Data("tusa answer: \(error)\n".utf8))
             throw ExitCode(2)
         }
-        try options.finish(report, command: "answer")
+        try options.finish(report, command: "answer", source: source, sink: sink)
     }
 }
 

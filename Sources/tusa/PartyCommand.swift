@@ -97,15 +97,33 @@ struct PartyAudioOptions: ParsableArguments {
 
     @Option(
         name: .customLong("in"),
-        help: ArgumentHelp("What to send: a WAV file, 'device', 'tone' or 'silence'.", valueName: "file.wav|device"))
+        help: ArgumentHelp(
+            "What to send: a WAV file, 'device' (the default input) or 'device:NAME', 'tone' or 'silence'.",
+            valueName: "file.wav|device"))
     var input = "silence"
+
+    @Option(
+        name: .customLong("in-device"),
+        help: ArgumentHelp(
+            "The capture device for --in device: a name from 'tusa voice devices', or a part of its name or description.",
+            valueName: "name"))
+    var inputDevice: String?
+
+    @Option(
+        name: .customLong("out-device"),
+        help: ArgumentHelp(
+            "The playback device for --out device: a name from 'tusa voice devices', or a part of its name or description.",
+            valueName: "name"))
+    var outputDevice: String?
 
     @Flag(help: "Play the --in file over and over: stay until --duration, the room's end or Ctrl-C.")
     var loop = false
 
     @Option(
         name: .customLong("out"),
-        help: ArgumentHelp("Where the room's mix goes: a WAV file (8 kHz), 'device' or 'none'.", valueName: "file.wav|device"))
+        help: ArgumentHelp(
+            "Where the room's mix goes: a WAV file (8 kHz), 'device' (the default output) or 'device:NAME', or 'none'.",
+            valueName: "file.wav|device"))
     var output = "none"
 
     @Option(help: "opus, speex or l16.")
@@ -152,9 +170,9 @@ struct PartyAudioOptions: ParsableArguments {
         try AudioArguments.codec(codec, frame: frame, bitrate: bitrate)
     }
 
-    var inputIsFile: Bool { !AudioArguments.nonFileInputs.contains(input) }
+    var inputIsFile: Bool { AudioArguments.isFile(input) }
 
-    func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop) }
+    func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop, device: inputDevice) }
 
     /// Each speaker's jitter buffer: the party's (`PartyVoice.defaultPlayout`), its floor
     /// moved by `--min-delay`.
@@ -166,7 +184,7 @@ struct PartyAudioOptions: ParsableArguments {
         return playout
     }
 
-    func sink() throws -> AudioSink? { try AudioArguments.sink(output) }
+    func sink() throws -> AudioSink? { try AudioArguments.sink(output, device: outputDevice) }
 
     /// The identity, or a usage error saying why it cannot be read.
     func identityOrExit() throws -> Identity {

@@ -295,19 +295,44 @@ extension VoiceCommand {
         }
     }
 
-    /// `tusa voice devices`: the live audio devices PortAudio sees.
+    /// `tusa voice devices`: the live audio devices, from the sound server or PortAudio.
     struct Devices: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "List live audio devices (PortAudio, loaded at run time when installed).")
+            abstract:
+                "List capture and playback devices, with their rates and channels: PulseAudio's (or PipeWire's) when its server answers, else PortAudio's. The names are what --in-device and --out-device take."
+        )
+
+        @Flag(help: "Print the list as JSON.")
+        var json = false
 
         func run() throws {
-            do {
-                let names = try PortAudioDevice.listDevices()
-                if names.isEmpty { print("no audio devices") }
-                for (i, name) in names.enumerated() { print("\(i)  \(name)") }
-            } catch {
+            let backend: AudioDevices.Backend
+            let devices: [AudioDeviceInfo]
+            do { (backend, devices) = try AudioDevices.list() } catch {
                 FileHandle.standardError.write(Data("tusa voice devices: \(error)\n".utf8))
                 throw ExitCode(1)
+            }
+            if json {
+                let entries = devices.map { d -> [String: Any] in
+                    [
+                        "name": d.name, "description": d.description, "direction": d.direction.rawValue,
+                        "sampleRate": d.sampleRate, "channels": d.channels, "default": d.isDefault,
+                    ]
+                }
+                let object: [String: Any] = ["backend": backend.rawValue, "devices": entries]
+                let data = try JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys])
+                print(String(decoding: data, as: UTF8.self))
+                return
+            }
+            print("\(backend.rawValue): \(devices.isEmpty ? "no devices" : "\(devices.count) devices")")
+            for direction in [AudioDeviceInfo.Direction.capture, .playback] {
+                let these = devices.filter { $0.direction == direction }
+                guard !these.isEmpty else { continue }
+                print(direction == .capture ? "capture (--in-device):" : "playback (--out-device):")
+                for d in these {
+                    let about = d.description == d.name ? "" : "  \(d.description)"
+                    print("  \(d.isDefault ? "*" : " ") \(d.name)  \(d.sampleRate) Hz, \(d.channels) ch\(about)")
+                }
             }
         }
     }

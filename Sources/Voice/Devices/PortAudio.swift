@@ -89,15 +89,43 @@ final class PortAudioLibrary: @unchecked Sendable {
         errorText = try symbol("Pa_GetErrorText", as: ErrorText.self)
     }
 
-    /// dlopen's `name` (kept loaded for the life of the process).
+    /// dlopen's `name` (kept loaded for the life of the process), with the libraries
+    /// under it kept quiet (``silenceProbes()``).
     static func load(_ name: String) throws(VoiceError) -> PortAudioLibrary {
+        // PortAudio's JACK host would start a JACK server when none runs.
+        setenv("JACK_NO_START_SERVER", "1", 0)
         guard let handle = dlopen(name, RTLD_NOW | RTLD_LOCAL) else {
             let reason = dlerror().map { String(cString: $0) } ?? "not found"
             throw .unavailable("PortAudio (\(name)) cannot be loaded: \(reason); \(installHint)")
         }
-        do { return try PortAudioLibrary(handle: handle, name: name) } catch {
+        do {
+            let library = try PortAudioLibrary(handle: handle, name: name)
+            silenceProbes()
+            return library
+        } catch {
             dlclose(handle)
             throw error
+        }
+    }
+
+    /// Pa_Initialize probes every ALSA card and the JACK server, and ALSA and JACK
+    /// print each miss on stderr (dozens of lines on a machine with PulseAudio and no
+    /// JACK) over the call's status line. Their errors reach Tusa as return codes
+    /// anyway: hand both libraries a handler that prints nothing. Only the libraries
+    /// PortAudio itself loaded are touched (RTLD_NOLOAD).
+    private static func silenceProbes() {
+        if let alsa = dlopen("libasound.so.2", RTLD_NOW | RTLD_NOLOAD),
+            let setHandler = dlsym(alsa, "snd_lib_error_set_handler")
+        {
+            typealias SetHandler = @convention(c) (AlsaErrorHandler?) -> Int32
+            _ = unsafeBitCast(setHandler, to: SetHandler.self)(quietAlsaError)
+        }
+        if let jack = dlopen("libjack.so.0", RTLD_NOW | RTLD_NOLOAD) {
+            typealias SetFunction = @convention(c) (JackMessageHandler?) -> Void
+            for setter in ["jack_set_error_function", "jack_set_info_function"] {
+                guard let address = dlsym(jack, setter) else { continue }
+                unsafeBitCast(address, to: SetFunction.self)(quietJackMessage)
+            }
         }
     }
 
@@ -123,6 +151,15 @@ final class PortAudioLibrary: @unchecked Sendable {
         return result
     }
 }
+
+/// snd_lib_error_handler_t is variadic; a handler that reads none of its arguments
+/// may be declared without the tail (the System V and AAPCS64 calling conventions
+/// pass the named arguments alike either way).
+private typealias AlsaErrorHandler =
+    @convention(c) (UnsafePointer<CChar>?, Int32, UnsafePointer<CChar>?, Int32, UnsafePointer<CChar>?) -> Void
+private typealias JackMessageHandler = @convention(c) (UnsafePointer<CChar>?) -> Void
+private let quietAlsaError: AlsaErrorHandler = { _, _, _, _, _ in }
+private let quietJackMessage: JackMessageHandler = { _ in }
 
 private let sharedPortAudio: Result<PortAudioLibrary, VoiceError> = Result { () throws(VoiceError) in
     try PortAudioLibrary.load("libportaudio.so.2")
@@ -157,6 +194,33 @@ public final class PortAudioDevice: AudioSource, AudioSink {
             let name = device.info.name.map { String(cString: $0) } ?? "device \(device.index)"
             return "\(name) (in \(device.info.maxInputChannels), out \(device.info.maxOutputChannels))"
         }
+    }
+
+    /// The devices PortAudio sees, one entry per direction each offers, the defaults marked.
+    static func deviceInfos() throws(VoiceError) -> [AudioDeviceInfo] {
+        let api = try library()
+        try api.start()
+        defer { _ = api.terminate() }
+        let defaultInput = api.defaultInputDevice()
+        let defaultOutput = api.defaultOutputDevice()
+        var result: [AudioDeviceInfo] = []
+        for device in api.devices() {
+            let name = device.info.name.map { String(cString: $0) } ?? "device \(device.index)"
+            let rate = Int(device.info.defaultSampleRate.isFinite ? device.info.defaultSampleRate : 0)
+            if device.info.maxInputChannels > 0 {
+                result.append(
+                    AudioDeviceInfo(
+                        name: name, description: name, direction: .capture, sampleRate: rate,
+                        channels: Int(device.info.maxInputChannels), isDefault: device.index == defaultInput))
+            }
+            if device.info.maxOutputChannels > 0 {
+                result.append(
+                    AudioDeviceInfo(
+                        name: name, description: name, direction: .playback, sampleRate: rate,
+                        channels: Int(device.info.maxOutputChannels), isDefault: device.index == defaultOutput))
+            }
+        }
+        return result
     }
 
     public let sampleRate: Int

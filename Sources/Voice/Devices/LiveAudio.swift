@@ -1,0 +1,303 @@
+import Foundation
+import Synchronization
+
+/// A capture or playback device as the sound system names it.
+public struct AudioDeviceInfo: Sendable, Equatable {
+    public enum Direction: String, Sendable { case capture, playback }
+    /// What `--in-device` / `--out-device` take (a PulseAudio source or sink name, a PortAudio device name).
+    public var name: String
+    /// The sound system's longer description (PulseAudio), else the name.
+    public var description: String
+    public var direction: Direction
+    /// The device's own rate and channels (the sound system converts to and from the voice's).
+    public var sampleRate: Int
+    public var channels: Int
+    public var isDefault = false
+
+    public init(
+        name: String, description: String, direction: Direction, sampleRate: Int, channels: Int, isDefault: Bool = false
+    ) {
+        self.name = name
+        self.description = description
+        self.direction = direction
+        self.sampleRate = sampleRate
+        self.channels = channels
+        self.isDefault = isDefault
+    }
+}
+
+/// One open device stream, blocking, used from one thread (the device's own).
+protocol DeviceStream: AnyObject {
+    /// Fills `buffer` with captured samples, waiting for them.
+    func capture(into buffer: UnsafeMutableBufferPointer<Int16>) throws(VoiceError)
+    /// Queues `samples` for playback, waiting for room.
+    func play(_ samples: UnsafeBufferPointer<Int16>) throws(VoiceError)
+    func close()
+}
+
+/// The live sound system: PulseAudio (or PipeWire's pulse server) when one answers,
+/// else PortAudio (ALSA, JACK). Both libraries are loaded at run time: a machine
+/// without them builds and runs Tusa, and only a device asked for says what to install.
+public enum AudioDevices {
+    public enum Backend: String, Sendable {
+        case pulseAudio = "PulseAudio"
+        case portAudio = "PortAudio"
+    }
+
+    private static let pulse: Result<PulseAudioLibrary, VoiceError> = Result { () throws(VoiceError) in
+        try PulseAudioLibrary.load()
+    }
+
+    /// The backend and its devices: PulseAudio's sinks and sources when its server
+    /// answers, else what PortAudio sees.
+    public static func list() throws(VoiceError) -> (backend: Backend, devices: [AudioDeviceInfo]) {
+        if case .success(let api) = pulse, let devices = api.devices() { return (.pulseAudio, devices) }
+        let devices = try PortAudioDevice.deviceInfos()
+        return (.portAudio, devices)
+    }
+
+    /// The device `name` picks: an exact name, else the one whose name or description
+    /// contains it (ignoring case); an error naming the candidates when none or several do.
+    public static func resolve(_ name: String, direction: AudioDeviceInfo.Direction) throws(VoiceError) -> String {
+        let candidates = try list().devices.filter { $0.direction == direction }
+        if candidates.contains(where: { $0.name == name }) { return name }
+        let wanted = name.lowercased()
+        let matches = candidates.filter {
+            $0.name.lowercased().contains(wanted) || $0.description.lowercased().contains(wanted)
+        }
+        if matches.count == 1, let only = matches.first { return only.name }
+        let what = direction == .capture ? "capture" : "playback"
+        let known = candidates.map { "\"\($0.name)\"" }.joined(separator: ", ")
+        if matches.isEmpty {
+            throw .device("no \(what) device named \"\(name)\"; there are: \(known.isEmpty ? "none" : known)")
+        }
+        throw .device(
+            "\"\(name)\" names \(matches.count) \(what) devices: \(matches.map { "\"\($0.name)\"" }.joined(separator: ", "))")
+    }
+
+    /// Opens `device` (nil: the default) on the backend that answers, blocking: call it from the device's thread.
+    static func open(
+        _ direction: AudioDeviceInfo.Direction, device: String?, sampleRate: Int, chunkSamples: Int
+    ) throws(VoiceError) -> DeviceStream {
+        if case .success(let api) = pulse {
+            do {
+                return try PulseAudioStream(
+                    api, direction: direction, device: device, sampleRate: sampleRate, chunkSamples: chunkSamples)
+            } catch {
+                // A server that answers refused this device: its reason, not PortAudio's.
+                if api.devices() != nil { throw error }
+            }
+        }
+        return try PortAudioDevice(
+            sampleRate: sampleRate, framesPerBuffer: chunkSamples, capture: direction == .capture,
+            render: direction == .playback, deviceName: device)
+    }
+}
+
+extension PortAudioDevice: DeviceStream {
+    func capture(into buffer: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) { _ = try read(into: buffer) }
+    func play(_ samples: UnsafeBufferPointer<Int16>) throws(VoiceError) { try write(samples) }
+}
+
+/// What a live device did, for a call's report.
+public struct LiveAudioStatistics: Sendable, Equatable, Codable {
+    /// The device asked for, or "default".
+    public var device: String
+    /// From asking for the device to its first samples (capture) or first write (playback); nil before.
+    public var openMilliseconds: Double?
+    /// The least the queue between the device and the voice clock held over the last
+    /// second, beyond the frame: the delay it adds.
+    public var queueMilliseconds: Double
+    /// The most `queueMilliseconds` has been.
+    public var maximumQueueMilliseconds: Double
+    /// Times the queue ran dry after it had started (a gap was heard or sent).
+    public var underruns: Int
+    /// Samples dropped or repeated to keep the two clocks together, and dropped because the queue was full.
+    public var droppedSamples: Int
+    public var repeatedSamples: Int
+    public var overflowedSamples: Int
+    /// Set when the device named went away and the default took its place.
+    public var fellBackToDefault: Bool
+}
+
+/// The state a live device's thread and the voice clock share.
+private final class LiveAudioShared: @unchecked Sendable {
+    struct State {
+        var fifo: DeviceFIFO
+        var failure: VoiceError?
+        var openMilliseconds: Double?
+        var fellBack = false
+    }
+    let state: Mutex<State>
+    let running = Atomic<Bool>(true)
+    let exited = Atomic<Bool>(false)
+
+    init(fifo: DeviceFIFO) { state = Mutex(State(fifo: fifo)) }
+}
+
+/// A live device on a thread of its own, between the device's clock and the voice
+/// engine's: opening it (PortAudio probes every card; a sound server may be slow)
+/// never holds up a call, and neither clock ever waits for the other (``DeviceFIFO``).
+/// When the device named goes away (a headset unplugged), the default takes over
+/// once; when that fails too, the next read or write says why.
+public class LiveAudioDevice: @unchecked Sendable {
+    public let sampleRate: Int
+    public let direction: AudioDeviceInfo.Direction
+    /// The device asked for (nil: the default).
+    public let deviceName: String?
+    fileprivate let shared: LiveAudioShared
+    private let notice: (@Sendable (String) -> Void)?
+
+    /// - Parameters:
+    ///   - chunkMilliseconds: how much the device reads or writes at once.
+    ///   - notice: called from the device's thread when it falls back to the default.
+    init(
+        direction: AudioDeviceInfo.Direction, deviceName: String?, sampleRate: Int, chunkMilliseconds: Int,
+        targetMilliseconds: Int, pullsPerSecond: Int, notice: (@Sendable (String) -> Void)?
+    ) {
+        self.sampleRate = sampleRate
+        self.direction = direction
+        self.deviceName = deviceName
+        self.notice = notice
+        shared = LiveAudioShared(
+            fifo: DeviceFIFO(
+                target: sampleRate * targetMilliseconds / 1000, capacity: sampleRate * 2, pullsPerSecond: pullsPerSecond))
+        let chunk = max(1, sampleRate * chunkMilliseconds / 1000)
+        let thread = Thread { [shared, direction, deviceName, sampleRate, notice] in
+            Self.run(
+                shared, direction: direction, deviceName: deviceName, sampleRate: sampleRate, chunk: chunk, notice: notice)
+        }
+        thread.name = direction == .capture ? "tusa.capture" : "tusa.playback"
+        thread.qualityOfService = .userInteractive
+        thread.start()
+    }
+
+    deinit { stopThread() }
+
+    public var statistics: LiveAudioStatistics {
+        let perMillisecond = Double(sampleRate) / 1000
+        return shared.state.withLock { state in
+            let q = state.fifo.statistics
+            return LiveAudioStatistics(
+                device: deviceName ?? "default", openMilliseconds: state.openMilliseconds,
+                queueMilliseconds: Double(q.level) / perMillisecond,
+                maximumQueueMilliseconds: Double(q.maximumLevel) / perMillisecond, underruns: q.underruns,
+                droppedSamples: q.dropped, repeatedSamples: q.repeated, overflowedSamples: q.overflowed,
+                fellBackToDefault: state.fellBack)
+        }
+    }
+
+    /// Asks the device's thread to stop and waits for it a little (it wakes at least every chunk).
+    fileprivate func stopThread() {
+        shared.running.store(false, ordering: .releasing)
+        var waited = 0
+        while !shared.exited.load(ordering: .acquiring) && waited < 200 {
+            usleep(5_000)
+            waited += 1
+        }
+    }
+
+    private static func run(
+        _ shared: LiveAudioShared, direction: AudioDeviceInfo.Direction, deviceName: String?, sampleRate: Int,
+        chunk: Int, notice: (@Sendable (String) -> Void)?
+    ) {
+        defer { shared.exited.store(true, ordering: .releasing) }
+        let asked = DispatchTime.now().uptimeNanoseconds
+        var name = deviceName
+        var buffer = [Int16](repeating: 0, count: chunk)
+        var stream: DeviceStream
+        do {
+            stream = try AudioDevices.open(direction, device: name, sampleRate: sampleRate, chunkSamples: chunk)
+        } catch {
+            shared.state.withLock { $0.failure = error }
+            return
+        }
+        var first = true
+        while shared.running.load(ordering: .acquiring) {
+            do {
+                if direction == .capture {
+                    try buffer.withUnsafeMutableBufferPointer { b throws(VoiceError) in try stream.capture(into: b) }
+                    shared.state.withLock { state in
+                        buffer.withUnsafeBufferPointer { state.fifo.push($0) }
+                    }
+                } else {
+                    _ = shared.state.withLock { state in
+                        buffer.withUnsafeMutableBufferPointer { state.fifo.pull(into: $0) }
+                    }
+                    try buffer.withUnsafeBufferPointer { b throws(VoiceError) in try stream.play(b) }
+                }
+                if first {
+                    first = false
+                    let ms = Double(DispatchTime.now().uptimeNanoseconds - asked) / 1e6
+                    shared.state.withLock { $0.openMilliseconds = ms }
+                }
+            } catch {
+                stream.close()
+                // The device named went away: the default once, then the error.
+                let what = direction == .capture ? "capture" : "playback"
+                let reason: String
+                if case .device(let message) = error { reason = message } else { reason = "\(error)" }
+                guard let gone = name, shared.running.load(ordering: .acquiring),
+                    let fallback = try? AudioDevices.open(direction, device: nil, sampleRate: sampleRate, chunkSamples: chunk)
+                else {
+                    let device = name.map { "the \(what) device \"\($0)\"" } ?? "the default \(what) device"
+                    shared.state.withLock { $0.failure = .device("\(device) stopped (\(reason))") }
+                    return
+                }
+                notice?("the \(what) device \"\(gone)\" went away (\(reason)); using the default device")
+                name = nil
+                stream = fallback
+                shared.state.withLock { $0.fellBack = true }
+            }
+        }
+        stream.close()
+    }
+
+}
+
+/// A microphone: ``AudioSource`` that never blocks. Until the device delivers, and
+/// whenever it falls behind, it reads silence; what it captured before the first
+/// read is dropped to the margin, so the call starts with fresh audio.
+public final class LiveCapture: LiveAudioDevice, AudioSource {
+    /// Opens the device in the background and returns at once.
+    public init(deviceName: String? = nil, sampleRate: Int, notice: (@Sendable (String) -> Void)? = nil) {
+        super.init(
+            direction: .capture, deviceName: deviceName, sampleRate: sampleRate, chunkMilliseconds: 10,
+            targetMilliseconds: 10, pullsPerSecond: 50, notice: notice)
+    }
+
+    /// Always fills `output` (silence while the device is not delivering); throws once the device has failed.
+    public func read(into output: UnsafeMutableBufferPointer<Int16>) throws(VoiceError) -> Int {
+        let failure: VoiceError? = shared.state.withLock { state in
+            if let failure = state.failure { return failure }
+            _ = state.fifo.pull(into: output)
+            return nil
+        }
+        if let failure { throw failure }
+        return output.count
+    }
+
+    public func close() { stopThread() }
+}
+
+/// A speaker: ``AudioSink`` that never blocks. Its thread plays what was written at
+/// the device's own pace, silence when nothing is queued.
+public final class LivePlayback: LiveAudioDevice, AudioSink {
+    /// Opens the device in the background and returns at once.
+    public init(deviceName: String? = nil, sampleRate: Int, notice: (@Sendable (String) -> Void)? = nil) {
+        super.init(
+            direction: .playback, deviceName: deviceName, sampleRate: sampleRate, chunkMilliseconds: 10,
+            targetMilliseconds: 10, pullsPerSecond: 100, notice: notice)
+    }
+
+    public func write(_ samples: UnsafeBufferPointer<Int16>) throws(VoiceError) {
+        let failure: VoiceError? = shared.state.withLock { state in
+            if let failure = state.failure { return failure }
+            state.fifo.push(samples)
+            return nil
+        }
+        if let failure { throw failure }
+    }
+
+    public func close() { stopThread() }
+}

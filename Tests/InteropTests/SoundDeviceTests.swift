@@ -1,0 +1,260 @@
+import Foundation
+import Testing
+
+/// Calls and parties on real sound devices: a private PulseAudio (scripts/sound.sh, as
+/// an ordinary user with its own runtime folder), null sinks as each side's microphone
+/// and speaker (a sink's monitor hears what is played into it), `--in device:NAME
+/// --out device:NAME`, speech played into the microphones with paplay and the speakers
+/// recorded with parec, scored with PESQ against what was played.
+@Suite(.serialized) struct SoundDeviceTests {
+    static let speech = CallCommandTests.speech
+    static let otherSpeech = "/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav"
+    static let tools = ["pulseaudio", "pactl", "paplay", "parec"].allSatisfy { Harness.which($0) != nil }
+    static let ready =
+        tools && Harness.tusa != nil && Harness.python != nil && FileManager.default.fileExists(atPath: speech)
+        && FileManager.default.fileExists(atPath: otherSpeech)
+    static let needs =
+        "needs PulseAudio and its tools, .build/debug/tusa, .venv with pesq and pocketsphinx-testdata (make test installs them)"
+    static let scorer = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/heard_pesq.py").path
+
+    /// A private sound server for one test, stopped at the end.
+    final class SoundServer: @unchecked Sendable {
+        let directory: String
+        let address: String
+        private var keepers: [Harness.Background] = []
+
+        init() async throws {
+            directory = NSTemporaryDirectory() + "tusa-sound-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+            let script = Harness.packageRoot.appendingPathComponent("scripts/sound.sh").path
+            let started = try await Harness.run("/bin/bash", [script, "start", directory], timeout: 20)
+            guard started.status == 0, let line = started.stdout.split(separator: "\n").last else {
+                throw HarnessError("scripts/sound.sh did not start PulseAudio: \(started.stderr)")
+            }
+            address = String(line)
+        }
+
+        /// `command` with PULSE_SERVER naming this server.
+        func command(_ executable: String, _ arguments: [String]) -> (String, [String]) {
+            ("/usr/bin/env", ["PULSE_SERVER=\(address)", executable] + arguments)
+        }
+
+        func run(_ executable: String, _ arguments: [String], timeout: Double = 10) async throws -> Harness.Result {
+            let (e, a) = command(executable, arguments)
+            return try await Harness.run(e, a, timeout: timeout)
+        }
+
+        func background(_ executable: String, _ arguments: [String]) throws -> Harness.Background {
+            let (e, a) = command(executable, arguments)
+            return try Harness.Background(e, a)
+        }
+
+        /// A null sink at `rate` Hz: a speaker, and through its monitor a microphone.
+        /// A null sink renders in blocks as long as the shortest latency any of its
+        /// streams asks, two seconds when none does: a listener asking 10 ms keeps it
+        /// running as a sound card runs at its period.
+        @discardableResult
+        func sink(_ name: String, rate: Int) async throws -> Int {
+            let loaded = try await run(
+                "pactl", ["load-module", "module-null-sink", "sink_name=\(name)", "rate=\(rate)"])
+            guard loaded.status == 0, let module = Int(loaded.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) else {
+                throw HarnessError("pactl load-module \(name): \(loaded.stderr)")
+            }
+            keepers.append(try background("pacat", ["--record", "-d", "\(name).monitor", "--latency-msec=10", "/dev/null"]))
+            return module
+        }
+
+        /// Waits until every sink renders at a low latency (its keeper took effect).
+        func settle() async throws {
+            let settled = await eventually(within: .seconds(15), poll: .milliseconds(200)) {
+                guard let listing = try? await self.run("pactl", ["list", "sinks"]), listing.status == 0 else { return false }
+                let latencies = listing.stdout.split(separator: "\n").compactMap { line -> Int? in
+                    guard line.contains("Latency:"), let words = Optional(line.split(separator: " ")), words.count > 1 else {
+                        return nil
+                    }
+                    return Int(words[1])
+                }
+                return !latencies.isEmpty && latencies.allSatisfy { $0 < 60_000 }
+            }
+            if !settled { throw HarnessError("the null sinks did not settle to a low latency") }
+        }
+
+        /// parec of `sink`'s monitor into `path` (8 kHz mono WAV) until stopped.
+        func record(_ sink: String, into path: String) throws -> Harness.Background {
+            try background(
+                "parec",
+                [
+                    "-d", "\(sink).monitor", "--rate=8000", "--channels=1", "--format=s16le", "--file-format=wav",
+                    "--latency-msec=10", path,
+                ])
+        }
+
+        func play(_ file: String, into sink: String) throws -> Harness.Background {
+            try background("paplay", ["-d", sink, file])
+        }
+
+        func stop() async {
+            for k in keepers { k.kill() }
+            let script = Harness.packageRoot.appendingPathComponent("scripts/sound.sh").path
+            _ = try? await Harness.run("/bin/bash", [script, "stop", directory], timeout: 15)
+            try? FileManager.default.removeItem(atPath: directory)
+        }
+    }
+
+    /// `REF` (speech at 8 kHz, as Tusa resamples it) found in a recording and scored.
+    static func pesq(reference: String, heard: String) async throws -> Double {
+        let python = try #require(Harness.python)
+        let result = try await Harness.run(python, [scorer, reference, heard], timeout: 60)
+        let json = try #require(CallCommandTests.json(result.stdout), "\(result.stdout) \(result.stderr)")
+        return try #require(json["pesq"] as? Double)
+    }
+
+    /// The 8 kHz reference of `speech`.
+    static func reference(_ speech: String, into path: String) async throws {
+        let tusa = try #require(Harness.tusa)
+        let made = try await Harness.run(
+            tusa, ["voice", "simulate", "--in", speech, "--out", path, "--codec", "l16", "--playout", "ideal"], timeout: 60)
+        #expect(made.status == 0, "\(made.stderr)")
+    }
+
+    /// The lines a process printed on stderr that are not Tusa's own (library probe noise).
+    static func foreignLines(_ stderr: String) -> [Substring] {
+        stderr.split(whereSeparator: { $0 == "\n" || $0 == "\r" }).filter { line in
+            !line.hasPrefix("tusa") && !line.hasPrefix("direct") && !line.hasPrefix("relayed")
+                && !line.trimmingCharacters(in: .whitespaces).isEmpty
+        }
+    }
+
+    @Test(.enabled(if: ready, "\(needs)"))
+    func aCallThroughRealSoundDevicesCarriesSpeechBothWaysFromItsFirstMoment() async throws {
+        let tusa = try #require(Harness.tusa)
+        let sound = try await SoundServer()
+        let dir = sound.directory
+        // Each side's devices at its own rate, as two machines' sound cards would be.
+        try await sound.sink("caller_mic", rate: 48_000)
+        try await sound.sink("caller_speaker", rate: 48_000)
+        try await sound.sink("callee_mic", rate: 44_100)
+        try await sound.sink("callee_speaker", rate: 44_100)
+        do {
+            try await sound.settle()
+            try await Self.reference(Self.speech, into: "\(dir)/ref-caller.wav")
+            try await Self.reference(Self.otherSpeech, into: "\(dir)/ref-callee.wav")
+            let (relay, port) = try await CallCommandTests.relay()
+            defer { relay.kill() }
+            let heardByCallee = try sound.record("callee_speaker", into: "\(dir)/heard-by-callee.wav")
+            let heardByCaller = try sound.record("caller_speaker", into: "\(dir)/heard-by-caller.wav")
+            let answerer = try sound.background(
+                tusa,
+                [
+                    "answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "20", "--json", "--quiet",
+                    "--in", "device:callee_mic.monitor", "--out", "device", "--out-device", "callee_speaker",
+                ])
+            defer { answerer.kill() }
+            let line = try #require(
+                await answerer.waitForMatch(#"answering as [A-Za-z0-9+/=]{44}"#), "\(answerer.stdout) \(answerer.stderr)")
+            let key = String(line.dropFirst("answering as ".count))
+            // Both start talking as the call is placed: nothing may be lost to opening the devices.
+            let caller = try sound.background(
+                tusa,
+                [
+                    "call", key, "--rendezvous", "127.0.0.1:\(port)", "--duration", "11", "--json", "--quiet",
+                    "--in", "device", "--in-device", "caller_mic.monitor", "--out", "device:caller_speaker",
+                ])
+            defer { caller.kill() }
+            let talkers = [
+                try sound.play(Self.speech, into: "caller_mic"), try sound.play(Self.otherSpeech, into: "callee_mic"),
+            ]
+            #expect(await caller.waitForExit(timeout: 40))
+            #expect(await answerer.waitForExit(timeout: 10))
+            for t in talkers { _ = await t.waitForExit(timeout: 5) }
+            await heardByCallee.stop(signal: SIGINT)
+            await heardByCaller.stop(signal: SIGINT)
+            #expect(caller.status == 0, "\(caller.stdout) \(caller.stderr)")
+            #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
+            // A clean terminal: nothing from ALSA, JACK or the sound server.
+            #expect(Self.foreignLines(caller.stderr).isEmpty, "\(caller.stderr)")
+            #expect(Self.foreignLines(answerer.stderr).isEmpty, "\(answerer.stderr)")
+
+            let calleeScore = try await Self.pesq(reference: "\(dir)/ref-caller.wav", heard: "\(dir)/heard-by-callee.wav")
+            let callerScore = try await Self.pesq(reference: "\(dir)/ref-callee.wav", heard: "\(dir)/heard-by-caller.wav")
+            for (name, text) in [("caller", caller.stdout), ("callee", answerer.stdout)] {
+                let report = try #require(CallCommandTests.json(text), "\(text)")
+                let connect = try #require(report["connectMilliseconds"] as? Double)
+                let firstAudio = try #require(report["dialToFirstAudioMilliseconds"] as? Double)
+                let capture = try #require(report["captureDevice"] as? [String: Any], "\(report)")
+                let playback = try #require(report["playbackDevice"] as? [String: Any], "\(report)")
+                print(
+                    "tusa \(name) on devices: connected in \(connect) ms, first audio \(firstAudio - connect) ms later; capture \(capture); playback \(playback)"
+                )
+                // Opening devices never delays the call: the first audio plays within 100 ms of the path.
+                #expect(firstAudio - connect < 100, "\(name): \(report)")
+                #expect(try #require(capture["openMilliseconds"] as? Double) < 1_000, "\(name): \(capture)")
+                #expect(try #require(capture["underruns"] as? Int) == 0, "\(name): \(capture)")
+                #expect(try #require(playback["maximumQueueMilliseconds"] as? Double) <= 40, "\(name): \(playback)")
+            }
+            print("tusa call on devices: PESQ \(calleeScore) heard by the callee, \(callerScore) by the caller")
+            #expect(calleeScore > 3.5)
+            #expect(callerScore > 3.5)
+        } catch {
+            await sound.stop()
+            throw error
+        }
+        await sound.stop()
+    }
+
+    /// `tusa voice devices` lists the server's devices with their rates and channels;
+    /// a name picks one, a wrong or ambiguous name is a usage error before anything is
+    /// dialled; without a sound server PortAudio answers, and ALSA's and JACK's probes
+    /// print nothing.
+    @Test(.enabled(if: ready, "\(needs)"))
+    func devicesAreListedAndPickedByNameOnAQuietTerminal() async throws {
+        let tusa = try #require(Harness.tusa)
+        let sound = try await SoundServer()
+        do {
+            try await sound.sink("usb_headset", rate: 48_000)
+            try await sound.sink("usb_speakers", rate: 44_100)
+            let listed = try await sound.run(tusa, ["voice", "devices", "--json"])
+            #expect(listed.status == 0, "\(listed.stderr)")
+            let json = try #require(CallCommandTests.json(listed.stdout), "\(listed.stdout)")
+            #expect(json["backend"] as? String == "PulseAudio")
+            let devices = try #require(json["devices"] as? [[String: Any]])
+            let headset = try #require(devices.first { $0["name"] as? String == "usb_headset.monitor" }, "\(devices)")
+            #expect(headset["direction"] as? String == "capture")
+            #expect(headset["sampleRate"] as? Int == 48_000)
+            #expect(headset["channels"] as? Int == 2)
+            let speakers = try #require(devices.first { $0["name"] as? String == "usb_speakers" }, "\(devices)")
+            #expect(speakers["direction"] as? String == "playback")
+            #expect(speakers["sampleRate"] as? Int == 44_100)
+            let text = try await sound.run(tusa, ["voice", "devices"])
+            #expect(text.stdout.contains("usb_headset.monitor  48000 Hz, 2 ch"), "\(text.stdout)")
+            #expect(text.stderr.isEmpty, "\(text.stderr)")
+
+            // Names are checked before the call is placed (the rendezvous here is never reached).
+            let someKey = String(repeating: "A", count: 43) + "="
+            for (arguments, message) in [
+                (["--in", "device:no_such_mic"], "no capture device named \"no_such_mic\""),
+                (["--out", "device", "--out-device", "usb"], "\"usb\" names 2 playback devices"),
+                (["--in", "tone", "--in-device", "usb_headset"], "--in-device 'usb_headset' picks a device for --in device"),
+                (["--in", "device:usb_headset.monitor", "--in-device", "usb_speakers"], "give one"),
+            ] {
+                let r = try await sound.run(tusa, ["call", someKey, "--rendezvous", "127.0.0.1:9"] + arguments)
+                #expect(r.status == 64, "\(arguments): \(r.stderr)")
+                #expect(r.stderr.contains(message), "\(arguments): \(r.stderr)")
+            }
+            // A part of the name is enough when it names one device.
+            let one = try await sound.run(
+                tusa, ["call", someKey, "--rendezvous", "127.0.0.1:9", "--in", "device:headset", "--quiet"])
+            #expect(one.status == 2 && one.stderr.contains("cannot reach the rendezvous"), "\(one.stderr)")
+        } catch {
+            await sound.stop()
+            throw error
+        }
+        await sound.stop()
+
+        // No sound server: PortAudio's probes of ALSA and JACK stay off the terminal.
+        let bare = try await Harness.run(
+            "/usr/bin/env", ["PULSE_SERVER=unix:/nonexistent/native", tusa, "voice", "devices"], timeout: 30)
+        #expect(bare.status == 0 || bare.stderr.contains("PortAudio"), "\(bare.stderr)")
+        #expect(!bare.stderr.contains("ALSA lib") && !bare.stderr.contains("jack"), "\(bare.stderr)")
+        if bare.status == 0 { #expect(bare.stdout.hasPrefix("PortAudio:"), "\(bare.stdout)") }
+    }
+}

@@ -1,0 +1,156 @@
+import Testing
+
+@testable import Voice
+
+/// The queue between a sound device's clock and the voice clock, on a virtual clock:
+/// the two run ±200 ppm apart for ten minutes, with the scheduling jitter of real threads.
+@Suite struct DeviceFIFOTests {
+    /// A small deterministic generator for the threads' wake-up jitter.
+    struct Jitter {
+        var state: UInt64
+        mutating func next(upTo maximum: Double) -> Double {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Double(state >> 11) / Double(1 << 53) * maximum
+        }
+    }
+
+    struct Run {
+        var fifo: DeviceFIFO
+        /// The queue's delay (``DeviceFIFO/Statistics/level``), once per simulated second.
+        var levels: [Int] = []
+        /// The figures after the first ten seconds: what the start cost.
+        var start = DeviceFIFO.Statistics()
+        var silentPulls = 0
+    }
+
+    /// `producerChunk` samples pushed every `producerChunk / producerRate` s, `consumerChunk`
+    /// pulled every `consumerChunk / consumerRate` s, for `seconds`, each wake-up up to
+    /// `jitter` s late. The samples count up, so a gap, a drop or a repeat shows.
+    static func simulate(
+        producerRate: Double, producerChunk: Int, consumerRate: Double, consumerChunk: Int, seconds: Double,
+        jitter: Double = 0.002, target: Int = 80, pullsPerSecond: Int = 50
+    ) -> Run {
+        var run = Run(fifo: DeviceFIFO(target: target, capacity: 16_000, pullsPerSecond: pullsPerSecond))
+        var random = Jitter(state: 7)
+        var pushes = 0
+        var pulls = 0
+        var value: Int16 = 0
+        var out = [Int16](repeating: 0, count: consumerChunk)
+        var nextPush = random.next(upTo: jitter)
+        var nextPull = 0.05 + random.next(upTo: jitter)
+        var lastSecond = -1
+        while min(nextPush, nextPull) < seconds {
+            if nextPush <= nextPull {
+                let chunk = (0..<producerChunk).map { _ -> Int16 in
+                    value &+= 1
+                    return value
+                }
+                chunk.withUnsafeBufferPointer { run.fifo.push($0) }
+                pushes += 1
+                nextPush = Double(pushes * producerChunk) / producerRate + random.next(upTo: jitter)
+            } else {
+                let played = out.withUnsafeMutableBufferPointer { run.fifo.pull(into: $0) }
+                if !played { run.silentPulls += 1 }
+                pulls += 1
+                let second = Int(nextPull)
+                if second != lastSecond {
+                    run.levels.append(run.fifo.statistics.level)
+                    if second == 10 { run.start = run.fifo.statistics }
+                    lastSecond = second
+                }
+                nextPull = 0.05 + Double(pulls * consumerChunk) / consumerRate + random.next(upTo: jitter)
+            }
+        }
+        return run
+    }
+
+    @Test(arguments: [200.0, -200.0])
+    func aMicrophoneDriftingFromTheVoiceClockKeepsItsDelayForTenMinutes(ppm: Double) {
+        // Capture: the device delivers 10 ms chunks on its own crystal; the voice clock takes 20 ms frames.
+        let run = Self.simulate(
+            producerRate: 8000 * (1 + ppm / 1e6), producerChunk: 80, consumerRate: 8000, consumerChunk: 160, seconds: 600)
+        Self.expectDriftFollowed(run, ppm: ppm, slipIsDrop: ppm > 0)
+        #expect(run.silentPulls <= 3, "only the pulls before the first chunk are silent: \(run.silentPulls)")
+    }
+
+    @Test(arguments: [200.0, -200.0])
+    func aSpeakerDriftingFromTheVoiceClockNeverRunsDry(ppm: Double) {
+        // Playback: the voice clock writes 5 ms pulls; the device takes 10 ms chunks on its own crystal.
+        let run = Self.simulate(
+            producerRate: 8000, producerChunk: 40, consumerRate: 8000 * (1 + ppm / 1e6), consumerChunk: 80, seconds: 600,
+            pullsPerSecond: 100)
+        Self.expectDriftFollowed(run, ppm: ppm, slipIsDrop: ppm < 0)
+    }
+
+    /// No gap in ten minutes; after the start, the drift (200 ppm of 590 s at 8 kHz: 944
+    /// samples) taken out or put in one sample at a time, and nothing the other way; the
+    /// delay level, at most 30 ms, where it was after ten seconds rather than 120 ms more.
+    static func expectDriftFollowed(_ run: Run, ppm: Double, slipIsDrop: Bool) {
+        let s = run.fifo.statistics
+        #expect(s.underruns == 0, "\(s)")
+        #expect(s.overflowed == 0)
+        let slipped = slipIsDrop ? s.dropped - run.start.dropped : s.repeated - run.start.repeated
+        let against = slipIsDrop ? s.repeated - run.start.repeated : s.dropped - run.start.dropped
+        #expect((850...1_050).contains(slipped), "\(run.start) then \(s)")
+        #expect(against < 50, "\(run.start) then \(s)")
+        let after = run.levels.dropFirst(10)
+        #expect(after.allSatisfy { $0 <= 240 }, "\(after)")
+        #expect(abs((run.levels.suffix(60).max() ?? 0) - (run.levels[10..<70].max() ?? 0)) <= 80, "\(run.levels)")
+    }
+
+    @Test func withoutDriftNothingIsDroppedOrRepeatedAfterTheStart() {
+        let run = Self.simulate(
+            producerRate: 8000, producerChunk: 80, consumerRate: 8000, consumerChunk: 160, seconds: 120)
+        let s = run.fifo.statistics
+        #expect(s.underruns == 0)
+        #expect(s.dropped == run.start.dropped && s.repeated == run.start.repeated, "\(run.start) then \(s)")
+    }
+
+    @Test func audioQueuedBeforeTheFirstPullIsCutToTheMargin() {
+        var fifo = DeviceFIFO(target: 80, capacity: 16_000, pullsPerSecond: 50)
+        let backlog = (0..<4_000).map { Int16(truncatingIfNeeded: $0) }
+        backlog.withUnsafeBufferPointer { fifo.push($0) }
+        var out = [Int16](repeating: 0, count: 160)
+        #expect(out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
+        // The newest samples but the margin: 4000 - 160 - 80 = 3760 dropped.
+        #expect(out.first == 3_760)
+        #expect(fifo.count == 80)
+        #expect(fifo.statistics.dropped == 3_760)
+    }
+
+    @Test func aQueueThatRunsDryPlaysSilenceAndPrimesAgain() {
+        var fifo = DeviceFIFO(target: 80, capacity: 1_000, pullsPerSecond: 50)
+        var out = [Int16](repeating: 7, count: 160)
+        #expect(!out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
+        #expect(out.allSatisfy { $0 == 0 })
+        #expect(fifo.statistics.underruns == 0, "not primed yet: no underrun")
+        let chunk = [Int16](repeating: 1, count: 240)
+        chunk.withUnsafeBufferPointer { fifo.push($0) }
+        #expect(out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
+        #expect(!out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
+        #expect(fifo.statistics.underruns == 1)
+        #expect(!fifo.primed)
+        // Over capacity: the oldest go.
+        let flood = [Int16](repeating: 2, count: 1_200)
+        flood.withUnsafeBufferPointer { fifo.push($0) }
+        #expect(fifo.count == 1_000)
+        #expect(fifo.statistics.overflowed == 280)
+    }
+
+    @Test func aDeviceThatStallsAndThenDeliversItsBacklogIsCutBackWithinTwoSeconds() {
+        // Primed and running, then 2 s of audio at once (a sound server's first block).
+        var fifo = DeviceFIFO(target: 80, capacity: 16_000, pullsPerSecond: 50)
+        var out = [Int16](repeating: 0, count: 160)
+        let frame = [Int16](repeating: 3, count: 160)
+        frame.withUnsafeBufferPointer { fifo.push($0) }
+        frame.withUnsafeBufferPointer { fifo.push($0) }
+        _ = out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) }
+        let backlog = [Int16](repeating: 4, count: 16_000)
+        backlog.withUnsafeBufferPointer { fifo.push($0) }
+        for _ in 0..<100 {
+            frame.withUnsafeBufferPointer { fifo.push($0) }
+            #expect(out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
+        }
+        #expect(fifo.count < 400, "\(fifo.count) samples still queued")
+    }
+}
