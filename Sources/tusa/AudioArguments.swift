@@ -36,9 +36,11 @@ enum AudioArguments {
             throw ValidationError("--loop plays a file over and over: give --in a WAV file, not '\(input)'")
         }
         if let name = try deviceName(input, flag: "--in", named: device) {
+            let device = try name.map { try AudioDevices.resolve($0, direction: .capture) }
             return LiveCapture(
-                deviceName: try name.map { try AudioDevices.resolve($0, direction: .capture) },
-                sampleRate: voiceSampleRate, notice: printNotice)
+                deviceName: device,
+                sampleRate: AudioDevices.preferredRate(of: device, direction: .capture, fallback: voiceSampleRate),
+                notice: printNotice)
         }
         switch input {
         case "silence", "none": return NullSource(sampleRate: voiceSampleRate)
@@ -53,9 +55,11 @@ enum AudioArguments {
     /// `--out`: a WAV file, 'device' or 'device:NAME' (`--out-device NAME` names it too), or 'none'.
     static func sink(_ output: String, device: String? = nil) throws -> AudioSink? {
         if let name = try deviceName(output, flag: "--out", named: device) {
+            let device = try name.map { try AudioDevices.resolve($0, direction: .playback) }
             return LivePlayback(
-                deviceName: try name.map { try AudioDevices.resolve($0, direction: .playback) },
-                sampleRate: voiceSampleRate, notice: printNotice)
+                deviceName: device,
+                sampleRate: AudioDevices.preferredRate(of: device, direction: .playback, fallback: voiceSampleRate),
+                notice: printNotice)
         }
         switch output {
         case "none": return nil

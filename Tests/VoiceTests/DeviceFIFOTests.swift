@@ -21,11 +21,15 @@ import Testing
         /// The figures after the first ten seconds: what the start cost.
         var start = DeviceFIFO.Statistics()
         var silentPulls = 0
+        /// The least and the most one sample moved from the one before, after the first
+        /// ten seconds (the input counts up by 16): about 16 when no sample was cut out or
+        /// doubled with a step (which moves 32 or 0).
+        var steps = (least: Int.max, most: Int.min)
     }
 
     /// `producerChunk` samples pushed every `producerChunk / producerRate` s, `consumerChunk`
     /// pulled every `consumerChunk / consumerRate` s, for `seconds`, each wake-up up to
-    /// `jitter` s late. The samples count up, so a gap, a drop or a repeat shows.
+    /// `jitter` s late. The samples count up by 16, so a gap, a drop or a repeat shows.
     static func simulate(
         producerRate: Double, producerChunk: Int, consumerRate: Double, consumerChunk: Int, seconds: Double,
         jitter: Double = 0.002, target: Int = 80, pullsPerSecond: Int = 50
@@ -39,10 +43,11 @@ import Testing
         var nextPush = random.next(upTo: jitter)
         var nextPull = 0.05 + random.next(upTo: jitter)
         var lastSecond = -1
+        var previous: Int16?
         while min(nextPush, nextPull) < seconds {
             if nextPush <= nextPull {
                 let chunk = (0..<producerChunk).map { _ -> Int16 in
-                    value &+= 1
+                    value &+= 16
                     return value
                 }
                 chunk.withUnsafeBufferPointer { run.fifo.push($0) }
@@ -51,6 +56,17 @@ import Testing
             } else {
                 let played = out.withUnsafeMutableBufferPointer { run.fifo.pull(into: $0) }
                 if !played { run.silentPulls += 1 }
+                if played, nextPull > 10 {
+                    for sample in out {
+                        // (Across the counter's wrap from 32767 to -32768 a stretched pull
+                        // interpolates between the two: not a step of the queue's making.)
+                        if let previous, abs(Int(previous)) < 32_000, abs(Int(sample)) < 32_000 {
+                            let step = Int(sample) - Int(previous)
+                            run.steps = (min(run.steps.least, step), max(run.steps.most, step))
+                        }
+                        previous = sample
+                    }
+                }
                 pulls += 1
                 let second = Int(nextPull)
                 if second != lastSecond {
@@ -96,6 +112,7 @@ import Testing
         let after = run.levels.dropFirst(10)
         #expect(after.allSatisfy { $0 <= 240 }, "\(after)")
         #expect(abs((run.levels.suffix(60).max() ?? 0) - (run.levels[10..<70].max() ?? 0)) <= 80, "\(run.levels)")
+        #expect(run.steps.least >= 14 && run.steps.most <= 18, "a step in the waveform: \(run.steps)")
     }
 
     @Test func withoutDriftNothingIsDroppedOrRepeatedAfterTheStart() {
@@ -112,10 +129,10 @@ import Testing
         backlog.withUnsafeBufferPointer { fifo.push($0) }
         var out = [Int16](repeating: 0, count: 160)
         #expect(out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
-        // The newest samples but the margin: 4000 - 160 - 80 = 3760 dropped.
-        #expect(out.first == 3_760)
-        #expect(fifo.count == 80)
-        #expect(fifo.statistics.dropped == 3_760)
+        // The newest samples but a margin and a half: 4000 - 160 - 120 = 3720 dropped.
+        #expect(out.first == 3_720)
+        #expect(fifo.count == 120)
+        #expect(fifo.statistics.dropped == 3_720)
     }
 
     @Test func aQueueThatRunsDryPlaysSilenceAndPrimesAgain() {

@@ -7,9 +7,9 @@
 /// it adds. The margin must cover one of the producer's chunks and its wake-up jitter.
 /// When the two clocks drift apart (two crystals are easily 200 ppm apart: 0.2 ms a
 /// second, 120 ms in ten minutes) the queue would grow without end or run dry;
-/// instead, over the next second it drops or repeats one sample per pull until the
-/// margin is back. One sample in a frame at 8 kHz is not heard; a queue that ran dry
-/// would be.
+/// instead, over the next second it plays some pulls one sample shorter or longer
+/// (the pull resampled by a part in a few hundred, no step in the waveform) until the
+/// margin is back. That is not heard; a queue that ran dry would be.
 ///
 /// A pure core: no lock, no clock; the caller serialises push and pull.
 public struct DeviceFIFO: Sendable {
@@ -79,8 +79,8 @@ public struct DeviceFIFO: Sendable {
             }
             primed = true
             // What queued before the first pull (a device opened before the call) is
-            // stale: start with the margin only.
-            discard(count - wanted - target)
+            // stale: start in the middle of the margin's band.
+            discard(count - wanted - target * 3 / 2)
             windowMinimum = Int.max
             pulls = 0
         }
@@ -91,27 +91,14 @@ public struct DeviceFIFO: Sendable {
             correction = 0
             return false
         }
-        if correction > 0, count > wanted {
-            // Drop one sample: take wanted + 1 and leave out the middle one.
-            let skip = wanted / 2
-            var from = 0
-            for i in 0..<wanted {
-                if from == skip { from += 1 }
-                out[i] = ring[(head + from) % capacity]
-                from += 1
-            }
-            advance(wanted + 1)
+        if correction > 0, count > wanted, wanted > 1 {
+            // One sample fewer: wanted + 1 samples played as wanted.
+            stretch(into: out, taking: wanted + 1)
             statistics.dropped += 1
             correction -= 1
-        } else if correction < 0, wanted > 1 {
-            // Repeat one sample: take wanted - 1 and play the middle one twice.
-            let twice = wanted / 2
-            var from = 0
-            for i in 0..<wanted {
-                out[i] = ring[(head + from) % capacity]
-                if i != twice { from += 1 }
-            }
-            advance(wanted - 1)
+        } else if correction < 0, wanted > 2 {
+            // One sample more: wanted - 1 samples played as wanted.
+            stretch(into: out, taking: wanted - 1)
             statistics.repeated += 1
             correction += 1
         } else {
@@ -143,6 +130,23 @@ public struct DeviceFIFO: Sendable {
             windowMinimum = Int.max
         }
         return true
+    }
+
+    /// Plays `taken` queued samples as `out.count`, read at evenly spaced points between
+    /// the first and the last (linear interpolation): the chunk is a part in a few hundred
+    /// faster or slower, with no step in the waveform where a sample was left out or
+    /// played twice. Consumes `taken`.
+    private mutating func stretch(into out: UnsafeMutableBufferPointer<Int16>, taking taken: Int) {
+        let last = out.count - 1
+        for i in 0...last {
+            let numerator = i * (taken - 1)
+            let index = numerator / last
+            let fraction = numerator % last
+            let a = Int(ring[(head + index) % capacity])
+            let b = fraction == 0 ? a : Int(ring[(head + index + 1) % capacity])
+            out[i] = Int16(clamping: a + (b - a) * fraction / last)
+        }
+        advance(taken)
     }
 
     private mutating func advance(_ n: Int) {

@@ -75,6 +75,18 @@ public enum AudioDevices {
             "\"\(name)\" names \(matches.count) \(what) devices: \(matches.map { "\"\($0.name)\"" }.joined(separator: ", "))")
     }
 
+    /// The rate to open `device` (nil: the default) at: the sound server's device's own,
+    /// so that the server converts nothing and Tusa's resampler does it once; `fallback`
+    /// when no server answers (PortAudio converts in ALSA's plug layer) or the device is unknown.
+    public static func preferredRate(of device: String?, direction: AudioDeviceInfo.Direction, fallback: Int) -> Int {
+        guard case .success(let api) = pulse, let devices = api.devices() else { return fallback }
+        let match = devices.first { candidate in
+            candidate.direction == direction && (device.map { candidate.name == $0 } ?? candidate.isDefault)
+        }
+        guard let rate = match?.sampleRate, (8_000...192_000).contains(rate) else { return fallback }
+        return rate
+    }
+
     /// Opens `device` (nil: the default) on the backend that answers, blocking: call it from the device's thread.
     static func open(
         _ direction: AudioDeviceInfo.Direction, device: String?, sampleRate: Int, chunkSamples: Int
