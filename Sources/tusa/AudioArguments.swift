@@ -20,6 +20,19 @@ enum AudioArguments {
     /// The `--in` values that name no file (and `device:NAME`).
     static let nonFileInputs: Set<String> = ["silence", "none", "tone", "device"]
 
+    /// Whether `--in` or `--out` names a live device ('device' or 'device:NAME').
+    static func isDevice(_ value: String) -> Bool { value == "device" || value.hasPrefix("device:") }
+
+    /// `--echo-cancel`: on, off, or (auto) on when both what is sent and what is heard are
+    /// live devices, where the speaker's sound reaches the microphone.
+    static func echoCancellation(_ value: EchoCancelArgument, input: String, output: String) -> Bool {
+        switch value {
+        case .on: return true
+        case .off: return false
+        case .auto: return isDevice(input) && isDevice(output)
+        }
+    }
+
     /// Whether `--in` names a WAV file.
     static func isFile(_ input: String) -> Bool { !nonFileInputs.contains(input) && !input.hasPrefix("device:") }
 
@@ -96,4 +109,11 @@ enum AudioArguments {
         if FileManager.default.fileExists(atPath: Keygen.defaultPath) { return try Identity.read(from: Keygen.defaultPath) }
         return Identity.generate()
     }
+}
+
+/// `--echo-cancel auto|on|off`.
+enum EchoCancelArgument: String, ExpressibleByArgument, CaseIterable {
+    case auto
+    case on
+    case off
 }

@@ -46,6 +46,13 @@ struct CallOptions: ParsableArguments {
             valueName: "name"))
     var outputDevice: String?
 
+    @Option(
+        name: .customLong("echo-cancel"),
+        help: ArgumentHelp(
+            "Cancel the echo of what is heard from what is sent: auto (on when --in and --out are both devices), on or off.",
+            valueName: "auto|on|off"))
+    var echoCancel: EchoCancelArgument = .auto
+
     @Flag(help: "Play the --in file over and over: the call then lasts until --duration or a hang-up.")
     var loop = false
 
@@ -118,6 +125,7 @@ struct CallOptions: ParsableArguments {
             o.stunServer = address
         }
         o.impairment = try AudioArguments.impairment(impair)
+        o.echoCancellation = AudioArguments.echoCancellation(echoCancel, input: input, output: output)
         if !quiet {
             o.onStatus = { report in
                 FileHandle.standardError.write(Data(("\r" + report.statusLine + "   ").utf8))

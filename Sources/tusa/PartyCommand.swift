@@ -116,6 +116,13 @@ struct PartyAudioOptions: ParsableArguments {
             valueName: "name"))
     var outputDevice: String?
 
+    @Option(
+        name: .customLong("echo-cancel"),
+        help: ArgumentHelp(
+            "Cancel the echo of what is heard from what is sent: auto (on when --in and --out are both devices), on or off.",
+            valueName: "auto|on|off"))
+    var echoCancel: EchoCancelArgument = .auto
+
     @Flag(help: "Play the --in file over and over: stay until --duration, the room's end or Ctrl-C.")
     var loop = false
 
@@ -532,7 +539,10 @@ enum PartySession {
         let playout = try audio.playout(for: codec)
         let voice: PartyVoice
         do {
-            voice = try PartyVoice(codec: codec, source: try audio.source(), sink: try audio.sink(), playout: playout)
+            voice = try PartyVoice(
+                codec: codec, source: try audio.source(), sink: try audio.sink(),
+                echoCancellation: AudioArguments.echoCancellation(audio.echoCancel, input: audio.input, output: audio.output),
+                playout: playout)
         } catch {
             throw ValidationError("\(error)")
         }

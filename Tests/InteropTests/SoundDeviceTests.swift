@@ -407,4 +407,97 @@ import Voice
         }
         await sound.stop()
     }
+
+    /// Mean power in dB of a recording's samples between two times (8 kHz mono WAV).
+    static func power(_ path: String, from start: Double, to end: Double) throws -> Double {
+        let wav = try WAVFile.read(path: path)
+        let a = min(wav.samples.count, Int(start * Double(wav.sampleRate)))
+        let b = min(wav.samples.count, Int(end * Double(wav.sampleRate)))
+        guard b > a else { return 0 }
+        let mean = wav.samples[a..<b].reduce(0.0) { $0 + Double($1) * Double($1) } / Double(b - a)
+        return 10 * log10(mean + 1)
+    }
+
+    /// One call whose callee hears its own speaker: the sound server loops the callee's
+    /// speaker back into its microphone 60 ms late (module-loopback). The caller talks
+    /// from 1 s, the callee from 5 s (double talk to 8 s). Returns the callee's
+    /// microphone and what the caller heard from it, as recordings.
+    static func echoCall(_ sound: SoundServer, port: UInt16, echoCancel: String) async throws -> (mic: String, sent: String) {
+        let tusa = try #require(Harness.tusa)
+        let dir = sound.directory
+        let mic = "\(dir)/mic-\(echoCancel).wav"
+        let sent = "\(dir)/sent-\(echoCancel).wav"
+        let micRecorder = try sound.record("near_mic", into: mic)
+        let sentRecorder = try sound.record("far_speaker", into: sent)
+        let answerer = try sound.background(
+            tusa,
+            [
+                "answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "20", "--json", "--quiet",
+                "--in", "device:near_mic.monitor", "--out", "device:near_speaker", "--echo-cancel", echoCancel,
+            ])
+        defer { answerer.kill() }
+        let line = try #require(
+            await answerer.waitForMatch(#"answering as [A-Za-z0-9+/=]{44}"#), "\(answerer.stdout) \(answerer.stderr)")
+        let caller = try sound.background(
+            tusa,
+            [
+                "call", String(line.dropFirst("answering as ".count)), "--rendezvous", "127.0.0.1:\(port)",
+                "--duration", "11", "--json", "--quiet", "--in", "device:far_mic.monitor", "--out", "device:far_speaker",
+                "--echo-cancel", "off",
+            ])
+        defer { caller.kill() }
+        try await Task.sleep(for: .seconds(1))
+        let far = try sound.play(Self.speech, into: "far_mic")
+        try await Task.sleep(for: .seconds(4))
+        let near = try sound.play(Self.otherSpeech, into: "near_mic")
+        #expect(await caller.waitForExit(timeout: 40))
+        #expect(await answerer.waitForExit(timeout: 10))
+        _ = await far.waitForExit(timeout: 5)
+        _ = await near.waitForExit(timeout: 5)
+        await micRecorder.stop(signal: SIGINT)
+        await sentRecorder.stop(signal: SIGINT)
+        #expect(caller.status == 0, "\(caller.stderr)")
+        #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
+        return (mic, sent)
+    }
+
+    /// Echo through a real device path: with two devices the echo canceller is on by
+    /// default, cuts the echo by 25 dB or more once converged, and leaves the near-end
+    /// talker clear in double talk; with it off (the control), the echo goes through.
+    @Test(.enabled(if: ready, "\(needs)"))
+    func theEchoOfARealSpeakerIsCancelledAndTheNearTalkerKept() async throws {
+        let sound = try await SoundServer()
+        let dir = sound.directory
+        for name in ["far_mic", "far_speaker", "near_mic", "near_speaker"] { try await sound.sink(name, rate: 48_000) }
+        do {
+            let loop = try await sound.run(
+                "pactl",
+                ["load-module", "module-loopback", "source=near_speaker.monitor", "sink=near_mic", "latency_msec=60"])
+            #expect(loop.status == 0, "\(loop.stderr)")
+            try await sound.settle()
+            try await Self.reference(Self.otherSpeech, into: "\(dir)/ref-near.wav")
+            let (relay, port) = try await CallCommandTests.relay()
+            defer { relay.kill() }
+            var erle: [String: Double] = [:]
+            var near: [String: Double] = [:]
+            for mode in ["auto", "off"] {
+                let (mic, sent) = try await Self.echoCall(sound, port: port, echoCancel: mode)
+                // Far end alone, after three seconds to converge: the echo in the microphone against what was sent.
+                erle[mode] = try Self.power(mic, from: 3.5, to: 5) - Self.power(sent, from: 3.5, to: 5)
+                near[mode] = try await Self.pesq(reference: "\(dir)/ref-near.wav", heard: sent)
+            }
+            print(
+                "tusa echo through a 60 ms loopback: ERLE \(erle["auto"] ?? 0) dB cancelled, \(erle["off"] ?? 0) dB off; near-end talker in double talk PESQ \(near["auto"] ?? 0) cancelled, \(near["off"] ?? 0) off"
+            )
+            #expect(try #require(erle["auto"]) >= 25)
+            #expect(try #require(erle["off"]) < 3, "the control call heard no echo: the loopback is not in place")
+            // The near-end talker is kept: clearer than with the echo left in, not cut with it.
+            #expect(try #require(near["auto"]) >= 2.0)
+            #expect(try #require(near["auto"]) >= (near["off"] ?? 0) + 0.4)
+        } catch {
+            await sound.stop()
+            throw error
+        }
+        await sound.stop()
+    }
 }
