@@ -26,13 +26,15 @@ demo: build
 # Every test: the format lint and the target layout, unit, interop against
 # coturn/aioice/tshark, and short fuzz and bench runs. The smoke runs come first
 # so that swift test's summary closes the output. The party test scores four
-# members' real-time audio with PESQ: it runs alone first, so that its audio
-# threads do not share the two cores with the rest of the suite.
+# members' real-time audio with PESQ, and the sound device tests score calls
+# through a sound server and its echo canceller: each runs alone first, so that
+# their audio threads do not share the two cores with the rest of the suite.
 test: setup lint layout fuzz-smoke
 	$(SWIFT) build --build-tests
 	@bash Benchmarks/smoke.sh
 	$(SWIFT) test --skip-build --filter PartyCommandTests
-	$(SWIFT) test --skip-build --skip PartyCommandTests
+	$(SWIFT) test --skip-build --filter SoundDeviceTests
+	$(SWIFT) test --skip-build --skip PartyCommandTests --skip SoundDeviceTests
 
 # Every unit test: each library's own test target (everything but InteropTests,
 # which runs real peers and binaries).

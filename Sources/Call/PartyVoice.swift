@@ -52,7 +52,8 @@ public final class PartyVoice: @unchecked Sendable {
         let playout = playout ?? Self.defaultPlayout(for: codec)
         self.playout = playout
         _ = try VoiceReceiver(codec: codec, playout: playout)  // a bad configuration fails here, not at a speaker's first frame
-        sender = try VoiceSender(codec: codec, capture: echoCancellation ? CaptureConfiguration() : nil, taps: nil)
+        sender = try VoiceSender(
+            codec: codec, capture: echoCancellation ? .echoCancelling(source: source, sink: sink) : nil, taps: nil)
         self.source = try source.map { s throws(VoiceError) in
             try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame)
         }

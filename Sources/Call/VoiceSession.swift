@@ -159,7 +159,7 @@ public final class VoiceSession: @unchecked Sendable {
         withUnsafeMutableBytes(of: &sequence) { Sodium.randomBytes($0) }
         withUnsafeMutableBytes(of: &timestamp) { Sodium.randomBytes($0) }
         sender = try VoiceSender(
-            codec: codec, capture: echoCancellation ? CaptureConfiguration() : nil, taps: taps,
+            codec: codec, capture: echoCancellation ? .echoCancelling(source: source, sink: sink) : nil, taps: taps,
             initialSequence: sequence, initialTimestamp: timestamp, blockPayloadType: Self.payloadType)
         receiver = try VoiceReceiver(codec: codec, taps: taps)
         self.source = try source.map { s throws(VoiceError) in

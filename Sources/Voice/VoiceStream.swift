@@ -33,6 +33,14 @@ public struct CaptureConfiguration: Sendable, Hashable {
         self.tailMilliseconds = tailMilliseconds
         self.preprocessor = preprocessor
     }
+
+    /// The echo canceller for what `source` captures while `sink` plays: with a live
+    /// device at either end the echo comes back through the devices' own queues and the
+    /// sound server's (60-150 ms before the room adds its own, more on a busy machine),
+    /// so the filter spans 256 ms; 128 ms otherwise.
+    public static func echoCancelling(source: AudioSource?, sink: AudioSink?) -> CaptureConfiguration {
+        CaptureConfiguration(tailMilliseconds: source is LiveCapture || sink is LivePlayback ? 256 : 128)
+    }
 }
 
 /// Captured frames in, encoded payloads out. Not thread-safe: one audio clock drives it.

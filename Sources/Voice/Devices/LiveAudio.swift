@@ -275,7 +275,7 @@ public final class LiveCapture: LiveAudioDevice, AudioSource {
     public init(deviceName: String? = nil, sampleRate: Int, notice: (@Sendable (String) -> Void)? = nil) {
         super.init(
             direction: .capture, deviceName: deviceName, sampleRate: sampleRate, chunkMilliseconds: 10,
-            targetMilliseconds: 10, pullsPerSecond: 50, notice: notice)
+            targetMilliseconds: 15, pullsPerSecond: 50, notice: notice)
     }
 
     /// Always fills `output` (silence while the device is not delivering); throws once the device has failed.
