@@ -49,6 +49,7 @@ enum AudioArguments {
             throw ValidationError("--loop plays a file over and over: give --in a WAV file, not '\(input)'")
         }
         if let name = try deviceName(input, flag: "--in", named: device) {
+            try AudioDevices.checkAvailable()
             let device = try name.map { try AudioDevices.resolve($0, direction: .capture) }
             return LiveCapture(
                 deviceName: device,
@@ -68,6 +69,7 @@ enum AudioArguments {
     /// `--out`: a WAV file, 'device' or 'device:NAME' (`--out-device NAME` names it too), or 'none'.
     static func sink(_ output: String, device: String? = nil) throws -> AudioSink? {
         if let name = try deviceName(output, flag: "--out", named: device) {
+            try AudioDevices.checkAvailable()
             let device = try name.map { try AudioDevices.resolve($0, direction: .playback) }
             return LivePlayback(
                 deviceName: device,

@@ -56,6 +56,14 @@ public enum AudioDevices {
         return (.portAudio, devices)
     }
 
+    /// Throws, saying what to install, when neither a sound server answers nor PortAudio
+    /// can be loaded: a device asked for on such a machine is a usage error before a call
+    /// is placed, not a call that fails once it is connected.
+    public static func checkAvailable() throws(VoiceError) {
+        if case .success(let api) = pulse, api.devices() != nil { return }
+        _ = try PortAudioDevice.library()
+    }
+
     /// The device `name` picks: an exact name, else the one whose name or description
     /// contains it (ignoring case); an error naming the candidates when none or several do.
     public static func resolve(_ name: String, direction: AudioDeviceInfo.Direction) throws(VoiceError) -> String {
@@ -158,7 +166,6 @@ public class LiveAudioDevice: @unchecked Sendable {
     /// The device asked for (nil: the default).
     public let deviceName: String?
     fileprivate let shared: LiveAudioShared
-    private let notice: (@Sendable (String) -> Void)?
 
     /// - Parameters:
     ///   - chunkMilliseconds: how much the device reads or writes at once.
@@ -170,7 +177,6 @@ public class LiveAudioDevice: @unchecked Sendable {
         self.sampleRate = sampleRate
         self.direction = direction
         self.deviceName = deviceName
-        self.notice = notice
         shared = LiveAudioShared(
             fifo: DeviceFIFO(
                 target: sampleRate * targetMilliseconds / 1000, capacity: sampleRate * 2, pullsPerSecond: pullsPerSecond))
