@@ -98,21 +98,21 @@ struct PartyAudioOptions: ParsableArguments {
     @Option(
         name: .customLong("in"),
         help: ArgumentHelp(
-            "What to send: a WAV file, 'device' (the default input) or 'device:NAME', 'tone' or 'silence'.",
+            "What to send: a WAV file, 'device' (the default input) or 'device:NAME', 'tone' or 'silence' (the default; 'device' with --in-device).",
             valueName: "file.wav|device"))
-    var input = "silence"
+    var inputOption: String?
 
     @Option(
         name: .customLong("in-device"),
         help: ArgumentHelp(
-            "The capture device for --in device: a name from 'tusa voice devices', or a part of its name or description.",
+            "The capture device (--in device when --in is not given): a name from 'tusa voice devices', or a part of its name or description.",
             valueName: "name"))
     var inputDevice: String?
 
     @Option(
         name: .customLong("out-device"),
         help: ArgumentHelp(
-            "The playback device for --out device: a name from 'tusa voice devices', or a part of its name or description.",
+            "The playback device (--out device when --out is not given): a name from 'tusa voice devices', or a part of its name or description.",
             valueName: "name"))
     var outputDevice: String?
 
@@ -129,9 +129,15 @@ struct PartyAudioOptions: ParsableArguments {
     @Option(
         name: .customLong("out"),
         help: ArgumentHelp(
-            "Where the room's mix goes: a WAV file (8 kHz), 'device' (the default output) or 'device:NAME', or 'none'.",
+            "Where the room's mix goes: a WAV file (8 kHz), 'device' (the default output) or 'device:NAME', or 'none' (the default; 'device' with --out-device).",
             valueName: "file.wav|device"))
-    var output = "none"
+    var outputOption: String?
+
+    /// `--in`, else a device when `--in-device` names one, else silence.
+    var input: String { inputOption ?? (inputDevice == nil ? "silence" : "device") }
+
+    /// `--out`, else a device when `--out-device` names one, else none.
+    var output: String { outputOption ?? (outputDevice == nil ? "none" : "device") }
 
     @Option(help: "opus, speex or l16.")
     var codec = "opus"

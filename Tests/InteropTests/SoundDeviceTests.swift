@@ -250,10 +250,11 @@ import Voice
                 #expect(r.status == 64, "\(arguments): \(r.stderr)")
                 #expect(r.stderr.contains(message), "\(arguments): \(r.stderr)")
             }
-            // A part of the name is enough when it names one device.
-            let one = try await sound.run(
-                tusa, ["call", someKey, "--rendezvous", "127.0.0.1:9", "--in", "device:headset", "--quiet"])
-            #expect(one.status == 2 && one.stderr.contains("cannot reach the rendezvous"), "\(one.stderr)")
+            // A part of the name is enough when it names one device, and --in-device alone means --in device.
+            for arguments in [["--in", "device:headset"], ["--in-device", "headset", "--out-device", "speakers"]] {
+                let one = try await sound.run(tusa, ["call", someKey, "--rendezvous", "127.0.0.1:9", "--quiet"] + arguments)
+                #expect(one.status == 2 && one.stderr.contains("cannot reach the rendezvous"), "\(arguments): \(one.stderr)")
+            }
         } catch {
             await sound.stop()
             throw error
