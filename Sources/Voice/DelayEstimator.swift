@@ -23,6 +23,8 @@ public struct DelayEstimator: Sendable {
     /// Peak memory window; 0 (the default) turns peak memory off.
     public var peakWindowSeconds: Double = 0
     public private(set) var spikes = 0
+    /// When the latest packet of a spike arrived (ms, the callers' clock); -∞ before any.
+    public private(set) var latestSpikeMs: Double = -.infinity
     private var count = 0
 
     public init(quantile: Double) {
@@ -38,6 +40,7 @@ public struct DelayEstimator: Sendable {
         quantileDelay = 0
         peak = 0
         lastSpikeMs = -.infinity
+        latestSpikeMs = -.infinity
         peakUntilMs = -.infinity
         count = 0
     }
@@ -45,6 +48,14 @@ public struct DelayEstimator: Sendable {
     /// The target relative delay in ms (quantile, or the held spike peak).
     public func target(nowMs: Double) -> Double {
         nowMs < peakUntilMs ? max(quantileDelay, peak) : quantileDelay
+    }
+
+    /// A packet that came too late to play: it changes nothing the target follows, but a
+    /// spike it shows is remembered (``latestSpikeMs``). A spike's backlog that a buffer
+    /// gave up on is exactly what must not go unseen.
+    public mutating func observeLate(absoluteDelayMs d: Double, arrivalMs: Double) {
+        let rel = max(0, d - minimumDelay)
+        if count > 20 && rel > quantileDelay + 150 && rel > 3 * quantileDelay { latestSpikeMs = arrivalMs }
     }
 
     /// Adds one packet: `absoluteDelayMs` = arrival − send time (any constant offset).
@@ -71,6 +82,7 @@ public struct DelayEstimator: Sendable {
         count += 1
         if count > 20 && rel > quantileDelay + 60 && rel > 2 * quantileDelay {
             spikes += 1
+            latestSpikeMs = arrivalMs
             if arrivalMs - lastSpikeMs < peakWindowSeconds * 1000 && arrivalMs - lastSpikeMs > 1000 {
                 peak = max(rel, arrivalMs < peakUntilMs ? peak : 0)
                 peakUntilMs = arrivalMs + peakWindowSeconds * 1000

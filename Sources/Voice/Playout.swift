@@ -171,6 +171,8 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
     /// anchors on them instead, as on a jump forward. A delay spike's backlog arrives
     /// in a burst, and on-time packets follow it.
     static let behindRunMs = 200.0
+    /// How long after a delay spike a missing packet is waited for even on a lossy stream.
+    static let spikeMemoryMs = 60_000.0
     /// How long after a gap the buffer keeps one frame of look-ahead for FEC.
     private let fecHoldMs = 30_000.0
     /// The largest relative delay (over the minimum) each of the last ten seconds saw,
@@ -355,6 +357,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             if playing {
                 stats.latePackets += 1
                 stats.concealedByCause.late += 1
+                estimator.observeLate(absoluteDelayMs: arrivalMs - Double(ext) * 1000 / rate, arrivalMs: arrivalMs)
                 return
             }
         } else {
@@ -690,7 +693,13 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                 return
             }
             let aim = max(targetMs(playMs), floorMs)
-            let lossy = missingShare > lossyShare
+            // A path that held packets back in a delay spike within the last minute: a
+            // missing packet with nothing after it is more likely held back again than
+            // lost, however lossy the stream. Waiting for it is what plays the spike's
+            // backlog instead of losing all of it; a burst of losses costs a wait only
+            // until the next packet comes.
+            let spiky = playMs - estimator.latestSpikeMs < Self.spikeMemoryMs
+            let lossy = missingShare > lossyShare && !spiky
             // A steady path: no packet of the last ten seconds came even half a frame late.
             let steady = recentMaximumDelay(playMs) < frameMs / 2
             let mayWait = !lossy || current < aim || (!steady && current < aim + frameMs && waitedTs != nextTs)
