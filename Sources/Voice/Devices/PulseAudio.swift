@@ -159,19 +159,31 @@ final class PulseAudioLibrary: @unchecked Sendable {
     }
 
     /// The server's sinks and sources, with its defaults marked: nil when no server
-    /// answers (none running, or none this user may reach). Never starts a server.
-    func devices() -> [AudioDeviceInfo]? {
+    /// answers within `timeout` seconds (none running, none this user may reach, or one
+    /// that hangs). Never starts a server.
+    func devices(timeout: Double = 2) -> [AudioDeviceInfo]? {
         guard let loop = mainloopNew() else { return nil }
         defer { mainloopFree(loop) }
         guard let api = mainloopGetAPI(loop), let context = contextNew(api, "tusa") else { return nil }
         defer { contextUnref(context) }
         guard contextConnect(context, nil, paContextNoAutospawn, nil) >= 0 else { return nil }
         defer { contextDisconnect(context) }
+        var clock = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &clock)
+        let deadline = Double(clock.tv_sec) + Double(clock.tv_nsec) / 1e9 + timeout
+        /// One pass of the loop without blocking, then a millisecond's rest: false past the deadline.
+        func step() -> Bool {
+            guard mainloopIterate(loop, 0, nil) >= 0 else { return false }
+            clock_gettime(CLOCK_MONOTONIC, &clock)
+            guard Double(clock.tv_sec) + Double(clock.tv_nsec) / 1e9 < deadline else { return false }
+            usleep(1_000)
+            return true
+        }
         while true {
             let state = contextState(context)
             if state == paContextReady { break }
             if state == paContextFailed || state == paContextTerminated { return nil }
-            guard mainloopIterate(loop, 1, nil) >= 0 else { return nil }
+            guard step() else { return nil }
         }
         let found = PulseListing()
         let box = Unmanaged.passRetained(found)
@@ -180,7 +192,7 @@ final class PulseAudioLibrary: @unchecked Sendable {
             guard let operation else { return false }
             defer { operationUnref(operation) }
             while operationState(operation) == paOperationRunning {
-                guard mainloopIterate(loop, 1, nil) >= 0 else { return false }
+                guard step() else { return false }
             }
             return true
         }
