@@ -49,12 +49,8 @@ enum AudioArguments {
             throw ValidationError("--loop plays a file over and over: give --in a WAV file, not '\(input)'")
         }
         if let name = try deviceName(input, flag: "--in", named: device) {
-            try AudioDevices.checkAvailable()
-            let device = try name.map { try AudioDevices.resolve($0, direction: .capture) }
-            return LiveCapture(
-                deviceName: device,
-                sampleRate: AudioDevices.preferredRate(of: device, direction: .capture, fallback: voiceSampleRate),
-                notice: printNotice)
+            let (device, rate) = try liveDevice(name, direction: .capture)
+            return LiveCapture(deviceName: device, sampleRate: rate, notice: printNotice)
         }
         switch input {
         case "silence", "none": return NullSource(sampleRate: voiceSampleRate)
@@ -69,17 +65,21 @@ enum AudioArguments {
     /// `--out`: a WAV file, 'device' or 'device:NAME' (`--out-device NAME` names it too), or 'none'.
     static func sink(_ output: String, device: String? = nil) throws -> AudioSink? {
         if let name = try deviceName(output, flag: "--out", named: device) {
-            try AudioDevices.checkAvailable()
-            let device = try name.map { try AudioDevices.resolve($0, direction: .playback) }
-            return LivePlayback(
-                deviceName: device,
-                sampleRate: AudioDevices.preferredRate(of: device, direction: .playback, fallback: voiceSampleRate),
-                notice: printNotice)
+            let (device, rate) = try liveDevice(name, direction: .playback)
+            return LivePlayback(deviceName: device, sampleRate: rate, notice: printNotice)
         }
         switch output {
         case "none": return nil
         default: return try WAVFileSink(path: output, sampleRate: voiceSampleRate)
         }
+    }
+
+    /// A live device asked for by `name` (nil: the default): a usage error when no sound
+    /// system is there or the name picks no one device, else its full name and the rate to open it at.
+    private static func liveDevice(_ name: String?, direction: AudioDeviceInfo.Direction) throws -> (String?, Int) {
+        try AudioDevices.checkAvailable()
+        let device = try name.map { try AudioDevices.resolve($0, direction: direction) }
+        return (device, AudioDevices.preferredRate(of: device, direction: direction, fallback: voiceSampleRate))
     }
 
     /// For a device: .some(the name asked for, nil for the default); nil when `value` is not a device.
