@@ -43,14 +43,19 @@ enum AudioArguments {
     }
 
     /// `--in`: a WAV file (played over and over with `--loop`), 'device' or 'device:NAME'
-    /// (`--in-device NAME` names it too), 'tone' or 'silence'.
-    static func source(_ input: String, loop: Bool = false, device: String? = nil) throws -> AudioSource? {
+    /// (`--in-device NAME` names it too), 'tone' or 'silence'. `placing`: the user placed
+    /// the call or joined the party now, so what they say before its audio starts is sent;
+    /// not when answering.
+    static func source(_ input: String, loop: Bool = false, device: String? = nil, placing: Bool = false) throws
+        -> AudioSource?
+    {
         if loop && !isFile(input) {
             throw ValidationError("--loop plays a file over and over: give --in a WAV file, not '\(input)'")
         }
         if let name = try deviceName(input, flag: "--in", named: device) {
             let (device, rate) = try liveDevice(name, direction: .capture)
-            return LiveCapture(deviceName: device, sampleRate: rate, notice: printNotice)
+            return LiveCapture(
+                deviceName: device, sampleRate: rate, keepMilliseconds: placing ? 200 : 0, notice: printNotice)
         }
         switch input {
         case "silence", "none": return NullSource(sampleRate: voiceSampleRate)

@@ -112,7 +112,9 @@ struct CallOptions: ParsableArguments {
         try AudioArguments.codec(codec, frame: frame, bitrate: bitrate)
     }
 
-    func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop, device: inputDevice) }
+    func source(placing: Bool) throws -> AudioSource? {
+        try AudioArguments.source(input, loop: loop, device: inputDevice, placing: placing)
+    }
 
     func sink() throws -> AudioSink? { try AudioArguments.sink(output, device: outputDevice) }
 
@@ -190,7 +192,7 @@ struct CallCommand: AsyncParsableCommand {
         guard let key = PublicKey(base64: peer) else {
             throw ValidationError("PEER '\(peer)' is not a 32-byte base64 public key")
         }
-        let (identity, servers, agentOptions, source, sink) = try prepare(options)
+        let (identity, servers, agentOptions, source, sink) = try prepare(options, placing: true)
         let report: CallReport
         do {
             let rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey)
@@ -231,7 +233,7 @@ struct AnswerCommand: AsyncParsableCommand {
             return k
         }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
-        var (identity, servers, agentOptions, source, sink) = try prepare(options)
+        var (identity, servers, agentOptions, source, sink) = try prepare(options, placing: false)
         agentOptions.ringTimeout = .milliseconds(Int64(timeout * 1000))
         let report: CallReport
         do {
@@ -250,8 +252,9 @@ struct AnswerCommand: AsyncParsableCommand {
     }
 }
 
-private func prepare(_ options: CallOptions) throws -> (Identity, [TransportAddress], CallAgent.Options, AudioSource?, AudioSink?)
-{
+private func prepare(_ options: CallOptions, placing: Bool) throws -> (
+    Identity, [TransportAddress], CallAgent.Options, AudioSource?, AudioSink?
+) {
     // A file size limit (ulimit -f) then fails the write with EFBIG: the recording
     // stops and says so, rather than the process being killed with it unclosed.
     signal(SIGXFSZ, SIG_IGN)
@@ -262,7 +265,7 @@ private func prepare(_ options: CallOptions) throws -> (Identity, [TransportAddr
     let source: AudioSource?
     let sink: AudioSink?
     do {
-        source = try options.source()
+        source = try options.source(placing: placing)
         sink = try options.sink()
     } catch {
         throw ValidationError("\(error)")

@@ -185,7 +185,10 @@ struct PartyAudioOptions: ParsableArguments {
 
     var inputIsFile: Bool { AudioArguments.isFile(input) }
 
-    func source() throws -> AudioSource? { try AudioArguments.source(input, loop: loop, device: inputDevice) }
+    /// A party is joined (or created) by the user now: what they say as it starts is sent.
+    func source() throws -> AudioSource? {
+        try AudioArguments.source(input, loop: loop, device: inputDevice, placing: true)
+    }
 
     /// Each speaker's jitter buffer: the party's (`PartyVoice.defaultPlayout`), its floor
     /// moved by `--min-delay`.

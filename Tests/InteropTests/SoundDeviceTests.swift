@@ -103,7 +103,12 @@ import Voice
             for k in keepers { k.kill() }
             let script = Harness.packageRoot.appendingPathComponent("scripts/sound.sh").path
             _ = try? await Harness.run("/bin/bash", [script, "stop", directory], timeout: 15)
-            try? FileManager.default.removeItem(atPath: directory)
+            // TUSA_KEEP_RECORDINGS=1 keeps what was played and heard, to listen to a failure.
+            if ProcessInfo.processInfo.environment["TUSA_KEEP_RECORDINGS"] != nil {
+                print("tusa: recordings kept in \(directory)")
+            } else {
+                try? FileManager.default.removeItem(atPath: directory)
+            }
         }
     }
 
@@ -170,7 +175,14 @@ import Voice
                 ])
             defer { caller.kill() }
             var talkers = [try sound.play(Self.speech, into: "caller_mic")]
-            try await Task.sleep(for: .seconds(7.6))
+            // Between the two talkers the caller's machine freezes for 70 ms (SIGSTOP), as a
+            // loaded machine does: its voice clock then makes up the ticks at once, and its
+            // speaker's queue must give that backlog back before the callee speaks.
+            try await Task.sleep(for: .seconds(7.3))
+            kill(caller.process.processIdentifier, SIGSTOP)
+            usleep(70_000)
+            kill(caller.process.processIdentifier, SIGCONT)
+            try await Task.sleep(for: .seconds(0.3))
             talkers.append(try sound.play(Self.otherSpeech, into: "callee_mic"))
             #expect(await caller.waitForExit(timeout: 40))
             #expect(await answerer.waitForExit(timeout: 10))
@@ -197,9 +209,13 @@ import Voice
                 // Opening devices never delays the call: the first audio plays within 100 ms of the path.
                 #expect(firstAudio - connect < 100, "\(name): \(report)")
                 #expect(try #require(capture["openMilliseconds"] as? Double) < 1_000, "\(name): \(capture)")
-                // (One 20 ms gap is allowed a debug build on a shared machine; PESQ below tells what it cost.)
-                #expect(try #require(capture["underruns"] as? Int) <= 1, "\(name): \(capture)")
-                #expect(try #require(playback["maximumQueueMilliseconds"] as? Double) <= 40, "\(name): \(playback)")
+                // (One 20 ms gap is allowed a debug build on a shared machine, and the caller one
+                // more where the freeze ends: its voice clock's made-up ticks may outrun the
+                // microphone's backlog. PESQ below tells what they cost.)
+                #expect(try #require(capture["underruns"] as? Int) <= (name == "caller" ? 2 : 1), "\(name): \(capture)")
+                // The speaker's queue ends at its margin: a stall's backlog (the machine froze,
+                // then made up its ticks at once) is taken back within seconds, not kept.
+                #expect(try #require(playback["queueMilliseconds"] as? Double) <= 40, "\(name): \(playback)")
             }
             print("tusa call on devices: PESQ \(calleeScore) heard by the callee, \(callerScore) by the caller")
             #expect(calleeScore > 3.6)

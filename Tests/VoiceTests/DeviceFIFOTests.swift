@@ -135,6 +135,31 @@ import Testing
         #expect(fifo.statistics.dropped == 3_720)
     }
 
+    @Test func whatACallerSaidBeforeTheFirstPullIsKeptAndThenCaughtUp() {
+        // 8 kHz, 20 ms pulls: 4,000 samples queued, 1,000 of them (125 ms) to be kept.
+        var fifo = DeviceFIFO(target: 120, capacity: 40_000, pullsPerSecond: 50, keepBeforeFirstPull: 1_000)
+        var value: Int16 = 0
+        func speech(_ n: Int) -> [Int16] {
+            (0..<n).map { _ in
+                value &+= 16
+                return value
+            }
+        }
+        speech(4_000).withUnsafeBufferPointer { fifo.push($0) }
+        var out = [Int16](repeating: 0, count: 160)
+        #expect(out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
+        #expect(out.first == Int16(truncatingIfNeeded: 16 * (4_000 - 160 - 1_000 + 1)))
+        #expect(fifo.count == 1_000)
+        // Speech goes on at the pull's pace: the backlog is played up to 2 % faster, back
+        // within the band in well under a minute, never running dry.
+        for _ in 0..<2_500 {
+            speech(160).withUnsafeBufferPointer { fifo.push($0) }
+            #expect(out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
+        }
+        #expect(fifo.statistics.level <= 240, "\(fifo.statistics)")
+        #expect(fifo.statistics.underruns == 0)
+    }
+
     @Test func aQueueThatRunsDryPlaysSilenceAndPrimesAgain() {
         var fifo = DeviceFIFO(target: 80, capacity: 1_000, pullsPerSecond: 50)
         var out = [Int16](repeating: 7, count: 160)
@@ -169,5 +194,63 @@ import Testing
             #expect(out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
         }
         #expect(fifo.count < 400, "\(fifo.count) samples still queued")
+    }
+
+    /// The voice clock stalls for 100 ms and then makes up its ticks at once (a machine
+    /// that froze): a speaker's queue holds 100 ms more than its margin. Returns the
+    /// queue's level each second and the least and most a sample moved from the one
+    /// before after the stall (speech is a ramp counting up by 16; a pause is ±50).
+    static func stall(speech: Bool) -> (levels: [Int], steps: (Int, Int), fifo: DeviceFIFO) {
+        // A 48 kHz speaker: 10 ms margin, 10 ms pulls.
+        var fifo = DeviceFIFO(target: 480, capacity: 96_000, pullsPerSecond: 100)
+        var value: Int16 = 0
+        var out = [Int16](repeating: 0, count: 480)
+        var levels: [Int] = []
+        var steps = (Int.max, Int.min)
+        var previous: Int16?
+        func produce(_ n: Int) {
+            let chunk = (0..<n).map { _ -> Int16 in
+                value &+= 16
+                return speech ? value : value % 100 - 50
+            }
+            chunk.withUnsafeBufferPointer { fifo.push($0) }
+        }
+        // 5 ms ticks: the voice clock writes 240 samples a tick, the device takes 480 every other.
+        for tick in 0..<6_400 {
+            produce(tick == 1_000 ? 240 + 4_800 : 240)
+            guard tick % 2 == 1 else { continue }
+            let played = out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) }
+            #expect(played || tick < 10, "a gap at tick \(tick)")
+            if tick > 1_000, speech {
+                for sample in out {
+                    if let previous, abs(Int(previous)) < 32_000, abs(Int(sample)) < 32_000 {
+                        steps = (min(steps.0, Int(sample) - Int(previous)), max(steps.1, Int(sample) - Int(previous)))
+                    }
+                    previous = sample
+                }
+            }
+            if tick % 200 == 199 { levels.append(fifo.statistics.level) }
+        }
+        return (levels, steps, fifo)
+    }
+
+    @Test func aStallsBacklogInSpeechWithoutPausesIsPlayedBackToTheMarginWithinAHalfMinute() {
+        let run = Self.stall(speech: true)
+        // The stall at 5 s: held ten seconds for a pause, then back in the band (at
+        // most two margins) by 28 s, never dry.
+        #expect(run.levels[5...6].contains { $0 > 960 }, "\(run.levels)")
+        #expect(run.levels[14] > 4_000, "speech was hurried before ten seconds: \(run.levels)")
+        #expect(run.levels[28...].allSatisfy { $0 <= 960 }, "\(run.levels)")
+        #expect(run.fifo.statistics.underruns == 0)
+        // Played at most 1 % faster, with no step in the waveform (a cut would move 4,800 at once).
+        #expect(run.steps.0 >= 15 && run.steps.1 <= 17, "\(run.steps)")
+    }
+
+    @Test func aStallsBacklogInAPauseIsLeftOutWithinASecond() {
+        let run = Self.stall(speech: false)
+        // Seen within a fifth of a second and left out a pull at a time: never a whole window above the band.
+        #expect(run.levels[5...].allSatisfy { $0 <= 960 }, "\(run.levels)")
+        #expect(run.fifo.statistics.dropped >= 4_000)
+        #expect(run.fifo.statistics.underruns == 0)
     }
 }

@@ -7,9 +7,17 @@
 /// it adds. The margin must cover one of the producer's chunks and its wake-up jitter.
 /// When the two clocks drift apart (two crystals are easily 200 ppm apart: 0.2 ms a
 /// second, 120 ms in ten minutes) the queue would grow without end or run dry;
-/// instead, over the next second it plays some pulls one sample shorter or longer
-/// (the pull resampled by a part in a few hundred, no step in the waveform) until the
-/// margin is back. That is not heard; a queue that ran dry would be.
+/// instead, over the next second it plays some pulls one sample shorter or longer (the pull
+/// resampled by a part in a few hundred, no step in the waveform), until the margin
+/// is back (up to 1,000 ppm at 48 kHz in 10 ms pulls; PulseAudio's 44.1 kHz null
+/// sink runs 160-360 ppm fast). That is not heard; a queue that ran dry would be.
+///
+/// A stall is another matter: a machine that froze for 100 ms and then made up its
+/// lost ticks at once leaves 100 ms more in the queue than the margin, far more than
+/// any drift makes in a second. That backlog is seen within a fifth of a second and
+/// taken back at the next pause, at once (a pause cut short is not heard); speech is
+/// not hurried for it (a listener, and PESQ, hear a voice that moves in time), unless
+/// ten seconds go by without a pause: then pulls play up to 1 % faster until it is gone.
 ///
 /// A pure core: no lock, no clock; the caller serialises push and pull.
 public struct DeviceFIFO: Sendable {
@@ -31,6 +39,8 @@ public struct DeviceFIFO: Sendable {
 
     public let target: Int
     public let capacity: Int
+    /// The most of what queued before the first pull that is kept (the rest is stale).
+    public let keepBeforeFirstPull: Int
     /// Pulls per second, the window over which the level is measured.
     public let window: Int
     public private(set) var statistics = Statistics()
@@ -41,17 +51,31 @@ public struct DeviceFIFO: Sendable {
     private var head = 0
     private var pulls = 0
     private var windowMinimum = Int.max
+    /// The least held after a pull in the last fifth of a window: a backlog shows there first.
+    private var recentMinimum = Int.max
     /// Samples still to drop (positive) or repeat (negative), one per pull.
     private var correction = 0
+    /// Whether `correction` is a stall's backlog (taken back in pauses), not drift.
+    private var catchingUp = false
+    /// Pulls since the backlog was seen.
+    private var catchingUpPulls = 0
+    /// Pulls in a row that played only quiet samples: a pause under way.
+    private var quietPulls = 0
+    /// The loudest sample (absolute) of a pause, where a backlog is left out at once: -42 dBFS.
+    static let quiet = 256
 
     /// - Parameters:
     ///   - target: the least margin kept after each pull, in samples (at least a producer's chunk).
     ///   - capacity: the most it holds; older samples are dropped beyond it. A queue
     ///     more than a tenth of it above the margin for a whole second is cut back at once.
     ///   - pullsPerSecond: how often the consumer pulls (the level's window).
-    public init(target: Int, capacity: Int, pullsPerSecond: Int) {
+    ///   - keepBeforeFirstPull: how much of what queued before the first pull is played
+    ///     rather than dropped (a caller's first words, said as the call was placed),
+    ///     then taken back as a backlog is; at most a tenth of `capacity`.
+    public init(target: Int, capacity: Int, pullsPerSecond: Int, keepBeforeFirstPull: Int = 0) {
         self.target = max(0, target)
         self.capacity = max(1, capacity)
+        self.keepBeforeFirstPull = min(max(0, keepBeforeFirstPull), self.capacity / 10)
         window = max(1, pullsPerSecond)
         ring = [Int16](repeating: 0, count: self.capacity)
     }
@@ -79,9 +103,10 @@ public struct DeviceFIFO: Sendable {
             }
             primed = true
             // What queued before the first pull (a device opened before the call) is
-            // stale: start in the middle of the margin's band.
-            discard(count - wanted - target * 3 / 2)
+            // stale, but for what is to be kept: start in the middle of the margin's band.
+            discard(count - wanted - max(target * 3 / 2, keepBeforeFirstPull))
             windowMinimum = Int.max
+            recentMinimum = Int.max
             pulls = 0
         }
         guard count >= wanted else {
@@ -89,24 +114,52 @@ public struct DeviceFIFO: Sendable {
             primed = false
             statistics.underruns += 1
             correction = 0
+            catchingUp = false
             return false
         }
-        if correction > 0, count > wanted, wanted > 1 {
-            // One sample fewer: wanted + 1 samples played as wanted.
-            stretch(into: out, taking: wanted + 1)
-            statistics.dropped += 1
-            correction -= 1
-        } else if correction < 0, wanted > 2 {
+        // A backlog is left out at once in a pause (a fifth of a second of quiet so far:
+        // between sentences, not words): quiet cut short is not heard, and the voice on
+        // either side keeps its timing. Drift is taken a sample a pull, resampled: the
+        // echo canceller follows a path that creeps, not one that jumps.
+        if correction > 0, catchingUp, quietPulls >= max(1, window / 5) {
+            let quiet = quietPrefix(upTo: min(count, correction + wanted))
+            let n = min(correction, quiet - wanted, count - wanted - target)
+            if n > 0 {
+                discard(n)
+                correction -= n
+            }
+        }
+        if catchingUp { catchingUpPulls += 1 }
+        // One sample fewer (a backlog with no pause for ten seconds: up to one in 100).
+        let step =
+            !catchingUp ? 1 : catchingUpPulls > 10 * window ? max(1, min(correction, wanted / 100, count - wanted)) : 0
+        if correction > 0, count > wanted, wanted > 1, step > 0 {
+            // wanted + step samples played as wanted.
+            stretch(into: out, taking: wanted + step)
+            statistics.dropped += step
+            correction -= step
+        } else if correction < 0, !catchingUp, wanted > 2 {
             // One sample more: wanted - 1 samples played as wanted.
             stretch(into: out, taking: wanted - 1)
             statistics.repeated += 1
             correction += 1
         } else {
-            for i in 0..<wanted { out[i] = ring[(head + i) % capacity] }
-            advance(wanted)
+            copy(into: out)
         }
+        if correction == 0 { catchingUp = false }
+        quietPulls = out.allSatisfy { abs(Int($0)) <= Self.quiet } ? quietPulls + 1 : 0
         windowMinimum = min(windowMinimum, count)
+        recentMinimum = min(recentMinimum, count)
         pulls += 1
+        if pulls % max(1, window / 5) == 0 {
+            // A fifth of a second well above the band: a stall's backlog, taken back from now.
+            if !catchingUp, recentMinimum > 4 * target, recentMinimum - target <= capacity / 10 {
+                correction = recentMinimum - target * 3 / 2
+                catchingUp = true
+                catchingUpPulls = 0
+            }
+            recentMinimum = Int.max
+        }
         if pulls >= window {
             statistics.level = windowMinimum
             statistics.maximumLevel = max(statistics.maximumLevel, windowMinimum)
@@ -119,12 +172,23 @@ public struct DeviceFIFO: Sendable {
                 // backlog at once): back to the margin now, not over minutes.
                 discard(excess)
                 correction = 0
+                catchingUp = false
+            } else if catchingUp, correction > 0 {
+                // A backlog still being taken back.
+            } else if windowMinimum > 4 * target {
+                // More than drift makes in a second: a stall's backlog, taken back to the band.
+                correction = windowMinimum - target * 3 / 2
+                catchingUp = true
+                catchingUpPulls = 0
             } else if windowMinimum > 2 * target {
                 correction = min(windowMinimum - target * 3 / 2, window / 2)
+                catchingUp = false
             } else if windowMinimum < target {
                 correction = -min(target * 3 / 2 - windowMinimum, window / 2)
+                catchingUp = false
             } else {
                 correction = 0
+                catchingUp = false
             }
             pulls = 0
             windowMinimum = Int.max
@@ -147,6 +211,17 @@ public struct DeviceFIFO: Sendable {
             out[i] = Int16(clamping: a + (b - a) * fraction / last)
         }
         advance(taken)
+    }
+
+    private mutating func copy(into out: UnsafeMutableBufferPointer<Int16>) {
+        for i in 0..<out.count { out[i] = ring[(head + i) % capacity] }
+        advance(out.count)
+    }
+
+    /// How many of the next queued samples, up to `limit`, are within ``quiet`` (a pause).
+    private func quietPrefix(upTo limit: Int) -> Int {
+        for i in 0..<max(0, min(limit, count)) where abs(Int(ring[(head + i) % capacity])) > Self.quiet { return i }
+        return max(0, min(limit, count))
     }
 
     private mutating func advance(_ n: Int) {

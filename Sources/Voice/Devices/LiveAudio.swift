@@ -172,14 +172,16 @@ public class LiveAudioDevice: @unchecked Sendable {
     ///   - notice: called from the device's thread when it falls back to the default.
     init(
         direction: AudioDeviceInfo.Direction, deviceName: String?, sampleRate: Int, chunkMilliseconds: Int,
-        targetMilliseconds: Int, pullsPerSecond: Int, notice: (@Sendable (String) -> Void)?
+        targetMilliseconds: Int, pullsPerSecond: Int, capacityMilliseconds: Int = 2_000, keepMilliseconds: Int = 0,
+        notice: (@Sendable (String) -> Void)?
     ) {
         self.sampleRate = sampleRate
         self.direction = direction
         self.deviceName = deviceName
         shared = LiveAudioShared(
             fifo: DeviceFIFO(
-                target: sampleRate * targetMilliseconds / 1000, capacity: sampleRate * 2, pullsPerSecond: pullsPerSecond))
+                target: sampleRate * targetMilliseconds / 1000, capacity: sampleRate * capacityMilliseconds / 1000,
+                pullsPerSecond: pullsPerSecond, keepBeforeFirstPull: sampleRate * keepMilliseconds / 1000))
         let chunk = max(1, sampleRate * chunkMilliseconds / 1000)
         let thread = Thread { [shared, direction, deviceName, sampleRate, notice] in
             Self.run(
@@ -274,14 +276,23 @@ public class LiveAudioDevice: @unchecked Sendable {
 }
 
 /// A microphone: ``AudioSource`` that never blocks. Until the device delivers, and
-/// whenever it falls behind, it reads silence; what it captured before the first
-/// read is dropped to the margin, so the call starts with fresh audio.
+/// whenever it falls behind, it reads silence. What it captured before the first read
+/// is dropped to the margin, so the call starts with fresh audio, but for the last
+/// `keepMilliseconds` of it (at most 500).
 public final class LiveCapture: LiveAudioDevice, AudioSource {
     /// Opens the device in the background and returns at once.
-    public init(deviceName: String? = nil, sampleRate: Int, notice: (@Sendable (String) -> Void)? = nil) {
+    /// - Parameter keepMilliseconds: how much of what is said before the call's audio
+    ///   starts is sent rather than dropped: a caller who talks as the call is placed,
+    ///   never one who answers (what was said before answering is not the caller's to
+    ///   hear). The backlog delays the echo too, until the first pause: with a speaker's
+    ///   own latency it must stay within the echo canceller's 256 ms tail.
+    public init(
+        deviceName: String? = nil, sampleRate: Int, keepMilliseconds: Int = 0, notice: (@Sendable (String) -> Void)? = nil
+    ) {
         super.init(
             direction: .capture, deviceName: deviceName, sampleRate: sampleRate, chunkMilliseconds: 10,
-            targetMilliseconds: 15, pullsPerSecond: 50, notice: notice)
+            targetMilliseconds: 15, pullsPerSecond: 50, capacityMilliseconds: 5_000, keepMilliseconds: keepMilliseconds,
+            notice: notice)
     }
 
     /// Always fills `output` (silence while the device is not delivering); throws once the device has failed.
