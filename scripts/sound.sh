@@ -34,7 +34,9 @@ start)
   as=()
   if [ "$(id -u)" -eq 0 ]; then
     chown nobody "$dir"
-    as=(runuser -u nobody --)
+    # A desktop's server runs at nice -11 (its own default, granted by rtkit or
+    # RLIMIT_NICE); an unprivileged "nobody" cannot raise itself, so it starts there.
+    as=(nice -n -11 runuser -u nobody --)
   fi
   if [ -S "$dir/native" ] && PULSE_SERVER="unix:$dir/native" pactl info >/dev/null 2>&1; then
     echo "unix:$dir/native"

@@ -29,6 +29,9 @@ public final class PartyVoice: @unchecked Sendable {
     private let source: FrameSource?
     private let sink: AudioSink?
     private let sinkResampler: Resampler?
+    /// Whether a sound card is on the clock (a live microphone or speaker): only then is
+    /// the audio thread raised ahead of ordinary work (files and tests are not real time).
+    private let live: Bool
     private let playout: PlayoutConfiguration
     private let running = Atomic<Bool>(false)
     private let sent = Atomic<Int>(0)
@@ -58,6 +61,7 @@ public final class PartyVoice: @unchecked Sendable {
             try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame)
         }
         self.sink = sink
+        live = source is LiveCapture || sink is LivePlayback
         sinkResampler = try sink.flatMap { s throws(VoiceError) in
             s.sampleRate == codec.sampleRate ? nil : try Resampler(from: codec.sampleRate, to: s.sampleRate)
         }
@@ -170,6 +174,7 @@ public final class PartyVoice: @unchecked Sendable {
     static let silentTail = SpeakerSelector.Configuration().silentFramesForwarded
 
     private func loop(_ connection: PartyConnection) {
+        if live { raiseAudioThreadPriority() }
         let spf = codec.samplesPerFrame
         let chunk = codec.sampleRate * Self.renderMilliseconds / 1000
         let chunksPerFrame = max(1, spf / chunk)

@@ -127,6 +127,9 @@ public final class VoiceSession: @unchecked Sendable {
     private let source: FrameSource?
     private let sink: AudioSink?
     private let sinkResampler: Resampler?
+    /// Whether a sound card is on the clock (a live microphone or speaker): only then is
+    /// the audio thread raised ahead of ordinary work (files and tests are not real time).
+    private let live: Bool
     private let running = Atomic<Bool>(false)
     private let finished = Mutex<Bool>(false)
     private let stats = Mutex(VoiceSessionStatistics())
@@ -166,6 +169,7 @@ public final class VoiceSession: @unchecked Sendable {
             try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame)
         }
         self.sink = sink
+        live = source is LiveCapture || sink is LivePlayback
         sinkResampler = try sink.flatMap { s throws(VoiceError) in
             s.sampleRate == codec.sampleRate ? nil : try Resampler(from: codec.sampleRate, to: s.sampleRate)
         }
@@ -260,6 +264,7 @@ public final class VoiceSession: @unchecked Sendable {
     public static let renderMilliseconds = 5
 
     private func loop() {
+        if live { raiseAudioThreadPriority() }
         let spf = codec.samplesPerFrame
         let chunk = codec.sampleRate * Self.renderMilliseconds / 1000
         let chunksPerFrame = max(1, spf / chunk)

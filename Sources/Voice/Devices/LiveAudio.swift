@@ -222,6 +222,7 @@ public class LiveAudioDevice: @unchecked Sendable {
         chunk: Int, notice: (@Sendable (String) -> Void)?
     ) {
         defer { shared.exited.store(true, ordering: .releasing) }
+        raiseAudioThreadPriority()
         let asked = DispatchTime.now().uptimeNanoseconds
         var name = deviceName
         var buffer = [Int16](repeating: 0, count: chunk)
