@@ -83,14 +83,7 @@ public struct CallReport: Sendable, Codable, Equatable {
         if iceRestarts > 0 { lines.append("  ICE restarted \(iceRestarts)×") }
         if let audioError { lines.append("  audio error: \(audioError)") }
         for (what, device) in [("capture", captureDevice), ("playback", playbackDevice)] {
-            guard let device else { continue }
-            lines.append(
-                String(
-                    format:
-                        "  %@ device %@: open in %@, queue %.0f ms (at most %.0f), %d underruns, %d samples dropped, %d repeated%@",
-                    what, device.device, device.openMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-",
-                    device.queueMilliseconds, device.maximumQueueMilliseconds, device.underruns, device.droppedSamples,
-                    device.repeatedSamples, device.fellBackToDefault ? ", fell back to the default" : ""))
+            if let device { lines.append("  " + device.summary(what)) }
         }
         lines.append(String(format: "  estimated MOS (E-model): %.2f", estimatedMOS))
         return lines.joined(separator: "\n")

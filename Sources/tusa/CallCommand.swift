@@ -146,11 +146,7 @@ struct CallOptions: ParsableArguments {
     /// with the reason on standard error.
     func finish(_ report: CallReport, command: String, source: AudioSource?, sink: AudioSink?) throws {
         var report = report
-        if let capture = source as? LiveCapture {
-            capture.close()
-            report.captureDevice = capture.statistics
-        }
-        if let playback = sink as? LivePlayback { report.playbackDevice = playback.statistics }
+        (report.captureDevice, report.playbackDevice) = LiveAudioStatistics.of(source: source, sink: sink)
         if !quiet { FileHandle.standardError.write(Data("\n".utf8)) }
         if json {
             let encoder = JSONEncoder()

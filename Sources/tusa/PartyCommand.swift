@@ -547,9 +547,13 @@ enum PartySession {
         let impairment = try AudioArguments.impairment(audio.impair)
         let playout = try audio.playout(for: codec)
         let voice: PartyVoice
+        let source: AudioSource?
+        let sink: AudioSink?
         do {
+            source = try audio.source()
+            sink = try audio.sink()
             voice = try PartyVoice(
-                codec: codec, source: try audio.source(), sink: try audio.sink(),
+                codec: codec, source: source, sink: sink,
                 echoCancellation: AudioArguments.echoCancellation(audio.echoCancel, input: audio.input, output: audio.output),
                 playout: playout)
         } catch {
@@ -649,13 +653,14 @@ enum PartySession {
         await connection.close()
         eventsTask.cancel()
         if live { FileHandle.standardError.write(Data("\n".utf8)) }
+        let devices = LiveAudioStatistics.of(source: source, sink: sink)
         let report = PartyReport(
             room: joined.room, name: joined.name, me: joined.me.value, framesSent: voice.framesSent,
             seconds: Double(started.duration(to: .now).components.seconds), transport: transport,
             speakers: voice.speakers.map {
                 PartyReport.Speaker($0, frameMilliseconds: codec.frameDuration.rawValue, sampleRate: codec.sampleRate)
             },
-            audioError: voice.audioError)
+            audioError: voice.audioError, captureDevice: devices.capture, playbackDevice: devices.playback)
         if audio.json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
@@ -860,6 +865,9 @@ struct PartyReport: Encodable {
     var transport: String
     var speakers: [Speaker]
     var audioError: String?
+    /// The live microphone and speaker, when the stay used them (as a call's report gives them).
+    var captureDevice: LiveAudioStatistics?
+    var playbackDevice: LiveAudioStatistics?
 
     var humanReadable: String {
         var lines = ["party \(room) \"\(name)\": \(framesSent) frames sent as #\(me) in \(Int(seconds)) s over \(transport)"]
@@ -870,6 +878,9 @@ struct PartyReport: Encodable {
             )
         }
         if let audioError { lines.append("  audio: \(audioError)") }
+        for (what, device) in [("capture", captureDevice), ("playback", playbackDevice)] {
+            if let device { lines.append("  " + device.summary(what)) }
+        }
         return lines.joined(separator: "\n")
     }
 }

@@ -424,6 +424,16 @@ import Voice
             print("tusa party on devices: PESQ \(bobScore) heard by Bob, \(aliceScore) by Alice")
             #expect(bobScore > 3.6)
             #expect(aliceScore > 3.6)
+            // The stay's report gives each device's figures, as a call's does.
+            for (name, member, text) in [("alice", alice, alice.stdout), ("bob", bob, bob.stdout)] {
+                let report = try #require(CallCommandTests.json(text), "\(member.stderr)")
+                let capture = try #require(report["captureDevice"] as? [String: Any], "\(name): \(report)")
+                let playback = try #require(report["playbackDevice"] as? [String: Any], "\(name): \(report)")
+                #expect(capture["device"] as? String == "\(name)_mic.monitor", "\(capture)")
+                #expect(playback["device"] as? String == "\(name)_speaker", "\(playback)")
+                #expect(try #require(capture["openMilliseconds"] as? Double) < 1_000, "\(name): \(capture)")
+                #expect(try #require(playback["queueMilliseconds"] as? Double) <= 40, "\(name): \(playback)")
+            }
         } catch {
             await sound.stop()
             throw error

@@ -138,6 +138,22 @@ public struct LiveAudioStatistics: Sendable, Equatable, Codable {
     public var overflowedSamples: Int
     /// Set when the device named went away and the default took its place.
     public var fellBackToDefault: Bool
+
+    /// One line for a report: `what` is "capture" or "playback".
+    public func summary(_ what: String) -> String {
+        String(
+            format: "%@ device %@: open in %@, queue %.0f ms (at most %.0f), %d underruns, %d samples dropped, %d repeated%@",
+            what, device, openMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-", queueMilliseconds,
+            maximumQueueMilliseconds, underruns, droppedSamples, repeatedSamples,
+            fellBackToDefault ? ", fell back to the default" : "")
+    }
+
+    /// The figures of `source` and `sink` where they are live devices (the capture device closed first).
+    public static func of(source: AudioSource?, sink: AudioSink?) -> (capture: Self?, playback: Self?) {
+        let capture = source as? LiveCapture
+        capture?.close()
+        return (capture?.statistics, (sink as? LivePlayback)?.statistics)
+    }
 }
 
 /// The state a live device's thread and the voice clock share.
