@@ -28,13 +28,16 @@ demo: build
 # so that swift test's summary closes the output. The party test scores four
 # members' real-time audio with PESQ, and the sound device tests score calls
 # through a sound server and its echo canceller: each runs alone first, so that
-# their audio threads do not share the two cores with the rest of the suite.
+# their audio threads do not share the two cores with the rest of the suite. So
+# does the directory cluster (five processes and 144 users on the test process's
+# event loops, timed to seconds): beside the rest it once heard nothing for 20 s.
 test: setup lint layout fuzz-smoke
 	$(SWIFT) build --build-tests
 	@bash Benchmarks/smoke.sh
 	$(SWIFT) test --skip-build --filter PartyCommandTests
 	$(SWIFT) test --skip-build --filter SoundDeviceTests
-	$(SWIFT) test --skip-build --skip PartyCommandTests --skip SoundDeviceTests
+	$(SWIFT) test --skip-build --filter DirectoryClusterTests
+	$(SWIFT) test --skip-build --skip PartyCommandTests --skip SoundDeviceTests --skip DirectoryClusterTests
 
 # Every unit test: each library's own test target (everything but InteropTests,
 # which runs real peers and binaries).
