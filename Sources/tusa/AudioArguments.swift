@@ -82,9 +82,7 @@ enum AudioArguments {
     /// A live device asked for by `name` (nil: the default): a usage error when no sound
     /// system is there or the name picks no one device, else its full name and the rate to open it at.
     private static func liveDevice(_ name: String?, direction: AudioDeviceInfo.Direction) throws -> (String?, Int) {
-        try AudioDevices.checkAvailable()
-        let device = try name.map { try AudioDevices.resolve($0, direction: direction) }
-        return (device, AudioDevices.preferredRate(of: device, direction: direction, fallback: voiceSampleRate))
+        try AudioDevices.choose(name, direction: direction, fallbackRate: voiceSampleRate)
     }
 
     /// For a device: .some(the name asked for, nil for the default); nil when `value` is not a device.

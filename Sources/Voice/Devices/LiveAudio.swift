@@ -67,7 +67,32 @@ public enum AudioDevices {
     /// The device `name` picks: an exact name, else the one whose name or description
     /// contains it (ignoring case); an error naming the candidates when none or several do.
     public static func resolve(_ name: String, direction: AudioDeviceInfo.Direction) throws(VoiceError) -> String {
-        let candidates = try list().devices.filter { $0.direction == direction }
+        try pick(name, among: try list().devices.filter { $0.direction == direction }, direction: direction)
+    }
+
+    /// The device asked for (nil: the default) and the rate to open it at, from one
+    /// listing: what ``checkAvailable()``, ``resolve(_:direction:)`` and
+    /// ``preferredRate(of:direction:fallback:)`` say one after another, without asking
+    /// the sound server three times before a call is placed.
+    public static func choose(_ name: String?, direction: AudioDeviceInfo.Direction, fallbackRate: Int) throws(VoiceError)
+        -> (device: String?, sampleRate: Int)
+    {
+        guard case .success(let api) = pulse, let devices = api.devices() else {
+            // No server: PortAudio, which converts rates itself.
+            _ = try PortAudioDevice.library()
+            guard let name else { return (nil, fallbackRate) }
+            let candidates = try PortAudioDevice.deviceInfos().filter { $0.direction == direction }
+            return (try pick(name, among: candidates, direction: direction), fallbackRate)
+        }
+        let candidates = devices.filter { $0.direction == direction }
+        let device = try name.map { n throws(VoiceError) in try pick(n, among: candidates, direction: direction) }
+        return (device, rate(of: device, among: candidates, fallback: fallbackRate))
+    }
+
+    /// The one of `candidates` that `name` picks (see ``resolve(_:direction:)``).
+    private static func pick(_ name: String, among candidates: [AudioDeviceInfo], direction: AudioDeviceInfo.Direction)
+        throws(VoiceError) -> String
+    {
         if candidates.contains(where: { $0.name == name }) { return name }
         let wanted = name.lowercased()
         let matches = candidates.filter {
@@ -88,9 +113,12 @@ public enum AudioDevices {
     /// when no server answers (PortAudio converts in ALSA's plug layer) or the device is unknown.
     public static func preferredRate(of device: String?, direction: AudioDeviceInfo.Direction, fallback: Int) -> Int {
         guard case .success(let api) = pulse, let devices = api.devices() else { return fallback }
-        let match = devices.first { candidate in
-            candidate.direction == direction && (device.map { candidate.name == $0 } ?? candidate.isDefault)
-        }
+        return rate(of: device, among: devices.filter { $0.direction == direction }, fallback: fallback)
+    }
+
+    /// The sample rate of `device` (nil: the default) among a server's `candidates`, or `fallback`.
+    private static func rate(of device: String?, among candidates: [AudioDeviceInfo], fallback: Int) -> Int {
+        let match = candidates.first { candidate in device.map { candidate.name == $0 } ?? candidate.isDefault }
         guard let rate = match?.sampleRate, (8_000...192_000).contains(rate) else { return fallback }
         return rate
     }
