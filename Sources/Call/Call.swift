@@ -82,9 +82,7 @@ public struct CallReport: Sendable, Codable, Equatable {
                 + (framesRecoveredByRedundancy > 0 ? ", \(framesRecoveredByRedundancy) from redundant audio" : ""))
         if iceRestarts > 0 { lines.append("  ICE restarted \(iceRestarts)×") }
         if let audioError { lines.append("  audio error: \(audioError)") }
-        for (what, device) in [("capture", captureDevice), ("playback", playbackDevice)] {
-            if let device { lines.append("  " + device.summary(what)) }
-        }
+        lines += LiveAudioStatistics.reportLines(capture: captureDevice, playback: playbackDevice)
         lines.append(String(format: "  estimated MOS (E-model): %.2f", estimatedMOS))
         return lines.joined(separator: "\n")
     }

@@ -61,7 +61,7 @@ public final class PartyVoice: @unchecked Sendable {
             try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame)
         }
         self.sink = sink
-        live = source is LiveCapture || sink is LivePlayback
+        live = AudioDevices.areLive(source: source, sink: sink)
         sinkResampler = try sink.flatMap { s throws(VoiceError) in
             s.sampleRate == codec.sampleRate ? nil : try Resampler(from: codec.sampleRate, to: s.sampleRate)
         }

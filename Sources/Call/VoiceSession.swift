@@ -169,7 +169,7 @@ public final class VoiceSession: @unchecked Sendable {
             try FrameSource(s, rate: codec.sampleRate, frame: codec.samplesPerFrame)
         }
         self.sink = sink
-        live = source is LiveCapture || sink is LivePlayback
+        live = AudioDevices.areLive(source: source, sink: sink)
         sinkResampler = try sink.flatMap { s throws(VoiceError) in
             s.sampleRate == codec.sampleRate ? nil : try Resampler(from: codec.sampleRate, to: s.sampleRate)
         }

@@ -39,7 +39,7 @@ public struct CaptureConfiguration: Sendable, Hashable {
     /// sound server's (60-150 ms before the room adds its own, more on a busy machine),
     /// so the filter spans 256 ms; 128 ms otherwise.
     public static func echoCancelling(source: AudioSource?, sink: AudioSink?) -> CaptureConfiguration {
-        CaptureConfiguration(tailMilliseconds: source is LiveCapture || sink is LivePlayback ? 256 : 128)
+        CaptureConfiguration(tailMilliseconds: AudioDevices.areLive(source: source, sink: sink) ? 256 : 128)
     }
 }
 

@@ -46,14 +46,14 @@ enum AudioArguments {
     /// (`--in-device NAME` names it too), 'tone' or 'silence'. `placing`: the user placed
     /// the call or joined the party now, so what they say before its audio starts is sent;
     /// not when answering.
-    static func source(_ input: String, loop: Bool = false, device: String? = nil, placing: Bool = false) throws
+    static func source(_ input: String, loop: Bool = false, device: String? = nil, placing: Bool) throws
         -> AudioSource?
     {
         if loop && !isFile(input) {
             throw ValidationError("--loop plays a file over and over: give --in a WAV file, not '\(input)'")
         }
         if let name = try deviceName(input, flag: "--in", named: device) {
-            let (device, rate) = try liveDevice(name, direction: .capture)
+            let (device, rate) = try AudioDevices.choose(name, direction: .capture, fallbackRate: voiceSampleRate)
             return LiveCapture(
                 deviceName: device, sampleRate: rate, keepMilliseconds: placing ? 200 : 0, notice: printNotice)
         }
@@ -70,19 +70,13 @@ enum AudioArguments {
     /// `--out`: a WAV file, 'device' or 'device:NAME' (`--out-device NAME` names it too), or 'none'.
     static func sink(_ output: String, device: String? = nil) throws -> AudioSink? {
         if let name = try deviceName(output, flag: "--out", named: device) {
-            let (device, rate) = try liveDevice(name, direction: .playback)
+            let (device, rate) = try AudioDevices.choose(name, direction: .playback, fallbackRate: voiceSampleRate)
             return LivePlayback(deviceName: device, sampleRate: rate, notice: printNotice)
         }
         switch output {
         case "none": return nil
         default: return try WAVFileSink(path: output, sampleRate: voiceSampleRate)
         }
-    }
-
-    /// A live device asked for by `name` (nil: the default): a usage error when no sound
-    /// system is there or the name picks no one device, else its full name and the rate to open it at.
-    private static func liveDevice(_ name: String?, direction: AudioDeviceInfo.Direction) throws -> (String?, Int) {
-        try AudioDevices.choose(name, direction: direction, fallbackRate: voiceSampleRate)
     }
 
     /// For a device: .some(the name asked for, nil for the default); nil when `value` is not a device.

@@ -878,9 +878,7 @@ struct PartyReport: Encodable {
             )
         }
         if let audioError { lines.append("  audio: \(audioError)") }
-        for (what, device) in [("capture", captureDevice), ("playback", playbackDevice)] {
-            if let device { lines.append("  " + device.summary(what)) }
-        }
+        lines += LiveAudioStatistics.reportLines(capture: captureDevice, playback: playbackDevice)
         return lines.joined(separator: "\n")
     }
 }

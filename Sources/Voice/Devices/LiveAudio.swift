@@ -70,6 +70,11 @@ public enum AudioDevices {
         try pick(name, among: try list().devices.filter { $0.direction == direction }, direction: direction)
     }
 
+    /// Whether a sound card is on the voice clock: a live microphone or speaker.
+    public static func areLive(source: AudioSource?, sink: AudioSink?) -> Bool {
+        source is LiveCapture || sink is LivePlayback
+    }
+
     /// The device asked for (nil: the default) and the rate to open it at, from one
     /// listing: what ``checkAvailable()``, ``resolve(_:direction:)`` and
     /// ``preferredRate(of:direction:fallback:)`` say one after another, without asking
@@ -174,6 +179,11 @@ public struct LiveAudioStatistics: Sendable, Equatable, Codable {
             what, device, openMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-", queueMilliseconds,
             maximumQueueMilliseconds, underruns, droppedSamples, repeatedSamples,
             fellBackToDefault ? ", fell back to the default" : "")
+    }
+
+    /// A report's lines for the devices it used, one each (none for files).
+    public static func reportLines(capture: Self?, playback: Self?) -> [String] {
+        [("capture", capture), ("playback", playback)].compactMap { what, device in device.map { "  " + $0.summary(what) } }
     }
 
     /// The figures of `source` and `sink` where they are live devices (the capture device closed first).
