@@ -150,8 +150,9 @@ import Testing
         #expect(out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })
         #expect(out.first == Int16(truncatingIfNeeded: 16 * (4_000 - 160 - 1_000 + 1)))
         #expect(fifo.count == 1_000)
-        // Speech goes on at the pull's pace: the backlog is played up to 2 % faster, back
-        // within the band in well under a minute, never running dry.
+        // Speech goes on at the pull's pace, without a pause: after ten seconds the backlog
+        // is played up to 1 % faster, back within the band in well under a minute, never
+        // running dry.
         for _ in 0..<2_500 {
             speech(160).withUnsafeBufferPointer { fifo.push($0) }
             #expect(out.withUnsafeMutableBufferPointer { fifo.pull(into: $0) })

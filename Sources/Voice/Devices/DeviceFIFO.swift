@@ -174,12 +174,8 @@ public struct DeviceFIFO: Sendable {
                 correction = 0
                 catchingUp = false
             } else if catchingUp, correction > 0 {
-                // A backlog still being taken back.
-            } else if windowMinimum > 4 * target {
-                // More than drift makes in a second: a stall's backlog, taken back to the band.
-                correction = windowMinimum - target * 3 / 2
-                catchingUp = true
-                catchingUpPulls = 0
+                // A backlog still being taken back (a whole window above four margins was
+                // seen as one a fifth of a second in).
             } else if windowMinimum > 2 * target {
                 correction = min(windowMinimum - target * 3 / 2, window / 2)
                 catchingUp = false
