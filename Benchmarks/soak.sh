@@ -83,12 +83,12 @@ BIN=$HERE/.build/$CONFIG
 
 if ((SHORT)); then
   FLOWS=20 FLOOD_SECONDS=2 FLOOD_RATE=5000 VOICE_SECONDS=2 ALLOCATIONS=200 ALLOC_FLOWS=20 ALLOC_SECONDS=4 SAMPLE=1
-  TCP_SECONDS=2 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3
+  TCP_SECONDS=2 TCP_INTERVAL=0.01 TCP_FLOOR_MS=3 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3
   CALL_SECONDS=12 REBIND=4 FAULT_ROUNDS=1 FREEZE_BACK_MS=6000 PESQ_EVERY=4 PESQ_WINDOW=4
   MEM_FLOWS=20 MEM_BUDGET_MIB=2 MEM_ALLOCATIONS=4000
 else
   FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=${SOAK_FLOWS:-600} ALLOC_SECONDS=270 SAMPLE=10
-  TCP_SECONDS=10 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40
+  TCP_SECONDS=10 TCP_INTERVAL=0.02 TCP_FLOOR_MS=1 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40
   CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60 FAULT_ROUNDS=${SOAK_FAULT_ROUNDS:-5} FREEZE_BACK_MS=3000 PESQ_EVERY=60 PESQ_WINDOW=8
   MEM_FLOWS=200 MEM_BUDGET_MIB=8 MEM_ALLOCATIONS=15000
 fi
@@ -365,9 +365,14 @@ case_tcp() {
   ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
   start_relay "$port" --cert "$TMP/cert.pem" --pkey "$TMP/key.pem" --tls-listening-port "$tls" \
     --max-tcp-connections-per-ip "$TCP_PER_IP" || { fail "the relay did not start"; return; }
-  # The legitimate client in a process of its own (the abuse's event loop would delay it);
-  # the abuse starts when its quiet phase ends.
-  python3 "$HERE/tcp-abuse.py" --role legit --target "127.0.0.1:$port" --seconds "$TCP_SECONDS" --gap 2 \
+  # The legitimate client in a process of its own (the abuse's event loop would delay it),
+  # ahead of the abuse generator in the scheduler (as root), so what it measures is the
+  # relay's service and not its own wait for a core; the abuse starts when its quiet phase
+  # ends. A p95 needs samples: 100 or more per phase.
+  local ahead=()
+  ((EUID == 0)) && ahead=(nice -n -10)
+  "${ahead[@]}" python3 "$HERE/tcp-abuse.py" --role legit --target "127.0.0.1:$port" --seconds "$TCP_SECONDS" \
+    --interval "$TCP_INTERVAL" --gap 2 \
     >"$TMP/tcp-legit.out" 2>"$TMP/tcp-legit.err" &
   local legit_pid=$!
   PIDS+=("$legit_pid")
@@ -385,8 +390,11 @@ case_tcp() {
   admitted=$(field admitted "$(grep 'kind=idle' "$TMP/tcp.out")")
   [[ -n $quiet && -n $abuse ]] || { fail "no latency measured"; return; }
   awk -v q="$quiet" -v a="$abuse" 'BEGIN {printf "  p95 beside the abuse / quiet: %.2f\n", a / q}'
-  # 2x a quiet relay's p95, with a 1 ms floor: loopback p95s are a fraction of a millisecond.
-  awk -v q="$quiet" -v a="$abuse" 'BEGIN {exit !(a <= 2 * (q > 0.5 ? q : 0.5))}' || fail "p95 $abuse ms beside the abuse, $quiet ms quiet"
+  # 2x a quiet relay's p95, over a floor: a loopback request takes a millisecond or two, and
+  # the scheduler's own wait on a busy machine (the short run's quiet p95 ranged 2-4.5 ms
+  # beside two CPU hogs) is not the relay's; the short run's abuse is a small one, too.
+  awk -v q="$quiet" -v a="$abuse" -v f="$TCP_FLOOR_MS" 'BEGIN {exit !(a <= 2 * (q > f ? q : f))}' ||
+    fail "p95 $abuse ms beside the abuse, $quiet ms quiet (floor $TCP_FLOOR_MS ms)"
   ((admitted <= TCP_PER_IP)) || fail "one address held $admitted connections (cap $TCP_PER_IP)"
   ((admitted >= TCP_PER_IP * 9 / 10)) || fail "one address got only $admitted connections of its $TCP_PER_IP"
   if ((!SHORT)); then

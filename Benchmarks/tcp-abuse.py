@@ -39,8 +39,8 @@ async def open_from(host, port, source, timeout=2.0):
         asyncio.open_connection(host, port, local_addr=(source, 0)), timeout=timeout)
 
 
-async def legit(host, port, seconds, out):
-    """One Binding request per fresh connection every 50 ms; latencies in ms."""
+async def legit(host, port, seconds, interval, out):
+    """One Binding request per fresh connection every `interval` seconds; latencies in ms."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         started = time.perf_counter()
@@ -55,7 +55,7 @@ async def legit(host, port, seconds, out):
             writer.close()
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
             out.append(None)
-        await asyncio.sleep(max(0.0, 0.05 - (time.perf_counter() - started)))
+        await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
 
 
 async def closed_within(reader, limit):
@@ -173,6 +173,7 @@ async def main():
     parser.add_argument("--target", required=True, help="IPV4:PORT of the TCP listener (loopback)")
     parser.add_argument("--tls-port", type=int)
     parser.add_argument("--seconds", type=float, default=10, help="legit client, per phase")
+    parser.add_argument("--interval", type=float, default=0.05, help="legit client, seconds between requests")
     parser.add_argument("--idle", type=int, default=1000)
     parser.add_argument("--slow", type=int, default=50)
     parser.add_argument("--slow-interval", type=float, default=2.0)
@@ -193,12 +194,12 @@ async def main():
 
     quiet, loaded = [], []
     if args.role in ("legit", "both"):
-        await legit(host, port, args.seconds, quiet)
+        await legit(host, port, args.seconds, args.interval, quiet)
         print(latency_line("quiet", quiet), flush=True)
         if args.role == "legit":
             # The abuse, another process, starts now; its connections are in place after the gap.
             await asyncio.sleep(args.gap)
-            await legit(host, port, args.seconds, loaded)
+            await legit(host, port, args.seconds, args.interval, loaded)
             print(latency_line("abuse", loaded), flush=True)
             return 0 if all(s is not None for s in quiet + loaded) else 1
 
@@ -212,7 +213,7 @@ async def main():
         abuse.append(asyncio.ensure_future(tls_stall(host, args.tls_port, args.tls, args.deadline, result)))
     if args.role == "both":
         await asyncio.sleep(args.gap)  # the abuse is in place
-        await legit(host, port, args.seconds, loaded)
+        await legit(host, port, args.seconds, args.interval, loaded)
         print(latency_line("abuse", loaded), flush=True)
     await asyncio.gather(*abuse)
     i = result.get("idle", {})
