@@ -47,6 +47,7 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 sender BYTEA NOT NULL, sealed BYTEA NOT NULL, sent_at BIGINT NOT NULL)
             """,
         ],
+        ["CREATE TABLE contacts (owner BYTEA NOT NULL, contact BYTEA NOT NULL, PRIMARY KEY (owner, contact))"],
     ]
 
     /// The schema this build knows.
@@ -253,6 +254,12 @@ public actor PostgresDirectoryStore: RendezvousStore {
             guard let key = key(bytes), at >= 0 else { continue }
             snapshot.seen[key] = UInt64(at)
         }
+        for try await (owner, contact) in try await c.query("SELECT owner, contact FROM contacts", logger: logger).decode(
+            (ByteBuffer, ByteBuffer).self)
+        {
+            guard let owner = key(owner), let contact = key(contact) else { continue }
+            snapshot.contacts[owner, default: []].insert(contact)
+        }
         return snapshot
     }
 
@@ -269,6 +276,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
         /// Registered here since (nil: gone), the last word for each key.
         var presence: [PublicKey: UInt64?] = [:]
         var notices: [RendezvousClusterEvent] = []
+        /// Contact rows to delete, then to insert, in the order the records came.
+        var contactChanges: [(owner: PublicKey, add: [PublicKey], remove: [PublicKey])] = []
         let node = self.node
         for record in records {
             switch record {
@@ -289,6 +298,9 @@ public actor PostgresDirectoryStore: RendezvousStore {
             case .relayLoad(let key, let load): notices.append(.relayLoad(key, load))
             case .relayGone(let key): notices.append(.relayGone(key))
             case .roomMoved(let room, let relay): notices.append(.roomMoved(room: room, relay: relay))
+            case .contacts(let owner, let add, let remove):
+                contactChanges.append((owner, add, remove))
+                notices.append(.contacts(owner: owner, add: add, remove: remove))
             }
         }
         let ordered = posts.values.sorted { $0.id < $1.id }
@@ -339,6 +351,22 @@ public actor PostgresDirectoryStore: RendezvousStore {
                     "DELETE FROM presence WHERE node = \(Int32(clamping: node)) AND key = ANY(\(left)::BYTEA[])",
                     logger: logger)
             }
+            for change in contactChanges {
+                let owner = ByteBuffer(bytes: change.owner.bytes)
+                if !change.remove.isEmpty {
+                    let removed = change.remove.map { ByteBuffer(bytes: $0.bytes) }
+                    try await c.query(
+                        "DELETE FROM contacts WHERE owner = \(owner) AND contact = ANY(\(removed)::BYTEA[])", logger: logger)
+                }
+                if !change.add.isEmpty {
+                    let added = change.add.map { ByteBuffer(bytes: $0.bytes) }
+                    try await c.query(
+                        """
+                        INSERT INTO contacts (owner, contact) SELECT \(owner), k FROM UNNEST(\(added)::BYTEA[]) AS k
+                        ON CONFLICT DO NOTHING
+                        """, logger: logger)
+                }
+            }
             try await Self.notify(notices, from: node, on: c, logger: logger)
         }
         for (key, since) in presence { registeredHere[key] = since }
@@ -387,7 +415,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
                     texts.append(numbered(.event(.dropped(part))))
                 }
             // A key and a number, a relay's figures, a room id: always short.
-            case .online, .offline, .nodeGone, .relayLoad, .relayGone, .roomMoved: texts.append(text)
+            // A contact change is at most RendezvousMessage.maximumContactChange keys: about 3 KB.
+            case .online, .offline, .nodeGone, .relayLoad, .relayGone, .roomMoved, .contacts: texts.append(text)
             }
         }
         let rows = try await c.query(

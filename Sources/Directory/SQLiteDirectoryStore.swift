@@ -6,8 +6,8 @@ import Rendezvous
 import SQLiteNIO
 import Secure
 
-/// The directory's rows in an SQLite file (sqlite-nio): posts (invitations) and
-/// the keys seen, so that a directory that restarts, or is killed, still delivers
+/// The directory's rows in an SQLite file (sqlite-nio): posts (invitations), the
+/// keys seen and each key's contacts, so that a directory that restarts, or is killed, still delivers
 /// what was posted and still tells "offline" from "unknown". One schema with
 /// numbered migrations, applied when the file is opened.
 public actor SQLiteDirectoryStore: RendezvousStore {
@@ -20,7 +20,8 @@ public actor SQLiteDirectoryStore: RendezvousStore {
             """,
             "CREATE INDEX posts_by_time ON posts (posted_at)",
             "CREATE TABLE seen (key BLOB PRIMARY KEY, at INTEGER NOT NULL)",
-        ]
+        ],
+        ["CREATE TABLE contacts (owner BLOB NOT NULL, contact BLOB NOT NULL, PRIMARY KEY (owner, contact))"],
     ]
 
     /// The schema this build knows.
@@ -115,6 +116,10 @@ public actor SQLiteDirectoryStore: RendezvousStore {
             guard let key = Self.key(row.column("key")), let at = row.column("at")?.integer, at >= 0 else { continue }
             snapshot.seen[key] = UInt64(at)
         }
+        for row in try await connection.query("SELECT owner, contact FROM contacts", []) {
+            guard let owner = Self.key(row.column("owner")), let contact = Self.key(row.column("contact")) else { continue }
+            snapshot.contacts[owner, default: []].insert(contact)
+        }
         return snapshot
     }
 
@@ -138,6 +143,17 @@ public actor SQLiteDirectoryStore: RendezvousStore {
                     _ = try await connection.query(
                         "INSERT OR REPLACE INTO seen (key, at) VALUES (?, ?)",
                         [Self.blob(key.bytes), .integer(Int(clamping: unixSeconds))])
+                case .contacts(let owner, let add, let remove):
+                    for key in remove {
+                        _ = try await connection.query(
+                            "DELETE FROM contacts WHERE owner = ? AND contact = ?",
+                            [Self.blob(owner.bytes), Self.blob(key.bytes)])
+                    }
+                    for key in add {
+                        _ = try await connection.query(
+                            "INSERT OR IGNORE INTO contacts (owner, contact) VALUES (?, ?)",
+                            [Self.blob(owner.bytes), Self.blob(key.bytes)])
+                    }
                 case .online, .offline, .signal, .relayLoad, .relayGone, .roomMoved:
                     // For other nodes: a file on this machine is one node's alone (node 0 makes none).
                     break

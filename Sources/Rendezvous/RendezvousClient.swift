@@ -18,6 +18,8 @@ public struct RendezvousClient: Sendable {
         case lookup(id: UInt32, key: PublicKey, online: Bool)
         /// Where party room `room` is hosted now (the answer to ``RendezvousClient/locate(room:now:)``).
         case located(id: UInt32, room: String, party: PartyGrant)
+        /// The key's contacts now (the answer to ``RendezvousClient/changeContacts(add:remove:now:)``).
+        case contacts(id: UInt32, keys: [PublicKey])
         /// The server passed request `id` on.
         case sent(id: UInt32)
         /// A payload from a peer, opened and authenticated as coming from `from`.
@@ -89,6 +91,14 @@ public struct RendezvousClient: Sendable {
         return id
     }
 
+    /// Adds and removes contacts (both empty: asks for them); the answer is
+    /// `.contacts` or `.refused` with the returned id.
+    public mutating func changeContacts(add: [PublicKey], remove: [PublicKey], now: Timestamp) -> UInt32 {
+        let id = takeID(now: now)
+        actions.append(.write(RendezvousFrame.frame(.changeContacts(id: id, add: add, remove: remove))))
+        return id
+    }
+
     /// Seals `payload` to `peer` and frames it for the server; the answer is `.sent`
     /// or `.refused` with the returned id.
     public mutating func send(_ payload: [UInt8], to peer: PublicKey, now: Timestamp) throws -> UInt32 {
@@ -145,6 +155,9 @@ public struct RendezvousClient: Sendable {
             case .sent(let id):
                 requestDeadlines[id] = nil
                 actions.append(.event(.sent(id: id)))
+            case .contacts(let id, let keys):
+                requestDeadlines[id] = nil
+                actions.append(.event(.contacts(id: id, keys: keys)))
             case .located(let id, let room, let party):
                 requestDeadlines[id] = nil
                 actions.append(.event(.located(id: id, room: room, party: party)))
@@ -162,7 +175,7 @@ public struct RendezvousClient: Sendable {
                 actions.append(.write(RendezvousFrame.frame(.pong)))
             case .pong:
                 actions.append(.event(.pong))
-            case .register, .lookup, .send, .post, .load, .locate:
+            case .register, .lookup, .send, .post, .load, .locate, .changeContacts:
                 throw .malformed("a client message from the server")
             }
         }

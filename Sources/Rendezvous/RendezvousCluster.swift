@@ -72,6 +72,8 @@ public enum RendezvousClusterEvent: Equatable, Sendable {
     case relayGone(PublicKey)
     /// A party room placed again there, on this relay.
     case roomMoved(room: String, relay: PublicKey)
+    /// A key's contacts changed there.
+    case contacts(owner: PublicKey, add: [PublicKey], remove: [PublicKey])
 }
 
 /// One ``RendezvousClusterEvent`` as a node sends it to the others: a JSON object
@@ -113,6 +115,8 @@ public struct ClusterNotice: Equatable, Sendable {
         var id: UInt64?
         var load: RelayLoad?
         var room: String?
+        var add: [String]?
+        var remove: [String]?
     }
 
     public func encode() -> String {
@@ -132,6 +136,8 @@ public struct ClusterNotice: Equatable, Sendable {
         case .event(.relayLoad(let key, let load)): (w.type, w.key, w.load) = ("relay-load", key.base64, load)
         case .event(.relayGone(let key)): (w.type, w.key) = ("relay-gone", key.base64)
         case .event(.roomMoved(let room, let relay)): (w.type, w.room, w.key) = ("room-moved", room, relay.base64)
+        case .event(.contacts(let owner, let add, let remove)):
+            (w.type, w.key, w.add, w.remove) = ("contacts", owner.base64, add.map(\.base64), remove.map(\.base64))
         case .signalRow(let id, let node): (w.type, w.id, w.node) = ("signal-row", id, node)
         case .postRow(let id): (w.type, w.id) = ("post-row", id)
         }
@@ -155,6 +161,9 @@ public struct ClusterNotice: Equatable, Sendable {
                 throw .malformed("cluster \(w.type): \"\(name)\" is not a 32-byte base64 key")
             }
             return k
+        }
+        func keys(_ list: [String]?, _ name: String) throws(RendezvousError) -> [PublicKey] {
+            try (list ?? []).map { (s: String) throws(RendezvousError) -> PublicKey in try key(s, name) }
         }
         func bytes(_ s: String?, _ name: String) throws(RendezvousError) -> [UInt8] {
             guard let d = Data(base64Encoded: try need(s, name)) else {
@@ -193,6 +202,9 @@ public struct ClusterNotice: Equatable, Sendable {
                 throw .malformed("cluster room-moved: a room id of \(room.utf8.count) bytes")
             }
             body = .event(.roomMoved(room: room, relay: try key(w.key, "key")))
+        case "contacts":
+            body = .event(
+                .contacts(owner: try key(w.key, "key"), add: try keys(w.add, "add"), remove: try keys(w.remove, "remove")))
         case "signal-row": body = .signalRow(try need(w.id, "id"), node: try need(w.node, "node"))
         case "post-row": body = .postRow(try need(w.id, "id"))
         default: throw .malformed("unknown cluster notice type \"\(w.type)\"")

@@ -97,6 +97,17 @@ public enum RendezvousMessage: Equatable, Sendable {
     case locate(id: UInt32, room: String)
     /// Server → client: the answer to `locate`.
     case located(id: UInt32, room: String, party: PartyGrant)
+    /// Client → server: change this key's contacts, the keys it takes posts and sends
+    /// from freely (at most ``maximumContactChange`` keys a request; both empty: only
+    /// asks). Anyone else is a stranger to it: a sender reaches few strangers an hour,
+    /// and a recipient's box keeps few of their posts. Answered with `contacts`.
+    case changeContacts(id: UInt32, add: [PublicKey], remove: [PublicKey])
+    /// Server → client: the key's contacts now (the answer to `changeContacts`).
+    case contacts(id: UInt32, keys: [PublicKey])
+
+    /// The most keys one `changeContacts` adds and removes together (a change travels
+    /// to a cluster's other nodes in one notification).
+    public static let maximumContactChange = 64
 
     private struct Wire: Codable {
         var type: String
@@ -114,6 +125,9 @@ public enum RendezvousMessage: Equatable, Sendable {
         var party: PartyGrant?
         var load: RelayLoad?
         var room: String?
+        var add: [String]?
+        var remove: [String]?
+        var keys: [String]?
     }
 
     public func encode() -> [UInt8] {
@@ -177,6 +191,15 @@ public enum RendezvousMessage: Equatable, Sendable {
             w.id = id
             w.room = room
             w.party = party
+        case .changeContacts(let id, let add, let remove):
+            w.type = "change-contacts"
+            w.id = id
+            w.add = add.map(\.base64)
+            w.remove = remove.map(\.base64)
+        case .contacts(let id, let keys):
+            w.type = "contacts"
+            w.id = id
+            w.keys = keys.map(\.base64)
         }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
@@ -196,6 +219,16 @@ public enum RendezvousMessage: Equatable, Sendable {
             let s = try need(s, name)
             guard let k = PublicKey(base64: s) else { throw .malformed("\(w.type): \"\(name)\" is not a 32-byte base64 key") }
             return k
+        }
+        func keys(_ list: [String]?, _ name: String) throws(RendezvousError) -> [PublicKey] {
+            var out: [PublicKey] = []
+            for s in list ?? [] {
+                guard let k = PublicKey(base64: s) else {
+                    throw .malformed("\(w.type): an entry of \"\(name)\" is not a 32-byte base64 key")
+                }
+                out.append(k)
+            }
+            return out
         }
         func bytes(_ s: String?, _ name: String) throws(RendezvousError) -> [UInt8] {
             let s = try need(s, name)
@@ -223,6 +256,9 @@ public enum RendezvousMessage: Equatable, Sendable {
         case "locate": self = .locate(id: try need(w.id, "id"), room: try need(w.room, "room"))
         case "located":
             self = .located(id: try need(w.id, "id"), room: try need(w.room, "room"), party: try need(w.party, "party"))
+        case "change-contacts":
+            self = .changeContacts(id: try need(w.id, "id"), add: try keys(w.add, "add"), remove: try keys(w.remove, "remove"))
+        case "contacts": self = .contacts(id: try need(w.id, "id"), keys: try keys(w.keys, "keys"))
         default: throw .malformed("unknown message type \"\(w.type)\"")
         }
     }

@@ -11,6 +11,9 @@ public enum RendezvousRecord: Equatable, Sendable {
     case dropped([UInt64])
     /// A key registered at this Unix time.
     case seen(PublicKey, unixSeconds: UInt64)
+    /// `owner`'s contacts changed: these keys added, these removed (the other nodes
+    /// of a cluster hear it too).
+    case contacts(owner: PublicKey, add: [PublicKey], remove: [PublicKey])
     // For the other nodes of a cluster (``RendezvousCluster``): made only by a node
     // that shares its database with others.
     /// A key registered here, at this Unix time.
@@ -46,15 +49,20 @@ public struct RendezvousPost: Equatable, Sendable {
     }
 }
 
-/// What a store gives back at start: the posts still kept, in posting order, and
-/// the keys seen, with when. Given again later (a cluster's node after a gap in
-/// what the others said), posts already held are not taken twice.
+/// What a store gives back at start: the posts still kept, in posting order, the
+/// keys seen, with when, and every key's contacts. Given again later (a cluster's
+/// node after a gap in what the others said), posts already held are not taken
+/// twice, and the contacts replace what the node knew.
 public struct RendezvousSnapshot: Equatable, Sendable {
     public var posts: [RendezvousPost]
     public var seen: [PublicKey: UInt64]
+    public var contacts: [PublicKey: Set<PublicKey>]
 
-    public init(posts: [RendezvousPost] = [], seen: [PublicKey: UInt64] = [:]) {
+    public init(
+        posts: [RendezvousPost] = [], seen: [PublicKey: UInt64] = [:], contacts: [PublicKey: Set<PublicKey>] = [:]
+    ) {
         self.posts = posts
         self.seen = seen
+        self.contacts = contacts
     }
 }

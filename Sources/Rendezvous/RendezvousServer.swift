@@ -37,6 +37,15 @@ public struct RendezvousServerConfiguration: Sendable {
     /// requests go on, and a post refused is not kept.
     public var postBurst = 30.0
     public var postsPerMinute = 60.0
+    /// A key's contacts (``RendezvousMessage/changeContacts(id:add:remove:)``), at most.
+    public var maximumContacts = 1_000
+    /// Strangers (keys that have not made the sender one of their contacts) one key
+    /// may reach with posts and sends: a burst, then this many an hour. A stranger
+    /// reached once costs nothing more for the hour after (a call's several sends,
+    /// an answer's), and contacts cost nothing: a flood of invitations to strangers
+    /// stops at a few, whatever its keys' post budget.
+    public var strangerBurst = 10.0
+    public var strangersPerHour = 30.0
     /// How long a key that was registered is remembered, so that a lookup or send can
     /// tell "offline" from "unknown"; at most `rememberedKeys` keys are kept.
     public var rememberFor: Duration = .seconds(24 * 3600)
@@ -49,6 +58,9 @@ public struct RendezvousServerConfiguration: Sendable {
     /// one recipient (the oldest go first) and `mailboxTotal` in all.
     public var mailboxLifetime: Duration = .seconds(24 * 3600)
     public var mailboxPerKey = 64
+    /// Of a recipient's box, at most this many posts from strangers: a stranger's post
+    /// pushes out the oldest stranger's, never a contact's.
+    public var mailboxFromStrangers = 16
     public var mailboxTotal = 100_000
     /// Relays that report with a proof of this secret (`tusa directory --relay-secret`)
     /// are placed by load: each registered peer is told the party relay, and its TURN
@@ -152,6 +164,16 @@ public struct RendezvousServer: Sendable {
     private var elsewhere: [PublicKey: ClusterPresence] = [:]
     /// What is left of each poster's budget (``RendezvousServerConfiguration/postBurst``), and when.
     private var postBudgets: [PublicKey: (posts: Double, at: Timestamp)] = [:]
+    /// Each key's contacts: the keys it takes posts and sends from freely.
+    private var contacts: [PublicKey: Set<PublicKey>] = [:]
+    /// What is left of each key's stranger budget, and the strangers it reached in
+    /// the last hour (``RendezvousServerConfiguration/strangerBurst``).
+    private struct StrangerBudget {
+        var strangers: Double
+        var at: Timestamp
+        var reached: [PublicKey: Timestamp] = [:]
+    }
+    private var strangerBudgets: [PublicKey: StrangerBudget] = [:]
     private var clustered: Bool { configuration.node != 0 }
     /// See ``Input/memoryShort(_:)``.
     public internal(set) var memoryShort = false
@@ -243,6 +265,13 @@ public struct RendezvousServer: Sendable {
         // A budget refilled to the burst is the same as none.
         let refill = Duration.seconds(configuration.postBurst * 60 / max(configuration.postsPerMinute, 1e-9))
         postBudgets = postBudgets.filter { now - $0.value.at < refill }
+        // A budget refilled, with no stranger left to remember, is the same as none.
+        for (key, var budget) in strangerBudgets {
+            budget.reached = budget.reached.filter { now - $0.value < Self.strangerMemory }
+            budget.strangers = refilled(budget, now: now)
+            budget.at = now
+            strangerBudgets[key] = budget.reached.isEmpty && budget.strangers >= configuration.strangerBurst ? nil : budget
+        }
         relayRegistry.expire(now: now)
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
         return actions
@@ -326,6 +355,9 @@ public struct RendezvousServer: Sendable {
             guard let from = c.key else {
                 return refuse(id, .notRegistered, "register before send", requestID: requestID, close: false)
             }
+            if registry[to] != nil || elsewhere[to] != nil, !mayReach(to, from: from, now: now) {
+                return refuseStranger(id, to, requestID: requestID)
+            }
             if registry[to] == nil, let there = elsewhere[to] {
                 // Written down for the node it is registered at, then acknowledged.
                 records.append(.signal(ClusterSignal(to: to, node: there.node, from: from, sealed: sealed)))
@@ -356,15 +388,33 @@ public struct RendezvousServer: Sendable {
                     "more than \(Int(configuration.postBurst)) posts at once, then \(Int(configuration.postsPerMinute)) a minute",
                     requestID: requestID, close: false)
             }
+            let fromStranger = !accepts(to, from: from)
+            guard !fromStranger || mayReach(to, from: from, now: now) else {
+                return refuseStranger(id, to, requestID: requestID)
+            }
             expireMailbox(of: to, now: now)
             var box = mailbox[to] ?? []
-            // A full box makes room by its oldest: that one counts as gone when the total is checked.
-            let boxFull = box.count >= configuration.mailboxPerKey
-            guard mailboxCount - (boxFull ? 1 : 0) < configuration.mailboxTotal else {
+            // A full box makes room by its oldest; a stranger's post by the oldest stranger's,
+            // and it has a smaller share. That one counts as gone when the total is checked.
+            var pushOut: Int?
+            if fromStranger {
+                let theirs = contacts[to] ?? []
+                let strangers = box.indices.filter { !theirs.contains(box[$0].from) }
+                if strangers.count >= configuration.mailboxFromStrangers || box.count >= configuration.mailboxPerKey {
+                    guard let oldest = strangers.first else {
+                        return refuse(
+                            id, .full, "\(to) has \(box.count) posts from its contacts kept", requestID: requestID, close: false)
+                    }
+                    pushOut = oldest
+                }
+            } else if box.count >= configuration.mailboxPerKey {
+                pushOut = 0
+            }
+            guard mailboxCount - (pushOut == nil ? 0 : 1) < configuration.mailboxTotal else {
                 return refuse(id, .full, "the rendezvous keeps \(mailboxCount) posts", requestID: requestID, close: false)
             }
-            if boxFull {
-                let oldest = box.removeFirst().id
+            if let pushOut {
+                let oldest = box.remove(at: pushOut).id
                 records.append(.dropped([oldest]))
                 postRecipients[oldest] = nil
             }
@@ -381,6 +431,35 @@ public struct RendezvousServer: Sendable {
                 actions.append(.send(target, RendezvousFrame.frame(.deliver(from: from, sealed: sealed))))
             }
             return actions + [.send(id, RendezvousFrame.frame(.sent(id: requestID)))]
+        case .changeContacts(let requestID, let add, let remove):
+            guard let owner = c.key else {
+                return refuse(id, .notRegistered, "register before changing contacts", requestID: requestID, close: false)
+            }
+            guard add.count + remove.count <= RendezvousMessage.maximumContactChange else {
+                return refuse(
+                    id, .malformed,
+                    "at most \(RendezvousMessage.maximumContactChange) keys a change, not \(add.count + remove.count)",
+                    requestID: requestID, close: false)
+            }
+            let before = contacts[owner] ?? []
+            let after = before.subtracting(remove).union(add)
+            if after.count > before.count {
+                guard after.count <= configuration.maximumContacts else {
+                    return refuse(
+                        id, .full, "at most \(configuration.maximumContacts) contacts, not \(after.count)", requestID: requestID,
+                        close: false)
+                }
+                guard !memoryShort else {
+                    return refuse(id, .full, "the rendezvous is short of memory", requestID: requestID, close: false)
+                }
+            }
+            let added = after.subtracting(before)
+            let removed = before.subtracting(after)
+            if !added.isEmpty || !removed.isEmpty {
+                records.append(.contacts(owner: owner, add: Self.ordered(added), remove: Self.ordered(removed)))
+                contacts[owner] = after.isEmpty ? nil : after
+            }
+            return [.send(id, RendezvousFrame.frame(.contacts(id: requestID, keys: Self.ordered(after))))]
         case .ping:
             return [.send(id, RendezvousFrame.frame(.pong))]
         case .pong:
@@ -419,7 +498,7 @@ public struct RendezvousServer: Sendable {
                 return refuse(id, .noRelay, "no relay hosts parties now", requestID: requestID, close: false)
             }
             return [.send(id, RendezvousFrame.frame(.located(id: requestID, room: room, party: party)))]
-        case .hello, .registered, .lookupResult, .sent, .deliver, .error, .located:
+        case .hello, .registered, .lookupResult, .sent, .deliver, .error, .located, .contacts:
             return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
         }
     }
@@ -438,6 +517,51 @@ public struct RendezvousServer: Sendable {
         budget.posts -= 1
         postBudgets[key] = budget
         return true
+    }
+
+    /// Whether `to` made `from` one of its contacts (or is `from`).
+    private func accepts(_ to: PublicKey, from: PublicKey) -> Bool {
+        to == from || contacts[to]?.contains(from) == true
+    }
+
+    /// Whether `from` may post or send to `to` now: always a contact; a stranger
+    /// reached in the last hour again; another stranger from `from`'s stranger budget.
+    private mutating func mayReach(_ to: PublicKey, from: PublicKey, now: Timestamp) -> Bool {
+        guard !accepts(to, from: from), configuration.strangerBurst.isFinite else { return true }
+        var budget = strangerBudgets[from] ?? StrangerBudget(strangers: configuration.strangerBurst, at: now)
+        if let then = budget.reached[to], now - then < Self.strangerMemory { return true }
+        budget.strangers = refilled(budget, now: now)
+        budget.at = now
+        guard budget.strangers >= 1 else {
+            strangerBudgets[from] = budget
+            return false
+        }
+        budget.strangers -= 1
+        budget.reached[to] = now
+        strangerBudgets[from] = budget
+        return true
+    }
+
+    /// What `budget` holds at `now`: what it held, and what the time since gave back.
+    private func refilled(_ budget: StrangerBudget, now: Timestamp) -> Double {
+        let elapsed = now - budget.at
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        return min(configuration.strangerBurst, budget.strangers + max(0, seconds) * configuration.strangersPerHour / 3600)
+    }
+
+    private mutating func refuseStranger(_ id: ConnectionID, _ to: PublicKey, requestID: UInt32) -> [RendezvousAction] {
+        refuse(
+            id, .rateLimited,
+            "\(to) has not made you a contact, and you reached \(Int(configuration.strangerBurst)) strangers at once, then \(Int(configuration.strangersPerHour)) an hour",
+            requestID: requestID, close: false)
+    }
+
+    /// How long a stranger reached stays free to reach again.
+    static let strangerMemory = Duration.seconds(3600)
+
+    /// Keys in one order (their bytes'), for answers and records that compare alike.
+    static func ordered(_ keys: Set<PublicKey>) -> [PublicKey] {
+        keys.sorted { $0.bytes.lexicographicallyPrecedes($1.bytes) }
     }
 
     /// Drops what was posted for `key` longer ago than the mailbox keeps it.
@@ -491,6 +615,9 @@ public struct RendezvousServer: Sendable {
                 actions.append(.send(target, RendezvousFrame.frame(.deliver(from: post.from, sealed: post.sealed))))
             }
         }
+        // The database's contacts are the whole truth (at a start nothing is known;
+        // after a gap, what the others changed is in them).
+        contacts = snapshot.contacts
         // The most recent first, as many as are remembered.
         for (key, then) in snapshot.seen.sorted(by: { $0.value > $1.value }) where registry[key] == nil {
             guard seen.count < configuration.rememberedKeys || seen[key] != nil else { break }
@@ -589,6 +716,9 @@ public struct RendezvousServer: Sendable {
             relayRegistry.remove(key)
         case .roomMoved(let room, let relay):
             relayRegistry.remember(room: room, on: relay)
+        case .contacts(let owner, let add, let remove):
+            let after = (contacts[owner] ?? []).subtracting(remove).union(add)
+            contacts[owner] = after.isEmpty ? nil : after
         case .dropped(let ids):
             for id in ids {
                 guard let key = postRecipients.removeValue(forKey: id) else { continue }

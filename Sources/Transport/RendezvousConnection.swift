@@ -186,6 +186,26 @@ public final class RendezvousConnection: Sendable {
         return party
     }
 
+    /// Adds and removes contacts: the keys whose posts and sends this key takes freely
+    /// (to the rendezvous, anyone else is a stranger to it). Both empty: only asks.
+    /// Returns the contacts now; more than ``RendezvousMessage/maximumContactChange``
+    /// keys go in several requests.
+    public func contacts(add: [PublicKey] = [], remove: [PublicKey] = []) async throws -> [PublicKey] {
+        let step = RendezvousMessage.maximumContactChange
+        var changes = stride(from: 0, to: remove.count, by: step).map {
+            ([PublicKey](), Array(remove[$0..<min($0 + step, remove.count)]))
+        }
+        changes += stride(from: 0, to: add.count, by: step).map { (Array(add[$0..<min($0 + step, add.count)]), [PublicKey]()) }
+        if changes.isEmpty { changes = [([], [])] }
+        var now: [PublicKey] = []
+        for (add, remove) in changes {
+            let event = try await request { core, time in core.changeContacts(add: add, remove: remove, now: time) }
+            guard case .contacts(_, let keys) = event else { throw RendezvousConnectionError.unexpectedAnswer("\(event)") }
+            now = keys
+        }
+        return now
+    }
+
     /// Seals `payload` to `peer` and waits until the server passed it on (throws
     /// `.refused(.offline/.unknownPeer, …)` otherwise).
     public func send(_ payload: [UInt8], to peer: PublicKey) async throws {
@@ -295,7 +315,7 @@ final class RendezvousDriver {
         case .registered(let turn, let party):
             registered?.succeed(Registration(turn: turn, party: party))
             registered = nil
-        case .lookup(let id, _, _), .sent(let id), .located(let id, _, _):
+        case .lookup(let id, _, _), .sent(let id), .located(let id, _, _), .contacts(let id, _):
             pending.removeValue(forKey: id)?.succeed(event)
         case .refused(let code, let detail, let id):
             let error = RendezvousConnectionError.refused(code, detail)

@@ -86,12 +86,20 @@ struct DirectoryStoreTests {
         try await store.write([.posted(post(3, at: now + 5, 3)), .dropped([1]), .seen(alice, unixSeconds: now + 7)])
         // The same post written twice (a retried batch) is one row.
         try await store.write([.posted(post(3, at: now + 5, 3))])
+        // Contacts: what is added and removed, in order; an addition retried is one row.
+        let carol = PrivateKey.generate().publicKey
+        try await store.write([
+            .contacts(owner: bob, add: [alice, carol], remove: []), .contacts(owner: bob, add: [], remove: [carol]),
+            .contacts(owner: alice, add: [bob], remove: []),
+        ])
+        try await store.write([.contacts(owner: bob, add: [alice], remove: [])])
         await store.close()
 
         let again = try await backing.open()
         let snapshot = try await again.load(unixSeconds: now + 10, postsFor: .seconds(86400), seenFor: .seconds(86400))
         #expect(snapshot.posts == [post(2, at: now, 2), post(3, at: now + 5, 3)])
         #expect(snapshot.seen == [alice: now + 7])
+        #expect(snapshot.contacts == [bob: [alice], alice: [bob]])
         await again.close()
     }
 
@@ -121,12 +129,38 @@ struct DirectoryStoreTests {
         await (try backing.open()).close()
         let raw = try await SQLiteConnection.open(storage: .file(path: path))
         let versions = try await raw.query("SELECT version FROM schema_migrations", [])
-        #expect(versions.compactMap { $0.column("version")?.integer } == [1])
+        #expect(versions.compactMap { $0.column("version")?.integer } == [1, 2])
         _ = try await raw.query("INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)", [])
         try await raw.close()
         await #expect(
-            throws: DirectoryError("\(path) has schema version 99, newer than this tusa's 1: use a newer tusa")
+            throws: DirectoryError("\(path) has schema version 99, newer than this tusa's 2: use a newer tusa")
         ) { _ = try await SQLiteDirectoryStore.open(path: path, logger: logger) }
+    }
+
+    /// A file an earlier tusa made (schema 1: posts and keys seen, no contacts) is
+    /// brought up to date at open, its rows kept.
+    @Test func anEarlierSQLiteSchemaIsMigratedWithItsRows() async throws {
+        let path = NSTemporaryDirectory() + "tusa-directory-\(UUID().uuidString).sqlite"
+        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) } }
+        let raw = try await SQLiteConnection.open(storage: .file(path: path))
+        _ = try await raw.query(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)", [])
+        for statement in [
+            """
+            CREATE TABLE posts (id INTEGER PRIMARY KEY, recipient BLOB NOT NULL, sender BLOB NOT NULL,
+                sealed BLOB NOT NULL, posted_at INTEGER NOT NULL)
+            """,
+            "CREATE INDEX posts_by_time ON posts (posted_at)", "CREATE TABLE seen (key BLOB PRIMARY KEY, at INTEGER NOT NULL)",
+        ] { _ = try await raw.query(statement, []) }
+        _ = try await raw.query("INSERT INTO schema_migrations (version, applied_at) VALUES (1, 0)", [])
+        _ = try await raw.query(
+            "INSERT INTO seen (key, at) VALUES (?, ?)", [.blob(.init(bytes: alice.bytes)), .integer(Int(now))])
+        try await raw.close()
+        let store = try await SQLiteDirectoryStore.open(path: path, logger: logger)
+        try await store.write([.contacts(owner: alice, add: [bob], remove: [])])
+        let snapshot = try await store.load(unixSeconds: now, postsFor: .seconds(86400), seenFor: .seconds(86400))
+        #expect(snapshot.seen == [alice: now] && snapshot.contacts == [alice: [bob]])
+        await store.close()
     }
 
     /// Two directory nodes opening one new database together: both serve it, each
@@ -147,10 +181,10 @@ struct DirectoryStoreTests {
         for store in stores { await store.close() }
         #expect(try await Self.psql(backing, "SELECT count(*) FROM nodes") == "0")
         let versions = try await Self.psql(backing, "SELECT version FROM schema_migrations ORDER BY version")
-        #expect(versions == "1,2")
+        #expect(versions == "1,2,3")
         _ = try await Self.psql(backing, "INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)")
         await #expect(
-            throws: DirectoryError("\(location) has schema version 99, newer than this tusa's 2: use a newer tusa")
+            throws: DirectoryError("\(location) has schema version 99, newer than this tusa's 3: use a newer tusa")
         ) { _ = try await PostgresDirectoryStore.open(location, logger: logger) }
     }
 
@@ -181,6 +215,7 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: [1, 2, 3])),
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol),
+            .contacts(owner: bob, add: [alice, carol], remove: [bob]),
         ]
         try await a.write(records)
         let expected: [RendezvousClusterEvent] = [
@@ -190,6 +225,7 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: [1, 2, 3])),
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol, node: nodeA),
+            .contacts(owner: bob, add: [alice, carol], remove: [bob]),
         ]
         #expect(await heard.wait { $0.events.count >= expected.count }, "\(heard.events.count)")
         #expect(heard.events == expected)

@@ -73,7 +73,7 @@ struct DirectoryCommandTests {
         let (second, again) = try await Self.start(command, database)
         defer { second.kill() }
         let b = try await RendezvousConnection.connect(to: again, identity: bob, timeout: .seconds(30))
-        let delivered = await Self.next(b.incoming, within: .seconds(10))
+        let delivered = await Harness.next(b.incoming, within: .seconds(10))
         #expect(delivered?.from == alice.publicKey && delivered?.payload == invitation)
         await #expect(throws: RendezvousConnectionError.refused(.offline, "\(alice.publicKey) is offline")) {
             try await b.send([1], to: alice.publicKey)
@@ -247,7 +247,7 @@ struct DirectoryCommandTests {
             await relay.waitFor(timeout: 10) { _, err in err.contains("reporting load to the directory") && err.contains("\(one)")
             },
             "\(relay.stderr)")
-        for node in [first, second] { #expect(node.stdout.contains("(schema 2, node "), "\(node.stdout)") }
+        for node in [first, second] { #expect(node.stdout.contains("(schema 3, node "), "\(node.stdout)") }
         let alice = PrivateKey.generate()
         let bob = PrivateKey.generate()
         let carol = PrivateKey.generate()
@@ -260,17 +260,17 @@ struct DirectoryCommandTests {
         let offer = Array("offer from node one".utf8)
         let sentAt = ContinuousClock.now
         try await a.send(offer, to: bob.publicKey)
-        let heard = await Self.next(b.incoming, within: .seconds(5))
+        let heard = await Harness.next(b.incoming, within: .seconds(5))
         #expect(heard?.from == alice.publicKey && heard?.payload == offer)
         print("directory nodes: a send from node one heard at node two after \(ContinuousClock.now - sentAt)")
         try await b.send(Array("answer".utf8), to: alice.publicKey)
-        #expect(await Self.next(a.incoming, within: .seconds(5))?.payload == Array("answer".utf8))
+        #expect(await Harness.next(a.incoming, within: .seconds(5))?.payload == Array("answer".utf8))
 
         // A post for Carol, never here, made at node one: she logs in at node two.
         let invitation = Array("Valheim: tusa party join ROOM".utf8)
         try await a.post(invitation, to: carol.publicKey)
         let c = try await RendezvousConnection.connect(to: two, identity: carol, timeout: .seconds(30))
-        let delivered = await Self.next(c.incoming, within: .seconds(5))
+        let delivered = await Harness.next(c.incoming, within: .seconds(5))
         #expect(delivered?.from == alice.publicKey && delivered?.payload == invitation)
 
         // Node two sends its peers to the relay that reports to node one.
@@ -305,7 +305,7 @@ struct DirectoryCommandTests {
         print("directory nodes: a killed node's peers offline at the other after \(ContinuousClock.now - killedAt)")
         let moved = try await RendezvousConnection.connect(to: two, identity: alice, timeout: .seconds(30))
         try await b.send([7], to: alice.publicKey)
-        #expect(await Self.next(moved.incoming, within: .seconds(5))?.payload == [7])
+        #expect(await Harness.next(moved.incoming, within: .seconds(5))?.payload == [7])
         #expect(await watcher.waitFor(timeout: 10) { _, err in err.contains("watching at \(two)") }, "\(watcher.stderr)")
         // The relay reports to node two now, which places on it.
         #expect(
@@ -327,25 +327,6 @@ struct DirectoryCommandTests {
         let path = NSTemporaryDirectory() + "tusa-watch-\(UUID().uuidString).key"
         try Identity.generate().write(to: path)
         return path
-    }
-
-    /// The next payload a connection hears within `limit`, if any.
-    private static func next(
-        _ incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>, within limit: Duration
-    ) async -> (from: PublicKey, payload: [UInt8])? {
-        await withTaskGroup(of: (from: PublicKey, payload: [UInt8])?.self) { group in
-            group.addTask {
-                for await message in incoming { return message }
-                return nil
-            }
-            group.addTask {
-                try? await Task.sleep(for: limit)
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first
-        }
     }
 
     @Test(

@@ -59,6 +59,7 @@ private struct Cluster {
         case .relayLoad(let key, let load): .relayLoad(key, load)
         case .relayGone(let key): .relayGone(key)
         case .roomMoved(let room, let relay): .roomMoved(room: room, relay: relay)
+        case .contacts(let owner, let add, let remove): .contacts(owner: owner, add: add, remove: remove)
         case .seen: nil
         }
     }
@@ -102,6 +103,33 @@ struct RendezvousClusterTests {
         let (gone, again) = try cb.send([1], to: alice.publicKey)
         #expect(
             try cluster[2].request(b, again, &cb).contains { if case .refused(.offline, _, gone) = $0 { true } else { false } })
+    }
+
+    /// Bob makes Alice a contact at node 2; Alice, at node 1 and with no stranger
+    /// budget, reaches him there; Carol, a stranger, does not. When Bob removes her,
+    /// node 1 refuses her too.
+    @Test func contactsMadeAtOneNodeHoldAtTheOthers() throws {
+        var cluster = Cluster(nodes: 2) { $0.strangerBurst = 0 }
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
+        var cc = RendezvousClient(identity: carol)
+        _ = try cluster[1].connect(a, &ca)
+        _ = try cluster[2].connect(b, &cb)
+        _ = try cluster[1].connect(c, &cc)
+        let (_, add) = cb.changeContacts(add: [alice.publicKey])
+        _ = try cluster[2].request(b, add, &cb)
+        cluster.settle()
+        let (sent, offer) = try ca.send([1], to: bob.publicKey)
+        #expect(try cluster[1].request(a, offer, &ca) == [.sent(id: sent)])
+        let (_, strange) = try cc.send([2], to: bob.publicKey)
+        #expect(RendezvousContactsTests.isRateLimited(try cluster[1].request(c, strange, &cc)))
+        cluster.settle()
+        #expect(try cluster[2].pump(b, &cb) == [.received(from: alice.publicKey, payload: [1])])
+        let (_, remove) = cb.changeContacts(remove: [alice.publicKey])
+        _ = try cluster[2].request(b, remove, &cb)
+        cluster.settle()
+        let (_, again) = try ca.post([3], to: bob.publicKey)
+        #expect(RendezvousContactsTests.isRateLimited(try cluster[1].request(a, again, &ca)))
     }
 
     /// A post made at node 1 reaches its recipient online at node 2 at once, and
@@ -370,6 +398,8 @@ struct RendezvousClusterTests {
                         party: PartyGrant(address: "127.0.0.9:3481", key: key.base64), turnURIs: ["turn:127.0.0.9:3478"],
                         capacityBitsPerSecond: 1_000_000))),
             .event(.relayGone(bob.publicKey)), .event(.roomMoved(room: "x7kq-abcdefghijkm", relay: bob.publicKey)),
+            .event(.contacts(owner: key, add: [bob.publicKey], remove: [])),
+            .event(.contacts(owner: key, add: [], remove: [key])),
         ]
         for body in bodies {
             let notice = ClusterNotice(origin: 5, body)
@@ -382,6 +412,7 @@ struct RendezvousClusterTests {
             #"{"v":1,"origin":-1,"type":"node-gone","node":1}"#,
             #"{"v":1,"origin":1,"type":"room-moved","key":"\#(bob.publicKey.base64)"}"#,
             #"{"v":1,"origin":1,"type":"room-moved","room":"","key":"\#(bob.publicKey.base64)"}"#,
+            #"{"v":1,"origin":1,"type":"contacts","key":"\#(bob.publicKey.base64)","add":["AAAA"]}"#,
         ] {
             #expect(throws: RendezvousError.self, "\(bad)") { try ClusterNotice(decoding: bad) }
         }

@@ -711,6 +711,9 @@ extension RendezvousClient {
             .error(code: .timeout, detail: "", id: nil), .ping, .pong, .locate(id: 9, room: "x7kq-abcdefghijkm"),
             .located(id: 9, room: "x7kq-abcdefghijkm", party: PartyGrant(address: "127.0.0.1:3481", key: k.base64)),
             .error(code: .noRelay, detail: "none", id: 9),
+            .changeContacts(id: 10, add: [k], remove: []), .changeContacts(id: 11, add: [], remove: [k, bob.publicKey]),
+            .changeContacts(id: 12, add: [], remove: []), .contacts(id: 10, keys: [k, bob.publicKey]),
+            .contacts(id: 12, keys: []),
         ]
         for m in all { #expect(try RendezvousMessage(decoding: m.encode()) == m) }
         // Split at every byte: the framer reassembles.

@@ -101,6 +101,8 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
     // Each user posts at the bench's pace, past a person's budget.
     configuration.postsPerMinute = max(configuration.postsPerMinute, perClient * 120)
     configuration.postBurst = max(configuration.postBurst, perClient * 10)
+    // Every post goes to a stranger here: what is measured is the store, not the stranger rule.
+    configuration.strangerBurst = .infinity
     let service = RendezvousService(
         address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, store: store, logger: logger)
     let group = ServiceGroup(configuration: .init(services: [service], logger: logger))
@@ -196,6 +198,8 @@ func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds:
     configuration.mailboxTotal = max(configuration.mailboxTotal, Int(Double(rate) * seconds) * 2)
     configuration.postsPerMinute = max(configuration.postsPerMinute, perClient * 120)
     configuration.postBurst = max(configuration.postBurst, perClient * 10)
+    // Every post goes to a stranger here: what is measured is the store, not the stranger rule.
+    configuration.strangerBurst = .infinity
     let services = stores.map {
         RendezvousService(
             address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, store: $0, logger: logger)

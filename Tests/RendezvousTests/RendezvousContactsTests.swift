@@ -1,0 +1,198 @@
+import Secure
+import Testing
+import TusaBase
+
+@testable import Rendezvous
+
+extension RendezvousClient {
+    /// A change of contacts and the frame it writes.
+    mutating func changeContacts(add: [PublicKey] = [], remove: [PublicKey] = []) -> (UInt32, [UInt8]) {
+        let id = changeContacts(add: add, remove: remove, now: .zero)
+        return (id, takeWrites())
+    }
+}
+
+/// Contacts on a virtual clock: the keys a user takes posts and sends from freely.
+/// Anyone else is a stranger: a key reaches few strangers an hour, and a box keeps
+/// few strangers' posts, never at a contact's expense.
+@Suite("Rendezvous contacts") struct RendezvousContactsTests {
+    let alice = PrivateKey.generate(), bob = PrivateKey.generate(), carol = PrivateKey.generate()
+    let a = ConnectionID(1), b = ConnectionID(2), c = ConnectionID(3)
+
+    static func isRateLimited(_ events: [RendezvousClient.Event]) -> Bool {
+        events.contains { if case .refused(.rateLimited, _, _?) = $0 { true } else { false } }
+    }
+
+    /// A key floods invitations and calls to strangers: its burst goes, then each new
+    /// stranger is refused (rate-limited, nothing kept, nothing delivered, the
+    /// connection open), while a stranger it reached already, and anyone who made it
+    /// a contact, are reached as before. The budget refills over the hour.
+    @Test func aKeyReachesFewStrangersAnHourAndItsContactsFreely() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.strangerBurst = 3
+        configuration.strangersPerHour = 3
+        var net = Net(configuration)
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        let strangers = (0..<5).map { _ in PrivateKey.generate().publicKey }
+        var answers: [[RendezvousClient.Event]] = []
+        for key in strangers {
+            let (_, frame) = try ca.post([1], to: key)
+            answers.append(try net.request(a, frame, &ca))
+        }
+        #expect(answers.map { $0.contains { if case .sent = $0 { true } else { false } } } == [true, true, true, false, false])
+        #expect(answers[3...].allSatisfy(Self.isRateLimited), "\(answers)")
+        #expect(net.server.statistics.posted == 3, "a refused post is not kept")
+        #expect(!net.closed.contains(a))
+        // The first stranger again: reached this hour already, it costs nothing.
+        let (again, frame) = try ca.post([2], to: strangers[0])
+        #expect(try net.request(a, frame, &ca) == [.sent(id: again)])
+        // Carol is online but a stranger to Alice: neither a call's send nor a post reaches her.
+        var cc = RendezvousClient(identity: carol)
+        _ = try net.connect(c, &cc)
+        let (_, call) = try ca.send([3], to: carol.publicKey)
+        #expect(Self.isRateLimited(try net.request(a, call, &ca)))
+        #expect(!(try net.pump(c, &cc)).contains { if case .received = $0 { true } else { false } })
+        // Bob makes Alice a contact: she reaches him with her budget spent.
+        var cb = RendezvousClient(identity: bob)
+        _ = try net.connect(b, &cb)
+        let (changed, add) = cb.changeContacts(add: [alice.publicKey])
+        #expect(try net.request(b, add, &cb) == [.contacts(id: changed, keys: [alice.publicKey])])
+        let (sent, direct) = try ca.send([4], to: bob.publicKey)
+        #expect(try net.request(a, direct, &ca) == [.sent(id: sent)])
+        let (posted, invitation) = try ca.post([5], to: bob.publicKey)
+        #expect(try net.request(a, invitation, &ca) == [.sent(id: posted)])
+        let heard = try net.pump(b, &cb).compactMap { if case .received(_, let p) = $0 { p } else { nil } }
+        #expect(heard == [[4], [5]])
+        // Twenty minutes give one stranger back (three an hour): Carol, then no one new.
+        net.now = net.now + .seconds(20 * 60)
+        let (rang, ring) = try ca.send([6], to: carol.publicKey)
+        #expect(try net.request(a, ring, &ca) == [.sent(id: rang)])
+        let (_, next) = try ca.post([7], to: strangers[4])
+        #expect(Self.isRateLimited(try net.request(a, next, &ca)))
+        // Others have budgets of their own.
+        let (bobs, toCarol) = try cb.post([8], to: carol.publicKey)
+        #expect(try net.request(b, toCarol, &cb) == [.sent(id: bobs)])
+    }
+
+    /// Strangers flooding one user's box push out only each other's posts (the oldest
+    /// first, a few kept); a contact's invitation stays, and a box full of contacts'
+    /// posts refuses a stranger's rather than drop one of them.
+    @Test func strangersNeverPushOutAContactsInvitation() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.mailboxPerKey = 4
+        configuration.mailboxFromStrangers = 2
+        var net = Net(configuration)
+        // Bob makes Alice a contact, and leaves.
+        var cb = RendezvousClient(identity: bob)
+        _ = try net.connect(b, &cb)
+        let (_, add) = cb.changeContacts(add: [alice.publicKey])
+        _ = try net.request(b, add, &cb)
+        net.feed(.closed(b))
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        let (first, frame) = try ca.post([1], to: bob.publicKey)
+        #expect(try net.request(a, frame, &ca) == [.sent(id: first)])
+        // Five strangers post to Bob, each from a key of its own.
+        for n: UInt8 in 10..<15 {
+            var stranger = RendezvousClient(identity: .generate())
+            let id = ConnectionID(UInt64(n))
+            _ = try net.connect(id, &stranger)
+            let (sent, post) = try stranger.post([n], to: bob.publicKey)
+            #expect(try net.request(id, post, &stranger) == [.sent(id: sent)])
+        }
+        #expect(net.records.filter { if case .dropped = $0 { true } else { false } }.count == 3)
+        var back = RendezvousClient(identity: bob)
+        let heard = try net.connect(ConnectionID(20), &back).compactMap { if case .received(_, let p) = $0 { p } else { nil } }
+        #expect(heard == [[1], [13], [14]], "Alice's, and the two newest strangers'")
+        // Alice fills the box (her posts push out the oldest, a stranger's first)...
+        for n: UInt8 in 2...5 {
+            let (sent, post) = try ca.post([n], to: bob.publicKey)
+            #expect(try net.request(a, post, &ca) == [.sent(id: sent)])
+        }
+        // ...and a stranger's post finds no stranger's to push out: refused, nothing lost.
+        var late = RendezvousClient(identity: .generate())
+        _ = try net.connect(ConnectionID(30), &late)
+        let (refused, post) = try late.post([99], to: bob.publicKey)
+        let answer = try net.request(ConnectionID(30), post, &late)
+        #expect(answer.contains { if case .refused(.full, _, refused) = $0 { true } else { false } }, "\(answer)")
+        net.feed(.closed(ConnectionID(20)))
+        var last = RendezvousClient(identity: bob)
+        let kept = try net.connect(ConnectionID(21), &last).compactMap { if case .received(_, let p) = $0 { p } else { nil } }
+        #expect(kept == [[2], [3], [4], [5]])
+    }
+
+    /// A change is recorded (before its answer) as what it added and removed; a
+    /// restarted server given the store's contacts, and another node told of a
+    /// change, let the contact through where a stranger is refused.
+    @Test func contactsAreRecordedRestoredAndHeardFromOtherNodes() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.strangerBurst = 0
+        var net = Net(configuration)
+        var cb = RendezvousClient(identity: bob)
+        _ = try net.connect(b, &cb)
+        net.records = []
+        let (_, add) = cb.changeContacts(add: [alice.publicKey, carol.publicKey])
+        _ = try net.request(b, add, &cb)
+        // Asking changes nothing, and records nothing.
+        let (asked, ask) = cb.changeContacts()
+        let answer = try net.request(b, ask, &cb)
+        let listed: [Set<PublicKey>] = answer.map { if case .contacts(asked, let keys) = $0 { Set(keys) } else { [] } }
+        #expect(listed == [[alice.publicKey, carol.publicKey]])
+        #expect(net.records.count == 1)
+        guard case .contacts(let owner, let added, let removed)? = net.records.first else {
+            Issue.record("no record of the change: \(net.records)")
+            return
+        }
+        #expect(owner == bob.publicKey && Set(added) == [alice.publicKey, carol.publicKey] && removed.isEmpty)
+        net.afterRecords = []
+        let (dropped, drop) = cb.changeContacts(remove: [carol.publicKey])
+        #expect(try net.request(b, drop, &cb) == [.contacts(id: dropped, keys: [alice.publicKey])])
+        #expect(net.records.last == .contacts(owner: bob.publicKey, add: [], remove: [carol.publicKey]))
+        #expect(net.afterRecords.contains { if case .send(b, _) = $0 { true } else { false } }, "answered after the record")
+
+        // A restart: the store gives the contacts back.
+        var restarted = Net(configuration)
+        restarted.feed(.restore(RendezvousSnapshot(contacts: [bob.publicKey: [alice.publicKey]]), unixSeconds: net.unix))
+        var rb = RendezvousClient(identity: bob)
+        _ = try restarted.connect(b, &rb)
+        var ra = RendezvousClient(identity: alice)
+        _ = try restarted.connect(a, &ra)
+        var rc = RendezvousClient(identity: carol)
+        _ = try restarted.connect(c, &rc)
+        let (sent, frame) = try ra.send([1], to: bob.publicKey)
+        #expect(try restarted.request(a, frame, &ra) == [.sent(id: sent)])
+        let (_, strange) = try rc.send([2], to: bob.publicKey)
+        #expect(Self.isRateLimited(try restarted.request(c, strange, &rc)))
+        // Another node says Bob made Carol a contact there.
+        restarted.feed(.cluster(.contacts(owner: bob.publicKey, add: [carol.publicKey], remove: []), unixSeconds: net.unix))
+        let (now, friendly) = try rc.send([3], to: bob.publicKey)
+        #expect(try restarted.request(c, friendly, &rc) == [.sent(id: now)])
+    }
+
+    /// A change of more keys than one notification carries, more contacts than a key
+    /// may hold, or a change before registering: refused with the reason, the
+    /// connection open, nothing recorded.
+    @Test func oversizedChangesAndTooManyContactsAreRefused() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.maximumContacts = 3
+        var net = Net(configuration)
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        net.records = []
+        let many = (0...RendezvousMessage.maximumContactChange).map { _ in PrivateKey.generate().publicKey }
+        let (big, frame) = ca.changeContacts(add: many)
+        let answer = try net.request(a, frame, &ca)
+        #expect(answer.contains { if case .refused(.malformed, _, big) = $0 { true } else { false } }, "\(answer)")
+        let (full, four) = ca.changeContacts(add: Array(many.prefix(4)))
+        #expect(try net.request(a, four, &ca).contains { if case .refused(.full, _, full) = $0 { true } else { false } })
+        #expect(net.records.isEmpty && !net.closed.contains(a))
+        let (three, fits) = ca.changeContacts(add: Array(many.prefix(3)))
+        #expect(
+            try net.request(a, fits, &ca).contains { if case .contacts(three, let keys) = $0 { keys.count == 3 } else { false } })
+        net.feed(.accepted(b))
+        net.feed(
+            .received(b, RendezvousFrame.frame(.changeContacts(id: 1, add: [bob.publicKey], remove: [])), unixSeconds: net.unix))
+        #expect(try net.messages(b).contains { if case .error(.notRegistered, _, 1) = $0 { true } else { false } })
+    }
+}
