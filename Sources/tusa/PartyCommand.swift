@@ -225,22 +225,42 @@ struct PartyCreate: AsyncParsableCommand {
             "Allow only these keys to join besides you (repeatable; default: anyone with the id).", valueName: "key"))
     var invite: [String] = []
 
+    @Flag(
+        help:
+            "Invite every contact too (tusa contacts, kept by the rendezvous): each is let in and told, as an --invite key is."
+    )
+    var contacts = false
+
     @Option(help: "Members the room may hold (the relay's --max-party-size caps it).")
     var max: Int?
 
     @OptionGroup var options: PartyOptions
 
     func run() async throws {
-        let keys = try invite.map { text -> PublicKey in
+        var keys = try invite.map { text -> PublicKey in
             guard let k = PublicKey(base64: text) else {
                 throw ValidationError("--invite '\(text)' is not a 32-byte base64 public key")
             }
             return k
         }
         if let max { guard max >= 2 else { throw ValidationError("--max must be at least 2") } }
+        if contacts && options.place.rendezvous == nil {
+            throw ValidationError("--contacts needs --rendezvous: the rendezvous keeps the contacts")
+        }
         let command = "party create"
         let identity = try options.audio.identityOrExit()
         let (relay, relayKey, rendezvous) = try await PartySession.place(options.place, identity: identity, command: command)
+        if contacts, let rendezvous {
+            do {
+                for key in try await rendezvous.contacts() where !keys.contains(key) && key != identity.publicKey {
+                    keys.append(key)
+                }
+            } catch {
+                FileHandle.standardError.write(Data("tusa \(command): cannot read the contacts: \(error)\n".utf8))
+                await rendezvous.close()
+                throw ExitCode(2)
+            }
+        }
         let locator = rendezvous.map { RoomLocator($0, identity: identity.privateKey) }
         if !keys.isEmpty && rendezvous == nil {
             FileHandle.standardError.write(

@@ -9,7 +9,7 @@ struct Tusa: AsyncParsableCommand {
         version: TusaVersion.string,
         subcommands: [
             Relay.self, DirectoryCommand.self, Stun.self, Turn.self, Keygen.self, CallCommand.self, AnswerCommand.self,
-            PartyCommand.self,
+            PartyCommand.self, ContactsCommand.self,
             VoiceCommand.self,
             Interop.self,
             Version.self,

@@ -1,5 +1,6 @@
 import Foundation
 import STUN
+import Secure
 import TestSupport
 import TusaBase
 
@@ -327,4 +328,25 @@ final class TemporaryFile: Sendable {
     }
 
     deinit { try? FileManager.default.removeItem(atPath: path) }
+}
+
+extension Harness {
+    /// The next payload a rendezvous connection hears within `limit`, if any.
+    static func next(
+        _ incoming: AsyncStream<(from: PublicKey, payload: [UInt8])>, within limit: Duration
+    ) async -> (from: PublicKey, payload: [UInt8])? {
+        await withTaskGroup(of: (from: PublicKey, payload: [UInt8])?.self) { group in
+            group.addTask {
+                for await message in incoming { return message }
+                return nil
+            }
+            group.addTask {
+                try? await Task.sleep(for: limit)
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+    }
 }

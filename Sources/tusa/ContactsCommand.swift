@@ -1,0 +1,112 @@
+import ArgumentParser
+import Foundation
+import Secure
+import Transport
+
+/// `tusa contacts`: the keys a user takes invitations and calls from freely, held by
+/// the rendezvous or directory. To it anyone else is a stranger: a key reaches only a
+/// few strangers an hour, and a user's box keeps only a few strangers' invitations,
+/// so a flood of invitations to strangers stops short and never pushes out a friend's.
+struct ContactsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "contacts",
+        abstract: "List, add or remove your contacts: the keys whose invitations and calls the rendezvous lets through freely.",
+        discussion: """
+            Contacts are kept by the rendezvous (or directory) under your key, so every device with your identity \
+            sees the same ones. Anyone not in them is a stranger to you: a key may reach only a few strangers an \
+            hour, and your box keeps only a few strangers' invitations. 'tusa party create --contacts' invites \
+            every contact. Exit status: 0, 64 on bad usage, 2 when the rendezvous could not be reached or refused.
+            """,
+        subcommands: [ContactsList.self, ContactsAdd.self, ContactsRemove.self],
+        defaultSubcommand: ContactsList.self
+    )
+}
+
+/// Where the contacts are kept, and whose they are.
+struct ContactsPlace: ParsableArguments {
+    @Option(
+        help: ArgumentHelp(
+            "The relay's rendezvous, HOST:PORT, or a directory's. \(RendezvousServers.listHelp)", valueName: "host:port"))
+    var rendezvous: String
+
+    @Option(
+        name: .customLong("identity"),
+        help: ArgumentHelp("Identity key file (tusa keygen); default ~/.config/tusa/identity.key.", valueName: "file"))
+    var identity: String?
+
+    /// Adds `add`, removes `remove` (both empty: only asks) and prints the contacts now.
+    func change(add: [PublicKey], remove: [PublicKey], command: String) async throws {
+        let servers = try RendezvousServers.parse(rendezvous)
+        var options = PartyAudioOptions()
+        options.identity = identity
+        let me = try options.identityOrExit()
+        let connection: RendezvousConnection
+        do { connection = try await RendezvousConnection.connect(toAnyOf: servers, identity: me.privateKey) } catch {
+            FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
+            throw ExitCode(2)
+        }
+        let now: [PublicKey]
+        do { now = try await connection.contacts(add: add, remove: remove) } catch {
+            FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
+            await connection.close()
+            throw ExitCode(2)
+        }
+        await connection.close()
+        if now.isEmpty { print("no contacts") }
+        for key in now { print(key.base64) }
+    }
+
+    /// Keys given on the command line, or a usage error naming the one that is not a key.
+    static func keys(_ texts: [String]) throws -> [PublicKey] {
+        try texts.map { text in
+            guard let key = PublicKey(base64: text) else { throw ValidationError("'\(text)' is not a 32-byte base64 public key") }
+            return key
+        }
+    }
+}
+
+struct ContactsList: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "list", abstract: "Print your contacts, one key a line.")
+
+    @OptionGroup var place: ContactsPlace
+
+    func run() async throws { try await place.change(add: [], remove: [], command: "contacts list") }
+}
+
+struct ContactsAdd: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "add", abstract: "Make these keys contacts, then print your contacts.")
+
+    @Argument(help: "Public keys (base64), as tusa keygen prints them.")
+    var keys: [String]
+
+    @OptionGroup var place: ContactsPlace
+
+    func validate() throws {
+        guard !keys.isEmpty else { throw ValidationError("name at least one key") }
+        _ = try ContactsPlace.keys(keys)
+    }
+
+    func run() async throws {
+        try await place.change(add: try ContactsPlace.keys(keys), remove: [], command: "contacts add")
+    }
+}
+
+struct ContactsRemove: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "remove", abstract: "Make these keys strangers again, then print your contacts.")
+
+    @Argument(help: "Public keys (base64).")
+    var keys: [String]
+
+    @OptionGroup var place: ContactsPlace
+
+    func validate() throws {
+        guard !keys.isEmpty else { throw ValidationError("name at least one key") }
+        _ = try ContactsPlace.keys(keys)
+    }
+
+    func run() async throws {
+        try await place.change(add: [], remove: try ContactsPlace.keys(keys), command: "contacts remove")
+    }
+}
