@@ -32,13 +32,17 @@ public struct RendezvousServerConfiguration: Sendable {
     /// Requests a connection may make per second on average, and in a burst.
     public var requestsPerSecond = 20.0
     public var requestBurst = 100.0
-    /// Posts one key may make (whatever its connections): a burst, then this many a
-    /// minute. A flood of invitations to strangers is cut short; the key's other
-    /// requests go on, and a post refused is not kept.
+    /// Posts one key may make (whatever its connections) to keys that have not made
+    /// it a contact: a burst, then this many a minute (posts to those that have cost
+    /// nothing). A flood of invitations is cut short; the key's other requests go on,
+    /// and a post refused is not kept.
     public var postBurst = 30.0
     public var postsPerMinute = 60.0
-    /// A key's contacts (``RendezvousMessage/changeContacts(id:add:remove:)``), at most.
-    public var maximumContacts = 1_000
+    /// A key's contacts (``RendezvousMessage/changeContacts(id:add:remove:)``), at most
+    /// (the answer lists them all in one frame: 250 keys are about 12 KB of its 16),
+    /// and every key's together (about 100 bytes each in memory).
+    public var maximumContacts = 250
+    public var contactsTotal = 2_000_000
     /// Strangers (keys that have not made the sender one of their contacts) one key
     /// may reach with posts and sends: a burst, then this many an hour. A stranger
     /// reached once costs nothing more for the hour after (a call's several sends,
@@ -135,8 +139,7 @@ public struct RendezvousServer: Sendable {
         var key: PublicKey?
         var lastHeard: Timestamp
         let opened: Timestamp
-        var tokens: Double
-        var tokensAt: Timestamp
+        var requests: TokenBucket
         /// When it registered, on both clocks: its key's last-seen time in Unix seconds.
         var registered: (unix: UInt64, at: Timestamp)?
     }
@@ -163,17 +166,19 @@ public struct RendezvousServer: Sendable {
     /// Keys registered at the other nodes of a cluster, and where.
     private var elsewhere: [PublicKey: ClusterPresence] = [:]
     /// What is left of each poster's budget (``RendezvousServerConfiguration/postBurst``), and when.
-    private var postBudgets: [PublicKey: (posts: Double, at: Timestamp)] = [:]
+    private var postBudgets: [PublicKey: TokenBucket] = [:]
     /// Each key's contacts: the keys it takes posts and sends from freely.
     private var contacts: [PublicKey: Set<PublicKey>] = [:]
-    /// What is left of each key's stranger budget, and the strangers it reached in
-    /// the last hour (``RendezvousServerConfiguration/strangerBurst``).
-    private struct StrangerBudget {
-        var strangers: Double
-        var at: Timestamp
-        var reached: [PublicKey: Timestamp] = [:]
-    }
-    private var strangerBudgets: [PublicKey: StrangerBudget] = [:]
+    /// How many contacts all keys hold together.
+    private var contactCount = 0
+    /// What is left of each key's stranger budget (``RendezvousServerConfiguration/strangerBurst``).
+    private var strangerBudgets: [PublicKey: TokenBucket] = [:]
+    /// Who reached whom as a stranger in the last hour (sender → recipients, with
+    /// when last): free to reach again, and to be answered freely.
+    private var reached: [PublicKey: [PublicKey: Timestamp]] = [:]
+    /// This node's own changes of contacts in the last minute, replayed over a
+    /// snapshot that may have been read before they were written.
+    private var recentContactChanges: [(at: Timestamp, owner: PublicKey, add: [PublicKey], remove: [PublicKey])] = []
     private var clustered: Bool { configuration.node != 0 }
     /// See ``Input/memoryShort(_:)``.
     public internal(set) var memoryShort = false
@@ -207,7 +212,7 @@ public struct RendezvousServer: Sendable {
         challenge.withUnsafeMutableBytes { Sodium.randomBytes($0) }
         let c = Connection(
             serverKey: .generate(), challenge: challenge, lastHeard: now, opened: now,
-            tokens: configuration.requestBurst, tokensAt: now)
+            requests: TokenBucket(burst: configuration.requestBurst, perSecond: configuration.requestsPerSecond, now: now))
         connections[id] = c
         statistics.connections = connections.count
         return [.send(id, RendezvousFrame.frame(.hello(challenge: challenge, serverKey: c.serverKey.publicKey)))]
@@ -263,15 +268,13 @@ public struct RendezvousServer: Sendable {
         }
         seen = seen.filter { now < $0.value }
         // A budget refilled to the burst is the same as none.
-        let refill = Duration.seconds(configuration.postBurst * 60 / max(configuration.postsPerMinute, 1e-9))
-        postBudgets = postBudgets.filter { now - $0.value.at < refill }
-        // A budget refilled, with no stranger left to remember, is the same as none.
-        for (key, var budget) in strangerBudgets {
-            budget.reached = budget.reached.filter { now - $0.value < Self.strangerMemory }
-            budget.strangers = refilled(budget, now: now)
-            budget.at = now
-            strangerBudgets[key] = budget.reached.isEmpty && budget.strangers >= configuration.strangerBurst ? nil : budget
+        postBudgets = postBudgets.filter { !$0.value.isFull(at: now) }
+        strangerBudgets = strangerBudgets.filter { !$0.value.isFull(at: now) }
+        reached = reached.compactMapValues { recipients in
+            let recent = recipients.filter { now - $0.value < Self.strangerMemory }
+            return recent.isEmpty ? nil : recent
         }
+        recentContactChanges.removeAll { now - $0.at >= Self.contactReplay }
         relayRegistry.expire(now: now)
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
         return actions
@@ -294,16 +297,12 @@ public struct RendezvousServer: Sendable {
     private mutating func handle(_ id: ConnectionID, _ frame: [UInt8], now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction]
     {
         guard var c = connections[id] else { return [] }
-        let elapsed = Double((now - c.tokensAt).components.seconds) + Double((now - c.tokensAt).components.attoseconds) / 1e18
-        c.tokens = min(configuration.requestBurst, c.tokens + max(0, elapsed) * configuration.requestsPerSecond)
-        c.tokensAt = now
-        guard c.tokens >= 1 else {
+        guard c.requests.take(at: now) else {
             connections[id] = c
             return refuse(
                 id, .rateLimited, "more than \(Int(configuration.requestsPerSecond)) requests a second", requestID: nil,
                 close: true)
         }
-        c.tokens -= 1
         connections[id] = c
         let message: RendezvousMessage
         do { message = try RendezvousMessage(decoding: frame) } catch {
@@ -382,36 +381,41 @@ public struct RendezvousServer: Sendable {
             guard !memoryShort else {
                 return refuse(id, .full, "the rendezvous is short of memory", requestID: requestID, close: false)
             }
-            guard spendPost(of: from, now: now) else {
-                return refuse(
-                    id, .rateLimited,
-                    "more than \(Int(configuration.postBurst)) posts at once, then \(Int(configuration.postsPerMinute)) a minute",
-                    requestID: requestID, close: false)
-            }
             let fromStranger = !accepts(to, from: from)
-            guard !fromStranger || mayReach(to, from: from, now: now) else {
-                return refuseStranger(id, to, requestID: requestID)
-            }
             expireMailbox(of: to, now: now)
             var box = mailbox[to] ?? []
-            // A full box makes room by its oldest; a stranger's post by the oldest stranger's,
-            // and it has a smaller share. That one counts as gone when the total is checked.
+            // A full box makes room by its oldest stranger's post, else (a contact's post)
+            // by its oldest; strangers' posts have a smaller share. That one counts as gone
+            // when the total is checked. All is decided before a budget is spent.
+            let theirs = contacts[to] ?? []
+            let strangers = box.indices.filter { box[$0].from != to && !theirs.contains(box[$0].from) }
             var pushOut: Int?
-            if fromStranger {
-                let theirs = contacts[to] ?? []
-                let strangers = box.indices.filter { !theirs.contains(box[$0].from) }
-                if strangers.count >= configuration.mailboxFromStrangers || box.count >= configuration.mailboxPerKey {
-                    guard let oldest = strangers.first else {
-                        return refuse(
-                            id, .full, "\(to) has \(box.count) posts from its contacts kept", requestID: requestID, close: false)
-                    }
-                    pushOut = oldest
+            if fromStranger, strangers.count >= configuration.mailboxFromStrangers || box.count >= configuration.mailboxPerKey {
+                guard let oldest = strangers.first else {
+                    return refuse(
+                        id, .full, "\(to) keeps no more posts from strangers (\(box.count) from its contacts)",
+                        requestID: requestID, close: false)
                 }
-            } else if box.count >= configuration.mailboxPerKey {
-                pushOut = 0
+                pushOut = oldest
+            } else if !fromStranger, box.count >= configuration.mailboxPerKey {
+                pushOut = strangers.first ?? 0
             }
             guard mailboxCount - (pushOut == nil ? 0 : 1) < configuration.mailboxTotal else {
                 return refuse(id, .full, "the rendezvous keeps \(mailboxCount) posts", requestID: requestID, close: false)
+            }
+            // Posts to a key that takes them from the poster cost nothing; others the
+            // poster's post budget and, to a stranger, its stranger budget.
+            if fromStranger {
+                guard postBudget(of: from, now: now).hasOne(at: now) else {
+                    return refuse(
+                        id, .rateLimited,
+                        "more than \(Self.count(configuration.postBurst)) posts at once, then \(Self.count(configuration.postsPerMinute)) a minute",
+                        requestID: requestID, close: false)
+                }
+                guard mayReach(to, from: from, now: now) else { return refuseStranger(id, to, requestID: requestID) }
+                var budget = postBudget(of: from, now: now)
+                _ = budget.take(at: now)
+                postBudgets[from] = budget
             }
             if let pushOut {
                 let oldest = box.remove(at: pushOut).id
@@ -449,6 +453,10 @@ public struct RendezvousServer: Sendable {
                         id, .full, "at most \(configuration.maximumContacts) contacts, not \(after.count)", requestID: requestID,
                         close: false)
                 }
+                guard contactCount + after.count - before.count <= configuration.contactsTotal else {
+                    return refuse(
+                        id, .full, "the rendezvous keeps \(contactCount) contacts", requestID: requestID, close: false)
+                }
                 guard !memoryShort else {
                     return refuse(id, .full, "the rendezvous is short of memory", requestID: requestID, close: false)
                 }
@@ -456,8 +464,10 @@ public struct RendezvousServer: Sendable {
             let added = after.subtracting(before)
             let removed = before.subtracting(after)
             if !added.isEmpty || !removed.isEmpty {
-                records.append(.contacts(owner: owner, add: Self.ordered(added), remove: Self.ordered(removed)))
-                contacts[owner] = after.isEmpty ? nil : after
+                let change = (add: Self.ordered(added), remove: Self.ordered(removed))
+                records.append(.contacts(owner: owner, add: change.add, remove: change.remove))
+                recentContactChanges.append((now, owner, change.add, change.remove))
+                changeContacts(of: owner, add: change.add, remove: change.remove)
             }
             return [.send(id, RendezvousFrame.frame(.contacts(id: requestID, keys: Self.ordered(after))))]
         case .ping:
@@ -503,20 +513,18 @@ public struct RendezvousServer: Sendable {
         }
     }
 
-    /// Takes one post from `key`'s budget; false when none is left.
-    private mutating func spendPost(of key: PublicKey, now: Timestamp) -> Bool {
-        var budget = postBudgets[key] ?? (configuration.postBurst, now)
-        let elapsed = now - budget.at
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        budget.posts = min(configuration.postBurst, budget.posts + max(0, seconds) * configuration.postsPerMinute / 60)
-        budget.at = now
-        guard budget.posts >= 1 else {
-            postBudgets[key] = budget
-            return false
-        }
-        budget.posts -= 1
-        postBudgets[key] = budget
-        return true
+    /// `key`'s post budget as it stands (a full one when it has none).
+    private func postBudget(of key: PublicKey, now: Timestamp) -> TokenBucket {
+        postBudgets[key]
+            ?? TokenBucket(burst: configuration.postBurst, perSecond: configuration.postsPerMinute / 60, now: now)
+    }
+
+    /// `owner`'s contacts, less `remove`, with `add`.
+    private mutating func changeContacts(of owner: PublicKey, add: [PublicKey], remove: [PublicKey]) {
+        let before = contacts[owner] ?? []
+        let after = before.subtracting(remove).union(add)
+        contactCount += after.count - before.count
+        contacts[owner] = after.isEmpty ? nil : after
     }
 
     /// Whether `to` made `from` one of its contacts (or is `from`).
@@ -524,40 +532,49 @@ public struct RendezvousServer: Sendable {
         to == from || contacts[to]?.contains(from) == true
     }
 
-    /// Whether `from` may post or send to `to` now: always a contact; a stranger
-    /// reached in the last hour again; another stranger from `from`'s stranger budget.
+    /// Whether `from` may post or send to `to` now: always a contact; a stranger it
+    /// reached in the last hour, or one that reached it (an answer), again; another
+    /// stranger from `from`'s stranger budget. Each reach is remembered for an hour.
     private mutating func mayReach(_ to: PublicKey, from: PublicKey, now: Timestamp) -> Bool {
         guard !accepts(to, from: from), configuration.strangerBurst.isFinite else { return true }
-        var budget = strangerBudgets[from] ?? StrangerBudget(strangers: configuration.strangerBurst, at: now)
-        if let then = budget.reached[to], now - then < Self.strangerMemory { return true }
-        budget.strangers = refilled(budget, now: now)
-        budget.at = now
-        guard budget.strangers >= 1 else {
+        let recent = { (then: Timestamp?) in then.map { now - $0 < Self.strangerMemory } ?? false }
+        if !recent(reached[from]?[to]) && !recent(reached[to]?[from]) {
+            var budget =
+                strangerBudgets[from]
+                ?? TokenBucket(burst: configuration.strangerBurst, perSecond: configuration.strangersPerHour / 3600, now: now)
+            guard budget.take(at: now) else {
+                strangerBudgets[from] = budget
+                return false
+            }
             strangerBudgets[from] = budget
-            return false
         }
-        budget.strangers -= 1
-        budget.reached[to] = now
-        strangerBudgets[from] = budget
+        noteReach(from: from, to: to, now: now)
         return true
     }
 
-    /// What `budget` holds at `now`: what it held, and what the time since gave back.
-    private func refilled(_ budget: StrangerBudget, now: Timestamp) -> Double {
-        let elapsed = now - budget.at
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        return min(configuration.strangerBurst, budget.strangers + max(0, seconds) * configuration.strangersPerHour / 3600)
+    /// `from` reached `to` now (here, or at another node that told this one): free
+    /// for the hour after, both ways.
+    private mutating func noteReach(from: PublicKey, to: PublicKey, now: Timestamp) {
+        guard !accepts(to, from: from) else { return }
+        reached[from, default: [:]][to] = now
     }
 
     private mutating func refuseStranger(_ id: ConnectionID, _ to: PublicKey, requestID: UInt32) -> [RendezvousAction] {
         refuse(
             id, .rateLimited,
-            "\(to) has not made you a contact, and you reached \(Int(configuration.strangerBurst)) strangers at once, then \(Int(configuration.strangersPerHour)) an hour",
+            "\(to) has not made you a contact, and you reached \(Self.count(configuration.strangerBurst)) strangers at once, then \(Self.count(configuration.strangersPerHour)) an hour",
             requestID: requestID, close: false)
     }
 
     /// How long a stranger reached stays free to reach again.
     static let strangerMemory = Duration.seconds(3600)
+    /// How long this node's own contact changes are replayed over a snapshot.
+    static let contactReplay = Duration.seconds(60)
+
+    /// A configured figure in a refusal (whole, unless it is not a finite one).
+    static func count(_ value: Double) -> String {
+        value.isFinite && abs(value) < 1e15 ? String(Int(value)) : "\(value)"
+    }
 
     /// Keys in one order (their bytes'), for answers and records that compare alike.
     static func ordered(_ keys: Set<PublicKey>) -> [PublicKey] {
@@ -615,9 +632,12 @@ public struct RendezvousServer: Sendable {
                 actions.append(.send(target, RendezvousFrame.frame(.deliver(from: post.from, sealed: post.sealed))))
             }
         }
-        // The database's contacts are the whole truth (at a start nothing is known;
-        // after a gap, what the others changed is in them).
+        // The database's contacts are the truth (at a start nothing is known; after a
+        // gap, what the others changed is in them), but for this node's own latest
+        // changes, which may still be on their way to it: they go on top again.
         contacts = snapshot.contacts
+        contactCount = contacts.values.reduce(0) { $0 + $1.count }
+        for change in recentContactChanges { changeContacts(of: change.owner, add: change.add, remove: change.remove) }
         // The most recent first, as many as are remembered.
         for (key, then) in snapshot.seen.sorted(by: { $0.value > $1.value }) where registry[key] == nil {
             guard seen.count < configuration.rememberedKeys || seen[key] != nil else { break }
@@ -692,6 +712,7 @@ public struct RendezvousServer: Sendable {
             }
         case .signal(let signal):
             guard signal.node == configuration.node, let target = registry[signal.to] else { return [] }
+            noteReach(from: signal.from, to: signal.to, now: now)
             statistics.signalsIn += 1
             statistics.delivered += 1
             actions.append(.send(target, RendezvousFrame.frame(.deliver(from: signal.from, sealed: signal.sealed))))
@@ -702,6 +723,7 @@ public struct RendezvousServer: Sendable {
             let age = Duration.seconds(Int64(min(unixSeconds &- min(post.unixSeconds, unixSeconds), UInt64(Int64.max / 2))))
             guard age < configuration.mailboxLifetime else { return [] }
             keep(post, expires: now + (configuration.mailboxLifetime - age))
+            noteReach(from: post.from, to: post.to, now: now)
             statistics.posted = mailboxCount
             if let target = registry[post.to] {
                 statistics.delivered += 1
@@ -717,8 +739,7 @@ public struct RendezvousServer: Sendable {
         case .roomMoved(let room, let relay):
             relayRegistry.remember(room: room, on: relay)
         case .contacts(let owner, let add, let remove):
-            let after = (contacts[owner] ?? []).subtracting(remove).union(add)
-            contacts[owner] = after.isEmpty ? nil : after
+            changeContacts(of: owner, add: add, remove: remove)
         case .dropped(let ids):
             for id in ids {
                 guard let key = postRecipients.removeValue(forKey: id) else { continue }

@@ -13,9 +13,12 @@ struct ContactsCommand: AsyncParsableCommand {
         abstract: "List, add or remove your contacts: the keys whose invitations and calls the rendezvous lets through freely.",
         discussion: """
             Contacts are kept by the rendezvous (or directory) under your key, so every device with your identity \
-            sees the same ones. Anyone not in them is a stranger to you: a key may reach only a few strangers an \
-            hour, and your box keeps only a few strangers' invitations. 'tusa party create --contacts' invites \
-            every contact. Exit status: 0, 64 on bad usage, 2 when the rendezvous could not be reached or refused.
+            sees the same ones (across its restarts when it keeps a database: tusa directory, or tusa relay \
+            --rendezvous-database). Anyone not in them is a stranger to you: a key may reach only a few strangers \
+            an hour, and your box keeps only a few strangers' invitations; your contacts' invitations reach you \
+            without counting against their post budget. At most 250 contacts. 'tusa party create --contacts' \
+            invites every contact. Exit status: 0, 64 on bad usage, 2 when the rendezvous could not be reached or \
+            refused (one that predates contacts closes the connection).
             """,
         subcommands: [ContactsList.self, ContactsAdd.self, ContactsRemove.self],
         defaultSubcommand: ContactsList.self
@@ -37,9 +40,13 @@ struct ContactsPlace: ParsableArguments {
     /// Adds `add`, removes `remove` (both empty: only asks) and prints the contacts now.
     func change(add: [PublicKey], remove: [PublicKey], command: String) async throws {
         let servers = try RendezvousServers.parse(rendezvous)
-        var options = PartyAudioOptions()
-        options.identity = identity
-        let me = try options.identityOrExit()
+        // Contacts are kept under a key: a fresh one (what a call without an identity uses) has none.
+        guard identity != nil || FileManager.default.fileExists(atPath: Keygen.defaultPath) else {
+            throw ValidationError(
+                "contacts are kept under your key: give --identity FILE, or make \(Keygen.defaultPath) with tusa keygen")
+        }
+        let me: Identity
+        do { me = try AudioArguments.identity(identity) } catch { throw ValidationError("\(error)") }
         let connection: RendezvousConnection
         do { connection = try await RendezvousConnection.connect(toAnyOf: servers, identity: me.privateKey) } catch {
             FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))

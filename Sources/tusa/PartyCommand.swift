@@ -275,7 +275,9 @@ struct PartyCreate: AsyncParsableCommand {
                 guard let rendezvous = locator?.current else { return }
                 let invitation = PartyInvitation(
                     room: joined.room, name: joined.name, relay: "\(relay)", relayKey: relayKey.base64)
-                for key in keys {
+                for (n, key) in keys.enumerated() {
+                    // Past a burst, under the rendezvous' 20 requests a second (more closes the connection).
+                    if n >= 50 { try? await Task.sleep(for: .milliseconds(60)) }
                     do {
                         try await rendezvous.post(invitation.encoded(), to: key)
                         print("invited \(key.base64)")

@@ -8,7 +8,7 @@ import TusaBase
 
 // `tusa contacts` and `tusa party create --contacts` against a real relay's
 // rendezvous with its database: contacts kept across a restart, every contact told
-// of a new party, and a stranger flood cut short while a contact still gets through.
+// of a new party, and a stranger flood cut short with the reason.
 
 @Suite("tusa contacts", .serialized)
 struct ContactsCommandTests {

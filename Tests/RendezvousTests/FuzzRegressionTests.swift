@@ -38,11 +38,13 @@ struct RendezvousFuzzRegressionTests {
             .post(id: 8, to: k, sealed: [7]), .lookup(id: 1, key: k), .send(id: 3, to: k, sealed: [0]),
             .error(code: .offline, detail: "d", id: 7), .ping,
             .load(RelayLoad(party: PartyGrant(address: "127.0.0.9:3481", key: k.base64), capacityBitsPerSecond: 1), proof: [1]),
+            .changeContacts(id: 4, add: [k], remove: [k]), .contacts(id: 4, keys: [k]),
         ]
         let notices: [ClusterNotice] = [
             ClusterNotice(origin: 5, .event(.online(k, ClusterPresence(node: 3, unixSeconds: 1_800_000_000)))),
             ClusterNotice(origin: 5, .event(.dropped([1, 2, 1 << 41]))), ClusterNotice(origin: 2, .signalRow(12, node: 2)),
             ClusterNotice(origin: 2, .postRow(1 << 40 | 7)),
+            ClusterNotice(origin: 2, .event(.contacts(owner: k, add: [k], remove: []))),
         ]
         var inputs: [[UInt8]] = [[], [0], [0xFF, 0xFF], [UInt8](repeating: 0x7B, count: 300)]
         var shapes = messages.map { $0.encode() } + messages.map { RendezvousFrame.frame($0) }

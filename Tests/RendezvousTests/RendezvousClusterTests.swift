@@ -132,6 +132,40 @@ struct RendezvousClusterTests {
         #expect(RendezvousContactsTests.isRateLimited(try cluster[1].request(a, again, &ca)))
     }
 
+    /// A stranger reached from another node answers freely there; a resync that read
+    /// the database before this node's own latest change keeps that change.
+    @Test func answersCrossNodesFreelyAndAResyncKeepsOwnChanges() throws {
+        var cluster = Cluster(nodes: 2) {
+            $0.strangerBurst = 1
+            $0.strangersPerHour = 0.001
+        }
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
+        var cc = RendezvousClient(identity: carol)
+        _ = try cluster[1].connect(a, &ca)
+        _ = try cluster[2].connect(b, &cb)
+        _ = try cluster[2].connect(c, &cc)
+        cluster.settle()
+        // Bob spends his stranger on Carol; Alice, at the other node, reaches Bob.
+        let (_, toCarol) = try cb.send([1], to: carol.publicKey)
+        _ = try cluster[2].request(b, toCarol, &cb)
+        let (_, call) = try ca.send([2], to: bob.publicKey)
+        _ = try cluster[1].request(a, call, &ca)
+        cluster.settle()
+        #expect(try cluster[2].pump(b, &cb).contains(.received(from: alice.publicKey, payload: [2])))
+        let (answered, answer) = try cb.send([3], to: alice.publicKey)
+        #expect(try cluster[2].request(b, answer, &cb) == [.sent(id: answered)])
+
+        // Carol makes Alice a contact at node 2; a resync there reads a database
+        // without it (not written yet): the change stands.
+        let (_, add) = cc.changeContacts(add: [alice.publicKey])
+        _ = try cluster[2].request(c, add, &cc)
+        cluster[2].feed(.clusterResync(RendezvousSnapshot(), presence: [:], unixSeconds: cluster[2].unix))
+        let (_, ask) = cc.changeContacts()
+        #expect(
+            try cluster[2].request(c, ask, &cc).contains { if case .contacts(_, [alice.publicKey]) = $0 { true } else { false } })
+    }
+
     /// A post made at node 1 reaches its recipient online at node 2 at once, and
     /// one offline at the next login at any node; ids never collide; drops and
     /// expiry hold at every node.

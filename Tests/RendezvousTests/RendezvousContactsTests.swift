@@ -52,6 +52,8 @@ extension RendezvousClient {
         _ = try net.connect(c, &cc)
         let (_, call) = try ca.send([3], to: carol.publicKey)
         #expect(Self.isRateLimited(try net.request(a, call, &ca)))
+        let (_, invite) = try ca.post([3], to: carol.publicKey)
+        #expect(Self.isRateLimited(try net.request(a, invite, &ca)))
         #expect(!(try net.pump(c, &cc)).contains { if case .received = $0 { true } else { false } })
         // Bob makes Alice a contact: she reaches him with her budget spent.
         var cb = RendezvousClient(identity: bob)
@@ -82,6 +84,8 @@ extension RendezvousClient {
         var configuration = RendezvousServerConfiguration()
         configuration.mailboxPerKey = 4
         configuration.mailboxFromStrangers = 2
+        configuration.strangerBurst = 1
+        configuration.strangersPerHour = 0.001
         var net = Net(configuration)
         // Bob makes Alice a contact, and leaves.
         var cb = RendezvousClient(identity: bob)
@@ -105,7 +109,7 @@ extension RendezvousClient {
         var back = RendezvousClient(identity: bob)
         let heard = try net.connect(ConnectionID(20), &back).compactMap { if case .received(_, let p) = $0 { p } else { nil } }
         #expect(heard == [[1], [13], [14]], "Alice's, and the two newest strangers'")
-        // Alice fills the box (her posts push out the oldest, a stranger's first)...
+        // Alice fills the box (her posts push out strangers' first, then her oldest)...
         for n: UInt8 in 2...5 {
             let (sent, post) = try ca.post([n], to: bob.publicKey)
             #expect(try net.request(a, post, &ca) == [.sent(id: sent)])
@@ -116,6 +120,9 @@ extension RendezvousClient {
         let (refused, post) = try late.post([99], to: bob.publicKey)
         let answer = try net.request(ConnectionID(30), post, &late)
         #expect(answer.contains { if case .refused(.full, _, refused) = $0 { true } else { false } }, "\(answer)")
+        // A refused post costs its poster nothing: its one stranger is still to reach.
+        let (elsewhere, other) = try late.post([98], to: carol.publicKey)
+        #expect(try net.request(ConnectionID(30), other, &late) == [.sent(id: elsewhere)])
         net.feed(.closed(ConnectionID(20)))
         var last = RendezvousClient(identity: bob)
         let kept = try net.connect(ConnectionID(21), &last).compactMap { if case .received(_, let p) = $0 { p } else { nil } }
@@ -168,6 +175,65 @@ extension RendezvousClient {
         restarted.feed(.cluster(.contacts(owner: bob.publicKey, add: [carol.publicKey], remove: []), unixSeconds: net.unix))
         let (now, friendly) = try rc.send([3], to: bob.publicKey)
         #expect(try restarted.request(c, friendly, &rc) == [.sent(id: now)])
+    }
+
+    /// A stranger who was reached answers freely for the hour after, with its own
+    /// budget spent (a callee answering a call); then the hour is over both ways.
+    @Test func aStrangerReachedAnswersFreelyForAnHour() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.strangerBurst = 1
+        configuration.strangersPerHour = 0.001
+        var net = Net(configuration)
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
+        var cc = RendezvousClient(identity: carol)
+        _ = try net.connect(a, &ca)
+        _ = try net.connect(b, &cb)
+        _ = try net.connect(c, &cc)
+        // Bob spends his one stranger on Carol; Alice hers on Bob.
+        let (toCarol, offer) = try cb.send([1], to: carol.publicKey)
+        #expect(try net.request(b, offer, &cb) == [.sent(id: toCarol)])
+        let (toBob, call) = try ca.send([2], to: bob.publicKey)
+        #expect(try net.request(a, call, &ca) == [.sent(id: toBob)])
+        // Bob answers Alice, and again half an hour on: free.
+        let (answered, answer) = try cb.send([3], to: alice.publicKey)
+        let answers = try net.request(b, answer, &cb)
+        #expect(answers.contains(.sent(id: answered)), "\(answers)")
+        net.now = net.now + .seconds(1800)
+        let (hungUp, hangup) = try cb.send([4], to: alice.publicKey)
+        #expect(try net.request(b, hangup, &cb) == [.sent(id: hungUp)])
+        // An hour after the last message between them (the silent connections closed
+        // meanwhile, and what is remembered pruned), each is a new stranger to the other.
+        net.now = net.now + .seconds(3600)
+        net.tick()
+        var ra = RendezvousClient(identity: alice)
+        var rb = RendezvousClient(identity: bob)
+        _ = try net.connect(ConnectionID(4), &ra)
+        _ = try net.connect(ConnectionID(5), &rb)
+        let (_, late) = try rb.send([5], to: alice.publicKey)
+        let lateAnswer = try net.request(ConnectionID(5), late, &rb)
+        #expect(Self.isRateLimited(lateAnswer), "\(lateAnswer)")
+        let (_, again) = try ra.send([6], to: bob.publicKey)
+        let againAnswer = try net.request(ConnectionID(4), again, &ra)
+        #expect(Self.isRateLimited(againAnswer), "\(againAnswer)")
+    }
+
+    /// A key's full list of contacts goes back in one frame; one more is refused.
+    @Test func aFullListOfContactsFitsOneAnswer() throws {
+        var net = Net(RendezvousServerConfiguration())
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        let limit = RendezvousServerConfiguration().maximumContacts
+        let keys = (0..<limit).map { _ in PrivateKey.generate().publicKey }
+        var listed: [PublicKey] = []
+        for start in stride(from: 0, to: limit, by: RendezvousMessage.maximumContactChange) {
+            let (id, frame) = ca.changeContacts(
+                add: Array(keys[start..<min(start + RendezvousMessage.maximumContactChange, limit)]))
+            for event in try net.request(a, frame, &ca) { if case .contacts(id, let now) = event { listed = now } }
+        }
+        #expect(Set(listed) == Set(keys))
+        let (more, frame) = ca.changeContacts(add: [bob.publicKey])
+        #expect(try net.request(a, frame, &ca).contains { if case .refused(.full, _, more) = $0 { true } else { false } })
     }
 
     /// A change of more keys than one notification carries, more contacts than a key

@@ -103,6 +103,7 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
     configuration.postBurst = max(configuration.postBurst, perClient * 10)
     // Every post goes to a stranger here: what is measured is the store, not the stranger rule.
     configuration.strangerBurst = .infinity
+    configuration.mailboxFromStrangers = configuration.mailboxPerKey
     let service = RendezvousService(
         address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, store: store, logger: logger)
     let group = ServiceGroup(configuration: .init(services: [service], logger: logger))
@@ -200,6 +201,7 @@ func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds:
     configuration.postBurst = max(configuration.postBurst, perClient * 10)
     // Every post goes to a stranger here: what is measured is the store, not the stranger rule.
     configuration.strangerBurst = .infinity
+    configuration.mailboxFromStrangers = configuration.mailboxPerKey
     let services = stores.map {
         RendezvousService(
             address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), configuration: configuration, store: $0, logger: logger)
