@@ -176,8 +176,8 @@ public struct RendezvousServer: Sendable {
     /// Who reached whom as a stranger in the last hour (sender → recipients, with
     /// when last): free to reach again, and to be answered freely.
     private var reached: [PublicKey: [PublicKey: Timestamp]] = [:]
-    /// This node's own changes of contacts in the last minute, replayed over a
-    /// snapshot that may have been read before they were written.
+    /// This node's own changes of contacts in the last minute (clustered), replayed
+    /// over a resync's snapshot, which may have been read before they were written.
     private var recentContactChanges: [(at: Timestamp, owner: PublicKey, add: [PublicKey], remove: [PublicKey])] = []
     private var clustered: Bool { configuration.node != 0 }
     /// See ``Input/memoryShort(_:)``.
@@ -466,7 +466,12 @@ public struct RendezvousServer: Sendable {
             if !added.isEmpty || !removed.isEmpty {
                 let change = (add: Self.ordered(added), remove: Self.ordered(removed))
                 records.append(.contacts(owner: owner, add: change.add, remove: change.remove))
-                recentContactChanges.append((now, owner, change.add, change.remove))
+                if clustered {
+                    recentContactChanges.append((now, owner, change.add, change.remove))
+                    if recentContactChanges.count > Self.contactReplayLimit {
+                        recentContactChanges.removeFirst(recentContactChanges.count - Self.contactReplayLimit)
+                    }
+                }
                 changeContacts(of: owner, add: change.add, remove: change.remove)
             }
             return [.send(id, RendezvousFrame.frame(.contacts(id: requestID, keys: Self.ordered(after))))]
@@ -568,8 +573,10 @@ public struct RendezvousServer: Sendable {
 
     /// How long a stranger reached stays free to reach again.
     static let strangerMemory = Duration.seconds(3600)
-    /// How long this node's own contact changes are replayed over a snapshot.
+    /// How long this node's own contact changes are replayed over a snapshot (a
+    /// node of a cluster), and how many at most.
     static let contactReplay = Duration.seconds(60)
+    static let contactReplayLimit = 10_000
 
     /// A configured figure in a refusal (whole, unless it is not a finite one).
     static func count(_ value: Double) -> String {

@@ -251,6 +251,8 @@ final class RendezvousDriver {
     private var pending: [UInt32: EventLoopPromise<RendezvousClient.Event>] = [:]
     private let yield: AsyncStream<(from: PublicKey, payload: [UInt8])>.Continuation
     private var ended: RendezvousConnectionError?
+    /// What the server said of the whole connection after the registration.
+    private var closedBecause: RendezvousConnectionError?
 
     init(
         core: RendezvousClient, server: TransportAddress, channel: any Channel, registered: EventLoopPromise<Registration>,
@@ -321,9 +323,12 @@ final class RendezvousDriver {
             let error = RendezvousConnectionError.refused(code, detail)
             if let id {
                 pending.removeValue(forKey: id)?.fail(error)
-            } else {
-                registered?.fail(error)
+            } else if let waiting = registered {
+                waiting.fail(error)
                 registered = nil
+            } else {
+                // Said of the connection, which the server closes next: why it did.
+                closedBecause = error
             }
         case .timedOut(let id):
             if let id {
@@ -339,10 +344,11 @@ final class RendezvousDriver {
         }
     }
 
-    /// The connection is gone: everyone waiting learns why.
+    /// The connection is gone: everyone waiting learns why (the server's refusal,
+    /// when it said one before it closed: a request an older server does not know).
     func fail(_ reason: ErrorCause?) {
         guard ended == nil else { return }
-        let error = RendezvousConnectionError.closed(reason)
+        let error = reason == nil ? closedBecause ?? .closed(nil) : RendezvousConnectionError.closed(reason)
         ended = error
         host.stop()
         let waiting = pending

@@ -54,7 +54,11 @@ struct ContactsPlace: ParsableArguments {
         }
         let now: [PublicKey]
         do { now = try await connection.contacts(add: add, remove: remove) } catch {
-            FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
+            let older =
+                if case RendezvousConnectionError.refused(.malformed, let detail) = error, detail.contains("change-contacts") {
+                    " (this rendezvous predates contacts: it needs a newer tusa)"
+                } else { "" }
+            FileHandle.standardError.write(Data("tusa \(command): \(error)\(older)\n".utf8))
             await connection.close()
             throw ExitCode(2)
         }
