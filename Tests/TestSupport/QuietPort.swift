@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -10,17 +12,37 @@
 public enum QuietPort {
     /// A number free now on 127.0.0.1 for UDP and for TCP, below the kernel's
     /// ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`); the kernel's
-    /// own pick when that range leaves no room below it.
+    /// own pick when that range leaves no room below it. Never one within
+    /// ``spacing`` of a number drawn before in this process: a test binds its number
+    /// a while after drawing it (another test could draw it meanwhile), and servers
+    /// take the next ones too (coturn its alternate port, the listening port + 1).
     public static func draw() -> UInt16 {
         let low = ephemeralLow()
         let floor: UInt16 = 20_000
         if low > floor + 1_000 {
             for _ in 0..<200 {
                 let port = UInt16.random(in: floor..<low)
-                if isFree(port) { return port }
+                guard isFree(port), claim(port) else { continue }
+                return port
             }
         }
         return (try? BoundTCPPort().port) ?? UInt16.random(in: floor..<30_000)
+    }
+
+    /// How far apart two numbers drawn in one process are.
+    public static let spacing = 4
+    private static let drawn = Mutex<Set<UInt16>>([])
+
+    /// Takes `port` for this process's tests, unless one drawn before lies within ``spacing``.
+    private static func claim(_ port: UInt16) -> Bool {
+        drawn.withLock { drawn in
+            let near = (Int(port) - spacing)...(Int(port) + spacing)
+            guard !near.contains(where: { $0 >= 0 && $0 <= Int(UInt16.max) && drawn.contains(UInt16($0)) }) else {
+                return false
+            }
+            drawn.insert(port)
+            return true
+        }
     }
 
     /// Whether `port` on 127.0.0.1 can be bound now, for UDP and for TCP.
