@@ -7,26 +7,29 @@ import Transport
 import TusaBase
 
 // `tusa contacts` and `tusa party create --contacts` against a real relay's
-// rendezvous with its database: contacts kept across a restart, every contact told
-// of a new party, and a stranger flood cut short with the reason.
+// rendezvous with its database, and `tusa contacts` against `tusa directory`:
+// contacts kept across a restart, every contact told of a new party, and a
+// stranger flood cut short with the reason.
 
 @Suite("tusa contacts", .serialized)
 struct ContactsCommandTests {
-    /// `tusa relay` with its rendezvous (on this SQLite file) and party service;
-    /// returns it with the rendezvous' address.
-    private static func relay(_ database: String) async throws -> (Harness.Background, String) {
+    /// `tusa relay` with its rendezvous (on this SQLite file) and party service, or
+    /// `tusa directory` on it; returns it with the rendezvous' address.
+    private static func start(_ kind: String, _ database: String) async throws -> (Harness.Background, String) {
         let tusa = try #require(Harness.tusa)
-        let process = try Harness.Background(
-            tusa,
-            [
-                "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--rendezvous-port", "0", "--party-port", "0",
-                "--rendezvous-database", "sqlite:\(database)",
-            ])
-        let prefix = "rendezvous tcp "
+        let (arguments, prefix) =
+            kind == "relay"
+            ? (
+                [
+                    "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--rendezvous-port", "0", "--party-port", "0",
+                    "--rendezvous-database", "sqlite:\(database)",
+                ], "rendezvous tcp "
+            ) : (["directory", "--listen", "127.0.0.1:0", "--database", "sqlite:\(database)"], "directory tcp ")
+        let process = try Harness.Background(tusa, arguments)
         guard let line = await process.waitForMatch(prefix + #"127\.0\.0\.1:[0-9]+"#) else {
             process.kill()
             _ = await process.waitForExit(timeout: 2)
-            throw HarnessError("tusa relay did not start: \(process.stderr.suffix(800))")
+            throw HarnessError("tusa \(kind) did not start: \(process.stderr.suffix(800))")
         }
         return (process, String(line.dropFirst(prefix.count)))
     }
@@ -37,9 +40,10 @@ struct ContactsCommandTests {
     }
 
     @Test(
-        "tusa contacts adds, lists and removes keys kept by the rendezvous across its restart, and tusa party create --contacts invites each",
-        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
-    func contactsAreKeptAndInvitedToAParty() async throws {
+        "tusa contacts adds, lists and removes keys kept by the rendezvous (a relay's, or tusa directory) across its restart, tusa party create --contacts invites each, and a stranger flood stops at ten",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
+        arguments: ["relay", "directory"])
+    func contactsAreKeptAndInvitedToAParty(_ kind: String) async throws {
         let tusa = try #require(Harness.tusa)
         let folder = NSTemporaryDirectory() + "tusa-contacts-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
@@ -52,7 +56,7 @@ struct ContactsCommandTests {
         try alice.write(to: aliceFile)
         let (bobKey, carolKey) = (bob.publicKey.base64, carol.publicKey.base64)
 
-        var (relay, server) = try await Self.relay(database)
+        var (relay, server) = try await Self.start(kind, database)
         defer { relay.kill() }
         func contacts(_ arguments: [String]) async throws -> Harness.Result {
             try await Harness.run(tusa, ["contacts"] + arguments + ["--rendezvous", server, "--identity", aliceFile])
@@ -69,25 +73,12 @@ struct ContactsCommandTests {
         // The relay restarts on its file: the contacts are still Alice's.
         relay.kill()
         _ = await relay.waitForExit(timeout: 5)
-        (relay, server) = try await Self.relay(database)
+        (relay, server) = try await Self.start(kind, database)
         run = try await contacts(["list"])
         #expect(run.status == 0 && Self.keys(run.stdout) == [bobKey], "\(run.stdout) \(run.stderr)")
 
-        // Alice's party tells her contact Bob, online now, and lets him in.
         guard let address = TransportAddress(server) else { throw HarnessError("bad address \(server)") }
-        let b = try await RendezvousConnection.connect(to: address, identity: bob.privateKey, timeout: .seconds(30))
-        defer { Task { await b.close() } }
-        let party = try await Harness.run(
-            tusa,
-            [
-                "party", "create", "Hearthstone", "--contacts", "--rendezvous", server, "--identity", aliceFile, "--duration",
-                "1", "--quiet",
-            ], timeout: 30)
-        #expect(party.status == 0, "\(party.stderr)")
-        #expect(party.stdout.contains("invited \(bobKey)") && !party.stdout.contains(carolKey), "\(party.stdout)")
-        let heard = await Harness.next(b.incoming, within: .seconds(10))
-        #expect(heard?.from == alice.publicKey, "\(String(describing: heard))")
-        #expect(heard.flatMap { PartyInvitation(decoding: $0.payload) }?.name == "Hearthstone")
+        if kind == "relay" { try await Self.partyInvitesContacts(tusa, server, address, aliceFile, alice, bob, carolKey) }
 
         // Carol floods invitations to strangers: ten go, then each new one is refused
         // with the reason, and her connection still serves her.
@@ -102,7 +93,29 @@ struct ContactsCommandTests {
             }
         }
         #expect(refused.count == 2 && refused.allSatisfy { $0.contains("has not made you a contact") }, "\(refused)")
-        #expect(try await c.lookup(bob.publicKey))
+        #expect(try await c.lookup(carol.publicKey), "her connection still serves her")
         #expect(await relay.stop() == 0)
+    }
+
+    /// Alice's party tells her contact Bob, online now, and lets him in; Carol, no
+    /// longer a contact, is not told.
+    private static func partyInvitesContacts(
+        _ tusa: String, _ server: String, _ address: TransportAddress, _ aliceFile: String, _ alice: Identity,
+        _ bob: Identity, _ carolKey: String
+    ) async throws {
+        let bobKey = bob.publicKey.base64
+        let b = try await RendezvousConnection.connect(to: address, identity: bob.privateKey, timeout: .seconds(30))
+        defer { Task { await b.close() } }
+        let party = try await Harness.run(
+            tusa,
+            [
+                "party", "create", "Hearthstone", "--contacts", "--rendezvous", server, "--identity", aliceFile, "--duration",
+                "1", "--quiet",
+            ], timeout: 30)
+        #expect(party.status == 0, "\(party.stderr)")
+        #expect(party.stdout.contains("invited \(bobKey)") && !party.stdout.contains(carolKey), "\(party.stdout)")
+        let heard = await Harness.next(b.incoming, within: .seconds(10))
+        #expect(heard?.from == alice.publicKey, "\(String(describing: heard))")
+        #expect(heard.flatMap { PartyInvitation(decoding: $0.payload) }?.name == "Hearthstone")
     }
 }
