@@ -314,6 +314,11 @@ public struct PartyServer: SansIOCore {
             return refuse(session, .badName, "a room name is 1-\(configuration.maxNameLength) bytes on one line")
         }
         guard rooms.count < configuration.maxRooms else { return refuse(session, .tooManyRooms, "the relay is full") }
+        guard invite.count <= PartyControl.maximumInvited else {
+            return refuse(
+                session, .malformed, "a room's invite list holds at most \(PartyControl.maximumInvited) keys, not \(invite.count)"
+            )
+        }
         var invited = Set<PublicKey>()
         for text in invite {
             guard let k = PublicKey(base64: text) else { return refuse(session, .malformed, "bad invited key \(text)") }

@@ -298,7 +298,14 @@ public final class PartyConnection: Sendable {
     public func create(name: String, maxMembers: Int? = nil, invite: [PublicKey] = []) async throws(PartyConnectionError)
         -> PartyJoined
     {
-        try await join(.create(name: name, maxMembers: maxMembers, invite: invite))
+        let keys = Array(Set(invite))
+        guard keys.count <= PartyControl.maximumInvited else {
+            throw .refused(
+                .malformed,
+                "a room's invite list holds at most \(PartyControl.maximumInvited) keys (it travels in one packet), not \(keys.count): leave it empty for a room open to anyone with its id"
+            )
+        }
+        return try await join(.create(name: name, maxMembers: maxMembers, invite: invite))
     }
 
     /// Joins the room `room`.

@@ -222,12 +222,13 @@ struct PartyCreate: AsyncParsableCommand {
 
     @Option(
         help: ArgumentHelp(
-            "Allow only these keys to join besides you (repeatable; default: anyone with the id).", valueName: "key"))
+            "Allow only these keys to join besides you (repeatable, at most 24 with --contacts: the list travels in one packet; default: anyone with the id).",
+            valueName: "key"))
     var invite: [String] = []
 
     @Flag(
         help:
-            "Invite every contact too (tusa contacts, kept by the rendezvous): each is let in and told, as an --invite key is."
+            "Invite every contact too (tusa contacts, kept by the rendezvous): each is let in and told, as an --invite key is (24 keys at most in all)."
     )
     var contacts = false
 
@@ -244,6 +245,11 @@ struct PartyCreate: AsyncParsableCommand {
             return k
         }
         if let max { guard max >= 2 else { throw ValidationError("--max must be at least 2") } }
+        guard Set(keys).count <= PartyControl.maximumInvited else {
+            throw ValidationError(
+                "--invite names \(Set(keys).count) keys; a room lets in at most \(PartyControl.maximumInvited) by key: invite fewer, or create an open room (no --invite) and send its id"
+            )
+        }
         if contacts && options.place.rendezvous == nil {
             throw ValidationError("--contacts needs --rendezvous: the rendezvous keeps the contacts")
         }
@@ -259,6 +265,12 @@ struct PartyCreate: AsyncParsableCommand {
                 FileHandle.standardError.write(Data("tusa \(command): cannot read the contacts: \(error)\n".utf8))
                 await rendezvous.close()
                 throw ExitCode(2)
+            }
+            guard keys.count <= PartyControl.maximumInvited else {
+                await rendezvous.close()
+                throw ValidationError(
+                    "--contacts and --invite name \(keys.count) keys; a room lets in at most \(PartyControl.maximumInvited) by key: invite fewer, or create an open room (no --invite, no --contacts) and send its id"
+                )
             }
         }
         let locator = rendezvous.map { RoomLocator($0, identity: identity.privateKey) }

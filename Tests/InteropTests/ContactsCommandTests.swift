@@ -117,5 +117,16 @@ struct ContactsCommandTests {
         let heard = await Harness.next(b.incoming, within: .seconds(10))
         #expect(heard?.from == alice.publicKey, "\(String(describing: heard))")
         #expect(heard.flatMap { PartyInvitation(decoding: $0.payload) }?.name == "Hearthstone")
+        // More contacts than a room's invite list holds: a usage error before any room is made.
+        let more = (0..<PartyControl.maximumInvited).map { _ in PrivateKey.generate().publicKey.base64 }
+        let added = try await Harness.run(
+            tusa, ["contacts", "add"] + more + ["--rendezvous", server, "--identity", aliceFile])
+        #expect(added.status == 0, "\(added.stderr)")
+        let tooMany = try await Harness.run(
+            tusa, ["party", "create", "Raid", "--contacts", "--rendezvous", server, "--identity", aliceFile, "--duration", "1"],
+            timeout: 30)
+        #expect(
+            tooMany.status == 64 && tooMany.stderr.contains("a room lets in at most \(PartyControl.maximumInvited)"),
+            "\(tooMany.status) \(tooMany.stderr)")
     }
 }

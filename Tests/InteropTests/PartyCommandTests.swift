@@ -1,4 +1,6 @@
 import Foundation
+import Party
+import Secure
 import Testing
 import Voice
 
@@ -122,6 +124,13 @@ import Voice
         let badSpec = try await Harness.run(
             tusa, ["party", "create", "X", "--relay", "127.0.0.1:9", "--relay-key", someKey, "--impair", "loss=x"])
         #expect(badSpec.status == 64 && badSpec.stderr.contains("--impair"), "\(badSpec.status) \(badSpec.stderr)")
+        // More invited keys than a room's invite list holds (it travels in one packet).
+        let invites = (0...PartyControl.maximumInvited).flatMap { _ in ["--invite", PrivateKey.generate().publicKey.base64] }
+        let tooMany = try await Harness.run(
+            tusa, ["party", "create", "X", "--relay", "127.0.0.1:9", "--relay-key", someKey] + invites)
+        #expect(
+            tooMany.status == 64 && tooMany.stderr.contains("at most \(PartyControl.maximumInvited) by key"),
+            "\(tooMany.status) \(tooMany.stderr)")
 
         let (relay, address, key) = try await Self.relay()
         defer { relay.kill() }

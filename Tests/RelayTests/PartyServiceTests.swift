@@ -201,6 +201,25 @@ struct PartyServiceTests {
         for c in connections { await c.close() }
     }
 
+    /// An invite list longer than one packet carries is refused before anything is
+    /// sent; one that fits makes its room.
+    @Test func anInviteListPastWhatOnePacketCarriesIsRefusedAtOnce() async throws {
+        try await withPartyRelay { relay, relayKey, _ in
+            let member = try await PartyConnection.connect(
+                to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, logger: quiet)
+            let keys = (0...PartyControl.maximumInvited).map { _ in PrivateKey.generate().publicKey }
+            await #expect {
+                try await member.create(name: "Raid", invite: keys)
+            } throws: { error in
+                guard case PartyConnectionError.refused(.malformed, let why) = error else { return false }
+                return why.contains("at most \(PartyControl.maximumInvited) keys")
+            }
+            let created = try await member.create(name: String(repeating: "N", count: 64), invite: Array(keys.dropLast()))
+            #expect(!created.room.isEmpty)
+            await member.close()
+        }
+    }
+
     /// A member whose UDP is blocked joins over TCP (RFC 4571 on the party port):
     /// same room, same keys, heard both ways; a member on UDP beside it.
     @Test func aMemberOverTCPIsInTheRoomLikeAnyOther() async throws {
