@@ -298,6 +298,7 @@ public actor PostgresDirectoryStore: RendezvousStore {
             case .relayLoad(let key, let load): notices.append(.relayLoad(key, load))
             case .relayGone(let key): notices.append(.relayGone(key))
             case .roomMoved(let room, let relay): notices.append(.roomMoved(room: room, relay: relay))
+            case .placed(let relay): notices.append(.placed(relay: relay))
             case .contacts(let owner, let add, let remove):
                 contactChanges.append((owner, add, remove))
                 notices.append(.contacts(owner: owner, add: add, remove: remove))
@@ -414,9 +415,9 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 for part in stride(from: 0, to: ids.count, by: 200).map({ Array(ids[$0..<min($0 + 200, ids.count)]) }) {
                     texts.append(numbered(.event(.dropped(part))))
                 }
-            // A key and a number, a relay's figures, a room id: always short.
+            // A key and a number, a relay's figures, a room id, a relay's key: always short.
             // A contact change is at most RendezvousMessage.maximumContactChange keys: about 3 KB.
-            case .online, .offline, .nodeGone, .relayLoad, .relayGone, .roomMoved, .contacts: texts.append(text)
+            case .online, .offline, .nodeGone, .relayLoad, .relayGone, .roomMoved, .contacts, .placed: texts.append(text)
             }
         }
         let rows = try await c.query(

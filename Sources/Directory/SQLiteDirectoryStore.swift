@@ -154,7 +154,7 @@ public actor SQLiteDirectoryStore: RendezvousStore {
                             "INSERT OR IGNORE INTO contacts (owner, contact) VALUES (?, ?)",
                             [Self.blob(owner.bytes), Self.blob(key.bytes)])
                     }
-                case .online, .offline, .signal, .relayLoad, .relayGone, .roomMoved:
+                case .online, .offline, .signal, .relayLoad, .relayGone, .roomMoved, .placed:
                     // For other nodes: a file on this machine is one node's alone (node 0 makes none).
                     break
                 }

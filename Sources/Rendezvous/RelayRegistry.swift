@@ -139,12 +139,20 @@ public struct RelayRegistry: Sendable {
             while second.key == first.key { second = candidates[Int(random.next() % UInt64(candidates.count))] }
             if second.utilisation(now: now) < first.utilisation(now: now) { chosen = second }
         }
-        let reserved = chosen.reservations.filter { now < $0.until }.reduce(UInt64(0)) { $0 &+ $1.bits }
-        let cap = Double(chosen.load.capacityBitsPerSecond) * configuration.reservationCeiling
-        if Double(reserved &+ configuration.reservation) <= cap {
-            relays[chosen.key]?.reservations.append((configuration.reservation, now + configuration.reservedFor))
-        }
+        reserve(on: chosen.key, now: now)
         return relays[chosen.key]
+    }
+
+    /// What one placement is expected to use, reserved on `key` until its reports can
+    /// show it (up to ``Configuration/reservationCeiling``): for a placement made here,
+    /// or at another node of the cluster (``RendezvousRecord/placed(relay:)``).
+    public mutating func reserve(on key: PublicKey, now: Timestamp) {
+        guard let relay = relays[key] else { return }
+        let reserved = relay.reservations.filter { now < $0.until }.reduce(UInt64(0)) { $0 &+ $1.bits }
+        let cap = Double(relay.load.capacityBitsPerSecond) * configuration.reservationCeiling
+        if Double(reserved &+ configuration.reservation) <= cap {
+            relays[key]?.reservations.append((configuration.reservation, now + configuration.reservedFor))
+        }
     }
 
     /// The relay that hosts party room `room` now (nil: no live relay hosts parties).

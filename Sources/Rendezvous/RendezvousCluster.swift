@@ -74,6 +74,8 @@ public enum RendezvousClusterEvent: Equatable, Sendable {
     case roomMoved(room: String, relay: PublicKey)
     /// A key's contacts changed there.
     case contacts(owner: PublicKey, add: [PublicKey], remove: [PublicKey])
+    /// A peer registered there was placed on this relay.
+    case placed(relay: PublicKey)
 }
 
 /// One ``RendezvousClusterEvent`` as a node sends it to the others: a JSON object
@@ -136,6 +138,7 @@ public struct ClusterNotice: Equatable, Sendable {
         case .event(.relayLoad(let key, let load)): (w.type, w.key, w.load) = ("relay-load", key.base64, load)
         case .event(.relayGone(let key)): (w.type, w.key) = ("relay-gone", key.base64)
         case .event(.roomMoved(let room, let relay)): (w.type, w.room, w.key) = ("room-moved", room, relay.base64)
+        case .event(.placed(let relay)): (w.type, w.key) = ("placed", relay.base64)
         case .event(.contacts(let owner, let add, let remove)):
             (w.type, w.key, w.add, w.remove) = ("contacts", owner.base64, add.map(\.base64), remove.map(\.base64))
         case .signalRow(let id, let node): (w.type, w.id, w.node) = ("signal-row", id, node)
@@ -202,6 +205,7 @@ public struct ClusterNotice: Equatable, Sendable {
                 throw .malformed("cluster room-moved: a room id of \(room.utf8.count) bytes")
             }
             body = .event(.roomMoved(room: room, relay: try key(w.key, "key")))
+        case "placed": body = .event(.placed(relay: try key(w.key, "key")))
         case "contacts":
             body = .event(
                 .contacts(owner: try key(w.key, "key"), add: try keys(w.add, "add"), remove: try keys(w.remove, "remove")))

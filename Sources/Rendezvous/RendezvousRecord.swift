@@ -29,6 +29,9 @@ public enum RendezvousRecord: Equatable, Sendable {
     /// A party room placed again here, on this relay (its own was gone or
     /// draining): every node sends it there from now on.
     case roomMoved(room: String, relay: PublicKey)
+    /// A peer registered here was placed on this relay: every node reserves what it
+    /// is expected to use there, as this one did.
+    case placed(relay: PublicKey)
 }
 
 /// A payload posted for a peer (an invitation), numbered by the rendezvous.

@@ -336,6 +336,8 @@ public struct RendezvousServer: Sendable {
             if configuration.relaySecret != nil, let relay = relayRegistry.place(now: now) {
                 party = relay.load.party ?? party
                 if !relay.load.turnURIs.isEmpty { grant?.uris = relay.load.turnURIs }
+                // The other nodes reserve it too: their placements see this one at once.
+                if clustered { records.append(.placed(relay: relay.key)) }
             }
             actions.append(.send(id, RendezvousFrame.frame(.registered(turn: grant, party: party))))
             // What was posted for this key while it was away (and is still kept).
@@ -745,6 +747,8 @@ public struct RendezvousServer: Sendable {
             relayRegistry.remove(key)
         case .roomMoved(let room, let relay):
             relayRegistry.remember(room: room, on: relay)
+        case .placed(let relay):
+            relayRegistry.reserve(on: relay, now: now)
         case .contacts(let owner, let add, let remove):
             changeContacts(of: owner, add: add, remove: remove)
         case .dropped(let ids):

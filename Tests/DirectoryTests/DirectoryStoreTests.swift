@@ -215,7 +215,7 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: [1, 2, 3])),
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol),
-            .contacts(owner: bob, add: [alice, carol], remove: [bob]),
+            .contacts(owner: bob, add: [alice, carol], remove: [bob]), .placed(relay: alice),
         ]
         try await a.write(records)
         let expected: [RendezvousClusterEvent] = [
@@ -225,7 +225,7 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: [1, 2, 3])),
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol, node: nodeA),
-            .contacts(owner: bob, add: [alice, carol], remove: [bob]),
+            .contacts(owner: bob, add: [alice, carol], remove: [bob]), .placed(relay: alice),
         ]
         #expect(await heard.wait { $0.events.count >= expected.count }, "\(heard.events.count)")
         #expect(heard.events == expected)

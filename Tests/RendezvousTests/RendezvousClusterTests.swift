@@ -59,6 +59,7 @@ private struct Cluster {
         case .relayLoad(let key, let load): .relayLoad(key, load)
         case .relayGone(let key): .relayGone(key)
         case .roomMoved(let room, let relay): .roomMoved(room: room, relay: relay)
+        case .placed(let relay): .placed(relay: relay)
         case .contacts(let owner, let add, let remove): .contacts(owner: owner, add: add, remove: remove)
         case .seen: nil
         }
@@ -372,6 +373,29 @@ struct RendezvousClusterTests {
         #expect(cluster[2].server.relayRegistry.live(now: cluster[2].now).isEmpty)
     }
 
+    /// Peers placed by node 1 are reserved on their relay at node 2 too: node 2's
+    /// next placement sees them, as node 1's own does.
+    @Test func placementsAtOneNodeAreReservedAtTheOthers() throws {
+        var cluster = Cluster(nodes: 2) { $0.relaySecret = "s3cret" }
+        let relayKey = PrivateKey.generate()
+        var relay = RendezvousClient(identity: relayKey)
+        _ = try cluster[1].connect(ConnectionID(30), &relay)
+        let grant = PartyGrant(address: "127.0.0.9:3481", key: relayKey.publicKey.base64)
+        relay.report(RelayLoad(party: grant, capacityBitsPerSecond: 100_000_000), secret: "s3cret")
+        _ = try cluster[1].pump(ConnectionID(30), &relay)
+        cluster.settle()
+        let reservations = { (n: Int) in cluster[n].server.relayRegistry.relays[relayKey.publicKey]?.reservations.count ?? -1 }
+        #expect(reservations(1) == 0 && reservations(2) == 0)
+        for n in 0..<3 {
+            var peer = RendezvousClient(identity: .generate())
+            _ = try cluster[1].connect(ConnectionID(UInt64(50 + n)), &peer)
+        }
+        cluster.settle()
+        #expect(reservations(1) == 3 && reservations(2) == 3, "node 1: \(reservations(1)), node 2: \(reservations(2))")
+        let before = cluster[2].server.relayRegistry.relays[relayKey.publicKey]?.utilisation(now: cluster[2].now) ?? 0
+        #expect(before > 0, "node 2 counts node 1's placements in the relay's use")
+    }
+
     /// A room moved off its dead relay by node 1 is where node 2 sends its members
     /// too, also once its own relay is back (node 2 never saw it gone): one room
     /// stays one room, whichever node its members ask.
@@ -434,6 +458,7 @@ struct RendezvousClusterTests {
             .event(.relayGone(bob.publicKey)), .event(.roomMoved(room: "x7kq-abcdefghijkm", relay: bob.publicKey)),
             .event(.contacts(owner: key, add: [bob.publicKey], remove: [])),
             .event(.contacts(owner: key, add: [], remove: [key])),
+            .event(.placed(relay: bob.publicKey)),
         ]
         for body in bodies {
             let notice = ClusterNotice(origin: 5, body)
