@@ -221,14 +221,7 @@ public enum RendezvousMessage: Equatable, Sendable {
             return k
         }
         func keys(_ list: [String]?, _ name: String) throws(RendezvousError) -> [PublicKey] {
-            var out: [PublicKey] = []
-            for s in list ?? [] {
-                guard let k = PublicKey(base64: s) else {
-                    throw .malformed("\(w.type): an entry of \"\(name)\" is not a 32-byte base64 key")
-                }
-                out.append(k)
-            }
-            return out
+            try (list ?? []).map { (s: String) throws(RendezvousError) -> PublicKey in try key(s, name) }
         }
         func bytes(_ s: String?, _ name: String) throws(RendezvousError) -> [UInt8] {
             let s = try need(s, name)

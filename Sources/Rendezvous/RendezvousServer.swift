@@ -408,14 +408,14 @@ public struct RendezvousServer: Sendable {
             // Posts to a key that takes them from the poster cost nothing; others the
             // poster's post budget and, to a stranger, its stranger budget.
             if fromStranger {
-                guard postBudget(of: from, now: now).hasOne(at: now) else {
+                var budget = postBudget(of: from, now: now)
+                guard budget.hasOne(at: now) else {
                     return refuse(
                         id, .rateLimited,
                         "more than \(Self.count(configuration.postBurst)) posts at once, then \(Self.count(configuration.postsPerMinute)) a minute",
                         requestID: requestID, close: false)
                 }
                 guard mayReach(to, from: from, now: now) else { return refuseStranger(id, to, requestID: requestID) }
-                var budget = postBudget(of: from, now: now)
                 _ = budget.take(at: now)
                 postBudgets[from] = budget
             }

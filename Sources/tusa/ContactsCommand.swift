@@ -25,8 +25,9 @@ struct ContactsCommand: AsyncParsableCommand {
     )
 }
 
-/// Where the contacts are kept, and whose they are.
-struct ContactsPlace: ParsableArguments {
+/// A user at a rendezvous: where (`--rendezvous`, one or several directory nodes)
+/// and as whom (`--identity`). What `tusa contacts` and `tusa party list` share.
+struct RendezvousUser: ParsableArguments {
     @Option(
         help: ArgumentHelp(
             "The relay's rendezvous, HOST:PORT, or a directory's. \(RendezvousServers.listHelp)", valueName: "host:port"))
@@ -36,9 +37,11 @@ struct ContactsPlace: ParsableArguments {
         name: .customLong("identity"),
         help: ArgumentHelp("Identity key file (tusa keygen); default ~/.config/tusa/identity.key.", valueName: "file"))
     var identity: String?
+}
 
+extension RendezvousUser {
     /// Adds `add`, removes `remove` (both empty: only asks) and prints the contacts now.
-    func change(add: [PublicKey], remove: [PublicKey], command: String) async throws {
+    func changeContacts(add: [PublicKey], remove: [PublicKey], command: String) async throws {
         let servers = try RendezvousServers.parse(rendezvous)
         // Contacts are kept under a key: a fresh one (what a call without an identity uses) has none.
         guard identity != nil || FileManager.default.fileExists(atPath: Keygen.defaultPath) else {
@@ -67,9 +70,19 @@ struct ContactsPlace: ParsableArguments {
         for key in now { print(key.base64) }
     }
 
-    /// Keys given on the command line, or a usage error naming the one that is not a key.
-    static func keys(_ texts: [String]) throws -> [PublicKey] {
-        try texts.map { text in
+}
+
+/// The keys `tusa contacts add` and `remove` are given.
+struct ContactKeys: ParsableArguments {
+    @Argument(help: "Public keys (base64), as tusa keygen prints them.")
+    var keys: [String]
+
+    /// (An empty list is ArgumentParser's usage error already: the argument has no default.)
+    func validate() throws { _ = try parsed() }
+
+    /// The keys, or a usage error naming the one that is not a key.
+    func parsed() throws -> [PublicKey] {
+        try keys.map { text in
             guard let key = PublicKey(base64: text) else { throw ValidationError("'\(text)' is not a 32-byte base64 public key") }
             return key
         }
@@ -79,45 +92,27 @@ struct ContactsPlace: ParsableArguments {
 struct ContactsList: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "list", abstract: "Print your contacts, one key a line.")
 
-    @OptionGroup var place: ContactsPlace
+    @OptionGroup var user: RendezvousUser
 
-    func run() async throws { try await place.change(add: [], remove: [], command: "contacts list") }
+    func run() async throws { try await user.changeContacts(add: [], remove: [], command: "contacts list") }
 }
 
 struct ContactsAdd: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "add", abstract: "Make these keys contacts, then print your contacts.")
 
-    @Argument(help: "Public keys (base64), as tusa keygen prints them.")
-    var keys: [String]
+    @OptionGroup var keys: ContactKeys
+    @OptionGroup var user: RendezvousUser
 
-    @OptionGroup var place: ContactsPlace
-
-    func validate() throws {
-        guard !keys.isEmpty else { throw ValidationError("name at least one key") }
-        _ = try ContactsPlace.keys(keys)
-    }
-
-    func run() async throws {
-        try await place.change(add: try ContactsPlace.keys(keys), remove: [], command: "contacts add")
-    }
+    func run() async throws { try await user.changeContacts(add: try keys.parsed(), remove: [], command: "contacts add") }
 }
 
 struct ContactsRemove: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "remove", abstract: "Make these keys strangers again, then print your contacts.")
 
-    @Argument(help: "Public keys (base64).")
-    var keys: [String]
+    @OptionGroup var keys: ContactKeys
+    @OptionGroup var user: RendezvousUser
 
-    @OptionGroup var place: ContactsPlace
-
-    func validate() throws {
-        guard !keys.isEmpty else { throw ValidationError("name at least one key") }
-        _ = try ContactsPlace.keys(keys)
-    }
-
-    func run() async throws {
-        try await place.change(add: [], remove: try ContactsPlace.keys(keys), command: "contacts remove")
-    }
+    func run() async throws { try await user.changeContacts(add: [], remove: try keys.parsed(), command: "contacts remove") }
 }

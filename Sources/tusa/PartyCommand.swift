@@ -434,20 +434,12 @@ struct PartyList: AsyncParsableCommand {
             """
     )
 
-    @Option(
-        help: ArgumentHelp(
-            "The relay's rendezvous, HOST:PORT, or a directory's. \(RendezvousServers.listHelp)", valueName: "host:port"))
-    var rendezvous: String
-
-    @Option(
-        name: .customLong("identity"),
-        help: ArgumentHelp("Identity key file (tusa keygen); default ~/.config/tusa/identity.key.", valueName: "file"))
-    var identity: String?
+    @OptionGroup var user: RendezvousUser
 
     func run() async throws {
-        let servers = try RendezvousServers.parse(rendezvous)
+        let servers = try RendezvousServers.parse(user.rendezvous)
         var options = PartyAudioOptions()
-        options.identity = identity
+        options.identity = user.identity
         let me = try options.identityOrExit()
         let connection: RendezvousConnection
         do { connection = try await RendezvousConnection.connect(toAnyOf: servers, identity: me.privateKey) } catch {
