@@ -81,6 +81,34 @@ private struct RunningPartyRelay {
         }
     }
 
+    /// On a number nothing else takes between a stop and a start (not the kernel's
+    /// pick); drawn again if one is taken before the relay binds it.
+    static func startOnAQuietPort(identity: Identity) async throws -> RunningPartyRelay {
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                return try await start(identity: identity, at: TransportAddress(ip: .v4(0x7F00_0001), port: QuietPort.draw()))
+            } catch  where attempt < 5 && "\(error)".contains("Address already in use") {
+                continue
+            }
+        }
+    }
+
+    /// The same number again, until `limit` if something holds it a moment.
+    static func start(identity: Identity, at address: TransportAddress, retryingFor limit: Duration)
+        async throws -> RunningPartyRelay
+    {
+        let deadline = ContinuousClock.now + limit
+        while true {
+            do { return try await start(identity: identity, at: address) } catch
+                where ContinuousClock.now < deadline && "\(error)".contains("Address already in use")
+            {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
+    }
+
     func stop() async {
         await group.triggerGracefulShutdown()
         _ = try? await task.value
@@ -158,10 +186,7 @@ struct PartyServiceTests {
     /// its seat with its keys; the room is heard again, nobody is dropped.
     @Test func aRestartedRelayHasEveryMemberBackInItsSeat() async throws {
         let identity = Identity.generate()
-        // A number nothing else takes between the two relays (not the kernel's pick).
-        let port = QuietPort.draw()
-        let first = try await RunningPartyRelay.start(
-            identity: identity, at: TransportAddress(ip: .v4(0x7F00_0001), port: port))
+        let first = try await RunningPartyRelay.startOnAQuietPort(identity: identity)
         let connections = try await (0..<3).asyncMap { _ in
             try await PartyConnection.connect(
                 to: first.address, relayKey: identity.publicKey, identity: .generate(), logger: quiet)
@@ -174,7 +199,7 @@ struct PartyServiceTests {
 
         await first.stop()
         let restartedAt = ContinuousClock.now
-        let second = try await RunningPartyRelay.start(identity: identity, at: first.address)
+        let second = try await RunningPartyRelay.start(identity: identity, at: first.address, retryingFor: .seconds(3))
         defer { Task { await second.stop() } }
         for (log, id) in zip(logs, ids) {
             #expect(await log.wait(within: .seconds(15)) { $0.rejoinedAs != nil }, "\(log.all.suffix(5))")

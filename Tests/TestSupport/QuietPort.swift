@@ -10,24 +10,38 @@ import Synchronization
 /// tests running beside) and every relay allocation (pools at 49152–65535) may take
 /// it in between; these are drawn below both, where nothing takes a port unasked.
 public enum QuietPort {
-    /// A number free now on 127.0.0.1 for UDP and for TCP, below the kernel's
-    /// ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`); the kernel's
-    /// own pick when that range leaves no room below it. Never one within
+    /// A number free now on 127.0.0.1 for UDP and for TCP, outside the kernel's
+    /// ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`) and the relay
+    /// pools where that leaves room (``quietRange``). Never one within
     /// ``spacing`` of a number drawn before in this process: a test binds its number
     /// a while after drawing it (another test could draw it meanwhile), and servers
     /// take the next ones too (coturn its alternate port, the listening port + 1).
     public static func draw() -> UInt16 {
-        let low = ephemeralLow()
-        let floor: UInt16 = 20_000
-        if low > floor + 1_000 {
-            for _ in 0..<200 {
-                let port = UInt16.random(in: floor..<low)
-                guard isFree(port), claim(port) else { continue }
-                return port
-            }
+        for _ in 0..<400 {
+            let port = UInt16.random(in: quietRange)
+            guard isFree(port), claim(port) else { continue }
+            return port
         }
-        return (try? BoundTCPPort().port) ?? UInt16.random(in: floor..<30_000)
+        // Nothing quiet is free: a number free now for both UDP and TCP, anywhere.
+        for _ in 0..<400 {
+            let port = UInt16.random(in: 10_000...65_000)
+            guard isFree(port), claim(port) else { continue }
+            return port
+        }
+        return (try? BoundTCPPort().port) ?? UInt16.random(in: 20_000..<30_000)
     }
+
+    /// Where numbers are drawn: below the kernel's ephemeral range when it leaves
+    /// room there (from 20000), else between its top and the relay pools (49152),
+    /// else (a range that spans nearly everything) 20000–49151, checked one by one.
+    static let quietRange: ClosedRange<UInt16> = {
+        let (low, high) = ephemeralRange()
+        let floor: UInt16 = 20_000
+        let pools: UInt16 = 49_152
+        if low > floor + 1_000 { return floor...(low - 1) }
+        if high < pools - 1_000 { return max(high + 1, floor)...(pools - 1) }
+        return floor...(pools - 1)
+    }()
 
     /// How far apart two numbers drawn in one process are.
     public static let spacing = 4
@@ -65,18 +79,18 @@ public enum QuietPort {
         }
     }
 
-    /// The first port of the kernel's ephemeral range (Linux's default 32768 when unreadable).
-    private static func ephemeralLow() -> UInt16 {
+    /// The kernel's ephemeral range (Linux's default 32768–60999 when unreadable).
+    private static func ephemeralRange() -> (UInt16, UInt16) {
+        let fallback: (UInt16, UInt16) = (32_768, 60_999)
         let fd = open("/proc/sys/net/ipv4/ip_local_port_range", O_RDONLY)
-        guard fd >= 0 else { return 32_768 }
+        guard fd >= 0 else { return fallback }
         defer { close(fd) }
         var bytes = [UInt8](repeating: 0, count: 64)
         let count = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        guard count > 0 else { return 32_768 }
+        guard count > 0 else { return fallback }
         let text = String(decoding: bytes.prefix(count), as: UTF8.self)
-        guard let first = text.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).first,
-            let low = UInt16(first), low >= 1_024
-        else { return 32_768 }
-        return low
+        let numbers = text.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).compactMap { UInt16($0) }
+        guard numbers.count == 2, numbers[0] >= 1_024, numbers[0] <= numbers[1] else { return fallback }
+        return (numbers[0], numbers[1])
     }
 }
