@@ -41,6 +41,11 @@ public enum PartyPacketType: UInt8, Sendable {
     case control = 0x02
     /// The acknowledgement of a control message (``ControlChannel``).
     case ack = 0x03
+    /// A part of a control message too long for one packet: the message goes on in
+    /// the packet with the next sequence number (``ControlChannel``).
+    case controlPart = 0x04
+    /// The last part of a control message that came in parts (``ControlChannel``).
+    case controlLastPart = 0x05
 }
 
 /// A voice frame as it travels member → relay → members, unchanged by the relay.

@@ -10,7 +10,14 @@ import TusaBase
 /// most ``maxSkip``). The step before the newest is kept for frames still in
 /// flight; only the two newest epochs per sender are kept.
 public struct PartyKeyring: Sendable {
-    public static let maxSkip: UInt16 = 16
+    /// How far a receiver follows a sender's ratchet at once. Every join moves
+    /// every member's key one step, so a member silent while a room filled speaks
+    /// under a step as many joins ahead as members came meanwhile (a leave, and
+    /// the rotation every 15 minutes, start a new epoch at step 0). 1,024 covers
+    /// the joins of a long evening in a large room; a forged frame far ahead
+    /// costs at most that many ratchet steps (each one hash) before it is
+    /// refused, and moves nothing.
+    public static let maxSkip: UInt16 = 1_024
 
     struct Received: Sendable {
         /// The newest step known, per epoch (at most two epochs).

@@ -292,6 +292,7 @@ public struct PartyMember: SansIOCore {
             return
         }
         if let ack = received.ack { actions.append(.send(ack)) }
+        for error in received.malformed { emit(.malformed(error)) }
         // The relay restarted on this session: the room we were in is gone for it; rejoin at once.
         if received.restarted, case .inRoom = phase {
             lose(reconnect: false)
@@ -538,7 +539,9 @@ public struct PartyMember: SansIOCore {
         if configuration.keyLog { emit(.keyLog(KeyLog.partyLine(kid: key.id.kid, base: key.base))) }
     }
 
-    private mutating func send(_ message: PartyControl) { actions.append(.send(channel.send(message, now: now))) }
+    private mutating func send(_ message: PartyControl) {
+        for packet in channel.send(message, now: now) { actions.append(.send(packet)) }
+    }
     private mutating func emit(_ event: PartyMemberEvent) { actions.append(.event(event)) }
 }
 

@@ -243,6 +243,7 @@ public struct PartyServer: SansIOCore {
         // whatever it was in is gone for it; the others see it leave and rekey.
         if received.restarted { remove(session, reason: .disconnected) }
         if let ack = received.ack { actions.append(.send(session, ack)) }
+        for error in received.malformed { refuse(session, .malformed, "\(error)") }
         for message in received.messages {
             // An earlier message of the batch may have closed the session's room or the session.
             guard sessionKeys[session] != nil else { return }
@@ -487,7 +488,7 @@ public struct PartyServer: SansIOCore {
 
     private mutating func send(_ session: PartySession, json: [UInt8]) {
         guard var channel = channels[session] else { return }
-        actions.append(.send(session, channel.send(json: json, now: now)))
+        for packet in channel.send(json: json, now: now) { actions.append(.send(session, packet)) }
         channels[session] = channel
         let due = now + ControlChannel.initialTimeout
         resendDue = min(resendDue ?? due, due)

@@ -231,14 +231,18 @@ struct PartyRejoinTests {
         var forged = ticket
         forged.creator = try #require(h.identities[bob]).publicKey.base64
         let refusedBefore = h.server.statistics.controlRefused
-        h.raw(mallory, channel.send(.rejoin(ticket: forged, member: MemberID(1), highest: MemberID(2)), now: h.now))
+        for packet in channel.send(.rejoin(ticket: forged, member: MemberID(1), highest: MemberID(2)), now: h.now) {
+            h.raw(mallory, packet)
+        }
         #expect(h.server.statistics.controlRefused == refusedBefore + 1)
         #expect(h.server.rooms[room]?.creator == h.identities[alice]?.publicKey)
 
         // The creator closes the room: this relay process does not bring it back from a ticket.
         h.input(alice, .close)
         #expect(h.server.rooms[room] == nil)
-        h.raw(mallory, channel.send(.rejoin(ticket: ticket, member: MemberID(2), highest: MemberID(2)), now: h.now))
+        for packet in channel.send(.rejoin(ticket: ticket, member: MemberID(2), highest: MemberID(2)), now: h.now) {
+            h.raw(mallory, packet)
+        }
         #expect(h.server.statistics.controlRefused == refusedBefore + 2)
         #expect(h.server.rooms[room] == nil)
 
@@ -246,7 +250,9 @@ struct PartyRejoinTests {
         h = PartyHarness()
         h.connect(carol)
         var other = ControlChannel(id: 6)
-        h.raw(carol, other.send(.rejoin(ticket: ticket, member: MemberID(1), highest: MemberID(1)), now: h.now))
+        for packet in other.send(.rejoin(ticket: ticket, member: MemberID(1), highest: MemberID(1)), now: h.now) {
+            h.raw(carol, packet)
+        }
         #expect(h.server.rooms.isEmpty)
         #expect(h.server.statistics.controlRefused == 1)
     }

@@ -226,6 +226,40 @@ struct PartyServiceTests {
         for c in connections { await c.close() }
     }
 
+    /// A room of fifty over real sockets: the roster a newcomer is handed outgrows
+    /// a packet (and the 2 KiB a member reads a datagram into) past fifteen members,
+    /// so it travels in parts; every member gets every other's key and hears a speaker.
+    @Test func aRoomOfFiftyFormsAndIsHeard() async throws {
+        try await withPartyRelay { relay, relayKey, service in
+            var members: [PartyConnection] = []
+            for _ in 0..<50 {
+                members.append(
+                    try await PartyConnection.connect(
+                        to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, logger: quiet))
+            }
+            let logs = members.map(EventLog.init)
+            let created = try await members[0].create(name: "Raid night")
+            var last: PartyJoined?
+            for m in members[1...] { last = try await m.join(created.room) }
+            #expect(last?.roster.count == 50)
+            #expect(service.memberCount == 50)
+            for (i, log) in logs.enumerated() {
+                #expect(await log.wait(within: .seconds(30)) { $0.keysReceived >= 49 }, "member \(i): \(log.keysReceived) keys")
+            }
+            let word = [UInt8](repeating: 0x5A, count: 60)
+            for n in 0..<5 {
+                members[7].send(word, timestamp: UInt32(n * 160), level: AudioLevel(level: 25, voiced: true))
+            }
+            let speaker = try #require(await members[7].read { $0.me })
+            for (i, log) in logs.enumerated() where i != 7 {
+                #expect(
+                    await log.wait { $0.audio(from: speaker).last == word },
+                    "member \(i) hears the speaker \(speaker): \(log.all.suffix(4))")
+            }
+            for m in members { await m.close() }
+        }
+    }
+
     /// An invite list longer than one packet carries is refused before anything is
     /// sent; one that fits makes its room.
     @Test func anInviteListPastWhatOnePacketCarriesIsRefusedAtOnce() async throws {
