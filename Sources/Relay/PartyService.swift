@@ -224,6 +224,8 @@ final class PartyRooms {
         host = CoreHost(core, on: loop) { [unowned self] action in
             perform(action)
         } afterActions: { [unowned self] in
+            // One write for every copy of a run of actions (one sendmmsg), at the end of the read burst when in one.
+            endpoint.flushOnLoop()
             let (s, n, m) = host.read { ($0.statistics, $0.rooms.count, $0.memberCount) }
             statistics.withLockedValue { $0 = s }
             roomCount.withLockedValue { $0 = (n, m) }
@@ -272,7 +274,7 @@ final class PartyRooms {
             guard let peer = peers[session] else { return }
             // Voice frames keep their RTP timestamp on the hop, so a capture reads as RTP.
             let timestamp = PartyFrameHeader.peekTimestamp(bytes) ?? 0
-            endpoint.send(bytes, to: peer, payloadType: PartyHop.payloadType, timestamp: timestamp)
+            endpoint.sendOnLoop(bytes, to: peer, payloadType: PartyHop.payloadType, timestamp: timestamp)
         case .event(let event):
             switch event {
             case .roomCreated(let id, let name, let creator):

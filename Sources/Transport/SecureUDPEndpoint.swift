@@ -250,6 +250,21 @@ public final class SecureUDPEndpoint: Sendable {
         }
     }
 
+    /// The same from the endpoint's own event loop (a media or session handler, a
+    /// core hosted there), without a hop: the packet waits for the next flush, the
+    /// end of the read burst under way, or ``flushOnLoop()``. A relay forwarding one
+    /// frame to many members so writes them all with one `sendmmsg`.
+    public func sendOnLoop(_ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, marker: Bool = false) {
+        engine.value.sendMedia(payload, to: peer, payloadType: payloadType, timestamp: timestamp, marker: marker)
+    }
+
+    /// Writes what ``sendOnLoop(_:to:payloadType:timestamp:marker:)`` queued (unless a
+    /// read burst is under way: its end flushes). On the endpoint's event loop.
+    public func flushOnLoop() {
+        let engine = engine.value
+        if !engine.inReadBurst { engine.flush() }
+    }
+
     /// Sends several media payloads in one hop to the event loop and one flush
     /// (timestamps advance by `timestampStep` from `timestamp`).
     public func send(batch payloads: [[UInt8]], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, timestampStep: UInt32) {
