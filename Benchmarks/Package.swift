@@ -13,6 +13,7 @@ let package = Package(
         .executable(name: "udp-echo", targets: ["udp-echo"]),
         .executable(name: "turn-load", targets: ["turn-load"]),
         .executable(name: "udp-forward", targets: ["udp-forward"]),
+        .executable(name: "party-load", targets: ["party-load"]),
         .executable(name: "udp-flood", targets: ["udp-flood"]),
         .library(name: "ClockStep", type: .dynamic, targets: ["ClockStep"]),
     ],
@@ -38,6 +39,16 @@ let package = Package(
             dependencies: [
                 "BenchSupport", "CMultiMsg",
                 .product(name: "STUN", package: "Tusa"), .product(name: "TusaBase", package: "Tusa"),
+            ],
+            swiftSettings: strict),
+        // Party load generator: members with real sessions and room cores, voice-paced
+        // speakers, every delivery opened hop by hop and counted (issues 15 and 17).
+        .executableTarget(
+            name: "party-load",
+            dependencies: [
+                "BenchSupport", "CMultiMsg",
+                .product(name: "Party", package: "Tusa"), .product(name: "Secure", package: "Tusa"),
+                .product(name: "TusaBase", package: "Tusa"),
             ],
             swiftSettings: strict),
         // Reference TURN-shaped UDP forwarder in C, the machine's limit for a relay: the same

@@ -1,4 +1,4 @@
-# Shared by binding-rps.sh, turn-bench.sh, voice-relay-bench.sh, soak.sh, party-starvation.sh, directory-idle.sh and scripts/nat-matrix.sh
+# Shared by binding-rps.sh, turn-bench.sh, voice-relay-bench.sh, party-relay-bench.sh, soak.sh, party-starvation.sh, directory-idle.sh and scripts/nat-matrix.sh
 # (sourced, not run): a scratch folder
 # $TMP, the started processes $PIDS stopped on exit, free ports, CPU accounting,
 # waiting for a quiet machine, and a TURN server's readiness. Each script defines busy_ticks (which CPU
@@ -108,4 +108,29 @@ wait_turn_ready() {
     "$LOAD" --target "127.0.0.1:$2" --probe --duration 0.25 --source-net 127.3 >/dev/null 2>"$TMP/probe.err" && return 0
   done
   return 1
+}
+
+# pin_cpus NAME: SERVER_PIN and LOAD_PIN (taskset to SERVER_CPU and LOAD_CPU) where the
+# machine has two CPUs; on one, everything shares it (a smoke check still works).
+pin_cpus() {
+  if (($(nproc) >= 2)); then
+    SERVER_PIN=(taskset -c "$SERVER_CPU") LOAD_PIN=(taskset -c "$LOAD_CPU")
+  else
+    echo "$1: one CPU only; not pinning (rates mean nothing here)"
+    SERVER_PIN=() LOAD_PIN=()
+  fi
+}
+
+# start_coturn LOG PORT [THREADS] [--no-tcp]: coturn in the background, pinned with
+# SERVER_PIN, on 127.0.0.1:PORT for relayed loads: -n (no config file), -m THREADS (0:
+# listener and relay in one thread), TLS/DTLS/CLI off, long-term credentials
+# alice:wonderland, loopback peers allowed, relay ports 20000-65000, its log (a line per
+# allocation event) in LOG.turn.log. Its pid is $! afterwards.
+start_coturn() {
+  local log=$1 port=$2 threads=${3:-0} tcp=()
+  [[ ${4:-} == --no-tcp ]] && tcp=(--no-tcp)
+  "${SERVER_PIN[@]}" turnserver -n -m "$threads" -L 127.0.0.1 -p "$port" --relay-ip 127.0.0.1 \
+    --no-tls --no-dtls --no-cli "${tcp[@]}" --log-file "$log.turn.log" --simple-log --no-stdout-log \
+    -b "$log.db" --pidfile "$log.pid" -a -u alice:wonderland -r example.org --allow-loopback-peers \
+    --min-port 20000 --max-port 65000 >"$log.out" 2>"$log.err" &
 }

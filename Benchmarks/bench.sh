@@ -18,7 +18,10 @@
 #     defaults, with a frame held (--min-delay 20) and with 60 ms held as the
 #     party test holds (party-starvation.sh).
 #     Parties: the room core's forwarding and hop sealing per delivered frame
-#     against the bare AEAD seal; join and rekey times on loopback (party-bench).
+#     against the bare AEAD seal; join and rekey times on loopback (party-bench);
+#     room forwarding at voice pacing through real sockets, tusa relay against
+#     coturn carrying the same conversation as a mesh of allocations, CPU per
+#     delivered packet and the highest loss-free rate (party-relay-bench.sh).
 #     The directory: invitations acknowledged once stored, in memory, SQLite and
 #     PostgreSQL side by side, at a steady pace from many users, and an invitation
 #     to an online friend at the same node and at another node (directory-bench);
@@ -57,6 +60,9 @@ echo "== Parties: forwarding + hop sealing per delivered frame, joins and rekeys
 swift build -c release --product party-bench >out/bench/party-build.log 2>&1 \
   || { cat out/bench/party-build.log; exit 1; }
 "$(swift build -c release --show-bin-path)/party-bench" --seconds 5 --joins 50 2>&1 | tee out/bench/party.md
+echo
+echo "== Parties at voice pacing: tusa relay rooms vs a coturn mesh (Benchmarks/party-relay-bench.sh)"
+bash Benchmarks/party-relay-bench.sh 2>&1 | tee out/bench/party-relay.md
 echo
 echo "== Directory: invitations acknowledged once stored, memory / SQLite / PostgreSQL; to a friend at another node (Benchmarks/InProcess/directory-bench)"
 swift build -c release --product directory-bench >out/bench/directory-build.log 2>&1 \

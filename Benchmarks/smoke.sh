@@ -30,6 +30,10 @@ swift build --package-path Benchmarks --product turn-load >"$work/build.log" 2>&
 TUSA="$TUSA" bash Benchmarks/turn-bench.sh --smoke --no-build
 # The same relay under voice-paced flows (50 flows, 20 ms apart each, interleaved), every phase without loss.
 TUSA="$TUSA" bash Benchmarks/voice-relay-bench.sh --smoke --no-build
+# Rooms at voice pacing: two rooms of six real members (sessions, room cores, keys), three
+# speaking in each, every frame delivered to every other member.
+swift build --package-path Benchmarks --product party-load >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+TUSA="$TUSA" bash Benchmarks/party-relay-bench.sh --smoke --no-build
 # Reliability: a few seconds of each soak case (a flood beside voice flows, allocations alive
 # with voice, TCP abuse, a call through rebindings, one round of faults): voice without loss,
 # nothing kept per flood packet, every fault survived (`make soak`: the long runs).

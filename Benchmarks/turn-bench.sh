@@ -111,13 +111,7 @@ bench_setup turn-bench
 busy_ticks() { awk '/^cpu[0-9]/ {s += $2 + $3 + $4 + $7 + $8} END {print s}' /proc/stat; }
 MIN_PORT=20000
 MAX_PORT=65000
-# Pinning needs two CPUs; on one, everything shares it (the smoke check still works).
-if (($(nproc) >= 2)); then
-  SERVER_PIN=(taskset -c "$SERVER_CPU") LOAD_PIN=(taskset -c "$LOAD_CPU")
-else
-  echo "turn-bench: one CPU only; not pinning (rates mean nothing here)"
-  SERVER_PIN=() LOAD_PIN=()
-fi
+pin_cpus turn-bench
 
 # start_server NAME PORT: starts it pinned to SERVER_CPU, sets SPID.
 start_server() {
@@ -132,15 +126,7 @@ start_server() {
         >"$log.out" 2>"$log.err" &
       ;;
     coturn)
-      # -n: no config file; -m 0: listener and relay in one thread; TLS/DTLS/CLI off;
-      # long-term credentials; the log (one line per allocation event) goes to a file.
-      "${SERVER_PIN[@]}" turnserver -n -m "$COTURN_THREADS" \
-        -L 127.0.0.1 -p "$port" --relay-ip 127.0.0.1 \
-        --no-tls --no-dtls --no-cli \
-        --log-file "$log.turn.log" --simple-log --no-stdout-log \
-        -b "$log.db" --pidfile "$log.pid" \
-        -a -u alice:wonderland -r example.org --allow-loopback-peers \
-        --min-port "$MIN_PORT" --max-port "$MAX_PORT" >"$log.out" 2>"$log.err" &
+      start_coturn "$log" "$port" "$COTURN_THREADS"
       ;;
   esac
   SPID=$!

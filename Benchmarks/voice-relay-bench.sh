@@ -91,12 +91,7 @@ REF=$BIN/udp-forward
 source "$HERE/bench-lib.sh"
 bench_setup voice-relay-bench
 busy_ticks() { awk '/^cpu[0-9]/ {s += $2 + $3 + $4 + $7 + $8} END {print s}' /proc/stat; }
-if (($(nproc) >= 2)); then
-  SERVER_PIN=(taskset -c "$SERVER_CPU") LOAD_PIN=(taskset -c "$LOAD_CPU")
-else
-  echo "voice-relay-bench: one CPU only; not pinning (rates mean nothing here)"
-  SERVER_PIN=() LOAD_PIN=()
-fi
+pin_cpus voice-relay-bench
 
 ACTIVE=()
 for s in $SERVERS; do
@@ -118,10 +113,7 @@ start_server() { # NAME PORT: starts it pinned, sets SPID
         --user-quota 0 --total-quota 0 ${WINDOW:+--batch-window "$WINDOW"} >"$log.out" 2>"$log.err" &
       ;;
     coturn)
-      "${SERVER_PIN[@]}" turnserver -n -m 0 -L 127.0.0.1 -p "$2" --relay-ip 127.0.0.1 \
-        --no-tls --no-dtls --no-cli --no-tcp --log-file "$log.turn.log" --simple-log --no-stdout-log \
-        -b "$log.db" --pidfile "$log.pid" -a -u alice:wonderland -r example.org --allow-loopback-peers \
-        --min-port 20000 --max-port 65000 >"$log.out" 2>"$log.err" &
+      start_coturn "$log" "$2" 0 --no-tcp
       ;;
     ref) "${SERVER_PIN[@]}" "$REF" --listen "127.0.0.1:$2" >"$log.out" 2>"$log.err" & ;;
   esac

@@ -248,3 +248,139 @@ public struct Arguments {
         return v
     }
 }
+
+// MARK: - Addresses, text and /proc readings shared by the load generators
+
+public func parseV4(_ text: String) -> (ip: UInt32, port: UInt16)? {
+    guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]), port != 0
+    else { return nil }
+    var host = String(text[..<colon])
+    if host == "localhost" { host = "127.0.0.1" }
+    var addr = in_addr()
+    guard inet_pton(AF_INET, host, &addr) == 1 else { return nil }
+    return (UInt32(bigEndian: addr.s_addr), port)
+}
+
+public func ipText(_ ip: UInt32) -> String { "\(ip >> 24).\(ip >> 16 & 255).\(ip >> 8 & 255).\(ip & 255)" }
+
+public func withSockaddr<R>(_ ip: UInt32, _ port: UInt16, _ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
+    var sin = sockaddr_in()
+    sin.sin_family = sa_family_t(AF_INET)
+    sin.sin_port = port.bigEndian
+    sin.sin_addr.s_addr = ip.bigEndian
+    return withUnsafePointer(to: &sin) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+}
+
+public func localPort(_ fd: Int32) -> UInt16 {
+    var sin = sockaddr_in()
+    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &sin) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
+    }
+    return UInt16(bigEndian: sin.sin_port)
+}
+
+public func fmt(_ x: Double, _ digits: Int = 3) -> String {
+    guard x.isFinite else { return "0" }
+    var scale = 1.0
+    for _ in 0..<digits { scale *= 10 }
+    let v = (abs(x) * scale).rounded()
+    let whole = Int(v / scale)
+    var text = String(whole)
+    if digits > 0 {
+        let frac = String(Int(v) - whole * Int(scale))
+        text += "." + String(repeating: "0", count: digits - frac.count) + frac
+    }
+    return (x < 0 && v > 0 ? "-" : "") + text
+}
+
+public func readText(_ path: String) -> String? {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    var out: [UInt8] = []
+    var buf = [UInt8](repeating: 0, count: 8192)
+    while true {
+        let n = read(fd, &buf, buf.count)
+        if n <= 0 { break }
+        out += buf[0..<n]
+    }
+    return String(decoding: out, as: UTF8.self)
+}
+
+public let clockTicks = Double(sysconf(Int32(_SC_CLK_TCK)))
+
+/// utime+stime of a process (all threads), seconds.
+public func processCPU(_ pid: Int32) -> Double? {
+    guard let text = readText("/proc/\(pid)/stat"), let close = text.lastIndex(of: ")") else { return nil }
+    let fields = text[text.index(after: close)...].split(separator: " ")
+    // After the command: state is field 3, utime 14, stime 15 (1-based) -> indices 11, 12 here.
+    guard fields.count > 12, let u = Double(fields[11]), let s = Double(fields[12]) else { return nil }
+    return (u + s) / clockTicks
+}
+
+/// Machine-wide UDP counters from /proc/net/snmp.
+public struct UDPCounters {
+    public var inErrors = 0, rcvbufErrors = 0, sndbufErrors = 0, noPorts = 0
+
+    public init(inErrors: Int = 0, rcvbufErrors: Int = 0, sndbufErrors: Int = 0, noPorts: Int = 0) {
+        self.inErrors = inErrors
+        self.rcvbufErrors = rcvbufErrors
+        self.sndbufErrors = sndbufErrors
+        self.noPorts = noPorts
+    }
+
+    public static func read() -> UDPCounters {
+        var c = UDPCounters()
+        guard let text = readText("/proc/net/snmp") else { return c }
+        let lines = text.split(separator: "\n").filter { $0.hasPrefix("Udp:") }
+        guard lines.count >= 2 else { return c }
+        let names = lines[0].split(separator: " ").dropFirst().map(String.init)
+        let values = lines[1].split(separator: " ").dropFirst().map { Int($0) ?? 0 }
+        var table: [String: Int] = [:]
+        for (k, v) in zip(names, values) { table[k] = v }
+        c.inErrors = table["InErrors"] ?? 0
+        c.rcvbufErrors = table["RcvbufErrors"] ?? 0
+        c.sndbufErrors = table["SndbufErrors"] ?? 0
+        c.noPorts = table["NoPorts"] ?? 0
+        return c
+    }
+}
+
+public func selfCPU() -> Double {
+    var u = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &u)
+    return Double(u.ru_utime.tv_sec) + Double(u.ru_utime.tv_usec) * 1e-6
+        + Double(u.ru_stime.tv_sec) + Double(u.ru_stime.tv_usec) * 1e-6
+}
+
+public func sockaddrIn(_ ip: UInt32, _ port: UInt16) -> sockaddr_in {
+    var sin = sockaddr_in()
+    sin.sin_family = sa_family_t(AF_INET)
+    sin.sin_port = port.bigEndian
+    sin.sin_addr.s_addr = ip.bigEndian
+    return sin
+}
+
+public func parseNet(_ text: String) -> UInt32? {
+    let parts = text.split(separator: ".")
+    guard parts.count == 2, let a = UInt8(parts[0]), let b = UInt8(parts[1]), a == 127 else { return nil }
+    return UInt32(a) << 24 | UInt32(b) << 16
+}
+
+/// A non-blocking UDP socket bound to ip:port (port 0: any).
+public func boundSocket(_ ip: UInt32, _ port: UInt16 = 0, buffer: Int32? = nil) -> Int32 {
+    let fd = udpSocket(family: AF_INET, nonBlocking: true)
+    if let buffer {
+        setSocketBuffer(fd, option: SO_RCVBUF, bytes: buffer)
+        setSocketBuffer(fd, option: SO_SNDBUF, bytes: buffer)
+    }
+    if withSockaddr(ip, port, { bind(fd, $0, $1) }) != 0 {
+        fail(
+            "bind \(ipText(ip)):\(port): \(errnoText())"
+                + (errno == EMFILE ? " (raise ulimit -n)" : ""))
+    }
+    return fd
+}

@@ -55,3 +55,19 @@ int bench_reuseaddr(int fd) {
     int one = 1;
     return setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 }
+
+int bench_receive_pktinfo(int fd) {
+    int one = 1;
+    return setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
+}
+
+unsigned int bench_pktinfo_destination(const struct msghdr *msg) {
+    for (struct cmsghdr *c = CMSG_FIRSTHDR((struct msghdr *)msg); c; c = CMSG_NXTHDR((struct msghdr *)msg, c)) {
+        if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+            struct in_pktinfo info;
+            memcpy(&info, CMSG_DATA(c), sizeof info);
+            return ntohl(info.ipi_addr.s_addr);
+        }
+    }
+    return 0;
+}

@@ -31,7 +31,7 @@
 //   max), how late the generator ran and how many sends it skipped (a generator that
 //   falls behind measures itself, not the server) and the sends the kernel refused.
 //   `--flows N` lets only the first N clients send in the phases; `--ramp N1,N2,...`
-//   then runs phase `both` with the first N1, N2, ... flows sending, one line each with
+//   then runs phase `both` (or `--ramp-phase`) with the first N1, N2, ... flows sending, one line each with
 //   `flows=N`: where a server starts to lose packets, without allocating again.
 // --mode allocate: N clients allocate (challenge + authenticated Allocate), at most
 //   `--window` of them in progress at once; allocations/s. With --server-pid, also the
@@ -72,6 +72,7 @@ let usage = """
       --rate R               paced voice-like flows: R packets/s per flow and direction (50: 20 ms frames)
       --flows N              with --rate: only the first N clients send in the phases (default: all)
       --ramp N1,N2,...       with --rate: then phase both with the first N1, N2, ... flows sending
+      --ramp-phase P         the ramp's phase: up, down or both (default both)
       --no-gso               sendmmsg instead of one UDP GSO write per batch
     allocate mode:
       --window N             allocations in progress at once (default 64)
@@ -81,62 +82,8 @@ let usage = """
     prints (allocate): 'allocate clients= allocated= failed= seconds= aps= rss_before_kib= ...'
     """
 
-// MARK: - Small helpers
-
-func parseV4(_ text: String) -> (ip: UInt32, port: UInt16)? {
-    guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]), port != 0
-    else { return nil }
-    var host = String(text[..<colon])
-    if host == "localhost" { host = "127.0.0.1" }
-    var addr = in_addr()
-    guard inet_pton(AF_INET, host, &addr) == 1 else { return nil }
-    return (UInt32(bigEndian: addr.s_addr), port)
-}
-
-func parseNet(_ text: String) -> UInt32? {
-    let parts = text.split(separator: ".")
-    guard parts.count == 2, let a = UInt8(parts[0]), let b = UInt8(parts[1]), a == 127 else { return nil }
-    return UInt32(a) << 24 | UInt32(b) << 16
-}
-
-func ipText(_ ip: UInt32) -> String { "\(ip >> 24).\(ip >> 16 & 255).\(ip >> 8 & 255).\(ip & 255)" }
-
-func withSockaddr<R>(_ ip: UInt32, _ port: UInt16, _ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
-    var sin = sockaddr_in()
-    sin.sin_family = sa_family_t(AF_INET)
-    sin.sin_port = port.bigEndian
-    sin.sin_addr.s_addr = ip.bigEndian
-    return withUnsafePointer(to: &sin) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    }
-}
-
-/// A non-blocking UDP socket bound to ip:port (port 0: any).
-func boundSocket(_ ip: UInt32, _ port: UInt16 = 0, buffer: Int32? = nil) -> Int32 {
-    let fd = udpSocket(family: AF_INET, nonBlocking: true)
-    if let buffer {
-        setSocketBuffer(fd, option: SO_RCVBUF, bytes: buffer)
-        setSocketBuffer(fd, option: SO_SNDBUF, bytes: buffer)
-    }
-    if withSockaddr(ip, port, { bind(fd, $0, $1) }) != 0 {
-        fail(
-            "bind \(ipText(ip)):\(port): \(errnoText())"
-                + (errno == EMFILE ? " (raise ulimit -n)" : ""))
-    }
-    return fd
-}
-
 func connectTo(_ fd: Int32, _ ip: UInt32, _ port: UInt16) {
     if withSockaddr(ip, port, { connect(fd, $0, $1) }) != 0 { fail("connect \(ipText(ip)):\(port): \(errnoText())") }
-}
-
-func localPort(_ fd: Int32) -> UInt16 {
-    var sin = sockaddr_in()
-    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    _ = withUnsafeMutablePointer(to: &sin) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
-    }
-    return UInt16(bigEndian: sin.sin_port)
 }
 
 /// Linux UDP_SEGMENT (level SOL_UDP): GSO segment size; false where the kernel refuses.
@@ -145,46 +92,7 @@ func enableGSO(_ fd: Int32, segment: Int) -> Bool {
     return setsockopt(fd, 17, 103, &size, socklen_t(MemoryLayout<Int32>.size)) == 0
 }
 
-func fmt(_ x: Double, _ digits: Int = 3) -> String {
-    guard x.isFinite else { return "0" }
-    var scale = 1.0
-    for _ in 0..<digits { scale *= 10 }
-    let v = (abs(x) * scale).rounded()
-    let whole = Int(v / scale)
-    var text = String(whole)
-    if digits > 0 {
-        let frac = String(Int(v) - whole * Int(scale))
-        text += "." + String(repeating: "0", count: digits - frac.count) + frac
-    }
-    return (x < 0 && v > 0 ? "-" : "") + text
-}
-
-func readText(_ path: String) -> String? {
-    let fd = open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { return nil }
-    defer { close(fd) }
-    var out: [UInt8] = []
-    var buf = [UInt8](repeating: 0, count: 8192)
-    while true {
-        let n = read(fd, &buf, buf.count)
-        if n <= 0 { break }
-        out += buf[0..<n]
-    }
-    return String(decoding: out, as: UTF8.self)
-}
-
 // MARK: - /proc readings
-
-let clockTicks = Double(sysconf(Int32(_SC_CLK_TCK)))
-
-/// utime+stime of a process (all threads), seconds.
-func processCPU(_ pid: Int32) -> Double? {
-    guard let text = readText("/proc/\(pid)/stat"), let close = text.lastIndex(of: ")") else { return nil }
-    let fields = text[text.index(after: close)...].split(separator: " ")
-    // After the command: state is field 3, utime 14, stime 15 (1-based) -> indices 11, 12 here.
-    guard fields.count > 12, let u = Double(fields[11]), let s = Double(fields[12]) else { return nil }
-    return (u + s) / clockTicks
-}
 
 /// A "Key:  value kB" line of a /proc status-like file, in KiB.
 func procField(_ path: String, _ key: String) -> Int? {
@@ -204,34 +112,6 @@ func openFDs(_ pid: Int32) -> Int? {
         if name != "." && name != ".." { n += 1 }
     }
     return n
-}
-
-/// Machine-wide UDP counters from /proc/net/snmp.
-struct UDPCounters {
-    var inErrors = 0, rcvbufErrors = 0, sndbufErrors = 0, noPorts = 0
-
-    static func read() -> UDPCounters {
-        var c = UDPCounters()
-        guard let text = readText("/proc/net/snmp") else { return c }
-        let lines = text.split(separator: "\n").filter { $0.hasPrefix("Udp:") }
-        guard lines.count >= 2 else { return c }
-        let names = lines[0].split(separator: " ").dropFirst().map(String.init)
-        let values = lines[1].split(separator: " ").dropFirst().map { Int($0) ?? 0 }
-        var table: [String: Int] = [:]
-        for (k, v) in zip(names, values) { table[k] = v }
-        c.inErrors = table["InErrors"] ?? 0
-        c.rcvbufErrors = table["RcvbufErrors"] ?? 0
-        c.sndbufErrors = table["SndbufErrors"] ?? 0
-        c.noPorts = table["NoPorts"] ?? 0
-        return c
-    }
-}
-
-func selfCPU() -> Double {
-    var u = rusage()
-    getrusage(RUSAGE_SELF.rawValue, &u)
-    return Double(u.ru_utime.tv_sec) + Double(u.ru_utime.tv_usec) * 1e-6
-        + Double(u.ru_stime.tv_sec) + Double(u.ru_stime.tv_usec) * 1e-6
 }
 
 // MARK: - Clients and the allocation state machine
@@ -1119,14 +999,6 @@ final class PacedTraffic {
     }
 }
 
-func sockaddrIn(_ ip: UInt32, _ port: UInt16) -> sockaddr_in {
-    var sin = sockaddr_in()
-    sin.sin_family = sa_family_t(AF_INET)
-    sin.sin_port = port.bigEndian
-    sin.sin_addr.s_addr = ip.bigEndian
-    return sin
-}
-
 /// The last line: the generator's CPU over its whole life, for the caller's accounting of
 /// what else ran on the machine meanwhile.
 func printDone() {
@@ -1142,6 +1014,7 @@ let args = Arguments(
     options: [
         "target", "mode", "user", "clients", "clients-per-ip", "source-net", "server-pid", "setup-timeout", "phases",
         "duration", "warmup", "payload", "window", "batch", "timeout-ms", "settle", "rate", "ramp", "flows",
+        "ramp-phase",
     ],
     flagNames: ["probe", "no-gso"],
     usage: usage)
@@ -1285,13 +1158,15 @@ case "relay":
     var failedPhase = false
     let flows = args.int("flows", default: count, range: 1...count)
     var steps = phases.map { (phase: $0, flows: flows) }
+    let rampPhase = args.string("ramp-phase") ?? "both"
+    guard ["up", "down", "both"].contains(rampPhase) else { fail("--ramp-phase: up, down or both") }
     if let ramp = args.string("ramp") {
         guard rate > 0 else { fail("--ramp needs --rate") }
         for text in ramp.split(separator: ",") {
             guard let n = Int(text), (1...count).contains(n) else {
                 fail("--ramp: '\(text)' is not a flow count in 1...\(count)")
             }
-            steps.append((phase: "both", flows: n))
+            steps.append((phase: rampPhase, flows: n))
         }
     }
     for (phase, flows) in steps {
@@ -1320,8 +1195,9 @@ case "relay":
                 + " server_ms_per_1000=\(fmt(relayed > 0 ? 1000 * 1000 * cpu / relayed : 0, 3))"
         }
         if rate > 0 {
+            let offered: Double = rate * Double(flows) * (phase == "both" ? 2 : 1)
             line +=
-                " rate=\(fmt(rate, 1)) flows=\(flows) offered_pps=\(Int((rate * Double(flows) * (phase == "both" ? 2 : 1)).rounded()))"
+                " rate=\(fmt(rate, 1)) flows=\(flows) offered_pps=\(Int(offered.rounded()))"
                 + " late_max_ms=\(fmt(r.lateMaxMs, 2)) skipped=\(r.skipped) refused=\(r.refused)"
                 + " delay_p50_us=\(Int(r.delayP50)) delay_p99_us=\(Int(r.delayP99)) delay_max_us=\(Int(r.delayMax))"
                 + " clients=\(count) payload=\(payload) paced=1"

@@ -31,6 +31,10 @@ extern const unsigned int bench_PKTINFO_SPACE;
 /// Writes an IP_PKTINFO control message into `control` (bench_PKTINFO_SPACE bytes)
 /// that makes a datagram leave from IPv4 address `source` (host order); returns its length.
 unsigned int bench_pktinfo(void *control, unsigned int source);
+/// Turns on IP_PKTINFO for received datagrams; 0 or -1.
+int bench_receive_pktinfo(int fd);
+/// The IPv4 destination (host order) of a datagram received with IP_PKTINFO on; 0 if absent.
+unsigned int bench_pktinfo_destination(const struct msghdr *msg);
 /// Sets SO_REUSEADDR; 0 or -1.
 int bench_reuseaddr(int fd);
 
