@@ -134,3 +134,9 @@ start_coturn() {
     -b "$log.db" --pidfile "$log.pid" -a -u alice:wonderland -r example.org --allow-loopback-peers \
     --min-port 20000 --max-port 65000 >"$log.out" 2>"$log.err" &
 }
+
+# median_values: the median of the numbers on standard input, one per line (nothing when none).
+median_values() { sort -g | awk '{v[NR] = $1} END { if (NR == 0) exit; print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# has NAME: whether NAME is one of the servers that run ($ACTIVE).
+has() { [[ " ${ACTIVE[*]} " == *" $1 "* ]]; }

@@ -221,14 +221,12 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-median() { sort -g | awk '{v[NR] = $1} END { if (NR == 0) exit; print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # at NAME ROUND ROOMS COLUMN: the first step of ROUND with ROOMS rooms (the fixed load comes first).
 at() { awk -v r="$2" -v k="$3" -v c="$4" '$1 == r && $2 == k {print $c; exit}' "$TMP/runs.$1" 2>/dev/null; }
 best_free() { # NAME ROUND: the highest delivered rate of a step without loss or skipped sends
   awk -v r="$2" '$1 == r && $4 + 0 == 0 && $7 + 0 == 0 && $3 + 0 > best {best = $3 + 0} END {if (best > 0) print best}' \
     "$TMP/runs.$1" 2>/dev/null
 }
-has() { [[ " ${ACTIVE[*]} " == *" $1 "* ]]; }
 
 if ((!SMOKE)); then
   echo
@@ -237,11 +235,11 @@ if ((!SMOKE)); then
   for spec in "delivered pkt/s:3" "loss %:4" "server CPU %:6" "server CPU ms per 1000 delivered:5"; do
     IFS=: read -r label col <<<"$spec"
     printf '| %s |' "$label"
-    for n in "${ACTIVE[@]}"; do printf ' %s |' "$(for r in $(seq "$ROUNDS"); do at "$n" "$r" "$ROOMS" "$col"; done | median)"; done
+    for n in "${ACTIVE[@]}"; do printf ' %s |' "$(for r in $(seq "$ROUNDS"); do at "$n" "$r" "$ROOMS" "$col"; done | median_values)"; done
     echo
   done
   printf '| highest loss-free delivered pkt/s (fixed load and ramp, median) |'
-  for n in "${ACTIVE[@]}"; do printf ' %s |' "$(for r in $(seq "$ROUNDS"); do best_free "$n" "$r"; done | median)"; done
+  for n in "${ACTIVE[@]}"; do printf ' %s |' "$(for r in $(seq "$ROUNDS"); do best_free "$n" "$r"; done | median_values)"; done
   echo
   echo
   if has tusa && has coturn; then
@@ -252,8 +250,8 @@ if ((!SMOKE)); then
       a=$(best_free tusa "$r") b=$(best_free coturn "$r")
       [[ -n $a && -n $b ]] && free+=("$(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", a / b}')")
     done
-    ((${#list[@]})) && echo "CPU per delivered packet at $ROOMS rooms, coturn/tusa (how many times cheaper tusa is): $(printf '%s\n' "${list[@]}" | median) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g')) (issue 15 target >= 1.5)"
-    ((${#free[@]})) && echo "highest loss-free delivered rate, tusa/coturn: $(printf '%s\n' "${free[@]}" | median) ($(IFS=,; echo "${free[*]}" | sed 's/,/, /g'))"
+    ((${#list[@]})) && echo "CPU per delivered packet at $ROOMS rooms, coturn/tusa (how many times cheaper tusa is): $(printf '%s\n' "${list[@]}" | median_values) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g')) (issue 15 target >= 1.5)"
+    ((${#free[@]})) && echo "highest loss-free delivered rate, tusa/coturn: $(printf '%s\n' "${free[@]}" | median_values) ($(IFS=,; echo "${free[*]}" | sed 's/,/, /g'))"
   fi
   has tusa && echo "tusa's highest loss-free delivered rate per round: $(for r in $(seq "$ROUNDS"); do best_free tusa "$r" || true; done | tr '\n' ' ')(issue 15 target >= 100000 on one core)"
   echo "(a ramp's top step without loss may be the ramp's end: then the server carries more than shown)"

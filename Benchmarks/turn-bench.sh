@@ -270,7 +270,6 @@ ratios() {
       printf "%.2f (%s)\n", m, l }'
 }
 fmtnum() { awk -v x="$1" -v d="${2:-0}" 'BEGIN { if (x == "") {print "—"; exit} printf "%\047.*f\n", d, x }'; }
-has() { [[ " ${ACTIVE[*]} " == *" $1 "* ]]; }
 
 row() { # row LABEL KIND SELECTOR FIELD DIGITS [TARGET]
   local t c r

@@ -200,7 +200,6 @@ fi
 # value NAME ROUND PHASE FLOWS FIELD
 value() { awk -v r="$2" -v p="phase=$3" -v f="flows=$4" '$1 == r && $2 == p && index($0, " " f " ")' "$TMP/runs.$1" 2>/dev/null \
   | head -1 | sed -n "s/.*\\b$5=\\([0-9.]*\\).*/\\1/p"; }
-median() { sort -g | awk '{v[NR] = $1} END { if (NR == 0) exit; print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # best_free NAME ROUND: the highest relayed rate of a ramp step without loss (the fixed load counts too).
 best_free() {
   awk -v r="$2" '$1 == r && $2 == "phase=both" {
@@ -218,9 +217,9 @@ ratio() {
     [[ -n $a && -n $b ]] && list+=("$(awk -v a="$a" -v b="$b" 'BEGIN { if (b > 0) printf "%.2f", a / b }')")
   done
   ((${#list[@]})) || return 0
-  echo "$(printf '%s\n' "${list[@]}" | median) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g'))"
+  echo "$(printf '%s\n' "${list[@]}" | median_values) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g'))"
 }
-med() { local r; for r in $(seq "$ROUNDS"); do value "$1" "$r" "$2" "$FLOWS" "$3"; done | median; }
+med() { local r; for r in $(seq "$ROUNDS"); do value "$1" "$r" "$2" "$FLOWS" "$3"; done | median_values; }
 
 if ((!SMOKE)); then
   echo
@@ -239,13 +238,12 @@ if ((!SMOKE)); then
   if [[ -n $RAMP ]]; then
     printf '| highest loss-free relayed pkt/s (ramp, median) |'
     for n in "${ACTIVE[@]}"; do
-      printf ' %s |' "$(for r in $(seq "$ROUNDS"); do best_free "$n" "$r"; done | median)"
+      printf ' %s |' "$(for r in $(seq "$ROUNDS"); do best_free "$n" "$r"; done | median_values)"
     done
     echo
   fi
   echo
-  has() { [[ " ${ACTIVE[*]} " == *" $1 "* ]]; }
-  for phase in up down both; do
+    for phase in up down both; do
     has tusa && has coturn && echo "CPU per relayed packet at $FLOWS flows, $phase: tusa/coturn $(ratio tusa coturn "$phase" server_ms_per_1000) (target <= 0.67)"
     has tusa && has ref && echo "CPU per relayed packet at $FLOWS flows, $phase: tusa/ref $(ratio tusa ref "$phase" server_ms_per_1000)"
   done
@@ -258,7 +256,7 @@ if ((!SMOKE)); then
         x=$(best_free "$a" "$r") y=$(best_free "$b" "$r")
         [[ -n $x && -n $y ]] && list+=("$(awk -v a="$x" -v b="$y" 'BEGIN {printf "%.2f", a / b}')")
       done
-      ((${#list[@]})) && echo "highest loss-free rate, $a/$b: $(printf '%s\n' "${list[@]}" | median) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g')) (target >= $target)"
+      ((${#list[@]})) && echo "highest loss-free rate, $a/$b: $(printf '%s\n' "${list[@]}" | median_values) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g')) (target >= $target)"
     done
     echo "(a ramp's top step without loss may be the ramp's end: then the server carries more than shown)"
   fi
