@@ -169,9 +169,11 @@ public final class PartyService: Service, Sendable {
             attempt += 1
             let endpoint: SecureUDPEndpoint
             do {
+                // The TURN listener's buffers: with the kernel's 208 KiB default, a loop
+                // busy for a few milliseconds writing copies dropped members' frames.
                 endpoint = try await SecureUDPEndpoint.bind(
                     host: address.ip.description, port: Int(address.port), identity: identity, configuration: secure,
-                    keyLogPath: keyLogPath, logger: logger)
+                    keyLogPath: keyLogPath, socketBufferBytes: Int(RelayService.socketBufferBytes), logger: logger)
             } catch {
                 throw RelayServiceError(.bindFailed, "cannot serve parties on udp \(address): \(error)")
             }

@@ -114,9 +114,13 @@ public final class SecureUDPEndpoint: Sendable {
     /// - Parameter keyLogPath: append media keys to this file (mode 0600), for
     ///   `tusa interop decrypt`; when nil, the `TUSA_KEYLOG` environment variable
     ///   names the file, like SSLKEYLOGFILE for TLS. Off when neither is set.
+    /// - Parameter socketBufferBytes: the socket's receive and send buffers (the
+    ///   kernel caps them at net.core.rmem_max / wmem_max); the kernel's default
+    ///   when nil. A relay serving many members asks for more, so that a burst that
+    ///   comes while its loop is busy waits instead of being dropped.
     public static func bind(
         host: String = "0.0.0.0", port: Int = 0, identity: Identity, configuration: SecureConfiguration = .init(),
-        keyLogPath: String? = nil, mediaHandler: MediaHandler? = nil,
+        keyLogPath: String? = nil, mediaHandler: MediaHandler? = nil, socketBufferBytes: Int? = nil,
         group: EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
         logger: Logger = Logger(label: "tusa.secure")
     ) async throws(SecureTransportError) -> SecureUDPEndpoint {
@@ -136,7 +140,13 @@ public final class SecureUDPEndpoint: Sendable {
         let log = keyLog
         let channel: Channel
         do {
-            channel = try await DatagramBootstrap(group: group)
+            var bootstrap = DatagramBootstrap(group: group)
+            if let socketBufferBytes {
+                bootstrap = bootstrap.channelOption(.socketOption(.so_rcvbuf), value: SocketOptionValue(socketBufferBytes))
+                    .channelOption(.socketOption(.so_sndbuf), value: SocketOptionValue(socketBufferBytes))
+            }
+            channel =
+                try await bootstrap
                 .channelOption(.datagramVectorReadMessageCount, value: 32)
                 .channelOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 32 * 2048))
                 .channelInitializer { channel in
