@@ -99,10 +99,10 @@ public enum PartyControl: Codable, Hashable, Sendable {
     /// rejoin there with the ticket (``PartyConnection`` does, given a locator).
     case moving
 
-    /// The most keys a room's invite list holds: it travels in one control packet
-    /// (the `create`, and the room ticket in the `joined` answer), and a datagram on
-    /// the party port is at most 2,048 bytes. Measured over UDP: 32 keys fit with a
-    /// short name, not with a 64-byte one (the longest); 28 did with one.
+    /// The most keys a room's invite list holds. The list rides in the `create` and
+    /// in the room ticket, which goes with every `joined` answer and every rejoin.
+    /// A message longer than a packet travels in parts (``ControlChannel``), so
+    /// this is not a packet's limit: it keeps each join's ticket small.
     public static let maximumInvited = 24
 
     /// The message as JSON (``ControlChannel`` frames it).

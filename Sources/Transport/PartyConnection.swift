@@ -298,14 +298,16 @@ public final class PartyConnection: Sendable {
     public func create(name: String, maxMembers: Int? = nil, invite: [PublicKey] = []) async throws(PartyConnectionError)
         -> PartyJoined
     {
-        let keys = Array(Set(invite))
+        // Each key once (in the order given): what is counted is what is sent.
+        var seen = Set<PublicKey>()
+        let keys = invite.filter { seen.insert($0).inserted }
         guard keys.count <= PartyControl.maximumInvited else {
             throw .refused(
                 .malformed,
-                "a room's invite list holds at most \(PartyControl.maximumInvited) keys (it travels in one packet), not \(keys.count): leave it empty for a room open to anyone with its id"
+                "a room's invite list holds at most \(PartyControl.maximumInvited) keys, not \(keys.count): leave it empty for a room open to anyone with its id"
             )
         }
-        return try await join(.create(name: name, maxMembers: maxMembers, invite: invite))
+        return try await join(.create(name: name, maxMembers: maxMembers, invite: keys))
     }
 
     /// Joins the room `room`.

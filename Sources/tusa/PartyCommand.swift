@@ -222,13 +222,13 @@ struct PartyCreate: AsyncParsableCommand {
 
     @Option(
         help: ArgumentHelp(
-            "Allow only these keys to join besides you (repeatable; at most 24 keys, --contacts counted in: the list travels in one packet; default: anyone with the id).",
+            "Allow only these keys to join besides you (repeatable; at most \(PartyControl.maximumInvited) keys, --contacts counted in; default: anyone with the id).",
             valueName: "key"))
     var invite: [String] = []
 
     @Flag(
         help:
-            "Invite every contact too (tusa contacts, kept by the rendezvous): each is let in and told, as an --invite key is (24 keys at most in all)."
+            "Invite every contact too (tusa contacts, kept by the rendezvous): each is let in and told, as an --invite key is (\(PartyControl.maximumInvited) keys at most in all)."
     )
     var contacts = false
 
@@ -238,16 +238,18 @@ struct PartyCreate: AsyncParsableCommand {
     @OptionGroup var options: PartyOptions
 
     func run() async throws {
-        var keys = try invite.map { text -> PublicKey in
+        var keys: [PublicKey] = []
+        for text in invite {
             guard let k = PublicKey(base64: text) else {
                 throw ValidationError("--invite '\(text)' is not a 32-byte base64 public key")
             }
-            return k
+            // A key named twice is let in, and told, once.
+            if !keys.contains(k) { keys.append(k) }
         }
         if let max { guard max >= 2 else { throw ValidationError("--max must be at least 2") } }
-        guard Set(keys).count <= PartyControl.maximumInvited else {
+        guard keys.count <= PartyControl.maximumInvited else {
             throw ValidationError(
-                "--invite names \(Set(keys).count) keys; a room lets in at most \(PartyControl.maximumInvited) by key: invite fewer, or create an open room (no --invite) and send its id"
+                "--invite names \(keys.count) keys; a room lets in at most \(PartyControl.maximumInvited) by key: invite fewer, or create an open room (no --invite) and send its id"
             )
         }
         if contacts && options.place.rendezvous == nil {

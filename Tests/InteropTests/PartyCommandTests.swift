@@ -124,7 +124,7 @@ import Voice
         let badSpec = try await Harness.run(
             tusa, ["party", "create", "X", "--relay", "127.0.0.1:9", "--relay-key", someKey, "--impair", "loss=x"])
         #expect(badSpec.status == 64 && badSpec.stderr.contains("--impair"), "\(badSpec.status) \(badSpec.stderr)")
-        // More invited keys than a room's invite list holds (it travels in one packet).
+        // More invited keys than a room's invite list holds.
         let invites = (0...PartyControl.maximumInvited).flatMap { _ in ["--invite", PrivateKey.generate().publicKey.base64] }
         let tooMany = try await Harness.run(
             tusa, ["party", "create", "X", "--relay", "127.0.0.1:9", "--relay-key", someKey] + invites)

@@ -249,7 +249,7 @@ struct PartyRoomTests {
         // Names: empty or too long are refused.
         h.input(alice, .create(name: "", maxMembers: nil, invite: []))
         #expect(h.refusals(alice) == [.badName])
-        // An invite list longer than one packet carries is refused (it would not arrive whole).
+        // An invite list past the limit is refused.
         let many = (0...PartyControl.maximumInvited).map { _ in PrivateKey.generate().publicKey }
         h.input(alice, .create(name: "Dota", maxMembers: nil, invite: many))
         #expect(h.refusals(alice) == [.badName, .malformed])

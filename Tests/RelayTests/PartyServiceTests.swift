@@ -260,9 +260,9 @@ struct PartyServiceTests {
         }
     }
 
-    /// An invite list longer than one packet carries is refused before anything is
-    /// sent; one that fits makes its room.
-    @Test func anInviteListPastWhatOnePacketCarriesIsRefusedAtOnce() async throws {
+    /// An invite list past ``PartyControl/maximumInvited`` is refused before anything
+    /// is sent; one within it makes its room.
+    @Test func anInviteListPastTheLimitIsRefusedAtOnce() async throws {
         try await withPartyRelay { relay, relayKey, _ in
             let member = try await PartyConnection.connect(
                 to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, logger: quiet)
