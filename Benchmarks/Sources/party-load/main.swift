@@ -57,12 +57,11 @@ let usage = """
 
 // MARK: - Members
 
-/// One party member: a session with the relay, the room client's core, and counts.
+/// One party member: a session with the relay, the room client's core, and where it stands.
 final class Member {
     let index: Int
     let ip: UInt32
     let room: Int
-    let speaker: Bool
     let endpoint: SecureEndpoint
     var core: PartyMember
     let peer: PeerID
@@ -74,15 +73,11 @@ final class Member {
     var lost = false
     var nextTimer = 0.0
     var lastOpened = 0.0
-    /// Frames sent (speakers), per phase.
-    var sent = 0
-    var sequence: UInt32 = 0
 
-    init(index: Int, ip: UInt32, room: Int, speaker: Bool, relay: TransportAddress, relayKey: PublicKey, now: Timestamp) {
+    init(index: Int, ip: UInt32, room: Int, relay: TransportAddress, relayKey: PublicKey, now: Timestamp) {
         self.index = index
         self.ip = ip
         self.room = room
-        self.speaker = speaker
         let identity = Identity.generate()
         endpoint = SecureEndpoint(identity: identity, now: now)
         peer = endpoint.addPeer(relayKey, address: relay)
@@ -110,7 +105,6 @@ final class PartyLoad {
     let relayPort: UInt16
     let net: UInt32
     let socket: Int32
-    let start = monotonicSeconds()
     /// Room ids, once their creators are in.
     var roomIDs: [String?]
     /// The phase being counted (frames carry it in the top byte of their timestamp).
@@ -167,7 +161,7 @@ final class PartyLoad {
         let sizeOfRoom = size
         members = (0..<rooms * size).map { i in
             Member(
-                index: i, ip: net + 1 + UInt32(i), room: i / sizeOfRoom, speaker: i % sizeOfRoom < speakers, relay: relayAddress,
+                index: i, ip: net + 1 + UInt32(i), room: i / sizeOfRoom, relay: relayAddress,
                 relayKey: relayKey, now: now)
         }
         sendBuffers = .allocate(byteCount: batch * slotSize, alignment: 16)
