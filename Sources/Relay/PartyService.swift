@@ -1,6 +1,7 @@
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOSSL
 import Party
 import STUN
 import Secure
@@ -36,6 +37,9 @@ public final class PartyService: Service, Sendable {
     /// TCP ports members whose UDP is blocked connect to (RFC 4571 framing): nil
     /// stands for the UDP port's own number, 0 for any free port.
     public let streamPorts: [UInt16?]
+    /// TLS ports members whose network passes only TLS connect to (e.g. 443), with
+    /// the certificate they are shown.
+    public let tls: TLSStreams?
     /// The directory's relay secret when the relay reports to one: room tickets are
     /// keyed from it, so that any relay of the directory takes a moved room back
     /// (``RoomTicketAuthority/init(directorySecret:incarnation:)``); nil: from the identity.
@@ -52,9 +56,10 @@ public final class PartyService: Service, Sendable {
 
     public init(
         address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(),
-        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], ticketSecret: String? = nil,
+        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], tls: TLSStreams? = nil, ticketSecret: String? = nil,
         drainDeadline: Duration = .seconds(10), memory: MemoryGuard? = nil, logger: Logger
     ) {
+        self.tls = tls
         self.ticketSecret = ticketSecret
         self.drainDeadline = drainDeadline
         self.memory = memory
@@ -68,8 +73,13 @@ public final class PartyService: Service, Sendable {
 
     /// The bound address once `run()` has bound it (the real port for port 0).
     public func boundAddress() async throws -> TransportAddress { try await bound.wait() }
-    /// The TCP addresses members can reach the parties on when UDP is blocked.
+    /// The TCP addresses members can reach the parties on when UDP is blocked
+    /// (the TCP ports', then the TLS ports').
     public func boundStreamAddresses() async throws -> [TransportAddress] { try await boundStreams.wait() }
+    /// Those of them that take TLS (``tls``'s ports, in order).
+    public func boundTLSAddresses() async throws -> [TransportAddress] {
+        Array(try await boundStreams.wait().dropFirst(streamPorts.count))
+    }
 
     /// The core's counters, as of the last packet.
     public var statistics: PartyServer.Statistics { statisticsBox.withLockedValue { $0 } }
@@ -128,7 +138,9 @@ public final class PartyService: Service, Sendable {
         logger.info(
             "serving parties",
             metadata: [
-                "address": "udp \(endpoint.localAddress)", "tcp": "\(streams.map(\.description))",
+                "address": "udp \(endpoint.localAddress)",
+                "tcp": "\(streams.prefix(streamPorts.count).map(\.description))",
+                "tls": "\(streams.dropFirst(streamPorts.count).map(\.description))",
                 "key": "\(identity.publicKey)",
             ])
         let observer = memory?.observe { short in loop.execute { rooms.value.memoryShort(short) } }
@@ -159,11 +171,13 @@ public final class PartyService: Service, Sendable {
     }
 
     /// UDP, then the same sessions over TCP for members whose UDP is blocked, on the
-    /// UDP port's number (members try that number over TCP). With any free port asked
-    /// for (0), a number free for UDP but taken for TCP is given back and another drawn.
+    /// UDP port's number (members try that number over TCP), then over TLS. With any
+    /// free port asked for (0), a number free for UDP but taken for TCP is given back
+    /// and another drawn.
     private func bindSockets(_ secure: SecureConfiguration) async throws(RelayServiceError) -> (
         SecureUDPEndpoint, [TransportAddress]
     ) {
+        let context = try tls.map { tls throws(RelayServiceError) in try tls.context() }
         var attempt = 0
         while true {
             attempt += 1
@@ -184,6 +198,12 @@ public final class PartyService: Service, Sendable {
                         try await endpoint.listenForStreams(
                             host: address.ip.description, port: Int(port ?? endpoint.localAddress.port)))
                 }
+                if let tls, let context {
+                    for port in tls.ports {
+                        streams.append(
+                            try await endpoint.listenForStreams(host: address.ip.description, port: Int(port), tls: context))
+                    }
+                }
                 return (endpoint, streams)
             } catch {
                 await endpoint.close()
@@ -194,6 +214,29 @@ public final class PartyService: Service, Sendable {
                 }
                 throw RelayServiceError(.bindFailed, "cannot serve parties on tcp: \(error)")
             }
+        }
+    }
+
+    /// Party members over TLS: where, and the certificate they see. Members prove
+    /// the relay by its Noise key inside, so any certificate serves (a self-signed
+    /// one included); a real one passes middleboxes that look.
+    public struct TLSStreams: Hashable, Sendable {
+        /// TCP ports taking TLS (0: any free port).
+        public var ports: [UInt16]
+        /// PEM certificate chain (leaf first).
+        public var certificateFile: String
+        /// PEM private key of the certificate.
+        public var privateKeyFile: String
+
+        public init(ports: [UInt16], certificateFile: String, privateKeyFile: String) {
+            self.ports = ports
+            self.certificateFile = certificateFile
+            self.privateKeyFile = privateKeyFile
+        }
+
+        /// The server context; a certificate or key that does not load is a clear error.
+        public func context() throws(RelayServiceError) -> NIOSSLContext {
+            try RelayService.tlsContext(TLSSettings(certificateFile: certificateFile, privateKeyFile: privateKeyFile))
         }
     }
 }

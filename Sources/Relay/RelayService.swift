@@ -514,7 +514,8 @@ public final class RelayService: Service, Sendable {
         if let tls = configuration.tls { _ = try tlsContext(tls) }
     }
 
-    private static func tlsContext(_ tls: TLSSettings) throws(RelayServiceError) -> NIOSSLContext {
+    /// A TLS server context from a PEM certificate chain and key (TLS 1.2 or later).
+    static func tlsContext(_ tls: TLSSettings) throws(RelayServiceError) -> NIOSSLContext {
         do {
             let chain = try NIOSSLCertificate.fromPEMFile(tls.certificateFile)
             let key = try NIOSSLPrivateKey(file: tls.privateKeyFile, format: .pem)

@@ -38,6 +38,10 @@ public enum PartyTransport: String, Sendable, CaseIterable {
     case auto
     case udp
     case tcp
+    /// TCP inside TLS (RFC 4571 framing within), for networks that pass only TLS,
+    /// typically to port 443 (the relay's `--party-tls-port`). The relay is proven
+    /// by its Noise key, as over UDP, so its certificate is not checked.
+    case tls
 }
 
 /// What a create or join returns: the room as the relay described it.
@@ -98,7 +102,7 @@ public final class PartyConnection: Sendable {
     /// - Parameter keyLogPath: append the session's media keys and every party
     ///   sender key this member uses or is handed to this file (mode 0600), for
     ///   `tusa interop decrypt`; when nil, `TUSA_KEYLOG` names the file. Off when neither is set.
-    /// - Parameter transport: UDP, TCP, or both raced (``PartyTransport/auto``).
+    /// - Parameter transport: UDP, TCP, TLS, or UDP and TCP raced (``PartyTransport/auto``).
     /// - Parameter locate: asked where the room is before each try to get back to it.
     public static func connect(
         to relay: TransportAddress, relayKey: PublicKey, identity: Identity, host: String? = nil,
@@ -277,8 +281,10 @@ public final class PartyConnection: Sendable {
         switch transport {
         case .udp:
             return try await wait(timeout)
-        case .tcp:
-            if !(await endpoint.usesStream(to: relay)) { try await endpoint.useStream(to: relay, timeout: timeout) }
+        case .tcp, .tls:
+            if !(await endpoint.usesStream(to: relay)) {
+                try await endpoint.useStream(to: relay, tls: transport == .tls, timeout: timeout)
+            }
             return try await wait(timeout)
         case .auto:
             if await endpoint.usesStream(to: relay) { return try await wait(timeout) }
@@ -367,7 +373,8 @@ public final class PartyConnection: Sendable {
         do { return try await endpoint.eventLoop.submit { driver.value.read(body) }.get() } catch { throw .closed }
     }
 
-    /// Whether the session with the relay runs over TCP now (UDP did not pass).
+    /// Whether the session with the relay runs over a TCP connection now (UDP did
+    /// not pass, or TCP or TLS was asked for).
     public var overTCP: Bool {
         get async { await endpoint.usesStream(to: relay) }
     }

@@ -2,31 +2,72 @@ import Logging
 import NIOCore
 import NIOExtras
 import NIOPosix
+import NIOSSL
+import NIOTLS
 import Secure
 import TusaBase
 
 /// The secure session over TCP where UDP does not pass: each datagram framed
 /// as RFC 4571 frames RTP on a connection-oriented transport (a 16-bit length,
-/// then the bytes), on the endpoint's own event loop. The session core sees
-/// the same datagrams either way; only the route differs. A peer reached over a
-/// stream that answers over UDP again is moved back to UDP (the stream closes).
+/// then the bytes), on the endpoint's own event loop; optionally inside TLS, for
+/// networks that pass only TLS (port 443). The session core sees the same
+/// datagrams either way; only the route differs. A peer reached over a stream
+/// that answers over UDP again is moved back to UDP (the stream closes).
+///
+/// TLS here is a way through, not the security: the Noise session inside it
+/// proves the peer's static key and seals every datagram, so the client takes
+/// any certificate (a relay's self-signed one included) and checks the key.
 extension SecureUDPEndpoint {
     /// Reaches `address` over a TCP connection from now on (every datagram for
     /// it, handshakes included, goes framed on the stream), for a network that
-    /// blocks UDP. Call ``restartHandshake(with:)`` after it to send a fresh
+    /// blocks UDP; with `tls`, inside a TLS connection (returns once its handshake
+    /// is done). Call ``restartHandshake(with:)`` after it to send a fresh
     /// initiation down the new route at once.
-    public func useStream(to address: TransportAddress, timeout: Duration = .seconds(5))
+    public func useStream(to address: TransportAddress, tls: Bool = false, timeout: Duration = .seconds(5))
         async throws(SecureTransportError)
     {
         let loop = eventLoop
-        let bootstrap = ClientBootstrap(group: loop)
+        let started = ContinuousClock.now
+        let secured: EventLoopPromise<Void>? = tls ? loop.makePromise() : nil
+        var bootstrap = ClientBootstrap(group: loop)
             .connectTimeout(.nanoseconds(max(1, timeout.nanoseconds)))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
+        if let secured {
+            bootstrap = bootstrap.channelInitializer { channel in
+                do {
+                    let context = try StreamTLS.clientContext.get()
+                    try channel.pipeline.syncOperations.addHandlers([
+                        NIOSSLClientHandler(context: context, serverHostname: nil),
+                        StreamTLS.HandshakeWatch(done: secured),
+                    ])
+                    return loop.makeSucceededVoidFuture()
+                } catch {
+                    secured.fail(error)
+                    return loop.makeFailedFuture(error)
+                }
+            }
+        }
+        let name = tls ? "TLS" : "TCP"
         let stream: Channel
         do {
             stream = try await bootstrap.connect(to: SocketAddress(address)).get()
         } catch {
-            throw .stream("cannot reach \(address) over TCP", ErrorCause(error))
+            secured?.fail(error)
+            throw .stream("cannot reach \(address) over \(name)", ErrorCause(error))
+        }
+        if let secured {
+            let left = timeout - started.duration(to: .now)
+            let expiry = loop.scheduleTask(in: .nanoseconds(max(1, left.nanoseconds))) {
+                secured.fail(StreamTLS.HandshakeTimeout())
+            }
+            do {
+                try await secured.futureResult.get()
+                expiry.cancel()
+            } catch {
+                expiry.cancel()
+                try? await stream.close()
+                throw .stream("no TLS handshake with \(address)", ErrorCause(error))
+            }
         }
         do {
             try await onLoop { engine in
@@ -69,10 +110,11 @@ extension SecureUDPEndpoint {
     /// Accepts streams on TCP `host`:`port` (0: any) beside the UDP socket: each
     /// connection is a peer of its own, under a stand-in address in the
     /// discard-only prefix 100::/64 (RFC 6666), so that it never meets a real UDP
-    /// source. Returns the bound address.
+    /// source. With `tls`, each connection is TLS first (a server context: the
+    /// certificate clients see). Returns the bound address.
     @discardableResult
-    public func listenForStreams(host: String, port: Int, maxStreams: Int = 4096) async throws(SecureTransportError)
-        -> TransportAddress
+    public func listenForStreams(host: String, port: Int, maxStreams: Int = 4096, tls: NIOSSLContext? = nil)
+        async throws(SecureTransportError) -> TransportAddress
     {
         let loop = eventLoop
         let engine = self.engineOnLoop
@@ -88,8 +130,10 @@ extension SecureUDPEndpoint {
                 let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)
                 let address = TransportAddress(ip: .v6(high: 0x0100_0000_0000_0000, low: counter.value), port: remotePort)
                 do {
+                    if let tls { try stream.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
                     // A member's session sends at least a keepalive every 10 s: a stream silent
-                    // for 30 s is closed (a connection that never handshakes holds no slot long).
+                    // for 30 s is closed (a connection that never handshakes holds no slot long;
+                    // behind TLS, only whole records count as heard).
                     try stream.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: .seconds(30)))
                     try StreamFraming.install(on: stream) { frame in
                         engine.value.receivedFromStream(frame, from: address)
@@ -110,14 +154,14 @@ extension SecureUDPEndpoint {
             let address = TransportAddress(ip: ip, port: UInt16(port))
             listener = try await bootstrap.listen(on: address, listener: "streams \(address)", logger: logger)
         } catch {
-            throw .bind("tcp \(host):\(port)", ErrorCause(error))
+            throw .bind("\(tls == nil ? "tcp" : "tls") \(host):\(port)", ErrorCause(error))
         }
         guard let local = listener.localAddress.flatMap(TransportAddress.init) else {
             try? await listener.close()
             throw .noLocalAddress
         }
         do {
-            try await onLoop { $0.streamListener = listener }
+            try await onLoop { $0.streamListeners.append(listener) }
         } catch {
             try? await listener.close()
             throw error
@@ -172,6 +216,45 @@ enum StreamFraming {
         func errorCaught(context: ChannelHandlerContext, error: Error) {
             // A reset, or a frame the decoder refused: the stream ends, the session may move on.
             context.close(promise: nil)
+        }
+    }
+}
+
+/// TLS around a stream: the client's context, and the wait for the handshake.
+enum StreamTLS {
+    /// TLS 1.2 or later, any certificate: the Noise session inside proves the peer.
+    static let clientContext: Result<NIOSSLContext, any Error> = Result {
+        var configuration = TLSConfiguration.makeClientConfiguration()
+        configuration.minimumTLSVersion = .tlsv12
+        configuration.certificateVerification = .none
+        return try NIOSSLContext(configuration: configuration)
+    }
+
+    struct HandshakeTimeout: Error, CustomStringConvertible {
+        var description: String { "timed out" }
+    }
+
+    /// Fulfils `done` when the TLS handshake completes, fails it when the
+    /// connection errs or ends first; passes everything on.
+    final class HandshakeWatch: ChannelInboundHandler {
+        typealias InboundIn = ByteBuffer
+        private let done: EventLoopPromise<Void>
+
+        init(done: EventLoopPromise<Void>) { self.done = done }
+
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if case .handshakeCompleted = event as? TLSUserEvent { done.succeed() }
+            context.fireUserInboundEventTriggered(event)
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: any Error) {
+            done.fail(error)
+            context.fireErrorCaught(error)
+        }
+
+        func channelInactive(context: ChannelHandlerContext) {
+            done.fail(ChannelError.eof)
+            context.fireChannelInactive()
         }
     }
 }

@@ -527,8 +527,8 @@ final class SecureEngine {
     /// Addresses reached over a TCP connection instead of the socket (a member's
     /// relay, or, on the relay, each member that came over TCP, by a stand-in address).
     var streams: [TransportAddress: Channel] = [:]
-    /// The listener accepting streams, when this endpoint serves them.
-    var streamListener: Channel?
+    /// The listeners accepting streams (TCP, TLS), when this endpoint serves them.
+    var streamListeners: [Channel] = []
     /// Stream-routed addresses whose next datagram takes the UDP socket (a probe of UDP).
     var probeUDP: Set<TransportAddress> = []
     /// Streams given up because the same peer answered over UDP again.
@@ -891,8 +891,8 @@ final class SecureEngine {
         turnEngine?.shutDown(.closed)
         ice?.shutDown()
         ice = nil
-        streamListener?.close(promise: nil)
-        streamListener = nil
+        for listener in streamListeners { listener.close(promise: nil) }
+        streamListeners.removeAll()
         for stream in streams.values { stream.close(promise: nil) }
         streams.removeAll()
         continuation.finish()

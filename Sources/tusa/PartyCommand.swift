@@ -175,8 +175,8 @@ struct PartyAudioOptions: ParsableArguments {
 
     @Option(
         help: ArgumentHelp(
-            "How to reach the relay: auto (UDP, and TCP at once if UDP does not answer within 250 ms; back to UDP when it passes again), udp or tcp.",
-            valueName: "auto|udp|tcp"))
+            "How to reach the relay: auto (UDP, and TCP at once if UDP does not answer within 250 ms; back to UDP when it passes again), udp, tcp, or tls (TCP inside TLS, to a relay's --party-tls-port given in --relay, e.g. HOST:443; the relay is proven by its key, not its certificate).",
+            valueName: "auto|udp|tcp|tls"))
     var transport: PartyTransportArgument = .auto
 
     func codecConfiguration() throws -> CodecConfiguration {
@@ -602,7 +602,7 @@ enum PartySession {
             throw ExitCode(2)
         }
         print("party \(joined.room) \"\(joined.name)\" as \(joined.me): tusa party join \(joined.room)")
-        if await connection.overTCP, !audio.quiet {
+        if audio.transport.value == .auto, await connection.overTCP, !audio.quiet {
             FileHandle.standardError.write(Data("reached the relay over TCP (UDP did not answer)\n".utf8))
         }
         for m in joined.roster { print(rosterLine(m, me: joined.me)) }
@@ -675,7 +675,7 @@ enum PartySession {
         timer.cancel()
         commands.cancel()
         await voice.stop()
-        let transport = await connection.overTCP ? "tcp" : "udp"
+        let transport = await connection.overTCP ? (audio.transport.value == .tls ? "tls" : "tcp") : "udp"
         await connection.close()
         eventsTask.cancel()
         if live { FileHandle.standardError.write(Data("\n".utf8)) }

@@ -321,6 +321,13 @@ struct Relay: AsyncParsableCommand {
             valueName: "port"))
     var partyTCPPorts: [UInt16] = []
 
+    @Option(
+        name: .customLong("party-tls-port"),
+        help: ArgumentHelp(
+            "Also take party members over TLS (RFC 4571 inside) on this TCP port, e.g. 443 for networks that pass only TLS (repeatable). Shows them --cert (with --pkey); any certificate serves, a self-signed one included: members prove the relay by its identity key.",
+            valueName: "port"))
+    var partyTLSPorts: [UInt16] = []
+
     @Option(name: .customLong("max-party-size"), help: "Members a party may hold.")
     var maxPartySize = 50
 
@@ -417,13 +424,24 @@ struct Relay: AsyncParsableCommand {
             // its other relays take them over with their tickets when this one goes.
             if directory != nil { rooms.roomPrefix = RoomHome.roomPrefix(for: key.publicKey) }
             let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
+            var tls: PartyService.TLSStreams?
+            if !partyTLSPorts.isEmpty {
+                guard !noTLS else { throw failure("--party-tls-port serves TLS: drop --no-tls") }
+                guard let certificate, let privateKey else {
+                    throw failure(
+                        "--party-tls-port needs --cert and --pkey: the certificate members' TLS is shown (any serves, a self-signed one included: members prove the relay by its identity key)"
+                    )
+                }
+                tls = PartyService.TLSStreams(ports: partyTLSPorts, certificateFile: certificate, privateKeyFile: privateKey)
+                do throws(RelayServiceError) { _ = try tls?.context() } catch { throw failure(error.message) }
+            }
             party = PartyService(
                 address: TransportAddress(ip: ip, port: partyPort), identity: key, configuration: rooms,
-                keyLogPath: partyKeyLog, streamPorts: [nil] + partyTCPPorts.map { $0 },
+                keyLogPath: partyKeyLog, streamPorts: [nil] + partyTCPPorts.map { $0 }, tls: tls,
                 ticketSecret: directory != nil ? directorySecret : nil, memory: memory, logger: logger)
         } else {
-            guard identity == nil, partyKeyLog == nil, partyTCPPorts.isEmpty else {
-                throw failure("--identity, --party-tcp-port and --party-keylog need --party-port")
+            guard identity == nil, partyKeyLog == nil, partyTCPPorts.isEmpty, partyTLSPorts.isEmpty else {
+                throw failure("--identity, --party-tcp-port, --party-tls-port and --party-keylog need --party-port")
             }
             party = nil
         }
@@ -480,7 +498,9 @@ struct Relay: AsyncParsableCommand {
                     }
                     if let party {
                         print("party udp \(try await party.boundAddress()) key \(party.identity.publicKey)")
-                        for address in try await party.boundStreamAddresses() { print("party tcp \(address)") }
+                        let streams = try await party.boundStreamAddresses()
+                        for address in streams.prefix(party.streamPorts.count) { print("party tcp \(address)") }
+                        for address in try await party.boundTLSAddresses() { print("party tls \(address)") }
                     }
                     fflush(nil)  // every line out before anyone waits on it
                 }

@@ -1,6 +1,7 @@
 import Foundation
 import Party
 import Secure
+import TestSupport
 import Testing
 import Voice
 
@@ -156,6 +157,45 @@ import Voice
         let lost = heard["lostPercent"] as? Double ?? 0
         #expect(packets > 100 && packets < sent * 85 / 100, "\(packets) of \(sent) arrived")
         #expect(lost > 15, "30 % imposed, \(lost) % counted: \(heard)")
+    }
+
+    /// `tusa relay --party-tls-port` with a self-signed certificate, and a member
+    /// whose network passes only TLS: `--transport tls` to that port, in the same
+    /// room as a member on UDP, each hearing the other; its report says tls. The
+    /// port without a certificate is a usage error naming what is missing.
+    @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
+    func aMemberJoinsOverTLSOnTheRelaysOwnPort() async throws {
+        let tusa = try #require(Harness.tusa)
+        let bare = try await Harness.run(
+            tusa, ["relay", "--listen", "127.0.0.1:0", "--party-port", "0", "--party-tls-port", "0"], timeout: 20)
+        #expect(bare.status != 0 && bare.stderr.contains("--party-tls-port needs --cert and --pkey"), "\(bare.stderr)")
+
+        let certificate = try TestCertificate.make()
+        let (relay, address, key) = try await Self.relay([
+            "--party-tls-port", "0", "--cert", certificate.certificateFile, "--pkey", certificate.privateKeyFile,
+        ])
+        defer { relay.kill() }
+        let tlsLine = try #require(
+            await relay.waitForMatch(#"party tls 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+        let tlsAddress = String(tlsLine.split(separator: " ")[2])
+        let common = ["--relay-key", key, "--in", "tone", "--json", "--quiet"]
+        let creator = try Harness.Background(
+            tusa, ["party", "create", "Overwatch", "--relay", address, "--duration", "5"] + common)
+        defer { creator.kill() }
+        let room = try await Self.room(createdBy: creator, named: "Overwatch")
+        let member = try Harness.Background(
+            tusa, ["party", "join", room, "--relay", tlsAddress, "--transport", "tls", "--duration", "3"] + common)
+        defer { member.kill() }
+        for (name, m) in [("creator", creator), ("member", member)] {
+            #expect(await m.waitForExit(timeout: 30), "\(name) did not leave")
+            #expect(m.status == 0, "\(name): \(m.stdout) \(m.stderr)")
+        }
+        let report = try #require(Self.json(member.stdout), "\(member.stdout)")
+        #expect(report["transport"] as? String == "tls", "\(report)")
+        for (name, m) in [("creator", creator), ("member", member)] {
+            let heard = (Self.json(m.stdout)?["speakers"] as? [[String: Any]])?.first?["packets"] as? Int ?? 0
+            #expect(heard > 50, "\(name) heard \(heard) packets: \(m.stdout)")
+        }
     }
 
     /// A listener's playout plays as early as the path allows by default (as

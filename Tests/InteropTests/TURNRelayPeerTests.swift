@@ -1,5 +1,6 @@
 import Foundation
 import STUN
+import TestSupport
 import Testing
 import TusaInterop
 
@@ -164,27 +165,13 @@ struct TURNRelayPeerTests {
         #expect(r.stdout.contains(#""received": 20"#), "\(r.stdout)")
     }
 
-    /// A self-signed certificate and key for the TLS tests, made with openssl.
-    static func makeCertificate() async throws -> (cert: String, key: String)? {
-        guard let openssl = Harness.which("openssl") else { return nil }
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-tls-\(UUID())").path
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        let r = try await Harness.run(
-            openssl,
-            [
-                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(dir)/key.pem",
-                "-out", "\(dir)/cert.pem", "-days", "2", "-subj", "/CN=localhost",
-            ], timeout: 30)
-        guard r.status == 0 else { return nil }
-        return ("\(dir)/cert.pem", "\(dir)/key.pem")
-    }
-
     @Test(
         .enabled(
             if: haveTusa && haveUclient && Harness.python != nil && Harness.which("openssl") != nil,
             "needs tusa, coturn's tools, aioice and openssl"))
     func turnOverTLS() async throws {
-        let (cert, key) = try #require(try await Self.makeCertificate())
+        let certificate = try TestCertificate.make()
+        let (cert, key) = (certificate.certificateFile, certificate.privateKeyFile)
         let (peer, peerPort) = try #require(try await Self.startPeer())
         defer { peer.kill() }
         let tlsPort = Harness.freePort()

@@ -115,14 +115,20 @@ private struct RunningPartyRelay {
     }
 }
 
+/// With `tls`, the relay takes members over TLS too, on a port of its own
+/// (`boundTLSAddresses()`), showing that certificate.
 private func withPartyRelay(
-    maxMembers: Int = 50, _ body: (TransportAddress, PublicKey, PartyService) async throws -> Void
+    maxMembers: Int = 50, tls: TestCertificate? = nil, _ body: (TransportAddress, PublicKey, PartyService) async throws -> Void
 ) async throws {
     var rooms = PartyServer.Configuration()
     rooms.maxMembers = maxMembers
     let identity = Identity.generate()
     let service = PartyService(
-        address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: identity, configuration: rooms, logger: quiet)
+        address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: identity, configuration: rooms,
+        tls: tls.map {
+            PartyService.TLSStreams(ports: [0], certificateFile: $0.certificateFile, privateKeyFile: $0.privateKeyFile)
+        },
+        logger: quiet)
     let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
     let running = Task { try await group.run() }
     defer { running.cancel() }
@@ -279,14 +285,19 @@ struct PartyServiceTests {
         }
     }
 
-    /// A member whose UDP is blocked joins over TCP (RFC 4571 on the party port):
+    /// A member whose UDP is blocked joins over TCP (RFC 4571 on the party port), or
+    /// over TLS where only TLS passes (RFC 4571 inside, on the relay's TLS port):
     /// same room, same keys, heard both ways; a member on UDP beside it.
-    @Test func aMemberOverTCPIsInTheRoomLikeAnyOther() async throws {
-        try await withPartyRelay { relay, relayKey, service in
+    @Test(arguments: [PartyTransport.tcp, .tls])
+    func aMemberOverAStreamIsInTheRoomLikeAnyOther(_ transport: PartyTransport) async throws {
+        let certificate = transport == .tls ? try TestCertificate.make() : nil
+        try await withPartyRelay(tls: certificate) { relay, relayKey, service in
+            let streamAt = transport == .tls ? try #require(try await service.boundTLSAddresses().first) : relay
+            #expect(streamAt.port != relay.port || transport == .tcp)
             let udp = try await PartyConnection.connect(
                 to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, logger: quiet)
             let tcp = try await PartyConnection.connect(
-                to: relay, relayKey: relayKey, identity: .generate(), transport: .tcp, logger: quiet)
+                to: streamAt, relayKey: relayKey, identity: .generate(), transport: transport, logger: quiet)
             #expect(await tcp.overTCP)
             #expect(!(await udp.overTCP))
             let logs = [udp, tcp].map(EventLog.init)

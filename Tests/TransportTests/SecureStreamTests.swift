@@ -1,7 +1,10 @@
 import Foundation
 import NIOCore
+import NIOPosix
+import NIOSSL
 import Secure
 import Synchronization
+import TestSupport
 import Testing
 import Transport
 import TusaBase
@@ -83,6 +86,71 @@ struct SecureStreamTests {
                 return
             }
             #expect((cause.error as? IOError)?.errnoCode == ECONNREFUSED || "\(cause)".contains("refused"), "\(cause)")
+        }
+    }
+
+    /// A server context for a fresh self-signed certificate (what `tusa relay --cert` loads).
+    private func serverTLS() throws -> NIOSSLContext {
+        let certificate = try TestCertificate.make()
+        let chain = try NIOSSLCertificate.fromPEMFile(certificate.certificateFile)
+        let key = try NIOSSLPrivateKey(file: certificate.privateKeyFile, format: .pem)
+        return try NIOSSLContext(
+            configuration: .makeServerConfiguration(
+                certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key)))
+    }
+
+    /// Networks that pass only TLS (port 443): the same session inside TLS, media
+    /// both ways; the client takes the self-signed certificate (the Noise key proves
+    /// the server). A TLS client at a plain TCP listener is told there was no TLS
+    /// handshake; a plain one at the TLS listener never gets a session. Every
+    /// listener (TCP and TLS) closes with the endpoint.
+    @Test func aSessionInsideTLSCarriesMediaAndEveryListenerClosesWithTheEndpoint() async throws {
+        var accepting = SecureConfiguration()
+        accepting.acceptUnknownPeers = true
+        let atServer = Received()
+        let atClient = Received()
+        let server = try await SecureUDPEndpoint.bind(
+            host: "127.0.0.1", identity: .generate(), configuration: accepting, mediaHandler: atServer.handler())
+        let plain = try await server.listenForStreams(host: "127.0.0.1", port: 0)
+        let tls = try await server.listenForStreams(host: "127.0.0.1", port: 0, tls: try serverTLS())
+        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
+        defer { Task { await client.close() } }
+
+        try await client.useStream(to: tls, tls: true)
+        let peer = try await client.connect(to: server.publicKey, at: tls)
+        #expect(await client.usesStream(to: tls))
+        client.send(Array("inside tls".utf8), to: peer, payloadType: 111, timestamp: 0)
+        #expect(await eventually { atServer.all.contains(Array("inside tls".utf8)) })
+        let serverPeer = try await server.waitForPeer(client.publicKey)
+        server.send(Array("back inside tls".utf8), to: serverPeer, payloadType: 111, timestamp: 0)
+        #expect(await eventually { atClient.all.contains(Array("back inside tls".utf8)) })
+
+        let other = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        defer { Task { await other.close() } }
+        do {
+            try await other.useStream(to: plain, tls: true, timeout: .seconds(2))
+            Issue.record("a TLS stream to a plain TCP listener opened")
+        } catch {
+            guard case .stream(let what, _) = error else {
+                Issue.record("\(error)")
+                return
+            }
+            #expect(what.contains("no TLS handshake"), "\(error)")
+        }
+        try await other.useStream(to: tls)
+        do {
+            _ = try await other.connect(to: server.publicKey, at: tls, timeout: .seconds(1))
+            Issue.record("a session without TLS on the TLS listener")
+        } catch {
+            #expect(error == .timeout, "\(error)")
+        }
+
+        await server.close()
+        for address in [plain, tls] {
+            await #expect(throws: (any Error).self, "\(address) still listens") {
+                try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                    .connect(host: "127.0.0.1", port: Int(address.port)).get().close()
+            }
         }
     }
 }
