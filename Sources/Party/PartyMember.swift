@@ -70,6 +70,10 @@ public struct PartyMember: SansIOCore {
         case disconnected
         /// A new session with the relay is up (after ``Action/event(_:)`` `.connectionLost`): rejoin.
         case reconnected
+        /// The room is hosted on another relay now (the directory says so; two of
+        /// its nodes moved it at once): leave this relay's session for that one,
+        /// keeping the seat, ticket and keys (``Action/event(_:)`` `.connectionLost`).
+        case relocate
     }
 
     public enum Action: Sendable {
@@ -186,6 +190,9 @@ public struct PartyMember: SansIOCore {
             channel = ControlChannel(id: random.uint32())
             lastHeard = now
             if case .rejoining = phase { sendRejoin() }
+        case .relocate:
+            guard case .inRoom = phase else { return }
+            lose()
         }
     }
 

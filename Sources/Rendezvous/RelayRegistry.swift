@@ -163,12 +163,12 @@ public struct RelayRegistry: Sendable {
     /// relays come and go. The weight alone decides, not the load (which nodes see
     /// a moment apart): every node that knows the same live relays places a room the
     /// same. A node that moves a room tells the others (``RendezvousRecord/roomMoved(room:relay:)``,
-    /// ``remember(room:on:)``): they keep it there too, also once its own relay is back.
+    /// ``remember(room:on:now:)``): they keep it there too, also once its own relay is back.
     ///
     /// `placed` is set when this call moved the room (the others are to be told).
     public mutating func host(room: String, now: Timestamp, placed: inout Bool) -> Relay? {
         placed = false
-        let hosts = live(now: now).filter { $0.load.party != nil && !$0.load.draining }
+        let hosts = partyHosts(now: now)
         if let key = moved[room], let relay = hosts.first(where: { $0.key == key }) { return relay }
         if let tag = RoomHome.tag(ofRoom: room), let home = hosts.first(where: { RoomHome.tag(of: $0.key) == tag }) {
             return home
@@ -191,9 +191,29 @@ public struct RelayRegistry: Sendable {
         return host(room: room, now: now, placed: &placed)
     }
 
+    /// Live relays that take rooms now.
+    private func partyHosts(now: Timestamp) -> [Relay] {
+        live(now: now).filter { $0.load.party != nil && !$0.load.draining }
+    }
+
     /// Another node moved `room` to `relay`: it is hosted there while that relay lives.
-    public mutating func remember(room: String, on relay: PublicKey) {
+    ///
+    /// Two nodes may move one room at once, each to the relay of highest weight it
+    /// sees live, and see different relays live (a report not yet passed on). Each
+    /// then hears the other's move: the heavier relay of the two wins at both, so
+    /// they agree. A node whose own move wins, its relay live, keeps it and returns
+    /// it: the other nodes are to hear it again (the one that moved the room
+    /// elsewhere takes it, being the lighter; no two nodes ever both keep their own,
+    /// so the telling ends). A move to a relay not live here loses to the other.
+    public mutating func remember(room: String, on relay: PublicKey, now: Timestamp) -> PublicKey? {
+        if let mine = moved[room], mine != relay,
+            partyHosts(now: now).contains(where: { $0.key == mine }),
+            RoomHome.weight(room: room, relay: mine) > RoomHome.weight(room: room, relay: relay)
+        {
+            return mine
+        }
         if moved[room] != nil || moved.count < Self.movedLimit { moved[room] = relay }
+        return nil
     }
 
     /// Forgets relays down for longer than a minute, and moves to them.

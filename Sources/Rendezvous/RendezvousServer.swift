@@ -746,7 +746,10 @@ public struct RendezvousServer: Sendable {
             guard !relayConnections.values.contains(key) else { return [] }
             relayRegistry.remove(key)
         case .roomMoved(let room, let relay):
-            relayRegistry.remember(room: room, on: relay)
+            // Moved at once here too, to a heavier relay: the others hear this node's move again.
+            if let kept = relayRegistry.remember(room: room, on: relay, now: now) {
+                records.append(.roomMoved(room: room, relay: kept))
+            }
         case .placed(let relay):
             relayRegistry.reserve(on: relay, now: now)
         case .contacts(let owner, let add, let remove):

@@ -103,12 +103,15 @@ public final class PartyConnection: Sendable {
     ///   sender key this member uses or is handed to this file (mode 0600), for
     ///   `tusa interop decrypt`; when nil, `TUSA_KEYLOG` names the file. Off when neither is set.
     /// - Parameter transport: UDP, TCP, TLS, or UDP and TCP raced (``PartyTransport/auto``).
-    /// - Parameter locate: asked where the room is before each try to get back to it.
+    /// - Parameter locate: asked where the room is before each try to get back to it,
+    ///   and every `locateEvery` while in a room: a room the directory now places on
+    ///   another relay (two of its nodes moved it at once, each somewhere else, and
+    ///   have since agreed) is followed there, so that one room stays one room.
     public static func connect(
         to relay: TransportAddress, relayKey: PublicKey, identity: Identity, host: String? = nil,
         transport: PartyTransport = .auto, configuration: PartyMember.Configuration = .init(),
         timeout: Duration = .seconds(5), keyLogPath: String? = nil, audio: AudioHandler? = nil, locate: Locator? = nil,
-        logger: Logger = Logger(label: "tusa.party")
+        locateEvery: Duration = .seconds(20), logger: Logger = Logger(label: "tusa.party")
     ) async throws(PartyConnectionError) -> PartyConnection {
         let endpoint: SecureUDPEndpoint
         let peer: PeerID
@@ -157,6 +160,12 @@ public final class PartyConnection: Sendable {
             }
         }
         try? await loop.submit { driver.value.onLost = lost }.get()
+        if let locate {
+            let watch = Task {
+                await Self.followRoom(place: place, driver: driver, loop: loop, locate: locate, every: locateEvery)
+            }
+            try? await loop.submit { driver.value.roomWatch = watch }.get()
+        }
         // The session's end (the relay gone for good) ends the room.
         Task {
             for await event in endpoint.events {
@@ -212,6 +221,25 @@ public final class PartyConnection: Sendable {
             }
         }
         loop.execute { driver.value.reconnectEnded() }
+    }
+
+    /// Every `interval` in a room, asks where the room is; when the answer is another
+    /// relay, the core leaves this relay's session for it (``PartyMember/Input/relocate``:
+    /// the reconnection asks again and goes there). Ends with the driver.
+    private static func followRoom(
+        place: NIOLockedValueBox<(address: TransportAddress, key: PublicKey)>, driver: NIOLoopBound<PartyDriver>,
+        loop: any EventLoop, locate: Locator, every interval: Duration
+    ) async {
+        while !Task.isCancelled {
+            try? await Task.sleep(for: interval)
+            guard !Task.isCancelled else { break }
+            let asked: String?
+            do { asked = try await loop.submit({ driver.value.read(\.room) }).get() } catch { break }
+            guard let room = asked, let found = await locate(room), !Task.isCancelled else { continue }
+            if found.key != place.withLockedValue({ $0.key }) {
+                loop.execute { driver.value.handle(.relocate) }
+            }
+        }
     }
 
     /// Makes the session with `key` at `relay` (`peer`) the member's relay, if it is
@@ -408,6 +436,8 @@ final class PartyDriver {
     private var probing: Scheduled<Void>?
     /// Starts the reconnection (set once the connection is made).
     var onLost: (@Sendable () -> Void)?
+    /// Asks the directory where the room is, now and then (with a locator).
+    var roomWatch: Task<Void, Never>?
     private var reconnecting = false
     /// The relay told the member to move (it drains): see ``takeToldToMove()``.
     private var toldToMove = false
@@ -515,6 +545,8 @@ final class PartyDriver {
     func stop() {
         probing?.cancel()
         probing = nil
+        roomWatch?.cancel()
+        roomWatch = nil
         for promise in describing.values.joined() { promise.fail(PartyConnectionError.closed) }
         describing = [:]
         host.stop()

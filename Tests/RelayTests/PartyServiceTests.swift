@@ -232,6 +232,63 @@ struct PartyServiceTests {
         for c in connections { await c.close() }
     }
 
+    /// Two relays of one directory (room tickets keyed from its secret). The
+    /// directory, which had the room on the first, now says the second (two of its
+    /// nodes had moved it at once and have agreed since): members in the room,
+    /// asking now and then, follow it there on their own, keep their seats and keys,
+    /// and are heard there.
+    @Test func membersFollowTheirRoomToTheRelayTheDirectoryNowNames() async throws {
+        let secret = "directory s3cret"
+        let identities = [Identity.generate(), Identity.generate()]
+        let services = identities.map {
+            PartyService(
+                address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: $0, ticketSecret: secret, logger: quiet)
+        }
+        let group = ServiceGroup(configuration: .init(services: services, logger: quiet))
+        let running = Task { try await group.run() }
+        defer { running.cancel() }
+        var places: [(address: TransportAddress, key: PublicKey)] = []
+        for (service, identity) in zip(services, identities) {
+            places.append((try await service.boundAddress(), identity.publicKey))
+        }
+        let named = Mutex(places[0])
+        let asked = Mutex(0)
+        let locate: PartyConnection.Locator = { _ in
+            asked.withLock { $0 += 1 }
+            return named.withLock { $0 }
+        }
+        let connections = try await (0..<2).asyncMap { _ in
+            try await PartyConnection.connect(
+                to: places[0].address, relayKey: places[0].key, identity: .generate(), locate: locate,
+                locateEvery: .milliseconds(200), logger: quiet)
+        }
+        let logs = connections.map(EventLog.init)
+        let created = try await connections[0].create(name: "Deep Rock Galactic")
+        let joined = try await connections[1].join(created.room)
+        for log in logs { #expect(await log.wait { $0.keysReceived >= 1 }, "\(log.all)") }
+        // Asked, and told the same relay: nobody moves.
+        #expect(await logs[0].wait { _ in asked.withLock { $0 } >= 4 })
+        #expect(logs.allSatisfy { $0.lostCount == 0 })
+
+        named.withLock { $0 = places[1] }
+        for (log, id) in zip(logs, [created.me, joined.me]) {
+            #expect(await log.wait { $0.rejoinedAs != nil }, "\(log.all.suffix(5))")
+            #expect(log.rejoinedAs == id, "back in seat \(id)")
+            #expect(log.ended == nil)
+        }
+        for c in connections { #expect(c.relayKey == places[1].key) }
+        #expect(services[1].roomCount == 1 && services[1].memberCount == 2)
+        let word = [UInt8](repeating: 0x5A, count: 60)
+        for n in 0..<10 {
+            connections[0].send(word, timestamp: UInt32(90_000 + n * 160), level: AudioLevel(level: 25, voiced: true))
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(await logs[1].wait { $0.audio(from: created.me).last == word })
+        for c in connections { await c.close() }
+        await group.triggerGracefulShutdown()
+        _ = try? await running.value
+    }
+
     /// A room of fifty over real sockets: the roster a newcomer is handed outgrows
     /// a packet (and the 2 KiB a member reads a datagram into) past fifteen members,
     /// so it travels in parts; every member gets every other's key and hears a speaker.

@@ -1,7 +1,8 @@
-import Rendezvous
 import Secure
 import Testing
 import TusaBase
+
+@testable import Rendezvous
 
 @Suite("Relay registry: placement by load")
 struct RelayRegistryTests {
@@ -34,6 +35,36 @@ struct RelayRegistryTests {
         let most = counts.max() ?? 0
         let least = counts.min() ?? 0
         #expect(least > 0 && Double(most) / Double(least) <= 1.5, "\(counts)")
+    }
+
+    /// Another node's move of a room this node moved too: the heavier relay wins
+    /// (this node's, live, is kept and returned to be told again); this node's move
+    /// to a relay no longer live gives way whatever its weight.
+    @Test func concurrentMovesOfARoomResolveToTheHeavierLiveRelay() {
+        var registry = RelayRegistry(seed: 3)
+        for n in 0..<3 {
+            registry.report(
+                keys[n],
+                RelayLoad(party: PartyGrant(address: "127.0.0.\(n):3481", key: keys[n].base64), capacityBitsPerSecond: 1),
+                now: start)
+        }
+        let room = "zzzzzzzzzzzzzzzz"
+        // Relays 0-2 by weight for the room, heaviest first.
+        let order = keys[0..<3].sorted { RoomHome.weight(room: room, relay: $0) > RoomHome.weight(room: room, relay: $1) }
+        #expect(registry.host(room: room, now: start)?.key == order[0])
+        #expect(registry.remember(room: room, on: order[1], now: start) == order[0], "the heavier, live, is kept")
+        #expect(registry.host(room: room, now: start)?.key == order[0])
+        // Its relay silent past the down time: the other node's move stands.
+        let later = start + .seconds(7)
+        registry.report(
+            order[1], RelayLoad(party: PartyGrant(address: "b", key: order[1].base64), capacityBitsPerSecond: 1), now: later)
+        registry.report(
+            order[2], RelayLoad(party: PartyGrant(address: "c", key: order[2].base64), capacityBitsPerSecond: 1), now: later)
+        #expect(registry.remember(room: room, on: order[2], now: later) == nil)
+        #expect(registry.host(room: room, now: later)?.key == order[2])
+        // A heavier move heard (relay 1 is back): taken.
+        #expect(registry.remember(room: room, on: order[1], now: later) == nil)
+        #expect(registry.host(room: room, now: later)?.key == order[1])
     }
 
     /// Where a room is: on the relay its id's tag names while that one is live and

@@ -441,6 +441,65 @@ struct RendezvousClusterTests {
         #expect(try locate(1, a, &ca, room) == moved)
     }
 
+    /// Two nodes move one room at once, seeing different relays live (a new relay's
+    /// report has reached only node 2): each moves it to the heaviest relay it sees.
+    /// Once each hears the other, both send its members to the same relay, the
+    /// heavier of the two, and say so again to each other no more than once.
+    @Test func twoNodesMovingOneRoomAtOnceAgreeOnOneRelay() throws {
+        var cluster = Cluster(nodes: 2) { $0.relaySecret = "s3cret" }
+        var relays: [(key: PrivateKey, client: RendezvousClient, grant: PartyGrant, node: Int)] = []
+        func add(at node: Int) throws {
+            let n = relays.count
+            let key = PrivateKey.generate()
+            relays.append(
+                (
+                    key, RendezvousClient(identity: key), PartyGrant(address: "127.0.0.\(n + 1):3481", key: key.publicKey.base64),
+                    node
+                ))
+            _ = try cluster[node].connect(ConnectionID(UInt64(40 + n)), &relays[n].client)
+            relays[n].client.report(RelayLoad(party: relays[n].grant, capacityBitsPerSecond: 100_000_000), secret: "s3cret")
+            _ = try cluster[node].pump(ConnectionID(UInt64(40 + n)), &relays[n].client)
+        }
+        for _ in 0..<3 { try add(at: 1) }
+        cluster.settle()
+        // The room's own relay (0) goes; node 2 hears of it.
+        cluster[1].feed(.closed(ConnectionID(40)))
+        cluster.settle()
+        // A fourth relay reports at node 2; node 1 has not heard of it yet.
+        try add(at: 2)
+        #expect(cluster[1].server.relayRegistry.live(now: cluster[1].now).count == 2)
+        #expect(cluster[2].server.relayRegistry.live(now: cluster[2].now).count == 3)
+        // A room of relay 0 whose heaviest relay is the new one: the nodes' choices differ.
+        let prefix = RoomHome.roomPrefix(for: relays[0].key.publicKey)
+        let room = try #require(
+            (0..<500).lazy.map { prefix + String(format: "%012d", $0) }.first { room in
+                let weights = relays[1...].map { RoomHome.weight(room: room, relay: $0.key.publicKey) }
+                return weights[2] > weights[0] && weights[2] > weights[1]
+            })
+        var ca = RendezvousClient(identity: alice)
+        var cb = RendezvousClient(identity: bob)
+        _ = try cluster[1].connect(a, &ca)
+        _ = try cluster[2].connect(b, &cb)
+        func locate(_ node: Int, _ id: ConnectionID, _ client: inout RendezvousClient) throws -> PartyGrant? {
+            _ = client.locate(room: room, now: .zero)
+            let events = try cluster[node].request(id, client.takeWrites(), &client)
+            for case .located(_, _, let party) in events { return party }
+            return nil
+        }
+        let atNode1 = try #require(try locate(1, a, &ca))
+        let atNode2 = try #require(try locate(2, b, &cb))
+        #expect(atNode2 == relays[3].grant)
+        #expect(atNode1 != atNode2)
+        let recordsBefore = cluster[1].records.count + cluster[2].records.count
+        cluster.settle()
+        let moves = (cluster[1].records + cluster[2].records).suffix(
+            cluster[1].records.count + cluster[2].records.count - recordsBefore)
+        #expect(try locate(1, a, &ca) == relays[3].grant)
+        #expect(try locate(2, b, &cb) == relays[3].grant)
+        let told = moves.filter { if case .roomMoved = $0 { true } else { false } }.count
+        #expect(told <= 1, "the heavier move told again once at most: \(told)")
+    }
+
     /// Every notice a node sends reads back the same; what is not one is a typed error.
     @Test func clusterNoticesRoundTripAndBadOnesAreTypedErrors() throws {
         let key = alice.publicKey
