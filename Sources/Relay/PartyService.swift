@@ -91,6 +91,8 @@ public final class PartyService: Service, Sendable {
     public func run() async throws {
         var secure = SecureConfiguration()
         secure.acceptUnknownPeers = true
+        // Thousands of members' reports and keepalives: run together, at most 20 wakes a second.
+        secure.timerSlack = .milliseconds(50)
         let endpoint: SecureUDPEndpoint
         let streams: [TransportAddress]
         do { (endpoint, streams) = try await bindSockets(secure) } catch {

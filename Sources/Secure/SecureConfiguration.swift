@@ -34,6 +34,12 @@ public struct SecureConfiguration: Sendable {
     /// An encrypted receiver report (loss, jitter, round-trip time, a loss hint
     /// for the peer's encoder) goes to each established peer this often; zero: never.
     public var reportInterval: Duration = .seconds(5)
+    /// Timers run together on a grid of this step: a deadline waits for the next
+    /// grid point, at most this long. With many peers (a relay's party members)
+    /// their reports, keepalives and expiries then wake the endpoint at most once a
+    /// step, where each wake walks every peer, not once per peer's deadline (which
+    /// grew as the square of the peers). Zero (the default): each at its own time.
+    public var timerSlack: Duration = .zero
     /// The first report goes this soon after the keys are confirmed, and each side
     /// answers the peer's first report at once: both know the round trip within
     /// a second, not two report intervals.

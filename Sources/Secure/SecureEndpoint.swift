@@ -693,8 +693,16 @@ public final class SecureEndpoint {
         }
         // Never ask to be woken again at the instant just polled (no busy loop
         // even if a timer could not make progress).
-        if let b = best, let last = lastTimeout { return max(b, last + .milliseconds(1)) }
-        return best
+        guard var due = best else { return nil }
+        if let last = lastTimeout { due = max(due, last + .milliseconds(1)) }
+        // On the slack's grid: deadlines close together are run by one wake.
+        let step = UInt64(max(0, configuration.timerSlack.nanoseconds))
+        if step > 0 {
+            let (slots, rest) = due.nanoseconds.quotientAndRemainder(dividingBy: step)
+            let (aligned, overflow) = (slots + (rest > 0 ? 1 : 0)).multipliedReportingOverflow(by: step)
+            if !overflow { due = Timestamp(nanoseconds: aligned) }
+        }
+        return due
     }
 }
 

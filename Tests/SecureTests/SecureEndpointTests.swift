@@ -369,6 +369,46 @@ import TusaBase
         #expect(b.endpoint.statistics.dropped[.wrongEpoch, default: 0] == 0)
     }
 
+    /// A hub with many peers (a relay's party members): each peer's reports and
+    /// keepalives are deadlines of their own, and each wake walks every peer. With
+    /// `timerSlack` the hub wakes at most once a step however many peers it has,
+    /// and every timer still runs (each peer gets its reports, no session is
+    /// lost); without it, about once per deadline.
+    @Test(arguments: [Duration.zero, .milliseconds(50)])
+    func aHubsTimersWakeItAtMostOnceASlackStep(_ slack: Duration) throws {
+        let net = SimulatedNetwork()
+        var hubConfiguration = SecureConfiguration()
+        hubConfiguration.acceptUnknownPeers = true
+        hubConfiguration.timerSlack = slack
+        let hub = net.addNode(port: 1, configuration: hubConfiguration)
+        var clientConfiguration = SecureConfiguration()
+        clientConfiguration.reportInterval = .zero  // keepalives only, every 10 s
+        var clients: [SimulatedNetwork.Node] = []
+        for n in 0..<200 {
+            let client = net.addNode(port: UInt16(2000 + n), configuration: clientConfiguration)
+            let hubAtClient = client.endpoint.addPeer(hub.endpoint.identity.publicKey, address: hub.address)
+            client.endpoint.handle(.connect(hubAtClient), now: net.now)
+            net.flush(client)
+            net.run(for: .milliseconds(25))  // deadlines spread over the report interval
+            clients.append(client)
+        }
+        let before = hub.wakes
+        net.run(for: .seconds(40))
+        let wakes = hub.wakes - before
+        #expect(!hub.events.contains { if case .peerGone = $0 { true } else { false } })
+        let fewest =
+            clients.map { client in
+                client.events.filter { if case .control(_, let r) = $0, r.kind == .report { true } else { false } }.count
+            }.min() ?? 0
+        #expect(fewest >= 7, "a report every 5 s to every peer: the fewest got \(fewest)")
+        if slack > .zero {
+            #expect(wakes <= Int(40 / 0.05) + 1, "\(wakes) wakes in 40 s")
+        } else {
+            #expect(wakes > 1200, "one wake per report due: \(wakes)")
+            print("SecureEndpoint hub of 200 peers: \(wakes) wakes in 40 s without slack")
+        }
+    }
+
     @Test func keepalivesKeepAnIdleSessionAliveAndSilenceIsDetected() throws {
         var config = SecureConfiguration()
         config.reportInterval = .zero  // reports would keep the path warm too; keepalives alone here

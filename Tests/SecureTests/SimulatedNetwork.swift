@@ -18,6 +18,8 @@ final class SimulatedNetwork {
         var events: [SecureEvent] = []
         var drops: [SecureReceive] = []
         var sent: [[UInt8]] = []
+        /// How often its timers woke it (`handleTimeout`).
+        var wakes = 0
         init(endpoint: SecureEndpoint, address: TransportAddress) {
             self.endpoint = endpoint
             self.address = address
@@ -120,6 +122,7 @@ final class SimulatedNetwork {
             }
             for node in nodes {
                 if let d = node.endpoint.nextDeadline, d <= now {
+                    node.wakes += 1
                     node.endpoint.handleTimeout(now: now)
                     flush(node)
                 }
