@@ -275,6 +275,26 @@ let package = Package(
             path: "Benchmarks/InProcess/directory-bench",
             swiftSettings: strict
         ),
+        // Many party users against a running directory and its relays (`directory-load`);
+        // issue 16's cluster test plays the same users (DirectoryLoad).
+        .target(
+            name: "DirectoryLoad",
+            dependencies: [
+                "Party", "Rendezvous", "Secure", "Transport", "TusaBase",
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            path: "Benchmarks/InProcess/DirectoryLoad",
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "directory-load",
+            dependencies: [
+                "DirectoryLoad", "Rendezvous", "Secure", "TusaBase",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Benchmarks/InProcess/directory-load",
+            swiftSettings: strict
+        ),
         // Calls on loopback: dial to first audio and mouth-to-ear delay over a real
         // rendezvous and secure UDP, against the voice pipeline's own floor; and a
         // party's mouth-to-ear through the relay beside the call's.
@@ -392,7 +412,7 @@ let package = Package(
             name: "InteropTests",
             dependencies: [
                 "TusaBase", "STUN", "TURN", "TusaInterop", "Transport", "Relay", "Secure", "Rendezvous", "Call", "Voice", "ICE",
-                "Party", "TestSupport",
+                "Party", "TestSupport", "DirectoryLoad",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -1,5 +1,5 @@
+import DirectoryLoad
 import Foundation
-import NIOConcurrencyHelpers
 import Party
 import Rendezvous
 import Secure
@@ -8,14 +8,11 @@ import Testing
 import Transport
 import TusaBase
 
-#if canImport(Glibc)
-    import Glibc
-#endif
-
 // Issue 16's cluster on one machine: two `tusa directory` nodes on one PostgreSQL,
-// three `tusa relay`s reporting to them, and a load of the project's own
-// (``ClusterUser``s, in this process) playing many users: registering at either
-// node, creating rooms where the directory places them, inviting friends at the
+// three `tusa relay`s reporting to them, and a load of the project's own (the
+// `LoadUser`s of `DirectoryLoad`, which the `directory-load` tool plays too; here
+// in this process, so that the test can kill a relay and a node between steps)
+// playing many users: registering at either node, creating rooms where the directory places them, inviting friends at the
 // other node (some offline until later), joining through `locate`, speaking, and
 // sealed signalling across the nodes. Then a relay and a directory node are
 // SIGKILLed, and what users get back, and how fast, is checked.
@@ -72,8 +69,8 @@ struct DirectoryClusterTests {
 
         // The users: a creator per room, at either node, and two friends of each at the other
         // node; the last friends of the last rooms are offline until the invitations are kept.
-        let creators = (0..<Self.rooms).map { ClusterUser(nodes: $0 % 2 == 0 ? nodes : nodes.reversed()) }
-        let friends = (0..<(2 * Self.rooms)).map { ClusterUser(nodes: ($0 / 2) % 2 == 0 ? nodes.reversed() : nodes) }
+        let creators = (0..<Self.rooms).map { LoadUser(nodes: $0 % 2 == 0 ? nodes : nodes.reversed()) }
+        let friends = (0..<(2 * Self.rooms)).map { LoadUser(nodes: ($0 / 2) % 2 == 0 ? nodes.reversed() : nodes) }
         let offline = Set(friends.indices.suffix(6))
         for user in creators { try await user.register() }
         for (n, user) in friends.enumerated() where !offline.contains(n) { try await user.register() }
@@ -177,173 +174,4 @@ struct DirectoryClusterTests {
             })
         for user in everyone { await user.stop() }
     }
-}
-
-/// One user of the load: a registration at a directory node (made again at the
-/// other node first when its node goes, as `tusa party watch` does), and in a
-/// room, a party connection that follows the room to another relay (a
-/// ``RoomLocator`` over the same registration), sending a voice-sized frame every
-/// 100 ms and noting when it last heard each other member.
-final class ClusterUser: Sendable {
-    let identity = Identity.generate()
-    var key: PublicKey { identity.publicKey }
-    let nodes: [TransportAddress]
-    private let rendezvous = NIOLockedValueBox<RendezvousConnection?>(nil)
-    private let invitations = NIOLockedValueBox<[PartyInvitation]>([])
-    /// Sealed payloads from other users that are not invitations.
-    let signals = NIOLockedValueBox<[String]>([])
-    private let party = NIOLockedValueBox<PartyConnection?>(nil)
-    private let roomID = NIOLockedValueBox<String?>(nil)
-    /// When each other member of the room was last heard.
-    private let lastHeard = NIOLockedValueBox<[MemberID: ContinuousClock.Instant]>([:])
-    private let roster = NIOLockedValueBox<Set<MemberID>>([])
-    private let tasks = NIOLockedValueBox<[Task<Void, Never>]>([])
-
-    init(nodes: [TransportAddress]) { self.nodes = nodes }
-
-    var room: String? { roomID.withLockedValue { $0 } }
-    /// The node it is registered at now.
-    var server: TransportAddress? { rendezvous.withLockedValue { $0.map { $0.isClosed ? nil : $0.server } ?? nil } }
-
-    /// Registers at its first node and keeps a registration until stopped.
-    func register() async throws {
-        let first = try await RendezvousConnection.connect(toAnyOf: nodes, identity: identity.privateKey, timeout: .seconds(10))
-        rendezvous.withLockedValue { $0 = first }
-        let task = Task { [self] in
-            var connection = first
-            while !Task.isCancelled {
-                for await (_, payload) in connection.incoming {
-                    if let invitation = PartyInvitation(decoding: payload) {
-                        invitations.withLockedValue { $0.append(invitation) }
-                    } else {
-                        signals.withLockedValue { $0.append(String(decoding: payload, as: UTF8.self)) }
-                    }
-                }
-                // Its node is gone: the next one first, until one takes it.
-                while !Task.isCancelled {
-                    if let again = try? await connection.connectAgain(identity: identity.privateKey, timeout: .seconds(2)) {
-                        connection = again
-                        rendezvous.withLockedValue { $0 = again }
-                        break
-                    }
-                    try? await Task.sleep(for: .milliseconds(50))
-                }
-            }
-        }
-        tasks.withLockedValue { $0.append(task) }
-    }
-
-    /// Creates a room where the directory placed this user, invites `friends`; returns its id.
-    func create(_ name: String, inviting friends: [PublicKey]) async throws -> String {
-        let connection = try #require(rendezvous.withLockedValue { $0 })
-        let grant = try #require(connection.party, "the directory placed no party relay")
-        let address = try #require(TransportAddress(grant.address, defaultPort: nil))
-        let relayKey = try #require(PublicKey(base64: grant.key))
-        let joined = try await connect(to: address, relayKey: relayKey) { try await $0.create(name: name, invite: friends) }
-        for friend in friends {
-            let invitation = PartyInvitation(room: joined.room, name: name, relay: grant.address, relayKey: grant.key)
-            try await connection.post(invitation.encoded(), to: friend)
-        }
-        return joined.room
-    }
-
-    /// Joins `room` on the relay the directory says hosts it.
-    func join(_ room: String) async throws {
-        let connection = try #require(rendezvous.withLockedValue { $0 })
-        let grant = try await connection.locate(room: room)
-        let address = try #require(TransportAddress(grant.address, defaultPort: nil))
-        let relayKey = try #require(PublicKey(base64: grant.key))
-        _ = try await connect(to: address, relayKey: relayKey) { try await $0.join(room) }
-    }
-
-    private func connect(
-        to address: TransportAddress, relayKey: PublicKey, enter: (PartyConnection) async throws -> PartyJoined
-    ) async throws -> PartyJoined {
-        // Frames are noted as they are opened, on the connection's event loop: the
-        // cooperative pool is shared with every other suite (and, in a full run
-        // beside busy cores, it may be the last to get a thread).
-        let heard = lastHeard
-        let connection = try await PartyConnection.connect(
-            to: address, relayKey: relayKey, identity: identity, transport: .udp,
-            audio: { from, _, _ in heard.withLockedValue { $0[from] = .now } },
-            locate: { [self] room in
-                // Over whichever registration this user holds now (its own task makes it again when lost).
-                guard let current = rendezvous.withLockedValue({ $0 }), !current.isClosed else { return nil }
-                return await RoomLocator(current, identity: identity.privateKey).locate(room)
-            })
-        party.withLockedValue { $0 = connection }
-        let joined = try await enter(connection)
-        roomID.withLockedValue { $0 = joined.room }
-        roster.withLockedValue { $0 = Set(joined.roster.map(\.member)).subtracting([joined.me]) }
-        let listener = Task { [self] in
-            for await event in connection.events {
-                switch event {
-                case .memberJoined(let entry): roster.withLockedValue { _ = $0.insert(entry.member) }
-                case .memberLeft(let member, _): roster.withLockedValue { _ = $0.remove(member) }
-                default: break
-                }
-            }
-        }
-        tasks.withLockedValue { $0.append(listener) }
-        return joined
-    }
-
-    /// Its party connection, once in a room.
-    var connection: PartyConnection? { party.withLockedValue { $0 } }
-
-    /// Whether every other member of its room has been heard since `instant`.
-    func hearsEveryone(since instant: ContinuousClock.Instant) -> Bool {
-        let others = roster.withLockedValue { $0 }
-        let heard = lastHeard.withLockedValue { $0 }
-        return !others.isEmpty && others.allSatisfy { (heard[$0] ?? instant) > instant }
-    }
-
-    /// The room of the first invitation it has, waiting up to `limit`.
-    func invitation(within limit: Duration) async -> String? {
-        _ = await eventually(within: limit, poll: .milliseconds(20)) { !invitations.withLockedValue { $0.isEmpty } }
-        return invitations.withLockedValue { $0.first?.room }
-    }
-
-    func send(_ payload: [UInt8], to peer: PublicKey) async throws {
-        let connection = try #require(rendezvous.withLockedValue { $0 })
-        try await connection.send(payload, to: peer)
-    }
-
-    /// Whether `peer` is online, as this user's node sees it.
-    func sees(_ peer: PublicKey) async -> Bool {
-        guard let connection = rendezvous.withLockedValue({ $0 }) else { return false }
-        return (try? await connection.lookup(peer)) == true
-    }
-
-    func stop() async {
-        for task in tasks.withLockedValue({ $0 }) { task.cancel() }
-        await party.withLockedValue { $0 }?.close()
-        await rendezvous.withLockedValue { $0 }?.close()
-    }
-}
-
-/// Every member speaking: a voice-sized voiced frame from each connection every
-/// 100 ms, sent from a thread of its own (the cooperative pool is shared with
-/// every other suite, and in a full run beside busy cores it may be the last to
-/// get a thread).
-final class VoiceClock: Sendable {
-    private let running = NIOLockedValueBox(true)
-
-    init(_ connections: [PartyConnection]) {
-        let running = self.running
-        let thread = Thread {
-            var timestamp: UInt32 = 0
-            let frame = [UInt8](repeating: 0x5A, count: 60)
-            while running.withLockedValue({ $0 }) {
-                for connection in connections {
-                    connection.send(frame, timestamp: timestamp, level: AudioLevel(level: 30, voiced: true))
-                }
-                timestamp &+= 800
-                usleep(100_000)
-            }
-        }
-        thread.start()
-    }
-
-    func stop() { running.withLockedValue { $0 = false } }
 }

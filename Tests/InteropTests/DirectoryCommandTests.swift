@@ -148,6 +148,61 @@ struct DirectoryCommandTests {
         #expect(Set(after.keys) == Set(addresses[1...]), "\(after)")
     }
 
+    /// `directory-load`, the project's load tool for a directory, against `tusa
+    /// directory` on its SQLite default and two relays: its users register, make
+    /// rooms where they are placed, invite friends (two of them offline until the
+    /// invitations wait for them), join through `locate`, speak and signal; its
+    /// report says all of it arrived. A bad option is a usage error.
+    @Test(
+        "directory-load plays many users against tusa directory on SQLite and reports what they got",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func theLoadToolPlaysItsUsersAgainstADirectory() async throws {
+        let tusa = try #require(Harness.tusa)
+        let load = URL(fileURLWithPath: tusa).deletingLastPathComponent().appendingPathComponent("directory-load").path
+        try #require(FileManager.default.isExecutableFile(atPath: load), "\(load) not built (swift build builds it)")
+        let bad = try await Harness.run(load, ["--directory", "127.0.0.1:9", "--rooms", "0"], timeout: 20)
+        #expect(bad.status == 64 && bad.stderr.contains("--rooms must be 1-10000"), "\(bad.status) \(bad.stderr)")
+
+        let database = NSTemporaryDirectory() + "tusa-directory-\(UUID().uuidString).sqlite"
+        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: database + suffix) } }
+        let (directory, server) = try await Self.start("directory", "sqlite:\(database)", ["--relay-secret", "s3cret"])
+        defer { directory.kill() }
+        var relays: [Harness.Background] = []
+        defer { for relay in relays { relay.kill() } }
+        for _ in 0..<2 {
+            let relay = try Harness.Background(
+                tusa,
+                [
+                    "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--party-port", "0", "--directory", "\(server)",
+                    "--directory-secret", "s3cret",
+                ])
+            relays.append(relay)
+            #expect(
+                await relay.waitFor(timeout: 10) { _, err in err.contains("reporting load to the directory") }, "\(relay.stderr)")
+        }
+        // Until the directory places peers on a party relay.
+        #expect(
+            await eventually(within: .seconds(15), poll: .milliseconds(100)) {
+                let probe = try? await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(5))
+                defer { Task { await probe?.close() } }
+                return probe?.party != nil
+            })
+        let r = try await Harness.run(
+            load,
+            ["--directory", "\(server)", "--rooms", "4", "--friends", "2", "--offline", "2", "--seconds", "2", "--json"],
+            timeout: 90)
+        #expect(r.status == 0, "\(r.stderr)")
+        let report = try #require(
+            try? JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any], "\(r.stdout) \(r.stderr)")
+        #expect(report["users"] as? Int == 12, "\(report)")
+        #expect(report["invitationsPosted"] as? Int == 6 && report["invitationsDelivered"] as? Int == 6, "\(report)")
+        #expect(report["offlineInvited"] as? Int == 2 && report["offlineDelivered"] as? Int == 2, "\(report)")
+        #expect(report["hearing"] as? Int == 12, "\(report)")
+        #expect(report["signalsSent"] as? Int == 8 && report["signalsDelivered"] as? Int == 8, "\(report)")
+        #expect((report["roomsPerRelay"] as? [Int])?.reduce(0, +) == 4, "\(report)")
+        print("directory-load: \(r.stdout)")
+    }
+
     /// A room lives on the relay the directory placed its creator on, and a joiner
     /// asking the directory (`tusa party join ID --rendezvous`) finds it there,
     /// whichever relay it was placed on itself. That relay SIGKILLed, every member
