@@ -31,13 +31,19 @@ struct SecureStreamTests {
         return await condition()
     }
 
-    @Test func aSessionOverAStreamCarriesMediaAndMovesBackToUDPWhenAProbeIsAnswered() async throws {
+    /// An endpoint that takes any key on loopback UDP, and what media reached it.
+    private func acceptingServer() async throws -> (SecureUDPEndpoint, Received) {
         var accepting = SecureConfiguration()
         accepting.acceptUnknownPeers = true
-        let atServer = Received()
-        let atClient = Received()
+        let received = Received()
         let server = try await SecureUDPEndpoint.bind(
-            host: "127.0.0.1", identity: .generate(), configuration: accepting, mediaHandler: atServer.handler())
+            host: "127.0.0.1", identity: .generate(), configuration: accepting, mediaHandler: received.handler())
+        return (server, received)
+    }
+
+    @Test func aSessionOverAStreamCarriesMediaAndMovesBackToUDPWhenAProbeIsAnswered() async throws {
+        let (server, atServer) = try await acceptingServer()
+        let atClient = Received()
         let tcp = try await server.listenForStreams(host: "127.0.0.1", port: Int(server.localAddress.port))
         #expect(tcp.port == server.localAddress.port)
         let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
@@ -105,12 +111,8 @@ struct SecureStreamTests {
     /// handshake; a plain one at the TLS listener never gets a session. Every
     /// listener (TCP and TLS) closes with the endpoint.
     @Test func aSessionInsideTLSCarriesMediaAndEveryListenerClosesWithTheEndpoint() async throws {
-        var accepting = SecureConfiguration()
-        accepting.acceptUnknownPeers = true
-        let atServer = Received()
+        let (server, atServer) = try await acceptingServer()
         let atClient = Received()
-        let server = try await SecureUDPEndpoint.bind(
-            host: "127.0.0.1", identity: .generate(), configuration: accepting, mediaHandler: atServer.handler())
         let plain = try await server.listenForStreams(host: "127.0.0.1", port: 0)
         let tls = try await server.listenForStreams(host: "127.0.0.1", port: 0, tls: try serverTLS())
         let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
