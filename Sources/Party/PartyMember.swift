@@ -191,7 +191,8 @@ public struct PartyMember: SansIOCore {
             lastHeard = now
             if case .rejoining = phase { sendRejoin() }
         case .relocate:
-            guard case .inRoom = phase else { return }
+            // Without a ticket there is no seat to take elsewhere: stay.
+            guard case .inRoom = phase, ticket != nil else { return }
             lose()
         }
     }

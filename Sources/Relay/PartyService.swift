@@ -214,7 +214,7 @@ public final class PartyService: Service, Sendable {
                 {
                     continue
                 }
-                throw RelayServiceError(.bindFailed, "cannot serve parties on tcp: \(error)")
+                throw RelayServiceError(.bindFailed, "cannot serve parties over TCP or TLS: \(error)")
             }
         }
     }

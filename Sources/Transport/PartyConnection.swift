@@ -2,6 +2,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import Party
+import Rendezvous
 import Secure
 import TusaBase
 
@@ -160,7 +161,8 @@ public final class PartyConnection: Sendable {
             }
         }
         try? await loop.submit { driver.value.onLost = lost }.get()
-        if let locate {
+        // (Not over TLS: the directory names relays' UDP addresses, no way to another relay's TLS port.)
+        if let locate, transport != .tls {
             let watch = Task {
                 await Self.followRoom(place: place, driver: driver, loop: loop, locate: locate, every: locateEvery)
             }
@@ -196,8 +198,10 @@ public final class PartyConnection: Sendable {
         let told = ContinuousClock.now
         while (try? await loop.submit({ driver.value.wantsSession }).get()) == true {
             var (relay, relayKey) = place.withLockedValue { $0 }
+            // Over TLS the directory's answer (the relay's UDP address) is no way to the
+            // same relay: its TLS port, as given, is kept; another relay is tried as named.
             if let locate, let room = try? await loop.submit({ driver.value.read(\.rejoining) }).get(),
-                let found = await locate(room)
+                let found = await locate(room), transport != .tls || found.key != relayKey
             {
                 (relay, relayKey) = found
             }
@@ -223,7 +227,7 @@ public final class PartyConnection: Sendable {
         loop.execute { driver.value.reconnectEnded() }
     }
 
-    /// Every `interval` in a room, asks where the room is; when the answer is another
+    /// Every `interval` (at least a second) in a directory's room, asks where the room is; when the answer is another
     /// relay, the core leaves this relay's session for it (``PartyMember/Input/relocate``:
     /// the reconnection asks again and goes there). Ends with the driver.
     private static func followRoom(
@@ -231,11 +235,14 @@ public final class PartyConnection: Sendable {
         loop: any EventLoop, locate: Locator, every interval: Duration
     ) async {
         while !Task.isCancelled {
-            try? await Task.sleep(for: interval)
+            try? await Task.sleep(for: max(interval, .seconds(1)))
             guard !Task.isCancelled else { break }
             let asked: String?
             do { asked = try await loop.submit({ driver.value.read(\.room) }).get() } catch { break }
-            guard let room = asked, let found = await locate(room), !Task.isCancelled else { continue }
+            // Only a directory's rooms (their ids carry their relay's tag): another
+            // rendezvous knows nothing of a room it did not place.
+            guard let room = asked, RoomHome.tag(ofRoom: room) != nil, let found = await locate(room), !Task.isCancelled
+            else { continue }
             if found.key != place.withLockedValue({ $0.key }) {
                 loop.execute { driver.value.handle(.relocate) }
             }

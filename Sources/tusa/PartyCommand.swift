@@ -257,7 +257,8 @@ struct PartyCreate: AsyncParsableCommand {
         }
         let command = "party create"
         let identity = try options.audio.identityOrExit()
-        let (relay, relayKey, rendezvous) = try await PartySession.place(options.place, identity: identity, command: command)
+        let (relay, relayKey, rendezvous) = try await PartySession.place(
+            options.place, identity: identity, command: command, transport: options.audio.transport.value)
         if contacts, let rendezvous {
             do {
                 for key in try await rendezvous.contacts() where !keys.contains(key) && key != identity.publicKey {
@@ -319,7 +320,7 @@ struct PartyJoin: AsyncParsableCommand {
         let command = "party join"
         let identity = try options.audio.identityOrExit()
         let (relay, relayKey, rendezvous) = try await PartySession.place(
-            options.place, identity: identity, command: command, room: id)
+            options.place, identity: identity, command: command, room: id, transport: options.audio.transport.value)
         let locator = rendezvous.map { RoomLocator($0, identity: identity.privateKey) }
         try await PartySession.run(
             options.audio, identity: identity, relay: relay, relayKey: relayKey, command: command, locator: locator,
@@ -353,6 +354,11 @@ struct PartyWatch: AsyncParsableCommand {
     func run() async throws {
         let servers = try RendezvousServers.parse(rendezvous)
         if let timeout { guard timeout > 0 else { throw ValidationError("--timeout must be positive") } }
+        if join, audio.transport.value == .tls {
+            throw ValidationError(
+                "--join --transport tls: an invitation names the relay's UDP address, not its TLS port; join with tusa party join ID --relay HOST:TLSPORT --relay-key KEY --transport tls"
+            )
+        }
         let identity = try audio.identityOrExit()
         let connection: RendezvousConnection
         do { connection = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey) } catch {
@@ -516,10 +522,15 @@ enum PartySession {
     /// open, for invitations and to find the room again if its relay goes): for a
     /// new room, the relay it places this member on; for `room`, the relay that
     /// hosts it (a directory finds it among its relays).
-    static func place(_ place: PartyPlace, identity: Identity, command: String, room: String? = nil) async throws -> (
-        TransportAddress, PublicKey, RendezvousConnection?
-    ) {
+    static func place(
+        _ place: PartyPlace, identity: Identity, command: String, room: String? = nil, transport: PartyTransport = .auto
+    ) async throws -> (TransportAddress, PublicKey, RendezvousConnection?) {
         let given = try place.givenRelay()
+        if transport == .tls, given == nil {
+            throw ValidationError(
+                "--transport tls needs --relay HOST:PORT (the relay's --party-tls-port) and --relay-key: a rendezvous names relays' UDP addresses"
+            )
+        }
         guard let servers = try place.rendezvousServers() else {
             guard let given else { throw ValidationError("give --rendezvous, or --relay and --relay-key") }
             return (given.0, given.1, nil)

@@ -324,9 +324,19 @@ struct Relay: AsyncParsableCommand {
     @Option(
         name: .customLong("party-tls-port"),
         help: ArgumentHelp(
-            "Also take party members over TLS (RFC 4571 inside) on this TCP port, e.g. 443 for networks that pass only TLS (repeatable). Shows them --cert (with --pkey); any certificate serves, a self-signed one included: members prove the relay by its identity key.",
+            "Also take party members over TLS (RFC 4571 inside) on this TCP port, e.g. 443 for networks that pass only TLS (repeatable). Shows them --party-cert (else --cert); any certificate serves, a self-signed one included: members prove the relay by its identity key. An ECDSA key costs the relay less per handshake than RSA.",
             valueName: "port"))
     var partyTLSPorts: [UInt16] = []
+
+    @Option(
+        name: .customLong("party-cert"),
+        help: ArgumentHelp(
+            "PEM certificate chain for --party-tls-port (with --party-pkey), when it is not --cert (which also serves STUN/TURN over TLS).",
+            valueName: "file"))
+    var partyCertificate: String?
+
+    @Option(name: .customLong("party-pkey"), help: ArgumentHelp("PEM private key of --party-cert.", valueName: "file"))
+    var partyPrivateKey: String?
 
     @Option(name: .customLong("max-party-size"), help: "Members a party may hold.")
     var maxPartySize = 50
@@ -425,11 +435,15 @@ struct Relay: AsyncParsableCommand {
             if directory != nil { rooms.roomPrefix = RoomHome.roomPrefix(for: key.publicKey) }
             let ip = configuration.listenAddresses.first?.ip ?? .v4(0x7F00_0001)
             var tls: PartyService.TLSStreams?
+            if (partyCertificate == nil) != (partyPrivateKey == nil) {
+                throw failure("--party-cert and --party-pkey go together")
+            }
+            if partyCertificate != nil, partyTLSPorts.isEmpty { throw failure("--party-cert is for --party-tls-port") }
             if !partyTLSPorts.isEmpty {
-                guard !noTLS else { throw failure("--party-tls-port serves TLS: drop --no-tls") }
-                guard let certificate, let privateKey else {
+                guard let certificate = partyCertificate ?? certificate, let privateKey = partyPrivateKey ?? privateKey
+                else {
                     throw failure(
-                        "--party-tls-port needs --cert and --pkey: the certificate members' TLS is shown (any serves, a self-signed one included: members prove the relay by its identity key)"
+                        "--party-tls-port needs --party-cert and --party-pkey (or --cert and --pkey): the certificate members' TLS is shown (any serves, a self-signed one included: members prove the relay by its identity key)"
                     )
                 }
                 tls = PartyService.TLSStreams(ports: partyTLSPorts, certificateFile: certificate, privateKeyFile: privateKey)
@@ -440,8 +454,10 @@ struct Relay: AsyncParsableCommand {
                 keyLogPath: partyKeyLog, streamPorts: [nil] + partyTCPPorts.map { $0 }, tls: tls,
                 ticketSecret: directory != nil ? directorySecret : nil, memory: memory, logger: logger)
         } else {
-            guard identity == nil, partyKeyLog == nil, partyTCPPorts.isEmpty, partyTLSPorts.isEmpty else {
-                throw failure("--identity, --party-tcp-port, --party-tls-port and --party-keylog need --party-port")
+            guard identity == nil, partyKeyLog == nil, partyTCPPorts.isEmpty, partyTLSPorts.isEmpty, partyCertificate == nil
+            else {
+                throw failure(
+                    "--identity, --party-tcp-port, --party-tls-port, --party-cert and --party-keylog need --party-port")
             }
             party = nil
         }

@@ -162,17 +162,23 @@ import Voice
     /// `tusa relay --party-tls-port` with a self-signed certificate, and a member
     /// whose network passes only TLS: `--transport tls` to that port, in the same
     /// room as a member on UDP, each hearing the other; its report says tls. The
-    /// port without a certificate is a usage error naming what is missing.
+    /// port without a certificate, and `--transport tls` without `--relay` (a
+    /// rendezvous names UDP addresses), are usage errors naming what is missing.
     @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
     func aMemberJoinsOverTLSOnTheRelaysOwnPort() async throws {
         let tusa = try #require(Harness.tusa)
         let bare = try await Harness.run(
             tusa, ["relay", "--listen", "127.0.0.1:0", "--party-port", "0", "--party-tls-port", "0"], timeout: 20)
-        #expect(bare.status != 0 && bare.stderr.contains("--party-tls-port needs --cert and --pkey"), "\(bare.stderr)")
+        #expect(
+            bare.status != 0 && bare.stderr.contains("--party-tls-port needs --party-cert and --party-pkey"), "\(bare.stderr)")
+
+        let noRelay = try await Harness.run(
+            tusa, ["party", "create", "X", "--rendezvous", "127.0.0.1:9", "--transport", "tls"], timeout: 20)
+        #expect(noRelay.status == 64 && noRelay.stderr.contains("--transport tls needs --relay"), "\(noRelay.stderr)")
 
         let certificate = try TestCertificate.make()
         let (relay, address, key) = try await Self.relay([
-            "--party-tls-port", "0", "--cert", certificate.certificateFile, "--pkey", certificate.privateKeyFile,
+            "--party-tls-port", "0", "--party-cert", certificate.certificateFile, "--party-pkey", certificate.privateKeyFile,
         ])
         defer { relay.kill() }
         let tlsLine = try #require(

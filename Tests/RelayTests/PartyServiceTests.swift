@@ -4,6 +4,7 @@ import NIOCore
 import NIOPosix
 import Party
 import Relay
+import Rendezvous
 import STUN
 import Secure
 import ServiceLifecycle
@@ -240,9 +241,13 @@ struct PartyServiceTests {
     @Test func membersFollowTheirRoomToTheRelayTheDirectoryNowNames() async throws {
         let secret = "directory s3cret"
         let identities = [Identity.generate(), Identity.generate()]
+        // Rooms named as a directory's relays name them (a tag of the relay's key first).
         let services = identities.map {
-            PartyService(
-                address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: $0, ticketSecret: secret, logger: quiet)
+            var rooms = PartyServer.Configuration()
+            rooms.roomPrefix = RoomHome.roomPrefix(for: $0.publicKey)
+            return PartyService(
+                address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: $0, configuration: rooms,
+                ticketSecret: secret, logger: quiet)
         }
         let group = ServiceGroup(configuration: .init(services: services, logger: quiet))
         let running = Task { try await group.run() }
@@ -411,7 +416,7 @@ struct PartyServiceTests {
             let bound = try await service.boundAddress()
             Issue.record("the relay started on \(bound) although tcp \(port) is taken")
         } catch {
-            #expect("\(error)".contains("cannot serve parties on tcp"), "\(error)")
+            #expect("\(error)".contains("cannot serve parties over TCP"), "\(error)")
         }
     }
 

@@ -47,7 +47,7 @@ struct DirectoryLoadCommand: AsyncParsableCommand {
         guard (1...10_000).contains(rooms) else { throw ValidationError("--rooms must be 1-10000") }
         guard (1...49).contains(friends) else { throw ValidationError("--friends must be 1-49") }
         guard (0...(rooms * friends)).contains(offline) else { throw ValidationError("--offline must be 0-\(rooms * friends)") }
-        guard seconds >= 0 else { throw ValidationError("--seconds must not be negative") }
+        guard seconds.isFinite, (0...86_400).contains(seconds) else { throw ValidationError("--seconds must be 0-86400") }
     }
 
     func run() async throws {
