@@ -40,6 +40,9 @@ public final class PartyService: Service, Sendable {
     /// TLS ports members whose network passes only TLS connect to (e.g. 443), with
     /// the certificate they are shown.
     public let tls: TLSStreams?
+    /// TCP and TLS connections open at once, in all and from one source, over
+    /// every stream port (`tusa relay --max-tcp-connections[-per-ip]`).
+    public let streamLimits: ConnectionAdmission.Limits
     /// The directory's relay secret when the relay reports to one: room tickets are
     /// keyed from it, so that any relay of the directory takes a moved room back
     /// (``RoomTicketAuthority/init(directorySecret:incarnation:)``); nil: from the identity.
@@ -56,10 +59,12 @@ public final class PartyService: Service, Sendable {
 
     public init(
         address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(),
-        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], tls: TLSStreams? = nil, ticketSecret: String? = nil,
+        keyLogPath: String? = nil, streamPorts: [UInt16?] = [nil], tls: TLSStreams? = nil,
+        streamLimits: ConnectionAdmission.Limits = .init(total: 4096, perSource: 1000), ticketSecret: String? = nil,
         drainDeadline: Duration = .seconds(10), memory: MemoryGuard? = nil, logger: Logger
     ) {
         self.tls = tls
+        self.streamLimits = streamLimits
         self.ticketSecret = ticketSecret
         self.drainDeadline = drainDeadline
         self.memory = memory
@@ -180,6 +185,7 @@ public final class PartyService: Service, Sendable {
         SecureUDPEndpoint, [TransportAddress]
     ) {
         let context = try tls.map { tls throws(RelayServiceError) in try tls.context() }
+        let admission = ConnectionAdmission(limits: streamLimits)
         var attempt = 0
         while true {
             attempt += 1
@@ -198,12 +204,15 @@ public final class PartyService: Service, Sendable {
                 for port in streamPorts {
                     streams.append(
                         try await endpoint.listenForStreams(
-                            host: address.ip.description, port: Int(port ?? endpoint.localAddress.port)))
+                            host: address.ip.description, port: Int(port ?? endpoint.localAddress.port),
+                            maxStreams: streamLimits.total, admission: admission))
                 }
                 if let tls, let context {
                     for port in tls.ports {
                         streams.append(
-                            try await endpoint.listenForStreams(host: address.ip.description, port: Int(port), tls: context))
+                            try await endpoint.listenForStreams(
+                                host: address.ip.description, port: Int(port), maxStreams: streamLimits.total, tls: context,
+                                admission: admission))
                     }
                 }
                 return (endpoint, streams)

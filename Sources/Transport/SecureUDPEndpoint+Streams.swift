@@ -111,11 +111,13 @@ extension SecureUDPEndpoint {
     /// connection is a peer of its own, under a stand-in address in the
     /// discard-only prefix 100::/64 (RFC 6666), so that it never meets a real UDP
     /// source. With `tls`, each connection is TLS first (a server context: the
-    /// certificate clients see). Returns the bound address.
+    /// certificate clients see). With `admission`, a connection over its limits
+    /// (in all, or from one source: shared by the listeners given the same one)
+    /// is closed on accept, before any TLS work. Returns the bound address.
     @discardableResult
-    public func listenForStreams(host: String, port: Int, maxStreams: Int = 4096, tls: NIOSSLContext? = nil)
-        async throws(SecureTransportError) -> TransportAddress
-    {
+    public func listenForStreams(
+        host: String, port: Int, maxStreams: Int = 4096, tls: NIOSSLContext? = nil, admission: ConnectionAdmission? = nil
+    ) async throws(SecureTransportError) -> TransportAddress {
         let loop = eventLoop
         let engine = self.engineOnLoop
         let counter = NIOLoopBoundBox.makeBoxSendingValue(UInt64(0), as: UInt64.self, eventLoop: loop)
@@ -125,6 +127,13 @@ extension SecureUDPEndpoint {
                 // Initializers run on the child's loop, which is the endpoint's.
                 guard engine.value.streams.count < maxStreams else {
                     return loop.makeFailedFuture(SecureTransportError.stream("too many streams", nil))
+                }
+                if let admission {
+                    let source = stream.remoteAddress.flatMap(TransportAddress.init)?.ip
+                    if let refusal = admission.admit(source) {
+                        return loop.makeFailedFuture(SecureTransportError.stream("refused (\(refusal.rawValue) limit)", nil))
+                    }
+                    stream.closeFuture.whenComplete { _ in admission.release(source) }
                 }
                 counter.value &+= 1
                 let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)

@@ -220,12 +220,16 @@ struct Relay: AsyncParsableCommand {
     @Flag(name: .customLong("no-tls"), help: "Do not serve TLS even with --cert.")
     var noTLS = false
 
-    @Option(name: .customLong("max-tcp-connections"), help: "TCP and TLS connections open at once; more are closed on accept.")
+    @Option(
+        name: .customLong("max-tcp-connections"),
+        help: "TCP and TLS connections open at once (TURN's, and apart from them the party ports'); more are closed on accept.")
     var maxTCPConnections = 10_000
 
     @Option(
         name: .customLong("max-tcp-connections-per-ip"),
-        help: "TCP and TLS connections open at once from one IP address; more are closed on accept.")
+        help:
+            "TCP and TLS connections open at once from one IP address (TURN's, and apart from them the party ports'); more are closed on accept."
+    )
     var maxTCPConnectionsPerSource = 1_000
 
     @Option(
@@ -452,6 +456,7 @@ struct Relay: AsyncParsableCommand {
             party = PartyService(
                 address: TransportAddress(ip: ip, port: partyPort), identity: key, configuration: rooms,
                 keyLogPath: partyKeyLog, streamPorts: [nil] + partyTCPPorts.map { $0 }, tls: tls,
+                streamLimits: .init(total: maxTCPConnections, perSource: maxTCPConnectionsPerSource),
                 ticketSecret: directory != nil ? directorySecret : nil, memory: memory, logger: logger)
         } else {
             guard identity == nil, partyKeyLog == nil, partyTCPPorts.isEmpty, partyTLSPorts.isEmpty, partyCertificate == nil

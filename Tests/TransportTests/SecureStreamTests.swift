@@ -155,4 +155,28 @@ struct SecureStreamTests {
             }
         }
     }
+
+    /// Streams over their admission's per-source limit are closed on accept (before
+    /// any TLS work), the others stay; one closed frees its slot.
+    @Test func streamsPastTheirSourcesLimitAreClosedOnAccept() async throws {
+        let (server, _) = try await acceptingServer()
+        defer { Task { await server.close() } }
+        let admission = ConnectionAdmission(limits: .init(total: 100, perSource: 2))
+        let address = try await server.listenForStreams(host: "127.0.0.1", port: 0, admission: admission)
+        func open() async throws -> any Channel {
+            try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .connect(host: "127.0.0.1", port: Int(address.port)).get()
+        }
+        let kept = [try await open(), try await open()]
+        let refused = try await open()
+        #expect(await eventually { !refused.isActive }, "the third from one source is closed")
+        #expect(kept.allSatisfy { $0.isActive })
+        #expect(admission.refused[.perSource] == 1)
+        try await kept[0].close()
+        #expect(await eventually { admission.open.connections == 1 })
+        let again = try await open()
+        #expect(await eventually { admission.open.connections == 2 }, "a freed slot takes the next")
+        #expect(admission.refused[.perSource] == 1 && again.isActive)
+        for c in [kept[1], again] { try? await c.close() }
+    }
 }
