@@ -81,6 +81,10 @@ public final class PartyService: Service, Sendable {
     /// The TCP addresses members can reach the parties on when UDP is blocked
     /// (the TCP ports', then the TLS ports').
     public func boundStreamAddresses() async throws -> [TransportAddress] { try await boundStreams.wait() }
+    /// Those of them that take plain TCP (``streamPorts``, in order).
+    public func boundTCPAddresses() async throws -> [TransportAddress] {
+        Array(try await boundStreams.wait().prefix(streamPorts.count))
+    }
     /// Those of them that take TLS (``tls``'s ports, in order).
     public func boundTLSAddresses() async throws -> [TransportAddress] {
         Array(try await boundStreams.wait().dropFirst(streamPorts.count))

@@ -128,12 +128,8 @@ extension SecureUDPEndpoint {
                 guard engine.value.streams.count < maxStreams else {
                     return loop.makeFailedFuture(SecureTransportError.stream("too many streams", nil))
                 }
-                if let admission {
-                    let source = stream.remoteAddress.flatMap(TransportAddress.init)?.ip
-                    if let refusal = admission.admit(source) {
-                        return loop.makeFailedFuture(SecureTransportError.stream("refused (\(refusal.rawValue) limit)", nil))
-                    }
-                    stream.closeFuture.whenComplete { _ in admission.release(source) }
+                if let refusal = admission?.admit(stream) {
+                    return loop.makeFailedFuture(SecureTransportError.stream("refused (\(refusal.rawValue) limit)", nil))
                 }
                 counter.value &+= 1
                 let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)

@@ -519,8 +519,7 @@ struct Relay: AsyncParsableCommand {
                     }
                     if let party {
                         print("party udp \(try await party.boundAddress()) key \(party.identity.publicKey)")
-                        let streams = try await party.boundStreamAddresses()
-                        for address in streams.prefix(party.streamPorts.count) { print("party tcp \(address)") }
+                        for address in try await party.boundTCPAddresses() { print("party tcp \(address)") }
                         for address in try await party.boundTLSAddresses() { print("party tls \(address)") }
                     }
                     fflush(nil)  // every line out before anyone waits on it
