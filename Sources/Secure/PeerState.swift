@@ -34,6 +34,10 @@ final class PeerState {
     var lastKeepaliveAttempt: Timestamp?
     /// Receiver reports: reception statistics, the round trip, the loss hint.
     var reports: ReceiverReports
+    /// When this peer's live entry in the endpoint's `TimerQueue` is due; nil when it has none.
+    var timerAt: Timestamp?
+    /// The peer waits in the endpoint's list of peers whose timers to queue again.
+    var timersChanged = false
 
     init(
         id: PeerID, key: PublicKey, address: TransportAddress?, localSSRC: UInt32, firstSequence: UInt64,
@@ -54,5 +58,29 @@ final class PeerState {
         guard let k = keys.current, k.confirmed else { return nil }
         if let now, !k.usable(now: now, c) { return nil }
         return k
+    }
+
+    /// When this peer's timers are next due (key expiry, a handshake retry, dead-peer
+    /// detection, a rekey, a report, a keepalive), or nil when none is scheduled: what
+    /// `SecureEndpoint.handleTimeout(now:)` does for the peer is due no earlier.
+    func nextDeadline(_ c: SecureConfiguration) -> Timestamp? {
+        var best: Timestamp?
+        func consider(_ t: Timestamp) { best = best.map { min($0, t) } ?? t }
+        for keys in keys.all {
+            if let at = keys.retireAt { consider(at) }
+            consider(keys.createdAt + c.rejectAfter)
+        }
+        if let h = handshake.initiation { consider(h.lastSent + c.handshakeRetry) }
+        guard everEstablished, let last = lastReceived else { return best }
+        consider(last + c.peerTimeout)
+        if handshake.initiation == nil { consider(last + c.rehandshakeAfterSilence) }
+        if let current = keys.current {
+            if let due = reports.nextReportAt { consider(due) }
+            consider(max(lastSent ?? .zero, lastKeepaliveAttempt ?? .zero) + c.keepaliveInterval)
+            if handshake.initiation == nil {
+                consider(current.createdAt + c.rekeyAfter + (current.initiator ? .zero : c.handshakeTimeout))
+            }
+        }
+        return best
     }
 }

@@ -102,6 +102,11 @@ public final class SecureEndpoint {
     private var perSource: SourceLimiter
     private let ownMAC1Key: [UInt8]
     private var lastTimeout: Timestamp?
+    /// Peers by when their timers are due, so a wake runs the peers due and no others.
+    private var timers = TimerQueue()
+    /// Peers whose deadlines may have come earlier since they were queued
+    /// (`timersChanged`): queued again before the next look at the queue.
+    private var changedTimers: [PeerState] = []
     /// Every random byte the endpoint draws: ephemeral keys, sender indices,
     /// SSRCs, initial sequence numbers, cookie secrets and nonces.
     private var random: any SecureRandom
@@ -329,6 +334,7 @@ public final class SecureEndpoint {
                 try? sendControl(p.reports.makeReport(now: now), to: p.id, now: now)
             }
             if report.kind != .keepalive { outbox.append(.event(.control(id, report))) }
+            timersChanged(p)
             return .handled
         }
         return drop(.authenticationFailed)
@@ -345,6 +351,7 @@ public final class SecureEndpoint {
             outbox.append(.event(.established(p.id, key: p.key, rekey: p.everEstablished)))
             p.everEstablished = true
             p.reports.sessionStarted(now: now)
+            timersChanged(p)
         }
         if newest { roam(p, to: source, now: now) }
     }
@@ -465,6 +472,7 @@ public final class SecureEndpoint {
         roam(p, to: source, now: now, fresh: true)
         p.lastReceived = now
         outbox.append(.send(response, to: source))
+        timersChanged(p)
         return .handled
     }
 
@@ -502,6 +510,7 @@ public final class SecureEndpoint {
         p.reports.sessionStarted(now: now)
         // Confirm the keys to the responder at once (it may not send before).
         try? sendControl(ControlReport(kind: .keepalive), to: id, now: now)
+        timersChanged(p)
         return .handled
     }
 
@@ -578,6 +587,7 @@ public final class SecureEndpoint {
                 cookieRetry: cookieRetry))
         pendingByIndex[index] = p.id
         outbox.append(.send(m, to: address))
+        timersChanged(p)
     }
 
     /// Our initiation, if one is under way, is given up (its index answers nothing any more).
@@ -627,73 +637,110 @@ public final class SecureEndpoint {
     /// dead peers, rekeys, receiver reports, keepalives.
     public func handleTimeout(now: Timestamp) {
         lastTimeout = now
-        for p in peers.values.sorted(by: { $0.id.rawValue < $1.id.rawValue }) {
-            for keys in p.keys.all {
-                if let at = keys.retireAt, at <= now {
-                    retire(p, keys)
-                } else if now - keys.createdAt >= configuration.rejectAfter {
-                    retire(p, keys)
-                }
+        requeueChangedTimers()
+        var due: [PeerState] = []
+        while let first = timers.first, first.at <= now {
+            timers.popFirst()
+            guard let p = peers[first.id], p.timerAt == first.at else { continue }  // stale
+            p.timerAt = nil
+            due.append(p)
+        }
+        // Peers due at once run in the order they were added (runs repeat exactly).
+        due.sort { $0.id.rawValue < $1.id.rawValue }
+        for p in due {
+            runTimers(p, now: now)
+            queueTimers(p)
+        }
+    }
+
+    /// Everything due for `p` at `now`.
+    private func runTimers(_ p: PeerState, now: Timestamp) {
+        timerRuns += 1
+        for keys in p.keys.all {
+            if let at = keys.retireAt, at <= now {
+                retire(p, keys)
+            } else if now - keys.createdAt >= configuration.rejectAfter {
+                retire(p, keys)
             }
-            if let h = p.handshake.initiation, now - h.lastSent >= configuration.handshakeRetry {
-                if now - h.firstAttempt >= configuration.handshakeTimeout {
-                    abandonInitiation(p)
-                    outbox.append(.event(.handshakeFailed(p.id)))
-                } else {
-                    startHandshake(p, now: now, rekey: h.rekey, firstAttempt: h.firstAttempt)
-                }
-            }
-            guard p.everEstablished else { continue }
-            let silent = now - (p.lastReceived ?? now)
-            if silent >= configuration.peerTimeout {
-                outbox.append(.event(.peerGone(p.id)))
+        }
+        if let h = p.handshake.initiation, now - h.lastSent >= configuration.handshakeRetry {
+            if now - h.firstAttempt >= configuration.handshakeTimeout {
                 abandonInitiation(p)
-                p.handshake = .zeroed
-                p.keys.retireAll()
-                p.everEstablished = false
-                continue
+                outbox.append(.event(.handshakeFailed(p.id)))
+            } else {
+                startHandshake(p, now: now, rekey: h.rekey, firstAttempt: h.firstAttempt)
             }
-            if silent >= configuration.rehandshakeAfterSilence, p.handshake.initiation == nil {
-                startHandshake(p, now: now, rekey: true)
+        }
+        guard p.everEstablished else { return }
+        let silent = now - (p.lastReceived ?? now)
+        if silent >= configuration.peerTimeout {
+            outbox.append(.event(.peerGone(p.id)))
+            abandonInitiation(p)
+            p.handshake = .zeroed
+            p.keys.retireAll()
+            p.everEstablished = false
+            return
+        }
+        if silent >= configuration.rehandshakeAfterSilence, p.handshake.initiation == nil {
+            startHandshake(p, now: now, rekey: true)
+        }
+        if let keys = p.keys.current {
+            maybeRekey(p, keys: keys, now: now)
+            if p.reports.isDue(now: now) {
+                try? sendControl(p.reports.makeReport(now: now), to: p.id, now: now)
             }
-            if let keys = p.keys.current {
-                maybeRekey(p, keys: keys, now: now)
-                if p.reports.isDue(now: now) {
-                    try? sendControl(p.reports.makeReport(now: now), to: p.id, now: now)
-                }
-                if now - max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) >= configuration.keepaliveInterval {
-                    p.lastKeepaliveAttempt = now
-                    try? sendControl(ControlReport(kind: .keepalive), to: p.id, now: now)
-                }
+            if now - max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) >= configuration.keepaliveInterval {
+                p.lastKeepaliveAttempt = now
+                try? sendControl(ControlReport(kind: .keepalive), to: p.id, now: now)
             }
         }
     }
 
+    /// `p`'s deadlines may have come earlier: queue it again before the next look at the queue.
+    private func timersChanged(_ p: PeerState) {
+        guard !p.timersChanged else { return }
+        p.timersChanged = true
+        changedTimers.append(p)
+    }
+
+    /// Queues `p` at its next deadline, unless an entry at that time or earlier is queued already
+    /// (a deadline that moved later is found when the earlier entry comes up, and queued again then).
+    private func queueTimers(_ p: PeerState) {
+        guard let at = p.nextDeadline(configuration) else { return }
+        if let queued = p.timerAt, queued <= at { return }
+        p.timerAt = at
+        timers.push(at, p.id)
+    }
+
+    private func requeueChangedTimers() {
+        for p in changedTimers {
+            p.timersChanged = false
+            if peers[p.id] === p { queueTimers(p) }
+        }
+        changedTimers.removeAll(keepingCapacity: true)
+    }
+
+    /// How many times a peer's timers ran (tests: a wake runs the peers due, not all).
+    private(set) var timerRuns = 0
+
+    /// Whether the queue holds every peer's deadline: its first live entry is no later
+    /// than the earliest deadline a walk of every peer finds (the walk it replaces,
+    /// kept for the tests that hold it to this after every step). Earlier is allowed:
+    /// a peer queued before its deadline moved later is looked at once more.
+    var timerQueueIsComplete: Bool {
+        requeueChangedTimers()
+        while let first = timers.first, peers[first.id]?.timerAt != first.at { timers.popFirst() }
+        guard let scanned = peers.values.compactMap({ $0.nextDeadline(configuration) }).min() else { return true }
+        return timers.first.map { $0.at <= scanned } ?? false
+    }
+
     /// When `handleTimeout(now:)` must run next, or nil when nothing is scheduled.
     public var nextDeadline: Timestamp? {
-        var best: Timestamp?
-        func consider(_ t: Timestamp) { best = best.map { min($0, t) } ?? t }
-        for p in peers.values {
-            for keys in p.keys.all {
-                if let at = keys.retireAt { consider(at) }
-                consider(keys.createdAt + configuration.rejectAfter)
-            }
-            if let h = p.handshake.initiation { consider(h.lastSent + configuration.handshakeRetry) }
-            guard p.everEstablished, let last = p.lastReceived else { continue }
-            consider(last + configuration.peerTimeout)
-            if p.handshake.initiation == nil { consider(last + configuration.rehandshakeAfterSilence) }
-            if let keys = p.keys.current {
-                if let due = p.reports.nextReportAt { consider(due) }
-                consider(max(p.lastSent ?? .zero, p.lastKeepaliveAttempt ?? .zero) + configuration.keepaliveInterval)
-                if p.handshake.initiation == nil {
-                    consider(
-                        keys.createdAt + configuration.rekeyAfter + (keys.initiator ? .zero : configuration.handshakeTimeout))
-                }
-            }
-        }
+        requeueChangedTimers()
+        while let first = timers.first, peers[first.id]?.timerAt != first.at { timers.popFirst() }  // stale
+        guard var due = timers.first?.at else { return nil }
         // Never ask to be woken again at the instant just polled (no busy loop
         // even if a timer could not make progress).
-        guard var due = best else { return nil }
         if let last = lastTimeout { due = max(due, last + .milliseconds(1)) }
         // On the slack's grid: deadlines close together are run by one wake.
         let step = UInt64(max(0, configuration.timerSlack.nanoseconds))

@@ -409,6 +409,42 @@ import TusaBase
         }
     }
 
+    /// A hub's wake runs the timers of the peers due then, not of every peer: its
+    /// timers cost what is due (reports, keepalives), not wakes × peers. One client
+    /// talks all along (a frame every 20 ms), the others are idle; every session
+    /// stays up and every client gets its reports.
+    @Test func aHubsWakeRunsOnlyThePeersDue() throws {
+        let net = SimulatedNetwork()
+        var hubConfiguration = SecureConfiguration()
+        hubConfiguration.acceptUnknownPeers = true
+        let hub = net.addNode(port: 1, configuration: hubConfiguration)
+        var clients: [(node: SimulatedNetwork.Node, hub: PeerID)] = []
+        for n in 0..<100 {
+            let client = net.addNode(port: UInt16(2000 + n))
+            let hubAtClient = client.endpoint.addPeer(hub.endpoint.identity.publicKey, address: hub.address)
+            client.endpoint.handle(.connect(hubAtClient), now: net.now)
+            net.flush(client)
+            net.run(for: .milliseconds(50))  // deadlines spread over the report interval
+            clients.append((client, hubAtClient))
+        }
+        let (runsBefore, wakesBefore) = (hub.endpoint.timerRuns, hub.wakes)
+        for i in 0..<1500 {  // 30 s
+            try net.sendMedia(clients[0].node, to: clients[0].hub, payload: [UInt8(truncatingIfNeeded: i)])
+            net.run(for: .milliseconds(20))
+        }
+        let runs = hub.endpoint.timerRuns - runsBefore
+        let wakes = hub.wakes - wakesBefore
+        #expect(!hub.events.contains { if case .peerGone = $0 { true } else { false } })
+        let fewest =
+            clients.map { client in
+                client.node.events.filter { if case .control(_, let r) = $0, r.kind == .report { true } else { false } }.count
+            }.min() ?? 0
+        #expect(fewest >= 5, "a report every 5 s to every client: the fewest got \(fewest)")
+        // A report every 5 s and a keepalive at most every 10 s per peer: about 9 runs each in 30 s.
+        #expect(runs <= 100 * 12, "\(runs) peer timer runs in \(wakes) wakes")
+        #expect(wakes * 100 > 5 * runs, "the hub woke \(wakes) times: a walk of every peer per wake would be far more")
+    }
+
     @Test func keepalivesKeepAnIdleSessionAliveAndSilenceIsDetected() throws {
         var config = SecureConfiguration()
         config.reportInterval = .zero  // reports would keep the path warm too; keepalives alone here

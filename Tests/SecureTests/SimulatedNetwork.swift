@@ -111,6 +111,10 @@ final class SimulatedNetwork {
     /// Advances the clock to `t`, delivering datagrams and running timers in order.
     func run(until t: Timestamp) {
         while true {
+            for node in nodes {
+                // After every packet and wake: the timer queue never says later than a walk of every peer.
+                #expect(node.endpoint.timerQueueIsComplete, "a deadline missing from the timer queue at \(now)")
+            }
             let nextPacket = network.nextDelivery
             let nextTimer = nodes.compactMap { $0.endpoint.nextDeadline }.min()
             let next = [nextPacket, nextTimer].compactMap { $0 }.min()
