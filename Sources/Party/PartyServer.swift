@@ -123,6 +123,9 @@ public struct PartyServer: SansIOCore {
     /// The time of the input being handled.
     private var now = Timestamp.zero
     private var actions: [Action] = []
+    /// The next action `pollAction()` returns (the queue is emptied once drained: a
+    /// frame's copies are taken in order without shifting the rest each time).
+    private var actionsHead = 0
     private var random: any SecureRandom
 
     /// - Parameter tickets: issues and checks room tickets; the relay keys it from
@@ -198,7 +201,14 @@ public struct PartyServer: SansIOCore {
     public var nextDeadline: Timestamp? { resendDue }
 
     public mutating func pollAction() -> Action? {
-        actions.isEmpty ? nil : actions.removeFirst()
+        guard actionsHead < actions.count else { return nil }
+        let action = actions[actionsHead]
+        actionsHead += 1
+        if actionsHead == actions.count {
+            actions.removeAll(keepingCapacity: true)
+            actionsHead = 0
+        }
+        return action
     }
 
     // MARK: the hot path

@@ -1,3 +1,4 @@
+import Foundation
 import Party
 import Secure
 import Testing
@@ -32,6 +33,21 @@ struct ControlChannelTests {
         #expect(messages == sent)
         _ = try a.receive(try #require(ack), newID: 4)
         #expect(a.unacknowledged == 0 && a.nextDeadline == nil)
+    }
+
+    /// Pings skip the JSON coder both ways: the bytes are the coder's own, so a
+    /// peer that codes them (an older build) reads and writes the same message.
+    @Test func aPingIsTheCodersJSONWithoutTheCoder() throws {
+        let fast = PartyControl.ping.encodedJSON()
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        #expect(fast == Array(try encoder.encode(PartyControl.ping)))
+        #expect(try JSONDecoder().decode(PartyControl.self, from: Data(fast)) == .ping)
+        #expect(try PartyControl(json: fast) == .ping)
+        // Other spellings of the same message still read, through the coder.
+        #expect(try PartyControl(json: Array(#"{ "ping" : { } }"#.utf8)) == .ping)
+        #expect(try PartyControl(json: PartyControl.leave.encodedJSON()) == .leave)
+        #expect(throws: PartyWireError.self) { try PartyControl(json: Array(#"{"ping":{}"#.utf8)) }
     }
 
     @Test func aPeerThatRestartsIsNoticedAndBothSidesStartAfresh() throws {
