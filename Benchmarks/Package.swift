@@ -14,6 +14,7 @@ let package = Package(
         .executable(name: "turn-load", targets: ["turn-load"]),
         .executable(name: "udp-forward", targets: ["udp-forward"]),
         .executable(name: "party-load", targets: ["party-load"]),
+        .executable(name: "room-forward", targets: ["room-forward"]),
         .executable(name: "udp-flood", targets: ["udp-flood"]),
         .library(name: "ClockStep", type: .dynamic, targets: ["ClockStep"]),
     ],
@@ -46,7 +47,7 @@ let package = Package(
         .executableTarget(
             name: "party-load",
             dependencies: [
-                "BenchSupport", "CMultiMsg",
+                "BenchSupport", "CMultiMsg", "BenchSodium",
                 .product(name: "Party", package: "Tusa"), .product(name: "Secure", package: "Tusa"),
                 .product(name: "TusaBase", package: "Tusa"),
             ],
@@ -54,6 +55,9 @@ let package = Package(
         // Reference TURN-shaped UDP forwarder in C, the machine's limit for a relay: the same
         // syscalls and one lookup per relayed packet, none of TURN's checks.
         .executableTarget(name: "udp-forward"),
+        // Reference room forwarder in C, the machine's limit for parties: one read, one AEAD
+        // open, then an AEAD seal and a datagram per other member, none of the party's checks.
+        .executableTarget(name: "room-forward", linkerSettings: [.linkedLibrary("sodium")]),
         // Unauthenticated UDP at line rate in classes (STUN, Allocate, ChannelData, garbage,
         // Noise initiations with a valid mac1), answers counted per class: the soak's flood case.
         .executableTarget(name: "udp-flood", linkerSettings: [.linkedLibrary("sodium")]),

@@ -12,6 +12,10 @@
 #           copy (speakers x (size - 1) flows per room, one ChannelData packet each every
 #           20 ms, interleaved), payload as long as the party's delivered datagram. The
 #           same deliveries per second, one read and one write each.
+#   ref     party-load --reference against room-forward (Benchmarks/Sources/room-forward),
+#           a C forwarder doing the relay's work per frame with none of its checks: one
+#           read and one ChaCha20-Poly1305 open, then one seal and one datagram per other
+#           member, sendmmsg. The machine's limit (issue 17: tusa within 75 % of its rate).
 # Per round and server, on a fresh server: a fixed load (--rooms, a load both carry),
 # then a ramp (--ramp, rooms talking): loss, server CPU per 1000 delivered packets, the
 # highest rate delivered without loss. The order rotates between rounds; medians and
@@ -19,7 +23,7 @@
 # here is stopped on exit.
 #
 # usage: Benchmarks/party-relay-bench.sh [--rounds N] [--rooms N] [--ramp LIST] [--size N]
-#            [--speakers N] [--duration S] [--servers "tusa coturn"] [--quiet-wait S]
+#            [--speakers N] [--duration S] [--servers "tusa coturn ref"] [--quiet-wait S]
 #            [--smoke] [--no-build]
 #   --smoke: tusa only, one round, 2 rooms of 6 for 0.5 s, no ramp; passes when every
 #            frame reached every other member (a bounded check, not a measurement).
@@ -32,7 +36,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 SMOKE=0
 for a in "$@"; do [[ $a == --smoke ]] && SMOKE=1; done
-ROUNDS=3 ROOMS=12 SIZE=25 SPEAKERS=3 DURATION=3 WARMUP=0.5 SERVERS="tusa coturn" QUIET_WAIT=10 NO_BUILD=0
+ROUNDS=3 ROOMS=12 SIZE=25 SPEAKERS=3 DURATION=3 WARMUP=0.5 SERVERS="tusa coturn ref" QUIET_WAIT=10 NO_BUILD=0
 RAMP=20,28,36,40,44,48
 CONFIG=${CONFIG:-release}
 if ((SMOKE)); then
@@ -52,7 +56,7 @@ while (($#)); do
     --quiet-wait) QUIET_WAIT=$2; shift 2 ;;
     --smoke) shift ;;
     --no-build) NO_BUILD=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "party-relay-bench: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -80,7 +84,7 @@ SWIFT=${SWIFT:-$(command -v swift || echo /opt/swift/usr/bin/swift)}
 BIN=$HERE/.build/$CONFIG
 if ((!NO_BUILD)); then
   mkdir -p "$HERE/.build"
-  for product in party-load turn-load; do
+  for product in party-load turn-load room-forward; do
     "$SWIFT" build -c "$CONFIG" --package-path "$HERE" --product "$product" >"$HERE/.build/$product-build.log" 2>&1 || {
       tail -n 20 "$HERE/.build/$product-build.log" >&2
       echo "party-relay-bench: building $product failed" >&2
@@ -90,6 +94,7 @@ if ((!NO_BUILD)); then
 fi
 PARTY_LOAD=$BIN/party-load
 TURN_LOAD=$BIN/turn-load
+ROOM_FORWARD=$BIN/room-forward
 LOAD=$TURN_LOAD  # wait_turn_ready probes with it
 [[ -x $PARTY_LOAD ]] || { echo "party-relay-bench: $PARTY_LOAD is not built" >&2; exit 1; }
 
@@ -106,7 +111,8 @@ for s in $SERVERS; do
       if ! command -v turnserver >/dev/null; then echo "coturn: not installed (scripts/setup.sh installs it)"
       elif [[ ! -x $TURN_LOAD ]]; then echo "coturn: $TURN_LOAD not built"
       else ACTIVE+=(coturn); fi ;;
-    *) echo "party-relay-bench: unknown server '$s' (tusa, coturn)" >&2; exit 2 ;;
+    ref) [[ -x $ROOM_FORWARD ]] && ACTIVE+=(ref) || echo "ref: $ROOM_FORWARD not built" ;;
+    *) echo "party-relay-bench: unknown server '$s' (tusa, coturn, ref)" >&2; exit 2 ;;
   esac
 done
 ((${#ACTIVE[@]})) || { echo "party-relay-bench: nothing to run" >&2; exit 1; }
@@ -120,6 +126,7 @@ echo "party-relay-bench: ${ACTIVE[*]}; $ROUNDS round(s); rooms of $SIZE, $SPEAKE
   "servers on CPU $SERVER_CPU, generators on CPU $LOAD_CPU"
 [[ " ${ACTIVE[*]} " == *" tusa "* ]] && echo "tusa: $TUSA"
 [[ " ${ACTIVE[*]} " == *" coturn "* ]] && echo "coturn: $(turnserver --version 2>/dev/null | head -1) -m 0, a mesh of $COPIES allocations per room"
+[[ " ${ACTIVE[*]} " == *" ref "* ]] && echo "ref: $ROOM_FORWARD (C, one read, one open, a seal and a datagram per copy)"
 
 # wait_udp PID PORT: until something listens on udp PORT (10 s), while PID lives.
 wait_udp() {
@@ -204,6 +211,43 @@ run_coturn() { # ROUND
   report_steps coturn "$round"
 }
 
+run_ref() { # ROUND
+  local round=$1 port rc=0 lpid log i
+  log=$TMP/ref.$round
+  "${SERVER_PIN[@]}" "$ROOM_FORWARD" --listen 127.0.0.1:0 >"$log.out" 2>"$log.err" &
+  SPID=$!
+  PIDS+=("$SPID")
+  for i in $(seq 100); do
+    port=$(sed -n 's/^listening .*:\([0-9]*\)$/\1/p' "$log.out")
+    [[ -n $port ]] && break
+    kill -0 "$SPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ -z $port ]]; then
+    echo "round $round ref: FAILED to start"
+    tail -n 5 "$log.err" | sed 's/^/  | /'
+    stop_server "$SPID" 50
+    return 1
+  fi
+  "${LOAD_PIN[@]}" "$PARTY_LOAD" --target "127.0.0.1:$port" --reference --datagram "${DATAGRAM:-120}" --server-pid "$SPID" \
+    --rooms "$MAXROOMS" --size "$SIZE" --speakers "$SPEAKERS" --ramp "$STEPS" --duration "$DURATION" --warmup "$WARMUP" \
+    >"$TMP/load.out" 2>"$TMP/load.err" &
+  lpid=$!
+  PIDS+=("$lpid")
+  wait "$lpid" || rc=$?
+  forget "$lpid"
+  stop_server "$SPID" 50
+  if ((rc != 0)) || ! grep -q '^done' "$TMP/load.out"; then
+    echo "round $round ref: FAILED (generator exit $rc)"
+    tail -n 5 "$TMP/load.out" "$TMP/load.err" | sed 's/^/  | /'
+    return 1
+  fi
+  grep '^phase=party' "$TMP/load.out" | while read -r line; do
+    echo "$round $(field rooms "$line") $(field delivered_pps "$line") $(field loss_pct "$line") $(field server_ms_per_1000 "$line") $(field server_cpu "$line" | tr -d %) $(field skipped "$line") $(field kernel_rcvbuf_errors "$line")"
+  done >>"$TMP/runs.ref"
+  report_steps ref "$round"
+}
+
 report_steps() { # NAME ROUND
   awk -v n="$1" -v r="$2" '$1 == r {printf "round %s %-6s rooms=%-3s delivered/s=%-7s loss=%s%% cpu=%s%% ms/1000=%s skipped=%s kernel_rcvbuf_errors=%s\n", r, n, $2, $3, $4, $6, $5, $7, $8}' \
     "$TMP/runs.$1"
@@ -252,6 +296,17 @@ if ((!SMOKE)); then
     done
     ((${#list[@]})) && echo "CPU per delivered packet at $ROOMS rooms, coturn/tusa (how many times cheaper tusa is): $(printf '%s\n' "${list[@]}" | median_values) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g')) (issue 15 target >= 1.5)"
     ((${#free[@]})) && echo "highest loss-free delivered rate, tusa/coturn: $(printf '%s\n' "${free[@]}" | median_values) ($(IFS=,; echo "${free[*]}" | sed 's/,/, /g'))"
+  fi
+  if has tusa && has ref; then
+    list=() free=()
+    for r in $(seq "$ROUNDS"); do
+      a=$(at tusa "$r" "$ROOMS" 5) b=$(at ref "$r" "$ROOMS" 5)
+      [[ -n $a && -n $b ]] && list+=("$(awk -v a="$a" -v b="$b" 'BEGIN { if (b > 0) printf "%.2f", a / b }')")
+      a=$(best_free tusa "$r") b=$(best_free ref "$r")
+      [[ -n $a && -n $b ]] && free+=("$(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", a / b}')")
+    done
+    ((${#list[@]})) && echo "CPU per delivered packet at $ROOMS rooms, tusa/ref (times the C reference's): $(printf '%s\n' "${list[@]}" | median_values) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g'))"
+    ((${#free[@]})) && echo "highest loss-free delivered rate, tusa/ref: $(printf '%s\n' "${free[@]}" | median_values) ($(IFS=,; echo "${free[*]}" | sed 's/,/, /g')) (issue 17 target >= 0.75)"
   fi
   has tusa && echo "tusa's highest loss-free delivered rate per round: $(for r in $(seq "$ROUNDS"); do best_free tusa "$r" || true; done | tr '\n' ' ')(issue 15 target >= 100000 on one core)"
   echo "(a ramp's top step without loss may be the ramp's end: then the server carries more than shown)"
