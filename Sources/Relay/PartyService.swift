@@ -104,7 +104,8 @@ public final class PartyService: Service, Sendable {
         secure.timerSlack = .milliseconds(50)
         let endpoint: SecureUDPEndpoint
         let streams: [TransportAddress]
-        do { (endpoint, streams) = try await bindSockets(secure) } catch {
+        let sendSocket: Int32
+        do { (endpoint, streams, sendSocket) = try await bindSockets(secure) } catch {
             bound.resolve(.failure(error))
             boundStreams.resolve(.failure(error))
             throw error
@@ -122,14 +123,14 @@ public final class PartyService: Service, Sendable {
         do {
             rooms = try await loop.submit { [statisticsBox, roomsBox] in
                 PartyRooms.make(
-                    core: PartyServer(configuration: configuration, tickets: tickets), endpoint: endpoint, loop: loop,
-                    logger: logger,
-                    statistics: statisticsBox, roomCount: roomsBox)
+                    core: PartyServer(configuration: configuration, tickets: tickets), endpoint: endpoint,
+                    sendSocket: sendSocket, loop: loop, logger: logger, statistics: statisticsBox, roomCount: roomsBox)
             }.get()
         } catch {
             bound.resolve(.failure(error))
             boundStreams.resolve(.failure(error))
             await endpoint.close()
+            close(sendSocket)
             throw error
         }
         // Sessions on the loop, as they happen: a member's first packet may come right
@@ -185,8 +186,10 @@ public final class PartyService: Service, Sendable {
     /// UDP port's number (members try that number over TCP), then over TLS. With any
     /// free port asked for (0), a number free for UDP but taken for TCP is given back
     /// and another drawn.
+    /// The third value is a duplicate of the UDP socket for the members' copies,
+    /// written in batches of the relay's own (``PartyRooms``); closed after the endpoint.
     private func bindSockets(_ secure: SecureConfiguration) async throws(RelayServiceError) -> (
-        SecureUDPEndpoint, [TransportAddress]
+        SecureUDPEndpoint, [TransportAddress], Int32
     ) {
         let context = try tls.map { tls throws(RelayServiceError) in try tls.context() }
         let admission = ConnectionAdmission(limits: streamLimits)
@@ -194,12 +197,37 @@ public final class PartyService: Service, Sendable {
         while true {
             attempt += 1
             let endpoint: SecureUDPEndpoint
+            let sendSocket: Int32
             do {
                 // The TURN listener's buffers: with the kernel's 208 KiB default, a loop
                 // busy for a few milliseconds writing copies dropped members' frames.
-                endpoint = try await SecureUDPEndpoint.bind(
-                    host: address.ip.description, port: Int(address.port), identity: identity, configuration: secure,
-                    keyLogPath: keyLogPath, socketBufferBytes: Int(RelayService.socketBufferBytes), logger: logger)
+                let fd = try bindUDPSocket(address) { fd in
+                    let size = socklen_t(MemoryLayout<Int32>.size)
+                    var bytes = Int32(RelayService.socketBufferBytes)
+                    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, size)
+                    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, size)
+                    // An IPv6 address takes IPv4 members too, as the socket NIO bound did.
+                    var zero: Int32 = 0
+                    if !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &zero, size) }
+                }
+                sendSocket = dup(fd)
+                guard sendSocket >= 0 else {
+                    let error = errno
+                    close(fd)
+                    throw RelayServiceError(
+                        .bindFailed, "cannot serve parties on udp \(address): dup: \(String(cString: strerror(error)))")
+                }
+                do {
+                    // The endpoint owns `fd` from here on, failed or not.
+                    endpoint = try await SecureUDPEndpoint.bind(
+                        host: address.ip.description, port: Int(address.port), identity: identity, configuration: secure,
+                        keyLogPath: keyLogPath, boundSocket: fd, logger: logger)
+                } catch {
+                    close(sendSocket)
+                    throw RelayServiceError(.bindFailed, "cannot serve parties on udp \(address): \(error)")
+                }
+            } catch let error as RelayServiceError {
+                throw error
             } catch {
                 throw RelayServiceError(.bindFailed, "cannot serve parties on udp \(address): \(error)")
             }
@@ -219,9 +247,10 @@ public final class PartyService: Service, Sendable {
                                 admission: admission))
                     }
                 }
-                return (endpoint, streams)
+                return (endpoint, streams, sendSocket)
             } catch {
                 await endpoint.close()
+                close(sendSocket)
                 if address.port == 0, attempt < 8, case .bind(_, let cause) = error,
                     (cause.error as? IOError)?.errnoCode == EADDRINUSE
                 {
@@ -260,31 +289,44 @@ public final class PartyService: Service, Sendable {
 final class PartyRooms {
     private var host: CoreHost<PartyServer>!
     private let endpoint: SecureUDPEndpoint
+    /// The members' copies, sealed straight into ``scratch`` and queued here, leave in
+    /// one sendmmsg per run of actions on the socket's duplicate: no buffer, envelope
+    /// or channel write per copy. Peers whose path is not the socket (a TCP or TLS
+    /// stream) go the endpoint's way.
+    private let outbox = PeerOutbox(gso: true)
+    private let socket: RelaySocket
+    private let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 16)
+    /// Copies dropped because the socket's send buffer was full.
+    private(set) var sendDrops: UInt64 = 0
     /// Each session's secure peer (a session is named after its peer).
     private var peers: [PartySession: PeerID] = [:]
     private let logger: Logger
 
     /// Created on `loop`'s behalf; the returned box is used only there.
     static func make(
-        core: PartyServer, endpoint: SecureUDPEndpoint, loop: any EventLoop, logger: Logger,
+        core: PartyServer, endpoint: SecureUDPEndpoint, sendSocket: Int32, loop: any EventLoop, logger: Logger,
         statistics: NIOLockedValueBox<PartyServer.Statistics>, roomCount: NIOLockedValueBox<(rooms: Int, members: Int)>
     ) -> NIOLoopBound<PartyRooms> {
         NIOLoopBound(
             PartyRooms(
-                core: core, endpoint: endpoint, loop: loop, logger: logger, statistics: statistics, roomCount: roomCount),
+                core: core, endpoint: endpoint, sendSocket: sendSocket, loop: loop, logger: logger, statistics: statistics,
+                roomCount: roomCount),
             eventLoop: loop)
     }
 
     private init(
-        core: PartyServer, endpoint: SecureUDPEndpoint, loop: any EventLoop, logger: Logger,
+        core: PartyServer, endpoint: SecureUDPEndpoint, sendSocket: Int32, loop: any EventLoop, logger: Logger,
         statistics: NIOLockedValueBox<PartyServer.Statistics>, roomCount: NIOLockedValueBox<(rooms: Int, members: Int)>
     ) {
         self.endpoint = endpoint
         self.logger = logger
+        socket = RelaySocket(address: endpoint.localAddress, fd: sendSocket)
         host = CoreHost(core, on: loop) { [unowned self] action in
             perform(action)
         } afterActions: { [unowned self] in
-            // One write for every copy of a run of actions (one sendmmsg), at the end of the read burst when in one.
+            // One sendmmsg for every copy of a run of actions; what went the endpoint's way, at the end of the read
+            // burst when in one.
+            if !outbox.isEmpty { sendFlush() }
             endpoint.flushOnLoop()
             let (s, n, m) = host.read { ($0.statistics, $0.rooms.count, $0.memberCount) }
             statistics.withLockedValue { $0 = s }
@@ -326,7 +368,27 @@ final class PartyRooms {
     }
     func memoryShort(_ short: Bool) { host.handle(.memoryShort(short)) }
 
-    func stop() { host.stop() }
+    /// After the endpoint closed: the socket's duplicate goes too.
+    func stop() {
+        host.stop()
+        if socket.fd >= 0 {
+            close(socket.fd)
+            socket.fd = -1
+        }
+    }
+
+    deinit { scratch.deallocate() }
+
+    private func sendFlush() {
+        let dropped = outbox.flush(logger: logger)
+        guard dropped > 0 else { return }
+        if sendDrops == 0 {
+            logger.warning(
+                "party copies dropped: the socket's send buffer is full (the relay's CPU cannot keep up)",
+                metadata: ["dropped": "\(dropped)"])
+        }
+        sendDrops += UInt64(dropped)
+    }
 
     private func perform(_ action: PartyServer.Action) {
         switch action {
@@ -334,7 +396,11 @@ final class PartyRooms {
             guard let peer = peers[session] else { return }
             // Voice frames keep their RTP timestamp on the hop, so a capture reads as RTP.
             let timestamp = PartyFrameHeader.peekTimestamp(bytes) ?? 0
-            endpoint.sendOnLoop(bytes, to: peer, payloadType: PartyHop.payloadType, timestamp: timestamp)
+            let sealed = endpoint.sealOnLoop(
+                bytes, to: peer, payloadType: PartyHop.payloadType, timestamp: timestamp, into: scratch)
+            if case .sealed(let length, let to) = sealed, socket.fd >= 0 {
+                outbox.append(UnsafeRawBufferPointer(rebasing: scratch[..<length]), to: to, on: socket)
+            }
         case .event(let event):
             switch event {
             case .roomCreated(let id, let name, let creator):

@@ -118,10 +118,14 @@ public final class SecureUDPEndpoint: Sendable {
     ///   kernel caps them at net.core.rmem_max / wmem_max); the kernel's default
     ///   when nil. A relay serving many members asks for more, so that a burst that
     ///   comes while its loop is busy waits instead of being dropped.
+    /// - Parameter boundSocket: a UDP socket the caller bound (`host` and `port`
+    ///   are then only named in errors): the endpoint owns it from here on, failed
+    ///   or not. A driver that writes some datagrams itself (``sealOnLoop(_:to:payloadType:timestamp:into:)``)
+    ///   keeps a duplicate of it.
     public static func bind(
         host: String = "0.0.0.0", port: Int = 0, identity: Identity, configuration: SecureConfiguration = .init(),
         keyLogPath: String? = nil, mediaHandler: MediaHandler? = nil, socketBufferBytes: Int? = nil,
-        group: EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+        boundSocket: NIOBSDSocket.Handle? = nil, group: EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
         logger: Logger = Logger(label: "tusa.secure")
     ) async throws(SecureTransportError) -> SecureUDPEndpoint {
         var configuration = configuration
@@ -145,8 +149,8 @@ public final class SecureUDPEndpoint: Sendable {
                 bootstrap = bootstrap.channelOption(.socketOption(.so_rcvbuf), value: SocketOptionValue(socketBufferBytes))
                     .channelOption(.socketOption(.so_sndbuf), value: SocketOptionValue(socketBufferBytes))
             }
-            channel =
-                try await bootstrap
+            bootstrap =
+                bootstrap
                 .channelOption(.datagramVectorReadMessageCount, value: 32)
                 .channelOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 32 * 2048))
                 .channelInitializer { channel in
@@ -158,8 +162,11 @@ public final class SecureUDPEndpoint: Sendable {
                         try channel.pipeline.syncOperations.addHandler(SecureDatagramHandler(engine: engine))
                     }
                 }
-                .bind(host: host, port: port)
-                .get()
+            if let boundSocket {
+                channel = try await bootstrap.withBoundSocket(boundSocket).get()
+            } else {
+                channel = try await bootstrap.bind(host: host, port: port).get()
+            }
         } catch {
             continuation.finish()
             throw .bind("\(host):\(port)", ErrorCause(error))
@@ -266,6 +273,30 @@ public final class SecureUDPEndpoint: Sendable {
     /// frame to many members so writes them all with one `sendmmsg`.
     public func sendOnLoop(_ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, marker: Bool = false) {
         engine.value.sendMedia(payload, to: peer, payloadType: payloadType, timestamp: timestamp, marker: marker)
+    }
+
+    /// Where a payload sealed by ``sealOnLoop(_:to:payloadType:timestamp:into:)`` went.
+    public enum DirectSeal: Sendable, Equatable {
+        /// Sealed into the caller's buffer: `length` bytes, for the caller to write
+        /// to `to` on this endpoint's socket.
+        case sealed(length: Int, to: TransportAddress)
+        /// Sealed and sent the endpoint's own way: its path is not the socket alone
+        /// (a TCP stream, the relay allocation, the impairment layer, an address ICE
+        /// withdrew).
+        case sentOtherwise
+        /// Not sealed: no session with the peer now, or the buffer is too small (counted as unsent).
+        case unsent
+    }
+
+    /// Seals a media payload for `peer` into `out` for a driver that writes its
+    /// datagrams itself, in batches of its own, on a duplicate of the socket (the
+    /// party relay, a frame's copies in one sendmmsg without a buffer or a channel
+    /// write per copy). On the endpoint's event loop. A peer whose path is not the
+    /// plain socket is sent to the usual way instead.
+    public func sealOnLoop(
+        _ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, into out: UnsafeMutableRawBufferPointer
+    ) -> DirectSeal {
+        engine.value.sealDirect(payload, to: peer, payloadType: payloadType, timestamp: timestamp, into: out)
     }
 
     /// Writes what ``sendOnLoop(_:to:payloadType:timestamp:marker:)`` queued (unless a
@@ -724,27 +755,53 @@ final class SecureEngine {
         } catch {
             unsent += 1
         }
-        if let destination {
-            if let impair = mediaImpairment {
-                // The project's impairment layer: after sealing (the sequence number is
-                // spent, so the receiver sees the loss), before the socket.
-                guard let delay = impair() else { return }  // dropped
-                if delay > .zero {
-                    let engine = NIOLoopBound(self, eventLoop: channel.eventLoop)
-                    let late = buffer
-                    channel.eventLoop.scheduleTask(in: .nanoseconds(delay.nanoseconds)) {
-                        engine.value.write(late, to: destination)
-                        engine.value.flush()
-                    }
-                } else {
-                    write(buffer, to: destination)
-                }
-            } else {
-                write(buffer, to: destination)
-            }
-        }
+        if let destination { writeMedia(buffer, to: destination) }
         // Sealing may have started a handshake (no keys yet, or a rekey due): send it, arm its timer.
         if core.hasOutputs { performLeftovers() }
+    }
+
+    /// ``SecureUDPEndpoint/sealOnLoop(_:to:payloadType:timestamp:into:)``.
+    func sealDirect(
+        _ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, into out: UnsafeMutableRawBufferPointer
+    ) -> SecureUDPEndpoint.DirectSeal {
+        guard !closed else { return .unsent }
+        // Sealing may start a handshake (no keys yet, or a rekey due): send it, arm its timer.
+        defer { if core.hasOutputs { performLeftovers() } }
+        let sealed: (length: Int, to: TransportAddress)
+        do {
+            sealed = try payload.withUnsafeBytes { p in
+                try core.sealMedia(
+                    to: peer, payloadType: payloadType, timestamp: timestamp, payload: p, into: out, now: Timestamp.now())
+            }
+        } catch {
+            unsent += 1
+            return .unsent
+        }
+        let to = sealed.to
+        if mediaImpairment == nil, ice?.withdrawnAddress != to, !relayed.contains(to), streams[to] == nil {
+            return .sealed(length: sealed.length, to: to)
+        }
+        var buffer = channel.allocator.buffer(capacity: sealed.length)
+        buffer.writeBytes(UnsafeRawBufferPointer(rebasing: out[..<sealed.length]))
+        writeMedia(buffer, to: to)
+        return .sentOtherwise
+    }
+
+    /// A sealed media datagram to its path, through the impairment layer when one is set.
+    private func writeMedia(_ buffer: ByteBuffer, to destination: TransportAddress) {
+        guard let impair = mediaImpairment else { return write(buffer, to: destination) }
+        // The project's impairment layer: after sealing (the sequence number is
+        // spent, so the receiver sees the loss), before the socket.
+        guard let delay = impair() else { return }  // dropped
+        if delay > .zero {
+            let engine = NIOLoopBound(self, eventLoop: channel.eventLoop)
+            channel.eventLoop.scheduleTask(in: .nanoseconds(delay.nanoseconds)) {
+                engine.value.write(buffer, to: destination)
+                engine.value.flush()
+            }
+        } else {
+            write(buffer, to: destination)
+        }
     }
 
     /// Media that could not be sealed (no keys yet, unknown peer).
