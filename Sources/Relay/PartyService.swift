@@ -143,6 +143,7 @@ public final class PartyService: Service, Sendable {
             default: break
             }
         }
+        await endpoint.setReadBurstEndHandler { rooms.value.readBurstEnded() }
         await endpoint.setMediaHandler { peer, header, payload in
             guard header.payloadType == PartyHop.payloadType else { return }
             rooms.value.received(peer, Array(payload))
@@ -324,9 +325,9 @@ final class PartyRooms {
         host = CoreHost(core, on: loop) { [unowned self] action in
             perform(action)
         } afterActions: { [unowned self] in
-            // One sendmmsg for every copy of a run of actions; what went the endpoint's way, at the end of the read
-            // burst when in one.
-            if !outbox.isEmpty { sendFlush() }
+            // The copies of a run of actions, and what went the endpoint's way, leave at once, or at the end of
+            // the read burst when in one (the burst's copies in few sendmmsg calls).
+            if !outbox.isEmpty, !endpoint.inReadBurstOnLoop { sendFlush() }
             endpoint.flushOnLoop()
             let (s, n, m) = host.read { ($0.statistics, $0.rooms.count, $0.memberCount) }
             statistics.withLockedValue { $0 = s }
@@ -367,6 +368,11 @@ final class PartyRooms {
         host.handle(.closed(session))
     }
     func memoryShort(_ short: Bool) { host.handle(.memoryShort(short)) }
+
+    /// The end of a read burst: the copies it queued leave.
+    func readBurstEnded() {
+        if !outbox.isEmpty { sendFlush() }
+    }
 
     /// After the endpoint closed: the socket's duplicate goes too.
     func stop() {

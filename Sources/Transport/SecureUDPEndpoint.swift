@@ -501,6 +501,18 @@ public final class SecureUDPEndpoint: Sendable {
         try? await channel.eventLoop.submit { engine.value.sessionHandler = handler }.get()
     }
 
+    /// Called on the event loop at the end of each read burst, after the endpoint's
+    /// own flush: a driver that batches its own writes (``sealOnLoop(_:to:payloadType:timestamp:into:)``)
+    /// writes them then, a whole burst's in few system calls.
+    public func setReadBurstEndHandler(_ handler: (@Sendable () -> Void)?) async {
+        let engine = self.engine
+        try? await channel.eventLoop.submit { engine.value.readBurstEnded = handler }.get()
+    }
+
+    /// Whether the endpoint is reading a burst of datagrams now (on the event loop):
+    /// writes may wait for the burst's end.
+    public var inReadBurstOnLoop: Bool { engine.value.inReadBurst }
+
     /// Releases the relay allocation, if any, and closes the socket.
     public func close() async {
         let engine = self.engine
@@ -524,6 +536,8 @@ final class SecureEngine {
         afterActions: { [weak self] in self?.afterActions() })
     /// Within a read burst, writes wait for the burst's one flush (`channelReadComplete`).
     var inReadBurst = false
+    /// ``SecureUDPEndpoint/setReadBurstEndHandler(_:)``.
+    var readBurstEnded: (@Sendable () -> Void)?
     private let channel: Channel
     private let continuation: AsyncStream<SecureUDPEvent>.Continuation
     var mediaHandler: SecureUDPEndpoint.MediaHandler?
@@ -973,6 +987,7 @@ final class SecureDatagramHandler: ChannelInboundHandler {
     func channelReadComplete(context: ChannelHandlerContext) {
         engine.inReadBurst = false
         engine.flush()
+        engine.readBurstEnded?()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {

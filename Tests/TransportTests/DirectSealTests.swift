@@ -92,6 +92,12 @@ struct DirectSealTests {
         #expect(send(bytes[..<length], on: own, to: to))
         #expect(await eventually { atServer.all.contains(payload) }, "the peer opens what the driver wrote")
 
+        // The driver writes a burst's datagrams when the burst has been read: the server hears of each burst's end.
+        let bursts = Mutex(0)
+        await server.setReadBurstEndHandler { bursts.withLock { $0 += 1 } }
+        client.send(Array("a burst".utf8), to: peer, payloadType: 111, timestamp: 320)
+        #expect(await eventually { bursts.withLock { $0 } >= 1 }, "no read burst ended at the server")
+
         // A peer reached over a TCP stream: sealed and sent the endpoint's way, not handed back.
         let streamClient = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
         try await streamClient.useStream(to: server.localAddress)
