@@ -152,6 +152,15 @@ final class PartyLoad: RoomLoad {
 
     override func deliver(_ datagram: UnsafeMutableRawBufferPointer, to index: Int, seconds: Double) {
         let m = members[index]
+        // A voice frame shows its timestamp, whose top byte is the phase (never 0), in the
+        // hop's RTP header; control packets carry 0. Frames not sampled are counted from it.
+        if openEvery > 1, datagram.count >= 12 + 16, datagram[0] & 0xC0 == 0x80, datagram[1] & 0x7F == PartyHop.payloadType,
+            datagram[4] != 0, !sampled()
+        {
+            countDelivery(
+                stamp: UInt32(datagram[4]) << 24 | UInt32(datagram[5]) << 16 | UInt32(datagram[6]) << 8 | UInt32(datagram[7]))
+            return
+        }
         let now = clock
         let result = m.endpoint.receive(datagram, from: relay, now: now)
         switch result {

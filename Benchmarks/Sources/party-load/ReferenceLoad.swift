@@ -2,9 +2,9 @@
 // limit for room forwarding. Members have no handshake and no room core: a member joins
 // with one datagram ('J', room), resent until acknowledged, and its key is derived from
 // its address as room-forward derives it. A speaker's frame is a datagram of the length
-// tusa's party relay carries ('M', a counter, ChaCha20-Poly1305 over the phase stamp and
-// padding); every delivery is opened with the member's key and counted, as the party
-// members open theirs hop by hop.
+// tusa's party relay carries ('M', the phase tag, a counter, ChaCha20-Poly1305 over the
+// phase stamp and padding); deliveries are opened with the member's key and counted (one
+// in --open-every, the others counted by the tag), as the party members open theirs.
 import BenchSodium
 import BenchSupport
 
@@ -95,7 +95,8 @@ final class ReferenceLoad: RoomLoad {
         guard let out = slot.baseAddress, datagram <= slot.count else { return false }
         let length = datagram - Self.header - Self.tag
         plain.storeBytes(of: timestamp.bigEndian, toByteOffset: 0, as: UInt32.self)
-        out.storeBytes(of: UInt32(0x4D00_0000).bigEndian, toByteOffset: 0, as: UInt32.self)
+        // 'M', the phase tag (room-forward copies bytes 1-3 into every copy), 0, 0.
+        out.storeBytes(of: (0x4D00_0000 | (timestamp >> 24) << 16).bigEndian, toByteOffset: 0, as: UInt32.self)
         out.storeBytes(of: counters[index].bigEndian, toByteOffset: 4, as: UInt64.self)
         counters[index] += 1
         let nonce = nonce(out)
@@ -117,6 +118,10 @@ final class ReferenceLoad: RoomLoad {
             return
         }
         guard kind == 0x4D, datagram.count >= Self.header + 4 + Self.tag else { return }
+        if openEvery > 1, datagram[1] != 0, !sampled() {
+            countDelivery(stamp: UInt32(datagram[1]) << 24)
+            return
+        }
         let nonce = nonce(p)
         var length: UInt64 = 0
         let r = crypto_aead_chacha20poly1305_ietf_decrypt(

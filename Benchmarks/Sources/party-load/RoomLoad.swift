@@ -25,6 +25,12 @@ class RoomLoad {
     let net: UInt32
     let socket: Int32
     let memberCount: Int
+    /// Every how many deliveries of a frame one is opened (1: all). The others are
+    /// counted by the phase tag they show in clear (the hop's RTP timestamp, the
+    /// reference's header), so that the generator's cost per delivery stays below the
+    /// servers' and a ramp finds where they, not it, start losing.
+    var openEvery = 1
+    private var sinceOpened = 0
     /// The phase being counted (frames carry it in the top byte of their timestamp).
     var phaseTag: UInt32 = 0
     var counting = false
@@ -91,6 +97,14 @@ class RoomLoad {
 
     /// Runs the members' timers that are due.
     func timers() {}
+
+    /// Whether this delivery of a frame is to be opened (one in ``openEvery``).
+    func sampled() -> Bool {
+        sinceOpened += 1
+        guard sinceOpened >= openEvery else { return false }
+        sinceOpened = 0
+        return true
+    }
 
     /// Counts a delivered frame stamped `stamp` in the current phase or as stale.
     func countDelivery(stamp: UInt32) {

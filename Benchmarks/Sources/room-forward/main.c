@@ -14,9 +14,10 @@
 // Wire format (all of it local to this tool and party-load --reference):
 //   join   'J' 0 0 0, room (u32, big-endian)    -> the same 8 bytes back, 'A' first; a
 //          member joins one room; joining again (a resend) changes nothing.
-//   frame  'M' 0 0 0, counter (u64, big-endian), ciphertext, 16-byte tag; the 12-byte
+//   frame  'M' x y z, counter (u64, big-endian), ciphertext, 16-byte tag; the 12-byte
 //          header is the associated data, the nonce is 4 zero bytes and the counter.
-//          Each copy goes out in the same format under the recipient's key and counter.
+//          Each copy goes out in the same format under the recipient's key and counter,
+//          x y z as the sender wrote them (party-load's phase tag, readable unopened).
 //   key    BLAKE2b-256 (crypto_generichash) of "room-forward" and the member's IPv4
 //          address and port, 6 bytes in network order.
 //
@@ -227,7 +228,7 @@ static void on_frame(const char *p, int len, uint32_t ip, uint16_t port) {
         struct member *to = &members[k];
         if (nout == BATCH) flush_out();
         char *o = obuf[nout];
-        memcpy(o, "M\0\0\0", 4);
+        memcpy(o, p, 4);  // 'M' and the sender's bytes 1-3 (the load generator's phase tag)
         put64(o + 4, to->counter++);
         nonce_of(nonce, o);
         unsigned long long clen;
