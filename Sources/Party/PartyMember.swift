@@ -117,7 +117,7 @@ public struct PartyMember: SansIOCore {
     private var lastVoice: Timestamp?
     /// The time of the input being handled.
     private var now = Timestamp.zero
-    private var actions: [Action] = []
+    private var actions = ActionQueue<Action>()
     private var random: any SecureRandom
 
     public init(identity: PrivateKey, configuration: Configuration = .init(), random: some SecureRandom = SystemRandom()) {
@@ -257,7 +257,7 @@ public struct PartyMember: SansIOCore {
     }
 
     public mutating func pollAction() -> Action? {
-        actions.isEmpty ? nil : actions.removeFirst()
+        actions.popFirst()
     }
 
     // MARK: the hot path

@@ -122,10 +122,8 @@ public struct PartyServer: SansIOCore {
     public private(set) var draining = false
     /// The time of the input being handled.
     private var now = Timestamp.zero
-    private var actions: [Action] = []
-    /// The next action `pollAction()` returns (the queue is emptied once drained: a
-    /// frame's copies are taken in order without shifting the rest each time).
-    private var actionsHead = 0
+    /// A frame's copies, among the rest: taken in order without shifting the others each time.
+    private var actions = ActionQueue<Action>()
     private var random: any SecureRandom
 
     /// - Parameter tickets: issues and checks room tickets; the relay keys it from
@@ -201,14 +199,7 @@ public struct PartyServer: SansIOCore {
     public var nextDeadline: Timestamp? { resendDue }
 
     public mutating func pollAction() -> Action? {
-        guard actionsHead < actions.count else { return nil }
-        let action = actions[actionsHead]
-        actionsHead += 1
-        if actionsHead == actions.count {
-            actions.removeAll(keepingCapacity: true)
-            actionsHead = 0
-        }
-        return action
+        actions.popFirst()
     }
 
     // MARK: the hot path

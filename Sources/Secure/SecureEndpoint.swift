@@ -94,9 +94,7 @@ public final class SecureEndpoint {
     private var peerBySSRC: [UInt32: PeerID] = [:]
     private var pendingByIndex: [UInt32: PeerID] = [:]
     private var nextPeerID = 0
-    private var outbox: [SecureOutput] = []
-    /// The next action `pollAction()` returns (the queue is emptied once drained).
-    private var outboxHead = 0
+    private var outbox = ActionQueue<SecureOutput>()
     private var cookies: CookieChecker
     private var handshakeBudget: TokenBucket
     private var perSource: SourceLimiter
@@ -186,7 +184,7 @@ public final class SecureEndpoint {
     }
 
     /// Whether `pollAction()` has anything (cheap: for drivers that drain only then).
-    public var hasOutputs: Bool { outboxHead < outbox.count }
+    public var hasOutputs: Bool { !outbox.isEmpty }
 
     // MARK: Sending media
 
@@ -785,13 +783,6 @@ extension SecureEndpoint: SansIOCore {
     }
 
     public func pollAction() -> SecureOutput? {
-        guard outboxHead < outbox.count else { return nil }
-        let action = outbox[outboxHead]
-        outboxHead += 1
-        if outboxHead == outbox.count {
-            outbox.removeAll(keepingCapacity: true)
-            outboxHead = 0
-        }
-        return action
+        outbox.popFirst()
     }
 }

@@ -42,3 +42,33 @@ extension SansIOCore {
         return actions
     }
 }
+
+/// A core's actions waiting for ``SansIOCore/pollAction()``, first in first out:
+/// taken from the front without shifting the rest (the storage is emptied, its
+/// capacity kept, once all are taken), so a relay core that leaves a copy per
+/// member for one frame pays no quadratic `removeFirst`.
+public struct ActionQueue<Element> {
+    private var items: [Element] = []
+    private var head = 0
+
+    public init() {}
+
+    /// Whether nothing waits.
+    public var isEmpty: Bool { head == items.count }
+
+    public mutating func append(_ item: Element) { items.append(item) }
+
+    /// The oldest action, or nil.
+    public mutating func popFirst() -> Element? {
+        guard head < items.count else { return nil }
+        let item = items[head]
+        head += 1
+        if head == items.count {
+            items.removeAll(keepingCapacity: true)
+            head = 0
+        }
+        return item
+    }
+}
+
+extension ActionQueue: Sendable where Element: Sendable {}
