@@ -149,9 +149,45 @@ wait_udp() {
   return 1
 }
 
+# party_load PORT ARGS...: party-load against 127.0.0.1:PORT in the background ($lpid), the rooms and ramp of the run.
+party_load() {
+  local port=$1
+  shift
+  "${LOAD_PIN[@]}" "$PARTY_LOAD" --target "127.0.0.1:$port" --server-pid "$SPID" "$@" \
+    --rooms "$MAXROOMS" --size "$SIZE" --speakers "$SPEAKERS" --ramp "$STEPS" --duration "$DURATION" --warmup "$WARMUP" \
+    --open-every "$OPEN_EVERY" --join-rate 100 >"$TMP/load.out" 2>"$TMP/load.err" &
+  lpid=$!
+  PIDS+=("$lpid")
+}
+
+# collect NAME ROUND: waits for the generator ($lpid), stops the server ($SPID) and appends
+# one line per step to runs.NAME: round, rooms, delivered/s, loss %, server CPU ms per 1000
+# delivered, server CPU %, skipped sends, kernel receive-buffer drops, offered/s. 1 when
+# the generator failed.
+collect() {
+  local name=$1 round=$2 rc=0 line rooms delivered
+  wait "$lpid" || rc=$?
+  forget "$lpid"
+  stop_server "$SPID" 50
+  if ((rc != 0)) || ! grep -q '^done' "$TMP/load.out"; then
+    echo "round $round $name: FAILED (generator exit $rc)"
+    tail -n 5 "$TMP/load.out" "$TMP/load.err" | sed 's/^/  | /'
+    return 1
+  fi
+  grep '^phase=' "$TMP/load.out" | while read -r line; do
+    if [[ $name == coturn ]]; then  # turn-load: a step is a flow count, its rate the total relayed
+      rooms=$(($(field flows "$line") / COPIES)) delivered=$(field total_pps "$line")
+    else
+      rooms=$(field rooms "$line") delivered=$(field delivered_pps "$line")
+    fi
+    echo "$round $rooms $delivered $(field loss_pct "$line") $(field server_ms_per_1000 "$line") $(field server_cpu "$line" | tr -d %) $(field skipped "$line") $(field kernel_rcvbuf_errors "$line") $(field offered_pps "$line")"
+  done >>"$TMP/runs.$name"
+  report_steps "$name" "$round"
+}
+
 DATAGRAM=
 run_tusa() { # ROUND
-  local round=$1 port party rc=0 lpid log
+  local round=$1 port party log
   port=$(free_port) && party=$(free_port) || { echo "party-relay-bench: no free port" >&2; exit 1; }
   log=$TMP/tusa.$party
   "${SERVER_PIN[@]}" "$TUSA" relay --listen "127.0.0.1:$port" --no-tcp --party-port "$party" \
@@ -164,30 +200,14 @@ run_tusa() { # ROUND
     stop_server "$SPID" 50
     return 1
   fi
-  "${LOAD_PIN[@]}" "$PARTY_LOAD" --target "127.0.0.1:$party" --relay-identity "$TMP/relay.key" --server-pid "$SPID" \
-    --rooms "$MAXROOMS" --size "$SIZE" --speakers "$SPEAKERS" --ramp "$STEPS" --duration "$DURATION" --warmup "$WARMUP" \
-    --open-every "$OPEN_EVERY" --join-rate 100 >"$TMP/load.out" 2>"$TMP/load.err" &
-  lpid=$!
-  PIDS+=("$lpid")
-  wait "$lpid" || rc=$?
-  forget "$lpid"
-  stop_server "$SPID" 50
+  party_load "$party" --relay-identity "$TMP/relay.key"
+  collect tusa "$round" || return 1
   DATAGRAM=$(sed -n 's/^setup .* datagram=\([0-9]*\).*/\1/p' "$TMP/load.out")
-  if ((rc != 0)) || ! grep -q '^done' "$TMP/load.out"; then
-    echo "round $round tusa: FAILED (generator exit $rc)"
-    tail -n 5 "$TMP/load.out" "$TMP/load.err" | sed 's/^/  | /'
-    return 1
-  fi
   grep '^setup' "$TMP/load.out" | sed 's/^/  /'
-  # One line per step: round, rooms, deliveries/s, loss %, server CPU ms per 1000 deliveries.
-  grep '^phase=party' "$TMP/load.out" | while read -r line; do
-    echo "$round $(field rooms "$line") $(field delivered_pps "$line") $(field loss_pct "$line") $(field server_ms_per_1000 "$line") $(field server_cpu "$line" | tr -d %) $(field skipped "$line") $(field kernel_rcvbuf_errors "$line") $(field offered_pps "$line")"
-  done >>"$TMP/runs.tusa"
-  report_steps tusa "$round"
 }
 
 run_coturn() { # ROUND
-  local round=$1 port rc=0 lpid log flows ramp=() n
+  local round=$1 port log flows ramp=() n
   port=$(free_port) || { echo "party-relay-bench: no free port" >&2; exit 1; }
   log=$TMP/coturn.$port
   start_coturn "$log" "$port" 0 --no-tcp
@@ -207,22 +227,11 @@ run_coturn() { # ROUND
     --duration "$DURATION" --warmup "$WARMUP" >"$TMP/load.out" 2>"$TMP/load.err" &
   lpid=$!
   PIDS+=("$lpid")
-  wait "$lpid" || rc=$?
-  forget "$lpid"
-  stop_server "$SPID" 50
-  if ((rc != 0)) || ! grep -q '^done' "$TMP/load.out"; then
-    echo "round $round coturn: FAILED (generator exit $rc)"
-    tail -n 5 "$TMP/load.out" "$TMP/load.err" | sed 's/^/  | /'
-    return 1
-  fi
-  grep '^phase=up' "$TMP/load.out" | while read -r line; do
-    echo "$round $(($(field flows "$line") / COPIES)) $(field total_pps "$line") $(field loss_pct "$line") $(field server_ms_per_1000 "$line") $(field server_cpu "$line" | tr -d %) $(field skipped "$line") $(field kernel_rcvbuf_errors "$line") $(field offered_pps "$line")"
-  done >>"$TMP/runs.coturn"
-  report_steps coturn "$round"
+  collect coturn "$round"
 }
 
 run_ref() { # ROUND
-  local round=$1 port rc=0 lpid log i
+  local round=$1 port log i
   log=$TMP/ref.$round
   "${SERVER_PIN[@]}" "$ROOM_FORWARD" --listen 127.0.0.1:0 >"$log.out" 2>"$log.err" &
   SPID=$!
@@ -239,23 +248,8 @@ run_ref() { # ROUND
     stop_server "$SPID" 50
     return 1
   fi
-  "${LOAD_PIN[@]}" "$PARTY_LOAD" --target "127.0.0.1:$port" --reference --datagram "${DATAGRAM:-120}" --server-pid "$SPID" \
-    --rooms "$MAXROOMS" --size "$SIZE" --speakers "$SPEAKERS" --ramp "$STEPS" --duration "$DURATION" --warmup "$WARMUP" \
-    --open-every "$OPEN_EVERY" --join-rate 100 >"$TMP/load.out" 2>"$TMP/load.err" &
-  lpid=$!
-  PIDS+=("$lpid")
-  wait "$lpid" || rc=$?
-  forget "$lpid"
-  stop_server "$SPID" 50
-  if ((rc != 0)) || ! grep -q '^done' "$TMP/load.out"; then
-    echo "round $round ref: FAILED (generator exit $rc)"
-    tail -n 5 "$TMP/load.out" "$TMP/load.err" | sed 's/^/  | /'
-    return 1
-  fi
-  grep '^phase=party' "$TMP/load.out" | while read -r line; do
-    echo "$round $(field rooms "$line") $(field delivered_pps "$line") $(field loss_pct "$line") $(field server_ms_per_1000 "$line") $(field server_cpu "$line" | tr -d %) $(field skipped "$line") $(field kernel_rcvbuf_errors "$line") $(field offered_pps "$line")"
-  done >>"$TMP/runs.ref"
-  report_steps ref "$round"
+  party_load "$port" --reference --datagram "${DATAGRAM:-120}"
+  collect ref "$round"
 }
 
 report_steps() { # NAME ROUND
