@@ -99,6 +99,9 @@ public struct PartyServer: SansIOCore {
         /// Frames not forwarded because their sender was not among the speakers, or muted.
         public var framesNotSelected: UInt64 = 0
         public var controlRefused: UInt64 = 0
+        /// Copies of frames the relay's socket did not take (its send buffer full): counted by
+        /// the service that writes them, not by this core.
+        public var copiesDropped: UInt64 = 0
         public init() {}
     }
 

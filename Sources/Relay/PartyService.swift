@@ -211,7 +211,7 @@ public final class PartyService: Service, Sendable {
                     var zero: Int32 = 0
                     if !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &zero, size) }
                 }
-                sendSocket = dup(fd)
+                sendSocket = fcntl(fd, F_DUPFD_CLOEXEC, 0)
                 guard sendSocket >= 0 else {
                     let error = errno
                     close(fd)
@@ -290,10 +290,10 @@ public final class PartyService: Service, Sendable {
 final class PartyRooms {
     private var host: CoreHost<PartyServer>!
     private let endpoint: SecureUDPEndpoint
-    /// The members' copies, sealed straight into ``scratch`` and queued here, leave in
-    /// one sendmmsg per run of actions on the socket's duplicate: no buffer, envelope
-    /// or channel write per copy. Peers whose path is not the socket (a TCP or TLS
-    /// stream) go the endpoint's way.
+    /// The members' copies, sealed straight into ``scratch`` and queued here, leave with
+    /// sendmmsg on the socket's duplicate at the end of the read burst that made them
+    /// (or at once, outside one): no buffer, envelope or channel write per copy. Peers
+    /// whose path is not the socket (a TCP or TLS stream) go the endpoint's way.
     private let outbox = PeerOutbox(gso: true)
     private let socket: RelaySocket
     private let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 16)
@@ -327,9 +327,10 @@ final class PartyRooms {
         } afterActions: { [unowned self] in
             // The copies of a run of actions, and what went the endpoint's way, leave at once, or at the end of
             // the read burst when in one (the burst's copies in few sendmmsg calls).
-            if !outbox.isEmpty, !endpoint.inReadBurstOnLoop { sendFlush() }
             endpoint.flushOnLoop()
-            let (s, n, m) = host.read { ($0.statistics, $0.rooms.count, $0.memberCount) }
+            if !outbox.isEmpty, !endpoint.inReadBurstOnLoop { sendFlush() }
+            var (s, n, m) = host.read { ($0.statistics, $0.rooms.count, $0.memberCount) }
+            s.copiesDropped = sendDrops
             statistics.withLockedValue { $0 = s }
             roomCount.withLockedValue { $0 = (n, m) }
         }

@@ -63,6 +63,7 @@ public final class RelayMetrics: Sendable {
     private let partyRooms: Gauge
     private let partyMembers: Gauge
     private let partyForwarded: Counter
+    private let partyCopiesDropped: Counter
     private let partyNotSelected: Counter
     private let partySpoofed: Counter
     private let memoryUsed: Gauge
@@ -107,6 +108,7 @@ public final class RelayMetrics: Sendable {
         partyForwarded = counter("tusa_party_frames_total", [("outcome", "forwarded")])
         partyNotSelected = counter("tusa_party_frames_total", [("outcome", "not_selected")])
         partySpoofed = counter("tusa_party_frames_total", [("outcome", "spoofed")])
+        partyCopiesDropped = counter("tusa_party_copies_dropped_total")
         memoryUsed = Gauge(label: "tusa_memory_used_bytes", factory: factory)
         memoryLimit = Gauge(label: "tusa_memory_limit_bytes", factory: factory)
         memoryShort = Gauge(label: "tusa_memory_short", factory: factory)
@@ -140,6 +142,7 @@ public final class RelayMetrics: Sendable {
             add(partyForwarded, Int(clamping: party.framesForwarded), Int(clamping: old.framesForwarded))
             add(partyNotSelected, Int(clamping: party.framesNotSelected), Int(clamping: old.framesNotSelected))
             add(partySpoofed, Int(clamping: party.framesSpoofed), Int(clamping: old.framesSpoofed))
+            add(partyCopiesDropped, Int(clamping: party.copiesDropped), Int(clamping: old.copiesDropped))
             state.party = party
         }
     }

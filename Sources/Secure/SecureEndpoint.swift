@@ -558,6 +558,9 @@ public final class SecureEndpoint {
     ) {
         guard let address = p.address else { return }
         abandonInitiation(p)
+        // Without an initiation its rekey and silence deadlines count again, maybe earlier
+        // (and stay so when no initiation can be made below).
+        timersChanged(p)
         let index = freshIndex()
         var payload = TAI64N(unixNanoseconds: configuration.unixNanosecondsAtZero &+ now.nanoseconds).bytes
         payload.appendUInt32(p.localSSRC)

@@ -136,7 +136,12 @@ public final class SecureUDPEndpoint: Sendable {
             logger.warning(
                 "media keys are logged (TUSA_KEYLOG / keyLogPath): whoever reads the file can decrypt these calls",
                 metadata: ["file": "\(keyLogPath)"])
-            keyLog = try KeyLogFile(path: keyLogPath)
+            do { keyLog = try KeyLogFile(path: keyLogPath) } catch {
+                #if canImport(Glibc)
+                    if let boundSocket { _ = Glibc.close(boundSocket) }  // owned from the call on, failed or not
+                #endif
+                throw error
+            }
             configuration.keyLog = true
         }
         let (stream, continuation) = AsyncStream.makeStream(of: SecureUDPEvent.self, bufferingPolicy: .bufferingNewest(8192))

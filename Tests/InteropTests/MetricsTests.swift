@@ -38,11 +38,13 @@ struct MetricsTests {
         let fresh = Exposition(registry.emitToString())
         #expect(fresh["tusa_party_rooms"] == 0 && fresh["tusa_party_members"] == 0)
         #expect(fresh["tusa_party_frames_total{outcome=\"spoofed\"}"] == 0)
+        #expect(fresh["tusa_party_copies_dropped_total"] == 0)
         #expect(fresh.types["tusa_party_rooms"] == "gauge" && fresh.types["tusa_party_frames_total"] == "counter")
         var s = PartyServer.Statistics()
         s.framesForwarded = 240
         s.framesNotSelected = 7
         s.framesSpoofed = 2
+        s.copiesDropped = 5
         metrics.update(party: s, rooms: 3, members: 11)
         metrics.update(party: s, rooms: 2, members: 9)
         let after = Exposition(registry.emitToString())
@@ -50,6 +52,7 @@ struct MetricsTests {
         #expect(after["tusa_party_frames_total{outcome=\"forwarded\"}"] == 240)
         #expect(after["tusa_party_frames_total{outcome=\"not_selected\"}"] == 7)
         #expect(after["tusa_party_frames_total{outcome=\"spoofed\"}"] == 2)
+        #expect(after["tusa_party_copies_dropped_total"] == 5)
     }
 
     /// A scrape before the memory guard's first sample (the guard's service starts beside
