@@ -293,8 +293,11 @@ final class PartyRooms {
     /// The members' copies, sealed straight into ``scratch`` and queued here, leave with
     /// sendmmsg on the socket's duplicate at the end of the read burst that made them
     /// (or at once, outside one): no buffer, envelope or channel write per copy. Peers
-    /// whose path is not the socket (a TCP or TLS stream) go the endpoint's way.
-    private let outbox = PeerOutbox(gso: true)
+    /// whose path is not the socket (a TCP or TLS stream) go the endpoint's way. No UDP
+    /// GSO: two copies to one member in a row would show as one datagram in a capture on
+    /// loopback, which `tusa interop decrypt` could not open (and copies to different
+    /// members, the usual case, cannot share a GSO write anyway).
+    private let outbox = PeerOutbox(gso: false)
     private let socket: RelaySocket
     private let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 16)
     /// Copies dropped because the socket's send buffer was full.
