@@ -77,15 +77,20 @@ final class ListenerSocket {
 
     /// A non-blocking UDP socket bound to `address` for a listener (SO_REUSEPORT
     /// when lanes share the address), with `buffer` bytes of kernel buffer each
-    /// way. Throws the bind error, naming the address.
-    static func bind(_ address: TransportAddress, reusePort: Bool, buffer: Int32) throws(UDPSocketError) -> Int32 {
+    /// way; with `dualStack`, an IPv6 address takes IPv4 too (IPV6_V6ONLY off, as a
+    /// socket NIO binds). Throws the bind error, naming the address.
+    static func bind(
+        _ address: TransportAddress, reusePort: Bool, buffer: Int32, dualStack: Bool = false
+    ) throws(UDPSocketError) -> Int32 {
         try bindUDPSocket(address) { fd in
             var one: Int32 = 1
+            var zero: Int32 = 0
             var bytes = buffer
             let size = socklen_t(MemoryLayout<Int32>.size)
             if reusePort { setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, size) }
             setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, size)
             setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, size)
+            if dualStack && !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &zero, size) }
         }
     }
 }

@@ -202,15 +202,9 @@ public final class PartyService: Service, Sendable {
             do {
                 // The TURN listener's buffers: with the kernel's 208 KiB default, a loop
                 // busy for a few milliseconds writing copies dropped members' frames.
-                let fd = try bindUDPSocket(address) { fd in
-                    let size = socklen_t(MemoryLayout<Int32>.size)
-                    var bytes = Int32(RelayService.socketBufferBytes)
-                    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, size)
-                    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, size)
-                    // An IPv6 address takes IPv4 members too, as the socket NIO bound did.
-                    var zero: Int32 = 0
-                    if !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &zero, size) }
-                }
+                // An IPv6 address takes IPv4 members too, as the socket NIO bound did.
+                let fd = try ListenerSocket.bind(
+                    address, reusePort: false, buffer: Int32(RelayService.socketBufferBytes), dualStack: true)
                 sendSocket = fcntl(fd, F_DUPFD_CLOEXEC, 0)
                 guard sendSocket >= 0 else {
                     let error = errno
