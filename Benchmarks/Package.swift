@@ -54,10 +54,12 @@ let package = Package(
             swiftSettings: strict),
         // Reference TURN-shaped UDP forwarder in C, the machine's limit for a relay: the same
         // syscalls and one lookup per relayed packet, none of TURN's checks.
-        .executableTarget(name: "udp-forward"),
+        // The C forwarders' start: `--listen`, the stopping signals, the listener and epoll set.
+        .target(name: "CForwarder"),
+        .executableTarget(name: "udp-forward", dependencies: ["CForwarder"]),
         // Reference room forwarder in C, the machine's limit for parties: one read, one AEAD
         // open, then an AEAD seal and a datagram per other member, none of the party's checks.
-        .executableTarget(name: "room-forward", linkerSettings: [.linkedLibrary("sodium")]),
+        .executableTarget(name: "room-forward", dependencies: ["CForwarder"], linkerSettings: [.linkedLibrary("sodium")]),
         // Unauthenticated UDP at line rate in classes (STUN, Allocate, ChannelData, garbage,
         // Noise initiations with a valid mac1), answers counted per class: the soak's flood case.
         .executableTarget(name: "udp-flood", linkerSettings: [.linkedLibrary("sodium")]),

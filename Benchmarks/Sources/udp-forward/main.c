@@ -16,6 +16,7 @@
 // well-formed ChannelData.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include "CForwarder.h"
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -369,51 +370,11 @@ static void read_relay(int fd) {
 
 // MARK: - Main
 
-static int parse_listen(const char *text, struct sockaddr_in *sin) {
-    char host[64];
-    const char *colon = strrchr(text, ':');
-    char *end;
-    if (!colon || colon - text >= (long)sizeof host) return 0;
-    memcpy(host, text, colon - text);
-    host[colon - text] = 0;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    *sin = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    return colon[1] && !*end && port <= 65535 && inet_pton(AF_INET, host, &sin->sin_addr) == 1;
-}
-
 int main(int argc, char **argv) {
-    struct sockaddr_in addr;
-    if (argc != 3 || strcmp(argv[1], "--listen") != 0 || !parse_listen(argv[2], &addr)) {
-        fprintf(stderr, "usage: udp-forward --listen IPV4:PORT   (loopback only, port 0 = any)\n");
-        return 2;
-    }
-    if (ntohl(addr.sin_addr.s_addr) >> 24 != 127) {
-        fprintf(stderr, "udp-forward: --listen %s refused: loopback only (127.0.0.0/8)\n", argv[2]);
-        return 2;
-    }
-    // Default actions first: a shell starts background jobs with SIGINT ignored, and an
-    // ignored signal never reaches the signalfd.
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGINT, SIG_DFL);
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGTERM);
-    sigaddset(&signals, SIGINT);
-    if (sigprocmask(SIG_BLOCK, &signals, NULL) != 0) fail("sigprocmask");
-    int sfd = signalfd(-1, &signals, SFD_CLOEXEC);
-    if (sfd < 0) fail("signalfd");
-
-    listener = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listener < 0) fail("socket");
-    set_buffers(listener, 4 << 20, 4 << 20);
-    socklen_t len = sizeof addr;
-    if (bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0) fail("bind");
-    if (getsockname(listener, (struct sockaddr *)&addr, &len) != 0) fail("getsockname");
-    if ((epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) fail("epoll_create1");
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = listener};
-    if (epoll_ctl(epfd, EPOLL_CTL_ADD, listener, &ev) != 0) fail("epoll_ctl");
-    ev.data.fd = sfd;
-    if (epoll_ctl(epfd, EPOLL_CTL_ADD, sfd, &ev) != 0) fail("epoll_ctl");
+    struct forwarder f = forwarder_start(argc, argv, "udp-forward");
+    listener = f.listener;
+    epfd = f.epfd;
+    int sfd = f.sfd;
 
     for (int k = 0; k < BATCH; k++) {
         liov[k] = (struct iovec){.iov_base = lbuf[k], .iov_len = BUFSIZE};
@@ -429,11 +390,6 @@ int main(int argc, char **argv) {
                                           .msg_iov = &ciov[k], .msg_iovlen = 1};
     }
     grow_table();
-
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
-    printf("listening %s:%u\n", ip, ntohs(addr.sin_port));
-    fflush(stdout);
 
     struct epoll_event events[256];
     for (int running = 1; running;) {
