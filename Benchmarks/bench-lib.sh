@@ -140,3 +140,17 @@ median_values() { sort -g | awk '{v[NR] = $1} END { if (NR == 0) exit; print (NR
 
 # has NAME: whether NAME is one of the servers that run ($ACTIVE).
 has() { [[ " ${ACTIVE[*]} " == *" $1 "* ]]; }
+
+# finish_generator NAME ROUND: waits for the load generator ($lpid) and stops the server
+# ($SPID); 1, with the generator's last lines, when it failed or never printed 'done'.
+finish_generator() {
+  local rc=0
+  wait "$lpid" || rc=$?
+  forget "$lpid"
+  stop_server "$SPID" 50
+  if ((rc != 0)) || ! grep -q '^done' "$TMP/load.out"; then
+    echo "round $2 $1: FAILED (generator exit $rc)"
+    tail -n 5 "$TMP/load.out" "$TMP/load.err" | sed 's/^/  | /'
+    return 1
+  fi
+}

@@ -165,15 +165,8 @@ party_load() {
 # delivered, server CPU %, skipped sends, kernel receive-buffer drops, offered/s. 1 when
 # the generator failed.
 collect() {
-  local name=$1 round=$2 rc=0 line rooms delivered
-  wait "$lpid" || rc=$?
-  forget "$lpid"
-  stop_server "$SPID" 50
-  if ((rc != 0)) || ! grep -q '^done' "$TMP/load.out"; then
-    echo "round $round $name: FAILED (generator exit $rc)"
-    tail -n 5 "$TMP/load.out" "$TMP/load.err" | sed 's/^/  | /'
-    return 1
-  fi
+  local name=$1 round=$2 line rooms delivered
+  finish_generator "$name" "$round" || return 1
   grep '^phase=' "$TMP/load.out" | while read -r line; do
     if [[ $name == coturn ]]; then  # turn-load: a step is a flow count, its rate the total relayed
       rooms=$(($(field flows "$line") / COPIES)) delivered=$(field total_pps "$line")

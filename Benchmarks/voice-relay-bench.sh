@@ -128,7 +128,7 @@ echo "voice-relay-bench: ${ACTIVE[*]}; $ROUNDS round(s); $FLOWS flows at 50 pack
 [[ " ${ACTIVE[*]} " == *" coturn "* ]] && echo "coturn: $(turnserver --version 2>/dev/null | head -1) -m 0"
 
 run_one() { # NAME ROUND
-  local name=$1 round=$2 port rc=0 lpid
+  local name=$1 round=$2 port lpid
   ((QUIET_WAIT > 0)) && wait_quiet
   port=$(free_port) || { echo "voice-relay-bench: no free port" >&2; exit 1; }
   start_server "$name" "$port"
@@ -143,14 +143,7 @@ run_one() { # NAME ROUND
     --warmup "$WARMUP" >"$TMP/load.out" 2>"$TMP/load.err" &
   lpid=$!
   PIDS+=("$lpid")
-  wait "$lpid" || rc=$?
-  forget "$lpid"
-  stop_server "$SPID" 50
-  if ((rc != 0)) || ! grep -q '^done' "$TMP/load.out"; then
-    echo "round $round $name: FAILED (generator exit $rc)"
-    tail -n 5 "$TMP/load.out" "$TMP/load.err" | sed 's/^/  | /'
-    return 1
-  fi
+  finish_generator "$name" "$round" || return 1
   grep '^phase=' "$TMP/load.out" | sed "s/^/$round /" >>"$TMP/runs.$name"
   while read -r line; do
     [[ $line == phase=* ]] || continue
