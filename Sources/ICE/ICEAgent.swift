@@ -180,6 +180,16 @@ public struct ICEAgent: SansIOCore, Sendable {
     /// The candidates to advertise, best first.
     public var advertised: [ICECandidate] { localCandidates.map(\.candidate).sorted { $0.priority > $1.priority } }
 
+    /// Whether a datagram that is not STUN, from `source`, is the peer's data.
+    /// RFC 8445 §12.2: data may come on any pair, not only the selected one, and
+    /// before this side selects: the controlling agent sends once its nomination is
+    /// answered, which can be before the controlled agent's own check of that pair
+    /// has succeeded. So: the selected pair's remote, or any candidate of the peer's,
+    /// signalled or learnt from a check that carried its password; nobody else.
+    public func acceptsData(from source: TransportAddress) -> Bool {
+        selected?.remote.address == source || remoteCandidates.contains { $0.address == source }
+    }
+
     // MARK: Candidates and credentials
 
     /// The peer's credentials and candidates (from its offer or answer).

@@ -207,6 +207,9 @@ final class ICEEngine {
     var agent: ICEAgent? { host?.read { $0 } }
     /// The selected pair, if any.
     var selected: ICEPair? { host?.read { $0.selected } }
+    /// Whether a datagram from `source` that is not STUN is the peer's data
+    /// (``ICEAgent/acceptsData(from:)``).
+    func acceptsData(from source: TransportAddress) -> Bool { host?.read { $0.acceptsData(from: source) } ?? false }
     /// The selected pair's remote address while its consent is expired (RFC 7675
     /// §5.1: nothing but ICE's own checks may go there until a pair is selected again).
     var withdrawnAddress: TransportAddress? {
@@ -385,7 +388,7 @@ final class ICEEngine {
 }
 
 /// ``ICEUDPEndpoint``'s socket: STUN to the engine, other datagrams from the
-/// selected pair to `incoming`.
+/// peer's candidates to `incoming`.
 final class ICEDatagramHandler: ChannelInboundHandler {
     typealias InboundIn = AddressedEnvelope<ByteBuffer>
     let engine: ICEEngine
@@ -411,8 +414,8 @@ final class ICEDatagramHandler: ChannelInboundHandler {
         guard let source = TransportAddress(envelope.remoteAddress) else { return }
         let bytes = Array(envelope.data.readableBytesView)
         if engine.receiveSTUN(bytes, from: source, base: 0) { return }
-        // Application data: only from the selected pair's remote (consent is per pair).
-        guard let pair = engine.selected, source == pair.remote.address, !Message.isSTUN(bytes) else { return }
+        // Application data: only from the peer's candidates (RFC 8445 §12.2).
+        guard !Message.isSTUN(bytes), engine.acceptsData(from: source) else { return }
         incoming.yield(bytes)
     }
 

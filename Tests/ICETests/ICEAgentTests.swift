@@ -104,6 +104,37 @@ struct ICEAgentTests {
         #expect(net.sent < 20, "\(net.sent) packets for one pair")
     }
 
+    /// RFC 8445 §12.2: the controlling side sends once its nomination is answered,
+    /// which can be before the controlled side's own check has succeeded, so data is
+    /// taken from any candidate of the peer's (signalled, or learnt from a check that
+    /// carried its password) before selection, and from no other address ever.
+    @Test func dataIsTakenFromThePeersCandidatesBeforeSelectionAndFromNobodyElse() {
+        let stranger = TransportAddress(ip: ip(198, 51, 100, 9), port: 4000)
+        let signalled = pair()
+        #expect(!signalled.b.core.acceptsData(from: signalled.aHost), "nothing signalled yet")
+        signal(signalled)
+        #expect(signalled.b.core.selected == nil)
+        #expect(signalled.b.core.acceptsData(from: signalled.aHost))
+        #expect(!signalled.b.core.acceptsData(from: stranger))
+
+        // a behind a NAT, its host address not signalled to b: b learns a's mapping
+        // from a's first check, long before it selects.
+        let net = pair(natOnA: true)
+        signal(net, bLearnsA: false)
+        #expect(!net.b.core.acceptsData(from: net.aOutside))
+        var steps = 0
+        while !net.b.core.remoteCandidates.contains(where: { $0.address == net.aOutside }) && steps < 100 {
+            net.run(for: 0.001)
+            steps += 1
+        }
+        #expect(net.b.core.selected == nil)
+        #expect(net.b.core.acceptsData(from: net.aOutside))
+        #expect(!net.b.core.acceptsData(from: net.aHost) && !net.b.core.acceptsData(from: stranger))
+        net.run(for: 3)
+        #expect(net.b.core.selected?.remote.address == net.aOutside)
+        #expect(net.b.core.acceptsData(from: net.aOutside) && !net.b.core.acceptsData(from: stranger))
+    }
+
     @Test func aBothControllingConflictIsResolvedByTheTieBreaker() {
         let net = pair(aRole: .controlling, bRole: .controlling)
         signal(net)
