@@ -48,6 +48,12 @@ public actor PostgresDirectoryStore: RendezvousStore {
             """,
         ],
         ["CREATE TABLE contacts (owner BYTEA NOT NULL, contact BYTEA NOT NULL, PRIMARY KEY (owner, contact))"],
+        [
+            """
+            CREATE TABLE reaches (sender BYTEA NOT NULL, recipient BYTEA NOT NULL, at BIGINT NOT NULL,
+                PRIMARY KEY (sender, recipient))
+            """
+        ],
     ]
 
     /// The schema this build knows.
@@ -224,6 +230,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
         try await transaction { c, logger in
             try await c.query("DELETE FROM posts WHERE posted_at <= \(postsSince)", logger: logger)
             try await c.query("DELETE FROM seen WHERE at <= \(seenSince)", logger: logger)
+            try await c.query(
+                "DELETE FROM reaches WHERE at <= \(now - RendezvousServer.strangerMemory.components.seconds)", logger: logger)
             // A signal's row lives until its node reads it; one nobody read in a minute never will be.
             try await c.query(
                 "DELETE FROM signals WHERE sent_at < \(unescaped: Self.serverMilliseconds) - 60000", logger: logger)
@@ -260,6 +268,12 @@ public actor PostgresDirectoryStore: RendezvousStore {
             guard let owner = key(owner), let contact = key(contact) else { continue }
             snapshot.contacts[owner, default: []].insert(contact)
         }
+        for try await (sender, recipient, at) in try await c.query(
+            "SELECT sender, recipient, at FROM reaches ORDER BY at", logger: logger
+        ).decode((ByteBuffer, ByteBuffer, Int64).self) {
+            guard let from = key(sender), let to = key(recipient), at >= 0 else { continue }
+            snapshot.reaches.append(RendezvousReach(from: from, to: to, unixSeconds: UInt64(at)))
+        }
         return snapshot
     }
 
@@ -276,6 +290,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
         /// Registered here since (nil: gone), the last word for each key.
         var presence: [PublicKey: UInt64?] = [:]
         var notices: [RendezvousClusterEvent] = []
+        /// Strangers reached, the latest time for each pair.
+        var reaches: [[UInt8]: RendezvousReach] = [:]
         /// Contact rows to delete, then to insert, in the order the records came.
         var contactChanges: [(owner: PublicKey, add: [PublicKey], remove: [PublicKey])] = []
         let node = self.node
@@ -299,6 +315,9 @@ public actor PostgresDirectoryStore: RendezvousStore {
             case .relayGone(let key): notices.append(.relayGone(key))
             case .roomMoved(let room, let relay): notices.append(.roomMoved(room: room, relay: relay))
             case .placed(let relay): notices.append(.placed(relay: relay))
+            case .reached(let reach):
+                reaches[reach.from.bytes + reach.to.bytes] = reach
+                notices.append(.reached(reach))
             case .contacts(let owner, let add, let remove):
                 contactChanges.append((owner, add, remove))
                 notices.append(.contacts(owner: owner, add: add, remove: remove))
@@ -318,6 +337,10 @@ public actor PostgresDirectoryStore: RendezvousStore {
         let arrivedNodes = arrived.map { _ in Int32(clamping: node) }
         let arrivedSince = arrived.map { Int64(clamping: $0.1) }
         let left = presence.filter { $0.value == nil }.map { ByteBuffer(bytes: $0.key.bytes) }
+        let reached = Array(reaches.values)
+        let reachSenders = reached.map { ByteBuffer(bytes: $0.from.bytes) }
+        let reachRecipients = reached.map { ByteBuffer(bytes: $0.to.bytes) }
+        let reachedAt = reached.map { Int64(clamping: $0.unixSeconds) }
         try await transaction { c, logger in
             if !ids.isEmpty {
                 try await c.query(
@@ -351,6 +374,14 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 try await c.query(
                     "DELETE FROM presence WHERE node = \(Int32(clamping: node)) AND key = ANY(\(left)::BYTEA[])",
                     logger: logger)
+            }
+            if !reached.isEmpty {
+                try await c.query(
+                    """
+                    INSERT INTO reaches (sender, recipient, at)
+                    SELECT * FROM UNNEST(\(reachSenders)::BYTEA[], \(reachRecipients)::BYTEA[], \(reachedAt)::BIGINT[])
+                    ON CONFLICT (sender, recipient) DO UPDATE SET at = EXCLUDED.at
+                    """, logger: logger)
             }
             for change in contactChanges {
                 let owner = ByteBuffer(bytes: change.owner.bytes)
@@ -415,9 +446,10 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 for part in stride(from: 0, to: ids.count, by: 200).map({ Array(ids[$0..<min($0 + 200, ids.count)]) }) {
                     texts.append(numbered(.event(.dropped(part))))
                 }
-            // A key and a number, a relay's figures, a room id, a relay's key: always short.
+            // A key and a number, a relay's figures, a room id, a relay's key, two keys and a time: always short.
             // A contact change is at most RendezvousMessage.maximumContactChange keys: about 3 KB.
-            case .online, .offline, .nodeGone, .relayLoad, .relayGone, .roomMoved, .contacts, .placed: texts.append(text)
+            case .online, .offline, .nodeGone, .relayLoad, .relayGone, .roomMoved, .contacts, .placed, .reached:
+                texts.append(text)
             }
         }
         let rows = try await c.query(

@@ -7,7 +7,7 @@ import SQLiteNIO
 import Secure
 
 /// The directory's rows in an SQLite file (sqlite-nio): posts (invitations), the
-/// keys seen and each key's contacts, so that a directory that restarts, or is killed, still delivers
+/// keys seen, each key's contacts and the strangers each reached in the last hour, so that a directory that restarts, or is killed, still delivers
 /// what was posted and still tells "offline" from "unknown". One schema with
 /// numbered migrations, applied when the file is opened.
 public actor SQLiteDirectoryStore: RendezvousStore {
@@ -22,6 +22,12 @@ public actor SQLiteDirectoryStore: RendezvousStore {
             "CREATE TABLE seen (key BLOB PRIMARY KEY, at INTEGER NOT NULL)",
         ],
         ["CREATE TABLE contacts (owner BLOB NOT NULL, contact BLOB NOT NULL, PRIMARY KEY (owner, contact))"],
+        [
+            """
+            CREATE TABLE reaches (sender BLOB NOT NULL, recipient BLOB NOT NULL, at INTEGER NOT NULL,
+                PRIMARY KEY (sender, recipient))
+            """
+        ],
     ]
 
     /// The schema this build knows.
@@ -95,6 +101,9 @@ public actor SQLiteDirectoryStore: RendezvousStore {
         try await transaction {
             _ = try await connection.query("DELETE FROM posts WHERE posted_at <= ?", [.integer(postsSince)])
             _ = try await connection.query("DELETE FROM seen WHERE at <= ?", [.integer(seenSince)])
+            _ = try await connection.query(
+                "DELETE FROM reaches WHERE at <= ?",
+                [.integer(now - Int(clamping: RendezvousServer.strangerMemory.components.seconds))])
         }
     }
 
@@ -119,6 +128,12 @@ public actor SQLiteDirectoryStore: RendezvousStore {
         for row in try await connection.query("SELECT owner, contact FROM contacts", []) {
             guard let owner = Self.key(row.column("owner")), let contact = Self.key(row.column("contact")) else { continue }
             snapshot.contacts[owner, default: []].insert(contact)
+        }
+        for row in try await connection.query("SELECT sender, recipient, at FROM reaches ORDER BY at", []) {
+            guard let from = Self.key(row.column("sender")), let to = Self.key(row.column("recipient")),
+                let at = row.column("at")?.integer, at >= 0
+            else { continue }
+            snapshot.reaches.append(RendezvousReach(from: from, to: to, unixSeconds: UInt64(at)))
         }
         return snapshot
     }
@@ -154,6 +169,13 @@ public actor SQLiteDirectoryStore: RendezvousStore {
                             "INSERT OR IGNORE INTO contacts (owner, contact) VALUES (?, ?)",
                             [Self.blob(owner.bytes), Self.blob(key.bytes)])
                     }
+                case .reached(let reach):
+                    _ = try await connection.query(
+                        "INSERT OR REPLACE INTO reaches (sender, recipient, at) VALUES (?, ?, ?)",
+                        [
+                            Self.blob(reach.from.bytes), Self.blob(reach.to.bytes),
+                            .integer(Int(clamping: reach.unixSeconds)),
+                        ])
                 case .online, .offline, .signal, .relayLoad, .relayGone, .roomMoved, .placed:
                     // For other nodes: a file on this machine is one node's alone (node 0 makes none).
                     break

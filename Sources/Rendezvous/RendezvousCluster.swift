@@ -76,6 +76,8 @@ public enum RendezvousClusterEvent: Equatable, Sendable {
     case contacts(owner: PublicKey, add: [PublicKey], remove: [PublicKey])
     /// A peer registered there was placed on this relay.
     case placed(relay: PublicKey)
+    /// A key registered there reached a stranger from its stranger budget: spent here too.
+    case reached(RendezvousReach)
 }
 
 /// One ``RendezvousClusterEvent`` as a node sends it to the others: a JSON object
@@ -139,6 +141,7 @@ public struct ClusterNotice: Equatable, Sendable {
         case .event(.relayGone(let key)): (w.type, w.key) = ("relay-gone", key.base64)
         case .event(.roomMoved(let room, let relay)): (w.type, w.room, w.key) = ("room-moved", room, relay.base64)
         case .event(.placed(let relay)): (w.type, w.key) = ("placed", relay.base64)
+        case .event(.reached(let r)): (w.type, w.from, w.to, w.at) = ("reached", r.from.base64, r.to.base64, r.unixSeconds)
         case .event(.contacts(let owner, let add, let remove)):
             (w.type, w.key, w.add, w.remove) = ("contacts", owner.base64, add.map(\.base64), remove.map(\.base64))
         case .signalRow(let id, let node): (w.type, w.id, w.node) = ("signal-row", id, node)
@@ -206,6 +209,10 @@ public struct ClusterNotice: Equatable, Sendable {
             }
             body = .event(.roomMoved(room: room, relay: try key(w.key, "key")))
         case "placed": body = .event(.placed(relay: try key(w.key, "key")))
+        case "reached":
+            body = .event(
+                .reached(
+                    RendezvousReach(from: try key(w.from, "from"), to: try key(w.to, "to"), unixSeconds: try need(w.at, "at"))))
         case "contacts":
             body = .event(
                 .contacts(owner: try key(w.key, "key"), add: try keys(w.add, "add"), remove: try keys(w.remove, "remove")))

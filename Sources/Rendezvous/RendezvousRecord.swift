@@ -14,6 +14,10 @@ public enum RendezvousRecord: Equatable, Sendable {
     /// `owner`'s contacts changed: these keys added, these removed (the other nodes
     /// of a cluster hear it too).
     case contacts(owner: PublicKey, add: [PublicKey], remove: [PublicKey])
+    /// A key reached a stranger it had not reached in the last hour, from its
+    /// stranger budget: kept for the hour, so that a restart, and every node of a
+    /// cluster (which hear it too), count it against the same budget.
+    case reached(RendezvousReach)
     // For the other nodes of a cluster (``RendezvousCluster``): made only by a node
     // that shares its database with others.
     /// A key registered here, at this Unix time.
@@ -52,20 +56,38 @@ public struct RendezvousPost: Equatable, Sendable {
     }
 }
 
+/// A stranger reached from a key's stranger budget
+/// (``RendezvousServerConfiguration/strangerBurst``), and when (Unix seconds).
+public struct RendezvousReach: Equatable, Sendable {
+    public var from: PublicKey
+    public var to: PublicKey
+    public var unixSeconds: UInt64
+
+    public init(from: PublicKey, to: PublicKey, unixSeconds: UInt64) {
+        self.from = from
+        self.to = to
+        self.unixSeconds = unixSeconds
+    }
+}
+
 /// What a store gives back at start: the posts still kept, in posting order, the
-/// keys seen, with when, and every key's contacts. Given again later (a cluster's
+/// keys seen, with when, every key's contacts, and the strangers reached in the
+/// last hour, oldest first. Given again later (a cluster's
 /// node after a gap in what the others said), posts already held are not taken
 /// twice, and the contacts replace what the node knew.
 public struct RendezvousSnapshot: Equatable, Sendable {
     public var posts: [RendezvousPost]
     public var seen: [PublicKey: UInt64]
     public var contacts: [PublicKey: Set<PublicKey>]
+    public var reaches: [RendezvousReach]
 
     public init(
-        posts: [RendezvousPost] = [], seen: [PublicKey: UInt64] = [:], contacts: [PublicKey: Set<PublicKey>] = [:]
+        posts: [RendezvousPost] = [], seen: [PublicKey: UInt64] = [:], contacts: [PublicKey: Set<PublicKey>] = [:],
+        reaches: [RendezvousReach] = []
     ) {
         self.posts = posts
         self.seen = seen
         self.contacts = contacts
+        self.reaches = reaches
     }
 }

@@ -356,7 +356,7 @@ public struct RendezvousServer: Sendable {
             guard let from = c.key else {
                 return refuse(id, .notRegistered, "register before send", requestID: requestID, close: false)
             }
-            if registry[to] != nil || elsewhere[to] != nil, !mayReach(to, from: from, now: now) {
+            if registry[to] != nil || elsewhere[to] != nil, !mayReach(to, from: from, now: now, unixSeconds: unixSeconds) {
                 return refuseStranger(id, to, requestID: requestID)
             }
             if registry[to] == nil, let there = elsewhere[to] {
@@ -415,7 +415,9 @@ public struct RendezvousServer: Sendable {
                         "more than \(Self.count(configuration.postBurst)) posts at once, then \(Self.count(configuration.postsPerMinute)) a minute",
                         requestID: requestID, close: false)
                 }
-                guard mayReach(to, from: from, now: now) else { return refuseStranger(id, to, requestID: requestID) }
+                guard mayReach(to, from: from, now: now, unixSeconds: unixSeconds) else {
+                    return refuseStranger(id, to, requestID: requestID)
+                }
                 _ = budget.take(at: now)
                 postBudgets[from] = budget
             }
@@ -526,6 +528,16 @@ public struct RendezvousServer: Sendable {
             ?? TokenBucket(burst: configuration.postBurst, perSecond: configuration.postsPerMinute / 60, now: now)
     }
 
+    /// A post to a stranger made at another node, or before a restart, `age` ago:
+    /// spent from its poster's post budget here too.
+    private mutating func spendPost(_ post: RendezvousPost, age: Duration, now: Timestamp) {
+        guard age < Self.strangerMemory, !accepts(post.to, from: post.from) else { return }
+        let then = now + (.zero - max(age, .zero))
+        var budget = postBudget(of: post.from, now: then)
+        budget.spend(at: then)
+        postBudgets[post.from] = budget
+    }
+
     /// `owner`'s contacts, less `remove`, with `add`.
     private mutating func changeContacts(of owner: PublicKey, add: [PublicKey], remove: [PublicKey]) {
         let before = contacts[owner] ?? []
@@ -541,22 +553,47 @@ public struct RendezvousServer: Sendable {
 
     /// Whether `from` may post or send to `to` now: always a contact; a stranger it
     /// reached in the last hour, or one that reached it (an answer), again; another
-    /// stranger from `from`'s stranger budget. Each reach is remembered for an hour.
-    private mutating func mayReach(_ to: PublicKey, from: PublicKey, now: Timestamp) -> Bool {
+    /// stranger from `from`'s stranger budget. Each reach is remembered for an hour;
+    /// one that spent the budget is recorded (``RendezvousRecord/reached(_:)``), so
+    /// that a restart and the other nodes of a cluster count it too.
+    private mutating func mayReach(_ to: PublicKey, from: PublicKey, now: Timestamp, unixSeconds: UInt64) -> Bool {
         guard !accepts(to, from: from), configuration.strangerBurst.isFinite else { return true }
-        let recent = { (then: Timestamp?) in then.map { now - $0 < Self.strangerMemory } ?? false }
-        if !recent(reached[from]?[to]) && !recent(reached[to]?[from]) {
-            var budget =
-                strangerBudgets[from]
-                ?? TokenBucket(burst: configuration.strangerBurst, perSecond: configuration.strangersPerHour / 3600, now: now)
+        if !reachedRecently(from: from, to: to, now: now) {
+            var budget = strangerBudget(of: from, now: now)
             guard budget.take(at: now) else {
                 strangerBudgets[from] = budget
                 return false
             }
             strangerBudgets[from] = budget
+            records.append(.reached(RendezvousReach(from: from, to: to, unixSeconds: unixSeconds)))
         }
         noteReach(from: from, to: to, now: now)
         return true
+    }
+
+    /// Whether `from` reached `to`, or `to` reached `from`, in the last hour.
+    private func reachedRecently(from: PublicKey, to: PublicKey, now: Timestamp) -> Bool {
+        let recent = { (then: Timestamp?) in then.map { now - $0 < Self.strangerMemory } ?? false }
+        return recent(reached[from]?[to]) || recent(reached[to]?[from])
+    }
+
+    private func strangerBudget(of key: PublicKey, now: Timestamp) -> TokenBucket {
+        strangerBudgets[key]
+            ?? TokenBucket(burst: configuration.strangerBurst, perSecond: configuration.strangersPerHour / 3600, now: now)
+    }
+
+    /// A stranger `reach` made at another node, or before a restart, `age` ago:
+    /// spent from its sender's budget here too, and free to reach again for the rest
+    /// of the hour.
+    private mutating func spendReach(_ reach: RendezvousReach, age: Duration, now: Timestamp) {
+        guard age < Self.strangerMemory, !accepts(reach.to, from: reach.from), configuration.strangerBurst.isFinite else {
+            return
+        }
+        let then = now + (.zero - max(age, .zero))
+        var budget = strangerBudget(of: reach.from, now: then)
+        budget.spend(at: then)
+        strangerBudgets[reach.from] = budget
+        if reached[reach.from]?[reach.to].map({ $0 < then }) ?? true { reached[reach.from, default: [:]][reach.to] = then }
     }
 
     /// `from` reached `to` now (here, or at another node that told this one): free
@@ -573,8 +610,9 @@ public struct RendezvousServer: Sendable {
             requestID: requestID, close: false)
     }
 
-    /// How long a stranger reached stays free to reach again.
-    static let strangerMemory = Duration.seconds(3600)
+    /// How long a stranger reached stays free to reach again (and a store keeps its
+    /// ``RendezvousRecord/reached(_:)``).
+    public static let strangerMemory = Duration.seconds(3600)
     /// How long this node's own contact changes are replayed over a snapshot (a
     /// node of a cluster), and how many at most.
     static let contactReplay = Duration.seconds(60)
@@ -624,15 +662,23 @@ public struct RendezvousServer: Sendable {
     }
 
     /// A snapshot's posts and keys seen taken in (posts already held are not taken
-    /// twice); what is new for a key registered here is delivered (returned).
+    /// twice); what is new for a key registered here is delivered (returned). The
+    /// budgets new posts and stranger reaches spent (before a restart, or at another
+    /// node while this one heard nothing) are spent here too.
     private mutating func merge(_ snapshot: RendezvousSnapshot, unixSeconds: UInt64, now: Timestamp) -> [RendezvousAction] {
+        /// How long before now Unix time `then` was.
+        func age(_ then: UInt64) -> Duration {
+            .seconds(Int64(min(unixSeconds &- min(then, unixSeconds), UInt64(Int64.max / 2))))
+        }
         /// `lifetime` from Unix time `then`, on this process's clock.
         func end(_ then: UInt64, _ lifetime: Duration) -> Timestamp {
-            let age = Duration.seconds(Int64(min(unixSeconds &- min(then, unixSeconds), UInt64(Int64.max / 2))))
+            let age = age(then)
             return age >= lifetime ? now : now + (lifetime - age)
         }
         var actions: [RendezvousAction] = []
+        var newPosts: [RendezvousPost] = []
         for post in snapshot.posts where postRecipients[post.id] == nil {
+            newPosts.append(post)
             keep(post, expires: end(post.unixSeconds, configuration.mailboxLifetime))
             // Posts this node numbered before (a node alone keeps its number, 0).
             if RendezvousCluster.node(ofPost: post.id) == configuration.node { nextPostID = max(nextPostID, post.id + 1) }
@@ -647,6 +693,15 @@ public struct RendezvousServer: Sendable {
         contacts = snapshot.contacts
         contactCount = contacts.values.reduce(0) { $0 + $1.count }
         for change in recentContactChanges { changeContacts(of: change.owner, add: change.add, remove: change.remove) }
+        // Oldest first, as the budgets were spent; a reach this node knows of (its
+        // own, or heard) was spent here already.
+        for post in newPosts.sorted(by: { $0.unixSeconds < $1.unixSeconds }) {
+            spendPost(post, age: age(post.unixSeconds), now: now)
+        }
+        for reach in snapshot.reaches.sorted(by: { $0.unixSeconds < $1.unixSeconds })
+        where !reachedRecently(from: reach.from, to: reach.to, now: now) {
+            spendReach(reach, age: age(reach.unixSeconds), now: now)
+        }
         // The most recent first, as many as are remembered.
         for (key, then) in snapshot.seen.sorted(by: { $0.value > $1.value }) where registry[key] == nil {
             guard seen.count < configuration.rememberedKeys || seen[key] != nil else { break }
@@ -732,6 +787,7 @@ public struct RendezvousServer: Sendable {
             let age = Duration.seconds(Int64(min(unixSeconds &- min(post.unixSeconds, unixSeconds), UInt64(Int64.max / 2))))
             guard age < configuration.mailboxLifetime else { return [] }
             keep(post, expires: now + (configuration.mailboxLifetime - age))
+            spendPost(post, age: age, now: now)
             noteReach(from: post.from, to: post.to, now: now)
             statistics.posted = mailboxCount
             if let target = registry[post.to] {
@@ -752,6 +808,8 @@ public struct RendezvousServer: Sendable {
             }
         case .placed(let relay):
             relayRegistry.reserve(on: relay, now: now)
+        case .reached(let reach):
+            spendReach(reach, age: .zero, now: now)
         case .contacts(let owner, let add, let remove):
             changeContacts(of: owner, add: add, remove: remove)
         case .dropped(let ids):

@@ -35,6 +35,15 @@ struct TokenBucket: Sendable {
         return true
     }
 
+    /// One spent elsewhere (at another node, or before a restart) at `then`, taken
+    /// here too: at `then`, or at the last time the bucket was used if that is later.
+    /// An empty bucket stays empty.
+    mutating func spend(at then: Timestamp) {
+        let t = max(then, at)
+        tokens = max(0, level(at: t) - 1)
+        at = t
+    }
+
     /// Whether it is full again at `now` (the same as no bucket at all).
     func isFull(at now: Timestamp) -> Bool { level(at: now) >= burst }
 }

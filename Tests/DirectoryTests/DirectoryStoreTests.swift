@@ -93,6 +93,12 @@ struct DirectoryStoreTests {
             .contacts(owner: alice, add: [bob], remove: []),
         ])
         try await store.write([.contacts(owner: bob, add: [alice], remove: [])])
+        // Strangers reached: one row a pair, at its latest time, read back oldest first.
+        try await store.write([
+            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now + 1)),
+            .reached(RendezvousReach(from: bob, to: carol, unixSeconds: now + 2)),
+            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now + 3)),
+        ])
         await store.close()
 
         let again = try await backing.open()
@@ -100,6 +106,11 @@ struct DirectoryStoreTests {
         #expect(snapshot.posts == [post(2, at: now, 2), post(3, at: now + 5, 3)])
         #expect(snapshot.seen == [alice: now + 7])
         #expect(snapshot.contacts == [bob: [alice], alice: [bob]])
+        #expect(
+            snapshot.reaches == [
+                RendezvousReach(from: bob, to: carol, unixSeconds: now + 2),
+                RendezvousReach(from: alice, to: carol, unixSeconds: now + 3),
+            ])
         await again.close()
     }
 
@@ -111,10 +122,14 @@ struct DirectoryStoreTests {
         try await store.write([
             .posted(post(1, at: now - 90_000, 1)), .posted(post(2, at: now - 3600, 2)), .seen(alice, unixSeconds: now - 90_000),
             .seen(bob, unixSeconds: now - 60),
+            // A stranger reached is kept for the hour its budget counts it.
+            .reached(RendezvousReach(from: alice, to: bob, unixSeconds: now - 3600)),
+            .reached(RendezvousReach(from: bob, to: alice, unixSeconds: now - 3599)),
         ])
         let snapshot = try await store.load(unixSeconds: now, postsFor: .seconds(86400), seenFor: .seconds(86400))
         #expect(snapshot.posts.map(\.id) == [2])
         #expect(snapshot.seen == [bob: now - 60])
+        #expect(snapshot.reaches == [RendezvousReach(from: bob, to: alice, unixSeconds: now - 3599)])
         // Gone from the database, not only from the answer.
         let later = try await store.load(unixSeconds: now - 100_000, postsFor: .seconds(1_000_000), seenFor: .seconds(1_000_000))
         #expect(later.posts.map(\.id) == [2])
@@ -129,15 +144,15 @@ struct DirectoryStoreTests {
         await (try backing.open()).close()
         let raw = try await SQLiteConnection.open(storage: .file(path: path))
         let versions = try await raw.query("SELECT version FROM schema_migrations", [])
-        #expect(versions.compactMap { $0.column("version")?.integer } == [1, 2])
+        #expect(versions.compactMap { $0.column("version")?.integer } == [1, 2, 3])
         _ = try await raw.query("INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)", [])
         try await raw.close()
         await #expect(
-            throws: DirectoryError("\(path) has schema version 99, newer than this tusa's 2: use a newer tusa")
+            throws: DirectoryError("\(path) has schema version 99, newer than this tusa's 3: use a newer tusa")
         ) { _ = try await SQLiteDirectoryStore.open(path: path, logger: logger) }
     }
 
-    /// A file an earlier tusa made (schema 1: posts and keys seen, no contacts) is
+    /// A file an earlier tusa made (schema 1: posts and keys seen, no contacts nor reaches) is
     /// brought up to date at open, its rows kept.
     @Test func anEarlierSQLiteSchemaIsMigratedWithItsRows() async throws {
         let path = NSTemporaryDirectory() + "tusa-directory-\(UUID().uuidString).sqlite"
@@ -157,9 +172,10 @@ struct DirectoryStoreTests {
             "INSERT INTO seen (key, at) VALUES (?, ?)", [.blob(.init(bytes: alice.bytes)), .integer(Int(now))])
         try await raw.close()
         let store = try await SQLiteDirectoryStore.open(path: path, logger: logger)
-        try await store.write([.contacts(owner: alice, add: [bob], remove: [])])
+        let reach = RendezvousReach(from: bob, to: alice, unixSeconds: now)
+        try await store.write([.contacts(owner: alice, add: [bob], remove: []), .reached(reach)])
         let snapshot = try await store.load(unixSeconds: now, postsFor: .seconds(86400), seenFor: .seconds(86400))
-        #expect(snapshot.seen == [alice: now] && snapshot.contacts == [alice: [bob]])
+        #expect(snapshot.seen == [alice: now] && snapshot.contacts == [alice: [bob]] && snapshot.reaches == [reach])
         await store.close()
     }
 
@@ -181,10 +197,10 @@ struct DirectoryStoreTests {
         for store in stores { await store.close() }
         #expect(try await Self.psql(backing, "SELECT count(*) FROM nodes") == "0")
         let versions = try await Self.psql(backing, "SELECT version FROM schema_migrations ORDER BY version")
-        #expect(versions == "1,2,3")
+        #expect(versions == "1,2,3,4")
         _ = try await Self.psql(backing, "INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)")
         await #expect(
-            throws: DirectoryError("\(location) has schema version 99, newer than this tusa's 3: use a newer tusa")
+            throws: DirectoryError("\(location) has schema version 99, newer than this tusa's 4: use a newer tusa")
         ) { _ = try await PostgresDirectoryStore.open(location, logger: logger) }
     }
 
@@ -216,6 +232,7 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol),
             .contacts(owner: bob, add: [alice, carol], remove: [bob]), .placed(relay: alice),
+            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)),
         ]
         try await a.write(records)
         let expected: [RendezvousClusterEvent] = [
@@ -226,6 +243,7 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol, node: nodeA),
             .contacts(owner: bob, add: [alice, carol], remove: [bob]), .placed(relay: alice),
+            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)),
         ]
         #expect(await heard.wait { $0.events.count >= expected.count }, "\(heard.events.count)")
         #expect(heard.events == expected)

@@ -40,7 +40,7 @@ struct ContactsCommandTests {
     }
 
     @Test(
-        "tusa contacts adds, lists and removes keys kept by the rendezvous (a relay's, or tusa directory) across its restart, tusa party create --contacts invites each, and a stranger flood stops at ten",
+        "tusa contacts adds, lists and removes keys kept by the rendezvous (a relay's, or tusa directory) across its restart, tusa party create --contacts invites each, and a stranger flood stops at ten, across a restart too",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
         arguments: ["relay", "directory"])
     func contactsAreKeptAndInvitedToAParty(_ kind: String) async throws {
@@ -94,6 +94,21 @@ struct ContactsCommandTests {
         }
         #expect(refused.count == 2 && refused.allSatisfy { $0.contains("has not made you a contact") }, "\(refused)")
         #expect(try await c.lookup(carol.publicKey), "her connection still serves her")
+
+        // Killed and started again, the server has not refilled her budget: the
+        // strangers she reached are rows.
+        relay.kill()
+        _ = await relay.waitForExit(timeout: 5)
+        (relay, server) = try await Self.start(kind, database)
+        guard let again = TransportAddress(server) else { throw HarnessError("bad address \(server)") }
+        let back = try await RendezvousConnection.connect(to: again, identity: carol.privateKey, timeout: .seconds(30))
+        defer { Task { await back.close() } }
+        do {
+            try await back.post([2], to: PrivateKey.generate().publicKey)
+            Issue.record("a new stranger reached after the restart, with ten reached before it")
+        } catch RendezvousConnectionError.refused(.rateLimited, let detail) {
+            #expect(detail.contains("has not made you a contact"), "\(detail)")
+        }
         #expect(await relay.stop() == 0)
     }
 

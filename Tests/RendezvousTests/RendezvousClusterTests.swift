@@ -67,6 +67,7 @@ private struct Cluster {
         case .roomMoved(let room, let relay): .roomMoved(room: room, relay: relay)
         case .placed(let relay): .placed(relay: relay)
         case .contacts(let owner, let add, let remove): .contacts(owner: owner, add: add, remove: remove)
+        case .reached(let reach): .reached(reach)
         case .seen: nil
         }
     }
@@ -137,6 +138,40 @@ struct RendezvousClusterTests {
         cluster.settle()
         let (_, again) = try ca.post([3], to: bob.publicKey)
         #expect(RendezvousContactsTests.isRateLimited(try cluster[1].request(a, again, &ca)))
+    }
+
+    /// A key's stranger and post budgets are the cluster's, not each node's: what it
+    /// spent at node 1 is spent at node 2 when it moves there, where the strangers it
+    /// reached stay free to reach again for the hour.
+    @Test func aKeysBudgetsSpentAtOneNodeAreSpentAtTheOthers() throws {
+        var cluster = Cluster(nodes: 2) {
+            $0.strangerBurst = 2
+            $0.strangersPerHour = 0.001
+            $0.postBurst = 3
+            $0.postsPerMinute = 0.001
+        }
+        let (x, y, z) = (PrivateKey.generate().publicKey, PrivateKey.generate().publicKey, PrivateKey.generate().publicKey)
+        var ca = RendezvousClient(identity: alice)
+        _ = try cluster[1].connect(a, &ca)
+        for stranger in [x, y] {
+            let (sent, post) = try ca.post([1], to: stranger)
+            #expect(try cluster[1].request(a, post, &ca) == [.sent(id: sent)])
+        }
+        cluster.settle()
+        // Alice moves to node 2 (her connection at node 1 is replaced).
+        var moved = RendezvousClient(identity: alice)
+        _ = try cluster[2].connect(b, &moved)
+        cluster.settle()
+        let (refused, third) = try moved.post([2], to: z)
+        let answer = try cluster[2].request(b, third, &moved)
+        #expect(answer.contains { if case .refused(.rateLimited, _, refused) = $0 { true } else { false } }, "\(answer)")
+        // A stranger she reached at node 1 is free at node 2, from her post budget's last one...
+        let (again, toX) = try moved.post([3], to: x)
+        #expect(try cluster[2].request(b, toX, &moved) == [.sent(id: again)])
+        // ...which node 2 counts with the two she spent at node 1: none left.
+        let (spent, toY) = try moved.post([4], to: y)
+        let last = try cluster[2].request(b, toY, &moved)
+        #expect(last.contains { if case .refused(.rateLimited, _, spent) = $0 { true } else { false } }, "\(last)")
     }
 
     /// A stranger reached from another node answers freely there; a resync that read
@@ -523,6 +558,7 @@ struct RendezvousClusterTests {
             .event(.contacts(owner: key, add: [bob.publicKey], remove: [])),
             .event(.contacts(owner: key, add: [], remove: [key])),
             .event(.placed(relay: bob.publicKey)),
+            .event(.reached(RendezvousReach(from: key, to: bob.publicKey, unixSeconds: 1_800_000_000))),
         ]
         for body in bodies {
             let notice = ClusterNotice(origin: 5, body)
@@ -536,6 +572,7 @@ struct RendezvousClusterTests {
             #"{"v":1,"origin":1,"type":"room-moved","key":"\#(bob.publicKey.base64)"}"#,
             #"{"v":1,"origin":1,"type":"room-moved","room":"","key":"\#(bob.publicKey.base64)"}"#,
             #"{"v":1,"origin":1,"type":"contacts","key":"\#(bob.publicKey.base64)","add":["AAAA"]}"#,
+            #"{"v":1,"origin":1,"type":"reached","from":"\#(bob.publicKey.base64)","at":5}"#,
         ] {
             #expect(throws: RendezvousError.self, "\(bad)") { try ClusterNotice(decoding: bad) }
         }

@@ -177,6 +177,48 @@ extension RendezvousClient {
         #expect(try restarted.request(c, friendly, &rc) == [.sent(id: now)])
     }
 
+    /// A restart does not refill a budget: the strangers reached (recorded as they are
+    /// spent) and the posts to strangers in the store's snapshot are spent again, an
+    /// hour's worth; the strangers reached stay free to reach for the rest of it.
+    @Test func aRestartSpendsWhatTheSnapshotSaysWasSpent() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.strangerBurst = 3
+        configuration.strangersPerHour = 0.001
+        configuration.postBurst = 4
+        configuration.postsPerMinute = 0.001
+        var net = Net(configuration)
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        let strangers = (0..<4).map { _ in PrivateKey.generate().publicKey }
+        for stranger in strangers.prefix(2) {
+            let (sent, post) = try ca.post([1], to: stranger)
+            #expect(try net.request(a, post, &ca) == [.sent(id: sent)])
+        }
+        let reaches = net.records.compactMap { if case .reached(let r) = $0 { r } else { nil } }
+        let posts = net.records.compactMap { if case .posted(let p) = $0 { p } else { nil } }
+        #expect(reaches.map(\.to) == Array(strangers.prefix(2)) && reaches.allSatisfy { $0.from == alice.publicKey })
+        #expect(posts.count == 2)
+
+        // Restarted with what the store kept, and a reach older than the hour (not counted).
+        var restarted = Net(configuration)
+        let old = RendezvousReach(from: alice.publicKey, to: carol.publicKey, unixSeconds: net.unix - 3700)
+        restarted.feed(.restore(RendezvousSnapshot(posts: posts, reaches: [old] + reaches), unixSeconds: net.unix))
+        var ra = RendezvousClient(identity: alice)
+        _ = try restarted.connect(a, &ra)
+        // One stranger left of three, and two posts of four.
+        let (third, toThird) = try ra.post([2], to: strangers[2])
+        #expect(try restarted.request(a, toThird, &ra) == [.sent(id: third)])
+        let (fourth, toFourth) = try ra.post([3], to: strangers[3])
+        let refused = try restarted.request(a, toFourth, &ra)
+        #expect(refused.contains { if case .refused(.rateLimited, _, fourth) = $0 { true } else { false } }, "\(refused)")
+        // A stranger reached before the restart is free, from the last post.
+        let (again, toFirst) = try ra.post([4], to: strangers[0])
+        #expect(try restarted.request(a, toFirst, &ra) == [.sent(id: again)])
+        let (over, toSecond) = try ra.post([5], to: strangers[1])
+        let noPosts = try restarted.request(a, toSecond, &ra)
+        #expect(noPosts.contains { if case .refused(.rateLimited, _, over) = $0 { true } else { false } }, "\(noPosts)")
+    }
+
     /// A stranger who was reached answers freely for the hour after, with its own
     /// budget spent (a callee answering a call); then the hour is over both ways.
     @Test func aStrangerReachedAnswersFreelyForAnHour() throws {
