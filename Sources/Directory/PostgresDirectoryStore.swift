@@ -229,7 +229,10 @@ public actor PostgresDirectoryStore: RendezvousStore {
         let seenSince = now - seenFor.components.seconds
         try await transaction { c, logger in
             try await c.query("DELETE FROM posts WHERE posted_at <= \(postsSince)", logger: logger)
-            try await c.query("DELETE FROM seen WHERE at <= \(seenSince)", logger: logger)
+            // A key with contacts is remembered until the core forgets them (its
+            // RendezvousServerConfiguration.contactsFor counts from this row).
+            try await c.query(
+                "DELETE FROM seen WHERE at <= \(seenSince) AND key NOT IN (SELECT owner FROM contacts)", logger: logger)
             try await c.query(
                 "DELETE FROM reaches WHERE at <= \(now - RendezvousServer.strangerMemory.components.seconds)", logger: logger)
             // A signal's row lives until its node reads it; one nobody read in a minute never will be.

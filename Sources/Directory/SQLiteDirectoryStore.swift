@@ -100,7 +100,10 @@ public actor SQLiteDirectoryStore: RendezvousStore {
         let seenSince = now - Int(clamping: seenFor.components.seconds)
         try await transaction {
             _ = try await connection.query("DELETE FROM posts WHERE posted_at <= ?", [.integer(postsSince)])
-            _ = try await connection.query("DELETE FROM seen WHERE at <= ?", [.integer(seenSince)])
+            // A key with contacts is remembered until the core forgets them (its
+            // RendezvousServerConfiguration.contactsFor counts from this row).
+            _ = try await connection.query(
+                "DELETE FROM seen WHERE at <= ? AND key NOT IN (SELECT owner FROM contacts)", [.integer(seenSince)])
             _ = try await connection.query(
                 "DELETE FROM reaches WHERE at <= ?",
                 [.integer(now - Int(clamping: RendezvousServer.strangerMemory.components.seconds))])

@@ -9,8 +9,9 @@ import Secure
 /// node, carries what each writes to the others, and tells who is registered where.
 public protocol RendezvousStore: Sendable {
     /// What is still kept at Unix time `unixSeconds`: posts younger than `postsFor`
-    /// in posting order, keys seen within `seenFor` (older ones are deleted), and
-    /// every key's contacts.
+    /// in posting order, keys seen within `seenFor` (older ones are deleted, but for
+    /// keys with contacts), every key's contacts, and the strangers reached in the
+    /// last hour.
     func load(unixSeconds: UInt64, postsFor: Duration, seenFor: Duration) async throws -> RendezvousSnapshot
     /// Writes the records, in order, all or none; a shared database also tells the
     /// other nodes what they say (who registered and left here, posts, signals).

@@ -26,6 +26,11 @@ extension RendezvousServer: SansIOCore {
     public typealias Action = RendezvousAction
 
     public mutating func handle(_ input: Input, now: Timestamp) {
+        switch input {
+        case .received(_, _, let unix), .restore(_, let unix), .cluster(_, let unix), .clusterResync(_, _, let unix):
+            unixClock = (unix, now)
+        case .accepted, .closed, .memoryShort: break
+        }
         let actions: [RendezvousAction]
         switch input {
         case .accepted(let id): actions = accept(id, now: now)

@@ -43,6 +43,10 @@ public struct RendezvousServerConfiguration: Sendable {
     /// and every key's together (about 100 bytes each in memory).
     public var maximumContacts = 250
     public var contactsTotal = 2_000_000
+    /// A key's contacts are forgotten once it has not been registered (here or at any
+    /// node of a cluster) for this long: a key gone for good does not keep its rows,
+    /// and its share of `contactsTotal`, for ever.
+    public var contactsFor: Duration = .seconds(180 * 24 * 3600)
     /// Strangers (keys that have not made the sender one of their contacts) one key
     /// may reach with posts and sends: a burst, then this many an hour. A stranger
     /// reached once costs nothing more for the hour after (a call's several sends,
@@ -171,6 +175,17 @@ public struct RendezvousServer: Sendable {
     private var contacts: [PublicKey: Set<PublicKey>] = [:]
     /// How many contacts all keys hold together.
     private var contactCount = 0
+    /// When each key with contacts was last registered (Unix seconds), as far as
+    /// this node knows (a key registered now, here or at another node, is not
+    /// looked at). Unix time: a key may have been gone longer than this host is up.
+    private var ownerSeen: [PublicKey: UInt64] = [:]
+    /// The Unix time the driver last gave, and when: Unix time now, without a clock.
+    var unixClock: (unix: UInt64, at: Timestamp)?
+    /// When the contacts of keys gone longer than ``RendezvousServerConfiguration/contactsFor`` are next looked for.
+    private var contactSweepAt: Timestamp?
+    /// A node of a cluster has read who is registered at the others (a key
+    /// registered there for months is not gone).
+    private var clusterSynced = false
     /// What is left of each key's stranger budget (``RendezvousServerConfiguration/strangerBurst``).
     private var strangerBudgets: [PublicKey: TokenBucket] = [:]
     /// Who reached whom as a stranger in the last hour (sender → recipients, with
@@ -250,6 +265,7 @@ public struct RendezvousServer: Sendable {
         guard let key = c.key, registry[key] == id else { return }
         registry[key] = nil
         remember(key, now)
+        ownerLeft(key, now: now)
         recordSeen(c, at: now)
         if clustered { records.append(.offline(key)) }
         statistics.registered = registry.count
@@ -275,6 +291,10 @@ public struct RendezvousServer: Sendable {
             return recent.isEmpty ? nil : recent
         }
         recentContactChanges.removeAll { now - $0.at >= Self.contactReplay }
+        if now >= contactSweepAt ?? now, !clustered || clusterSynced {
+            contactSweepAt = now + Self.contactSweep
+            forgetContactsOfKeysGone(now: now)
+        }
         relayRegistry.expire(now: now)
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
         return actions
@@ -288,7 +308,8 @@ public struct RendezvousServer: Sendable {
         let forget = seen.values.min()
         // Each box is in posting order: its first entry is its oldest.
         let expire = mailbox.values.compactMap { $0.first?.expires }.min()
-        return [connection, forget, expire].compactMap { $0 }.min()
+        let sweep = contacts.isEmpty ? nil : contactSweepAt
+        return [connection, forget, expire, sweep].compactMap { $0 }.min()
     }
 
     /// Whether a key is registered now (here, or at another node of the cluster).
@@ -468,15 +489,7 @@ public struct RendezvousServer: Sendable {
             let added = after.subtracting(before)
             let removed = before.subtracting(after)
             if !added.isEmpty || !removed.isEmpty {
-                let change = (add: Self.ordered(added), remove: Self.ordered(removed))
-                records.append(.contacts(owner: owner, add: change.add, remove: change.remove))
-                if clustered {
-                    recentContactChanges.append((now, owner, change.add, change.remove))
-                    if recentContactChanges.count > Self.contactReplayLimit {
-                        recentContactChanges.removeFirst(recentContactChanges.count - Self.contactReplayLimit)
-                    }
-                }
-                changeContacts(of: owner, add: change.add, remove: change.remove)
+                recordContacts(of: owner, add: Self.ordered(added), remove: Self.ordered(removed), now: now)
             }
             return [.send(id, RendezvousFrame.frame(.contacts(id: requestID, keys: Self.ordered(after))))]
         case .ping:
@@ -544,6 +557,54 @@ public struct RendezvousServer: Sendable {
         let after = before.subtracting(remove).union(add)
         contactCount += after.count - before.count
         contacts[owner] = after.isEmpty ? nil : after
+        if after.isEmpty { ownerSeen[owner] = nil }
+    }
+
+    /// A change of `owner`'s contacts made here: recorded (for the store and the
+    /// other nodes, which replay it over a resync for a while), then made.
+    private mutating func recordContacts(of owner: PublicKey, add: [PublicKey], remove: [PublicKey], now: Timestamp) {
+        records.append(.contacts(owner: owner, add: add, remove: remove))
+        if clustered {
+            recentContactChanges.append((now, owner, add, remove))
+            if recentContactChanges.count > Self.contactReplayLimit {
+                recentContactChanges.removeFirst(recentContactChanges.count - Self.contactReplayLimit)
+            }
+        }
+        changeContacts(of: owner, add: add, remove: remove)
+    }
+
+    /// A key that has contacts is no longer registered here or at the node that said so.
+    private mutating func ownerLeft(_ key: PublicKey, now: Timestamp) {
+        if contacts[key] != nil, let unix = unixNow(now) { ownerSeen[key] = unix }
+    }
+
+    /// Unix time at `now`, from the last the driver gave.
+    private func unixNow(_ now: Timestamp) -> UInt64? {
+        unixClock.map { $0.unix &+ UInt64(max(0, (now - $0.at).components.seconds)) }
+    }
+
+    /// The contacts of keys not registered anywhere for
+    /// ``RendezvousServerConfiguration/contactsFor`` are removed, as their owner would
+    /// (recorded a change at a time). A key with contacts whose last registration this
+    /// node does not know is counted from now.
+    private mutating func forgetContactsOfKeysGone(now: Timestamp) {
+        guard let unix = unixNow(now) else { return }
+        let limit = UInt64(max(0, configuration.contactsFor.components.seconds))
+        var gone: [PublicKey] = []
+        for owner in contacts.keys where registry[owner] == nil && elsewhere[owner] == nil {
+            guard let last = ownerSeen[owner] else {
+                ownerSeen[owner] = unix
+                continue
+            }
+            if unix &- min(last, unix) >= limit { gone.append(owner) }
+        }
+        for owner in gone {
+            let all = Self.ordered(contacts[owner] ?? [])
+            for start in stride(from: 0, to: all.count, by: RendezvousMessage.maximumContactChange) {
+                let part = Array(all[start..<min(start + RendezvousMessage.maximumContactChange, all.count)])
+                recordContacts(of: owner, add: [], remove: part, now: now)
+            }
+        }
     }
 
     /// Whether `to` made `from` one of its contacts (or is `from`).
@@ -617,6 +678,8 @@ public struct RendezvousServer: Sendable {
     /// node of a cluster), and how many at most.
     static let contactReplay = Duration.seconds(60)
     static let contactReplayLimit = 10_000
+    /// How often the contacts of keys gone for ``RendezvousServerConfiguration/contactsFor`` are looked for.
+    static let contactSweep = Duration.seconds(600)
 
     /// A configured figure in a refusal (whole, unless it is not a finite one).
     static func count(_ value: Double) -> String {
@@ -659,6 +722,8 @@ public struct RendezvousServer: Sendable {
     /// (against `unixSeconds`, now), and keys seen, for "offline" answers.
     mutating func restore(_ snapshot: RendezvousSnapshot, unixSeconds: UInt64, now: Timestamp) {
         _ = merge(snapshot, unixSeconds: unixSeconds, now: now)
+        // Not before the driver has handed over what else it reads at a start.
+        contactSweepAt = now + Self.contactSweep
     }
 
     /// A snapshot's posts and keys seen taken in (posts already held are not taken
@@ -693,6 +758,12 @@ public struct RendezvousServer: Sendable {
         contacts = snapshot.contacts
         contactCount = contacts.values.reduce(0) { $0 + $1.count }
         for change in recentContactChanges { changeContacts(of: change.owner, add: change.add, remove: change.remove) }
+        // When each key with contacts was last registered (the store keeps those rows
+        // longer than `seenFor`), for forgetting the contacts of keys gone for good.
+        ownerSeen = ownerSeen.filter { contacts[$0.key] != nil }
+        for (key, then) in snapshot.seen where contacts[key] != nil {
+            if ownerSeen[key].map({ $0 < then }) ?? true { ownerSeen[key] = then }
+        }
         // Oldest first, as the budgets were spent; a reach this node knows of (its
         // own, or heard) was spent here already.
         for post in newPosts.sorted(by: { $0.unixSeconds < $1.unixSeconds }) {
@@ -703,7 +774,8 @@ public struct RendezvousServer: Sendable {
             spendReach(reach, age: age(reach.unixSeconds), now: now)
         }
         // The most recent first, as many as are remembered.
-        for (key, then) in snapshot.seen.sorted(by: { $0.value > $1.value }) where registry[key] == nil {
+        for (key, then) in snapshot.seen.sorted(by: { $0.value > $1.value })
+        where registry[key] == nil && age(then) < configuration.rememberFor {
             guard seen.count < configuration.rememberedKeys || seen[key] != nil else { break }
             let forget = end(then, configuration.rememberFor)
             if seen[key].map({ $0 < forget }) ?? true { seen[key] = forget }
@@ -728,10 +800,14 @@ public struct RendezvousServer: Sendable {
         let before = elsewhere
         for key in before.keys where presence[key] == nil {
             elsewhere[key] = nil
-            if registry[key] == nil { remember(key, now) }
+            if registry[key] == nil {
+                remember(key, now)
+                ownerLeft(key, now: now)
+            }
         }
         for (key, there) in presence { actions += cluster(.online(key, there), now: now, unixSeconds: unixSeconds) }
         statistics.elsewhere = elsewhere.count
+        clusterSynced = true
         return actions
     }
 
@@ -768,11 +844,17 @@ public struct RendezvousServer: Sendable {
         case .offline(let key, let node):
             guard elsewhere[key]?.node == node else { return [] }
             elsewhere[key] = nil
-            if registry[key] == nil { remember(key, now) }
+            if registry[key] == nil {
+                remember(key, now)
+                ownerLeft(key, now: now)
+            }
         case .nodeGone(let node):
             for (key, there) in elsewhere where there.node == node {
                 elsewhere[key] = nil
-                if registry[key] == nil { remember(key, now) }
+                if registry[key] == nil {
+                    remember(key, now)
+                    ownerLeft(key, now: now)
+                }
             }
         case .signal(let signal):
             guard signal.node == configuration.node, let target = registry[signal.to] else { return [] }

@@ -116,6 +116,7 @@ struct DirectoryStoreTests {
 
     @Test(arguments: kinds)
     func rowsOlderThanTheyAreKeptAreDeletedAtLoad(_ kind: String) async throws {
+        let carol = PrivateKey.generate().publicKey
         let backing = try Backing(kind)
         defer { backing.remove() }
         let store = try await backing.open()
@@ -125,11 +126,17 @@ struct DirectoryStoreTests {
             // A stranger reached is kept for the hour its budget counts it.
             .reached(RendezvousReach(from: alice, to: bob, unixSeconds: now - 3600)),
             .reached(RendezvousReach(from: bob, to: alice, unixSeconds: now - 3599)),
+            // A key with contacts is remembered as long as they are (the core forgets them).
+            .seen(carol, unixSeconds: now - 90_000), .contacts(owner: carol, add: [alice], remove: []),
         ])
         let snapshot = try await store.load(unixSeconds: now, postsFor: .seconds(86400), seenFor: .seconds(86400))
         #expect(snapshot.posts.map(\.id) == [2])
-        #expect(snapshot.seen == [bob: now - 60])
+        #expect(snapshot.seen == [bob: now - 60, carol: now - 90_000])
         #expect(snapshot.reaches == [RendezvousReach(from: bob, to: alice, unixSeconds: now - 3599)])
+        // Once they are forgotten, so is the key.
+        try await store.write([.contacts(owner: carol, add: [], remove: [alice])])
+        let forgotten = try await store.load(unixSeconds: now, postsFor: .seconds(86400), seenFor: .seconds(86400))
+        #expect(forgotten.seen == [bob: now - 60] && forgotten.contacts.isEmpty)
         // Gone from the database, not only from the answer.
         let later = try await store.load(unixSeconds: now - 100_000, postsFor: .seconds(1_000_000), seenFor: .seconds(1_000_000))
         #expect(later.posts.map(\.id) == [2])

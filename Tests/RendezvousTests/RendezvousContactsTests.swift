@@ -177,6 +177,87 @@ extension RendezvousClient {
         #expect(try restarted.request(c, friendly, &rc) == [.sent(id: now)])
     }
 
+    /// The contacts of a key registered nowhere for `contactsFor` are forgotten, as a
+    /// removal recorded (the store and the other nodes forget them too); a key
+    /// registered here, or at another node, however long, keeps them; after a restart
+    /// the store's row of when a key was last here counts, and a key with no such row
+    /// is counted from the restart.
+    @Test func theContactsOfAKeyGoneForGoodAreForgotten() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.strangerBurst = 0
+        configuration.contactsFor = .seconds(2 * 24 * 3600)
+        configuration.idleTimeout = .seconds(30 * 24 * 3600)
+        let day = Duration.seconds(24 * 3600)
+        /// Both clocks on by `d`, then the server's timers.
+        func pass(_ net: inout Net, _ d: Duration) {
+            net.now = net.now + d
+            net.unix += UInt64(d.components.seconds)
+            net.tick()
+        }
+        func removals(_ records: [RendezvousRecord]) -> [PublicKey: [PublicKey]] {
+            var out: [PublicKey: [PublicKey]] = [:]
+            for case .contacts(let owner, let add, let remove) in records where add.isEmpty { out[owner, default: []] += remove }
+            return out
+        }
+        var net = Net(configuration)
+        var cb = RendezvousClient(identity: bob)
+        var cc = RendezvousClient(identity: carol)
+        _ = try net.connect(b, &cb)
+        _ = try net.connect(c, &cc)
+        let (_, bobAdds) = cb.changeContacts(add: [alice.publicKey])
+        _ = try net.request(b, bobAdds, &cb)
+        let (_, carolAdds) = cc.changeContacts(add: [alice.publicKey])
+        _ = try net.request(c, carolAdds, &cc)
+        net.feed(.closed(b))  // Bob leaves; Carol stays registered
+        net.records = []
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        pass(&net, day)
+        #expect(removals(net.records).isEmpty)
+        let (kept, toBob) = try ca.post([1], to: bob.publicKey)
+        #expect(try net.request(a, toBob, &ca) == [.sent(id: kept)], "a contact still, a day on")
+        pass(&net, day + .seconds(600))
+        #expect(removals(net.records) == [bob.publicKey: [alice.publicKey]], "\(net.records)")
+        let (gone, again) = try ca.post([2], to: bob.publicKey)
+        let refused = try net.request(a, again, &ca)
+        #expect(refused.contains { if case .refused(.rateLimited, _, gone) = $0 { true } else { false } }, "\(refused)")
+        let (asked, ask) = cc.changeContacts()
+        #expect(try net.request(c, ask, &cc) == [.contacts(id: asked, keys: [alice.publicKey])], "Carol, here all along")
+
+        // Restarted: Dave was last here three days ago, Erin's row is gone.
+        let (dave, erin) = (PrivateKey.generate().publicKey, PrivateKey.generate().publicKey)
+        var restarted = Net(configuration)
+        restarted.unix = net.unix
+        restarted.feed(
+            .restore(
+                RendezvousSnapshot(
+                    seen: [dave: net.unix - 3 * 24 * 3600], contacts: [dave: [alice.publicKey], erin: [bob.publicKey]]),
+                unixSeconds: net.unix))
+        pass(&restarted, .seconds(600))
+        #expect(removals(restarted.records) == [dave: [alice.publicKey]], "\(restarted.records)")
+        pass(&restarted, day * 2 + .seconds(600))
+        #expect(removals(restarted.records) == [dave: [alice.publicKey], erin: [bob.publicKey]], "\(restarted.records)")
+
+        // A node of a cluster: Frank, registered at node 1 since long ago, keeps his
+        // until node 1 says he left, and for `contactsFor` after.
+        var node = configuration
+        node.node = 2
+        let frank = PrivateKey.generate().publicKey
+        var two = Net(node)
+        two.unix = net.unix
+        two.feed(
+            .clusterResync(
+                RendezvousSnapshot(seen: [frank: net.unix - 30 * 24 * 3600], contacts: [frank: [alice.publicKey]]),
+                presence: [frank: ClusterPresence(node: 1, unixSeconds: net.unix - 30 * 24 * 3600)], unixSeconds: net.unix))
+        pass(&two, day * 3)
+        #expect(removals(two.records).isEmpty, "\(two.records)")
+        two.feed(.cluster(.offline(frank, node: 1), unixSeconds: two.unix))
+        pass(&two, day)
+        #expect(removals(two.records).isEmpty, "\(two.records)")
+        pass(&two, day + .seconds(600))
+        #expect(removals(two.records) == [frank: [alice.publicKey]], "\(two.records)")
+    }
+
     /// A restart does not refill a budget: the strangers reached (recorded as they are
     /// spent) and the posts to strangers in the store's snapshot are spent again, an
     /// hour's worth; the strangers reached stay free to reach for the rest of it.
