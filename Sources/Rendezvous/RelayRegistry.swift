@@ -185,6 +185,18 @@ public struct RelayRegistry: Sendable {
         return chosen
     }
 
+    /// Where `room` is now as far as this node knows, placing nothing: the relay it
+    /// was moved to, else the relay it was made on, live or not (nil: this node knows
+    /// neither). A member that still hears its relay asks this, to follow a room
+    /// that moved: a relay whose reports lapsed while its members hear it is not
+    /// left by them for that alone (a member that lost it asks
+    /// ``host(room:now:placed:)``, which places the room again).
+    public func current(room: String) -> Relay? {
+        if let key = moved[room], let relay = relays[key], relay.load.party != nil { return relay }
+        guard let tag = RoomHome.tag(ofRoom: room) else { return nil }
+        return relays.values.first { RoomHome.tag(of: $0.key) == tag && $0.load.party != nil }
+    }
+
     /// ``host(room:now:placed:)``, when no one is to be told.
     public mutating func host(room: String, now: Timestamp) -> Relay? {
         var placed = false

@@ -83,11 +83,12 @@ public struct RendezvousClient: Sendable {
         return id
     }
 
-    /// Asks which relay hosts party room `room` now; the answer is `.located` or
-    /// `.refused` (`.noRelay`) with the returned id.
-    public mutating func locate(room: String, now: Timestamp) -> UInt32 {
+    /// Asks which relay hosts party room `room` now (`follow`: whether it moved,
+    /// nothing placed; ``RendezvousMessage/locate(id:room:follow:)``); the answer is
+    /// `.located` or `.refused` (`.noRelay`) with the returned id.
+    public mutating func locate(room: String, follow: Bool = false, now: Timestamp) -> UInt32 {
         let id = takeID(now: now)
-        actions.append(.write(RendezvousFrame.frame(.locate(id: id, room: room))))
+        actions.append(.write(RendezvousFrame.frame(.locate(id: id, room: room, follow: follow))))
         return id
     }
 

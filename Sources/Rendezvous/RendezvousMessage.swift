@@ -92,9 +92,12 @@ public enum RendezvousMessage: Equatable, Sendable {
     /// Relay → directory, every 2 s once registered: its load, and the proof that it
     /// holds the directory's relay secret (``RelayLoad/proof(secret:key:challenge:load:)``). No answer.
     case load(RelayLoad, proof: [UInt8])
-    /// Client → server: which relay hosts party room `room` now? (A joiner asks, and
-    /// a member whose relay went silent: ``RelayRegistry/host(room:now:)``.)
-    case locate(id: UInt32, room: String)
+    /// Client → server: which relay hosts party room `room` now? A joiner asks, and
+    /// a member whose relay went silent: a room whose relay is gone is placed again
+    /// (``RelayRegistry/host(room:now:)``). With `follow`, a member that still hears
+    /// its relay asks whether the room moved, and nothing is placed
+    /// (``RelayRegistry/current(room:)``).
+    case locate(id: UInt32, room: String, follow: Bool = false)
     /// Server → client: the answer to `locate`.
     case located(id: UInt32, room: String, party: PartyGrant)
     /// Client → server: change this key's contacts, the keys it takes posts and sends
@@ -128,6 +131,7 @@ public enum RendezvousMessage: Equatable, Sendable {
         var add: [String]?
         var remove: [String]?
         var keys: [String]?
+        var follow: Bool?
     }
 
     public func encode() -> [UInt8] {
@@ -182,10 +186,11 @@ public enum RendezvousMessage: Equatable, Sendable {
             w.type = "load"
             w.load = l
             w.proof = b64(p)
-        case .locate(let id, let room):
+        case .locate(let id, let room, let follow):
             w.type = "locate"
             w.id = id
             w.room = room
+            if follow { w.follow = true }
         case .located(let id, let room, let party):
             w.type = "located"
             w.id = id
@@ -246,7 +251,7 @@ public enum RendezvousMessage: Equatable, Sendable {
         case "ping": self = .ping
         case "pong": self = .pong
         case "load": self = .load(try need(w.load, "load"), proof: try bytes(w.proof, "proof"))
-        case "locate": self = .locate(id: try need(w.id, "id"), room: try need(w.room, "room"))
+        case "locate": self = .locate(id: try need(w.id, "id"), room: try need(w.room, "room"), follow: w.follow ?? false)
         case "located":
             self = .located(id: try need(w.id, "id"), room: try need(w.room, "room"), party: try need(w.party, "party"))
         case "change-contacts":

@@ -511,7 +511,7 @@ public struct RendezvousServer: Sendable {
             relayRegistry.report(key, load, now: now)
             if clustered { records.append(.relayLoad(key, load)) }
             return []
-        case .locate(let requestID, let room):
+        case .locate(let requestID, let room, let follow):
             guard c.key != nil else {
                 return refuse(id, .notRegistered, "register before locate", requestID: requestID, close: false)
             }
@@ -520,14 +520,20 @@ public struct RendezvousServer: Sendable {
                     id, .malformed, "a room id is 1-\(Self.longestRoomID) bytes, not \(room.utf8.count)", requestID: requestID,
                     close: false)
             }
-            // A relay's own rendezvous: its relay. With relays reporting: where the registry says.
+            // A relay's own rendezvous: its relay. With relays reporting: where the registry
+            // says (a member that follows its room places nothing: only one that lost its
+            // relay, or a joiner, moves a room).
             var placed = false
-            let relay = configuration.relaySecret == nil ? nil : relayRegistry.host(room: room, now: now, placed: &placed)
+            let relay =
+                configuration.relaySecret == nil
+                ? nil
+                : follow ? relayRegistry.current(room: room) : relayRegistry.host(room: room, now: now, placed: &placed)
             let party = configuration.relaySecret == nil ? configuration.party : relay?.load.party
             // A room moved here: the other nodes send its members to the same relay.
             if placed, clustered, let relay { records.append(.roomMoved(room: room, relay: relay.key)) }
             guard let party else {
-                return refuse(id, .noRelay, "no relay hosts parties now", requestID: requestID, close: false)
+                let detail = follow ? "no relay is known to host \(room)" : "no relay hosts parties now"
+                return refuse(id, .noRelay, detail, requestID: requestID, close: false)
             }
             return [.send(id, RendezvousFrame.frame(.located(id: requestID, room: room, party: party)))]
         case .hello, .registered, .lookupResult, .sent, .deliver, .error, .located, .contacts:

@@ -95,8 +95,10 @@ public final class PartyConnection: Sendable {
     public typealias AudioHandler = @Sendable (MemberID, PartyFrameHeader, [UInt8]) -> Void
 
     /// Where room `room` is hosted now, asked of a directory when the relay went
-    /// silent (nil: no answer; the member keeps trying the relay it knows).
-    public typealias Locator = @Sendable (_ room: String) async -> (address: TransportAddress, key: PublicKey)?
+    /// silent, and now and then while in the room (nil: no answer; the member keeps
+    /// the relay it knows). `follow`: asked by a member that still hears its relay,
+    /// which is to follow a room that moved but never to move it (``RoomLocator``).
+    public typealias Locator = @Sendable (_ room: String, _ follow: Bool) async -> (address: TransportAddress, key: PublicKey)?
 
     /// Opens the secure session with the relay at `relay`, whose static key is `relayKey`.
     ///
@@ -201,7 +203,7 @@ public final class PartyConnection: Sendable {
             // Over TLS the directory's answer (the relay's UDP address) is no way to the
             // same relay: its TLS port, as given, is kept; another relay is tried as named.
             if let locate, let room = try? await loop.submit({ driver.value.read(\.rejoining) }).get(),
-                let found = await locate(room), transport != .tls || found.key != relayKey
+                let found = await locate(room, false), transport != .tls || found.key != relayKey
             {
                 (relay, relayKey) = found
             }
@@ -241,7 +243,7 @@ public final class PartyConnection: Sendable {
             do { asked = try await loop.submit({ driver.value.read(\.room) }).get() } catch { break }
             // Only a directory's rooms (their ids carry their relay's tag): another
             // rendezvous knows nothing of a room it did not place.
-            guard let room = asked, RoomHome.tag(ofRoom: room) != nil, let found = await locate(room), !Task.isCancelled
+            guard let room = asked, RoomHome.tag(ofRoom: room) != nil, let found = await locate(room, true), !Task.isCancelled
             else { continue }
             if found.key != place.withLockedValue({ $0.key }) {
                 loop.execute { driver.value.handle(.relocate) }

@@ -177,9 +177,11 @@ public final class RendezvousConnection: Sendable {
     /// The relay that hosts party room `room` now: a relay's own rendezvous names
     /// its relay; a directory the relay the room was made on, or, when that one is
     /// gone or draining, the one it places the room on now (throws
-    /// `.refused(.noRelay, …)` when no relay hosts parties).
-    public func locate(room: String) async throws -> PartyGrant {
-        let event = try await request { core, now in core.locate(room: room, now: now) }
+    /// `.refused(.noRelay, …)` when no relay hosts parties). With `follow` (a member
+    /// that still hears its relay), nothing is placed: where the room was moved, if
+    /// it was, else where it was made.
+    public func locate(room: String, follow: Bool = false) async throws -> PartyGrant {
+        let event = try await request { core, now in core.locate(room: room, follow: follow, now: now) }
         guard case .located(_, let located, let party) = event, located == room else {
             throw RendezvousConnectionError.unexpectedAnswer("\(event)")
         }

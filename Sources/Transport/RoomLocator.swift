@@ -24,8 +24,9 @@ public final class RoomLocator: Sendable {
     public var current: RendezvousConnection { connection.withLockedValue { $0 } }
 
     /// Where `room` is now: the relay's party address and key (nil: no answer in
-    /// time, no relay, or an answer that does not parse).
-    public func locate(_ room: String) async -> (address: TransportAddress, key: PublicKey)? {
+    /// time, no relay, or an answer that does not parse). `follow`: asked by a member
+    /// that still hears its relay (``RendezvousConnection/locate(room:follow:)``).
+    public func locate(_ room: String, follow: Bool = false) async -> (address: TransportAddress, key: PublicKey)? {
         let timeout = self.timeout
         // Whichever comes first, the answer or the deadline (an answer after it is dropped).
         return await withCheckedContinuation { continuation in
@@ -37,7 +38,7 @@ public final class RoomLocator: Sendable {
                 }
                 if first { continuation.resume(returning: answer) }
             }
-            Task { finish(await self.ask(room)) }
+            Task { finish(await self.ask(room, follow: follow)) }
             Task {
                 try? await Task.sleep(for: timeout)
                 finish(nil)
@@ -45,7 +46,7 @@ public final class RoomLocator: Sendable {
         }
     }
 
-    private func ask(_ room: String) async -> (address: TransportAddress, key: PublicKey)? {
+    private func ask(_ room: String, follow: Bool) async -> (address: TransportAddress, key: PublicKey)? {
         var asking = current
         if asking.isClosed {
             guard let again = try? await asking.connectAgain(identity: identity, timeout: timeout) else { return nil }
@@ -53,7 +54,7 @@ public final class RoomLocator: Sendable {
             await asking.close()
             asking = again
         }
-        guard let grant = try? await asking.locate(room: room),
+        guard let grant = try? await asking.locate(room: room, follow: follow),
             let address = TransportAddress(grant.address, defaultPort: nil), let key = PublicKey(base64: grant.key)
         else { return nil }
         return (address, key)

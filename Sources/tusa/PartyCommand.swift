@@ -599,7 +599,7 @@ enum PartySession {
         let connection: PartyConnection
         let joined: PartyJoined
         var locate: PartyConnection.Locator?
-        if let locator { locate = { room in await locator.locate(room) } }
+        if let locator { locate = { room, follow in await locator.locate(room, follow: follow) } }
         do {
             connection = try await PartyConnection.connect(
                 to: relay, relayKey: relayKey, identity: identity, transport: audio.transport.value, audio: voice.audioHandler,

@@ -258,8 +258,11 @@ struct PartyServiceTests {
         }
         let named = Mutex(places[0])
         let asked = Mutex(0)
-        let locate: PartyConnection.Locator = { _ in
+        /// Each ask's `follow`: a member that hears its relay never asks to place the room.
+        let follows = Mutex<[Bool]>([])
+        let locate: PartyConnection.Locator = { _, follow in
             asked.withLock { $0 += 1 }
+            follows.withLock { $0.append(follow) }
             return named.withLock { $0 }
         }
         let connections = try await (0..<2).asyncMap { _ in
@@ -274,6 +277,7 @@ struct PartyServiceTests {
         // Asked, and told the same relay: nobody moves.
         #expect(await logs[0].wait { _ in asked.withLock { $0 } >= 4 })
         #expect(logs.allSatisfy { $0.lostCount == 0 })
+        #expect(follows.withLock { $0.allSatisfy { $0 } }, "\(follows.withLock { $0 })")
 
         named.withLock { $0 = places[1] }
         for (log, id) in zip(logs, [created.me, joined.me]) {
@@ -282,6 +286,8 @@ struct PartyServiceTests {
             #expect(log.ended == nil)
         }
         for c in connections { #expect(c.relayKey == places[1].key) }
+        // Leaving for the room's new relay, each asked where to go as one that moves.
+        #expect(follows.withLock { $0.filter { !$0 }.count } >= 2, "\(follows.withLock { $0 })")
         #expect(services[1].roomCount == 1 && services[1].memberCount == 2)
         let word = [UInt8](repeating: 0x5A, count: 60)
         for n in 0..<10 {

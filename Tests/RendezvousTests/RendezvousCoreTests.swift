@@ -532,6 +532,68 @@ extension RendezvousClient {
             try none.request(c, cd.takeWrites(), &cd) == [.refused(code: .noRelay, detail: "no relay hosts parties now", id: 1)])
     }
 
+    /// A member that still hears its relay asks with `follow`, which places nothing:
+    /// a relay whose reports lapsed is still named for its room (its members are not
+    /// moved for that alone), until a member that lost it, or a joiner, asks without
+    /// `follow` and the room is placed again; then `follow` names where it went.
+    @Test func aMemberFollowingItsRoomNeverMovesIt() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.relaySecret = "s3cret"
+        configuration.node = 1
+        var net = Net(configuration)
+        var relays: [(id: ConnectionID, client: RendezvousClient, grant: PartyGrant)] = []
+        for n in 0..<3 {
+            let key = PrivateKey.generate()
+            var client = RendezvousClient(identity: key)
+            let id = ConnectionID(UInt64(40 + n))
+            _ = try net.connect(id, &client)
+            relays.append((id, client, PartyGrant(address: "127.0.0.\(n + 1):3481", key: key.publicKey.base64)))
+        }
+        func report(_ n: Int) throws {
+            relays[n].client.report(RelayLoad(party: relays[n].grant, capacityBitsPerSecond: 100_000_000), secret: "s3cret")
+            #expect(try net.pump(relays[n].id, &relays[n].client).isEmpty)
+        }
+        for n in 0..<3 { try report(n) }
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(a, &ca)
+        func locate(_ room: String, follow: Bool) throws -> RendezvousClient.Event? {
+            _ = ca.locate(room: room, follow: follow, now: .zero)
+            return try net.request(a, ca.takeWrites(), &ca).first
+        }
+        let homeKey = try #require(PublicKey(base64: relays[1].grant.key))
+        let room = RoomHome.roomPrefix(for: homeKey) + "abcdefghijkm"
+        guard case .located(_, _, relays[1].grant)? = try locate(room, follow: true) else {
+            Issue.record("the room is not on its own relay")
+            return
+        }
+        // Relay 1's reports lapse; the others go on.
+        net.now = net.now + .seconds(7)
+        try report(0)
+        try report(2)
+        net.records = []
+        guard case .located(_, _, relays[1].grant)? = try locate(room, follow: true) else {
+            Issue.record("following placed the room again")
+            return
+        }
+        #expect(!net.records.contains { if case .roomMoved = $0 { true } else { false } }, "\(net.records)")
+        // A member that lost relay 1 asks: the room is placed again, and told to the other nodes.
+        guard case .located(_, _, let moved)? = try locate(room, follow: false), moved != relays[1].grant else {
+            Issue.record("the room was not placed again")
+            return
+        }
+        #expect(net.records.contains { if case .roomMoved = $0 { true } else { false } }, "\(net.records)")
+        guard case .located(_, _, moved)? = try locate(room, follow: true) else {
+            Issue.record("following did not name where the room went")
+            return
+        }
+        // A room whose relay this node does not know, never placed: nothing to follow.
+        let unknown = RoomHome.roomPrefix(for: PrivateKey.generate().publicKey) + "abcdefghijkm"
+        guard case .refused(.noRelay, _, _)? = try locate(unknown, follow: true) else {
+            Issue.record("following an unknown room placed it")
+            return
+        }
+    }
+
     @Test func aNewerRegistrationOfTheSameKeyReplacesTheOlder() throws {
         var net = Net()
         var first = RendezvousClient(identity: alice)
@@ -709,6 +771,7 @@ extension RendezvousClient {
             .lookup(id: 1, key: k), .lookupResult(id: 2, key: k, online: true), .send(id: 3, to: k, sealed: [0]),
             .sent(id: 4), .deliver(from: k, sealed: [5, 6]), .error(code: .offline, detail: "d", id: 7),
             .error(code: .timeout, detail: "", id: nil), .ping, .pong, .locate(id: 9, room: "x7kq-abcdefghijkm"),
+            .locate(id: 10, room: "x7kq-abcdefghijkm", follow: true),
             .located(id: 9, room: "x7kq-abcdefghijkm", party: PartyGrant(address: "127.0.0.1:3481", key: k.base64)),
             .error(code: .noRelay, detail: "none", id: 9),
             .changeContacts(id: 10, add: [k], remove: []), .changeContacts(id: 11, add: [], remove: [k, bob.publicKey]),

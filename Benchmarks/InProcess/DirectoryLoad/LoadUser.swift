@@ -117,10 +117,10 @@ public final class LoadUser: Sendable {
         let connection = try await PartyConnection.connect(
             to: address, relayKey: relayKey, identity: identity, transport: .udp,
             audio: { from, _, _ in heard.withLockedValue { $0[from] = .now } },
-            locate: { [self] room in
+            locate: { [self] room, follow in
                 // Over whichever registration this user holds now (its own task makes it again when lost).
                 guard let current = rendezvous.withLockedValue({ $0 }), !current.isClosed else { return nil }
-                return await RoomLocator(current, identity: identity.privateKey).locate(room)
+                return await RoomLocator(current, identity: identity.privateKey).locate(room, follow: follow)
             })
         party.withLockedValue { $0 = connection }
         self.relayKey.withLockedValue { $0 = relayKey }
