@@ -68,7 +68,7 @@ HZ=$(getconf CLK_TCK)
 wait_line() {
   local file=$1 expr=$2 tries=${3:-200} line
   for _ in $(seq "$tries"); do
-    line=$(sed -n "$expr" "$file" | head -1)
+    line=$(sed -n "$expr" "$file" 2>/dev/null | head -1)
     [ -n "$line" ] && { echo "$line"; return 0; }
     sleep 0.05
   done

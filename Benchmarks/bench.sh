@@ -25,7 +25,7 @@
 #     The directory: invitations acknowledged once stored, in memory, SQLite and
 #     PostgreSQL side by side, at a steady pace from many users, and an invitation
 #     to an online friend at the same node and at another node (directory-bench);
-#     the memory of one node holding 15,000 idle users (directory-idle.sh).
+#     the memory of one node holding idle users up to the descriptor limit (directory-idle.sh).
 #  6. Calls: dial to first audio and stack-added mouth-to-ear delay through real
 #     calls on loopback (call-bench); time to connect and to first audio through
 #     real kernel NAT, direct and relayed (scripts/nat-matrix.sh, as root).

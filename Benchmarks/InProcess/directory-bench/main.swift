@@ -21,7 +21,7 @@ import TusaBase
 //
 //   directory-bench [--clients N] [--rate POSTS_PER_S] [--friend-rate POSTS_PER_S] [--placements N] [--seconds S]
 //                   [--no-postgres]
-//   directory-bench --idle N --server IP:PORT [--hold S]
+//   directory-bench --idle N --server IP:PORT [--hold S] [--from-user K]
 //
 // With --idle: N users registered at a running directory (900 from each of
 // 127.0.0.1, 127.0.0.2, …: a directory takes 1,000 from one address), held idle
@@ -38,6 +38,7 @@ struct Options {
     var idle: Int?
     var server: TransportAddress?
     var hold = 40.0
+    var fromUser = 0
 
     init(_ arguments: [String]) throws {
         var i = 0
@@ -57,6 +58,7 @@ struct Options {
             case "--idle": idle = Int(try value())
             case "--server": server = TransportAddress(try value())
             case "--hold": hold = Double(try value()) ?? 0
+            case "--from-user": fromUser = Int(try value()) ?? -1
             default: throw BenchError("unknown argument \(arguments[i])")
             }
             i += 1
@@ -267,8 +269,10 @@ func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds:
 }
 
 /// `--idle`: `users` registered at `server` from several loopback addresses,
-/// `concurrently` at a time; held `hold` seconds, then closed.
-func holdIdle(users: Int, server: TransportAddress, hold: Double) async throws {
+/// `concurrently` at a time; held `hold` seconds, then closed. The first is user
+/// number `fromUser` (its source address counted from there: several processes,
+/// each within its own descriptor limit, share the addresses without crowding one).
+func holdIdle(users: Int, server: TransportAddress, hold: Double, fromUser: Int) async throws {
     var limit = rlimit()
     if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max {
         limit.rlim_cur = limit.rlim_max
@@ -283,7 +287,7 @@ func holdIdle(users: Int, server: TransportAddress, hold: Double) async throws {
     try await withThrowingTaskGroup(of: Swift.Result<RendezvousConnection, any Error>.self) { group in
         func add(_ k: Int) {
             // 900 a source address: 127.0.0.1, then 127.0.0.2, …
-            let local = TransportAddress(ip: .v4(0x7F00_0001 + UInt32(k / 900)), port: 0)
+            let local = TransportAddress(ip: .v4(0x7F00_0001 + UInt32((fromUser + k) / 900)), port: 0)
             group.addTask {
                 do {
                     return .success(
@@ -388,11 +392,12 @@ do { options = try Options(Array(CommandLine.arguments.dropFirst())) } catch {
     exit(64)
 }
 if let users = options.idle {
-    guard let server = options.server, users > 0, options.hold >= 0 else {
-        FileHandle.standardError.write(Data("directory-bench: --idle N needs --server IP:PORT\n".utf8))
+    guard let server = options.server, users > 0, options.hold >= 0, options.fromUser >= 0 else {
+        FileHandle.standardError.write(
+            Data("directory-bench: --idle N needs --server IP:PORT (and --from-user 0 or more)\n".utf8))
         exit(64)
     }
-    do { try await holdIdle(users: users, server: server, hold: options.hold) } catch {
+    do { try await holdIdle(users: users, server: server, hold: options.hold, fromUser: options.fromUser) } catch {
         FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
         exit(1)
     }
