@@ -80,7 +80,7 @@ final class ListenerSocket {
     /// way; with `dualStack`, an IPv6 address takes IPv4 too (IPV6_V6ONLY off, as a
     /// socket NIO binds). Throws the bind error, naming the address.
     static func bind(
-        _ address: TransportAddress, reusePort: Bool, buffer: Int32, dualStack: Bool = false
+        _ address: TransportAddress, reusePort: Bool, buffer: Int32, dualStack: Bool = false, dontFragment: Bool = false
     ) throws(UDPSocketError) -> Int32 {
         try bindUDPSocket(address) { fd in
             var one: Int32 = 1
@@ -91,6 +91,20 @@ final class ListenerSocket {
             setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, size)
             setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, size)
             if dualStack && !address.ip.isIPv4 { setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &zero, size) }
+            if dontFragment {
+                // DF set, the path's learnt MTU not applied (PROBE, not DO: a datagram is
+                // never refused for a smaller MTU an ICMP message claimed). A datagram the
+                // kernel may not fragment needs no IP identification: without this each
+                // one took __ip_select_ident's shared hash and atomic (3 % of the party
+                // relay's CPU). For datagrams sized below every path's MTU, as party
+                // packets are (a control part is at most 1,100 bytes of JSON).
+                var probe = IP_PMTUDISC_PROBE
+                setsockopt(fd, Int32(IPPROTO_IP), IP_MTU_DISCOVER, &probe, size)
+                if !address.ip.isIPv4 {
+                    var probe6 = IPV6_PMTUDISC_PROBE
+                    setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MTU_DISCOVER, &probe6, size)
+                }
+            }
         }
     }
 }

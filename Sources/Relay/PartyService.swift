@@ -204,7 +204,8 @@ public final class PartyService: Service, Sendable {
                 // busy for a few milliseconds writing copies dropped members' frames.
                 // An IPv6 address takes IPv4 members too, as the socket NIO bound did.
                 let fd = try ListenerSocket.bind(
-                    address, reusePort: false, buffer: Int32(RelayService.socketBufferBytes), dualStack: true)
+                    address, reusePort: false, buffer: Int32(RelayService.socketBufferBytes), dualStack: true,
+                    dontFragment: true)
                 sendSocket = fcntl(fd, F_DUPFD_CLOEXEC, 0)
                 guard sendSocket >= 0 else {
                     let error = errno
