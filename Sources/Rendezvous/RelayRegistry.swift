@@ -126,8 +126,11 @@ public struct RelayRegistry: Sendable {
         relays.values.filter { now - $0.heard < configuration.downAfter }.sorted { $0.key.base64 < $1.key.base64 }
     }
 
-    /// Where new work goes (nil: no live relay has room), with its reservation made.
-    public mutating func place(now: Timestamp, where eligible: (RelayLoad) -> Bool = { _ in true }) -> Relay? {
+    /// Where new work goes (nil: no live relay has room), with its reservation made
+    /// unless `reserving` is false (a hint, not a placement).
+    public mutating func place(
+        now: Timestamp, reserving: Bool = true, where eligible: (RelayLoad) -> Bool = { _ in true }
+    ) -> Relay? {
         let candidates = live(now: now).filter {
             !$0.load.draining && eligible($0.load) && $0.utilisation(now: now) < configuration.ceiling
         }
@@ -139,8 +142,17 @@ public struct RelayRegistry: Sendable {
             while second.key == first.key { second = candidates[Int(random.next() % UInt64(candidates.count))] }
             if second.utilisation(now: now) < first.utilisation(now: now) { chosen = second }
         }
-        reserve(on: chosen.key, now: now)
+        if reserving { reserve(on: chosen.key, now: now) }
         return relays[chosen.key]
+    }
+
+    /// The least loaded live relay (its use with what is reserved) that is not
+    /// draining and that `eligible` takes, whatever its share of its capacity: where
+    /// a 1:1 call's TURN allocations go. Of equals, the first by key.
+    public func leastLoaded(now: Timestamp, where eligible: (RelayLoad) -> Bool = { _ in true }) -> Relay? {
+        live(now: now).filter { !$0.load.draining && eligible($0.load) }.min {
+            $0.utilisation(now: now) < $1.utilisation(now: now)
+        }
     }
 
     /// What one placement is expected to use, reserved on `key` until its reports can

@@ -16,7 +16,8 @@ public struct RendezvousClient: Sendable {
         /// hosts parties when it does.
         case registered(TURNGrant?, party: PartyGrant?)
         case lookup(id: UInt32, key: PublicKey, online: Bool)
-        /// Where party room `room` is hosted now (the answer to ``RendezvousClient/locate(room:now:)``).
+        /// Where party room `room` is hosted now (the answer to ``RendezvousClient/locate(room:follow:now:)``),
+        /// or, with no room, where a new one goes (``RendezvousClient/place(now:)``).
         case located(id: UInt32, room: String, party: PartyGrant)
         /// The key's contacts now (the answer to ``RendezvousClient/changeContacts(add:remove:now:)``).
         case contacts(id: UInt32, keys: [PublicKey])
@@ -89,6 +90,14 @@ public struct RendezvousClient: Sendable {
     public mutating func locate(room: String, follow: Bool = false, now: Timestamp) -> UInt32 {
         let id = takeID(now: now)
         actions.append(.write(RendezvousFrame.frame(.locate(id: id, room: room, follow: follow))))
+        return id
+    }
+
+    /// Asks where a new room goes; the answer is `.located` with no room, or
+    /// `.refused` (`.noRelay`), with the returned id.
+    public mutating func place(now: Timestamp) -> UInt32 {
+        let id = takeID(now: now)
+        actions.append(.write(RendezvousFrame.frame(.place(id: id))))
         return id
     }
 
@@ -176,7 +185,7 @@ public struct RendezvousClient: Sendable {
                 actions.append(.write(RendezvousFrame.frame(.pong)))
             case .pong:
                 actions.append(.event(.pong))
-            case .register, .lookup, .send, .post, .load, .locate, .changeContacts:
+            case .register, .lookup, .send, .post, .load, .locate, .place, .changeContacts:
                 throw .malformed("a client message from the server")
             }
         }

@@ -74,7 +74,7 @@ public enum RendezvousClusterEvent: Equatable, Sendable {
     case roomMoved(room: String, relay: PublicKey)
     /// A key's contacts changed there.
     case contacts(owner: PublicKey, add: [PublicKey], remove: [PublicKey])
-    /// A peer registered there was placed on this relay.
+    /// A new room was placed there on this relay.
     case placed(relay: PublicKey)
     /// A key registered there reached a stranger from its stranger budget: spent here too.
     case reached(RendezvousReach)

@@ -98,8 +98,13 @@ public enum RendezvousMessage: Equatable, Sendable {
     /// its relay asks whether the room moved, and nothing is placed
     /// (``RelayRegistry/current(room:)``).
     case locate(id: UInt32, room: String, follow: Bool = false)
-    /// Server → client: the answer to `locate`.
+    /// Server → client: the answer to `locate` (and to `place`, with no room).
     case located(id: UInt32, room: String, party: PartyGrant)
+    /// Client → server: a new room is to be made: on which relay? With relays
+    /// reporting, the directory places it (below 70 % of a relay's capacity, the less
+    /// loaded of two picked at random, its expected use reserved there); answered
+    /// with `located` and an empty room.
+    case place(id: UInt32)
     /// Client → server: change this key's contacts, the keys it takes posts and sends
     /// from freely (at most ``maximumContactChange`` keys a request; both empty: only
     /// asks). Anyone else is a stranger to it: a sender reaches few strangers an hour,
@@ -191,6 +196,9 @@ public enum RendezvousMessage: Equatable, Sendable {
             w.id = id
             w.room = room
             if follow { w.follow = true }
+        case .place(let id):
+            w.type = "place"
+            w.id = id
         case .located(let id, let room, let party):
             w.type = "located"
             w.id = id
@@ -252,6 +260,7 @@ public enum RendezvousMessage: Equatable, Sendable {
         case "pong": self = .pong
         case "load": self = .load(try need(w.load, "load"), proof: try bytes(w.proof, "proof"))
         case "locate": self = .locate(id: try need(w.id, "id"), room: try need(w.room, "room"), follow: w.follow ?? false)
+        case "place": self = .place(id: try need(w.id, "id"))
         case "located":
             self = .located(id: try need(w.id, "id"), room: try need(w.room, "room"), party: try need(w.party, "party"))
         case "change-contacts":

@@ -33,8 +33,8 @@ public enum RendezvousRecord: Equatable, Sendable {
     /// A party room placed again here, on this relay (its own was gone or
     /// draining): every node sends it there from now on.
     case roomMoved(room: String, relay: PublicKey)
-    /// A peer registered here was placed on this relay: every node reserves what it
-    /// is expected to use there, as this one did.
+    /// A new room was placed here on this relay (``RendezvousMessage/place(id:)``):
+    /// every node reserves what it is expected to use there, as this one did.
     case placed(relay: PublicKey)
 }
 

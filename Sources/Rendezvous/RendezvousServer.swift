@@ -353,12 +353,20 @@ public struct RendezvousServer: Sendable {
             statistics.registered = registry.count
             var grant = configuration.turn?.grant(for: key, unixSeconds: unixSeconds)
             var party = configuration.party
-            // With relays reporting, the peer goes where the registry places it.
-            if configuration.relaySecret != nil, let relay = relayRegistry.place(now: now) {
+            // With relays reporting, a relay where its rooms may go, as a new room would be
+            // placed but nothing reserved (a client that asks `place` for a new room gets
+            // the placement, reserved; this is for one that does not).
+            if configuration.relaySecret != nil,
+                let relay = relayRegistry.place(now: now, reserving: false, where: { $0.party != nil })
+            {
                 party = relay.load.party ?? party
-                if !relay.load.turnURIs.isEmpty { grant?.uris = relay.load.turnURIs }
-                // The other nodes reserve it too: their placements see this one at once.
-                if clustered { records.append(.placed(relay: relay.key)) }
+            }
+            // Its calls to the least loaded relay that offers TURN (whatever its share:
+            // a call through a busy relay beats none).
+            if configuration.relaySecret != nil,
+                let relay = relayRegistry.leastLoaded(now: now, where: { !$0.turnURIs.isEmpty })
+            {
+                grant?.uris = relay.load.turnURIs
             }
             actions.append(.send(id, RendezvousFrame.frame(.registered(turn: grant, party: party))))
             // What was posted for this key while it was away (and is still kept).
@@ -536,6 +544,26 @@ public struct RendezvousServer: Sendable {
                 return refuse(id, .noRelay, detail, requestID: requestID, close: false)
             }
             return [.send(id, RendezvousFrame.frame(.located(id: requestID, room: room, party: party)))]
+        case .place(let requestID):
+            guard c.key != nil else {
+                return refuse(id, .notRegistered, "register before place", requestID: requestID, close: false)
+            }
+            // A relay's own rendezvous: its party service. With relays reporting: placed
+            // by load, the room's expected use reserved (at the other nodes too).
+            guard configuration.relaySecret != nil else {
+                guard let party = configuration.party else {
+                    return refuse(id, .noRelay, "no relay hosts parties now", requestID: requestID, close: false)
+                }
+                return [.send(id, RendezvousFrame.frame(.located(id: requestID, room: "", party: party)))]
+            }
+            guard let relay = relayRegistry.place(now: now, where: { $0.party != nil }), let party = relay.load.party else {
+                return refuse(
+                    id, .noRelay,
+                    "no live relay below \(Int(configuration.relays.ceiling * 100)) % of its capacity hosts parties",
+                    requestID: requestID, close: false)
+            }
+            if clustered { records.append(.placed(relay: relay.key)) }
+            return [.send(id, RendezvousFrame.frame(.located(id: requestID, room: "", party: party)))]
         case .hello, .registered, .lookupResult, .sent, .deliver, .error, .located, .contacts:
             return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
         }

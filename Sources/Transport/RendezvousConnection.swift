@@ -188,6 +188,16 @@ public final class RendezvousConnection: Sendable {
         return party
     }
 
+    /// Where a new party room goes: a directory places it by load (reserving what it
+    /// is expected to use there); a relay's own rendezvous names its relay. Throws
+    /// `.refused(.noRelay, …)` when no relay takes it, `.refused(.malformed, …)` from
+    /// an older rendezvous (which knows no `place`: use ``party``).
+    public func placeRoom() async throws -> PartyGrant {
+        let event = try await request { core, now in core.place(now: now) }
+        guard case .located(_, "", let party) = event else { throw RendezvousConnectionError.unexpectedAnswer("\(event)") }
+        return party
+    }
+
     /// Adds and removes contacts: the keys whose posts and sends this key takes freely
     /// (to the rendezvous, anyone else is a stranger to it). Both empty: only asks.
     /// Returns the contacts now; more than ``RendezvousMessage/maximumContactChange``

@@ -545,7 +545,11 @@ enum PartySession {
         // directory says it is. Others (and an answer refused by an older rendezvous,
         // which knows no `locate`): on the relay the rendezvous names.
         var located: PartyGrant?
-        if let room, RoomHome.tag(ofRoom: room) != nil {
+        if room == nil {
+            // A new room: where the directory places it now (an older rendezvous knows no
+            // `place`: then the relay it named at registration).
+            located = try? await rendezvous.placeRoom()
+        } else if let room, RoomHome.tag(ofRoom: room) != nil {
             do { located = try await rendezvous.locate(room: room) } catch RendezvousConnectionError.refused(.noRelay, let detail)
             {
                 await rendezvous.close()

@@ -79,7 +79,7 @@ struct DirectoryClusterTests {
             let invited = [friends[2 * n], friends[2 * n + 1]]
             roomIDs.append(try await creator.create("Game \(n)", inviting: invited.map(\.key)))
         }
-        // Rooms spread over the relays (each placed where its creator was sent).
+        // Rooms spread over the relays (each placed by the directory as it was made).
         var perRelay = [Int](repeating: 0, count: relays.count)
         for room in roomIDs {
             let relay = try #require(relays.firstIndex { RoomHome.tag(ofRoom: room) == RoomHome.tag(of: $0.key) }, "\(room)")

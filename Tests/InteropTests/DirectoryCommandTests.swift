@@ -83,11 +83,11 @@ struct DirectoryCommandTests {
         #expect(await second.stop() == 0)
     }
 
-    /// Three relays report to a directory: peers registering are spread over them
-    /// (each told one relay's party address; most/least within 1.5), and a relay
-    /// SIGKILLed is sent nobody from then on.
+    /// Three relays report to a directory: new rooms are spread over them (each
+    /// `place` answered with one relay's party address; most/least within 1.5), and a
+    /// relay SIGKILLed is sent nobody from then on.
     @Test(
-        "tusa directory spreads peers over the relays that report to it and drops a killed one",
+        "tusa directory spreads new rooms over the relays that report to it and drops a killed one",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func peersAreSpreadOverReportingRelays() async throws {
         let tusa = try #require(Harness.tusa)
@@ -120,7 +120,8 @@ struct DirectoryCommandTests {
             var counts: [String: Int] = [:]
             for _ in 0..<count {
                 let peer = try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30))
-                counts[peer.party?.address ?? "none", default: 0] += 1
+                // A new room's placement, as `tusa party create` asks it (reserved: a burst spreads).
+                counts[(try? await peer.placeRoom())?.address ?? "none", default: 0] += 1
                 await peer.close()
             }
             return counts

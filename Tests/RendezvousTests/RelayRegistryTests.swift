@@ -37,6 +37,27 @@ struct RelayRegistryTests {
         #expect(least > 0 && Double(most) / Double(least) <= 1.5, "\(counts)")
     }
 
+    /// A call's TURN relay is the least loaded live one that offers TURN, past the
+    /// placement ceiling too; never a draining or silent one.
+    @Test func callsGoToTheLeastLoadedRelayThatOffersTURN() {
+        var registry = RelayRegistry(seed: 7)
+        func turn(_ bits: UInt64, draining: Bool = false) -> RelayLoad {
+            RelayLoad(
+                turnURIs: ["turn:x:3478"], capacityBitsPerSecond: 10_000_000, bitsPerSecond: bits, draining: draining)
+        }
+        registry.report(keys[0], turn(5_000_000), now: start)
+        registry.report(keys[1], turn(2_000_000), now: start)
+        registry.report(keys[2], turn(0, draining: true), now: start)
+        registry.report(keys[3], load(0), now: start)  // no TURN
+        registry.report(keys[4], turn(1_000_000), now: start + .seconds(-7))  // down: silent 7 s
+        let eligible: (RelayLoad) -> Bool = { !$0.turnURIs.isEmpty }
+        for _ in 0..<10 { #expect(registry.leastLoaded(now: start, where: eligible)?.key == keys[1]) }
+        registry.report(keys[1], turn(9_000_000), now: start)
+        registry.report(keys[0], turn(8_000_000), now: start)
+        #expect(registry.leastLoaded(now: start, where: eligible)?.key == keys[0], "past 70 %, still the least loaded")
+        #expect(registry.leastLoaded(now: start)?.key == keys[3])
+    }
+
     /// Another node's move of a room this node moved too: the heavier relay wins
     /// (this node's, live, is kept and returned to be told again); this node's move
     /// to a relay no longer live gives way whatever its weight.

@@ -414,8 +414,9 @@ struct RendezvousClusterTests {
         #expect(cluster[2].server.relayRegistry.live(now: cluster[2].now).isEmpty)
     }
 
-    /// Peers placed by node 1 are reserved on their relay at node 2 too: node 2's
-    /// next placement sees them, as node 1's own does.
+    /// Rooms placed by node 1 are reserved on their relay at node 2 too: node 2's
+    /// next placement sees them, as node 1's own does. A registration alone
+    /// reserves nothing: only a room about to be made does.
     @Test func placementsAtOneNodeAreReservedAtTheOthers() throws {
         var cluster = Cluster(nodes: 2) { $0.relaySecret = "s3cret" }
         let relayKey = PrivateKey.generate()
@@ -427,9 +428,18 @@ struct RendezvousClusterTests {
         cluster.settle()
         let reservations = { (n: Int) in cluster[n].server.relayRegistry.relays[relayKey.publicKey]?.reservations.count ?? -1 }
         #expect(reservations(1) == 0 && reservations(2) == 0)
+        var peers: [RendezvousClient] = []
         for n in 0..<3 {
             var peer = RendezvousClient(identity: .generate())
             _ = try cluster[1].connect(ConnectionID(UInt64(50 + n)), &peer)
+            peers.append(peer)
+        }
+        cluster.settle()
+        #expect(reservations(1) == 0 && reservations(2) == 0, "registrations reserve nothing")
+        for n in 0..<3 {
+            let asked = peers[n].place(now: .zero)
+            let answer = try cluster[1].request(ConnectionID(UInt64(50 + n)), peers[n].takeWrites(), &peers[n])
+            #expect(answer == [.located(id: asked, room: "", party: grant)], "\(answer)")
         }
         cluster.settle()
         #expect(reservations(1) == 3 && reservations(2) == 3, "node 1: \(reservations(1)), node 2: \(reservations(2))")

@@ -453,6 +453,82 @@ extension RendezvousClient {
         #expect(fallback.uris == ["turn:fallback:3478"])
     }
 
+    /// Every registered peer's TURN credentials name the least loaded relay that
+    /// offers TURN (a 1:1 call's relay), not the random pick its rooms get.
+    @Test func callsAreGrantedTheLeastLoadedRelay() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.relaySecret = "s3cret"
+        configuration.turn = TURNIssuer(secret: "rest", uris: ["turn:fallback:3478"])
+        var net = Net(configuration)
+        for (n, bits) in [(0, UInt64(40_000_000)), (1, 10_000_000), (2, 30_000_000)] {
+            var relay = RendezvousClient(identity: .generate())
+            let id = ConnectionID(UInt64(40 + n))
+            _ = try net.connect(id, &relay)
+            relay.report(
+                RelayLoad(
+                    party: PartyGrant(address: "127.0.0.\(n + 1):3481", key: PrivateKey.generate().publicKey.base64),
+                    turnURIs: ["turn:127.0.0.\(n + 1):3478"], capacityBitsPerSecond: 100_000_000, bitsPerSecond: bits),
+                secret: "s3cret")
+            #expect(try net.pump(id, &relay).isEmpty)
+        }
+        var uris: [[String]] = []
+        for n in 0..<8 {
+            var peer = RendezvousClient(identity: .generate())
+            guard case .registered(let turn?, _)? = try net.connect(ConnectionID(UInt64(100 + n)), &peer).first else {
+                Issue.record("peer \(n) was not registered with TURN credentials")
+                return
+            }
+            uris.append(turn.uris)
+        }
+        #expect(uris.allSatisfy { $0 == ["turn:127.0.0.2:3478"] }, "\(uris)")
+    }
+
+    /// A new room is placed when it is about to be made (`place`): below 70 % of a
+    /// relay's capacity, its expected use reserved there; none below it is a clear
+    /// refusal; a relay's own rendezvous names its party service.
+    @Test func aNewRoomIsPlacedByLoadWhenItIsMade() throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.relaySecret = "s3cret"
+        var net = Net(configuration)
+        var relay = RendezvousClient(identity: .generate())
+        let r = ConnectionID(40)
+        _ = try net.connect(r, &relay)
+        let grant = PartyGrant(address: "127.0.0.1:3481", key: PrivateKey.generate().publicKey.base64)
+        func report(_ bits: UInt64) throws {
+            relay.report(
+                RelayLoad(party: grant, capacityBitsPerSecond: 100_000_000, bitsPerSecond: bits), secret: "s3cret")
+            _ = try net.pump(r, &relay)
+        }
+        try report(10_000_000)
+        var ca = RendezvousClient(identity: alice)
+        net.feed(.accepted(a))
+        let early = ca.place(now: .zero)
+        let unregistered = try net.request(a, ca.takeWrites(), &ca)
+        #expect(
+            unregistered.first == .refused(code: .notRegistered, detail: "register before place", id: early), "\(unregistered)")
+        _ = try net.pump(a, &ca)
+        let reserved = { net.server.relayRegistry.relays.values.first?.reservations.count ?? -1 }
+        #expect(reserved() == 0, "a registration reserves nothing")
+        let asked = ca.place(now: .zero)
+        #expect(try net.request(a, ca.takeWrites(), &ca) == [.located(id: asked, room: "", party: grant)])
+        #expect(reserved() == 1)
+        try report(80_000_000)
+        let full = ca.place(now: .zero)
+        let answer = try net.request(a, ca.takeWrites(), &ca)
+        #expect(
+            answer == [
+                .refused(code: .noRelay, detail: "no live relay below 70 % of its capacity hosts parties", id: full)
+            ], "\(answer)")
+
+        var single = RendezvousServerConfiguration()
+        single.party = grant
+        var one = Net(single)
+        var cb = RendezvousClient(identity: bob)
+        _ = try one.connect(b, &cb)
+        let own = cb.place(now: .zero)
+        #expect(try one.request(b, cb.takeWrites(), &cb) == [.located(id: own, room: "", party: grant)])
+    }
+
     /// A party room is found through the directory: on the relay its id names
     /// while that relay reports, on the one placed next once it is gone (for
     /// every member that asks), and a relay's own rendezvous names its relay.
@@ -771,7 +847,7 @@ extension RendezvousClient {
             .lookup(id: 1, key: k), .lookupResult(id: 2, key: k, online: true), .send(id: 3, to: k, sealed: [0]),
             .sent(id: 4), .deliver(from: k, sealed: [5, 6]), .error(code: .offline, detail: "d", id: 7),
             .error(code: .timeout, detail: "", id: nil), .ping, .pong, .locate(id: 9, room: "x7kq-abcdefghijkm"),
-            .locate(id: 10, room: "x7kq-abcdefghijkm", follow: true),
+            .locate(id: 10, room: "x7kq-abcdefghijkm", follow: true), .place(id: 11),
             .located(id: 9, room: "x7kq-abcdefghijkm", party: PartyGrant(address: "127.0.0.1:3481", key: k.base64)),
             .error(code: .noRelay, detail: "none", id: 9),
             .changeContacts(id: 10, add: [k], remove: []), .changeContacts(id: 11, add: [], remove: [k, bob.publicKey]),

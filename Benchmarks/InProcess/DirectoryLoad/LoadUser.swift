@@ -80,11 +80,14 @@ public final class LoadUser: Sendable {
         return connection
     }
 
-    /// Creates a room where the directory placed this user and invites `friends`
+    /// Creates a room where the directory places it now and invites `friends`
     /// (a sealed post each); returns its id.
     public func create(_ name: String, inviting friends: [PublicKey]) async throws -> String {
         let connection = try registration()
-        guard let grant = connection.party else { throw LoadError("the directory placed no party relay") }
+        // Placed by the directory now, as `tusa party create` asks.
+        guard let grant = (try? await connection.placeRoom()) ?? connection.party else {
+            throw LoadError("the directory placed no party relay")
+        }
         guard let address = TransportAddress(grant.address, defaultPort: nil), let relayKey = PublicKey(base64: grant.key)
         else { throw LoadError("the directory's party grant does not read: \(grant)") }
         let joined = try await connect(to: address, relayKey: relayKey) { try await $0.create(name: name, invite: friends) }

@@ -74,7 +74,7 @@ struct DirectoryLoadCommand: AsyncParsableCommand {
             report.registrations.append(started.duration(to: .now))
         }
         status("registered \(report.registrations.count) users")
-        // Rooms where the directory placed each creator, friends invited.
+        // Rooms where the directory placed each as it was made, friends invited.
         var roomIDs: [String] = []
         for (n, creator) in creators.enumerated() {
             let invited = friendUsers[(n * friends)..<((n + 1) * friends)].map(\.key)
