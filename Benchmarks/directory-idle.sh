@@ -8,12 +8,14 @@
 # at that rate. The descriptor limit (ulimit -n, hard; a process cannot raise it)
 # bounds USERS: the directory holds one per user, and a few of its own.
 #
-#   bash Benchmarks/directory-idle.sh [USERS] [HOLD]     (default: the limit less 100, and 40)
+#   bash Benchmarks/directory-idle.sh [USERS] [HOLD]     (default: 20,000 or the limit less 100, and 40)
 #   BUILD=debug bash Benchmarks/directory-idle.sh 100 1  (make test's smoke: debug builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source Benchmarks/bench-lib.sh
-USERS=${1:-$(($(ulimit -Hn) - 100))}
+hard=$(ulimit -Hn)
+[[ $hard =~ ^[0-9]+$ ]] || hard=20000
+USERS=${1:-$((hard > 20000 ? 20000 : hard - 100))}
 HOLD=${2:-40}
 bench_setup directory-idle
 
@@ -60,6 +62,7 @@ for database in "sqlite:$TMP/directory.sqlite" ${postgres_url:+"$postgres_url"};
   ((first <= USERS)) || first=$USERS
   clients=()
   parts=()
+  counts=()
   for part in 0 1; do
     if ((part == 0)); then count=$first from=0; else count=$((USERS - first)) from=$first; fi
     ((count > 0)) || continue
@@ -68,6 +71,7 @@ for database in "sqlite:$TMP/directory.sqlite" ${postgres_url:+"$postgres_url"};
     clients+=("$!")
     PIDS+=("$!")
     parts+=("$part")
+    counts[part]=$count
   done
   held=0
   took=0
@@ -92,7 +96,7 @@ for database in "sqlite:$TMP/directory.sqlite" ${postgres_url:+"$postgres_url"};
   awk -v n="$name" -v h="$held" -v t="$took" -v b="$before" -v w="$with" -v p="$per" -v d="$descriptors" \
     'BEGIN { printf "| %s | %s | %s | %.1f / %.1f | %d | %s | %.0f |\n", n, h, t, b / 1024, w / 1024, p, d, (h > 0 ? (b + 20000 * (w - b) / h) / 1024 : 0) }'
   for part in "${parts[@]}"; do
-    grep -q "^idle: held .* \([0-9]*\) still registered" "$TMP/idle.$part.out" || { cat "$TMP/idle.$part.out"; failed=1; }
+    grep -q "^idle: held .* ${counts[part]} still registered" "$TMP/idle.$part.out" || { cat "$TMP/idle.$part.out"; failed=1; }
     rm -f "$TMP/idle.$part.out"
   done
   stop_server "$pid" 50

@@ -232,7 +232,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
             // A key with contacts is remembered until the core forgets them (its
             // RendezvousServerConfiguration.contactsFor counts from this row).
             try await c.query(
-                "DELETE FROM seen WHERE at <= \(seenSince) AND key NOT IN (SELECT owner FROM contacts)", logger: logger)
+                "DELETE FROM seen WHERE at <= \(seenSince) AND NOT EXISTS (SELECT 1 FROM contacts WHERE contacts.owner = seen.key)",
+                logger: logger)
             try await c.query(
                 "DELETE FROM reaches WHERE at <= \(now - RendezvousServer.strangerMemory.components.seconds)", logger: logger)
             // A signal's row lives until its node reads it; one nobody read in a minute never will be.
@@ -383,7 +384,7 @@ public actor PostgresDirectoryStore: RendezvousStore {
                     """
                     INSERT INTO reaches (sender, recipient, at)
                     SELECT * FROM UNNEST(\(reachSenders)::BYTEA[], \(reachRecipients)::BYTEA[], \(reachedAt)::BIGINT[])
-                    ON CONFLICT (sender, recipient) DO UPDATE SET at = EXCLUDED.at
+                    ON CONFLICT (sender, recipient) DO UPDATE SET at = GREATEST(reaches.at, EXCLUDED.at)
                     """, logger: logger)
             }
             for change in contactChanges {

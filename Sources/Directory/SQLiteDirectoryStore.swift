@@ -103,7 +103,8 @@ public actor SQLiteDirectoryStore: RendezvousStore {
             // A key with contacts is remembered until the core forgets them (its
             // RendezvousServerConfiguration.contactsFor counts from this row).
             _ = try await connection.query(
-                "DELETE FROM seen WHERE at <= ? AND key NOT IN (SELECT owner FROM contacts)", [.integer(seenSince)])
+                "DELETE FROM seen WHERE at <= ? AND NOT EXISTS (SELECT 1 FROM contacts WHERE contacts.owner = seen.key)",
+                [.integer(seenSince)])
             _ = try await connection.query(
                 "DELETE FROM reaches WHERE at <= ?",
                 [.integer(now - Int(clamping: RendezvousServer.strangerMemory.components.seconds))])

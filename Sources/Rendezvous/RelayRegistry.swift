@@ -204,9 +204,10 @@ public struct RelayRegistry: Sendable {
     /// left by them for that alone (a member that lost it asks
     /// ``host(room:now:placed:)``, which places the room again).
     public func current(room: String) -> Relay? {
-        if let key = moved[room], let relay = relays[key], relay.load.party != nil { return relay }
+        if let key = moved[room], let relay = relays[key], relay.load.party != nil, !relay.load.draining { return relay }
         guard let tag = RoomHome.tag(ofRoom: room) else { return nil }
-        return relays.values.first { RoomHome.tag(of: $0.key) == tag && $0.load.party != nil }
+        // A draining relay sends its members on itself.
+        return relays.values.first { RoomHome.tag(of: $0.key) == tag && $0.load.party != nil && !$0.load.draining }
     }
 
     /// ``host(room:now:placed:)``, when no one is to be told.

@@ -26,7 +26,7 @@ public enum RendezvousRecord: Equatable, Sendable {
     case offline(PublicKey)
     /// A sealed payload sent from here to a key registered at another node.
     case signal(ClusterSignal)
-    /// A relay reported its load here (the other nodes place peers on it too).
+    /// A relay reported its load here (the other nodes place rooms on it too).
     case relayLoad(PublicKey, RelayLoad)
     /// A relay that reported here is gone (its connection closed).
     case relayGone(PublicKey)

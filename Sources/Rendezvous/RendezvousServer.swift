@@ -58,7 +58,8 @@ public struct RendezvousServerConfiguration: Sendable {
     /// tell "offline" from "unknown"; at most `rememberedKeys` keys are kept.
     public var rememberFor: Duration = .seconds(24 * 3600)
     public var rememberedKeys = 100_000
-    /// TURN REST-API credentials for registered peers (nil: none handed out).
+    /// TURN REST-API credentials for registered peers (nil: none handed out); with
+    /// relays reporting, for the URIs of the least loaded relay that offers TURN.
     public var turn: TURNIssuer?
     /// Where the relay hosts parties, told to every registered peer (nil: it does not).
     public var party: PartyGrant?
@@ -71,8 +72,9 @@ public struct RendezvousServerConfiguration: Sendable {
     public var mailboxFromStrangers = 16
     public var mailboxTotal = 100_000
     /// Relays that report with a proof of this secret (`tusa directory --relay-secret`)
-    /// are placed by load: each registered peer is told the party relay, and its TURN
-    /// grant names the relay, that ``RelayRegistry`` picks (nil: relays are not taken).
+    /// are placed by load: a new room goes to the relay ``RelayRegistry`` places it on
+    /// (``RendezvousMessage/place(id:)``), a registered peer's TURN grant names the
+    /// least loaded relay that offers TURN (nil: relays are not taken).
     public var relaySecret: String?
     public var relays = RelayRegistry.Configuration()
     /// This node's number among the directory nodes that share its database
@@ -146,6 +148,8 @@ public struct RendezvousServer: Sendable {
         var requests: TokenBucket
         /// When it registered, on both clocks: its key's last-seen time in Unix seconds.
         var registered: (unix: UInt64, at: Timestamp)?
+        /// When its key's last-seen row was last written (registered, or still here a day on).
+        var seenRecorded: Timestamp?
     }
 
     public let configuration: RendezvousServerConfiguration
@@ -291,9 +295,10 @@ public struct RendezvousServer: Sendable {
             return recent.isEmpty ? nil : recent
         }
         recentContactChanges.removeAll { now - $0.at >= Self.contactReplay }
-        if now >= contactSweepAt ?? now, !clustered || clusterSynced {
+        if now >= contactSweepAt ?? now {
             contactSweepAt = now + Self.contactSweep
-            forgetContactsOfKeysGone(now: now)
+            noteOwnersStillHere(now: now)
+            if !clustered || clusterSynced { forgetContactsOfKeysGone(now: now) }
         }
         relayRegistry.expire(now: now)
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
@@ -617,6 +622,20 @@ public struct RendezvousServer: Sendable {
         unixClock.map { $0.unix &+ UInt64(max(0, (now - $0.at).components.seconds)) }
     }
 
+    /// A key with contacts registered here for a day has its last-seen row written
+    /// again: a directory killed while it was here (no row at its leave) counts its
+    /// absence from then, not from a registration months old.
+    private mutating func noteOwnersStillHere(now: Timestamp) {
+        guard let unix = unixNow(now) else { return }
+        for (id, c) in connections {
+            guard let key = c.key, registry[key] == id, contacts[key] != nil, let registered = c.registered,
+                now - (c.seenRecorded ?? registered.at) >= Self.seenRefresh
+            else { continue }
+            records.append(.seen(key, unixSeconds: unix))
+            connections[id]?.seenRecorded = now
+        }
+    }
+
     /// The contacts of keys not registered anywhere for
     /// ``RendezvousServerConfiguration/contactsFor`` are removed, as their owner would
     /// (recorded a change at a time). A key with contacts whose last registration this
@@ -714,6 +733,8 @@ public struct RendezvousServer: Sendable {
     static let contactReplayLimit = 10_000
     /// How often the contacts of keys gone for ``RendezvousServerConfiguration/contactsFor`` are looked for.
     static let contactSweep = Duration.seconds(600)
+    /// How often a key with contacts, registered here, has its last-seen row written again.
+    static let seenRefresh = Duration.seconds(24 * 3600)
 
     /// A configured figure in a refusal (whole, unless it is not a finite one).
     static func count(_ value: Double) -> String {
@@ -925,6 +946,9 @@ public struct RendezvousServer: Sendable {
         case .placed(let relay):
             relayRegistry.reserve(on: relay, now: now)
         case .reached(let reach):
+            // One already known (read back in a resync that raced its notice, or heard
+            // before): spent here once.
+            guard !reachedRecently(from: reach.from, to: reach.to, now: now) else { break }
             spendReach(reach, age: .zero, now: now)
         case .contacts(let owner, let add, let remove):
             changeContacts(of: owner, add: add, remove: remove)

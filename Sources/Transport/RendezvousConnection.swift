@@ -190,8 +190,9 @@ public final class RendezvousConnection: Sendable {
 
     /// Where a new party room goes: a directory places it by load (reserving what it
     /// is expected to use there); a relay's own rendezvous names its relay. Throws
-    /// `.refused(.noRelay, …)` when no relay takes it, `.refused(.malformed, …)` from
-    /// an older rendezvous (which knows no `place`: use ``party``).
+    /// `.refused(.noRelay, …)` when no relay takes it. An older rendezvous knows no
+    /// `place`: it refuses it as malformed and closes the connection (register again,
+    /// ``connectAgain(identity:timeout:group:)``, and use ``party``).
     public func placeRoom() async throws -> PartyGrant {
         let event = try await request { core, now in core.place(now: now) }
         guard case .located(_, "", let party) = event else { throw RendezvousConnectionError.unexpectedAnswer("\(event)") }

@@ -62,7 +62,7 @@ struct DirectoryCommand: AsyncParsableCommand {
     @Option(
         name: .customLong("relay-secret"),
         help: ArgumentHelp(
-            "Take load reports from relays that hold this secret (tusa relay --directory … --directory-secret): each peer is then told the party relay, and given TURN URIs, of a live relay below 70 % of its capacity, the less loaded of two picked at random.",
+            "Take load reports from relays that hold this secret (tusa relay --directory … --directory-secret): a new room then goes to a live relay below 70 % of its capacity, the less loaded of two picked at random, and each peer is given the TURN URIs of the least loaded relay.",
             valueName: "secret"))
     var relaySecret: String?
 

@@ -535,7 +535,7 @@ enum PartySession {
             guard let given else { throw ValidationError("give --rendezvous, or --relay and --relay-key") }
             return (given.0, given.1, nil)
         }
-        let rendezvous: RendezvousConnection
+        var rendezvous: RendezvousConnection
         do { rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey) } catch {
             FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
             throw ExitCode(2)
@@ -546,9 +546,17 @@ enum PartySession {
         // which knows no `locate`): on the relay the rendezvous names.
         var located: PartyGrant?
         if room == nil {
-            // A new room: where the directory places it now (an older rendezvous knows no
-            // `place`: then the relay it named at registration).
-            located = try? await rendezvous.placeRoom()
+            // A new room: where the directory places it now. An older rendezvous knows no
+            // `place` and closes the connection over it: registered again, the room goes
+            // to the relay it named at registration.
+            do { located = try await rendezvous.placeRoom() } catch {
+                if rendezvous.isClosed {
+                    do { rendezvous = try await rendezvous.connectAgain(identity: identity.privateKey) } catch {
+                        FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
+                        throw ExitCode(2)
+                    }
+                }
+            }
         } else if let room, RoomHome.tag(ofRoom: room) != nil {
             do { located = try await rendezvous.locate(room: room) } catch RendezvousConnectionError.refused(.noRelay, let detail)
             {

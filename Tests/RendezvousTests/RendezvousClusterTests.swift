@@ -174,6 +174,33 @@ struct RendezvousClusterTests {
         #expect(last.contains { if case .refused(.rateLimited, _, spent) = $0 { true } else { false } }, "\(last)")
     }
 
+    /// A reach read back in a resync and then heard as its notice (the listening
+    /// connection was made between the two) is spent once. A node that has not yet
+    /// read who is at the others forgets no contacts, and its timer does not spin.
+    @Test func aReachHeardTwiceIsSpentOnceAndAnUnsyncedNodeWaits() throws {
+        var cluster = Cluster(nodes: 1) {
+            $0.strangerBurst = 2
+            $0.strangersPerHour = 0.001
+        }
+        let (x, y, z) = (PrivateKey.generate().publicKey, PrivateKey.generate().publicKey, PrivateKey.generate().publicKey)
+        let reach = RendezvousReach(from: alice.publicKey, to: x, unixSeconds: cluster[1].unix)
+        cluster[1].feed(.restore(RendezvousSnapshot(contacts: [carol.publicKey: [bob.publicKey]]), unixSeconds: cluster[1].unix))
+        // Ten minutes and more without a resync: the sweep waits, and is due again later, not now.
+        cluster[1].now = cluster[1].now + .seconds(700)
+        cluster[1].tick()
+        #expect(cluster[1].server.nextDeadline.map { $0 > cluster[1].now } ?? true)
+        #expect(!cluster[1].records.contains { if case .contacts = $0 { true } else { false } })
+        cluster[1].feed(.clusterResync(RendezvousSnapshot(reaches: [reach]), presence: [:], unixSeconds: cluster[1].unix))
+        cluster[1].feed(.cluster(.reached(reach), unixSeconds: cluster[1].unix))
+        var ca = RendezvousClient(identity: alice)
+        _ = try cluster[1].connect(a, &ca)
+        let (one, toY) = try ca.post([1], to: y)
+        #expect(try cluster[1].request(a, toY, &ca) == [.sent(id: one)], "one of two left")
+        let (two, toZ) = try ca.post([2], to: z)
+        let refused = try cluster[1].request(a, toZ, &ca)
+        #expect(refused.contains { if case .refused(.rateLimited, _, two) = $0 { true } else { false } }, "\(refused)")
+    }
+
     /// A stranger reached from another node answers freely there; a resync that read
     /// the database before this node's own latest change keeps that change.
     @Test func answersCrossNodesFreelyAndAResyncKeepsOwnChanges() throws {

@@ -223,6 +223,10 @@ extension RendezvousClient {
         #expect(refused.contains { if case .refused(.rateLimited, _, gone) = $0 { true } else { false } }, "\(refused)")
         let (asked, ask) = cc.changeContacts()
         #expect(try net.request(c, ask, &cc) == [.contacts(id: asked, keys: [alice.publicKey])], "Carol, here all along")
+        // Her last-seen row was written again while she stayed (a kill would not count her gone since her login).
+        #expect(
+            net.records.contains { if case .seen(carol.publicKey, let at) = $0 { at > net.unix - 2 * 24 * 3600 } else { false } },
+            "\(net.records)")
 
         // Restarted: Dave was last here three days ago, Erin's row is gone.
         let (dave, erin) = (PrivateKey.generate().publicKey, PrivateKey.generate().publicKey)
