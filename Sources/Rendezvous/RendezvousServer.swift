@@ -268,8 +268,7 @@ public struct RendezvousServer: Sendable {
     private mutating func unregister(_ c: Connection, _ id: ConnectionID, at now: Timestamp) {
         guard let key = c.key, registry[key] == id else { return }
         registry[key] = nil
-        remember(key, now)
-        ownerLeft(key, now: now)
+        keyLeft(key, now)
         recordSeen(c, at: now)
         if clustered { records.append(.offline(key)) }
         statistics.registered = registry.count
@@ -612,11 +611,6 @@ public struct RendezvousServer: Sendable {
         changeContacts(of: owner, add: add, remove: remove)
     }
 
-    /// A key that has contacts is no longer registered here or at the node that said so.
-    private mutating func ownerLeft(_ key: PublicKey, now: Timestamp) {
-        if contacts[key] != nil, let unix = unixNow(now) { ownerSeen[key] = unix }
-    }
-
     /// Unix time at `now`, from the last the driver gave.
     private func unixNow(_ now: Timestamp) -> UInt64? {
         unixClock.map { $0.unix &+ UInt64(max(0, (now - $0.at).components.seconds)) }
@@ -736,6 +730,11 @@ public struct RendezvousServer: Sendable {
     /// How often a key with contacts, registered here, has its last-seen row written again.
     static let seenRefresh = Duration.seconds(24 * 3600)
 
+    /// How long before Unix time `now` Unix time `then` was (none, if after it).
+    static func age(of then: UInt64, at now: UInt64) -> Duration {
+        .seconds(Int64(min(now &- min(then, now), UInt64(Int64.max / 2))))
+    }
+
     /// A configured figure in a refusal (whole, unless it is not a finite one).
     static func count(_ value: Double) -> String {
         value.isFinite && abs(value) < 1e15 ? String(Int(value)) : "\(value)"
@@ -786,10 +785,7 @@ public struct RendezvousServer: Sendable {
     /// budgets new posts and stranger reaches spent (before a restart, or at another
     /// node while this one heard nothing) are spent here too.
     private mutating func merge(_ snapshot: RendezvousSnapshot, unixSeconds: UInt64, now: Timestamp) -> [RendezvousAction] {
-        /// How long before now Unix time `then` was.
-        func age(_ then: UInt64) -> Duration {
-            .seconds(Int64(min(unixSeconds &- min(then, unixSeconds), UInt64(Int64.max / 2))))
-        }
+        func age(_ then: UInt64) -> Duration { Self.age(of: then, at: unixSeconds) }
         /// `lifetime` from Unix time `then`, on this process's clock.
         func end(_ then: UInt64, _ lifetime: Duration) -> Timestamp {
             let age = age(then)
@@ -856,8 +852,7 @@ public struct RendezvousServer: Sendable {
         for key in before.keys where presence[key] == nil {
             elsewhere[key] = nil
             if registry[key] == nil {
-                remember(key, now)
-                ownerLeft(key, now: now)
+                keyLeft(key, now)
             }
         }
         for (key, there) in presence { actions += cluster(.online(key, there), now: now, unixSeconds: unixSeconds) }
@@ -900,15 +895,13 @@ public struct RendezvousServer: Sendable {
             guard elsewhere[key]?.node == node else { return [] }
             elsewhere[key] = nil
             if registry[key] == nil {
-                remember(key, now)
-                ownerLeft(key, now: now)
+                keyLeft(key, now)
             }
         case .nodeGone(let node):
             for (key, there) in elsewhere where there.node == node {
                 elsewhere[key] = nil
                 if registry[key] == nil {
-                    remember(key, now)
-                    ownerLeft(key, now: now)
+                    keyLeft(key, now)
                 }
             }
         case .signal(let signal):
@@ -921,7 +914,7 @@ public struct RendezvousServer: Sendable {
             guard postRecipients[post.id] == nil, RendezvousCluster.node(ofPost: post.id) != configuration.node else {
                 return []
             }
-            let age = Duration.seconds(Int64(min(unixSeconds &- min(post.unixSeconds, unixSeconds), UInt64(Int64.max / 2))))
+            let age = Self.age(of: post.unixSeconds, at: unixSeconds)
             guard age < configuration.mailboxLifetime else { return [] }
             keep(post, expires: now + (configuration.mailboxLifetime - age))
             spendPost(post, age: age, now: now)
@@ -972,11 +965,15 @@ public struct RendezvousServer: Sendable {
         records.append(.seen(key, unixSeconds: registered.unix &+ online))
     }
 
-    private mutating func remember(_ key: PublicKey, _ now: Timestamp) {
+    /// A key is no longer registered here, nor at the node that said it was: it is
+    /// remembered for "offline" answers, and, with contacts, counted gone from now
+    /// (``RendezvousServerConfiguration/contactsFor``).
+    private mutating func keyLeft(_ key: PublicKey, _ now: Timestamp) {
         if seen.count >= configuration.rememberedKeys, let oldest = seen.min(by: { $0.value < $1.value })?.key {
             seen[oldest] = nil
         }
         seen[key] = now + configuration.rememberFor
+        if contacts[key] != nil, let unix = unixNow(now) { ownerSeen[key] = unix }
     }
 
     private mutating func count(_ code: RendezvousErrorCode) { statistics.refused[code, default: 0] += 1 }
