@@ -464,6 +464,9 @@ struct PartyList: AsyncParsableCommand {
             }
         }
         _ = try? await connection.lookup(me.publicKey)
+        // (What came before the answer is on its way to the collector already: a moment for it, then done.)
+        try? await Task.sleep(for: .milliseconds(100))
+        collector.cancel()
         await collector.value
         let invitations = found.all
         // Where each room is now (a room on a directory's relay may have moved since it was sent).
