@@ -54,6 +54,18 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 PRIMARY KEY (sender, recipient))
             """
         ],
+        [
+            """
+            CREATE TABLE parties (id TEXT PRIMARY KEY, name TEXT NOT NULL, creator BYTEA NOT NULL, relay BYTEA NOT NULL,
+                max_members INTEGER NOT NULL, member_count INTEGER NOT NULL, updated_at BIGINT NOT NULL)
+            """,
+            // A party's members (not invited, in join order) and invited keys.
+            """
+            CREATE TABLE party_members (party TEXT NOT NULL REFERENCES parties (id) ON DELETE CASCADE,
+                key BYTEA NOT NULL, invited BOOLEAN NOT NULL, position INTEGER NOT NULL, PRIMARY KEY (party, invited, key))
+            """,
+            "CREATE INDEX party_members_by_key ON party_members (key)",
+        ],
     ]
 
     /// The schema this build knows.
@@ -278,6 +290,27 @@ public actor PostgresDirectoryStore: RendezvousStore {
             guard let from = key(sender), let to = key(recipient), at >= 0 else { continue }
             snapshot.reaches.append(RendezvousReach(from: from, to: to, unixSeconds: UInt64(at)))
         }
+        var keys: [String: (members: [PublicKey], invited: [PublicKey])] = [:]
+        for try await (party, bytes, invited) in try await c.query(
+            "SELECT party, key, invited FROM party_members ORDER BY party, position", logger: logger
+        ).decode((String, ByteBuffer, Bool).self) {
+            guard let key = key(bytes) else { continue }
+            if invited {
+                keys[party, default: ([], [])].invited.append(key)
+            } else {
+                keys[party, default: ([], [])].members.append(key)
+            }
+        }
+        for try await (id, name, creator, relay, maxMembers, count, at) in try await c.query(
+            "SELECT id, name, creator, relay, max_members, member_count, updated_at FROM parties ORDER BY id", logger: logger
+        ).decode((String, String, ByteBuffer, ByteBuffer, Int32, Int32, Int64).self) {
+            guard let creator = key(creator), let relay = key(relay), at >= 0 else { continue }
+            var listing = PartyListing(
+                room: id, name: name, creator: creator, maxMembers: Int(maxMembers), members: keys[id]?.members ?? [],
+                invited: keys[id]?.invited ?? [])
+            listing.memberCount = max(Int(count), listing.members.count)
+            snapshot.parties.append(RendezvousParty(listing: listing, relay: relay, unixSeconds: UInt64(at)))
+        }
         return snapshot
     }
 
@@ -298,6 +331,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
         var reaches: [[UInt8]: RendezvousReach] = [:]
         /// Contact rows to delete, then to insert, in the order the records came.
         var contactChanges: [(owner: PublicKey, add: [PublicKey], remove: [PublicKey])] = []
+        /// Party rooms as last said (nil: closed).
+        var partyChanges: [String: RendezvousParty?] = [:]
         let node = self.node
         for record in records {
             switch record {
@@ -325,8 +360,15 @@ public actor PostgresDirectoryStore: RendezvousStore {
             case .contacts(let owner, let add, let remove):
                 contactChanges.append((owner, add, remove))
                 notices.append(.contacts(owner: owner, add: add, remove: remove))
+            case .party(let party):
+                partyChanges[party.listing.room] = .some(party)
+                notices.append(.party(party))
+            case .partyClosed(let room):
+                partyChanges[room] = .some(nil)
+                notices.append(.partyClosed(room: room))
             }
         }
+        let parties = PartyRows(partyChanges)
         let ordered = posts.values.sorted { $0.id < $1.id }
         let ids = ordered.map { Int64(clamping: $0.id) }
         let recipients = ordered.map { ByteBuffer(bytes: $0.to.bytes) }
@@ -403,6 +445,7 @@ public actor PostgresDirectoryStore: RendezvousStore {
                         """, logger: logger)
                 }
             }
+            try await parties.write(on: c, logger: logger)
             try await Self.notify(notices, from: node, on: c, logger: logger)
         }
         for (key, since) in presence { registeredHere[key] = since }
@@ -451,8 +494,10 @@ public actor PostgresDirectoryStore: RendezvousStore {
                     texts.append(numbered(.event(.dropped(part))))
                 }
             // A key and a number, a relay's figures, a room id, a relay's key, two keys and a time: always short.
-            // A contact change is at most RendezvousMessage.maximumContactChange keys: about 3 KB.
-            case .online, .offline, .nodeGone, .relayLoad, .relayGone, .roomMoved, .contacts, .placed, .reached:
+            // A contact change is at most RendezvousMessage.maximumContactChange keys: about 3 KB;
+            // a party's listing at most PartyListing.shownMembers and .shownInvited keys: about 5 KB.
+            case .online, .offline, .nodeGone, .relayLoad, .relayGone, .roomMoved, .contacts, .placed, .reached, .party,
+                .partyClosed:
                 texts.append(text)
             }
         }
@@ -649,5 +694,64 @@ public struct PostgresLocation: Equatable, Sendable, CustomStringConvertible {
         let userInfo = rest[..<at]
         guard let colon = userInfo.firstIndex(of: ":") else { return text }
         return String(text[..<scheme.upperBound]) + userInfo[..<colon] + ":***" + rest[at...]
+    }
+}
+
+/// Party rooms changed in one batch of records, as arrays for UNNEST: every room
+/// named is deleted (its members with it), those still open written again.
+private struct PartyRows {
+    var changed: [String] = []
+    var ids: [String] = []
+    var names: [String] = []
+    var creators: [ByteBuffer] = []
+    var relays: [ByteBuffer] = []
+    var maxMembers: [Int32] = []
+    var counts: [Int32] = []
+    var at: [Int64] = []
+    var memberParties: [String] = []
+    var memberKeys: [ByteBuffer] = []
+    var memberInvited: [Bool] = []
+    var memberPositions: [Int32] = []
+
+    init(_ changes: [String: RendezvousParty?]) {
+        for (room, party) in changes.sorted(by: { $0.key < $1.key }) {
+            changed.append(room)
+            guard let party, let (creator, members, invited) = try? party.listing.checked() else { continue }
+            ids.append(room)
+            names.append(party.listing.name)
+            creators.append(ByteBuffer(bytes: creator.bytes))
+            relays.append(ByteBuffer(bytes: party.relay.bytes))
+            maxMembers.append(Int32(clamping: party.listing.maxMembers))
+            counts.append(Int32(clamping: party.listing.memberCount))
+            at.append(Int64(clamping: party.unixSeconds))
+            for (isInvited, keys) in [(false, members), (true, invited)] {
+                for (position, key) in keys.enumerated() {
+                    memberParties.append(room)
+                    memberKeys.append(ByteBuffer(bytes: key.bytes))
+                    memberInvited.append(isInvited)
+                    memberPositions.append(Int32(position))
+                }
+            }
+        }
+    }
+
+    func write(on c: PostgresConnection, logger: Logger) async throws {
+        guard !changed.isEmpty else { return }
+        try await c.query("DELETE FROM parties WHERE id = ANY(\(changed)::TEXT[])", logger: logger)
+        guard !ids.isEmpty else { return }
+        try await c.query(
+            """
+            INSERT INTO parties (id, name, creator, relay, max_members, member_count, updated_at)
+            SELECT * FROM UNNEST(\(ids)::TEXT[], \(names)::TEXT[], \(creators)::BYTEA[], \(relays)::BYTEA[],
+                \(maxMembers)::INTEGER[], \(counts)::INTEGER[], \(at)::BIGINT[])
+            """, logger: logger)
+        guard !memberParties.isEmpty else { return }
+        try await c.query(
+            """
+            INSERT INTO party_members (party, key, invited, position)
+            SELECT * FROM UNNEST(\(memberParties)::TEXT[], \(memberKeys)::BYTEA[], \(memberInvited)::BOOLEAN[],
+                \(memberPositions)::INTEGER[])
+            ON CONFLICT DO NOTHING
+            """, logger: logger)
     }
 }

@@ -7,7 +7,8 @@ import SQLiteNIO
 import Secure
 
 /// The directory's rows in an SQLite file (sqlite-nio): posts (invitations), the
-/// keys seen, each key's contacts and the strangers each reached in the last hour, so that a directory that restarts, or is killed, still delivers
+/// keys seen, each key's contacts, the strangers each reached in the last hour and
+/// the party rooms relays listed (with their members), so that a directory that restarts, or is killed, still delivers
 /// what was posted and still tells "offline" from "unknown". One schema with
 /// numbered migrations, applied when the file is opened.
 public actor SQLiteDirectoryStore: RendezvousStore {
@@ -27,6 +28,18 @@ public actor SQLiteDirectoryStore: RendezvousStore {
             CREATE TABLE reaches (sender BLOB NOT NULL, recipient BLOB NOT NULL, at INTEGER NOT NULL,
                 PRIMARY KEY (sender, recipient))
             """
+        ],
+        [
+            """
+            CREATE TABLE parties (id TEXT PRIMARY KEY, name TEXT NOT NULL, creator BLOB NOT NULL, relay BLOB NOT NULL,
+                max_members INTEGER NOT NULL, member_count INTEGER NOT NULL, updated_at INTEGER NOT NULL)
+            """,
+            // A party's members (invited 0, in join order) and invited keys (invited 1).
+            """
+            CREATE TABLE party_members (party TEXT NOT NULL REFERENCES parties (id) ON DELETE CASCADE,
+                key BLOB NOT NULL, invited INTEGER NOT NULL, position INTEGER NOT NULL, PRIMARY KEY (party, invited, key))
+            """,
+            "CREATE INDEX party_members_by_key ON party_members (key)",
         ],
     ]
 
@@ -64,6 +77,7 @@ public actor SQLiteDirectoryStore: RendezvousStore {
             _ = try await connection.query("PRAGMA journal_mode = WAL", [])
             _ = try await connection.query("PRAGMA synchronous = NORMAL", [])
             _ = try await connection.query("PRAGMA busy_timeout = 5000", [])
+            _ = try await connection.query("PRAGMA foreign_keys = ON", [])
             _ = try await connection.query(
                 "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)", [])
         } catch {
@@ -139,6 +153,31 @@ public actor SQLiteDirectoryStore: RendezvousStore {
             else { continue }
             snapshot.reaches.append(RendezvousReach(from: from, to: to, unixSeconds: UInt64(at)))
         }
+        var keys: [String: (members: [PublicKey], invited: [PublicKey])] = [:]
+        for row in try await connection.query("SELECT party, key, invited FROM party_members ORDER BY party, position", []) {
+            guard let party = row.column("party")?.string, let key = Self.key(row.column("key")),
+                let invited = row.column("invited")?.integer
+            else { continue }
+            if invited == 0 {
+                keys[party, default: ([], [])].members.append(key)
+            } else {
+                keys[party, default: ([], [])].invited.append(key)
+            }
+        }
+        for row in try await connection.query(
+            "SELECT id, name, creator, relay, max_members, member_count, updated_at FROM parties ORDER BY id", [])
+        {
+            guard let id = row.column("id")?.string, let name = row.column("name")?.string,
+                let creator = Self.key(row.column("creator")), let relay = Self.key(row.column("relay")),
+                let maxMembers = row.column("max_members")?.integer, let count = row.column("member_count")?.integer,
+                let at = row.column("updated_at")?.integer, at >= 0
+            else { continue }
+            var listing = PartyListing(
+                room: id, name: name, creator: creator, maxMembers: maxMembers, members: keys[id]?.members ?? [],
+                invited: keys[id]?.invited ?? [])
+            listing.memberCount = max(count, listing.members.count)
+            snapshot.parties.append(RendezvousParty(listing: listing, relay: relay, unixSeconds: UInt64(at)))
+        }
         return snapshot
     }
 
@@ -180,10 +219,37 @@ public actor SQLiteDirectoryStore: RendezvousStore {
                             Self.blob(reach.from.bytes), Self.blob(reach.to.bytes),
                             .integer(Int(clamping: reach.unixSeconds)),
                         ])
+                case .party(let party):
+                    try await write(party)
+                case .partyClosed(let room):
+                    _ = try await connection.query("DELETE FROM parties WHERE id = ?", [.text(room)])
                 case .online, .offline, .signal, .relayLoad, .relayGone, .roomMoved, .placed:
                     // For other nodes: a file on this machine is one node's alone (node 0 makes none).
                     break
                 }
+            }
+        }
+    }
+
+    /// A party's row and its members' rows, as its relay listed it last.
+    private func write(_ party: RendezvousParty) async throws {
+        let listing = party.listing
+        guard let (creator, members, invited) = try? listing.checked() else { return }
+        _ = try await connection.query("DELETE FROM parties WHERE id = ?", [.text(listing.room)])
+        _ = try await connection.query(
+            """
+            INSERT INTO parties (id, name, creator, relay, max_members, member_count, updated_at)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
+            """,
+            [
+                .text(listing.room), .text(listing.name), Self.blob(creator.bytes), Self.blob(party.relay.bytes),
+                .integer(listing.maxMembers), .integer(listing.memberCount), .integer(Int(clamping: party.unixSeconds)),
+            ])
+        for (invitedFlag, keys) in [(0, members), (1, invited)] {
+            for (position, key) in keys.enumerated() {
+                _ = try await connection.query(
+                    "INSERT OR IGNORE INTO party_members (party, key, invited, position) VALUES (?, ?, ?, ?)",
+                    [.text(listing.room), Self.blob(key.bytes), .integer(invitedFlag), .integer(position)])
             }
         }
     }

@@ -68,6 +68,9 @@ public struct PartyServer: SansIOCore {
         /// What the relay vouches for, handed to members for a rejoin.
         public let ticket: RoomTicket
         public fileprivate(set) var members: [MemberID: Member] = [:]
+        /// Changes each time a member joins or leaves (numbered across all rooms: a
+        /// room closed and brought back never repeats a number).
+        public fileprivate(set) var revision: UInt64 = 0
         fileprivate var nextMember: UInt16 = 1
         fileprivate var speakers: SpeakerSelector
         /// Members whose session was lost, by id: the same key may take the seat back.
@@ -111,6 +114,8 @@ public struct PartyServer: SansIOCore {
     /// Members in all rooms now.
     public var memberCount: Int { membership.count }
     private var sessionKeys: [PartySession: PublicKey] = [:]
+    /// The last ``Room/revision`` given.
+    private var revisions: UInt64 = 0
     /// Where each session is a member (one room per session).
     private var membership: [PartySession: (room: String, member: MemberID)] = [:]
     private var channels: [PartySession: ControlChannel] = [:]
@@ -416,6 +421,8 @@ public struct PartyServer: SansIOCore {
         room.departed[id] = nil
         let member = Member(id: id, key: key, session: session)
         room.members[id] = member
+        revisions += 1
+        room.revision = revisions
         rooms[roomID] = room
         membership[session] = (roomID, id)
         let entry = RosterEntry(member: id, key: key, creator: room.creator == key)
@@ -431,6 +438,8 @@ public struct PartyServer: SansIOCore {
     private mutating func remove(_ session: PartySession, reason: LeaveReason, keepEmptyRoom: Bool = false) {
         guard let (roomID, id) = membership.removeValue(forKey: session), var room = rooms[roomID] else { return }
         room.members[id] = nil
+        revisions += 1
+        room.revision = revisions
         room.speakers.remove(id)
         if reason == .disconnected, let key = sessionKeys[session] {
             if room.departed.count >= 2 * room.maxMembers, let oldest = room.departed.keys.min() {

@@ -17,6 +17,8 @@ import TusaBase
 /// with a directory under its identity and reports its load every 2 s, so that the
 /// directory sends peers and rooms to it by load; a lost connection is made again
 /// every 2 s, at the next of the directory's nodes first (when it has several).
+/// With parties, it lists its rooms too (``RelayRooms``): all of them on each new
+/// connection, then what opened, changed and closed, with each report.
 /// On shutdown it reports itself draining (no new work) before it goes.
 /// A swift-service-lifecycle `Service`.
 public final class DirectoryReporter: Service, Sendable {
@@ -26,14 +28,22 @@ public final class DirectoryReporter: Service, Sendable {
     private let secret: String
     private let identity: PrivateKey
     private let load: @Sendable (_ seconds: Double) async -> RelayLoad
+    /// The rooms changed since those known (id to revision), and those closed.
+    public typealias RoomListings =
+        @Sendable (_ known: [String: UInt64]) async -> (
+            changed: [(listing: PartyListing, revision: UInt64)], closed: [String]
+        )
+    private let rooms: RoomListings?
     private let logger: Logger
     private let reports = NIOLockedValueBox(0)
 
-    /// `load` is asked for the relay's figures over the last `seconds`.
+    /// `load` is asked for the relay's figures over the last `seconds`; `rooms`, when
+    /// the relay hosts parties, for its rooms (``PartyService/roomListings(since:)``).
     public init(
         directories: [TransportAddress], secret: String, identity: PrivateKey, interval: Duration = .seconds(2),
-        logger: Logger, load: @escaping @Sendable (_ seconds: Double) async -> RelayLoad
+        logger: Logger, rooms: RoomListings? = nil, load: @escaping @Sendable (_ seconds: Double) async -> RelayLoad
     ) {
+        self.rooms = rooms
         self.directories = directories
         self.secret = secret
         self.identity = identity
@@ -71,10 +81,13 @@ public final class DirectoryReporter: Service, Sendable {
             // Each connection says where it reports (after a loss, maybe another node).
             logger.info("reporting load to the directory", metadata: ["directory": "\(connection.server)"])
             saidDown = false
+            // The rooms this connection has heard of, by revision (none: the first list is all of them).
+            var known: [String: UInt64]? = nil
             while !Task.isCancelled && !Task.isShuttingDownGracefully && !connection.isClosed {
                 do {
                     try await connection.report(await load(seconds), secret: secret)
                     reports.withLockedValue { $0 += 1 }
+                    if let rooms { known = try await listRooms(rooms, known: known, on: connection) }
                 } catch {
                     break
                 }
@@ -90,6 +103,28 @@ public final class DirectoryReporter: Service, Sendable {
             await connection.close()
             logger.warning("lost the directory \(connection.server); connecting again")
         }
+    }
+
+    /// What changed in the rooms since `known`, told; returns what the directory knows now.
+    private func listRooms(_ rooms: RoomListings, known: [String: UInt64]?, on connection: RendezvousConnection)
+        async throws -> [String: UInt64]
+    {
+        let (reports, now) = await Self.changes(of: rooms, since: known)
+        for report in reports { try await connection.report(report, secret: secret) }
+        return now
+    }
+
+    /// The reports that tell what changed in the rooms since `known` (all of them when
+    /// nil, the last report `complete`; none when nothing changed), and what is known after them.
+    public static func changes(of rooms: RoomListings, since known: [String: UInt64]?) async -> (
+        [RelayRooms], known: [String: UInt64]
+    ) {
+        var now = known ?? [:]
+        let (changed, closed) = await rooms(now)
+        guard known == nil || !changed.isEmpty || !closed.isEmpty else { return ([], now) }
+        for (listing, revision) in changed { now[listing.room] = revision }
+        for room in closed { now[room] = nil }
+        return (RelayRooms.reports(open: changed.map(\.listing), closed: closed, complete: known == nil), now)
     }
 
     /// This process's CPU time so far (user and system), in seconds.

@@ -3,6 +3,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOSSL
 import Party
+import Rendezvous
 import STUN
 import Secure
 import ServiceLifecycle
@@ -56,6 +57,8 @@ public final class PartyService: Service, Sendable {
     private let boundStreams = BoundResult<[TransportAddress]>()
     private let statisticsBox = NIOLockedValueBox(PartyServer.Statistics())
     private let roomsBox = NIOLockedValueBox((rooms: 0, members: 0))
+    /// The rooms' core once running, on its loop (what ``roomListings(since:)`` reads).
+    private let running = NIOLockedValueBox<(rooms: NIOLoopBound<PartyRooms>, loop: any EventLoop)?>(nil)
 
     public init(
         address: TransportAddress, identity: Identity, configuration: PartyServer.Configuration = .init(),
@@ -96,6 +99,16 @@ public final class PartyService: Service, Sendable {
     public var roomCount: Int { roomsBox.withLockedValue { $0.rooms } }
     /// Members in them now.
     public var memberCount: Int { roomsBox.withLockedValue { $0.members } }
+
+    /// The rooms as a directory lists them: those opened or changed since `known`
+    /// (room id to ``PartyServer/Room/revision``, as returned last time) with their
+    /// revisions now, and those in `known` that closed. Nothing before the service runs.
+    public func roomListings(since known: [String: UInt64]) async -> (
+        changed: [(listing: PartyListing, revision: UInt64)], closed: [String]
+    ) {
+        guard let (rooms, loop) = running.withLockedValue({ $0 }) else { return ([], []) }
+        return (try? await loop.submit { rooms.value.listings(since: known) }.get()) ?? ([], [])
+    }
 
     public func run() async throws {
         var secure = SecureConfiguration()
@@ -157,6 +170,7 @@ public final class PartyService: Service, Sendable {
                 "key": "\(identity.publicKey)",
             ])
         let observer = memory?.observe { short in loop.execute { rooms.value.memoryShort(short) } }
+        running.withLockedValue { $0 = (rooms, loop) }
         bound.resolve(.success(endpoint.localAddress))
         boundStreams.resolve(.success(streams))
         await withDiscardingTaskGroup { group in
@@ -167,6 +181,7 @@ public final class PartyService: Service, Sendable {
             if let memory, let observer { memory.stopObserving(observer) }
             await endpoint.close()
         }
+        running.withLockedValue { $0 = nil }
         try? await loop.submit { rooms.value.stop() }.get()
     }
     /// Tells every member to move, then waits until none has been heard for a second (they have gone
@@ -351,6 +366,22 @@ final class PartyRooms {
 
     /// How long no member has been heard.
     var quietFor: Duration { lastHeard.duration(to: .now) }
+
+    /// See ``PartyService/roomListings(since:)``.
+    func listings(since known: [String: UInt64]) -> (changed: [(listing: PartyListing, revision: UInt64)], closed: [String]) {
+        host.read { core in
+            let changed = core.rooms.values.filter { known[$0.id] != $0.revision }.sorted { $0.id < $1.id }.map { room in
+                let members = room.members.values.sorted { $0.id < $1.id }.map(\.key)
+                return (
+                    PartyListing(
+                        room: room.id, name: room.name, creator: room.creator, maxMembers: room.maxMembers,
+                        members: members, invited: room.invited.sorted { $0.base64 < $1.base64 }),
+                    room.revision
+                )
+            }
+            return (changed, known.keys.filter { core.rooms[$0] == nil }.sorted())
+        }
+    }
 
     /// Tells every member in a room to move (``PartyServer/Input/draining``); returns how many.
     func drain() -> Int {

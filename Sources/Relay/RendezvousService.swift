@@ -26,17 +26,21 @@ public final class RendezvousService: Service, Sendable {
     private let memory: MemoryGuard?
     /// Where posts and seen keys are written, and read back at start (a directory's database).
     private let store: (any RendezvousStore)?
+    /// The rooms of the relay's own party service, listed to users as a directory's relays list theirs.
+    private let rooms: DirectoryReporter.RoomListings?
 
     /// `turnURIs`, when given, supplies the URIs of TURN grants once known (after the
     /// relay bound its sockets); `configuration.turn` supplies the secret and lifetime.
     /// `party`, when given, supplies where the relay hosts parties once its party
-    /// service is bound; registered peers are told.
+    /// service is bound; registered peers are told. `rooms`, when given, is read every
+    /// 2 s for the rooms of that party service (``PartyService/roomListings(since:)``).
     public init(
         address: TransportAddress, configuration: RendezvousServerConfiguration = .init(),
         turnURIs: (@Sendable () async throws -> [String])? = nil,
-        party: (@Sendable () async throws -> PartyGrant)? = nil, memory: MemoryGuard? = nil,
-        store: (any RendezvousStore)? = nil, logger: Logger
+        party: (@Sendable () async throws -> PartyGrant)? = nil, rooms: DirectoryReporter.RoomListings? = nil,
+        memory: MemoryGuard? = nil, store: (any RendezvousStore)? = nil, logger: Logger
     ) {
+        self.rooms = rooms
         self.memory = memory
         self.store = store
         self.address = address
@@ -162,8 +166,20 @@ public final class RendezvousService: Service, Sendable {
         let local = channel.localAddress.flatMap(TransportAddress.init) ?? address
         logger.info("serving the rendezvous", metadata: ["address": "tcp \(local)"])
         let observer = memory?.observe { short in loop.execute { hub.value.memoryShort(short) } }
+        let lister = rooms.map { rooms in
+            Task {
+                var known: [String: UInt64]? = nil
+                while !Task.isCancelled {
+                    let (reports, now) = await DirectoryReporter.changes(of: rooms, since: known)
+                    known = now
+                    for report in reports { loop.execute { hub.value.localRooms(report) } }
+                    try? await Task.sleep(for: .seconds(2))
+                }
+            }
+        }
         bound.resolve(.success(local))
         try? await gracefulShutdown()
+        lister?.cancel()
         if let memory, let observer { memory.stopObserving(observer) }
         try? await channel.close()
         follower?.cancel()
@@ -229,6 +245,9 @@ final class Hub {
     }
 
     func memoryShort(_ short: Bool) { host.handle(.memoryShort(short)) }
+
+    /// What changed in the rooms of the relay's own party service.
+    func localRooms(_ rooms: RelayRooms) { host.handle(.localRooms(rooms, unixSeconds: Self.unixSeconds())) }
 
     /// What the other directory nodes said.
     func cluster(_ update: RendezvousClusterUpdate) {

@@ -21,6 +21,8 @@ public struct RendezvousClient: Sendable {
         case located(id: UInt32, room: String, party: PartyGrant)
         /// The key's contacts now (the answer to ``RendezvousClient/changeContacts(add:remove:now:)``).
         case contacts(id: UInt32, keys: [PublicKey])
+        /// The parties this key may see (the answer to ``RendezvousClient/parties(now:)``).
+        case parties(id: UInt32, [PartyEntry], more: Bool)
         /// The server passed request `id` on.
         case sent(id: UInt32)
         /// A payload from a peer, opened and authenticated as coming from `from`.
@@ -101,6 +103,13 @@ public struct RendezvousClient: Sendable {
         return id
     }
 
+    /// Asks for the parties this key may see; the answer is `.parties` with the returned id.
+    public mutating func parties(now: Timestamp) -> UInt32 {
+        let id = takeID(now: now)
+        actions.append(.write(RendezvousFrame.frame(.parties(id: id))))
+        return id
+    }
+
     /// Adds and removes contacts (both empty: asks for them); the answer is
     /// `.contacts` or `.refused` with the returned id.
     public mutating func changeContacts(add: [PublicKey], remove: [PublicKey], now: Timestamp) -> UInt32 {
@@ -138,6 +147,12 @@ public struct RendezvousClient: Sendable {
         actions.append(.write(RendezvousFrame.frame(.load(load, proof: proof))))
     }
 
+    /// A relay's rooms to the directory (no answer), proven as ``report(_:secret:)`` is.
+    public mutating func report(_ rooms: RelayRooms, secret: String) {
+        let proof = RelayRooms.proof(secret: secret, key: identity.publicKey, challenge: challenge, rooms: rooms)
+        actions.append(.write(RendezvousFrame.frame(.rooms(rooms, proof: proof))))
+    }
+
     private mutating func takeID(now: Timestamp) -> UInt32 {
         defer { nextID &+= 1 }
         requestDeadlines[nextID] = now + timing.request
@@ -171,6 +186,9 @@ public struct RendezvousClient: Sendable {
             case .located(let id, let room, let party):
                 requestDeadlines[id] = nil
                 actions.append(.event(.located(id: id, room: room, party: party)))
+            case .partyList(let id, let parties, let more):
+                requestDeadlines[id] = nil
+                actions.append(.event(.parties(id: id, parties, more: more)))
             case .deliver(let from, let sealed):
                 do {
                     actions.append(.event(.received(from: from, payload: try Sealing.open(sealed, from: from, to: identity))))
@@ -185,7 +203,7 @@ public struct RendezvousClient: Sendable {
                 actions.append(.write(RendezvousFrame.frame(.pong)))
             case .pong:
                 actions.append(.event(.pong))
-            case .register, .lookup, .send, .post, .load, .locate, .place, .changeContacts:
+            case .register, .lookup, .send, .post, .load, .locate, .place, .changeContacts, .rooms, .parties:
                 throw .malformed("a client message from the server")
             }
         }

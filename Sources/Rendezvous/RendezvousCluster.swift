@@ -78,6 +78,10 @@ public enum RendezvousClusterEvent: Equatable, Sendable {
     case placed(relay: PublicKey)
     /// A key registered there reached a stranger from its stranger budget: spent here too.
     case reached(RendezvousReach)
+    /// A party room opened or changed, as its relay (reporting there) listed it.
+    case party(RendezvousParty)
+    /// A party room closed there, or gone with its relay.
+    case partyClosed(room: String)
 }
 
 /// One ``RendezvousClusterEvent`` as a node sends it to the others: a JSON object
@@ -121,6 +125,7 @@ public struct ClusterNotice: Equatable, Sendable {
         var room: String?
         var add: [String]?
         var remove: [String]?
+        var party: PartyListing?
     }
 
     public func encode() -> String {
@@ -144,6 +149,8 @@ public struct ClusterNotice: Equatable, Sendable {
         case .event(.reached(let r)): (w.type, w.from, w.to, w.at) = ("reached", r.from.base64, r.to.base64, r.unixSeconds)
         case .event(.contacts(let owner, let add, let remove)):
             (w.type, w.key, w.add, w.remove) = ("contacts", owner.base64, add.map(\.base64), remove.map(\.base64))
+        case .event(.party(let p)): (w.type, w.party, w.key, w.at) = ("party", p.listing, p.relay.base64, p.unixSeconds)
+        case .event(.partyClosed(let room)): (w.type, w.room) = ("party-closed", room)
         case .signalRow(let id, let node): (w.type, w.id, w.node) = ("signal-row", id, node)
         case .postRow(let id): (w.type, w.id) = ("post-row", id)
         }
@@ -216,6 +223,12 @@ public struct ClusterNotice: Equatable, Sendable {
         case "contacts":
             body = .event(
                 .contacts(owner: try key(w.key, "key"), add: try keys(w.add, "add"), remove: try keys(w.remove, "remove")))
+        case "party":
+            let listing = try need(w.party, "party")
+            _ = try listing.checked()
+            body = .event(
+                .party(RendezvousParty(listing: listing, relay: try key(w.key, "key"), unixSeconds: try need(w.at, "at"))))
+        case "party-closed": body = .event(.partyClosed(room: try need(w.room, "room")))
         case "signal-row": body = .signalRow(try need(w.id, "id"), node: try need(w.node, "node"))
         case "post-row": body = .postRow(try need(w.id, "id"))
         default: throw .malformed("unknown cluster notice type \"\(w.type)\"")

@@ -112,6 +112,16 @@ public enum RendezvousMessage: Equatable, Sendable {
     case changeContacts(id: UInt32, add: [PublicKey], remove: [PublicKey])
     /// Server → client: the key's contacts now (the answer to `changeContacts`).
     case contacts(id: UInt32, keys: [PublicKey])
+    /// Relay → directory: its rooms opened, changed and closed since it last said (on
+    /// a new connection, all of them), proven as `load` is
+    /// (``RelayRooms/proof(secret:key:challenge:rooms:)``). No answer.
+    case rooms(RelayRooms, proof: [UInt8])
+    /// Client → server: the parties this key may see (its own, those it is invited
+    /// to, its friends' open ones), answered with `partyList`.
+    case parties(id: UInt32)
+    /// Server → client: the answer to `parties`, each with where it is now; `more`
+    /// when there were more than one answer holds.
+    case partyList(id: UInt32, parties: [PartyEntry], more: Bool)
 
     /// The most keys one `changeContacts` adds and removes together (a change travels
     /// to a cluster's other nodes in one notification).
@@ -137,6 +147,9 @@ public enum RendezvousMessage: Equatable, Sendable {
         var remove: [String]?
         var keys: [String]?
         var follow: Bool?
+        var rooms: RelayRooms?
+        var parties: [PartyEntry]?
+        var more: Bool?
     }
 
     public func encode() -> [UInt8] {
@@ -213,6 +226,18 @@ public enum RendezvousMessage: Equatable, Sendable {
             w.type = "contacts"
             w.id = id
             w.keys = keys.map(\.base64)
+        case .rooms(let rooms, let proof):
+            w.type = "rooms"
+            w.rooms = rooms
+            w.proof = b64(proof)
+        case .parties(let id):
+            w.type = "parties"
+            w.id = id
+        case .partyList(let id, let parties, let more):
+            w.type = "party-list"
+            w.id = id
+            w.parties = parties
+            w.more = more
         }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
@@ -266,6 +291,10 @@ public enum RendezvousMessage: Equatable, Sendable {
         case "change-contacts":
             self = .changeContacts(id: try need(w.id, "id"), add: try keys(w.add, "add"), remove: try keys(w.remove, "remove"))
         case "contacts": self = .contacts(id: try need(w.id, "id"), keys: try keys(w.keys, "keys"))
+        case "rooms": self = .rooms(try need(w.rooms, "rooms"), proof: try bytes(w.proof, "proof"))
+        case "parties": self = .parties(id: try need(w.id, "id"))
+        case "party-list":
+            self = .partyList(id: try need(w.id, "id"), parties: try need(w.parties, "parties"), more: w.more ?? false)
         default: throw .malformed("unknown message type \"\(w.type)\"")
         }
     }

@@ -18,6 +18,11 @@ public enum RendezvousRecord: Equatable, Sendable {
     /// stranger budget: kept for the hour, so that a restart, and every node of a
     /// cluster (which hear it too), count it against the same budget.
     case reached(RendezvousReach)
+    /// A party room opened or changed, as its relay listed it (the other nodes of a
+    /// cluster hear it too).
+    case party(RendezvousParty)
+    /// A party room closed, or gone with its relay.
+    case partyClosed(room: String)
     // For the other nodes of a cluster (``RendezvousCluster``): made only by a node
     // that shares its database with others.
     /// A key registered here, at this Unix time.
@@ -72,7 +77,7 @@ public struct RendezvousReach: Equatable, Sendable {
 
 /// What a store gives back at start: the posts still kept, in posting order, the
 /// keys seen, with when, every key's contacts, and the strangers reached in the
-/// last hour, oldest first. Given again later (a cluster's
+/// last hour, oldest first, and the party rooms held. Given again later (a cluster's
 /// node after a gap in what the others said), posts already held are not taken
 /// twice, and the contacts replace what the node knew.
 public struct RendezvousSnapshot: Equatable, Sendable {
@@ -80,14 +85,16 @@ public struct RendezvousSnapshot: Equatable, Sendable {
     public var seen: [PublicKey: UInt64]
     public var contacts: [PublicKey: Set<PublicKey>]
     public var reaches: [RendezvousReach]
+    public var parties: [RendezvousParty]
 
     public init(
         posts: [RendezvousPost] = [], seen: [PublicKey: UInt64] = [:], contacts: [PublicKey: Set<PublicKey>] = [:],
-        reaches: [RendezvousReach] = []
+        reaches: [RendezvousReach] = [], parties: [RendezvousParty] = []
     ) {
         self.posts = posts
         self.seen = seen
         self.contacts = contacts
         self.reaches = reaches
+        self.parties = parties
     }
 }

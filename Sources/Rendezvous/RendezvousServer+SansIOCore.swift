@@ -21,13 +21,17 @@ extension RendezvousServer: SansIOCore {
         /// What the database holds (read at start and after a gap in what the other
         /// nodes said): the posts, and who is registered at the other nodes.
         case clusterResync(RendezvousSnapshot, presence: [PublicKey: ClusterPresence], unixSeconds: UInt64)
+        /// The rooms of the relay this rendezvous runs in (``RendezvousServerConfiguration/party``),
+        /// as that relay would list them to a directory: the first list is all of them.
+        case localRooms(RelayRooms, unixSeconds: UInt64)
     }
 
     public typealias Action = RendezvousAction
 
     public mutating func handle(_ input: Input, now: Timestamp) {
         switch input {
-        case .received(_, _, let unix), .restore(_, let unix), .cluster(_, let unix), .clusterResync(_, _, let unix):
+        case .received(_, _, let unix), .restore(_, let unix), .cluster(_, let unix), .clusterResync(_, _, let unix),
+            .localRooms(_, let unix):
             unixClock = (unix, now)
         case .accepted, .closed, .memoryShort: break
         }
@@ -47,6 +51,8 @@ extension RendezvousServer: SansIOCore {
         case .cluster(let event, let unixSeconds): actions = cluster(event, now: now, unixSeconds: unixSeconds)
         case .clusterResync(let snapshot, let presence, let unixSeconds):
             actions = clusterResync(snapshot, presence: presence, unixSeconds: unixSeconds, now: now)
+        case .localRooms(let rooms, let unixSeconds):
+            actions = listLocalRooms(rooms, now: now, unixSeconds: unixSeconds)
         }
         emit(actions)
     }

@@ -176,7 +176,7 @@ public struct RendezvousServer: Sendable {
     /// What is left of each poster's budget (``RendezvousServerConfiguration/postBurst``), and when.
     private var postBudgets: [PublicKey: TokenBucket] = [:]
     /// Each key's contacts: the keys it takes posts and sends from freely.
-    private var contacts: [PublicKey: Set<PublicKey>] = [:]
+    private(set) var contacts: [PublicKey: Set<PublicKey>] = [:]
     /// How many contacts all keys hold together.
     private var contactCount = 0
     /// When each key with contacts was last registered (Unix seconds), as far as
@@ -207,7 +207,15 @@ public struct RendezvousServer: Sendable {
     /// The relays that report here, and where peers are sent.
     public private(set) var relayRegistry: RelayRegistry
     /// Which connection each reporting relay holds.
-    private var relayConnections: [ConnectionID: PublicKey] = [:]
+    private(set) var relayConnections: [ConnectionID: PublicKey] = [:]
+    /// The party rooms the relays list.
+    var parties = PartyTable()
+    /// Relays' connections that have begun listing their rooms (the first list on a connection is all of them).
+    var listingRooms: Set<ConnectionID> = []
+    /// The relay this rendezvous runs in has begun listing its rooms.
+    var listingLocalRooms = false
+    /// When rooms of relays down too long are next looked for.
+    private var partySweepAt: Timestamp?
 
     public init(configuration: RendezvousServerConfiguration = .init(), seed: UInt64 = UInt64.random(in: .min ... .max)) {
         self.configuration = configuration
@@ -260,6 +268,7 @@ public struct RendezvousServer: Sendable {
     mutating func closed(_ id: ConnectionID, now: Timestamp) {
         guard let c = connections.removeValue(forKey: id) else { return }
         if let relay = relayConnections.removeValue(forKey: id) { relayLeft(relay) }
+        if listingRooms.remove(id) != nil, let relay = c.key { parties.abandonSync(of: relay) }
         unregister(c, id, at: now)
         statistics.connections = connections.count
     }
@@ -300,6 +309,11 @@ public struct RendezvousServer: Sendable {
             if !clustered || clusterSynced { forgetContactsOfKeysGone(now: now) }
         }
         relayRegistry.expire(now: now)
+        if parties.count > 0, now >= partySweepAt ?? now {
+            partySweepAt = now + Self.partySweep
+            let live = Set(relayRegistry.live(now: now).map(\.key) + (ownRelay.map { [$0] } ?? []))
+            for room in parties.expire(now: now, live: { live.contains($0) }) { records.append(.partyClosed(room: room)) }
+        }
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
         return actions
     }
@@ -313,7 +327,8 @@ public struct RendezvousServer: Sendable {
         // Each box is in posting order: its first entry is its oldest.
         let expire = mailbox.values.compactMap { $0.first?.expires }.min()
         let sweep = contacts.isEmpty ? nil : contactSweepAt
-        return [connection, forget, expire, sweep].compactMap { $0 }.min()
+        let partySweep = parties.count == 0 ? nil : partySweepAt
+        return [connection, forget, expire, sweep, partySweep].compactMap { $0 }.min()
     }
 
     /// Whether a key is registered now (here, or at another node of the cluster).
@@ -523,6 +538,30 @@ public struct RendezvousServer: Sendable {
             relayRegistry.report(key, load, now: now)
             if clustered { records.append(.relayLoad(key, load)) }
             return []
+        case .rooms(let rooms, let proof):
+            guard let key = c.key else {
+                return refuse(id, .notRegistered, "register before listing rooms", requestID: nil, close: false)
+            }
+            guard let secret = configuration.relaySecret,
+                RelayRooms.proof(secret: secret, key: key, challenge: c.challenge, rooms: rooms).withUnsafeBytes({ want in
+                    proof.withUnsafeBytes { Sodium.constantTimeEqual($0, want) }
+                })
+            else {
+                return refuse(id, .badProof, "not a relay of this directory (its secret)", requestID: nil, close: true)
+            }
+            for listing in rooms.open {
+                do { _ = try listing.checked() } catch {
+                    return refuse(id, .malformed, error.description, requestID: nil, close: true)
+                }
+            }
+            relayConnections[id] = key
+            return listRooms(rooms, of: key, on: id, now: now, unixSeconds: unixSeconds)
+        case .parties(let requestID):
+            guard let key = c.key else {
+                return refuse(id, .notRegistered, "register before asking for parties", requestID: requestID, close: false)
+            }
+            let (entries, more) = partyEntries(for: key, now: now)
+            return [.send(id, RendezvousFrame.frame(.partyList(id: requestID, parties: entries, more: more)))]
         case .locate(let requestID, let room, let follow):
             guard c.key != nil else {
                 return refuse(id, .notRegistered, "register before locate", requestID: requestID, close: false)
@@ -568,7 +607,7 @@ public struct RendezvousServer: Sendable {
             }
             if clustered { records.append(.placed(relay: relay.key)) }
             return [.send(id, RendezvousFrame.frame(.located(id: requestID, room: "", party: party)))]
-        case .hello, .registered, .lookupResult, .sent, .deliver, .error, .located, .contacts:
+        case .hello, .registered, .lookupResult, .sent, .deliver, .error, .located, .contacts, .partyList:
             return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
         }
     }
@@ -831,6 +870,7 @@ public struct RendezvousServer: Sendable {
             let forget = end(then, configuration.rememberFor)
             if seen[key].map({ $0 < forget }) ?? true { seen[key] = forget }
         }
+        takeParties(snapshot.parties, now: now)
         statistics.posted = mailboxCount
         return actions
     }
@@ -938,6 +978,10 @@ public struct RendezvousServer: Sendable {
             }
         case .placed(let relay):
             relayRegistry.reserve(on: relay, now: now)
+        case .party(let party):
+            parties.put(party, now: now)
+        case .partyClosed(let room):
+            parties.close(room)
         case .reached(let reach):
             // One already known (read back in a resync that raced its notice, or heard
             // before): spent here once.

@@ -237,7 +237,23 @@ public final class RendezvousConnection: Sendable {
     /// secret (no answer; a refusal closes the connection).
     public func report(_ load: RelayLoad, secret: String) async throws {
         let driver = self.driver
-        try await channel.eventLoop.submit { try driver.value.report(load, secret: secret) }.get()
+        try await channel.eventLoop.submit { try driver.value.report { $0.report(load, secret: secret) } }.get()
+    }
+
+    /// A relay's rooms to the directory (no answer): ``RelayRooms/reports(open:closed:complete:)`` cuts a long list.
+    public func report(_ rooms: RelayRooms, secret: String) async throws {
+        let driver = self.driver
+        try await channel.eventLoop.submit { try driver.value.report { $0.report(rooms, secret: secret) } }.get()
+    }
+
+    /// The parties this key may see: its own, those it is invited to, its friends'
+    /// open ones, each with where it is now; true when there were more than one answer holds.
+    public func parties() async throws -> ([PartyEntry], more: Bool) {
+        let event = try await request { core, now in core.parties(now: now) }
+        guard case .parties(_, let entries, let more) = event else {
+            throw RendezvousConnectionError.unexpectedAnswer("\(event)")
+        }
+        return (entries, more)
     }
 
     /// Whether the server closed the connection (or it broke).
@@ -286,9 +302,9 @@ final class RendezvousDriver {
 
     func received(_ bytes: [UInt8]) { host.handle(.received(bytes)) }
 
-    func report(_ load: RelayLoad, secret: String) throws {
+    func report(_ make: (inout RendezvousClient) -> Void) throws {
         if let ended { throw ended }
-        host.with { core, _ in core.report(load, secret: secret) }
+        host.with { core, _ in make(&core) }
     }
 
     func request(_ make: (inout RendezvousClient, Timestamp) throws -> UInt32) -> EventLoopFuture<RendezvousClient.Event> {
@@ -330,7 +346,7 @@ final class RendezvousDriver {
         case .registered(let turn, let party):
             registered?.succeed(Registration(turn: turn, party: party))
             registered = nil
-        case .lookup(let id, _, _), .sent(let id), .located(let id, _, _), .contacts(let id, _):
+        case .lookup(let id, _, _), .sent(let id), .located(let id, _, _), .contacts(let id, _), .parties(let id, _, _):
             pending.removeValue(forKey: id)?.succeed(event)
         case .refused(let code, let detail, let id):
             let error = RendezvousConnectionError.refused(code, detail)

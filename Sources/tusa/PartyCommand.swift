@@ -435,9 +435,12 @@ struct PartyWatch: AsyncParsableCommand {
 struct PartyList: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "list",
-        abstract: "List the parties you are invited to (invitations of the last day, kept by the relay's rendezvous).",
+        abstract:
+            "List the parties you are invited to (invitations of the last day, kept by the relay's rendezvous), and your friends' parties.",
         discussion: """
             Under each invitation, who is in the room now (asked of the relay that hosts it), or that it has closed. \
+            Then the parties the directory holds that you may see (your own, those you are invited to, and the open \
+            rooms of keys that have you among their contacts), with who is in each, as their relays last told it. \
             Exit status: 0, 64 on bad usage, 2 when the rendezvous could not be reached.
             """
     )
@@ -473,6 +476,10 @@ struct PartyList: AsyncParsableCommand {
         let locator = RoomLocator(connection, identity: me.privateKey)
         var places: [String: (address: TransportAddress, key: PublicKey)] = [:]
         for (invitation, _) in invitations { places[invitation.room] = await PartySession.whereIs(invitation, asking: locator) }
+        // The directory's parties (last: an older rendezvous knows no `parties` and closes the connection over it).
+        let listed: Result<([PartyEntry], more: Bool), any Error>
+        do { listed = .success(try await locator.current.parties()) } catch { listed = .failure(error) }
+        let closedByIt = locator.current.isClosed
         await locator.close()
         if invitations.isEmpty { print("no invitations") }
         // Who is in each room now, asked of its relay (one session per relay).
@@ -509,6 +516,17 @@ struct PartyList: AsyncParsableCommand {
             }
         }
         for relay in relays.values { await relay.close() }
+        // Rooms an invitation above showed already are not shown again.
+        let shown = Set(invitations.map(\.0.room))
+        switch listed {
+        case .success(let (entries, more)):
+            let others = entries.filter { !shown.contains($0.listing.room) }
+            if !others.isEmpty { print("parties of yours and your friends:") }
+            for entry in others { print(PartySession.partyLines(entry, me: me.publicKey)) }
+            if more { print("(more parties than one answer holds: only these are shown)") }
+        case .failure(let error):
+            if !closedByIt { print("(the rendezvous did not list parties: \(error))") }
+        }
     }
 }
 
@@ -807,6 +825,26 @@ enum PartySession {
 
     static func invitationLine(_ invitation: PartyInvitation, from: PublicKey) -> String {
         "\(from.base64) (\(Fingerprint.digits(of: from))) created party \(invitation.name): tusa party join \(invitation.room) --relay \(invitation.relay) --relay-key \(invitation.relayKey)"
+    }
+
+    /// A party of the directory's list: who made it, how full it is, how to join, and who is in it.
+    static func partyLines(_ entry: PartyEntry, me: PublicKey) -> String {
+        let l = entry.listing
+        let creator = PublicKey(base64: l.creator)
+        let by = creator.map { "\($0.base64) (\(Fingerprint.digits(of: $0)))" } ?? l.creator
+        let join =
+            entry.party.map { ": tusa party join \(l.room) --relay \($0.address) --relay-key \($0.key)" }
+            ?? " (its relay is down: tusa party join \(l.room) --rendezvous … places it again)"
+        var lines = [
+            "party \(l.name) \(l.room) by \(by), \(l.memberCount) of at most \(l.maxMembers) in it\(l.invited.isEmpty ? "" : ", invite-only")\(join)"
+        ]
+        for text in l.members {
+            let key = PublicKey(base64: text)
+            let fingerprint = key.map { Fingerprint.digits(of: $0) } ?? "?"
+            lines.append("  \(text) \(fingerprint)\(text == l.creator ? " creator" : "")\(key == me ? " (you)" : "")")
+        }
+        if l.memberCount > l.members.count { lines.append("  … and \(l.memberCount - l.members.count) more") }
+        return lines.joined(separator: "\n")
     }
 
     static func rosterLine(_ m: RosterEntry, me: MemberID?) -> String {

@@ -496,6 +496,7 @@ struct Relay: AsyncParsableCommand {
             let key = party?.identity.privateKey ?? PrivateKey.generate()
             reporter = DirectoryReporter(
                 directories: targets, secret: secret, identity: key, logger: logger,
+                rooms: Self.roomLister(party),
                 load: Self.loadReporter(service: service, party: party, capacityMbps: capacityMbps))
         } else if directorySecret != nil {
             throw failure("--directory-secret needs --directory")
@@ -544,6 +545,12 @@ struct Relay: AsyncParsableCommand {
     /// The relay's figures for its directory: TURN bytes and packets and party frames
     /// per second since the last call (a party voice frame counted as 120 bytes on the
     /// wire), allocations, rooms, members, CPU in cores.
+    /// What a directory's relay lists of its rooms (nil without parties).
+    private static func roomLister(_ party: PartyService?) -> DirectoryReporter.RoomListings? {
+        guard let party else { return nil }
+        return { known in await party.roomListings(since: known) }
+    }
+
     private static func loadReporter(service: RelayService, party: PartyService?, capacityMbps: Int)
         -> @Sendable (Double) async -> RelayLoad
     {
@@ -597,7 +604,7 @@ struct Relay: AsyncParsableCommand {
             turnURIs: {
                 try await service.turnURIs().map(\.description)
             },
-            party: partyGrant, memory: memory, store: store, logger: logger)
+            party: partyGrant, rooms: Self.roomLister(party), memory: memory, store: store, logger: logger)
     }
 
     private struct ConfigurationProblem: Error {

@@ -151,11 +151,11 @@ struct DirectoryStoreTests {
         await (try backing.open()).close()
         let raw = try await SQLiteConnection.open(storage: .file(path: path))
         let versions = try await raw.query("SELECT version FROM schema_migrations", [])
-        #expect(versions.compactMap { $0.column("version")?.integer } == [1, 2, 3])
+        #expect(versions.compactMap { $0.column("version")?.integer } == [1, 2, 3, 4])
         _ = try await raw.query("INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)", [])
         try await raw.close()
         await #expect(
-            throws: DirectoryError("\(path) has schema version 99, newer than this tusa's 3: use a newer tusa")
+            throws: DirectoryError("\(path) has schema version 99, newer than this tusa's 4: use a newer tusa")
         ) { _ = try await SQLiteDirectoryStore.open(path: path, logger: logger) }
     }
 
@@ -186,6 +186,50 @@ struct DirectoryStoreTests {
         await store.close()
     }
 
+    /// A party is a row (id, name, creator, relay, sizes, when) with a row per member
+    /// and per invited key: written again whole when its relay lists it again, gone
+    /// with its members' rows when it closes, read back as the relay listed it.
+    @Test(arguments: kinds)
+    func partiesAreRowsWithTheirMembersAndGoWhenClosed(_ kind: String) async throws {
+        let backing = try Backing(kind)
+        defer { backing.remove() }
+        let carol = PrivateKey.generate().publicKey
+        let relay = PrivateKey.generate().publicKey
+        let other = PrivateKey.generate().publicKey
+        func party(_ room: String, _ members: [PublicKey], invited: [PublicKey] = [], on relay: PublicKey, at: UInt64)
+            -> RendezvousParty
+        {
+            RendezvousParty(
+                listing: PartyListing(
+                    room: room, name: "Hearthstone ✨", creator: alice, maxMembers: 8, members: members, invited: invited),
+                relay: relay, unixSeconds: at)
+        }
+        let store = try await backing.open()
+        try await store.write([
+            .party(party("abcd-first", [alice, bob, carol], on: relay, at: now)),
+            .party(party("abcd-second", [alice], invited: [bob, carol], on: relay, at: now)),
+            .party(party("abcd-third", [alice], on: relay, at: now)),
+        ])
+        // Bob leaves the first (listed again, whole); the second closes; the third moved to another relay.
+        try await store.write([
+            .party(party("abcd-first", [carol, alice], on: relay, at: now + 4)), .partyClosed(room: "abcd-second"),
+            .party(party("abcd-third", [alice, bob], on: other, at: now + 5)),
+        ])
+        await store.close()
+        let again = try await backing.open()
+        let snapshot = try await again.load(unixSeconds: now + 10, postsFor: .seconds(86400), seenFor: .seconds(86400))
+        #expect(
+            snapshot.parties == [
+                party("abcd-first", [carol, alice], on: relay, at: now + 4),
+                party("abcd-third", [alice, bob], on: other, at: now + 5),
+            ])
+        // A party closed twice (two nodes saw its relay gone) is no error.
+        try await again.write([.partyClosed(room: "abcd-first"), .partyClosed(room: "abcd-first")])
+        let closed = try await again.load(unixSeconds: now + 10, postsFor: .seconds(86400), seenFor: .seconds(86400))
+        #expect(closed.parties.map(\.listing.room) == ["abcd-third"])
+        await again.close()
+    }
+
     /// Two directory nodes opening one new database together: both serve it, each
     /// numbered apart, its schema made once (one waits for the other's migration).
     /// A node that closes leaves no row behind. A newer schema than this build
@@ -204,10 +248,10 @@ struct DirectoryStoreTests {
         for store in stores { await store.close() }
         #expect(try await Self.psql(backing, "SELECT count(*) FROM nodes") == "0")
         let versions = try await Self.psql(backing, "SELECT version FROM schema_migrations ORDER BY version")
-        #expect(versions == "1,2,3,4")
+        #expect(versions == "1,2,3,4,5")
         _ = try await Self.psql(backing, "INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)")
         await #expect(
-            throws: DirectoryError("\(location) has schema version 99, newer than this tusa's 4: use a newer tusa")
+            throws: DirectoryError("\(location) has schema version 99, newer than this tusa's 5: use a newer tusa")
         ) { _ = try await PostgresDirectoryStore.open(location, logger: logger) }
     }
 
@@ -232,6 +276,13 @@ struct DirectoryStoreTests {
 
         let carol = PrivateKey.generate().publicKey
         let long = [UInt8](repeating: 7, count: 9_000)  // past a notification's 8,000 bytes
+        // The largest listing a relay sends: its notice still fits one notification.
+        let most = (0..<PartyListing.shownMembers).map { _ in PrivateKey.generate().publicKey }
+        let party = RendezvousParty(
+            listing: PartyListing(
+                room: String(repeating: "r", count: 64), name: String(repeating: "ü", count: 128), creator: alice,
+                maxMembers: 10_000, members: most + most, invited: Array(most.prefix(PartyListing.shownInvited))),
+            relay: bob, unixSeconds: now)
         let records: [RendezvousRecord] = [
             .online(carol, unixSeconds: now), .posted(post((UInt64(nodeA) << 40) | 1, at: now, 1)),
             .posted(RendezvousPost(id: (UInt64(nodeA) << 40) | 2, to: bob, from: alice, sealed: long, unixSeconds: now)),
@@ -239,7 +290,7 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol),
             .contacts(owner: bob, add: [alice, carol], remove: [bob]), .placed(relay: alice),
-            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)),
+            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)), .party(party), .partyClosed(room: "abcd-x"),
         ]
         try await a.write(records)
         let expected: [RendezvousClusterEvent] = [
@@ -250,7 +301,7 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol, node: nodeA),
             .contacts(owner: bob, add: [alice, carol], remove: [bob]), .placed(relay: alice),
-            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)),
+            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)), .party(party), .partyClosed(room: "abcd-x"),
         ]
         #expect(await heard.wait { $0.events.count >= expected.count }, "\(heard.events.count)")
         #expect(heard.events == expected)

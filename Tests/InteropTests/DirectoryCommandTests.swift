@@ -245,6 +245,60 @@ struct DirectoryCommandTests {
         #expect(watcherHeard > 100, "the watcher heard \(watcherHeard) packets from the creator: \(watching.stdout)")
     }
 
+    /// A directory's relay lists its rooms to it, and `tusa party list` shows each
+    /// user the parties it may see, with who is in them: the creator's friend (a
+    /// contact of the creator's) its open room, within a report or two of each
+    /// join; a stranger nothing; and no one a room whose members all left.
+    @Test(
+        "tusa directory lists a friend's open party with its members, and not to a stranger, until the room closes",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func aDirectoryListsAFriendsPartyWithItsMembers() async throws {
+        let cluster = try await PartyCluster(relays: 1)
+        defer { cluster.stop() }
+        let creatorKey = try await cluster.keygen("a")
+        let friendKey = try await cluster.keygen("f")
+        let joinerKey = try await cluster.keygen("b")
+        try await cluster.keygen("s")
+        let added = try await Harness.run(
+            cluster.tusa, ["contacts", "add", friendKey, "--rendezvous", cluster.server, "--identity", cluster.keyFile("a")])
+        #expect(added.status == 0, "\(added.stderr)")
+        func list(_ name: String) async throws -> String {
+            let r = try await Harness.run(
+                cluster.tusa, ["party", "list", "--rendezvous", cluster.server, "--identity", cluster.keyFile(name)])
+            #expect(r.status == 0, "\(r.stderr)")
+            return r.stdout
+        }
+        /// `name`'s list, once `condition` holds of it (or after 15 s).
+        func list(_ name: String, until condition: (String) -> Bool) async throws -> String {
+            let deadline = ContinuousClock.now + .seconds(15)
+            var last = try await list(name)
+            while !condition(last), ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(500))
+                last = try await list(name)
+            }
+            return last
+        }
+        let creator = try await cluster.member("a", ["create", "Hearthstone", "--in", "tone", "--duration", "14"])
+        let created = try #require(
+            await creator.waitForMatch(#"party [a-z0-9]{4}-[a-z0-9]{12}"#, timeout: 20), "\(creator.stderr)")
+        let room = String(created.dropFirst("party ".count))
+        let first = try await list("f") { $0.contains("party Hearthstone \(room)") }
+        #expect(
+            first.contains("party Hearthstone \(room) by \(creatorKey)")
+                && first.contains("1 of at most 50 in it: tusa party join \(room) --relay 127.0.0.1:")
+                && first.contains("\(creatorKey) ") && first.contains(" creator"), "\(first)")
+        let joiner = try await cluster.member("b", ["join", room, "--in", "silence", "--duration", "12"])
+        let second = try await list("f") { $0.contains("2 of at most 50") }
+        #expect(second.contains("2 of at most 50") && second.contains(joinerKey), "\(second)")
+        #expect(try await list("b").contains("party Hearthstone \(room)"), "a member sees the room it is in")
+        let stranger = try await list("s")
+        #expect(!stranger.contains(room), "a stranger was shown the room: \(stranger)")
+        #expect(await creator.waitForExit(timeout: 30), "\(creator.stderr)")
+        #expect(await joiner.waitForExit(timeout: 30), "\(joiner.stderr)")
+        let after = try await list("f") { !$0.contains(room) }
+        #expect(!after.contains(room), "the room was still listed after its members left: \(after)")
+    }
+
     /// A relay that reports to a directory drains on SIGTERM: it says so to the
     /// directory, tells its members to move, and exits once they have gone; they
     /// follow the room to another relay at once, without waiting to find it silent.

@@ -303,6 +303,50 @@ import Voice
         }
     }
 
+    /// A relay's own rendezvous lists the relay's rooms as a directory does: Alice's
+    /// friend (a contact of hers) sees her open room and who is in it, a stranger does not.
+    @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
+    func aRelaysOwnRendezvousListsAFriendsParty() async throws {
+        let tusa = try #require(Harness.tusa)
+        let (relay, _) = try #require(
+            try await Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0", "--party-port", "0"]))
+        defer { relay.kill() }
+        let line = try #require(
+            await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
+        let rendezvous = String(line.split(separator: " ")[2])
+        let dir = NSTemporaryDirectory() + "tusa-friends-\(getpid())"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var keys: [String: String] = [:]
+        for name in ["alice", "friend", "stranger"] {
+            let made = try await Harness.run(tusa, ["keygen", "--out", "\(dir)/\(name).key"])
+            keys[name] = try #require(
+                made.stdout.split(whereSeparator: \.isWhitespace).map(String.init).first { $0.count == 44 && $0.hasSuffix("=") },
+                "\(made.stdout)")
+        }
+        let me = { (name: String) in ["--rendezvous", rendezvous, "--identity", "\(dir)/\(name).key"] }
+        let added = try await Harness.run(tusa, ["contacts", "add", keys["friend"] ?? ""] + me("alice"))
+        #expect(added.status == 0, "\(added.stderr)")
+        let alice = try Harness.Background(
+            tusa, ["party", "create", "Factorio", "--in", "silence", "--duration", "20", "--quiet"] + me("alice"))
+        defer { alice.kill() }
+        let room = try await Self.room(createdBy: alice, named: "Factorio")
+        func list(_ name: String) async throws -> String {
+            let deadline = ContinuousClock.now + .seconds(10)
+            while true {
+                let r = try await Harness.run(tusa, ["party", "list"] + me(name), timeout: 30)
+                #expect(r.status == 0, "\(r.stderr)")
+                if r.stdout.contains(room) || ContinuousClock.now > deadline { return r.stdout }
+                try await Task.sleep(for: .milliseconds(500))
+            }
+        }
+        let friend = try await list("friend")
+        #expect(
+            friend.contains("party Factorio \(room) by \(keys["alice"] ?? "?")") && friend.contains("1 of at most 50 in it"),
+            "\(friend)")
+        #expect(!(try await list("stranger")).contains(room))
+    }
+
     /// Invitations as users meet them: Alice creates a party inviting Bob while Bob
     /// is away; `tusa party list` shows it when he comes; `tusa party watch --join`
     /// joins the next one the moment it arrives (skipping the closed one).

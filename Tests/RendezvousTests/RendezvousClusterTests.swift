@@ -68,6 +68,8 @@ private struct Cluster {
         case .placed(let relay): .placed(relay: relay)
         case .contacts(let owner, let add, let remove): .contacts(owner: owner, add: add, remove: remove)
         case .reached(let reach): .reached(reach)
+        case .party(let party): .party(party)
+        case .partyClosed(let room): .partyClosed(room: room)
         case .seen: nil
         }
     }
@@ -596,6 +598,14 @@ struct RendezvousClusterTests {
             .event(.contacts(owner: key, add: [], remove: [key])),
             .event(.placed(relay: bob.publicKey)),
             .event(.reached(RendezvousReach(from: key, to: bob.publicKey, unixSeconds: 1_800_000_000))),
+            .event(
+                .party(
+                    RendezvousParty(
+                        listing: PartyListing(
+                            room: "x7kq-abcdefghijkm", name: "Hearthstone", creator: key, maxMembers: 50,
+                            members: [key, bob.publicKey], invited: [carol.publicKey]),
+                        relay: bob.publicKey, unixSeconds: 1_800_000_000))),
+            .event(.partyClosed(room: "x7kq-abcdefghijkm")),
         ]
         for body in bodies {
             let notice = ClusterNotice(origin: 5, body)
@@ -610,6 +620,9 @@ struct RendezvousClusterTests {
             #"{"v":1,"origin":1,"type":"room-moved","room":"","key":"\#(bob.publicKey.base64)"}"#,
             #"{"v":1,"origin":1,"type":"contacts","key":"\#(bob.publicKey.base64)","add":["AAAA"]}"#,
             #"{"v":1,"origin":1,"type":"reached","from":"\#(bob.publicKey.base64)","at":5}"#,
+            #"{"v":1,"origin":1,"type":"party","key":"\#(bob.publicKey.base64)","at":5}"#,
+            #"{"v":1,"origin":1,"type":"party","key":"\#(bob.publicKey.base64)","at":5,"party":{"room":"r","name":"n","creator":"AAAA","maxMembers":2,"memberCount":0,"members":[],"invited":[]}}"#,
+            #"{"v":1,"origin":1,"type":"party-closed"}"#,
         ] {
             #expect(throws: RendezvousError.self, "\(bad)") { try ClusterNotice(decoding: bad) }
         }

@@ -1,0 +1,92 @@
+import Secure
+import TusaBase
+
+// The directory's parties (``PartyTable``): what relays list, what users see.
+extension RendezvousServer {
+    /// How often rooms of relays down too long are looked for.
+    static let partySweep: Duration = .seconds(5)
+    /// Members an answer's entry names (its count says how many are in).
+    static let answerMembers = 16
+    /// What an answer's entries may add up to, well inside a frame.
+    static let answerBudget = 12_000
+
+    /// A relay's `rooms` report, proven: the rooms it opened, changed and closed
+    /// written down; at the end of its first list on a connection (all its rooms),
+    /// those it held before and did not list are gone.
+    mutating func listRooms(
+        _ rooms: RelayRooms, of relay: PublicKey, on id: ConnectionID, now: Timestamp, unixSeconds: UInt64
+    ) -> [RendezvousAction] {
+        list(rooms, of: relay, first: listingRooms.insert(id).inserted, now: now, unixSeconds: unixSeconds)
+        return []
+    }
+
+    /// The rooms of the relay this rendezvous runs in, listed as a directory's relay lists its own.
+    mutating func listLocalRooms(_ rooms: RelayRooms, now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
+        guard let key = ownRelay else { return [] }
+        for listing in rooms.open where (try? listing.checked()) == nil { return [] }
+        let first = !listingLocalRooms
+        listingLocalRooms = true
+        list(rooms, of: key, first: first, now: now, unixSeconds: unixSeconds)
+        return []
+    }
+
+    /// The relay this rendezvous runs in (``RendezvousServerConfiguration/party``), when it hosts parties.
+    var ownRelay: PublicKey? { configuration.party.flatMap { PublicKey(base64: $0.key) } }
+
+    private mutating func list(_ rooms: RelayRooms, of relay: PublicKey, first: Bool, now: Timestamp, unixSeconds: UInt64) {
+        if first { parties.startSync(of: relay) }
+        for listing in rooms.open {
+            let party = RendezvousParty(listing: listing, relay: relay, unixSeconds: unixSeconds)
+            if parties.put(party, now: now) { records.append(.party(party)) }
+        }
+        // A room that moved to another relay is that one's now.
+        for room in rooms.closed where parties.rows[room]?.party.relay == relay {
+            parties.close(room)
+            records.append(.partyClosed(room: room))
+        }
+        if rooms.complete {
+            for room in parties.finishSync(of: relay) { records.append(.partyClosed(room: room)) }
+        }
+    }
+
+    /// The parties `key` may see, with where each is now (none placed: a relay down
+    /// names none), at most what one answer holds (true: some were left out).
+    func partyEntries(for key: PublicKey, now: Timestamp) -> ([PartyEntry], Bool) {
+        var entries: [PartyEntry] = []
+        var size = 0
+        for party in parties.visible(to: key, contacts: contacts) {
+            var listing = party.listing
+            listing.members = Array(listing.members.prefix(Self.answerMembers))
+            let bytes = PartyEntry.estimatedSize(of: listing) + 80
+            guard size + bytes <= Self.answerBudget else { return (entries, true) }
+            size += bytes
+            entries.append(PartyEntry(listing: listing, party: whereIs(party, now: now)))
+        }
+        return (entries, false)
+    }
+
+    /// Where a listed room is now: on the relay that listed it while that one is
+    /// live and takes rooms, else where this directory knows it moved.
+    private func whereIs(_ party: RendezvousParty, now: Timestamp) -> PartyGrant? {
+        if party.relay == ownRelay { return configuration.party }
+        if let relay = relayRegistry.relays[party.relay], now - relay.heard < relayRegistry.configuration.downAfter,
+            !relay.load.draining, let grant = relay.load.party
+        {
+            return grant
+        }
+        return relayRegistry.current(room: party.listing.room)?.load.party
+    }
+
+    /// Rooms a store or the database holds, taken in: at a start all of them (their
+    /// relays, once connected, list theirs again); after a gap in what the other
+    /// nodes said, the rows are the truth but for rooms of relays that report here
+    /// (this node's own word on them may still be on its way to the database).
+    mutating func takeParties(_ rows: [RendezvousParty], now: Timestamp) {
+        let reportingHere = Set(relayConnections.values)
+        let listed = Set(rows.map(\.listing.room))
+        for room in parties.rows.keys where !listed.contains(room) {
+            if let relay = parties.rows[room]?.party.relay, !reportingHere.contains(relay) { parties.close(room) }
+        }
+        for row in rows where !reportingHere.contains(row.relay) { parties.put(row, now: now) }
+    }
+}
