@@ -111,6 +111,28 @@ struct DirectoryClusterTests {
                 everyone.allSatisfy { $0.hearsEveryone(since: start) }
             },
             "\(everyone.filter { !$0.hearsEveryone(since: start) }.count) users do not hear their whole room")
+        // The directory lists each room to its invited friends at either node: its three
+        // members, on the relay that hosts it.
+        func listedWhereItIs(_ friends: [(Int, LoadUser)], avoiding dead: PublicKey? = nil) async -> [Int] {
+            var wrong: [Int] = []
+            for (n, friend) in friends {
+                let room = roomIDs[n / 2]
+                let entry = try? await friend.parties().first { $0.listing.room == room }
+                let host = relays.first { RoomHome.tag(of: $0.key) == RoomHome.tag(ofRoom: room) }?.key
+                let expected = dead == host ? nil : host
+                let on = entry?.party.flatMap { PublicKey(base64: $0.key) }
+                if entry?.listing.memberCount != 3 || (expected.map { on != $0 } ?? (on == nil || on == dead)) {
+                    wrong.append(n)
+                }
+            }
+            return wrong
+        }
+        var unlisted: [Int] = []
+        #expect(
+            await eventually(within: .seconds(10), poll: .milliseconds(500)) {
+                unlisted = await listedWhereItIs(Array(friends.enumerated()))
+                return unlisted.isEmpty
+            }, "friends \(unlisted) were not shown their room, its three members and its relay")
         // Sealed signalling between nodes (a call's offer): each friend to its creator.
         for (n, friend) in friends.enumerated() {
             try await friend.send(Array("offer \(n)".utf8), to: creators[n / 2].key)
@@ -137,6 +159,14 @@ struct DirectoryClusterTests {
         let heardAgain = killed.duration(to: .now)
         #expect(heardAgain < .seconds(5), "every member heard its room again \(heardAgain) after the relay's SIGKILL")
         print("directory cluster: \(moved.count) members of the killed relay's rooms heard them again after \(heardAgain)")
+        // And the directory lists those rooms on the relays they moved to.
+        let movedFriends = friends.enumerated().filter { pair in moved.contains { $0 === pair.element } }
+        #expect(
+            await eventually(within: .seconds(10), poll: .milliseconds(500)) {
+                unlisted = await listedWhereItIs(movedFriends, avoiding: relays[victim].key)
+                return unlisted.isEmpty
+            }, "friends \(unlisted) were not shown their moved room on its new relay")
+        print("directory cluster: the moved rooms listed on their new relays after \(killed.duration(to: .now))")
 
         // A directory node SIGKILLed: its users are served by the other.
         let nodeKilled = ContinuousClock.now

@@ -357,7 +357,7 @@ struct DirectoryCommandTests {
             await relay.waitFor(timeout: 10) { _, err in err.contains("reporting load to the directory") && err.contains("\(one)")
             },
             "\(relay.stderr)")
-        for node in [first, second] { #expect(node.stdout.contains("(schema 4, node "), "\(node.stdout)") }
+        for node in [first, second] { #expect(node.stdout.contains("(schema 5, node "), "\(node.stdout)") }
         let alice = PrivateKey.generate()
         let bob = PrivateKey.generate()
         let carol = PrivateKey.generate()

@@ -180,6 +180,9 @@ public final class LoadUser: Sendable {
         try await registration().send(payload, to: peer)
     }
 
+    /// The parties the directory lists for this user (``RendezvousConnection/parties()``).
+    public func parties() async throws -> [PartyEntry] { try await registration().parties().0 }
+
     /// Whether `peer` is online, as this user's node sees it.
     public func sees(_ peer: PublicKey) async -> Bool {
         guard let connection = rendezvous.withLockedValue({ $0 }) else { return false }
