@@ -140,6 +140,59 @@ import Voice
         #expect(counts.count >= 3 && counts[0] == 2 && counts[1] > sentByCaller && counts[2] > sentByCaller, "\(turn)")
     }
 
+    /// The same call through `tusa directory`: its two relays report their TURN URIs,
+    /// each side is given credentials for the least loaded one (the same one, both
+    /// idle), and the call is relayed through it alone.
+    @Test(.enabled(if: ready, "\(needs)"))
+    func aRelayOnlyCallGoesThroughADirectorysRelay() async throws {
+        let tusa = try #require(Harness.tusa)
+        let folder = NSTemporaryDirectory() + "tusa-directory-call-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let directory = try Harness.Background(
+            tusa,
+            [
+                "directory", "--listen", "127.0.0.1:0", "--database", "sqlite:\(folder)/d.sqlite", "--relay-secret", "r3lays",
+                "--static-auth-secret", "s3cret",
+            ])
+        defer { directory.kill() }
+        let line = try #require(
+            await directory.waitForMatch(#"directory tcp 127\.0\.0\.1:[0-9]+"#), "\(directory.stderr)")
+        let port = try #require(line.split(separator: ":").last.flatMap { UInt16($0) })
+        var relays: [Harness.Background] = []
+        defer { for relay in relays { relay.kill() } }
+        for _ in 0..<2 {
+            let relay = try Harness.Background(
+                tusa,
+                [
+                    "relay", "--listen", "127.0.0.1:0", "--use-auth-secret", "--static-auth-secret", "s3cret", "--realm",
+                    "tusa.test", "--allow-loopback-peers", "--directory", "127.0.0.1:\(port)", "--directory-secret", "r3lays",
+                ])
+            relays.append(relay)
+            #expect(
+                await relay.waitFor(timeout: 15) { _, err in err.contains("reporting load to the directory") }, "\(relay.stderr)")
+        }
+        let (answerer, key) = try await Self.answer(port, ["--relay-only", "--in", "tone"])
+        defer { answerer.kill() }
+        let caller = try await TURNClientPeerTests.tusa(
+            [
+                "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "3", "--relay-only", "--json",
+                "--quiet",
+            ], timeout: 40)
+        let (c, a) = try await Self.reports(caller: caller, answerer: answerer)
+        #expect(c["path"] as? String == "relayed" && a["path"] as? String == "relayed", "\(c) \(a)")
+        let sentByCaller = try #require(c["packetsSent"] as? Int)
+        #expect(sentByCaller > 100 && (a["packetsReceived"] as? Int ?? 0) >= sentByCaller - 10, "\(c) \(a)")
+        // One relay carried both allocations; the other none.
+        var allocations: [Int] = []
+        for relay in relays {
+            _ = await relay.stop(signal: SIGTERM)
+            let turn = try #require(relay.stdout.split(separator: "\n").first { $0.hasPrefix("turn: ") }, "\(relay.stdout)")
+            allocations.append(try #require(turn.split(separator: " ").compactMap { Int($0) }.first, "\(turn)"))
+        }
+        #expect(allocations.sorted() == [0, 2], "allocations per relay: \(allocations)")
+    }
+
     @Test(.enabled(if: ready, "\(needs)"))
     func theCalleeHangsUpAndTheCallerSeesIt() async throws {
         let (relay, port) = try await Self.relay()
