@@ -15,7 +15,9 @@ import TusaBase
 // playing many users: registering at either node, creating rooms where the directory places them, inviting friends at the
 // other node (some offline until later), joining through `locate`, speaking, and
 // sealed signalling across the nodes. Then a relay and a directory node are
-// SIGKILLed, and what users get back, and how fast, is checked.
+// SIGKILLed, and what users get back, and how fast, is checked. The same
+// scenarios run on the SQLite default with one node, which is SIGKILLed and
+// started again on its file.
 
 @Suite("A directory cluster under a load of users", .serialized)
 struct DirectoryClusterTests {
@@ -27,15 +29,30 @@ struct DirectoryClusterTests {
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
         .enabled(if: PostgresServer.isInstalled, "\(PostgresServer.absentMessage)"))
     func aClusterCarriesItsUsersThroughARelayAndANodeKilled() async throws {
-        let tusa = try #require(Harness.tusa)
         let postgres = try PostgresServer()
         defer { postgres.remove() }
+        try await Self.scenario(database: postgres.url, nodes: 2)
+    }
+
+    @Test(
+        "one directory node on SQLite and three relays: rooms spread, invitations all arrive, a killed relay's rooms are heard again within 5 s and the node SIGKILLed and started again serves its users again within 3 s",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func oneNodeOnSQLiteCarriesItsUsersThroughARelayKilledAndARestart() async throws {
+        let folder = NSTemporaryDirectory() + "tusa-cluster-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        try await Self.scenario(database: "sqlite:\(folder)/directory.sqlite", nodes: 1)
+    }
+
+    /// The scenarios on `count` directory nodes sharing `database`.
+    static func scenario(database: String, nodes count: Int) async throws {
+        let tusa = try #require(Harness.tusa)
         var processes: [Harness.Background] = []
         defer { for p in processes { p.kill() } }
         var nodes: [TransportAddress] = []
-        for _ in 0..<2 {
+        for _ in 0..<count {
             let node = try Harness.Background(
-                tusa, ["directory", "--listen", "127.0.0.1:0", "--database", postgres.url, "--relay-secret", "s3cret"])
+                tusa, ["directory", "--listen", "127.0.0.1:0", "--database", database, "--relay-secret", "s3cret"])
             processes.append(node)
             let line = try #require(await node.waitForMatch(#"directory tcp 127\.0\.0\.1:[0-9]+"#, timeout: 30), "\(node.stderr)")
             nodes.append(try #require(TransportAddress(String(line.dropFirst("directory tcp ".count)))))
@@ -43,7 +60,7 @@ struct DirectoryClusterTests {
         var relays: [(process: Harness.Background, key: PublicKey)] = []
         for n in 0..<3 {
             // Each reports to a node of its own first (the third to the first again).
-            let order = [nodes[n % 2], nodes[(n + 1) % 2]].map(\.description).joined(separator: ",")
+            let order = (count == 1 ? nodes : [nodes[n % 2], nodes[(n + 1) % 2]]).map(\.description).joined(separator: ",")
             let relay = try Harness.Background(
                 tusa,
                 [
@@ -87,7 +104,7 @@ struct DirectoryClusterTests {
         }
         let (most, least) = (perRelay.max() ?? 0, perRelay.min() ?? 0)
         #expect(least > 0 && Double(most) / Double(least) <= 1.5, "rooms per relay: \(perRelay)")
-        print("directory cluster: \(Self.rooms) rooms over three relays: \(perRelay)")
+        print("directory cluster (\(count) node(s)): \(Self.rooms) rooms over three relays: \(perRelay)")
 
         // Every online friend has its invitation at once; the offline ones at their login.
         for (n, friend) in friends.enumerated() where !offline.contains(n) {
@@ -167,6 +184,48 @@ struct DirectoryClusterTests {
                 return unlisted.isEmpty
             }, "friends \(unlisted) were not shown their moved room on its new relay")
         print("directory cluster: the moved rooms listed on their new relays after \(killed.duration(to: .now))")
+
+        if count == 1 {
+            // The one node SIGKILLed and started again on its file: its users register
+            // again, what it kept is there, and the rooms went on.
+            let before = everyone.map(\.registrations)
+            processes[0].kill()
+            _ = await processes[0].waitForExit(timeout: 10)
+            let node = try Harness.Background(
+                tusa, ["directory", "--listen", "\(nodes[0])", "--database", database, "--relay-secret", "s3cret"])
+            processes.append(node)
+            _ = try #require(await node.waitForMatch(#"directory tcp 127\.0\.0\.1:[0-9]+"#, timeout: 30), "\(node.stderr)")
+            let restarted = ContinuousClock.now
+            #expect(
+                await eventually(within: .seconds(15), poll: .milliseconds(20)) {
+                    zip(everyone, before).allSatisfy { $0.registrations > $1 && $0.server == nodes[0] }
+                }, "users not registered again: \(zip(everyone, before).filter { $0.registrations <= $1 }.count)")
+            let servedAgain = restarted.duration(to: .now)
+            #expect(servedAgain < .seconds(3), "the restarted node's users were served again after \(servedAgain)")
+            print("directory (1 node): \(everyone.count) users registered again \(servedAgain) after the restart")
+            for (n, user) in everyone.enumerated() {
+                try await everyone[(n + 1) % everyone.count].send(Array("after \(n)".utf8), to: user.key)
+            }
+            for user in everyone {
+                #expect(
+                    await eventually(within: .seconds(5)) {
+                        user.signals.withLockedValue { $0.contains { $0.hasPrefix("after") } }
+                    })
+            }
+            // Its rooms, as kept and as the relays list them again.
+            #expect(
+                await eventually(within: .seconds(10), poll: .milliseconds(500)) {
+                    unlisted = await listedWhereItIs(Array(friends.enumerated()), avoiding: relays[victim].key)
+                    return unlisted.isEmpty
+                }, "after the restart, friends \(unlisted) were not shown their room where it is")
+            let later = ContinuousClock.now
+            #expect(
+                await eventually(within: .seconds(5), poll: .milliseconds(50)) {
+                    everyone.allSatisfy { $0.hearsEveryone(since: later) }
+                })
+            for user in everyone { await user.stop() }
+            return
+        }
 
         // A directory node SIGKILLed: its users are served by the other.
         let nodeKilled = ContinuousClock.now

@@ -23,6 +23,7 @@ public final class LoadUser: Sendable {
     public var key: PublicKey { identity.publicKey }
     public let nodes: [TransportAddress]
     private let rendezvous = NIOLockedValueBox<RendezvousConnection?>(nil)
+    private let registered = NIOLockedValueBox(0)
     private let invitations = NIOLockedValueBox<[(PartyInvitation, at: ContinuousClock.Instant)]>([])
     /// Sealed payloads from other users that are not invitations.
     public let signals = NIOLockedValueBox<[String]>([])
@@ -47,10 +48,14 @@ public final class LoadUser: Sendable {
         rendezvous.withLockedValue { $0.map { $0.isClosed ? nil : $0.server } ?? nil }
     }
 
+    /// How many times it has registered (again after each loss of its node).
+    public var registrations: Int { registered.withLockedValue { $0 } }
+
     /// Registers at its first node that answers and keeps a registration until stopped.
     public func register() async throws {
         let first = try await RendezvousConnection.connect(toAnyOf: nodes, identity: identity.privateKey, timeout: .seconds(10))
         rendezvous.withLockedValue { $0 = first }
+        registered.withLockedValue { $0 += 1 }
         let task = Task { [self] in
             var connection = first
             while !Task.isCancelled {
@@ -66,6 +71,7 @@ public final class LoadUser: Sendable {
                     if let again = try? await connection.connectAgain(identity: identity.privateKey, timeout: .seconds(2)) {
                         connection = again
                         rendezvous.withLockedValue { $0 = again }
+                        registered.withLockedValue { $0 += 1 }
                         break
                     }
                     try? await Task.sleep(for: .milliseconds(50))
