@@ -330,11 +330,14 @@ func holdIdle(users: Int, server: TransportAddress, hold: Double, fromUser: Int)
 }
 
 /// Placement: relays report 1,000 live rooms between them (their load at 30 %
-/// to 50 %); `registrations` users register one after another at `rate` a second,
-/// each told where parties are. How long a registration takes (TCP connect,
-/// challenge, proof, the key's rows written, the relay placed), and where they went.
+/// to 50 %) and list them (four members each: the directory's `parties` rows);
+/// `registrations` users register one after another at `rate` a second, each told
+/// where parties are, then ask for the parties they may see (each is a member of
+/// one room, the n-th user of room n). How long a registration takes (TCP connect,
+/// challenge, proof, the key's rows written, the relay placed), where they went,
+/// how long the `parties` answer takes, and how many were shown their room.
 func runPlacement(store: (any RendezvousStore)?, registrations: Int, rate: Int) async throws -> (
-    latenciesMs: [Double], perRelay: [Int]
+    latenciesMs: [Double], perRelay: [Int], partiesMs: [Double], shown: Int
 ) {
     var logger = Logger(label: "directory-bench")
     logger.logLevel = .error
@@ -349,6 +352,8 @@ func runPlacement(store: (any RendezvousStore)?, registrations: Int, rate: Int) 
     // Three relays, 1,000 rooms between them, each reporting every 2 s as a relay does.
     let capacity: UInt64 = 1_000_000_000
     var relays: [(RendezvousConnection, RelayLoad)] = []
+    let users = (0..<registrations).map { _ in PrivateKey.generate() }
+    var roomNumber = 0
     for (n, rooms) in [300, 333, 367].enumerated() {
         let key = PrivateKey.generate()
         let load = RelayLoad(
@@ -357,6 +362,17 @@ func runPlacement(store: (any RendezvousStore)?, registrations: Int, rate: Int) 
             members: rooms * 4)
         let c = try await RendezvousConnection.connect(to: server, identity: key, timeout: .seconds(30))
         try await c.report(load, secret: "bench")
+        let listings = (0..<rooms).map { _ in
+            defer { roomNumber += 1 }
+            let member = users.isEmpty ? PrivateKey.generate().publicKey : users[roomNumber % users.count].publicKey
+            return PartyListing(
+                room: RoomHome.roomPrefix(for: key.publicKey) + "bench\(roomNumber)", name: "Game \(roomNumber)",
+                creator: PrivateKey.generate().publicKey, maxMembers: 50,
+                members: [member] + (0..<3).map { _ in PrivateKey.generate().publicKey }, invited: [])
+        }
+        for report in RelayRooms.reports(open: listings, closed: [], complete: true) {
+            try await c.report(report, secret: "bench")
+        }
         relays.append((c, load))
     }
     let reporting = Task {
@@ -367,15 +383,23 @@ func runPlacement(store: (any RendezvousStore)?, registrations: Int, rate: Int) 
     }
     try await Task.sleep(for: .milliseconds(200))
     var latencies: [Double] = []
+    var partiesMs: [Double] = []
+    var shown = 0
     var perRelay: [String: Int] = [:]
+    func ms(_ d: Duration) -> Double { Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15 }
     let start = ContinuousClock.now
-    for k in 0..<registrations {
+    for (k, identity) in users.enumerated() {
         try await Task.sleep(until: start + .seconds(Double(k) / Double(rate)), clock: .continuous)
         let began = ContinuousClock.now
-        let user = try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30))
-        let d = ContinuousClock.now - began
-        latencies.append(Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15)
+        let user = try await RendezvousConnection.connect(to: server, identity: identity, timeout: .seconds(30))
+        latencies.append(ms(ContinuousClock.now - began))
         perRelay[user.party?.address ?? "none", default: 0] += 1
+        let asked = ContinuousClock.now
+        let (entries, _) = try await user.parties()
+        partiesMs.append(ms(ContinuousClock.now - asked))
+        if entries.contains(where: { $0.listing.members.contains(identity.publicKey.base64) && $0.party != nil }) {
+            shown += 1
+        }
         await user.close()
     }
     reporting.cancel()
@@ -383,7 +407,7 @@ func runPlacement(store: (any RendezvousStore)?, registrations: Int, rate: Int) 
     await group.triggerGracefulShutdown()
     _ = try? await running.value
     // In the relays' order (30, 40, 50 %), then those placed nowhere.
-    return (latencies, (10..<13).map { perRelay["127.0.0.\($0):3481"] ?? 0 } + [perRelay["none"] ?? 0])
+    return (latencies, (10..<13).map { perRelay["127.0.0.\($0):3481"] ?? 0 } + [perRelay["none"] ?? 0], partiesMs, shown)
 }
 
 let options: Options
@@ -448,24 +472,28 @@ for rate in options.rates {
 }
 print()
 print(
-    "## Placement: where registering users are sent, three relays reporting 1,000 rooms (at 30 / 40 / 50 % of their capacity), \(options.placements) registrations at 200 a second"
+    "## Placement: where registering users are sent, three relays reporting and listing 1,000 rooms (at 30 / 40 / 50 % of their capacity), \(options.placements) registrations at 200 a second, each then asking for its parties"
 )
 print()
-print("| store | registration p50 / p95 / max (ms) | sent to each relay (30 / 40 / 50 %) | to none |")
-print("|---|---|---|---|")
+print(
+    "| store | registration p50 / p95 / max (ms) | sent to each relay (30 / 40 / 50 %) | to none | parties answer p50 / p95 (ms) | shown their room |"
+)
+print("|---|---|---|---|---|---|")
 let placementBackends: [(String, String?)] =
     [("memory", nil), ("SQLite (WAL)", "sqlite:\(sqlitePath)")] + (postgresURL.map { [("PostgreSQL", $0)] } ?? [])
 for (name, database) in placementBackends {
     do {
         var store: (any RendezvousStore)?
         if let database { store = try await DirectoryDatabase(database).open(logger: logger) }
-        let (latencies, perRelay) = try await runPlacement(store: store, registrations: options.placements, rate: 200)
+        let (latencies, perRelay, partiesMs, shown) = try await runPlacement(
+            store: store, registrations: options.placements, rate: 200)
         print(
             String(
-                format: "| %@ | %.2f / %.2f / %.2f | %@ | %d |", name, percentile(latencies, 0.5),
+                format: "| %@ | %.2f / %.2f / %.2f | %@ | %d | %.2f / %.2f | %d of %d |", name, percentile(latencies, 0.5),
                 percentile(latencies, 0.95), latencies.max() ?? .nan,
-                perRelay.prefix(3).map(String.init).joined(separator: " / "), perRelay[3]))
-        if perRelay[3] > 0 { failed = true }
+                perRelay.prefix(3).map(String.init).joined(separator: " / "), perRelay[3], percentile(partiesMs, 0.5),
+                percentile(partiesMs, 0.95), shown, options.placements))
+        if perRelay[3] > 0 || shown < options.placements { failed = true }
     } catch {
         print("| \(name) | failed: \(error) | | |")
         failed = true
