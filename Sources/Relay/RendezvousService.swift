@@ -180,6 +180,7 @@ public final class RendezvousService: Service, Sendable {
         bound.resolve(.success(local))
         try? await gracefulShutdown()
         lister?.cancel()
+        await lister?.value
         if let memory, let observer { memory.stopObserving(observer) }
         try? await channel.close()
         follower?.cancel()
