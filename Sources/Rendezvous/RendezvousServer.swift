@@ -527,11 +527,7 @@ public struct RendezvousServer: Sendable {
             guard let key = c.key else {
                 return refuse(id, .notRegistered, "register before reporting load", requestID: nil, close: false)
             }
-            guard let secret = configuration.relaySecret,
-                RelayLoad.proof(secret: secret, key: key, challenge: c.challenge, load: load).withUnsafeBytes({ want in
-                    proof.withUnsafeBytes { Sodium.constantTimeEqual($0, want) }
-                })
-            else {
+            guard relayProves(proof, { RelayLoad.proof(secret: $0, key: key, challenge: c.challenge, load: load) }) else {
                 return refuse(id, .badProof, "not a relay of this directory (its secret)", requestID: nil, close: true)
             }
             relayConnections[id] = key
@@ -542,11 +538,7 @@ public struct RendezvousServer: Sendable {
             guard let key = c.key else {
                 return refuse(id, .notRegistered, "register before listing rooms", requestID: nil, close: false)
             }
-            guard let secret = configuration.relaySecret,
-                RelayRooms.proof(secret: secret, key: key, challenge: c.challenge, rooms: rooms).withUnsafeBytes({ want in
-                    proof.withUnsafeBytes { Sodium.constantTimeEqual($0, want) }
-                })
-            else {
+            guard relayProves(proof, { RelayRooms.proof(secret: $0, key: key, challenge: c.challenge, rooms: rooms) }) else {
                 return refuse(id, .badProof, "not a relay of this directory (its secret)", requestID: nil, close: true)
             }
             for listing in rooms.open {
@@ -610,6 +602,13 @@ public struct RendezvousServer: Sendable {
         case .hello, .registered, .lookupResult, .sent, .deliver, .error, .located, .contacts, .partyList:
             return refuse(id, .malformed, "a server message sent to the server", requestID: nil, close: true)
         }
+    }
+
+    /// Whether a relay's report carries the proof `expected` makes from the
+    /// directory's relay secret (never, without one).
+    private func relayProves(_ proof: [UInt8], _ expected: (String) -> [UInt8]) -> Bool {
+        guard let secret = configuration.relaySecret else { return false }
+        return expected(secret).withUnsafeBytes { want in proof.withUnsafeBytes { Sodium.constantTimeEqual($0, want) } }
     }
 
     /// `key`'s post budget as it stands (a full one when it has none).

@@ -34,6 +34,26 @@ import Voice
     }
 
     /// The id of the room `creator` (a `tusa party create NAME`) made, once it says so.
+    /// A relay with its rendezvous and parties on loopback, and the rendezvous' address.
+    static func relayWithRendezvous() async throws -> (Harness.Background, String) {
+        let (relay, _) = try #require(
+            try await Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0", "--party-port", "0"]))
+        guard let line = await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#) else {
+            relay.kill()
+            throw HarnessError("no rendezvous: \(relay.stdout) \(relay.stderr)")
+        }
+        return (relay, String(line.split(separator: " ")[2]))
+    }
+
+    /// `tusa keygen --out FILE`; the public key it prints.
+    static func keygen(_ file: String) async throws -> String {
+        let made = try await Harness.run(try #require(Harness.tusa), ["keygen", "--out", file])
+        #expect(made.status == 0, "\(made.stderr)")
+        return try #require(
+            made.stdout.split(whereSeparator: \.isWhitespace).map(String.init).first { $0.count == 44 && $0.hasSuffix("=") },
+            "\(made.stdout)")
+    }
+
     static func room(createdBy creator: Harness.Background, named name: String) async throws -> String {
         let line = try #require(
             await creator.waitForMatch(#"party [a-z0-9]{12} ""# + name + #"" as #1"#), "\(creator.stdout) \(creator.stderr)")
@@ -308,22 +328,13 @@ import Voice
     @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
     func aRelaysOwnRendezvousListsAFriendsParty() async throws {
         let tusa = try #require(Harness.tusa)
-        let (relay, _) = try #require(
-            try await Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0", "--party-port", "0"]))
+        let (relay, rendezvous) = try await Self.relayWithRendezvous()
         defer { relay.kill() }
-        let line = try #require(
-            await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
-        let rendezvous = String(line.split(separator: " ")[2])
         let dir = NSTemporaryDirectory() + "tusa-friends-\(getpid())"
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: dir) }
         var keys: [String: String] = [:]
-        for name in ["alice", "friend", "stranger"] {
-            let made = try await Harness.run(tusa, ["keygen", "--out", "\(dir)/\(name).key"])
-            keys[name] = try #require(
-                made.stdout.split(whereSeparator: \.isWhitespace).map(String.init).first { $0.count == 44 && $0.hasSuffix("=") },
-                "\(made.stdout)")
-        }
+        for name in ["alice", "friend", "stranger"] { keys[name] = try await Self.keygen("\(dir)/\(name).key") }
         let me = { (name: String) in ["--rendezvous", rendezvous, "--identity", "\(dir)/\(name).key"] }
         let added = try await Harness.run(tusa, ["contacts", "add", keys["friend"] ?? ""] + me("alice"))
         #expect(added.status == 0, "\(added.stderr)")
@@ -353,21 +364,13 @@ import Voice
     @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
     func invitationsReachTheInvitedNowOrLater() async throws {
         let tusa = try #require(Harness.tusa)
-        let (relay, _) = try #require(
-            try await Harness.startRelay(["--listen", "127.0.0.1:0", "--rendezvous-port", "0", "--party-port", "0"]))
+        let (relay, rendezvous) = try await Self.relayWithRendezvous()
         defer { relay.kill() }
-        let line = try #require(
-            await relay.waitForMatch(#"rendezvous tcp 127\.0\.0\.1:[0-9]+"#), "\(relay.stdout) \(relay.stderr)")
-        let rendezvous = String(line.split(separator: " ")[2])
         let dir = NSTemporaryDirectory() + "tusa-invite-\(getpid())"
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let bobFile = "\(dir)/bob.key"
-        let keygen = try await Harness.run(tusa, ["keygen", "--out", bobFile])
-        #expect(keygen.status == 0, "\(keygen.stderr)")
-        let bob = try #require(
-            keygen.stdout.split(whereSeparator: \.isWhitespace).map(String.init).first { $0.count == 44 && $0.hasSuffix("=") },
-            "\(keygen.stdout)")
+        let bob = try await Self.keygen(bobFile)
 
         // Bob is away: the invitation waits at the rendezvous.
         let first = try await Harness.run(
