@@ -75,6 +75,8 @@ public struct RelayRegistry: Sendable {
         /// Reservations on one relay stop adding up past this share of its capacity:
         /// a flood of registrations cannot make every relay look full.
         public var reservationCeiling = 0.1
+        /// Relays this close (a share of capacity) to the least loaded one count as equally loaded.
+        public var leastLoadedBand = 0.02
         public init() {}
     }
 
@@ -148,11 +150,14 @@ public struct RelayRegistry: Sendable {
 
     /// The least loaded live relay (its use with what is reserved) that is not
     /// draining and that `eligible` takes, whatever its share of its capacity: where
-    /// a 1:1 call's TURN allocations go. Of equals, the first by key.
-    public func leastLoaded(now: Timestamp, where eligible: (RelayLoad) -> Bool = { _ in true }) -> Relay? {
-        live(now: now).filter { !$0.load.draining && eligible($0.load) }.min {
-            $0.utilisation(now: now) < $1.utilisation(now: now)
-        }
+    /// a 1:1 call's TURN allocations go. Relays within ``Configuration/leastLoadedBand``
+    /// of the least loaded count as equals, one picked at random: calls granted
+    /// between two reports do not all go to one of several idle relays.
+    public mutating func leastLoaded(now: Timestamp, where eligible: (RelayLoad) -> Bool = { _ in true }) -> Relay? {
+        let candidates = live(now: now).filter { !$0.load.draining && eligible($0.load) }
+        guard let least = candidates.map({ $0.utilisation(now: now) }).min() else { return nil }
+        let equals = candidates.filter { $0.utilisation(now: now) <= least + configuration.leastLoadedBand }
+        return equals[Int(random.next() % UInt64(equals.count))]
     }
 
     /// What one placement is expected to use, reserved on `key` until its reports can

@@ -141,8 +141,8 @@ import Voice
     }
 
     /// The same call through `tusa directory`: its two relays report their TURN URIs,
-    /// each side is given credentials for the least loaded one (the same one, both
-    /// idle), and the call is relayed through it alone.
+    /// each side is given credentials for the least loaded one, and the call is
+    /// relayed through them.
     @Test(.enabled(if: ready, "\(needs)"))
     func aRelayOnlyCallGoesThroughADirectorysRelay() async throws {
         let tusa = try #require(Harness.tusa)
@@ -183,14 +183,15 @@ import Voice
         #expect(c["path"] as? String == "relayed" && a["path"] as? String == "relayed", "\(c) \(a)")
         let sentByCaller = try #require(c["packetsSent"] as? Int)
         #expect(sentByCaller > 100 && (a["packetsReceived"] as? Int ?? 0) >= sentByCaller - 10, "\(c) \(a)")
-        // One relay carried both allocations; the other none.
+        // The relays carried the two allocations between them (both idle: each side's
+        // is on either, the directory picking among equals at random).
         var allocations: [Int] = []
         for relay in relays {
             _ = await relay.stop(signal: SIGTERM)
             let turn = try #require(relay.stdout.split(separator: "\n").first { $0.hasPrefix("turn: ") }, "\(relay.stdout)")
             allocations.append(try #require(turn.split(separator: " ").compactMap { Int($0) }.first, "\(turn)"))
         }
-        #expect(allocations.sorted() == [0, 2], "allocations per relay: \(allocations)")
+        #expect(allocations.reduce(0, +) == 2, "allocations per relay: \(allocations)")
     }
 
     @Test(.enabled(if: ready, "\(needs)"))

@@ -58,6 +58,21 @@ struct RelayRegistryTests {
         #expect(registry.leastLoaded(now: start)?.key == keys[3])
     }
 
+    /// Relays about equally loaded (within 2 % of their capacity) share the calls
+    /// granted between two reports; one past that band gets none.
+    @Test func callsGrantedBetweenReportsSpreadOverEquallyLoadedRelays() {
+        var registry = RelayRegistry(seed: 11)
+        for (n, bits) in [1_000_000, 1_100_000, 1_150_000, 1_300_000].enumerated() {
+            registry.report(
+                keys[n], RelayLoad(turnURIs: ["turn:x:3478"], capacityBitsPerSecond: 10_000_000, bitsPerSecond: UInt64(bits)),
+                now: start)
+        }
+        var grants: [PublicKey?: Int] = [:]
+        for _ in 0..<300 { grants[registry.leastLoaded(now: start)?.key, default: 0] += 1 }
+        #expect(grants[keys[3]] == nil && grants[nil] == nil, "\(grants)")
+        for n in 0..<3 { #expect((60...140).contains(grants[keys[n]] ?? 0), "\(grants)") }
+    }
+
     /// Another node's move of a room this node moved too: the heavier relay wins
     /// (this node's, live, is kept and returned to be told again); this node's move
     /// to a relay no longer live gives way whatever its weight.
