@@ -54,6 +54,8 @@ extension RendezvousServer: SansIOCore {
         case .localRooms(let rooms, let unixSeconds):
             actions = listLocalRooms(rooms, now: now, unixSeconds: unixSeconds)
         }
+        // Rooms held: looked at for their relays' going from now on, whatever else is due.
+        if partySweepAt == nil, parties.count > 0 { partySweepAt = now + Self.partySweep }
         emit(actions)
     }
 

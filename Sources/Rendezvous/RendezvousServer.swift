@@ -215,7 +215,7 @@ public struct RendezvousServer: Sendable {
     /// The relay this rendezvous runs in has begun listing its rooms.
     var listingLocalRooms = false
     /// When rooms of relays down too long are next looked for.
-    private var partySweepAt: Timestamp?
+    var partySweepAt: Timestamp?
 
     public init(configuration: RendezvousServerConfiguration = .init(), seed: UInt64 = UInt64.random(in: .min ... .max)) {
         self.configuration = configuration

@@ -179,6 +179,8 @@ private struct ListingRelay {
         }
         var restarted = Self.directory()
         restarted.feed(.restore(RendezvousSnapshot(parties: Array(kept.suffix(1))), unixSeconds: restarted.unix))
+        // Its rooms are looked at for their relays' going, with nothing else due.
+        #expect(restarted.server.nextDeadline.map { $0 <= restarted.now + RendezvousServer.partySweep } == true)
         var again = RendezvousClient(identity: bob)
         _ = try restarted.connect(ConnectionID(2), &again)
         #expect(try Self.parties(&restarted, ConnectionID(2), &again) == ["abcd-third": nil])
