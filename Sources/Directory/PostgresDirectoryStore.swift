@@ -331,8 +331,8 @@ public actor PostgresDirectoryStore: RendezvousStore {
         var reaches: [[UInt8]: RendezvousReach] = [:]
         /// Contact rows to delete, then to insert, in the order the records came.
         var contactChanges: [(owner: PublicKey, add: [PublicKey], remove: [PublicKey])] = []
-        /// Party rooms as last said (nil: closed).
-        var partyChanges: [String: RendezvousParty?] = [:]
+        /// Party rooms as last said.
+        var partyChanges: [String: PartyRows.Change] = [:]
         let node = self.node
         for record in records {
             switch record {
@@ -361,11 +361,11 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 contactChanges.append((owner, add, remove))
                 notices.append(.contacts(owner: owner, add: add, remove: remove))
             case .party(let party):
-                partyChanges[party.listing.room] = .some(party)
+                partyChanges[party.listing.room] = .listed(party)
                 notices.append(.party(party))
-            case .partyClosed(let room):
-                partyChanges[room] = .some(nil)
-                notices.append(.partyClosed(room: room))
+            case .partyClosed(let room, let relay):
+                partyChanges[room] = .closed(relay)
+                notices.append(.partyClosed(room: room, relay: relay))
             }
         }
         let parties = PartyRows(partyChanges)
@@ -698,9 +698,17 @@ public struct PostgresLocation: Equatable, Sendable, CustomStringConvertible {
 }
 
 /// Party rooms changed in one batch of records, as arrays for UNNEST: every room
-/// named is deleted (its members with it), those still open written again.
-private struct PartyRows {
+/// listed is deleted (its members with it) and written again; a room closed is
+/// deleted if it is still its relay's.
+struct PartyRows {
+    enum Change {
+        case listed(RendezvousParty)
+        case closed(PublicKey)
+    }
+
     var changed: [String] = []
+    var closed: [String] = []
+    var closedOn: [ByteBuffer] = []
     var ids: [String] = []
     var names: [String] = []
     var creators: [ByteBuffer] = []
@@ -713,10 +721,17 @@ private struct PartyRows {
     var memberInvited: [Bool] = []
     var memberPositions: [Int32] = []
 
-    init(_ changes: [String: RendezvousParty?]) {
-        for (room, party) in changes.sorted(by: { $0.key < $1.key }) {
+    init(_ changes: [String: Change]) {
+        for (room, change) in changes.sorted(by: { $0.key < $1.key }) {
+            guard case .listed(let party) = change else {
+                if case .closed(let relay) = change {
+                    closed.append(room)
+                    closedOn.append(ByteBuffer(bytes: relay.bytes))
+                }
+                continue
+            }
             changed.append(room)
-            guard let party, let (creator, members, invited) = try? party.listing.checked() else { continue }
+            guard let (creator, members, invited) = try? party.listing.checked() else { continue }
             ids.append(room)
             names.append(party.listing.name)
             creators.append(ByteBuffer(bytes: creator.bytes))
@@ -736,6 +751,13 @@ private struct PartyRows {
     }
 
     func write(on c: PostgresConnection, logger: Logger) async throws {
+        if !closed.isEmpty {
+            try await c.query(
+                """
+                DELETE FROM parties USING UNNEST(\(closed)::TEXT[], \(closedOn)::BYTEA[]) AS gone (id, relay)
+                WHERE parties.id = gone.id AND parties.relay = gone.relay
+                """, logger: logger)
+        }
         guard !changed.isEmpty else { return }
         try await c.query("DELETE FROM parties WHERE id = ANY(\(changed)::TEXT[])", logger: logger)
         guard !ids.isEmpty else { return }

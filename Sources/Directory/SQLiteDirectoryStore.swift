@@ -221,8 +221,9 @@ public actor SQLiteDirectoryStore: RendezvousStore {
                         ])
                 case .party(let party):
                     try await write(party)
-                case .partyClosed(let room):
-                    _ = try await connection.query("DELETE FROM parties WHERE id = ?", [.text(room)])
+                case .partyClosed(let room, let relay):
+                    _ = try await connection.query(
+                        "DELETE FROM parties WHERE id = ? AND relay = ?", [.text(room), Self.blob(relay.bytes)])
                 case .online, .offline, .signal, .relayLoad, .relayGone, .roomMoved, .placed:
                     // For other nodes: a file on this machine is one node's alone (node 0 makes none).
                     break

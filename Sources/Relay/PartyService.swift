@@ -375,7 +375,7 @@ final class PartyRooms {
                 return (
                     PartyListing(
                         room: room.id, name: room.name, creator: room.creator, maxMembers: room.maxMembers,
-                        members: members, invited: room.invited.sorted { $0.base64 < $1.base64 }),
+                        members: members, invited: Array(room.invited)),
                     room.revision
                 )
             }

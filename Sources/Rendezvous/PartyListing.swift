@@ -32,7 +32,7 @@ public struct PartyListing: Codable, Hashable, Sendable {
         self.maxMembers = maxMembers
         memberCount = members.count
         self.members = members.prefix(Self.shownMembers).map(\.base64)
-        self.invited = invited.prefix(Self.shownInvited).map(\.base64).sorted()
+        self.invited = Array(invited.map(\.base64).sorted().prefix(Self.shownInvited))
     }
 
     /// The listing's keys, checked: an id and name a room may have, keys that are

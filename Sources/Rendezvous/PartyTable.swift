@@ -34,8 +34,8 @@ struct PartyTable: Sendable {
         /// Creator, members and invited.
         var keys: Set<PublicKey>
         var open: Bool
-        /// The last time its relay was live.
-        var lastLive: Timestamp
+        /// When it was listed (the last time its relay is known live, unless later in ``relayLive``).
+        var listed: Timestamp
     }
 
     /// How long a room outlives its relay's last report when no relay lists it again.
@@ -50,29 +50,36 @@ struct PartyTable: Sendable {
     private var openByCreator: [PublicKey: Set<String>] = [:]
     /// Relays listing all their rooms now: their rooms not listed yet.
     private var syncing: [PublicKey: Set<String>] = [:]
+    /// When each relay of rooms held was last seen live (by ``expire(now:live:)``).
+    private var relayLive: [PublicKey: Timestamp] = [:]
 
     var count: Int { rows.count }
 
-    /// A room opened or changed (on `party.relay`); false when it is not taken (the table is full).
+    /// A room opened or changed (on `party.relay`): true when that changed what is held
+    /// (false: listed as it was, or not taken, the table being full).
     @discardableResult
     mutating func put(_ party: RendezvousParty, now: Timestamp) -> Bool {
         guard let (creator, members, invited) = try? party.listing.checked() else { return false }
         let room = party.listing.room
+        syncing[party.relay]?.remove(room)
+        if let held = rows[room], held.party.listing == party.listing, held.party.relay == party.relay {
+            rows[room]?.listed = now
+            return false
+        }
         if rows[room] == nil, rows.count >= Self.limit { return false }
         remove(room)
         let row = Row(
-            party: party, creator: creator, keys: Set(members + invited + [creator]), open: invited.isEmpty, lastLive: now)
+            party: party, creator: creator, keys: Set(members + invited + [creator]), open: invited.isEmpty, listed: now)
         rows[room] = row
         for key in row.keys { byKey[key, default: []].insert(room) }
         if row.open { openByCreator[creator, default: []].insert(room) }
-        syncing[party.relay]?.remove(room)
         return true
     }
 
-    /// A room closed: true when it was held.
+    /// A room closed by `relay` (any relay when nil): true when it was held there.
     @discardableResult
-    mutating func close(_ room: String) -> Bool {
-        guard rows[room] != nil else { return false }
+    mutating func close(_ room: String, on relay: PublicKey? = nil) -> Bool {
+        guard let row = rows[room], relay.map({ $0 == row.party.relay }) ?? true else { return false }
         remove(room)
         return true
     }
@@ -92,25 +99,28 @@ struct PartyTable: Sendable {
     /// `relay`'s connection closed before it listed all its rooms: none is taken for gone.
     mutating func abandonSync(of relay: PublicKey) { syncing[relay] = nil }
 
-    /// Rooms whose relay has been down (not `live`) for ``keptFor``: closed, returned.
-    mutating func expire(now: Timestamp, live: (PublicKey) -> Bool) -> [String] {
-        var gone: [String] = []
+    /// Rooms whose relay has been down (not `live`) for ``keptFor``: closed, returned with their relays.
+    mutating func expire(now: Timestamp, live: (PublicKey) -> Bool) -> [(room: String, relay: PublicKey)] {
+        var gone: [(room: String, relay: PublicKey)] = []
+        var seen: [PublicKey: Bool] = [:]
         for (room, row) in rows {
-            if live(row.party.relay) {
-                rows[room]?.lastLive = now
-            } else if now - row.lastLive >= Self.keptFor {
-                gone.append(room)
-            }
+            let relay = row.party.relay
+            let isLive = seen[relay] ?? live(relay)
+            seen[relay] = isLive
+            if !isLive, now - max(row.listed, relayLive[relay] ?? row.listed) >= Self.keptFor { gone.append((room, relay)) }
         }
-        gone.sort()
-        for room in gone { remove(room) }
+        for (relay, isLive) in seen where isLive { relayLive[relay] = now }
+        relayLive = relayLive.filter { seen[$0.key] != nil }
+        gone.sort { $0.room < $1.room }
+        for (room, _) in gone { remove(room) }
         return gone
     }
 
-    /// The rooms `key` may see (see the type's notes), by name then id.
-    func visible(to key: PublicKey, contacts: [PublicKey: Set<PublicKey>]) -> [RendezvousParty] {
+    /// The rooms `key` may see (see the type's notes), by name then id: `owners`
+    /// are the keys that have `key` among their contacts.
+    func visible(to key: PublicKey, owners: Set<PublicKey>) -> [RendezvousParty] {
         var rooms = byKey[key] ?? []
-        for (creator, created) in openByCreator where contacts[creator]?.contains(key) == true { rooms.formUnion(created) }
+        for owner in owners { if let created = openByCreator[owner] { rooms.formUnion(created) } }
         return rooms.compactMap { rows[$0]?.party }.sorted {
             ($0.listing.name, $0.listing.room) < ($1.listing.name, $1.listing.room)
         }

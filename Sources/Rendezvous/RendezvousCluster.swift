@@ -80,8 +80,8 @@ public enum RendezvousClusterEvent: Equatable, Sendable {
     case reached(RendezvousReach)
     /// A party room opened or changed, as its relay (reporting there) listed it.
     case party(RendezvousParty)
-    /// A party room closed there, or gone with its relay.
-    case partyClosed(room: String)
+    /// A party room closed there on `relay`, or gone with it.
+    case partyClosed(room: String, relay: PublicKey)
 }
 
 /// One ``RendezvousClusterEvent`` as a node sends it to the others: a JSON object
@@ -150,7 +150,7 @@ public struct ClusterNotice: Equatable, Sendable {
         case .event(.contacts(let owner, let add, let remove)):
             (w.type, w.key, w.add, w.remove) = ("contacts", owner.base64, add.map(\.base64), remove.map(\.base64))
         case .event(.party(let p)): (w.type, w.party, w.key, w.at) = ("party", p.listing, p.relay.base64, p.unixSeconds)
-        case .event(.partyClosed(let room)): (w.type, w.room) = ("party-closed", room)
+        case .event(.partyClosed(let room, let relay)): (w.type, w.room, w.key) = ("party-closed", room, relay.base64)
         case .signalRow(let id, let node): (w.type, w.id, w.node) = ("signal-row", id, node)
         case .postRow(let id): (w.type, w.id) = ("post-row", id)
         }
@@ -228,7 +228,7 @@ public struct ClusterNotice: Equatable, Sendable {
             _ = try listing.checked()
             body = .event(
                 .party(RendezvousParty(listing: listing, relay: try key(w.key, "key"), unixSeconds: try need(w.at, "at"))))
-        case "party-closed": body = .event(.partyClosed(room: try need(w.room, "room")))
+        case "party-closed": body = .event(.partyClosed(room: try need(w.room, "room"), relay: try key(w.key, "key")))
         case "signal-row": body = .signalRow(try need(w.id, "id"), node: try need(w.node, "node"))
         case "post-row": body = .postRow(try need(w.id, "id"))
         default: throw .malformed("unknown cluster notice type \"\(w.type)\"")

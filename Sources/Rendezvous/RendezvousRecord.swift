@@ -21,8 +21,8 @@ public enum RendezvousRecord: Equatable, Sendable {
     /// A party room opened or changed, as its relay listed it (the other nodes of a
     /// cluster hear it too).
     case party(RendezvousParty)
-    /// A party room closed, or gone with its relay.
-    case partyClosed(room: String)
+    /// A party room closed on `relay`, or gone with it (held on another relay, it stays).
+    case partyClosed(room: String, relay: PublicKey)
     // For the other nodes of a cluster (``RendezvousCluster``): made only by a node
     // that shares its database with others.
     /// A key registered here, at this Unix time.

@@ -35,18 +35,30 @@ extension RendezvousServer {
 
     private mutating func list(_ rooms: RelayRooms, of relay: PublicKey, first: Bool, now: Timestamp, unixSeconds: UInt64) {
         if first { parties.startSync(of: relay) }
-        for listing in rooms.open {
+        for listing in rooms.open where !movedAway(listing.room, from: relay, now: now) {
             let party = RendezvousParty(listing: listing, relay: relay, unixSeconds: unixSeconds)
             if parties.put(party, now: now) { records.append(.party(party)) }
         }
         // A room that moved to another relay is that one's now.
-        for room in rooms.closed where parties.rows[room]?.party.relay == relay {
-            parties.close(room)
-            records.append(.partyClosed(room: room))
-        }
+        for room in rooms.closed where parties.close(room, on: relay) { records.append(.partyClosed(room: room, relay: relay)) }
         if rooms.complete {
-            for room in parties.finishSync(of: relay) { records.append(.partyClosed(room: room)) }
+            for room in parties.finishSync(of: relay) { records.append(.partyClosed(room: room, relay: relay)) }
         }
+    }
+
+    /// Whether `room` is held on another live relay that the directory sends its
+    /// members to: a relay that lost the room's members to it (they followed the
+    /// room there) does not take it back by listing what it has left.
+    private func movedAway(_ room: String, from relay: PublicKey, now: Timestamp) -> Bool {
+        guard let holder = parties.rows[room]?.party.relay, holder != relay, isLive(holder, now: now) else { return false }
+        return relayRegistry.current(room: room)?.key == holder
+    }
+
+    /// Whether a relay reports now (the relay this rendezvous runs in always does).
+    private func isLive(_ key: PublicKey, now: Timestamp) -> Bool {
+        if key == ownRelay { return true }
+        guard let relay = relayRegistry.relays[key] else { return false }
+        return now - relay.heard < relayRegistry.configuration.downAfter
     }
 
     /// The parties `key` may see, with where each is now (none placed: a relay down
@@ -54,7 +66,7 @@ extension RendezvousServer {
     func partyEntries(for key: PublicKey, now: Timestamp) -> ([PartyEntry], Bool) {
         var entries: [PartyEntry] = []
         var size = 0
-        for party in parties.visible(to: key, contacts: contacts) {
+        for party in parties.visible(to: key, owners: contactOf[key] ?? []) {
             var listing = party.listing
             listing.members = Array(listing.members.prefix(Self.answerMembers))
             let bytes = PartyEntry.estimatedSize(of: listing) + 80
@@ -66,15 +78,17 @@ extension RendezvousServer {
     }
 
     /// Where a listed room is now: on the relay that listed it while that one is
-    /// live and takes rooms, else where this directory knows it moved.
+    /// live and takes rooms, else where this directory knows it moved, if that relay
+    /// is live (nil: joining through the directory places it again).
     private func whereIs(_ party: RendezvousParty, now: Timestamp) -> PartyGrant? {
         if party.relay == ownRelay { return configuration.party }
-        if let relay = relayRegistry.relays[party.relay], now - relay.heard < relayRegistry.configuration.downAfter,
-            !relay.load.draining, let grant = relay.load.party
+        if isLive(party.relay, now: now), let relay = relayRegistry.relays[party.relay], !relay.load.draining,
+            let grant = relay.load.party
         {
             return grant
         }
-        return relayRegistry.current(room: party.listing.room)?.load.party
+        guard let moved = relayRegistry.current(room: party.listing.room), isLive(moved.key, now: now) else { return nil }
+        return moved.load.party
     }
 
     /// Rooms a store or the database holds, taken in: at a start all of them (their
@@ -82,7 +96,7 @@ extension RendezvousServer {
     /// nodes said, the rows are the truth but for rooms of relays that report here
     /// (this node's own word on them may still be on its way to the database).
     mutating func takeParties(_ rows: [RendezvousParty], now: Timestamp) {
-        let reportingHere = Set(relayConnections.values)
+        let reportingHere = Set(relayConnections.values).union(ownRelay.map { [$0] } ?? [])
         let listed = Set(rows.map(\.listing.room))
         for room in parties.rows.keys where !listed.contains(room) {
             if let relay = parties.rows[room]?.party.relay, !reportingHere.contains(relay) { parties.close(room) }

@@ -176,7 +176,9 @@ public struct RendezvousServer: Sendable {
     /// What is left of each poster's budget (``RendezvousServerConfiguration/postBurst``), and when.
     private var postBudgets: [PublicKey: TokenBucket] = [:]
     /// Each key's contacts: the keys it takes posts and sends from freely.
-    private(set) var contacts: [PublicKey: Set<PublicKey>] = [:]
+    private var contacts: [PublicKey: Set<PublicKey>] = [:]
+    /// Who has each key among their contacts (``contacts`` the other way round).
+    private(set) var contactOf: [PublicKey: Set<PublicKey>] = [:]
     /// How many contacts all keys hold together.
     private var contactCount = 0
     /// When each key with contacts was last registered (Unix seconds), as far as
@@ -265,11 +267,17 @@ public struct RendezvousServer: Sendable {
     }
 
     /// The driver saw the connection close.
-    mutating func closed(_ id: ConnectionID, now: Timestamp) {
-        guard let c = connections.removeValue(forKey: id) else { return }
+    mutating func closed(_ id: ConnectionID, now: Timestamp) { forget(id, leftAt: now) }
+
+    /// A connection closed (by its peer, or by this server): what it held here goes.
+    /// Its key left at `leftAt` (nil: when it was last heard).
+    private mutating func forget(_ id: ConnectionID, leftAt: Timestamp?) {
+        let c = connections.removeValue(forKey: id)
         if let relay = relayConnections.removeValue(forKey: id) { relayLeft(relay) }
-        if listingRooms.remove(id) != nil, let relay = c.key { parties.abandonSync(of: relay) }
-        unregister(c, id, at: now)
+        // A list of all its rooms cut short takes none for gone. (A relay registering
+        // again replaces its older connection first: an old list never ends a new one.)
+        if listingRooms.remove(id) != nil, let relay = c?.key { parties.abandonSync(of: relay) }
+        if let c { unregister(c, id, at: leftAt ?? c.lastHeard) }
         statistics.connections = connections.count
     }
 
@@ -312,7 +320,9 @@ public struct RendezvousServer: Sendable {
         if parties.count > 0, now >= partySweepAt ?? now {
             partySweepAt = now + Self.partySweep
             let live = Set(relayRegistry.live(now: now).map(\.key) + (ownRelay.map { [$0] } ?? []))
-            for room in parties.expire(now: now, live: { live.contains($0) }) { records.append(.partyClosed(room: room)) }
+            for (room, relay) in parties.expire(now: now, live: { live.contains($0) }) {
+                records.append(.partyClosed(room: room, relay: relay))
+            }
         }
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
         return actions
@@ -337,7 +347,9 @@ public struct RendezvousServer: Sendable {
     private mutating func handle(_ id: ConnectionID, _ frame: [UInt8], now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction]
     {
         guard var c = connections[id] else { return [] }
-        guard c.requests.take(at: now) else {
+        // A relay proven by the directory's secret is not held to a user's pace: its
+        // whole list of rooms comes at once on each new connection.
+        guard relayConnections[id] != nil || c.requests.take(at: now) else {
             connections[id] = c
             return refuse(
                 id, .rateLimited, "more than \(Int(configuration.requestsPerSecond)) requests a second", requestID: nil,
@@ -633,6 +645,11 @@ public struct RendezvousServer: Sendable {
         let after = before.subtracting(remove).union(add)
         contactCount += after.count - before.count
         contacts[owner] = after.isEmpty ? nil : after
+        for key in before.subtracting(after) {
+            contactOf[key]?.remove(owner)
+            if contactOf[key]?.isEmpty == true { contactOf[key] = nil }
+        }
+        for key in after.subtracting(before) { contactOf[key, default: []].insert(owner) }
         if after.isEmpty { ownerSeen[owner] = nil }
     }
 
@@ -803,9 +820,7 @@ public struct RendezvousServer: Sendable {
         if close {
             actions.append(.close(id))
             // Forget it now: nothing more from it is handled, whatever the driver still delivers.
-            if let relay = relayConnections.removeValue(forKey: id) { relayLeft(relay) }
-            if let c = connections.removeValue(forKey: id) { unregister(c, id, at: c.lastHeard) }
-            statistics.connections = connections.count
+            forget(id, leftAt: nil)
         }
         return actions
     }
@@ -846,6 +861,8 @@ public struct RendezvousServer: Sendable {
         // changes, which may still be on their way to it: they go on top again.
         contacts = snapshot.contacts
         contactCount = contacts.values.reduce(0) { $0 + $1.count }
+        contactOf = [:]
+        for (owner, keys) in contacts { for key in keys { contactOf[key, default: []].insert(owner) } }
         for change in recentContactChanges { changeContacts(of: change.owner, add: change.add, remove: change.remove) }
         // When each key with contacts was last registered (the store keeps those rows
         // longer than `seenFor`), for forgetting the contacts of keys gone for good.
@@ -979,8 +996,8 @@ public struct RendezvousServer: Sendable {
             relayRegistry.reserve(on: relay, now: now)
         case .party(let party):
             parties.put(party, now: now)
-        case .partyClosed(let room):
-            parties.close(room)
+        case .partyClosed(let room, let relay):
+            parties.close(room, on: relay)
         case .reached(let reach):
             // One already known (read back in a resync that raced its notice, or heard
             // before): spent here once.

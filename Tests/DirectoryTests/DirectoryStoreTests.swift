@@ -212,9 +212,12 @@ struct DirectoryStoreTests {
         ])
         // Bob leaves the first (listed again, whole); the second closes; the third moved to another relay.
         try await store.write([
-            .party(party("abcd-first", [carol, alice], on: relay, at: now + 4)), .partyClosed(room: "abcd-second"),
+            .party(party("abcd-first", [carol, alice], on: relay, at: now + 4)),
+            .partyClosed(room: "abcd-second", relay: relay),
             .party(party("abcd-third", [alice, bob], on: other, at: now + 5)),
         ])
+        // Closed by the relay that no longer hosts it (it moved): it stays.
+        try await store.write([.partyClosed(room: "abcd-third", relay: relay)])
         await store.close()
         let again = try await backing.open()
         let snapshot = try await again.load(unixSeconds: now + 10, postsFor: .seconds(86400), seenFor: .seconds(86400))
@@ -224,7 +227,9 @@ struct DirectoryStoreTests {
                 party("abcd-third", [alice, bob], on: other, at: now + 5),
             ])
         // A party closed twice (two nodes saw its relay gone) is no error.
-        try await again.write([.partyClosed(room: "abcd-first"), .partyClosed(room: "abcd-first")])
+        try await again.write([
+            .partyClosed(room: "abcd-first", relay: relay), .partyClosed(room: "abcd-first", relay: relay),
+        ])
         let closed = try await again.load(unixSeconds: now + 10, postsFor: .seconds(86400), seenFor: .seconds(86400))
         #expect(closed.parties.map(\.listing.room) == ["abcd-third"])
         await again.close()
@@ -290,7 +295,8 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol),
             .contacts(owner: bob, add: [alice, carol], remove: [bob]), .placed(relay: alice),
-            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)), .party(party), .partyClosed(room: "abcd-x"),
+            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)), .party(party),
+            .partyClosed(room: "abcd-x", relay: bob),
         ]
         try await a.write(records)
         let expected: [RendezvousClusterEvent] = [
@@ -301,7 +307,8 @@ struct DirectoryStoreTests {
             .signal(ClusterSignal(to: bob, node: nodeB, from: carol, sealed: long)),
             .dropped([(UInt64(nodeA) << 40) | 1]), .offline(carol, node: nodeA),
             .contacts(owner: bob, add: [alice, carol], remove: [bob]), .placed(relay: alice),
-            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)), .party(party), .partyClosed(room: "abcd-x"),
+            .reached(RendezvousReach(from: alice, to: carol, unixSeconds: now)), .party(party),
+            .partyClosed(room: "abcd-x", relay: bob),
         ]
         #expect(await heard.wait { $0.events.count >= expected.count }, "\(heard.events.count)")
         #expect(heard.events == expected)

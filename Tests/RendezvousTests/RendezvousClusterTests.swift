@@ -69,7 +69,7 @@ private struct Cluster {
         case .contacts(let owner, let add, let remove): .contacts(owner: owner, add: add, remove: remove)
         case .reached(let reach): .reached(reach)
         case .party(let party): .party(party)
-        case .partyClosed(let room): .partyClosed(room: room)
+        case .partyClosed(let room, let relay): .partyClosed(room: room, relay: relay)
         case .seen: nil
         }
     }
@@ -605,7 +605,7 @@ struct RendezvousClusterTests {
                             room: "x7kq-abcdefghijkm", name: "Hearthstone", creator: key, maxMembers: 50,
                             members: [key, bob.publicKey], invited: [carol.publicKey]),
                         relay: bob.publicKey, unixSeconds: 1_800_000_000))),
-            .event(.partyClosed(room: "x7kq-abcdefghijkm")),
+            .event(.partyClosed(room: "x7kq-abcdefghijkm", relay: bob.publicKey)),
         ]
         for body in bodies {
             let notice = ClusterNotice(origin: 5, body)

@@ -120,9 +120,61 @@ private struct ListingRelay {
         // Bob leaves, the raid closes: the creator's list says so.
         try relay.list(
             &net, RelayRooms(open: [listing("abcd-hearthstone", "Hearthstone", members: [alice])], closed: ["abcd-raid"]))
-        #expect(net.records.last == .partyClosed(room: "abcd-raid"))
+        #expect(net.records.last == .partyClosed(room: "abcd-raid", relay: relay.key.publicKey))
         #expect(try Self.parties(&net, ConnectionID(1), &clients[0]) == ["abcd-hearthstone": relay.grant])
         #expect(try Self.parties(&net, ConnectionID(2), &clients[1]) == [:], "Bob left")
+        // Alice drops Dave from her contacts: her open room is no longer his to see.
+        _ = clients[0].changeContacts(add: [], remove: [dave.publicKey], now: .zero)
+        _ = try net.request(ConnectionID(1), clients[0].takeWrites(), &clients[0])
+        #expect(try Self.parties(&net, ConnectionID(4), &clients[3]) == [:])
+    }
+
+    /// A relay's whole list comes at once on each connection, past any user's pace
+    /// (hundreds of reports), and taken whole; listed again unchanged (a reconnect),
+    /// nothing is written again. A relay whose room's members followed it to another
+    /// relay does not take the room back by listing what it has left, nor close it there.
+    @Test func aLongListIsTakenWholeAndAnUnchangedOneWritesNothing() throws {
+        var net = Self.directory()
+        var relay = ListingRelay(1, connection: ConnectionID(40))
+        try relay.connect(&net)
+        let many = (0..<3000).map { n in
+            PartyListing(
+                room: "abcd-room\(n)", name: "Room \(n)", creator: alice.publicKey, maxMembers: 50,
+                members: (0..<40).map { _ in PrivateKey.generate().publicKey }, invited: [])
+        }
+        let reports = RelayRooms.reports(open: many, closed: [], complete: true)
+        #expect(reports.count > 150, "\(reports.count) reports")
+        for report in reports { relay.client.report(report, secret: "s3cret") }
+        _ = try net.pump(relay.connection, &relay.client)
+        #expect(!net.closed.contains(relay.connection), "the relay was cut off")
+        #expect(net.server.parties.count == 3000)
+        let written = net.records.count
+        net.feed(.closed(relay.connection))
+        try relay.connect(&net, on: ConnectionID(41))
+        for report in reports { relay.client.report(report, secret: "s3cret") }
+        _ = try net.pump(relay.connection, &relay.client)
+        #expect(net.server.parties.count == 3000)
+        #expect(!net.records[written...].contains { if case .party = $0 { true } else { false } }, "rewritten")
+
+        // The room's members follow it to another relay, which lists it; the first
+        // relay, live, still lists the member it has left, then closes it: the room stays on the second.
+        var second = ListingRelay(2, connection: ConnectionID(42))
+        try second.connect(&net)
+        let room = "\(RoomHome.roomPrefix(for: relay.key.publicKey))abcdefghijkm"
+        let home = PartyListing(
+            room: room, name: "Moved", creator: alice.publicKey, maxMembers: 50, members: [alice.publicKey, bob.publicKey],
+            invited: [])
+        try relay.list(&net, RelayRooms(open: [home]))
+        net.feed(.cluster(.roomMoved(room: room, relay: second.key.publicKey), unixSeconds: net.unix))
+        var there = home
+        there.members = [alice.publicKey.base64]
+        try second.list(&net, RelayRooms(open: [there], complete: true))
+        var left = home
+        left.members = [bob.publicKey.base64]
+        try relay.list(&net, RelayRooms(open: [left]))
+        try relay.list(&net, RelayRooms(closed: [room]))
+        #expect(net.server.parties.rows[room]?.party.relay == second.key.publicKey)
+        #expect(net.server.parties.rows[room]?.party.listing.members == [alice.publicKey.base64])
     }
 
     /// A relay that connects again lists all its rooms: one it held before and does
@@ -147,7 +199,7 @@ private struct ListingRelay {
         #expect(try Self.parties(&net, ConnectionID(1), &ca)?.count == 3)
         try relay.list(&net, RelayRooms(open: [rooms[2]], complete: true))
         #expect(Set(try Self.parties(&net, ConnectionID(1), &ca)?.keys ?? [:].keys) == ["abcd-first", "abcd-third"])
-        #expect(net.records.last == .partyClosed(room: "abcd-second"))
+        #expect(net.records.last == .partyClosed(room: "abcd-second", relay: relay.key.publicKey))
         // A connection lost halfway through its list takes nothing for gone.
         net.feed(.closed(ConnectionID(44)))
         try relay.connect(&net, on: ConnectionID(45))
@@ -156,11 +208,20 @@ private struct ListingRelay {
         try relay.connect(&net, on: ConnectionID(46))
         try relay.list(&net, RelayRooms(open: [rooms[0], rooms[2]], complete: true))
         #expect(try Self.parties(&net, ConnectionID(1), &ca)?.count == 2)
+        // Connected again (its new registration replaces the old connection, whose close
+        // the driver reports late): the new list ends as it says, the relay live.
+        try relay.list(&net, RelayRooms(open: [listing("abcd-fourth", "Valheim", members: [alice])]))
+        #expect(try Self.parties(&net, ConnectionID(1), &ca)?.count == 3)
+        try relay.connect(&net, on: ConnectionID(48))
+        try relay.list(&net, RelayRooms(open: [rooms[0]]))
+        net.feed(.closed(ConnectionID(46)))
+        try relay.list(&net, RelayRooms(open: [rooms[2]], complete: true))
+        #expect(Set(try Self.parties(&net, ConnectionID(1), &ca)?.keys ?? [:].keys) == ["abcd-first", "abcd-third"])
 
         // It dies (its connection closes): listed without a place; another relay lists the third room.
         var other = ListingRelay(2, connection: ConnectionID(47))
         try other.connect(&net)
-        net.feed(.closed(ConnectionID(46)))
+        net.feed(.closed(ConnectionID(48)))
         #expect(try Self.parties(&net, ConnectionID(1), &ca) == ["abcd-first": nil, "abcd-third": nil])
         net.now = net.now + .seconds(30)
         other.report(&net)
@@ -171,7 +232,7 @@ private struct ListingRelay {
         other.report(&net)
         net.tick()
         #expect(try Self.parties(&net, ConnectionID(1), &ca) == ["abcd-third": other.grant])
-        #expect(net.records.last == .partyClosed(room: "abcd-first"))
+        #expect(net.records.last == .partyClosed(room: "abcd-first", relay: relay.key.publicKey))
 
         // A directory started again on what its store kept lists the rooms at once.
         let kept = net.records.compactMap { if case .party(let p) = $0 { p } else { nil } }.filter {
@@ -226,7 +287,10 @@ private struct ListingRelay {
         var cb = RendezvousClient(identity: bob)
         _ = try two.connect(ConnectionID(2), &cb)
         #expect(try Self.parties(&two, ConnectionID(2), &cb)?.keys.sorted() == ["abcd-lobby"])
-        two.feed(.cluster(.partyClosed(room: "abcd-lobby"), unixSeconds: two.unix))
+        // Closed by another relay (an old host's word, late): it stays; by its own, it goes.
+        two.feed(.cluster(.partyClosed(room: "abcd-lobby", relay: bob.publicKey), unixSeconds: two.unix))
+        #expect(try Self.parties(&two, ConnectionID(2), &cb)?.keys.sorted() == ["abcd-lobby"])
+        two.feed(.cluster(.partyClosed(room: "abcd-lobby", relay: relay.key.publicKey), unixSeconds: two.unix))
         #expect(try Self.parties(&two, ConnectionID(2), &cb) == [:])
     }
 
