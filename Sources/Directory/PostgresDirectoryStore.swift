@@ -364,7 +364,12 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 partyChanges[party.listing.room] = .listed(party)
                 notices.append(.party(party))
             case .partyClosed(let room, let relay):
-                partyChanges[room] = .closed(relay)
+                // Listed on this relay earlier in the batch: whatever the row said before goes.
+                if case .listed(let party)? = partyChanges[room], party.relay == relay {
+                    partyChanges[room] = .gone
+                } else {
+                    partyChanges[room] = .closed(relay)
+                }
                 notices.append(.partyClosed(room: room, relay: relay))
             }
         }
@@ -703,7 +708,10 @@ public struct PostgresLocation: Equatable, Sendable, CustomStringConvertible {
 struct PartyRows {
     enum Change {
         case listed(RendezvousParty)
+        /// Closed on this relay: deleted if the row is still its.
         case closed(PublicKey)
+        /// Listed and closed in the same batch: deleted whatever relay the row names.
+        case gone
     }
 
     var changed: [String] = []
@@ -723,14 +731,15 @@ struct PartyRows {
 
     init(_ changes: [String: Change]) {
         for (room, change) in changes.sorted(by: { $0.key < $1.key }) {
+            changed.append(room)
             guard case .listed(let party) = change else {
                 if case .closed(let relay) = change {
+                    changed.removeLast()
                     closed.append(room)
                     closedOn.append(ByteBuffer(bytes: relay.bytes))
                 }
                 continue
             }
-            changed.append(room)
             guard let (creator, members, invited) = try? party.listing.checked() else { continue }
             ids.append(room)
             names.append(party.listing.name)

@@ -116,14 +116,20 @@ struct PartyTable: Sendable {
         return gone
     }
 
-    /// The rooms `key` may see (see the type's notes), by name then id: `owners`
-    /// are the keys that have `key` among their contacts.
+    /// The rooms `key` may see (see the type's notes): its own, those it is in or
+    /// invited to, then its friends' open ones (so that these never push the others
+    /// out of an answer), each group by name then id. `owners` are the keys that
+    /// have `key` among their contacts.
     func visible(to key: PublicKey, owners: Set<PublicKey>) -> [RendezvousParty] {
-        var rooms = byKey[key] ?? []
-        for owner in owners { if let created = openByCreator[owner] { rooms.formUnion(created) } }
-        return rooms.compactMap { rows[$0]?.party }.sorted {
-            ($0.listing.name, $0.listing.room) < ($1.listing.name, $1.listing.room)
+        let direct = byKey[key] ?? []
+        var friends = Set<String>()
+        for owner in owners { if let created = openByCreator[owner] { friends.formUnion(created) } }
+        func sorted(_ rooms: Set<String>) -> [RendezvousParty] {
+            rooms.compactMap { rows[$0]?.party }.sorted {
+                ($0.listing.name, $0.listing.room) < ($1.listing.name, $1.listing.room)
+            }
         }
+        return sorted(direct) + sorted(friends.subtracting(direct))
     }
 
     private mutating func remove(_ room: String) {

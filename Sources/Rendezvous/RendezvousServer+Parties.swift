@@ -23,7 +23,8 @@ extension RendezvousServer {
     /// The rooms of the relay this rendezvous runs in, listed as a directory's relay lists its own.
     mutating func listLocalRooms(_ rooms: RelayRooms, now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
         guard let key = ownRelay else { return [] }
-        for listing in rooms.open where (try? listing.checked()) == nil { return [] }
+        var rooms = rooms
+        rooms.open = rooms.open.filter { (try? $0.checked()) != nil }
         let first = !listingLocalRooms
         listingLocalRooms = true
         list(rooms, of: key, first: first, now: now, unixSeconds: unixSeconds)
@@ -69,10 +70,12 @@ extension RendezvousServer {
         for party in parties.visible(to: key, owners: contactOf[key] ?? []) {
             var listing = party.listing
             listing.members = Array(listing.members.prefix(Self.answerMembers))
-            let bytes = PartyEntry.estimatedSize(of: listing) + 80
+            let grant = whereIs(party, now: now)
+            let bytes =
+                PartyEntry.estimatedSize(of: listing) + 80 + (grant.map { $0.address.utf8.count + $0.key.utf8.count } ?? 0)
             guard size + bytes <= Self.answerBudget else { return (entries, true) }
             size += bytes
-            entries.append(PartyEntry(listing: listing, party: whereIs(party, now: now)))
+            entries.append(PartyEntry(listing: listing, party: grant))
         }
         return (entries, false)
     }

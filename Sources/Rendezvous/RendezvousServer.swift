@@ -553,13 +553,14 @@ public struct RendezvousServer: Sendable {
             guard relayProves(proof, { RelayRooms.proof(secret: $0, key: key, challenge: c.challenge, rooms: rooms) }) else {
                 return refuse(id, .badProof, "not a relay of this directory (its secret)", requestID: nil, close: true)
             }
-            for listing in rooms.open {
-                do { _ = try listing.checked() } catch {
-                    return refuse(id, .malformed, error.description, requestID: nil, close: true)
-                }
-            }
+            // A listing that does not check (a name past what a listing carries) is left
+            // out, counted as malformed; the rest of the report is taken (refusing it
+            // would have the relay send the same list again, forever).
+            var taken = rooms
+            taken.open = rooms.open.filter { (try? $0.checked()) != nil }
+            for _ in taken.open.count..<rooms.open.count { count(.malformed) }
             relayConnections[id] = key
-            return listRooms(rooms, of: key, on: id, now: now, unixSeconds: unixSeconds)
+            return listRooms(taken, of: key, on: id, now: now, unixSeconds: unixSeconds)
         case .parties(let requestID):
             guard let key = c.key else {
                 return refuse(id, .notRegistered, "register before asking for parties", requestID: requestID, close: false)

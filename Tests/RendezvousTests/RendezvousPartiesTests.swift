@@ -104,13 +104,17 @@ private struct ListingRelay {
         try forger.connect(&net)
         try forger.list(&net, RelayRooms(closed: ["abcd-hearthstone"]), secret: "guess")
         #expect(net.closed.contains(ConnectionID(41)))
-        // A listing with a bad key: refused and closed too.
+        // A listing with a bad key is left out (counted as malformed), the rest of its report taken.
         var bad = listing("abcd-bad", "Bad", members: [alice])
         bad.creator = "AAAA"
         var careless = ListingRelay(3, connection: ConnectionID(42))
         try careless.connect(&net)
-        try careless.list(&net, RelayRooms(open: [bad]))
-        #expect(net.closed.contains(ConnectionID(42)))
+        let malformed = net.server.statistics.refused[.malformed] ?? 0
+        try careless.list(&net, RelayRooms(open: [bad, listing("abcd-good", "Good", members: [alice], invited: [carol])]))
+        #expect(!net.closed.contains(ConnectionID(42)))
+        #expect(net.server.statistics.refused[.malformed] == malformed + 1)
+        #expect(try Self.parties(&net, ConnectionID(1), &clients[0]) == both.merging(["abcd-good": careless.grant]) { a, _ in a })
+        try careless.list(&net, RelayRooms(closed: ["abcd-good"]))
         #expect(try Self.parties(&net, ConnectionID(1), &clients[0]) == both)
         // Another relay cannot close a room it does not host.
         var other = ListingRelay(4, connection: ConnectionID(43))
@@ -127,6 +131,32 @@ private struct ListingRelay {
         _ = clients[0].changeContacts(add: [], remove: [dave.publicKey], now: .zero)
         _ = try net.request(ConnectionID(1), clients[0].takeWrites(), &clients[0])
         #expect(try Self.parties(&net, ConnectionID(4), &clients[3]) == [:])
+    }
+
+    /// A key's own rooms and those it is in or invited to come before its friends'
+    /// open rooms, whatever their names: a friend's rooms never push them out of an answer.
+    @Test func aKeysOwnRoomsComeBeforeItsFriends() throws {
+        var net = Self.directory()
+        var relay = ListingRelay(1, connection: ConnectionID(40))
+        try relay.connect(&net)
+        let zebra = PartyListing(
+            room: "abcd-zebra", name: "Zebra", creator: carol.publicKey, maxMembers: 50, members: [carol.publicKey],
+            invited: [bob.publicKey])
+        let friends = (0..<3).map { listing("abcd-a\($0)", "Aardvark \($0)", members: [alice]) }
+        try relay.list(&net, RelayRooms(open: friends + [zebra], complete: true))
+        var ca = RendezvousClient(identity: alice)
+        _ = try net.connect(ConnectionID(1), &ca)
+        _ = ca.changeContacts(add: [bob.publicKey], remove: [], now: .zero)
+        _ = try net.request(ConnectionID(1), ca.takeWrites(), &ca)
+        var cb = RendezvousClient(identity: bob)
+        _ = try net.connect(ConnectionID(2), &cb)
+        let asked = cb.parties(now: .zero)
+        let answer = try net.request(ConnectionID(2), cb.takeWrites(), &cb)
+        guard case .parties(asked, let entries, more: false)? = answer.first else {
+            Issue.record("\(answer)")
+            return
+        }
+        #expect(entries.map(\.listing.room) == ["abcd-zebra", "abcd-a0", "abcd-a1", "abcd-a2"])
     }
 
     /// A relay's whole list comes at once on each connection, past any user's pace
