@@ -290,26 +290,21 @@ public actor PostgresDirectoryStore: RendezvousStore {
             guard let from = key(sender), let to = key(recipient), at >= 0 else { continue }
             snapshot.reaches.append(RendezvousReach(from: from, to: to, unixSeconds: UInt64(at)))
         }
-        var keys: [String: (members: [PublicKey], invited: [PublicKey])] = [:]
+        var reader = PartyRowReader()
         for try await (party, bytes, invited) in try await c.query(
             "SELECT party, key, invited FROM party_members ORDER BY party, position", logger: logger
         ).decode((String, ByteBuffer, Bool).self) {
             guard let key = key(bytes) else { continue }
-            if invited {
-                keys[party, default: ([], [])].invited.append(key)
-            } else {
-                keys[party, default: ([], [])].members.append(key)
-            }
+            reader.member(of: party, key, invited: invited)
         }
         for try await (id, name, creator, relay, maxMembers, count, at) in try await c.query(
             "SELECT id, name, creator, relay, max_members, member_count, updated_at FROM parties ORDER BY id", logger: logger
         ).decode((String, String, ByteBuffer, ByteBuffer, Int32, Int32, Int64).self) {
             guard let creator = key(creator), let relay = key(relay), at >= 0 else { continue }
-            var listing = PartyListing(
-                room: id, name: name, creator: creator, maxMembers: Int(maxMembers), members: keys[id]?.members ?? [],
-                invited: keys[id]?.invited ?? [])
-            listing.memberCount = max(Int(count), listing.members.count)
-            snapshot.parties.append(RendezvousParty(listing: listing, relay: relay, unixSeconds: UInt64(at)))
+            snapshot.parties.append(
+                reader.party(
+                    id: id, name: name, creator: creator, relay: relay, maxMembers: Int(maxMembers), memberCount: Int(count),
+                    unixSeconds: UInt64(at)))
         }
         return snapshot
     }
@@ -731,16 +726,20 @@ struct PartyRows {
 
     init(_ changes: [String: Change]) {
         for (room, change) in changes.sorted(by: { $0.key < $1.key }) {
-            changed.append(room)
-            guard case .listed(let party) = change else {
-                if case .closed(let relay) = change {
-                    changed.removeLast()
-                    closed.append(room)
-                    closedOn.append(ByteBuffer(bytes: relay.bytes))
-                }
+            let party: RendezvousParty
+            switch change {
+            case .closed(let relay):
+                closed.append(room)
+                closedOn.append(ByteBuffer(bytes: relay.bytes))
                 continue
+            case .gone:
+                changed.append(room)
+                continue
+            case .listed(let listed):
+                changed.append(room)
+                party = listed
             }
-            guard let (creator, members, invited) = try? party.listing.checked() else { continue }
+            guard let (creator, members) = PartyMemberRow.rows(of: party) else { continue }
             ids.append(room)
             names.append(party.listing.name)
             creators.append(ByteBuffer(bytes: creator.bytes))
@@ -748,13 +747,11 @@ struct PartyRows {
             maxMembers.append(Int32(clamping: party.listing.maxMembers))
             counts.append(Int32(clamping: party.listing.memberCount))
             at.append(Int64(clamping: party.unixSeconds))
-            for (isInvited, keys) in [(false, members), (true, invited)] {
-                for (position, key) in keys.enumerated() {
-                    memberParties.append(room)
-                    memberKeys.append(ByteBuffer(bytes: key.bytes))
-                    memberInvited.append(isInvited)
-                    memberPositions.append(Int32(position))
-                }
+            for member in members {
+                memberParties.append(room)
+                memberKeys.append(ByteBuffer(bytes: member.key.bytes))
+                memberInvited.append(member.invited)
+                memberPositions.append(Int32(member.position))
             }
         }
     }

@@ -153,16 +153,12 @@ public actor SQLiteDirectoryStore: RendezvousStore {
             else { continue }
             snapshot.reaches.append(RendezvousReach(from: from, to: to, unixSeconds: UInt64(at)))
         }
-        var keys: [String: (members: [PublicKey], invited: [PublicKey])] = [:]
+        var reader = PartyRowReader()
         for row in try await connection.query("SELECT party, key, invited FROM party_members ORDER BY party, position", []) {
             guard let party = row.column("party")?.string, let key = Self.key(row.column("key")),
                 let invited = row.column("invited")?.integer
             else { continue }
-            if invited == 0 {
-                keys[party, default: ([], [])].members.append(key)
-            } else {
-                keys[party, default: ([], [])].invited.append(key)
-            }
+            reader.member(of: party, key, invited: invited != 0)
         }
         for row in try await connection.query(
             "SELECT id, name, creator, relay, max_members, member_count, updated_at FROM parties ORDER BY id", [])
@@ -172,11 +168,10 @@ public actor SQLiteDirectoryStore: RendezvousStore {
                 let maxMembers = row.column("max_members")?.integer, let count = row.column("member_count")?.integer,
                 let at = row.column("updated_at")?.integer, at >= 0
             else { continue }
-            var listing = PartyListing(
-                room: id, name: name, creator: creator, maxMembers: maxMembers, members: keys[id]?.members ?? [],
-                invited: keys[id]?.invited ?? [])
-            listing.memberCount = max(count, listing.members.count)
-            snapshot.parties.append(RendezvousParty(listing: listing, relay: relay, unixSeconds: UInt64(at)))
+            snapshot.parties.append(
+                reader.party(
+                    id: id, name: name, creator: creator, relay: relay, maxMembers: maxMembers, memberCount: count,
+                    unixSeconds: UInt64(at)))
         }
         return snapshot
     }
@@ -235,7 +230,7 @@ public actor SQLiteDirectoryStore: RendezvousStore {
     /// A party's row and its members' rows, as its relay listed it last.
     private func write(_ party: RendezvousParty) async throws {
         let listing = party.listing
-        guard let (creator, members, invited) = try? listing.checked() else { return }
+        guard let (creator, members) = PartyMemberRow.rows(of: party) else { return }
         _ = try await connection.query("DELETE FROM parties WHERE id = ?", [.text(listing.room)])
         _ = try await connection.query(
             """
@@ -246,12 +241,10 @@ public actor SQLiteDirectoryStore: RendezvousStore {
                 .text(listing.room), .text(listing.name), Self.blob(creator.bytes), Self.blob(party.relay.bytes),
                 .integer(listing.maxMembers), .integer(listing.memberCount), .integer(Int(clamping: party.unixSeconds)),
             ])
-        for (invitedFlag, keys) in [(0, members), (1, invited)] {
-            for (position, key) in keys.enumerated() {
-                _ = try await connection.query(
-                    "INSERT OR IGNORE INTO party_members (party, key, invited, position) VALUES (?, ?, ?, ?)",
-                    [.text(listing.room), Self.blob(key.bytes), .integer(invitedFlag), .integer(position)])
-            }
+        for member in members {
+            _ = try await connection.query(
+                "INSERT OR IGNORE INTO party_members (party, key, invited, position) VALUES (?, ?, ?, ?)",
+                [.text(listing.room), Self.blob(member.key.bytes), .integer(member.invited ? 1 : 0), .integer(member.position)])
         }
     }
 

@@ -125,8 +125,13 @@ public struct RelayRegistry: Sendable {
 
     /// Relays heard within ``Configuration/downAfter``, by key.
     public func live(now: Timestamp) -> [Relay] {
-        relays.values.filter { now - $0.heard < configuration.downAfter }.sorted { $0.key.base64 < $1.key.base64 }
+        relays.values.filter { isLive($0, now: now) }.sorted { $0.key.base64 < $1.key.base64 }
     }
+
+    /// Whether relay `key` was heard within ``Configuration/downAfter``.
+    public func isLive(_ key: PublicKey, now: Timestamp) -> Bool { relays[key].map { isLive($0, now: now) } ?? false }
+
+    private func isLive(_ relay: Relay, now: Timestamp) -> Bool { now - relay.heard < configuration.downAfter }
 
     /// Where new work goes (nil: no live relay has room), with its reservation made
     /// unless `reserving` is false (a hint, not a placement).

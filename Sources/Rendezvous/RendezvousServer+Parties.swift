@@ -13,22 +13,17 @@ extension RendezvousServer {
     /// A relay's `rooms` report, proven: the rooms it opened, changed and closed
     /// written down; at the end of its first list on a connection (all its rooms),
     /// those it held before and did not list are gone.
-    mutating func listRooms(
-        _ rooms: RelayRooms, of relay: PublicKey, on id: ConnectionID, now: Timestamp, unixSeconds: UInt64
-    ) -> [RendezvousAction] {
+    mutating func listRooms(_ rooms: RelayRooms, of relay: PublicKey, on id: ConnectionID, now: Timestamp, unixSeconds: UInt64) {
         list(rooms, of: relay, first: listingRooms.insert(id).inserted, now: now, unixSeconds: unixSeconds)
-        return []
     }
 
-    /// The rooms of the relay this rendezvous runs in, listed as a directory's relay lists its own.
-    mutating func listLocalRooms(_ rooms: RelayRooms, now: Timestamp, unixSeconds: UInt64) -> [RendezvousAction] {
-        guard let key = ownRelay else { return [] }
-        var rooms = rooms
-        rooms.open = rooms.open.filter { (try? $0.checked()) != nil }
+    /// The rooms of the relay this rendezvous runs in, listed as a directory's relay
+    /// lists its own (a listing that does not check is not taken: ``PartyTable/put(_:now:)``).
+    mutating func listLocalRooms(_ rooms: RelayRooms, now: Timestamp, unixSeconds: UInt64) {
+        guard let key = ownRelay else { return }
         let first = !listingLocalRooms
         listingLocalRooms = true
         list(rooms, of: key, first: first, now: now, unixSeconds: unixSeconds)
-        return []
     }
 
     /// The relay this rendezvous runs in (``RendezvousServerConfiguration/party``), when it hosts parties.
@@ -51,15 +46,15 @@ extension RendezvousServer {
     /// members to: a relay that lost the room's members to it (they followed the
     /// room there) does not take it back by listing what it has left.
     private func movedAway(_ room: String, from relay: PublicKey, now: Timestamp) -> Bool {
-        guard let holder = parties.rows[room]?.party.relay, holder != relay, isLive(holder, now: now) else { return false }
+        guard let holder = parties.rows[room]?.party.relay, holder != relay, liveRelays(now: now)(holder) else { return false }
         return relayRegistry.current(room: room)?.key == holder
     }
 
-    /// Whether a relay reports now (the relay this rendezvous runs in always does).
-    private func isLive(_ key: PublicKey, now: Timestamp) -> Bool {
-        if key == ownRelay { return true }
-        guard let relay = relayRegistry.relays[key] else { return false }
-        return now - relay.heard < relayRegistry.configuration.downAfter
+    /// Whether a relay reports now (the relay this rendezvous runs in always does),
+    /// as a test that holds nothing of this server (for ``PartyTable/expire(now:live:)``).
+    func liveRelays(now: Timestamp) -> (PublicKey) -> Bool {
+        let (registry, own) = (relayRegistry, ownRelay)
+        return { $0 == own || registry.isLive($0, now: now) }
     }
 
     /// The parties `key` may see, with where each is now (none placed: a relay down
@@ -85,12 +80,14 @@ extension RendezvousServer {
     /// is live (nil: joining through the directory places it again).
     private func whereIs(_ party: RendezvousParty, now: Timestamp) -> PartyGrant? {
         if party.relay == ownRelay { return configuration.party }
-        if isLive(party.relay, now: now), let relay = relayRegistry.relays[party.relay], !relay.load.draining,
+        if relayRegistry.isLive(party.relay, now: now), let relay = relayRegistry.relays[party.relay], !relay.load.draining,
             let grant = relay.load.party
         {
             return grant
         }
-        guard let moved = relayRegistry.current(room: party.listing.room), isLive(moved.key, now: now) else { return nil }
+        guard let moved = relayRegistry.current(room: party.listing.room), relayRegistry.isLive(moved.key, now: now) else {
+            return nil
+        }
         return moved.load.party
     }
 

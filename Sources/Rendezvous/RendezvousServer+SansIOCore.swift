@@ -52,7 +52,8 @@ extension RendezvousServer: SansIOCore {
         case .clusterResync(let snapshot, let presence, let unixSeconds):
             actions = clusterResync(snapshot, presence: presence, unixSeconds: unixSeconds, now: now)
         case .localRooms(let rooms, let unixSeconds):
-            actions = listLocalRooms(rooms, now: now, unixSeconds: unixSeconds)
+            listLocalRooms(rooms, now: now, unixSeconds: unixSeconds)
+            actions = []
         }
         // Rooms held: looked at for their relays' going from now on, whatever else is due.
         if partySweepAt == nil, parties.count > 0 { partySweepAt = now + Self.partySweep }

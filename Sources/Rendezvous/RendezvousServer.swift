@@ -319,8 +319,7 @@ public struct RendezvousServer: Sendable {
         relayRegistry.expire(now: now)
         if parties.count > 0, now >= partySweepAt ?? now {
             partySweepAt = now + Self.partySweep
-            let live = Set(relayRegistry.live(now: now).map(\.key) + (ownRelay.map { [$0] } ?? []))
-            for (room, relay) in parties.expire(now: now, live: { live.contains($0) }) {
+            for (room, relay) in parties.expire(now: now, live: liveRelays(now: now)) {
                 records.append(.partyClosed(room: room, relay: relay))
             }
         }
@@ -560,7 +559,8 @@ public struct RendezvousServer: Sendable {
             taken.open = rooms.open.filter { (try? $0.checked()) != nil }
             for _ in taken.open.count..<rooms.open.count { count(.malformed) }
             relayConnections[id] = key
-            return listRooms(taken, of: key, on: id, now: now, unixSeconds: unixSeconds)
+            listRooms(taken, of: key, on: id, now: now, unixSeconds: unixSeconds)
+            return []
         case .parties(let requestID):
             guard let key = c.key else {
                 return refuse(id, .notRegistered, "register before asking for parties", requestID: requestID, close: false)

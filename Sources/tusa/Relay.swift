@@ -542,15 +542,15 @@ struct Relay: AsyncParsableCommand {
         fflush(nil)
     }
 
-    /// The relay's figures for its directory: TURN bytes and packets and party frames
-    /// per second since the last call (a party voice frame counted as 120 bytes on the
-    /// wire), allocations, rooms, members, CPU in cores.
     /// What a directory's relay lists of its rooms (nil without parties).
     private static func roomLister(_ party: PartyService?) -> DirectoryReporter.RoomListings? {
         guard let party else { return nil }
         return { known in await party.roomListings(since: known) }
     }
 
+    /// The relay's figures for its directory: TURN bytes and packets and party frames
+    /// per second since the last call (a party voice frame counted as 120 bytes on the
+    /// wire), allocations, rooms, members, CPU in cores.
     private static func loadReporter(service: RelayService, party: PartyService?, capacityMbps: Int)
         -> @Sendable (Double) async -> RelayLoad
     {
