@@ -116,15 +116,7 @@ import Voice
             "--use-auth-secret", "--static-auth-secret", "s3cret", "--realm", "tusa.test", "--allow-loopback-peers",
         ])
         defer { relay.kill() }
-        let (answerer, key) = try await Self.answer(port, ["--relay-only", "--in", "tone"])
-        defer { answerer.kill() }
-        let caller = try await TURNClientPeerTests.tusa(
-            [
-                "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "3", "--relay-only", "--json",
-                "--quiet",
-            ], timeout: 40)
-        let (c, a) = try await Self.reports(caller: caller, answerer: answerer)
-        #expect(c["path"] as? String == "relayed" && a["path"] as? String == "relayed", "\(c) \(a)")
+        let (c, a) = try await Self.relayOnlyCall(port)
         #expect(c["candidatePair"] as? String == "relay -> relay", "\(c)")
         let sentByCaller = try #require(c["packetsSent"] as? Int)
         let sentByCallee = try #require(a["packetsSent"] as? Int)
@@ -134,10 +126,31 @@ import Voice
         #expect(try #require(c["packetsReceived"] as? Int) >= sentByCallee - 60)
         #expect(try #require(c["connectMilliseconds"] as? Double) < 2000)
         // The relay carried it: both directions, every packet once more through a relayed socket.
+        let counts = try await Self.turnCounts(stopping: relay)
+        #expect(counts.count >= 3 && counts[0] == 2 && counts[1] > sentByCaller && counts[2] > sentByCaller, "\(counts)")
+    }
+
+    /// `tusa answer --relay-only` and a 3 s `tusa call --relay-only` through the
+    /// rendezvous on `port`, a tone each way; their reports, both paths relayed.
+    static func relayOnlyCall(_ port: UInt16) async throws -> (caller: [String: Any], callee: [String: Any]) {
+        let (answerer, key) = try await Self.answer(port, ["--relay-only", "--in", "tone"])
+        defer { answerer.kill() }
+        let caller = try await TURNClientPeerTests.tusa(
+            [
+                "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "3", "--relay-only", "--json",
+                "--quiet",
+            ], timeout: 40)
+        let (c, a) = try await Self.reports(caller: caller, answerer: answerer)
+        #expect(c["path"] as? String == "relayed" && a["path"] as? String == "relayed", "\(c) \(a)")
+        return (c, a)
+    }
+
+    /// A relay stopped with SIGTERM: the figures of the `turn:` line it prints
+    /// (allocations, then packets each way, …).
+    static func turnCounts(stopping relay: Harness.Background) async throws -> [Int] {
         _ = await relay.stop(signal: SIGTERM)
         let turn = try #require(relay.stdout.split(separator: "\n").first { $0.hasPrefix("turn: ") }, "\(relay.stdout)")
-        let counts = turn.split(separator: " ").compactMap { Int($0) }
-        #expect(counts.count >= 3 && counts[0] == 2 && counts[1] > sentByCaller && counts[2] > sentByCaller, "\(turn)")
+        return turn.split(separator: " ").compactMap { Int($0) }
     }
 
     /// The same call through `tusa directory`: its two relays report their TURN URIs,
@@ -172,24 +185,15 @@ import Voice
             #expect(
                 await relay.waitFor(timeout: 15) { _, err in err.contains("reporting load to the directory") }, "\(relay.stderr)")
         }
-        let (answerer, key) = try await Self.answer(port, ["--relay-only", "--in", "tone"])
-        defer { answerer.kill() }
-        let caller = try await TURNClientPeerTests.tusa(
-            [
-                "call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "tone", "--duration", "3", "--relay-only", "--json",
-                "--quiet",
-            ], timeout: 40)
-        let (c, a) = try await Self.reports(caller: caller, answerer: answerer)
-        #expect(c["path"] as? String == "relayed" && a["path"] as? String == "relayed", "\(c) \(a)")
+        let (c, a) = try await Self.relayOnlyCall(port)
         let sentByCaller = try #require(c["packetsSent"] as? Int)
         #expect(sentByCaller > 100 && (a["packetsReceived"] as? Int ?? 0) >= sentByCaller - 10, "\(c) \(a)")
         // The relays carried the two allocations between them (both idle: each side's
         // is on either, the directory picking among equals at random).
         var allocations: [Int] = []
         for relay in relays {
-            _ = await relay.stop(signal: SIGTERM)
-            let turn = try #require(relay.stdout.split(separator: "\n").first { $0.hasPrefix("turn: ") }, "\(relay.stdout)")
-            allocations.append(try #require(turn.split(separator: " ").compactMap { Int($0) }.first, "\(turn)"))
+            let counts = try await Self.turnCounts(stopping: relay)
+            allocations.append(try #require(counts.first, "\(counts)"))
         }
         #expect(allocations.reduce(0, +) == 2, "allocations per relay: \(allocations)")
     }
