@@ -26,6 +26,8 @@ struct ICEInteropTests {
     func connectivityChecksCompleteWithAioice(ours: ICERole) async throws {
         let python = try #require(Harness.python)
         let theirs = ours == .controlling ? "controlled" : "controlling"
+        let clock = ContinuousClock()
+        let start = clock.now
         let peer = try Harness.Background(python, [script, theirs, "--timeout", "30"], withInput: true)
         defer { peer.kill() }
         let offerLine = await peer.waitForMatch(#"\{"ufrag"[^\n]*\}"#, timeout: 15)
@@ -40,11 +42,15 @@ struct ICEInteropTests {
         let local = try await me.localDescription()
         let answer = WireDescription(
             ufrag: local.credentials.ufrag, pwd: local.credentials.pwd, candidates: local.candidates.map(\.sdp))
+        let offered = clock.now - start
         peer.send(String(decoding: try JSONEncoder().encode(answer), as: UTF8.self) + "\n")
+        let answered = clock.now - start
 
         let pair: ICEPair
         do { pair = try await me.connect(to: remote, timeout: .seconds(15)) } catch {
-            Issue.record("our agent: \(error); aioice: \(peer.stdout) \(peer.stderr)")
+            Issue.record(
+                "our agent: \(error) (from the peer's start: answer ready at \(offered), sent at \(answered), gave up at \(clock.now - start)); aioice: \(peer.stdout) \(peer.stderr)"
+            )
             await me.close()
             return
         }

@@ -2,7 +2,7 @@
 """Interop peer: an aioice ICE agent that a test drives over stdin/stdout.
 
 Usage:
-    aioice_ice.py controlling|controlled [--timeout SECONDS]
+    aioice_ice.py controlling|controlled [--timeout SECONDS] [--stdin-timeout SECONDS]
 
 1. Gathers host candidates on 127.0.0.1 only (aioice 0.13's
    get_host_addresses() drops loopback; this peer monkeypatches that
@@ -14,7 +14,7 @@ Usage:
        "<md5 foundation> 1 udp 2130706431 127.0.0.1 50000 typ host"
 2. Reads one JSON line of the same shape from stdin: the other agent (a
    leading "candidate:" on its strings is tolerated), then signals
-   end-of-candidates.
+   end-of-candidates, and prints {"read": "<seconds it waited>"}.
 3. Runs aioice's connectivity checks (connect(), bounded by --timeout) and
    prints {"connected": true, "local": "ip:port", "remote": "ip:port"} for the
    nominated pair of component 1.
@@ -33,6 +33,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 import aioice
 import aioice.ice
@@ -69,7 +70,7 @@ def hostport(addr) -> str:
     return f"{addr[0]}:{addr[1]}"
 
 
-async def run(role: str, timeout: float) -> int:
+async def run(role: str, timeout: float, stdin_timeout: float) -> int:
     # Host candidates on loopback only (signature: (use_ipv4, use_ipv6) -> list[str]).
     aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]
     conn = aioice.Connection(ice_controlling=(role == "controlling"), components=1,
@@ -83,7 +84,12 @@ async def run(role: str, timeout: float) -> int:
               "candidates": [c.to_sdp() for c in conn.local_candidates]})
 
         step = "reading the remote description from stdin"
-        line = await asyncio.wait_for(read_line_async(), timeout)
+        waited = time.monotonic()
+        try:
+            line = await asyncio.wait_for(read_line_async(), stdin_timeout)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"no remote description on stdin after {time.monotonic() - waited:.1f} s") from None
+        emit({"read": f"{time.monotonic() - waited:.3f}"})
         if not line.strip():
             raise RuntimeError("stdin closed before the remote description arrived")
         remote = json.loads(line)
@@ -133,11 +139,14 @@ def main() -> int:
     ap.add_argument("role", choices=["controlling", "controlled"])
     ap.add_argument("--timeout", type=float, default=20.0,
                     help="limit in seconds for reading stdin and for connect() (default 20)")
+    ap.add_argument("--stdin-timeout", type=float, default=120.0,
+                    help="limit in seconds for the other agent's description on stdin (default 120:"
+                         " the driving test may be slow to answer on a loaded machine, and kills this peer anyway)")
     args = ap.parse_args()
     if os.environ.get("AIOICE_DEBUG") == "1":
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
                             format="%(asctime)s %(name)s %(message)s")
-    return asyncio.run(run(args.role, args.timeout))
+    return asyncio.run(run(args.role, args.timeout, args.stdin_timeout))
 
 
 if __name__ == "__main__":
