@@ -40,6 +40,11 @@
 #          segments both ways, joins with --transport auto (so over TCP, RFC 4571);
 #          both speak and hear each other. Writes OUT/party-caller.json (A's
 #          report) and OUT/party-callee.json (B's).
+#   party-stall  the party case without the random loss, A's speech looped, and B's
+#          network passing no TCP at all for STALL_SECONDS (1.5) from 3 s after B
+#          joined, as a Wi-Fi link that hangs does; the party goes on 6 s after it.
+#          B's report says how long its packets waited at most and in the last
+#          second (delay back down), and how much audio it dropped to catch up.
 #   party4 (not run by default: `make soak` runs it) four members through two EIM
 #          NATs for CALL_SECONDS: A1 creates the room and plays LOOP_SPEECH over and
 #          over (a tone without it), A2 (behind A's NAT too), B1 and B2 join and send
@@ -70,10 +75,11 @@ PROBE=0
 if [ "${1:-}" = "--probe" ]; then PROBE=1; shift; fi
 if [ "${1:-}" = "-o" ]; then OUT=$2; shift 2; fi
 CASES=("$@")
-[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 udp-blocked roam relay-restart move party)
+[ ${#CASES[@]} -eq 0 ] && CASES=(eim sym1 sym2 udp-blocked roam relay-restart move party party-stall)
 TUSA=${TUSA:-$PWD/.build/debug/tusa}
 SPEECH=${SPEECH:-/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav}
 SECONDS_OF_CALL=${CALL_SECONDS:-4}
+STALL_SECONDS=${STALL_SECONDS:-1.5}
 P=tz$$   # namespace prefix: several runs never share namespaces
 
 skip() { echo "nat-matrix: skipped: $*"; exit 77; }
@@ -258,17 +264,24 @@ start_party_relay() {
 }
 
 # A party: A behind a symmetric NAT creates it, B (UDP blocked, 5 % TCP loss) joins.
+# party-stall: B's network (UDP blocked) passes no TCP at all for STALL_SECONDS, from
+# 3 s after B joined; the party goes on 6 s past the stall.
 run_party_case() {
-  local name=party
+  local name=${1:-party}
   new_network sym eim
   block_udp rb
-  ns rb nft add rule inet filter forward meta l4proto tcp numgen random mod 100 \< 5 drop
+  local duration=$((SECONDS_OF_CALL + 3)) loop=()
+  if [ "$name" = party-stall ]; then
+    duration=$((3 + ${STALL_SECONDS%.*} + 7)) loop=(--loop)
+  else
+    ns rb nft add rule inet filter forward meta l4proto tcp numgen random mod 100 \< 5 drop
+  fi
   start_party_relay "$name" || return 1
   local key=$party_key
   local input=tone
   [ -f "$SPEECH" ] && input=$SPEECH
-  local common=(--relay 203.0.113.1:3481 --relay-key "$key" --json --duration $((SECONDS_OF_CALL + 3)))
-  (bg a "$TUSA" party create Matrix "${common[@]}" --in "$input" >"$work/$name-caller.out" 2>"$work/$name-caller.err") &
+  local common=(--relay 203.0.113.1:3481 --relay-key "$key" --json --duration "$duration")
+  (bg a "$TUSA" party create Matrix "${common[@]}" --in "$input" "${loop[@]}" >"$work/$name-caller.out" 2>"$work/$name-caller.err") &
   local creator=$!
   pids+=($creator)
   local room
@@ -277,6 +290,15 @@ run_party_case() {
   (bg b "$TUSA" party join "$room" "${common[@]}" --in tone >"$work/$name-callee.out" 2>"$work/$name-callee.err") &
   local joiner=$!
   pids+=($joiner)
+  if [ "$name" = party-stall ]; then
+    sleep 3
+    ns rb nft add table inet stall
+    ns rb nft add chain inet stall forward '{ type filter hook forward priority -10; policy accept; }'
+    ns rb nft add rule inet stall forward meta l4proto tcp drop
+    echo "$name: B's TCP stalled for ${STALL_SECONDS} s"
+    sleep "$STALL_SECONDS"
+    ns rb nft delete table inet stall
+  fi
   local rc=0
   wait "$joiner" || rc=$?
   wait "$creator" || rc=$?
@@ -285,13 +307,15 @@ run_party_case() {
     echo "$name: FAILED (tusa party exit $rc): $(tail -3 "$work/$name-caller.err") / $(tail -3 "$work/$name-callee.err")"
     return 1
   fi
-  python3 - "$OUT/$name-caller.json" "$OUT/$name-callee.json" <<'PY'
+  python3 - "$OUT/$name-caller.json" "$OUT/$name-callee.json" "$name" <<'PY'
 import json, sys
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 def heard(r):
     s = r["speakers"]
-    return f"{s[0]['packets']} pkts {s[0]['lostPercent']}% lost p95 {s[0]['delayP95Milliseconds']} ms" if s else "nothing"
-print(f"party: A over {a['transport']} heard {heard(a)}; B over {b['transport']} heard {heard(b)}; "
+    return (f"{s[0]['packets']} pkts {s[0]['lostPercent']}% lost p95 {s[0]['delayP95Milliseconds']} ms"
+            f" max {s[0]['delayMaxMilliseconds']} ms at the end {s[0]['delayAtEndMilliseconds']} ms"
+            f" caught up by dropping {s[0]['catchUpDroppedMilliseconds']} ms") if s else "nothing"
+print(f"{sys.argv[3]}: A over {a['transport']} heard {heard(a)}; B over {b['transport']} heard {heard(b)}; "
       f"sent {a['framesSent']}/{b['framesSent']}")
 PY
   stop_all
@@ -428,8 +452,9 @@ for c in "${CASES[@]}"; do
     relay-restart) run_case relay-restart sym sym || failed=1 ;;
     move) run_case move eim eim || failed=1 ;;
     party) run_party_case || failed=1 ;;
+    party-stall) run_party_case party-stall || failed=1 ;;
     party4) run_party4_case || failed=1 ;;
-    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, udp-blocked, roam, relay-restart, move, party, party4)" >&2; failed=1 ;;
+    *) echo "nat-matrix: unknown case $c (eim, sym1, sym2, udp-blocked, roam, relay-restart, move, party, party-stall, party4)" >&2; failed=1 ;;
   esac
 done
 exit $failed

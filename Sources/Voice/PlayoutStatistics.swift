@@ -40,6 +40,11 @@ public struct PlayoutStatistics: Sendable, Hashable, CustomStringConvertible {
     /// Buffer delay (playout time of a packet's first sample − its arrival), over played packets.
     public var delayMeanMilliseconds = 0.0
     public var delayP95Milliseconds = 0.0
+    /// The longest a played packet waited.
+    public var delayMaxMilliseconds = 0.0
+    /// Buffer delay over the last 50 played packets (a second of 20 ms frames): where
+    /// the delay stands now, e.g. whether it came back down after a stall's pile-up.
+    public var delayRecentMilliseconds = 0.0
     /// latePackets / unique packets received.
     public var lateLossRate = 0.0
     public init() {}
@@ -56,7 +61,7 @@ public struct PlayoutStatistics: Sendable, Hashable, CustomStringConvertible {
         | silence frames dropped / inserted; samples trimmed | \(framesDroppedInSilence) / \(framesInsertedInSilence); \(silenceTrimmedSamples) |
         | catch-ups (frames dropped) | \(catchUps) (\(framesDroppedInCatchUp)) |
         | interruptions ≥150 ms | \(interruptions) (\(interruptionMilliseconds) ms) |
-        | target / mean / p95 delay ms | \(fmt(targetDelayMilliseconds)) / \(fmt(delayMeanMilliseconds)) / \(fmt(delayP95Milliseconds)) |
+        | target / mean / p95 / max / recent delay ms | \(fmt(targetDelayMilliseconds)) / \(fmt(delayMeanMilliseconds)) / \(fmt(delayP95Milliseconds)) / \(fmt(delayMaxMilliseconds)) / \(fmt(delayRecentMilliseconds)) |
         | late loss rate | \(fmt(lateLossRate * 100))% |
         """
     }
@@ -85,18 +90,34 @@ struct DelayHistogram {
     private var bins = [Int](repeating: 0, count: 2048)
     private(set) var count = 0
     private var sum = 0.0
+    /// The largest delay added.
+    private(set) var maximum = 0.0
+    /// The last ``recentCount`` delays (a ring), for the delay as it is now.
+    private var recent = [Double](repeating: 0, count: DelayHistogram.recentCount)
+    private var recentSum = 0.0
+    /// One second of 20 ms frames.
+    static let recentCount = 50
     mutating func add(_ ms: Double) {
         let b = max(0, min(bins.count - 1, Int(ms.rounded(.down))))
         bins[b] += 1
+        let slot = count % Self.recentCount
+        if count >= Self.recentCount { recentSum -= recent[slot] }
+        recent[slot] = ms
+        recentSum += ms
         count += 1
         sum += ms
+        maximum = count == 1 ? ms : max(maximum, ms)
     }
     mutating func reset() {
         for i in 0..<bins.count { bins[i] = 0 }
         count = 0
         sum = 0
+        maximum = 0
+        recentSum = 0
     }
     var mean: Double { count > 0 ? sum / Double(count) : 0 }
+    /// The mean of the last ``recentCount`` delays added (fewer at the start).
+    var recentMean: Double { count > 0 ? recentSum / Double(min(count, Self.recentCount)) : 0 }
     func quantile(_ q: Double) -> Double {
         guard count > 0 else { return 0 }
         let want = Int((q * Double(count)).rounded(.up))

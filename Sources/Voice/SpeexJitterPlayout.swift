@@ -66,6 +66,8 @@ public final class SpeexJitterPlayout: PlayoutBuffer, PlayoutTimingReporting {
         var s = stats
         s.delayMeanMilliseconds = delays.mean
         s.delayP95Milliseconds = delays.quantile(0.95)
+        s.delayMaxMilliseconds = delays.maximum
+        s.delayRecentMilliseconds = delays.recentMean
         return s
     }
 

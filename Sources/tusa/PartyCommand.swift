@@ -920,6 +920,12 @@ struct PartyReport: Encodable {
         /// How long the packets waited in the jitter buffer (arrival to playout).
         var delayMeanMilliseconds: Double
         var delayP95Milliseconds: Double
+        /// The longest a packet waited (a stall's pile-up shows here).
+        var delayMaxMilliseconds: Double
+        /// How long the last second's packets waited: where the delay stood at the end.
+        var delayAtEndMilliseconds: Double
+        /// Audio dropped to bring a pile-up back under the playout's cap (after a stall).
+        var catchUpDroppedMilliseconds: Double
         /// The delay the jitter buffer aimed at last, over the speaker's fastest packets
         /// (at least `--min-delay`).
         var targetDelayMilliseconds: Double
@@ -938,6 +944,9 @@ struct PartyReport: Encodable {
             concealed = p.framesConcealed
             delayMeanMilliseconds = (p.delayMeanMilliseconds * 10).rounded() / 10
             delayP95Milliseconds = (p.delayP95Milliseconds * 10).rounded() / 10
+            delayMaxMilliseconds = (p.delayMaxMilliseconds * 10).rounded() / 10
+            delayAtEndMilliseconds = (p.delayRecentMilliseconds * 10).rounded() / 10
+            catchUpDroppedMilliseconds = Double(p.framesDroppedInCatchUp * frameMilliseconds)
             targetDelayMilliseconds = (p.targetDelayMilliseconds * 10).rounded() / 10
             let stretched = Double(p.accelerateSamples + p.expandSamples) * 1000 / Double(max(1, sampleRate))
             stretchedMilliseconds = (stretched * 10).rounded() / 10
@@ -964,7 +973,7 @@ struct PartyReport: Encodable {
         if speakers.isEmpty { lines.append("  heard nobody") }
         for s in speakers {
             lines.append(
-                "  heard #\(s.member): \(s.packets) packets, \(s.lostPercent)% lost, \(s.concealed) concealed, delay \(s.delayMeanMilliseconds) ms (p95 \(s.delayP95Milliseconds)), MOS \(s.mos)"
+                "  heard #\(s.member): \(s.packets) packets, \(s.lostPercent)% lost, \(s.concealed) concealed, delay \(s.delayMeanMilliseconds) ms (p95 \(s.delayP95Milliseconds), max \(s.delayMaxMilliseconds), at the end \(s.delayAtEndMilliseconds)), MOS \(s.mos)"
             )
         }
         if let audioError { lines.append("  audio: \(audioError)") }

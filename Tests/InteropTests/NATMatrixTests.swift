@@ -176,4 +176,28 @@ import Testing
             #expect(heard["delayP95Milliseconds"] as? Double ?? 1000 < 400 - 35, "\(who): \(o.line)")
         }
     }
+
+    /// The same party, B's network passing no TCP at all for 1.5 s (a link that hangs):
+    /// TCP then hands over the whole backlog at once. Each side's playout drops what is
+    /// above its 400 ms cap, no packet waits longer than the cap, and 6 s later the
+    /// delay is back down (what is left over the target comes off in pauses, up to 60 ms,
+    /// and B's tone has none: hence A's bound).
+    @Test(.enabled(if: unavailable == nil, "\(unavailable ?? "")"))
+    func aPartyMemberWhoseTCPStallsCatchesUpAfterwards() async throws {
+        let o = try await Self.run("party-stall")
+        #expect(o.caller["transport"] as? String == "udp", "\(o.line)")
+        #expect(o.callee["transport"] as? String == "tcp", "\(o.line)")
+        var dropped = 0.0
+        for (who, report) in [("A", o.caller), ("B", o.callee)] {
+            let speakers = try #require(report["speakers"] as? [[String: Any]], "\(who): \(o.line)")
+            #expect(speakers.count == 1, "\(who) heard \(speakers.count) speakers: \(o.line)")
+            let heard = speakers.first ?? [:]
+            #expect(heard["packets"] as? Int ?? 0 > 400, "\(who): \(o.line)")
+            #expect(heard["delayMaxMilliseconds"] as? Double ?? 1000 <= 400 + 20, "\(who): \(o.line)")
+            #expect(heard["delayAtEndMilliseconds"] as? Double ?? 1000 < 150, "\(who): \(o.line)")
+            dropped += heard["catchUpDroppedMilliseconds"] as? Double ?? 0
+        }
+        // The stall was real: its backlog came, and went over the cap.
+        #expect(dropped >= 500, "\(o.line)")
+    }
 }

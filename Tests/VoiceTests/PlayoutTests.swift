@@ -383,6 +383,11 @@ struct PlayoutTests {
         #expect(ps.lostPackets == 0 && ps.framesDroppedInCatchUp == 0, "\(ps)")
         #expect(party <= 20 + 60 + 20, "the party's playout: \(party) ms buffered 3 s after the stall; \(ps)")
         #expect(call >= party + 30, "the call's playout: \(call) ms, the party's \(party) ms; \(cs)")
+        // The statistics say so too: the pile-up's longest wait, and the last second's
+        // delay back near the party's buffered delay 3 s after the stall.
+        #expect(ps.delayMaxMilliseconds >= 150, "\(ps)")
+        #expect(abs(ps.delayRecentMilliseconds - party) <= 10, "\(party) ms; \(ps)")
+        #expect(cs.delayRecentMilliseconds >= ps.delayRecentMilliseconds + 30, "\(cs)")
     }
 
     @Test func hardMaximumTriggersCatchUp() throws {
