@@ -414,6 +414,7 @@ let package = Package(
                 "TusaBase", "STUN", "TURN", "TusaInterop", "Transport", "Relay", "Secure", "Rendezvous", "Call", "Voice", "ICE",
                 "Party", "TestSupport", "DirectoryLoad",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
