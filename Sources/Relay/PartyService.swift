@@ -1,7 +1,6 @@
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
-import NIOPosix
 import NIOSSL
 import Party
 import Rendezvous
@@ -252,15 +251,11 @@ public final class PartyService: Service, Sendable {
                             maxStreams: streamLimits.total, admission: admission))
                 }
                 if let tls, let context {
-                    // TLS members' connections on another of the group's loops where there is
-                    // one: a flood of handshakes (a millisecond of CPU each) then waits its turn
-                    // beside the media loop instead of holding it up.
-                    let handshakes = MultiThreadedEventLoopGroup.singleton.makeIterator().first { $0 !== endpoint.eventLoop }
                     for port in tls.ports {
                         streams.append(
                             try await endpoint.listenForStreams(
                                 host: address.ip.description, port: Int(port), maxStreams: streamLimits.total, tls: context,
-                                admission: admission, streamLoop: handshakes))
+                                admission: admission))
                     }
                 }
                 return (endpoint, streams, sendSocket)

@@ -113,54 +113,43 @@ extension SecureUDPEndpoint {
     /// source. With `tls`, each connection is TLS first (a server context: the
     /// certificate clients see). With `admission`, a connection over its limits
     /// (in all, or from one source: shared by the listeners given the same one)
-    /// is closed on accept, before any TLS work. With `streamLoop`, the connections
-    /// live on that loop instead of the endpoint's: a TLS handshake costs a
-    /// millisecond of CPU, and a flood of them must not hold up the media the
-    /// endpoint's loop carries (frames hop to the endpoint's loop; replies hop back
-    /// through the channel). Returns the bound address.
+    /// is closed on accept, before any TLS work. Returns the bound address.
     @discardableResult
     public func listenForStreams(
-        host: String, port: Int, maxStreams: Int = 4096, tls: NIOSSLContext? = nil, admission: ConnectionAdmission? = nil,
-        streamLoop: (any EventLoop)? = nil
+        host: String, port: Int, maxStreams: Int = 4096, tls: NIOSSLContext? = nil, admission: ConnectionAdmission? = nil
     ) async throws(SecureTransportError) -> TransportAddress {
         let loop = eventLoop
-        let childLoop = streamLoop ?? loop
         let engine = self.engineOnLoop
         let counter = NIOLoopBoundBox.makeBoxSendingValue(UInt64(0), as: UInt64.self, eventLoop: loop)
-        let bootstrap = ServerBootstrap(group: loop, childGroup: childLoop)
+        let bootstrap = ServerBootstrap(group: loop, childGroup: loop)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { stream in
-                // On the endpoint's loop: the admission and the stream's place among the engine's.
-                let admitted = loop.submit { () throws -> TransportAddress in
-                    guard engine.value.streams.count < maxStreams else {
-                        throw SecureTransportError.stream("too many streams", nil)
-                    }
-                    if let refusal = admission?.admit(stream) {
-                        throw SecureTransportError.stream("refused (\(refusal.rawValue) limit)", nil)
-                    }
-                    counter.value &+= 1
-                    let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)
-                    let address = TransportAddress(ip: .v6(high: 0x0100_0000_0000_0000, low: counter.value), port: remotePort)
-                    engine.value.streams[address] = stream
-                    return address
+                // Initializers run on the child's loop, which is the endpoint's.
+                guard engine.value.streams.count < maxStreams else {
+                    return loop.makeFailedFuture(SecureTransportError.stream("too many streams", nil))
                 }
-                // On the stream's own loop (the endpoint's unless `streamLoop`): its handlers.
-                return admitted.hop(to: stream.eventLoop).flatMapThrowing { address in
-                    do {
-                        // Frames and the close run on the endpoint's loop, hopping to it when
-                        // the stream lives elsewhere.
-                        try Self.installStream(stream, tls: tls) { frame in
-                            Self.run(on: loop) { engine.value.receivedFromStream(frame, from: address) }
-                        } closed: {
-                            Self.run(on: loop) {
-                                if engine.value.streams[address] === stream { engine.value.streams[address] = nil }
-                            }
-                        }
-                    } catch {
-                        loop.execute { if engine.value.streams[address] === stream { engine.value.streams[address] = nil } }
-                        throw error
-                    }
+                if let refusal = admission?.admit(stream) {
+                    return loop.makeFailedFuture(SecureTransportError.stream("refused (\(refusal.rawValue) limit)", nil))
                 }
+                counter.value &+= 1
+                let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)
+                let address = TransportAddress(ip: .v6(high: 0x0100_0000_0000_0000, low: counter.value), port: remotePort)
+                do {
+                    if let tls { try stream.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
+                    // A member's session sends at least a keepalive every 10 s: a stream silent
+                    // for 30 s is closed (a connection that never handshakes holds no slot long;
+                    // behind TLS, only whole records count as heard).
+                    try stream.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: .seconds(30)))
+                    try StreamFraming.install(on: stream) { frame in
+                        engine.value.receivedFromStream(frame, from: address)
+                    } closed: {
+                        if engine.value.streams[address] === stream { engine.value.streams[address] = nil }
+                    }
+                } catch {
+                    return loop.makeFailedFuture(error)
+                }
+                engine.value.streams[address] = stream
+                return loop.makeSucceededVoidFuture()
             }
         let listener: Channel
         do {
@@ -183,24 +172,6 @@ extension SecureUDPEndpoint {
             throw error
         }
         return local
-    }
-
-    /// TLS (when given), the idle deadline and the framing on an accepted stream, on its loop.
-    private static func installStream(
-        _ stream: any Channel, tls: NIOSSLContext?, received: @escaping (ByteBuffer) -> Void,
-        closed: @escaping () -> Void
-    ) throws {
-        if let tls { try stream.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
-        // A member's session sends at least a keepalive every 10 s: a stream silent
-        // for 30 s is closed (a connection that never handshakes holds no slot long;
-        // behind TLS, only whole records count as heard).
-        try stream.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: .seconds(30)))
-        try StreamFraming.install(on: stream, received: received, closed: closed)
-    }
-
-    /// `body` now when on `loop`, else queued to it.
-    private static func run(on loop: any EventLoop, _ body: @escaping @Sendable () -> Void) {
-        if loop.inEventLoop { body() } else { loop.execute(body) }
     }
 
     /// Streams given up since start because UDP worked again.

@@ -110,18 +110,11 @@ struct SecureStreamTests {
     /// the server). A TLS client at a plain TCP listener is told there was no TLS
     /// handshake; a plain one at the TLS listener never gets a session. Every
     /// listener (TCP and TLS) closes with the endpoint.
-    /// With `onAnotherLoop`, the TLS connections live on a loop of their own (as a
-    /// relay's party port keeps handshakes off its media loop): frames hop to the
-    /// endpoint's loop and back.
-    @Test(arguments: [false, true])
-    func aSessionInsideTLSCarriesMediaAndEveryListenerClosesWithTheEndpoint(onAnotherLoop: Bool) async throws {
+    @Test func aSessionInsideTLSCarriesMediaAndEveryListenerClosesWithTheEndpoint() async throws {
         let (server, atServer) = try await acceptingServer()
         let atClient = Received()
-        let handshakes = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        defer { handshakes.shutdownGracefully { _ in } }
         let plain = try await server.listenForStreams(host: "127.0.0.1", port: 0)
-        let tls = try await server.listenForStreams(
-            host: "127.0.0.1", port: 0, tls: try serverTLS(), streamLoop: onAnotherLoop ? handshakes.next() : nil)
+        let tls = try await server.listenForStreams(host: "127.0.0.1", port: 0, tls: try serverTLS())
         let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
         defer { Task { await client.close() } }
 
@@ -165,15 +158,11 @@ struct SecureStreamTests {
 
     /// Streams over their admission's per-source limit are closed on accept (before
     /// any TLS work), the others stay; one closed frees its slot.
-    @Test(arguments: [false, true])
-    func streamsPastTheirSourcesLimitAreClosedOnAccept(onAnotherLoop: Bool) async throws {
+    @Test func streamsPastTheirSourcesLimitAreClosedOnAccept() async throws {
         let (server, _) = try await acceptingServer()
         defer { Task { await server.close() } }
-        let other = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        defer { other.shutdownGracefully { _ in } }
         let admission = ConnectionAdmission(limits: .init(total: 100, perSource: 2))
-        let address = try await server.listenForStreams(
-            host: "127.0.0.1", port: 0, admission: admission, streamLoop: onAnotherLoop ? other.next() : nil)
+        let address = try await server.listenForStreams(host: "127.0.0.1", port: 0, admission: admission)
         func open() async throws -> any Channel {
             try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .connect(host: "127.0.0.1", port: Int(address.port)).get()
