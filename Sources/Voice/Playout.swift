@@ -258,10 +258,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
 
     public var statistics: PlayoutStatistics {
         var s = stats
-        s.delayMeanMilliseconds = delays.mean
-        s.delayP95Milliseconds = delays.quantile(0.95)
-        s.delayMaxMilliseconds = delays.maximum
-        s.delayRecentMilliseconds = delays.recentMean
+        s.takeDelays(from: delays)
         let unique = stats.packetsReceived - stats.duplicates
         s.lateLossRate = unique > 0 ? Double(stats.latePackets) / Double(unique) : 0
         return s

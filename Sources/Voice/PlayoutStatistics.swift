@@ -49,6 +49,14 @@ public struct PlayoutStatistics: Sendable, Hashable, CustomStringConvertible {
     public var lateLossRate = 0.0
     public init() {}
 
+    /// The delay figures, from the buffer's histogram of played packets' delays.
+    mutating func takeDelays(from delays: DelayHistogram) {
+        delayMeanMilliseconds = delays.mean
+        delayP95Milliseconds = delays.quantile(0.95)
+        delayMaxMilliseconds = delays.maximum
+        delayRecentMilliseconds = delays.recentMean
+    }
+
     public var description: String {
         """
         | statistic | value |

@@ -64,10 +64,7 @@ public final class SpeexJitterPlayout: PlayoutBuffer, PlayoutTimingReporting {
 
     public var statistics: PlayoutStatistics {
         var s = stats
-        s.delayMeanMilliseconds = delays.mean
-        s.delayP95Milliseconds = delays.quantile(0.95)
-        s.delayMaxMilliseconds = delays.maximum
-        s.delayRecentMilliseconds = delays.recentMean
+        s.takeDelays(from: delays)
         return s
     }
 
