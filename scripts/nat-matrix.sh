@@ -43,8 +43,8 @@
 #   party-stall  the party case without the random loss, A's speech looped, and B's
 #          network passing no TCP at all for STALL_SECONDS (1.5) from 3 s after B
 #          joined, as a Wi-Fi link that hangs does; the party goes on 6 s after it.
-#          B's report says how long its packets waited at most and in the last
-#          second (delay back down), and how much audio it dropped to catch up.
+#          B's report says how long its packets waited at most and over the last
+#          50 played (delay back down), and how much audio it dropped to catch up.
 #   party4 (not run by default: `make soak` runs it) four members through two EIM
 #          NATs for CALL_SECONDS: A1 creates the room and plays LOOP_SPEECH over and
 #          over (a tone without it), A2 (behind A's NAT too), B1 and B2 join and send
@@ -291,11 +291,13 @@ run_party_case() {
   local joiner=$!
   pids+=($joiner)
   if [ "$name" = party-stall ]; then
+    wait_line "$work/$name-callee.out" 's/^party [a-z0-9]* "Matrix" as .*/&/p' >/dev/null \
+      || { echo "$name: tusa party join did not join: $(cat "$work/$name-callee.err")"; return 1; }
     sleep 3
     ns rb nft add table inet stall
     ns rb nft add chain inet stall forward '{ type filter hook forward priority -10; policy accept; }'
     ns rb nft add rule inet stall forward meta l4proto tcp drop
-    echo "$name: B's TCP stalled for ${STALL_SECONDS} s"
+    echo "$name: B's TCP stalled for ${STALL_SECONDS} s" >&2
     sleep "$STALL_SECONDS"
     ns rb nft delete table inet stall
   fi

@@ -922,7 +922,8 @@ struct PartyReport: Encodable {
         var delayP95Milliseconds: Double
         /// The longest a packet waited (a stall's pile-up shows here).
         var delayMaxMilliseconds: Double
-        /// How long the last second's packets waited: where the delay stood at the end.
+        /// How long the last 50 packets played waited (a second of 20 ms frames): where
+        /// the delay stood at the end.
         var delayAtEndMilliseconds: Double
         /// Audio dropped to bring a pile-up back under the playout's cap (after a stall).
         var catchUpDroppedMilliseconds: Double

@@ -138,7 +138,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("role", choices=["controlling", "controlled"])
     ap.add_argument("--timeout", type=float, default=20.0,
-                    help="limit in seconds for reading stdin and for connect() (default 20)")
+                    help="limit in seconds for connect() and for the datagram after it (default 20)")
     ap.add_argument("--stdin-timeout", type=float, default=120.0,
                     help="limit in seconds for the other agent's description on stdin (default 120:"
                          " the driving test may be slow to answer on a loaded machine, and kills this peer anyway)")
