@@ -1,4 +1,4 @@
-# Shared by binding-rps.sh, turn-bench.sh, voice-relay-bench.sh, party-relay-bench.sh, soak.sh, party-starvation.sh, directory-idle.sh and scripts/nat-matrix.sh
+# Shared by binding-rps.sh, turn-bench.sh, voice-relay-bench.sh, party-relay-bench.sh, soak.sh, party-starvation.sh, directory-idle.sh, tls-flood-party.sh and scripts/nat-matrix.sh
 # (sourced, not run): a scratch folder
 # $TMP, the started processes $PIDS stopped on exit, free ports, CPU accounting,
 # waiting for a quiet machine, and a TURN server's readiness. Each script defines busy_ticks (which CPU

@@ -21,7 +21,8 @@
 #     against the bare AEAD seal; join and rekey times on loopback (party-bench);
 #     room forwarding at voice pacing through real sockets, tusa relay against
 #     coturn carrying the same conversation as a mesh of allocations, CPU per
-#     delivered packet and the highest loss-free rate (party-relay-bench.sh).
+#     delivered packet and the highest loss-free rate (party-relay-bench.sh); a
+#     party beside a TLS handshake flood on the same relay (tls-flood-party.sh).
 #     The directory: invitations acknowledged once stored, in memory, SQLite and
 #     PostgreSQL side by side, at a steady pace from many users, and an invitation
 #     to an online friend at the same node and at another node (directory-bench);
@@ -63,6 +64,9 @@ swift build -c release --product party-bench >out/bench/party-build.log 2>&1 \
 echo
 echo "== Parties at voice pacing: tusa relay rooms vs a coturn mesh (Benchmarks/party-relay-bench.sh)"
 bash Benchmarks/party-relay-bench.sh 2>&1 | tee out/bench/party-relay.md
+echo
+echo "== A party beside a TLS handshake flood on the relay's party TLS port (Benchmarks/tls-flood-party.sh)"
+bash Benchmarks/tls-flood-party.sh 2>&1 | tee out/bench/tls-flood-party.md || true
 echo
 echo "== Directory: invitations acknowledged once stored, memory / SQLite / PostgreSQL; to a friend at another node (Benchmarks/InProcess/directory-bench)"
 swift build -c release --product directory-bench >out/bench/directory-build.log 2>&1 \

@@ -34,6 +34,9 @@ TUSA="$TUSA" bash Benchmarks/voice-relay-bench.sh --smoke --no-build
 # speaking in each, every frame delivered to every other member.
 swift build --package-path Benchmarks --product party-load >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 TUSA="$TUSA" bash Benchmarks/party-relay-bench.sh --smoke --no-build
+# A party of two beside a TLS handshake flood on the same relay's party TLS port: both
+# members hear each other with and without it.
+TUSA="$TUSA" bash Benchmarks/tls-flood-party.sh --smoke
 # Reliability: a few seconds of each soak case (a flood beside voice flows, allocations alive
 # with voice, TCP abuse, a call through rebindings, one round of faults): voice without loss,
 # nothing kept per flood packet, every fault survived (`make soak`: the long runs).

@@ -1,6 +1,7 @@
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOPosix
 import NIOSSL
 import Party
 import Rendezvous
@@ -118,7 +119,12 @@ public final class PartyService: Service, Sendable {
         let endpoint: SecureUDPEndpoint
         let streams: [TransportAddress]
         let sendSocket: Int32
-        do { (endpoint, streams, sendSocket) = try await bindSockets(secure) } catch {
+        // TLS members' connections on a thread of their own: a flood of handshakes (a
+        // millisecond of CPU each) then waits its turn beside the media loop instead of
+        // holding it up.
+        let handshakes = tls.map { _ in MultiThreadedEventLoopGroup(numberOfThreads: 1) }
+        defer { handshakes?.shutdownGracefully { _ in } }
+        do { (endpoint, streams, sendSocket) = try await bindSockets(secure, streamLoop: handshakes?.next()) } catch {
             bound.resolve(.failure(error))
             boundStreams.resolve(.failure(error))
             throw error
@@ -204,9 +210,9 @@ public final class PartyService: Service, Sendable {
     /// and another drawn.
     /// The third value is a duplicate of the UDP socket for the members' copies,
     /// written in batches of the relay's own (``PartyRooms``); closed after the endpoint.
-    private func bindSockets(_ secure: SecureConfiguration) async throws(RelayServiceError) -> (
-        SecureUDPEndpoint, [TransportAddress], Int32
-    ) {
+    private func bindSockets(
+        _ secure: SecureConfiguration, streamLoop: (any EventLoop)?
+    ) async throws(RelayServiceError) -> (SecureUDPEndpoint, [TransportAddress], Int32) {
         let context = try tls.map { tls throws(RelayServiceError) in try tls.context() }
         let admission = ConnectionAdmission(limits: streamLimits)
         var attempt = 0
@@ -255,7 +261,7 @@ public final class PartyService: Service, Sendable {
                         streams.append(
                             try await endpoint.listenForStreams(
                                 host: address.ip.description, port: Int(port), maxStreams: streamLimits.total, tls: context,
-                                admission: admission))
+                                admission: admission, streamLoop: streamLoop))
                     }
                 }
                 return (endpoint, streams, sendSocket)

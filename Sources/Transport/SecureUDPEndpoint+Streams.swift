@@ -5,6 +5,7 @@ import NIOPosix
 import NIOSSL
 import NIOTLS
 import Secure
+import Synchronization
 import TusaBase
 
 /// The secure session over TCP where UDP does not pass: each datagram framed
@@ -113,43 +114,72 @@ extension SecureUDPEndpoint {
     /// source. With `tls`, each connection is TLS first (a server context: the
     /// certificate clients see). With `admission`, a connection over its limits
     /// (in all, or from one source: shared by the listeners given the same one)
-    /// is closed on accept, before any TLS work. Returns the bound address.
+    /// is closed on accept, before any TLS work. With `streamLoop`, the listener and
+    /// its connections live on that loop instead of the endpoint's: a TLS handshake
+    /// costs a millisecond of CPU, and a flood of them must not hold up the media
+    /// the endpoint's loop carries. Admission and the stream table stay on the
+    /// endpoint's loop; frames hop to it, at most ``StreamInbox/highWater`` of a
+    /// connection's at a time (its reading pauses until they are taken). Returns
+    /// the bound address.
     @discardableResult
     public func listenForStreams(
-        host: String, port: Int, maxStreams: Int = 4096, tls: NIOSSLContext? = nil, admission: ConnectionAdmission? = nil
+        host: String, port: Int, maxStreams: Int = 4096, tls: NIOSSLContext? = nil, admission: ConnectionAdmission? = nil,
+        streamLoop: (any EventLoop)? = nil
     ) async throws(SecureTransportError) -> TransportAddress {
         let loop = eventLoop
+        let childLoop = streamLoop ?? loop
         let engine = self.engineOnLoop
         let counter = NIOLoopBoundBox.makeBoxSendingValue(UInt64(0), as: UInt64.self, eventLoop: loop)
-        let bootstrap = ServerBootstrap(group: loop, childGroup: loop)
+        let bootstrap = ServerBootstrap(group: childLoop, childGroup: childLoop)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { stream in
-                // Initializers run on the child's loop, which is the endpoint's.
-                guard engine.value.streams.count < maxStreams else {
-                    return loop.makeFailedFuture(SecureTransportError.stream("too many streams", nil))
+                // On the endpoint's loop: the admission and the stream's place among the engine's.
+                let admitted = Self.run(on: loop) { () throws -> TransportAddress in
+                    guard !engine.value.isClosed else { throw SecureTransportError.closed }
+                    guard engine.value.streams.count < maxStreams else {
+                        throw SecureTransportError.stream("too many streams", nil)
+                    }
+                    if let refusal = admission?.admit(stream) {
+                        throw SecureTransportError.stream("refused (\(refusal.rawValue) limit)", nil)
+                    }
+                    counter.value &+= 1
+                    let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)
+                    let address = TransportAddress(ip: .v6(high: 0x0100_0000_0000_0000, low: counter.value), port: remotePort)
+                    engine.value.streams[address] = stream
+                    // The entry goes with the connection however it ends (one that fails
+                    // before it was active never sees channelInactive).
+                    stream.closeFuture.whenComplete { _ in
+                        _ = Self.run(on: loop) {
+                            if engine.value.streams[address] === stream { engine.value.streams[address] = nil }
+                        }
+                    }
+                    return address
                 }
-                if let refusal = admission?.admit(stream) {
-                    return loop.makeFailedFuture(SecureTransportError.stream("refused (\(refusal.rawValue) limit)", nil))
-                }
-                counter.value &+= 1
-                let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)
-                let address = TransportAddress(ip: .v6(high: 0x0100_0000_0000_0000, low: counter.value), port: remotePort)
-                do {
+                // On the connection's own loop: its handlers.
+                return admitted.hop(to: stream.eventLoop).flatMapThrowing { address in
+                    let received: (ByteBuffer) -> Void
+                    if childLoop === loop {
+                        received = { frame in engine.value.receivedFromStream(frame, from: address) }
+                    } else {
+                        let inbox = StreamInbox(stream, of: self)
+                        received = { frame in
+                            inbox.post()
+                            loop.execute {
+                                // Not for a connection that ended meanwhile (its address may answer no more).
+                                if engine.value.streams[address] === stream {
+                                    engine.value.receivedFromStream(frame, from: address)
+                                }
+                                inbox.taken()
+                            }
+                        }
+                    }
                     if let tls { try stream.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
                     // A member's session sends at least a keepalive every 10 s: a stream silent
                     // for 30 s is closed (a connection that never handshakes holds no slot long;
                     // behind TLS, only whole records count as heard).
                     try stream.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: .seconds(30)))
-                    try StreamFraming.install(on: stream) { frame in
-                        engine.value.receivedFromStream(frame, from: address)
-                    } closed: {
-                        if engine.value.streams[address] === stream { engine.value.streams[address] = nil }
-                    }
-                } catch {
-                    return loop.makeFailedFuture(error)
+                    try StreamFraming.install(on: stream, received: received, closed: {})
                 }
-                engine.value.streams[address] = stream
-                return loop.makeSucceededVoidFuture()
             }
         let listener: Channel
         do {
@@ -174,8 +204,69 @@ extension SecureUDPEndpoint {
         return local
     }
 
+    /// `body` now when on `loop`, else queued to it.
+    private static func run<T: Sendable>(on loop: any EventLoop, _ body: @escaping @Sendable () throws -> T)
+        -> EventLoopFuture<T>
+    {
+        if loop.inEventLoop {
+            return loop.makeCompletedFuture(Result { try body() })
+        }
+        return loop.submit(body)
+    }
+
+    /// Times since start that a stream on another loop (``listenForStreams(host:port:maxStreams:tls:admission:streamLoop:)``)
+    /// stopped reading until this endpoint's loop had taken its frames.
+    public var streamReadsHeld: UInt64 { streamPauses.load(ordering: .relaxed) }
+
     /// Streams given up since start because UDP worked again.
     public func streamsLeftForUDP() async -> UInt64 { (try? await onLoop { $0.streamsLeftForUDP }) ?? 0 }
+}
+
+/// A connection's frames on their way to the endpoint's loop from the loop the
+/// connection lives on: past ``highWater`` not yet taken, the connection stops
+/// reading (TCP's window then holds the sender back) until the endpoint's loop has
+/// taken them down to ``lowWater``. A busy media loop so never queues more than a
+/// few frames per connection, however fast a client writes.
+final class StreamInbox: Sendable {
+    static let highWater = 64
+    static let lowWater = 16
+    private let stream: any Channel
+    private let endpoint: SecureUDPEndpoint
+    private let state = Mutex((waiting: 0, paused: false))
+
+    init(_ stream: any Channel, of endpoint: SecureUDPEndpoint) {
+        self.stream = stream
+        self.endpoint = endpoint
+    }
+
+    /// On the connection's loop, for each frame sent on its way.
+    func post() {
+        let pause = state.withLock { state in
+            state.waiting += 1
+            guard state.waiting >= Self.highWater, !state.paused else { return false }
+            state.paused = true
+            return true
+        }
+        guard pause else { return }
+        endpoint.streamPauses.add(1, ordering: .relaxed)
+        try? stream.syncOptions?.setOption(.autoRead, value: false)
+    }
+
+    /// On the endpoint's loop, for each frame it took.
+    func taken() {
+        let resume = state.withLock { state in
+            state.waiting -= 1
+            guard state.paused, state.waiting <= Self.lowWater else { return false }
+            state.paused = false
+            return true
+        }
+        guard resume else { return }
+        stream.eventLoop.execute { [self] in
+            // Paused again since (more frames came first): the next drain resumes it.
+            guard !state.withLock({ $0.paused }) else { return }
+            try? stream.syncOptions?.setOption(.autoRead, value: true)
+        }
+    }
 }
 
 /// RFC 4571 framing on a TCP channel: a 16-bit big-endian length before each datagram.

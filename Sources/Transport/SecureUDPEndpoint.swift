@@ -80,6 +80,8 @@ public final class SecureUDPEndpoint: Sendable {
     private let engine: NIOLoopBound<SecureEngine>
     /// The engine, for this module's extensions (used only on `eventLoop`).
     var engineOnLoop: NIOLoopBound<SecureEngine> { engine }
+    /// Times a stream living on another loop stopped reading until this endpoint's loop took its frames.
+    let streamPauses = Atomic<UInt64>(0)
     public let localAddress: TransportAddress
     public let publicKey: PublicKey
     /// Where the endpoint's drivers log (its stream listener's accept failures).
@@ -552,6 +554,8 @@ final class SecureEngine {
     private var binding = BindingServer()
     private var waiters: [PeerID: [EventLoopPromise<PeerID>]] = [:]
     private var closed = false
+    /// Whether ``shutDown()`` ran: the endpoint takes nothing new.
+    var isClosed: Bool { closed }
     /// Reused for every datagram: opened in place here, never allocated per packet.
     private var scratch = [UInt8](repeating: 0, count: 65_536)
     private(set) var pendingWrites = 0

@@ -109,12 +109,18 @@ struct SecureStreamTests {
     /// both ways; the client takes the self-signed certificate (the Noise key proves
     /// the server). A TLS client at a plain TCP listener is told there was no TLS
     /// handshake; a plain one at the TLS listener never gets a session. Every
-    /// listener (TCP and TLS) closes with the endpoint.
-    @Test func aSessionInsideTLSCarriesMediaAndEveryListenerClosesWithTheEndpoint() async throws {
+    /// listener (TCP and TLS) closes with the endpoint. With `onAnotherLoop`, the
+    /// TLS listener and its connections live on a loop of their own (as a relay's
+    /// party port keeps handshakes off its media loop): frames hop to the
+    /// endpoint's loop, replies back through the connection.
+    @Test(arguments: [false, true])
+    func aSessionInsideTLSCarriesMediaAndEveryListenerClosesWithTheEndpoint(onAnotherLoop: Bool) async throws {
         let (server, atServer) = try await acceptingServer()
         let atClient = Received()
+        let handshakes = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let plain = try await server.listenForStreams(host: "127.0.0.1", port: 0)
-        let tls = try await server.listenForStreams(host: "127.0.0.1", port: 0, tls: try serverTLS())
+        let tls = try await server.listenForStreams(
+            host: "127.0.0.1", port: 0, tls: try serverTLS(), streamLoop: onAnotherLoop ? handshakes.next() : nil)
         let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
         defer { Task { await client.close() } }
 
@@ -154,15 +160,19 @@ struct SecureStreamTests {
                     .connect(host: "127.0.0.1", port: Int(address.port)).get().close()
             }
         }
+        try await handshakes.shutdownGracefully()
     }
 
     /// Streams over their admission's per-source limit are closed on accept (before
     /// any TLS work), the others stay; one closed frees its slot.
-    @Test func streamsPastTheirSourcesLimitAreClosedOnAccept() async throws {
+    /// The same with the connections on another loop than the endpoint's.
+    @Test(arguments: [false, true])
+    func streamsPastTheirSourcesLimitAreClosedOnAccept(onAnotherLoop: Bool) async throws {
         let (server, _) = try await acceptingServer()
-        defer { Task { await server.close() } }
+        let other = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let admission = ConnectionAdmission(limits: .init(total: 100, perSource: 2))
-        let address = try await server.listenForStreams(host: "127.0.0.1", port: 0, admission: admission)
+        let address = try await server.listenForStreams(
+            host: "127.0.0.1", port: 0, admission: admission, streamLoop: onAnotherLoop ? other.next() : nil)
         func open() async throws -> any Channel {
             try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .connect(host: "127.0.0.1", port: Int(address.port)).get()
@@ -178,5 +188,37 @@ struct SecureStreamTests {
         #expect(await eventually { admission.open.connections == 2 }, "a freed slot takes the next")
         #expect(admission.refused[.perSource] == 1 && again.isActive)
         for c in [kept[1], again] { try? await c.close() }
+        #expect(await eventually { admission.open.connections == 0 })
+        await server.close()
+        try await other.shutdownGracefully()
+    }
+
+    /// A client writing faster than a busy endpoint's loop takes its frames: the
+    /// connection (on a loop of its own) stops reading, TCP holds the client back, and
+    /// reading resumes once the frames are taken; every frame arrives, in order.
+    @Test func aStreamOnAnotherLoopStopsReadingWhileTheEndpointIsBusyAndLosesNothing() async throws {
+        let (server, atServer) = try await acceptingServer()
+        let other = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let address = try await server.listenForStreams(host: "127.0.0.1", port: 0, streamLoop: other.next())
+        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        try await client.useStream(to: address)
+        let peer = try await client.connect(to: server.publicKey, at: address)
+
+        // The endpoint's loop busy for 300 ms while the client writes 3,000 frames.
+        let busy = server.eventLoop.submit { Thread.sleep(forTimeInterval: 0.3) }
+        let count = 3_000
+        for i in 0..<count {
+            client.send(withUnsafeBytes(of: UInt32(i).bigEndian, Array.init), to: peer, payloadType: 111, timestamp: 0)
+        }
+        try await busy.get()
+        let arrived = await eventually { atServer.all.count >= count }
+        #expect(arrived, "\(atServer.all.count) of \(count) frames arrived")
+        let order = atServer.all.map { $0.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self).bigEndian } }
+        let outOfPlace = order.indices.first { order[$0] != UInt32($0) }
+        #expect(outOfPlace == nil, "frame \(outOfPlace ?? 0) out of order")
+        #expect(server.streamReadsHeld > 0, "the connection never stopped reading")
+        await client.close()
+        await server.close()
+        try await other.shutdownGracefully()
     }
 }
