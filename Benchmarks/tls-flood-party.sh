@@ -14,7 +14,8 @@
 #   --smoke: 6 s per phase, 2 workers, debug build (make test runs it).
 # env: TUSA (default <repo>/.build/release/tusa; --smoke: .build/debug/tusa),
 #      SERVER_CPU (1), LOAD_CPU (0).
-# exit: 0 when both phases ran and each member heard the other in both; 1 otherwise;
+# exit: 0 when both phases ran, each member heard the other in both and the flood completed
+#       handshakes; 1 otherwise;
 #       2 on a usage error.
 set -euo pipefail
 
@@ -27,7 +28,7 @@ while (($#)); do
     --workers) WORKERS=$2; shift 2 ;;
     --key) KEY=$2; shift 2 ;;
     --smoke) SMOKE=1 SECONDS_PER_PHASE=6 WORKERS=2; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "tls-flood-party: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -86,7 +87,7 @@ quiet_port() {
 FAILED=0
 # phase NAME FLOOD(0|1): one party on a fresh relay; prints its line.
 phase() {
-  local name=$1 flood=$2 port party tls key room relay creator joiner fpid="" t0 t1 r span=$SECONDS_PER_PHASE
+  local name=$1 flood=$2 port party tls key room relay creator joiner fpid="" t0 t1 w0 w1 r cpu
   quiet_port && port=$PORT && quiet_port && party=$PORT && quiet_port && tls=$PORT \
     || { echo "tls-flood-party: no free port" >&2; return 1; }
   "${SERVER_PIN[@]}" "$TUSA" relay --listen "127.0.0.1:$port" --no-tcp --party-port "$party" --party-tls-port "$tls" \
@@ -102,28 +103,46 @@ phase() {
   creator=$!
   PIDS+=("$creator")
   room=$(wait_line "$TMP/a.$name.out" 's/^party \([a-z0-9]*\) "Flood" as .*/\1/p') \
-    || { echo "$name: tusa party create did not start: $(tail -3 "$TMP/a.$name.err")"; stop_server "$relay" 5; return 1; }
+    || {
+      echo "$name: tusa party create did not start: $(tail -3 "$TMP/a.$name.err")"
+      stop_server "$creator" 5
+      stop_server "$relay" 5
+      return 1
+    }
   "${MEMBER_PIN[@]}" "$TUSA" party join "$room" "${common[@]}" --duration "$SECONDS_PER_PHASE" \
     >"$TMP/b.$name.out" 2>"$TMP/b.$name.err" &
   joiner=$!
   PIDS+=("$joiner")
-  t0=$(proc_ticks "$relay")
+  # The relay's CPU over the phase (the flood's time in the flood phase), by the clock.
+  t0=$(proc_ticks "$relay") w0=$(now)
   if ((flood)); then
     sleep 2
-    t0=$(proc_ticks "$relay") span=$((SECONDS_PER_PHASE - 4))
+    t0=$(proc_ticks "$relay") w0=$(now)
     "${FLOOD_PIN[@]}" python3 "$HERE/tls-handshake-flood.py" --target "127.0.0.1:$tls" \
       --seconds "$((SECONDS_PER_PHASE - 4))" --workers "$WORKERS" >"$TMP/flood.out" 2>"$TMP/flood.err" &
     fpid=$!
     PIDS+=("$fpid")
   fi
   r=0
-  [[ -n $fpid ]] && { wait "$fpid" || true; t1=$(proc_ticks "$relay"); }
+  if [[ -n $fpid ]]; then
+    wait "$fpid" || true
+    forget "$fpid"
+    t1=$(proc_ticks "$relay") w1=$(now)
+  fi
   wait "$joiner" || r=1
   wait "$creator" || r=1
-  [[ -n $fpid ]] || t1=$(proc_ticks "$relay")
+  forget "$joiner"
+  forget "$creator"
+  [[ -n $fpid ]] || { t1=$(proc_ticks "$relay") w1=$(now); }
+  if [[ -n $t0 && -n $t1 ]]; then
+    cpu=$(awk -v t="$((t1 - t0))" -v hz="$HZ" -v a="$w0" -v b="$w1" 'BEGIN {printf "%.0f", 100 * t / hz / (b - a)}')
+  else
+    cpu=gone  # the relay died
+  fi
   stop_server "$relay" 30
   ((r == 0)) || { echo "$name: a member failed: $(tail -2 "$TMP/a.$name.err") / $(tail -2 "$TMP/b.$name.err")"; return 1; }
-  python3 - "$name" "$TMP/a.$name.out" "$TMP/b.$name.out" "$(((t1 - t0) * 100 / HZ / span))" \
+  [[ $cpu != gone ]] || { echo "$name: the relay died: $(tail -3 "$TMP/relay.$name.err")"; return 1; }
+  python3 - "$name" "$TMP/a.$name.out" "$TMP/b.$name.out" "$cpu" \
     "$( ((flood)) && cat "$TMP/flood.out")" <<'PY'
 import json, sys
 name, a, b, cpu, flood = sys.argv[1:6]
@@ -147,6 +166,9 @@ for who, path in (("a", a), ("b", b)):
                  f"{who}_delay_max_ms={s['delayMaxMilliseconds']}")
 rate = flood.split("per_second=")[1].split()[0] if "per_second=" in flood else "0"
 print(f"phase={name} handshakes_per_s={rate} relay_cpu={cpu}% " + " ".join(heard), flush=True)
+if name == "flood" and float(rate) <= 0:
+    print(f"{name}: the flood completed no handshake (is the TLS port serving?): {flood!r}", flush=True)
+    ok = False
 sys.exit(0 if ok else 1)
 PY
 }

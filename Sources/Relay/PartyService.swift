@@ -122,11 +122,13 @@ public final class PartyService: Service, Sendable {
         // TLS members' connections on a thread of their own: a flood of handshakes (a
         // millisecond of CPU each) then waits its turn beside the media loop instead of
         // holding it up.
+        // Shut down once the endpoint has closed every connection on it.
         let handshakes = tls.map { _ in MultiThreadedEventLoopGroup(numberOfThreads: 1) }
-        defer { handshakes?.shutdownGracefully { _ in } }
+        let stopHandshakes = { () async in try? await handshakes?.shutdownGracefully() }
         do { (endpoint, streams, sendSocket) = try await bindSockets(secure, streamLoop: handshakes?.next()) } catch {
             bound.resolve(.failure(error))
             boundStreams.resolve(.failure(error))
+            await stopHandshakes()
             throw error
         }
         let loop = endpoint.eventLoop
@@ -150,6 +152,7 @@ public final class PartyService: Service, Sendable {
             boundStreams.resolve(.failure(error))
             await endpoint.close()
             close(sendSocket)
+            await stopHandshakes()
             throw error
         }
         // Sessions on the loop, as they happen: a member's first packet may come right
@@ -186,6 +189,7 @@ public final class PartyService: Service, Sendable {
             if ticketSecret != nil { await drain(rooms, on: loop) }
             if let memory, let observer { memory.stopObserving(observer) }
             await endpoint.close()
+            await stopHandshakes()
         }
         running.withLockedValue { $0 = nil }
         try? await loop.submit { rooms.value.stop() }.get()

@@ -117,10 +117,10 @@ extension SecureUDPEndpoint {
     /// is closed on accept, before any TLS work. With `streamLoop`, the listener and
     /// its connections live on that loop instead of the endpoint's: a TLS handshake
     /// costs a millisecond of CPU, and a flood of them must not hold up the media
-    /// the endpoint's loop carries. Admission and the stream table stay on the
-    /// endpoint's loop; frames hop to it, at most ``StreamInbox/highWater`` of a
-    /// connection's at a time (its reading pauses until they are taken). Returns
-    /// the bound address.
+    /// the endpoint's loop carries. The stream table stays on the endpoint's loop;
+    /// each read's frames hop to it together, and a connection whose frames that
+    /// loop has not yet taken reach ``StreamInbox/highWater`` bytes stops reading
+    /// until they are down to ``StreamInbox/lowWater``. Returns the bound address.
     @discardableResult
     public func listenForStreams(
         host: String, port: Int, maxStreams: Int = 4096, tls: NIOSSLContext? = nil, admission: ConnectionAdmission? = nil,
@@ -130,57 +130,67 @@ extension SecureUDPEndpoint {
         let childLoop = streamLoop ?? loop
         let engine = self.engineOnLoop
         let counter = NIOLoopBoundBox.makeBoxSendingValue(UInt64(0), as: UInt64.self, eventLoop: loop)
-        let bootstrap = ServerBootstrap(group: childLoop, childGroup: childLoop)
+        var bootstrap = ServerBootstrap(group: childLoop, childGroup: childLoop)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
-            .childChannelInitializer { stream in
-                // On the endpoint's loop: the admission and the stream's place among the engine's.
-                let admitted = Self.run(on: loop) { () throws -> TransportAddress in
-                    guard !engine.value.isClosed else { throw SecureTransportError.closed }
-                    guard engine.value.streams.count < maxStreams else {
-                        throw SecureTransportError.stream("too many streams", nil)
-                    }
-                    if let refusal = admission?.admit(stream) {
-                        throw SecureTransportError.stream("refused (\(refusal.rawValue) limit)", nil)
-                    }
-                    counter.value &+= 1
-                    let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)
-                    let address = TransportAddress(ip: .v6(high: 0x0100_0000_0000_0000, low: counter.value), port: remotePort)
-                    engine.value.streams[address] = stream
-                    // The entry goes with the connection however it ends (one that fails
-                    // before it was active never sees channelInactive).
-                    stream.closeFuture.whenComplete { _ in
-                        _ = Self.run(on: loop) {
-                            if engine.value.streams[address] === stream { engine.value.streams[address] = nil }
-                        }
-                    }
-                    return address
+        if childLoop !== loop {
+            // What one wake-up reads bounds what one hop carries past the high water.
+            bootstrap = bootstrap.childChannelOption(.maxMessagesPerRead, value: 1)
+                .childChannelOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: StreamInbox.readSize))
+        }
+        bootstrap = bootstrap.childChannelInitializer { stream in
+            // On the accept loop, before anything else: the admission (thread-safe), so that
+            // a refused connection costs the endpoint's loop nothing.
+            if let refusal = admission?.admit(stream) {
+                return stream.eventLoop.makeFailedFuture(SecureTransportError.stream("refused (\(refusal.rawValue) limit)", nil))
+            }
+            // On the endpoint's loop: the stream's place among the engine's.
+            let admitted = Self.run(on: loop) { () throws -> TransportAddress in
+                guard !engine.value.isClosed else { throw SecureTransportError.closed }
+                guard engine.value.streams.count < maxStreams else {
+                    throw SecureTransportError.stream("too many streams", nil)
                 }
-                // On the connection's own loop: its handlers.
-                return admitted.hop(to: stream.eventLoop).flatMapThrowing { address in
-                    let received: (ByteBuffer) -> Void
-                    if childLoop === loop {
-                        received = { frame in engine.value.receivedFromStream(frame, from: address) }
-                    } else {
-                        let inbox = StreamInbox(stream, of: self)
-                        received = { frame in
-                            inbox.post()
-                            loop.execute {
+                counter.value &+= 1
+                let remotePort = UInt16(clamping: stream.remoteAddress?.port ?? 0)
+                let address = TransportAddress(ip: .v6(high: 0x0100_0000_0000_0000, low: counter.value), port: remotePort)
+                engine.value.streams[address] = stream
+                // The entry goes with the connection however it ends (one that fails
+                // before it was active never sees channelInactive).
+                stream.closeFuture.whenComplete { _ in
+                    _ = Self.run(on: loop) {
+                        if engine.value.streams[address] === stream { engine.value.streams[address] = nil }
+                    }
+                }
+                return address
+            }
+            // On the connection's own loop: its handlers.
+            return admitted.hop(to: stream.eventLoop).flatMapThrowing { address in
+                if let tls { try stream.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
+                // A member's session sends at least a keepalive every 10 s: a stream silent
+                // for 30 s is closed (a connection that never handshakes holds no slot long;
+                // behind TLS, only whole records count as heard).
+                try stream.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: .seconds(30)))
+                if childLoop === loop {
+                    try StreamFraming.install(on: stream) { frame in
+                        engine.value.receivedFromStream(frame, from: address)
+                    }
+                } else {
+                    let inbox = StreamInbox(stream, of: self)
+                    try StreamFraming.install(on: stream) { frame in
+                        inbox.add(frame)
+                    } readComplete: {
+                        guard let (frames, bytes) = inbox.takeBatch() else { return }
+                        loop.execute {
+                            for frame in frames {
                                 // Not for a connection that ended meanwhile (its address may answer no more).
-                                if engine.value.streams[address] === stream {
-                                    engine.value.receivedFromStream(frame, from: address)
-                                }
-                                inbox.taken()
+                                guard engine.value.streams[address] === stream else { break }
+                                engine.value.receivedFromStream(frame, from: address)
                             }
+                            inbox.taken(bytes)
                         }
                     }
-                    if let tls { try stream.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
-                    // A member's session sends at least a keepalive every 10 s: a stream silent
-                    // for 30 s is closed (a connection that never handshakes holds no slot long;
-                    // behind TLS, only whole records count as heard).
-                    try stream.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: .seconds(30)))
-                    try StreamFraming.install(on: stream, received: received, closed: {})
                 }
             }
+        }
         let listener: Channel
         do {
             guard let ip = IPAddress(host), (0...65535).contains(port) else {
@@ -196,7 +206,11 @@ extension SecureUDPEndpoint {
             throw .noLocalAddress
         }
         do {
-            try await onLoop { $0.streamListeners.append(listener) }
+            try await onLoop { engine in
+                // Closed meanwhile: nothing would close this listener later.
+                guard !engine.isClosed else { throw SecureTransportError.closed }
+                engine.streamListeners.append(listener)
+            }
         } catch {
             try? await listener.close()
             throw error
@@ -223,44 +237,64 @@ extension SecureUDPEndpoint {
 }
 
 /// A connection's frames on their way to the endpoint's loop from the loop the
-/// connection lives on: past ``highWater`` not yet taken, the connection stops
-/// reading (TCP's window then holds the sender back) until the endpoint's loop has
-/// taken them down to ``lowWater``. A busy media loop so never queues more than a
-/// few frames per connection, however fast a client writes.
+/// connection lives on: each read's frames go together, and once ``highWater``
+/// bytes of them wait there, the connection stops reading (TCP's window then holds
+/// the sender back) until the endpoint's loop has taken them down to ``lowWater``.
+/// A busy media loop so holds at most ``highWater`` + ``readSize`` bytes of a
+/// connection's, however fast its client writes.
 final class StreamInbox: Sendable {
-    static let highWater = 64
-    static let lowWater = 16
+    static let highWater = 64 * 1024
+    static let lowWater = 16 * 1024
+    /// Bytes one read takes at most (one read per wake-up).
+    static let readSize = 16 * 1024
     private let stream: any Channel
     private let endpoint: SecureUDPEndpoint
     private let state = Mutex((waiting: 0, paused: false))
+    /// This read's frames, on the connection's loop.
+    private let batch: NIOLoopBoundBox<(frames: [ByteBuffer], bytes: Int)>
 
+    /// On the connection's loop.
     init(_ stream: any Channel, of endpoint: SecureUDPEndpoint) {
         self.stream = stream
         self.endpoint = endpoint
+        batch = NIOLoopBoundBox(([], 0), eventLoop: stream.eventLoop)
     }
 
-    /// On the connection's loop, for each frame sent on its way.
-    func post() {
+    /// On the connection's loop: a frame of this read.
+    func add(_ frame: ByteBuffer) {
+        batch.value.frames.append(frame)
+        batch.value.bytes += frame.readableBytes
+    }
+
+    /// On the connection's loop, at the end of a read: this read's frames, counted as
+    /// waiting (nil when there were none); reading stops when too many wait.
+    func takeBatch() -> ([ByteBuffer], Int)? {
+        guard !batch.value.frames.isEmpty else { return nil }
+        let (frames, bytes) = batch.value
+        batch.value = ([], 0)
         let pause = state.withLock { state in
-            state.waiting += 1
+            state.waiting += bytes
             guard state.waiting >= Self.highWater, !state.paused else { return false }
             state.paused = true
             return true
         }
-        guard pause else { return }
-        endpoint.streamPauses.add(1, ordering: .relaxed)
-        try? stream.syncOptions?.setOption(.autoRead, value: false)
+        if pause {
+            endpoint.streamPauses.add(1, ordering: .relaxed)
+            try? stream.syncOptions?.setOption(.autoRead, value: false)
+        }
+        return (frames, bytes)
     }
 
-    /// On the endpoint's loop, for each frame it took.
-    func taken() {
+    /// On the endpoint's loop, once it took a batch of `bytes`.
+    func taken(_ bytes: Int) {
         let resume = state.withLock { state in
-            state.waiting -= 1
+            state.waiting -= bytes
             guard state.paused, state.waiting <= Self.lowWater else { return false }
             state.paused = false
             return true
         }
-        guard resume else { return }
+        // (A closed connection reads no more: nothing to resume, and its loop may be gone.)
+        guard resume, stream.isActive else { return }
         stream.eventLoop.execute { [self] in
             // Paused again since (more frames came first): the next drain resumes it.
             guard !state.withLock({ $0.paused }) else { return }
@@ -271,29 +305,39 @@ final class StreamInbox: Sendable {
 
 /// RFC 4571 framing on a TCP channel: a 16-bit big-endian length before each datagram.
 enum StreamFraming {
+    /// `received` for each frame, `readComplete` at the end of each read (after its
+    /// frames), `closed` when the stream ends.
     static func install(
-        on channel: Channel, received: @escaping (ByteBuffer) -> Void, closed: @escaping () -> Void
+        on channel: Channel, received: @escaping (ByteBuffer) -> Void, readComplete: @escaping () -> Void = {},
+        closed: @escaping () -> Void = {}
     ) throws {
         try channel.pipeline.syncOperations.addHandlers([
             ByteToMessageHandler(LengthFieldBasedFrameDecoder(lengthFieldBitLength: .twoBytes)),
             LengthFieldPrepender(lengthFieldBitLength: .twoBytes),
-            DatagramHandler(received: received, closed: closed),
+            DatagramHandler(received: received, readComplete: readComplete, closed: closed),
         ])
     }
 
-    /// Hands each frame on; reports the stream's end.
+    /// Hands each frame on; reports each read's end and the stream's.
     final class DatagramHandler: ChannelInboundHandler {
         typealias InboundIn = ByteBuffer
         private let received: (ByteBuffer) -> Void
+        private let readComplete: () -> Void
         private let closed: () -> Void
 
-        init(received: @escaping (ByteBuffer) -> Void, closed: @escaping () -> Void) {
+        init(received: @escaping (ByteBuffer) -> Void, readComplete: @escaping () -> Void, closed: @escaping () -> Void) {
             self.received = received
+            self.readComplete = readComplete
             self.closed = closed
         }
 
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
             received(unwrapInboundIn(data))
+        }
+
+        func channelReadComplete(context: ChannelHandlerContext) {
+            readComplete()
+            context.fireChannelReadComplete()
         }
 
         func channelInactive(context: ChannelHandlerContext) {

@@ -526,7 +526,10 @@ public final class SecureUDPEndpoint: Sendable {
         if let turn = try? await channel.eventLoop.submit({ engine.value.turn }).get() {
             try? await turn.close(timeout: .seconds(1))
         }
-        try? await channel.eventLoop.submit { engine.value.shutDown() }.get()
+        let closing = try? await channel.eventLoop.submit { engine.value.shutDown() }.get()
+        // The stream listeners and streams, which may live on other loops: closed
+        // when this returns (their ports free again).
+        for closed in closing ?? [] { try? await closed.get() }
         try? await channel.close()
     }
 }
@@ -963,7 +966,10 @@ final class SecureEngine {
         }
     }
 
-    func shutDown() {
+    /// Stops everything; the returned futures complete when the stream listeners
+    /// and streams (closed here, maybe on other loops) are closed.
+    @discardableResult
+    func shutDown() -> [EventLoopFuture<Void>] {
         closed = true
         host.stop()
         for (_, ws) in waiters { for w in ws { w.fail(SecureTransportError.closed) } }
@@ -971,11 +977,13 @@ final class SecureEngine {
         turnEngine?.shutDown(.closed)
         ice?.shutDown()
         ice = nil
-        for listener in streamListeners { listener.close(promise: nil) }
+        let closing = (streamListeners + Array(streams.values)).map { channel in
+            channel.close().recover { _ in }  // (already closed: as good)
+        }
         streamListeners.removeAll()
-        for stream in streams.values { stream.close(promise: nil) }
         streams.removeAll()
         continuation.finish()
+        return closing
     }
 }
 

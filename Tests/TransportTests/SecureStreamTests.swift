@@ -118,6 +118,7 @@ struct SecureStreamTests {
         let (server, atServer) = try await acceptingServer()
         let atClient = Received()
         let handshakes = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { handshakes.shutdownGracefully { _ in } }  // (a failure's way out; shut down below otherwise)
         let plain = try await server.listenForStreams(host: "127.0.0.1", port: 0)
         let tls = try await server.listenForStreams(
             host: "127.0.0.1", port: 0, tls: try serverTLS(), streamLoop: onAnotherLoop ? handshakes.next() : nil)
@@ -170,6 +171,7 @@ struct SecureStreamTests {
     func streamsPastTheirSourcesLimitAreClosedOnAccept(onAnotherLoop: Bool) async throws {
         let (server, _) = try await acceptingServer()
         let other = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { other.shutdownGracefully { _ in } }  // (a failure's way out; shut down below otherwise)
         let admission = ConnectionAdmission(limits: .init(total: 100, perSource: 2))
         let address = try await server.listenForStreams(
             host: "127.0.0.1", port: 0, admission: admission, streamLoop: onAnotherLoop ? other.next() : nil)
@@ -197,16 +199,26 @@ struct SecureStreamTests {
     /// connection (on a loop of its own) stops reading, TCP holds the client back, and
     /// reading resumes once the frames are taken; every frame arrives, in order.
     @Test func aStreamOnAnotherLoopStopsReadingWhileTheEndpointIsBusyAndLosesNothing() async throws {
-        let (server, atServer) = try await acceptingServer()
+        // The endpoint on a loop of its own (the test holds it up), its connections on another.
+        let media = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let other = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer {
+            media.shutdownGracefully { _ in }
+            other.shutdownGracefully { _ in }
+        }
+        var accepting = SecureConfiguration()
+        accepting.acceptUnknownPeers = true
+        let atServer = Received()
+        let server = try await SecureUDPEndpoint.bind(
+            host: "127.0.0.1", identity: .generate(), configuration: accepting, mediaHandler: atServer.handler(), group: media)
         let address = try await server.listenForStreams(host: "127.0.0.1", port: 0, streamLoop: other.next())
         let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
         try await client.useStream(to: address)
         let peer = try await client.connect(to: server.publicKey, at: address)
 
-        // The endpoint's loop busy for 300 ms while the client writes 3,000 frames.
+        // The endpoint's loop busy for 300 ms while the client writes 5,000 frames (over 200 KiB).
         let busy = server.eventLoop.submit { Thread.sleep(forTimeInterval: 0.3) }
-        let count = 3_000
+        let count = 5_000
         for i in 0..<count {
             client.send(withUnsafeBytes(of: UInt32(i).bigEndian, Array.init), to: peer, payloadType: 111, timestamp: 0)
         }
@@ -220,5 +232,6 @@ struct SecureStreamTests {
         await client.close()
         await server.close()
         try await other.shutdownGracefully()
+        try await media.shutdownGracefully()
     }
 }
