@@ -22,9 +22,10 @@
 #   tcp          the relay's TCP and TLS listeners under abuse (Benchmarks/tcp-abuse.py):
 #                idle connections from one address (past the per-address cap), slowloris
 #                (a STUN header a byte at a time), a 65,000-byte announced frame, random
-#                bytes, stalled TLS handshakes; a legitimate client's Binding-over-TCP
-#                latency (p95) beside it against a quiet relay's, and when each abusive
-#                connection was closed.
+#                bytes, stalled TLS handshakes, and a flood of completed TLS handshakes
+#                (Benchmarks/tls-handshake-flood.py, an RSA 2048 certificate); a legitimate
+#                client's Binding-over-TCP latency (p95) beside it against a quiet relay's,
+#                and when each abusive connection was closed.
 #   memory       the relay in a memory cgroup of its own (root; else skipped), F voice flows
 #                through it, its limit then set so that M MiB more reach 90 % of it, and
 #                more allocations asked for than fit: the relay refuses the rest (508,
@@ -83,12 +84,12 @@ BIN=$HERE/.build/$CONFIG
 
 if ((SHORT)); then
   FLOWS=20 FLOOD_SECONDS=2 FLOOD_RATE=5000 VOICE_SECONDS=2 ALLOCATIONS=200 ALLOC_FLOWS=20 ALLOC_SECONDS=4 SAMPLE=1
-  TCP_SECONDS=2 TCP_INTERVAL=0.01 TCP_FLOOR_MS=3 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3
+  TCP_SECONDS=2 TCP_INTERVAL=0.01 TCP_FLOOR_MS=3 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3 TCP_FLOODERS=1
   CALL_SECONDS=12 REBIND=4 FAULT_ROUNDS=1 FREEZE_BACK_MS=6000 PESQ_EVERY=4 PESQ_WINDOW=4
   MEM_FLOWS=20 MEM_BUDGET_MIB=2 MEM_ALLOCATIONS=4000
 else
   FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=${SOAK_FLOWS:-600} ALLOC_SECONDS=270 SAMPLE=10
-  TCP_SECONDS=10 TCP_INTERVAL=0.02 TCP_FLOOR_MS=1 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40
+  TCP_SECONDS=10 TCP_INTERVAL=0.02 TCP_FLOOR_MS=1 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40 TCP_FLOODERS=2
   CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60 FAULT_ROUNDS=${SOAK_FAULT_ROUNDS:-5} FREEZE_BACK_MS=3000 PESQ_EVERY=60 PESQ_WINDOW=8
   MEM_FLOWS=200 MEM_BUDGET_MIB=8 MEM_ALLOCATIONS=15000
 fi
@@ -370,7 +371,8 @@ case_tcp() {
   echo "tcp: the TCP and TLS listeners under abuse, a legitimate client beside it"
   local port tls line
   port=$(free_port) && tls=$(free_port) || { fail "no free port"; return; }
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
+  # RSA 2048, the usual certificate: each handshake a millisecond of the relay's CPU.
+  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
     -keyout "$TMP/key.pem" -out "$TMP/cert.pem" >/dev/null 2>&1 || { fail "openssl could not make a certificate"; return; }
   # Room for every connection on both sides (the abuse holds thousands).
   ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -388,12 +390,19 @@ case_tcp() {
   local legit_pid=$!
   PIDS+=("$legit_pid")
   sleep "$TCP_SECONDS"
+  # Completed handshakes as fast as the flooders can, through the gap and the loaded phase.
+  "${LOAD_PIN[@]}" python3 "$HERE/tls-handshake-flood.py" --target "127.0.0.1:$tls" --seconds "$((TCP_SECONDS + 2))" \
+    --workers "$TCP_FLOODERS" >"$TMP/tcp-flood.out" 2>"$TMP/tcp-flood.err" &
+  local flood_pid=$!
+  PIDS+=("$flood_pid")
   "${LOAD_PIN[@]}" python3 "$HERE/tcp-abuse.py" --role abuse --target "127.0.0.1:$port" --tls-port "$tls" \
     --idle "$TCP_IDLE" --slow "$TCP_ABUSERS" --bad "$TCP_ABUSERS" --tls "$TCP_ABUSERS" --deadline "$TCP_WATCH" \
     >"$TMP/tcp-abuse.out" 2>"$TMP/tcp-abuse.err" || fail "the abuse failed: $(tail -n 3 "$TMP/tcp-abuse.err")"
   wait "$legit_pid" || fail "a legitimate request went unanswered: $(tail -n 3 "$TMP/tcp-legit.err")"
   forget "$legit_pid"
-  cat "$TMP/tcp-legit.out" "$TMP/tcp-abuse.out" >"$TMP/tcp.out"
+  wait "$flood_pid" || fail "the handshake flood failed: $(tail -n 3 "$TMP/tcp-flood.err")"
+  forget "$flood_pid"
+  cat "$TMP/tcp-legit.out" "$TMP/tcp-abuse.out" "$TMP/tcp-flood.out" >"$TMP/tcp.out"
   sed 's/^/  /' "$TMP/tcp.out"
   local quiet abuse admitted
   quiet=$(field p95_ms "$(grep 'phase=quiet' "$TMP/tcp.out")")
@@ -406,6 +415,9 @@ case_tcp() {
   # beside two CPU hogs) is not the relay's; the short run's abuse is a small one, too.
   awk -v q="$quiet" -v a="$abuse" -v f="$TCP_FLOOR_MS" 'BEGIN {exit !(a <= 2 * (q > f ? q : f))}' ||
     fail "p95 $abuse ms beside the abuse, $quiet ms quiet (floor $TCP_FLOOR_MS ms)"
+  local handshakes
+  handshakes=$(field handshakes "$(grep '^flood ' "$TMP/tcp.out")")
+  ((${handshakes:-0} > 0)) || fail "the handshake flood completed no handshake: $(cat "$TMP/tcp-flood.out")"
   ((admitted <= TCP_PER_IP)) || fail "one address held $admitted connections (cap $TCP_PER_IP)"
   ((admitted >= TCP_PER_IP * 9 / 10)) || fail "one address got only $admitted connections of its $TCP_PER_IP"
   if ((!SHORT)); then

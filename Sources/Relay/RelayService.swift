@@ -515,13 +515,19 @@ public final class RelayService: Service, Sendable {
     }
 
     /// A TLS server context from a PEM certificate chain and key (TLS 1.2 or later).
+    /// An RSA or ECDSA key (P-256, P-384) signs its handshakes on threads of their own at
+    /// a lower priority, not on the connection's event loop (``OffloadedSigningKey``);
+    /// other keys on the loop.
     static func tlsContext(_ tls: TLSSettings) throws(RelayServiceError) -> NIOSSLContext {
         do {
             let chain = try NIOSSLCertificate.fromPEMFile(tls.certificateFile)
             let key = try NIOSSLPrivateKey(file: tls.privateKeyFile, format: .pem)
+            let offloaded = OffloadedSigningKey.load(key, pool: OffloadedSigningKey.signers)
             var config = TLSConfiguration.makeServerConfiguration(
-                certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
+                certificateChain: chain.map { .certificate($0) },
+                privateKey: .privateKey(offloaded.map { NIOSSLPrivateKey(customPrivateKey: $0) } ?? key))
             config.minimumTLSVersion = .tlsv12
+            if offloaded != nil { config.cipherSuites = OffloadedSigningKey.cipherSuites }
             return try NIOSSLContext(configuration: config)
         } catch {
             throw RelayServiceError(

@@ -5,25 +5,30 @@ import Foundation
 public struct TestCertificate: Sendable {
     /// PEM certificate (CN=localhost, two days).
     public let certificateFile: String
-    /// PEM private key (RSA 2048, unencrypted).
+    /// PEM private key (RSA 2048 unless asked otherwise, unencrypted).
     public let privateKeyFile: String
 
     public struct Failure: Error, CustomStringConvertible {
         public let description: String
     }
 
-    /// Makes one; throws, naming the reason, when openssl is missing or fails.
-    public static func make() throws -> TestCertificate {
+    /// Makes one with a key of `key` (openssl's `-newkey` words: `rsa:2048`, or `ec`
+    /// with `-pkeyopt ec_paramgen_curve:P-256`, or `ed25519`); throws, naming the reason,
+    /// when openssl is missing or fails.
+    public static func make(key: [String] = ["rsa:2048"]) throws -> TestCertificate {
         let openssl = ["/usr/bin/openssl", "/usr/local/bin/openssl"].first { FileManager.default.isExecutableFile(atPath: $0) }
         guard let openssl else { throw Failure(description: "openssl is not installed (scripts/setup.sh installs it)") }
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tusa-tls-\(UUID())").path
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: openssl)
-        process.arguments = [
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(dir)/key.pem",
-            "-out", "\(dir)/cert.pem", "-days", "2", "-subj", "/CN=localhost",
-        ]
+        process.arguments =
+            [
+                "req", "-x509", "-newkey",
+            ] + key + [
+                "-nodes", "-keyout", "\(dir)/key.pem",
+                "-out", "\(dir)/cert.pem", "-days", "2", "-subj", "/CN=localhost",
+            ]
         let errors = Pipe()
         process.standardOutput = FileHandle.nullDevice
         process.standardError = errors
