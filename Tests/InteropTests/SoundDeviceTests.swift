@@ -170,15 +170,20 @@ import Voice
             let caller = try sound.background(
                 tusa,
                 [
-                    "call", key, "--rendezvous", "127.0.0.1:\(port)", "--duration", "12", "--json", "--quiet",
+                    "call", key, "--rendezvous", "127.0.0.1:\(port)", "--duration", "13", "--json", "--quiet",
                     "--in", "device", "--in-device", "caller_mic.monitor", "--out", "device:caller_speaker",
                 ])
             defer { caller.kill() }
-            var talkers = [try sound.play(Self.speech, into: "caller_mic")]
+            let callerTalks = try sound.play(Self.speech, into: "caller_mic")
+            var talkers = [callerTalks]
             // Between the two talkers the caller's machine freezes for 70 ms (SIGSTOP), as a
             // loaded machine does: its voice clock then makes up the ticks at once, and its
-            // speaker's queue must give that backlog back before the callee speaks.
-            try await Task.sleep(for: .seconds(7.3))
+            // speaker's queue must give that backlog back before the callee speaks. Between
+            // them: once the caller's speech has been played in (paplay ends) and has had
+            // 300 ms to reach the callee's speaker (at a fixed time after the start, a slow
+            // start put the freeze in the speech's last words).
+            #expect(await callerTalks.waitForExit(timeout: 15), "paplay did not end")
+            try await Task.sleep(for: .seconds(0.3))
             kill(caller.process.processIdentifier, SIGSTOP)
             usleep(70_000)
             kill(caller.process.processIdentifier, SIGCONT)
