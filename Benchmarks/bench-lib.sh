@@ -1,4 +1,4 @@
-# Shared by binding-rps.sh, turn-bench.sh, voice-relay-bench.sh, party-relay-bench.sh, soak.sh, party-starvation.sh, directory-idle.sh, tls-flood-party.sh and scripts/nat-matrix.sh
+# Shared by binding-rps.sh, turn-bench.sh, voice-relay-bench.sh, party-relay-bench.sh, soak.sh, party-starvation.sh, directory-idle.sh, tls-flood-party.sh, tls-flood-relay.sh and scripts/nat-matrix.sh
 # (sourced, not run): a scratch folder
 # $TMP, the started processes $PIDS stopped on exit, free ports, CPU accounting,
 # waiting for a quiet machine, and a TURN server's readiness. Each script defines busy_ticks (which CPU
@@ -45,11 +45,15 @@ stop_server() {
   forget "$pid"
 }
 
-# A random port in 20000-59999 that nothing listens on (UDP or TCP).
+# A random port that nothing listens on (UDP or TCP), from 10000 up to the kernel's
+# ephemeral range (not into it: a client connection's own port there, or a flood's
+# thousands of them, would take it between the look and the bind).
+EPHEMERAL_LOW=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+((EPHEMERAL_LOW > 12000)) || EPHEMERAL_LOW=60000
 free_port() {
   local p _
   for _ in $(seq 100); do
-    p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    p=$((10000 + (RANDOM * 32768 + RANDOM) % (EPHEMERAL_LOW - 10000)))
     if [[ -z $(ss -Hlnu "sport = :$p" 2>/dev/null) && -z $(ss -Hlnt "sport = :$p" 2>/dev/null) ]]; then
       echo "$p"
       return 0

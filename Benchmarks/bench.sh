@@ -22,7 +22,10 @@
 #     room forwarding at voice pacing through real sockets, tusa relay against
 #     coturn carrying the same conversation as a mesh of allocations, CPU per
 #     delivered packet and the highest loss-free rate (party-relay-bench.sh); a
-#     party beside a TLS handshake flood on the same relay (tls-flood-party.sh).
+#     party beside a TLS handshake flood on the same relay (tls-flood-party.sh);
+#     TURN voice flows and a TCP client beside a handshake flood on the relay's TLS
+#     listener, handshakes signed on the loops against on low-priority threads
+#     (tls-flood-relay.sh).
 #     The directory: invitations acknowledged once stored, in memory, SQLite and
 #     PostgreSQL side by side, at a steady pace from many users, and an invitation
 #     to an online friend at the same node and at another node (directory-bench);
@@ -67,6 +70,9 @@ bash Benchmarks/party-relay-bench.sh 2>&1 | tee out/bench/party-relay.md
 echo
 echo "== A party beside a TLS handshake flood on the relay's party TLS port (Benchmarks/tls-flood-party.sh)"
 bash Benchmarks/tls-flood-party.sh 2>&1 | tee out/bench/tls-flood-party.md || true
+echo
+echo "== TURN beside a TLS handshake flood on the relay's TLS listener, signing on the loops vs on threads (Benchmarks/tls-flood-relay.sh)"
+bash Benchmarks/tls-flood-relay.sh 2>&1 | tee out/bench/tls-flood-relay.md || true
 echo
 echo "== Directory: invitations acknowledged once stored, memory / SQLite / PostgreSQL; to a friend at another node (Benchmarks/InProcess/directory-bench)"
 swift build -c release --product directory-bench >out/bench/directory-build.log 2>&1 \

@@ -33,7 +33,8 @@ chmod 711 "$TMP"  # as root the server runs as the postgres user, who must reach
 if bash scripts/postgres.sh start "$TMP/pg" "$(free_port)" >"$TMP/pg.log" 2>&1; then
   postgres_url=$(grep '^postgres://' "$TMP/pg.log" | tail -1)
 else
-  echo "(PostgreSQL not run: $(tail -1 "$TMP/pg.log"))"
+  # (The server's own reason, where it logged one, before its last words.)
+  echo "(PostgreSQL not run: $( (grep -E 'FATAL|ERROR|could not' "$TMP/pg.log" || tail -1 "$TMP/pg.log") | head -3 | tr '\n' ' '))"
 fi
 stop_postgres() { [ -z "$postgres_url" ] || bash scripts/postgres.sh stop "$TMP/pg" >/dev/null 2>&1 || true; }
 trap 'stop_postgres; cleanup' EXIT
@@ -88,9 +89,15 @@ for database in "sqlite:$TMP/directory.sqlite" ${postgres_url:+"$postgres_url"};
   sleep $((HOLD / 2 + 1))
   with=$(kib "$pid" VmRSS)
   descriptors=$(fds "$pid")
-  for client in "${clients[@]}"; do
-    wait "$client" || failed=1
-    forget "$client"
+  for i in "${!clients[@]}"; do
+    # (A client's status, and what it said, when it failed: a failure must name its cause.)
+    status=0
+    wait "${clients[i]}" || status=$?
+    forget "${clients[i]}"
+    if ((status != 0)); then
+      echo "directory-bench --idle (part ${parts[i]}) exited $status: $(tail -n 3 "$TMP/idle.${parts[i]}.out" | tr '\n' ' ')"
+      failed=1
+    fi
   done
   per=$(((with - before) / (held > 0 ? held : 1)))
   awk -v n="$name" -v h="$held" -v t="$took" -v b="$before" -v w="$with" -v p="$per" -v d="$descriptors" \

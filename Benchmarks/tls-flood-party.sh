@@ -68,7 +68,6 @@ echo "tls-flood-party: $TUSA; two members, ${SECONDS_PER_PHASE}s per phase; floo
 # of connections (in TIME_WAIT after it) fill, and not one handed out before (the relay
 # binds its ports after all three are drawn). Sets PORT (not printed: a subshell would
 # forget the ports given).
-EPHEMERAL_LOW=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
 GIVEN=" "
 quiet_port() {
   local p _

@@ -62,6 +62,10 @@ struct OffloadedSigningKey: NIOSSLCustomPrivateKey, Hashable {
     }()
     private static let signerNice = min(19, getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0) + 10)
 
+    /// Whether the environment asks for signatures on the event loop, as before
+    /// (`TUSA_TLS_SIGN_ON_LOOP=1`: Benchmarks/tls-flood-relay.sh compares the two).
+    static var signOnLoop: Bool { getenv("TUSA_TLS_SIGN_ON_LOOP").map { String(cString: $0) == "1" } ?? false }
+
     /// The ciphers that go with it: NIOSSL's defaults less RSA key exchange.
     static let cipherSuites = "ECDH+AESGCM:ECDH+CHACHA20:ECDH+AES256:ECDH+AES128:!aNULL:!eNULL:!MD5"
 

@@ -522,7 +522,8 @@ public final class RelayService: Service, Sendable {
         do {
             let chain = try NIOSSLCertificate.fromPEMFile(tls.certificateFile)
             let key = try NIOSSLPrivateKey(file: tls.privateKeyFile, format: .pem)
-            let offloaded = OffloadedSigningKey.load(key, pool: OffloadedSigningKey.signers)
+            let offloaded =
+                OffloadedSigningKey.signOnLoop ? nil : OffloadedSigningKey.load(key, pool: OffloadedSigningKey.signers)
             var config = TLSConfiguration.makeServerConfiguration(
                 certificateChain: chain.map { .certificate($0) },
                 privateKey: .privateKey(offloaded.map { NIOSSLPrivateKey(customPrivateKey: $0) } ?? key))
