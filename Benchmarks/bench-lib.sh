@@ -125,6 +125,24 @@ pin_cpus() {
   fi
 }
 
+# flood_pins: after pin_cpus, AHEAD_PIN (LOAD_PIN at nice -10 where root: raising a
+# priority takes root) for what measures, FLOOD_PIN (LOAD_PIN at nice 10) for a flood
+# beside it on the same CPU.
+flood_pins() {
+  AHEAD_PIN=("${LOAD_PIN[@]}")
+  if ((EUID == 0)); then AHEAD_PIN+=(nice -n -10); fi
+  FLOOD_PIN=("${LOAD_PIN[@]}" nice -n 10)
+}
+
+# self_signed KEY DIR: DIR/cert.pem and DIR/key.pem for CN=localhost, a day, with a key
+# of KEY (rsa:2048, rsa:4096, or ec: P-256).
+self_signed() {
+  local kind=(-newkey "$1")
+  [[ $1 == ec ]] && kind=(-newkey ec -pkeyopt ec_paramgen_curve:P-256)
+  openssl req -x509 "${kind[@]}" -nodes -days 1 -subj /CN=localhost -keyout "$2/key.pem" -out "$2/cert.pem" \
+    >/dev/null 2>&1
+}
+
 # start_coturn LOG PORT [THREADS] [--no-tcp]: coturn in the background, pinned with
 # SERVER_PIN, on 127.0.0.1:PORT for relayed loads: -n (no config file), -m THREADS (0:
 # listener and relay in one thread), TLS/DTLS/CLI off, long-term credentials

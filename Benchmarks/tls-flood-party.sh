@@ -47,18 +47,10 @@ LOAD_CPU=${LOAD_CPU:-0}
 source "$HERE/bench-lib.sh"
 bench_setup tls-flood-party
 pin_cpus tls-flood-party
-# Raising a priority takes root; elsewhere the members run at the usual one.
-MEMBER_PIN=("${LOAD_PIN[@]}")
-((EUID == 0)) && MEMBER_PIN+=(nice -n -10)
-FLOOD_PIN=("${LOAD_PIN[@]}" nice -n 10)
+flood_pins
+MEMBER_PIN=("${AHEAD_PIN[@]}")
 
-if [[ $KEY == ec ]]; then
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
-    -keyout "$TMP/key.pem" -out "$TMP/cert.pem" >/dev/null 2>&1
-else
-  openssl req -x509 -newkey "$KEY" -nodes -days 1 -subj /CN=localhost \
-    -keyout "$TMP/key.pem" -out "$TMP/cert.pem" >/dev/null 2>&1
-fi
+self_signed "$KEY" "$TMP" || { echo "tls-flood-party: openssl could not make a $KEY certificate" >&2; exit 1; }
 "$TUSA" keygen --out "$TMP/relay.key" >/dev/null
 
 echo "tls-flood-party: $TUSA; two members, ${SECONDS_PER_PHASE}s per phase; flood: $WORKERS workers, $KEY certificate;" \

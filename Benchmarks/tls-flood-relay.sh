@@ -49,17 +49,9 @@ LOAD_CPU=${LOAD_CPU:-0}
 source "$HERE/bench-lib.sh"
 bench_setup tls-flood-relay
 pin_cpus tls-flood-relay
-AHEAD=("${LOAD_PIN[@]}")
-((EUID == 0)) && AHEAD+=(nice -n -10)
-FLOOD_PIN=("${LOAD_PIN[@]}" nice -n 10)
+flood_pins
 
-if [[ $KEY == ec ]]; then
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
-    -keyout "$TMP/key.pem" -out "$TMP/cert.pem" >/dev/null 2>&1
-else
-  openssl req -x509 -newkey "$KEY" -nodes -days 1 -subj /CN=localhost \
-    -keyout "$TMP/key.pem" -out "$TMP/cert.pem" >/dev/null 2>&1
-fi
+self_signed "$KEY" "$TMP" || { echo "tls-flood-relay: openssl could not make a $KEY certificate" >&2; exit 1; }
 echo "tls-flood-relay: $TUSA; $FLOWS voice flows and a TCP Binding client, ${SECONDS_PER_PHASE}s per phase;" \
   "flood: $WORKERS workers, $KEY certificate; relay on CPU $SERVER_CPU, generators on CPU $LOAD_CPU"
 
@@ -83,7 +75,7 @@ run() {
   PIDS+=("$relay")
   wait_turn_ready "$relay" "$port" || { echo "$mode: the relay did not start: $(tail -3 "$TMP/relay.$mode.err")"; stop_server "$relay" 5; return 1; }
   # The legitimate client: a quiet phase, a 1 s gap (the flood starts), a loaded phase.
-  "${AHEAD[@]}" python3 "$HERE/tcp-abuse.py" --role legit --target "127.0.0.1:$port" --seconds "$SECONDS_PER_PHASE" \
+  "${AHEAD_PIN[@]}" python3 "$HERE/tcp-abuse.py" --role legit --target "127.0.0.1:$port" --seconds "$SECONDS_PER_PHASE" \
     --interval 0.05 --gap 1 >"$TMP/legit.$mode.out" 2>"$TMP/legit.$mode.err" &
   legit=$!
   PIDS+=("$legit")

@@ -3,6 +3,7 @@ import CryptoExtras
 import NIOCore
 import NIOPosix
 import NIOSSL
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -60,7 +61,13 @@ struct OffloadedSigningKey: NIOSSLCustomPrivateKey, Hashable {
         pool.start()
         return pool
     }()
-    private static let signerNice = min(19, getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0) + 10)
+    /// Read where the key is made (RelayService.tlsContext, at start), not on a signing thread.
+    private let nice = Self.processNice() + 10
+
+    /// Signatures queued or being made, at most ``maximumWaiting``: past it a handshake
+    /// fails at once (a flood's backlog would only make every client wait past its timeout).
+    private static let waiting = Atomic<Int>(0)
+    static let maximumWaiting = 512
 
     /// Whether the environment asks for signatures on the event loop, as before
     /// (`TUSA_TLS_SIGN_ON_LOOP=1`: Benchmarks/tls-flood-relay.sh compares the two).
@@ -74,10 +81,14 @@ struct OffloadedSigningKey: NIOSSLCustomPrivateKey, Hashable {
 
     var signatureAlgorithms: [SignatureAlgorithm] {
         switch key {
+        // BoringSSL's own server preferences for these keys, SHA-1 last (TLS 1.2 clients
+        // that name no algorithms; TLS 1.3 leaves it out, and the curve-bound ECDSA pairs).
         case .rsa:
-            [.rsaPssRsaeSha256, .rsaPssRsaeSha384, .rsaPssRsaeSha512, .rsaPkcs1Sha256, .rsaPkcs1Sha384, .rsaPkcs1Sha512]
-        case .p256: [.ecdsaSecp256R1Sha256]
-        case .p384: [.ecdsaSecp384R1Sha384]
+            [
+                .rsaPssRsaeSha256, .rsaPkcs1Sha256, .rsaPssRsaeSha384, .rsaPkcs1Sha384, .rsaPssRsaeSha512,
+                .rsaPkcs1Sha512, .rsaPkcs1Sha1,
+            ]
+        case .p256, .p384: [.ecdsaSecp256R1Sha256, .ecdsaSecp384R1Sha384, .ecdsaSecp521R1Sha512, .ecdsaSha1]
         }
     }
 
@@ -85,13 +96,43 @@ struct OffloadedSigningKey: NIOSSLCustomPrivateKey, Hashable {
         let message = Array(data.readableBytesView)
         let key = self.key
         let allocator = channel.allocator
-        let nice = Self.signerNice
+        let nice = self.nice
+        guard Self.waiting.wrappingAdd(1, ordering: .relaxed).newValue <= Self.maximumWaiting else {
+            Self.waiting.wrappingSubtract(1, ordering: .relaxed)
+            return channel.eventLoop.makeFailedFuture(Busy())
+        }
         return pool.runIfActive(eventLoop: channel.eventLoop) {
-            // (On Linux a nice value belongs to a thread, and 0 names the calling one.
-            // Set each time: a system call against a millisecond's signature.)
-            _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice)
+            defer { Self.waiting.wrappingSubtract(1, ordering: .relaxed) }
+            // Not for a connection gone while it waited (a flood's, mostly).
+            guard channel.isActive else { throw ChannelError.ioOnClosedChannel }
+            Self.lowerPriority(to: nice)
             return try Self.signature(of: message, by: key, algorithm: algorithm)
         }.map { allocator.buffer(bytes: $0) }
+    }
+
+    /// Too many signatures wait already.
+    struct Busy: Error, CustomStringConvertible {
+        var description: String { "\(OffloadedSigningKey.maximumWaiting) TLS signatures wait already" }
+    }
+
+    /// The calling thread's nice value. (On Linux a nice value belongs to a thread, and
+    /// 0 names the calling one.)
+    private static func processNice() -> Int32 {
+        #if canImport(Glibc)
+            getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
+        #else
+            getpriority(PRIO_PROCESS, 0)
+        #endif
+    }
+
+    /// The calling thread at nice `nice` (at most 19); set before each signature: a system
+    /// call against a millisecond's work.
+    private static func lowerPriority(to nice: Int32) {
+        #if canImport(Glibc)
+            _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, min(19, nice))
+        #else
+            _ = setpriority(PRIO_PROCESS, 0, min(19, nice))
+        #endif
     }
 
     /// Never asked: the cipher suites above leave out RSA key exchange.
@@ -118,8 +159,16 @@ struct OffloadedSigningKey: NIOSSLCustomPrivateKey, Hashable {
             Array(try rsa.signature(for: SHA384.hash(data: message), padding: .insecurePKCS1v1_5).rawRepresentation)
         case (.rsa(let rsa), .rsaPkcs1Sha512):
             Array(try rsa.signature(for: SHA512.hash(data: message), padding: .insecurePKCS1v1_5).rawRepresentation)
-        case (.p256(let ec), .ecdsaSecp256R1Sha256): Array(try ec.signature(for: message).derRepresentation)
-        case (.p384(let ec), .ecdsaSecp384R1Sha384): Array(try ec.signature(for: message).derRepresentation)
+        case (.rsa(let rsa), .rsaPkcs1Sha1):
+            Array(try rsa.signature(for: Insecure.SHA1.hash(data: message), padding: .insecurePKCS1v1_5).rawRepresentation)
+        case (.p256(let ec), .ecdsaSecp256R1Sha256): Array(try ec.signature(for: SHA256.hash(data: message)).derRepresentation)
+        case (.p256(let ec), .ecdsaSecp384R1Sha384): Array(try ec.signature(for: SHA384.hash(data: message)).derRepresentation)
+        case (.p256(let ec), .ecdsaSecp521R1Sha512): Array(try ec.signature(for: SHA512.hash(data: message)).derRepresentation)
+        case (.p256(let ec), .ecdsaSha1): Array(try ec.signature(for: Insecure.SHA1.hash(data: message)).derRepresentation)
+        case (.p384(let ec), .ecdsaSecp256R1Sha256): Array(try ec.signature(for: SHA256.hash(data: message)).derRepresentation)
+        case (.p384(let ec), .ecdsaSecp384R1Sha384): Array(try ec.signature(for: SHA384.hash(data: message)).derRepresentation)
+        case (.p384(let ec), .ecdsaSecp521R1Sha512): Array(try ec.signature(for: SHA512.hash(data: message)).derRepresentation)
+        case (.p384(let ec), .ecdsaSha1): Array(try ec.signature(for: Insecure.SHA1.hash(data: message)).derRepresentation)
         default: throw Unsupported(what: "signature algorithm 0x\(String(algorithm.rawValue, radix: 16))")
         }
     }

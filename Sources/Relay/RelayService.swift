@@ -522,13 +522,17 @@ public final class RelayService: Service, Sendable {
         do {
             let chain = try NIOSSLCertificate.fromPEMFile(tls.certificateFile)
             let key = try NIOSSLPrivateKey(file: tls.privateKeyFile, format: .pem)
-            let offloaded =
-                OffloadedSigningKey.signOnLoop ? nil : OffloadedSigningKey.load(key, pool: OffloadedSigningKey.signers)
             var config = TLSConfiguration.makeServerConfiguration(
-                certificateChain: chain.map { .certificate($0) },
-                privateKey: .privateKey(offloaded.map { NIOSSLPrivateKey(customPrivateKey: $0) } ?? key))
+                certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
             config.minimumTLSVersion = .tlsv12
-            if offloaded != nil { config.cipherSuites = OffloadedSigningKey.cipherSuites }
+            // With the key itself first: BoringSSL checks that it is the certificate's (it
+            // cannot check a key that signs elsewhere).
+            let native = try NIOSSLContext(configuration: config)
+            guard !OffloadedSigningKey.signOnLoop,
+                let offloaded = OffloadedSigningKey.load(key, pool: OffloadedSigningKey.signers)
+            else { return native }
+            config.privateKey = .privateKey(NIOSSLPrivateKey(customPrivateKey: offloaded))
+            config.cipherSuites = OffloadedSigningKey.cipherSuites
             return try NIOSSLContext(configuration: config)
         } catch {
             throw RelayServiceError(

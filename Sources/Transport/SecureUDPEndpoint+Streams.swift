@@ -232,6 +232,11 @@ extension SecureUDPEndpoint {
     /// stopped reading until this endpoint's loop had taken its frames.
     public var streamReadsHeld: UInt64 { streamPauses.load(ordering: .relaxed) }
 
+    /// The most bytes of one stream's frames (on another loop) that waited for this
+    /// endpoint's loop at once since start: at most 80 KiB (the 64 KiB at which a
+    /// stream stops reading, and the 16 KiB of the read that crossed it).
+    public var streamBacklogPeakBytes: Int { streamBacklogPeak.load(ordering: .relaxed) }
+
     /// Streams given up since start because UDP worked again.
     public func streamsLeftForUDP() async -> UInt64 { (try? await onLoop { $0.streamsLeftForUDP }) ?? 0 }
 }
@@ -272,11 +277,18 @@ final class StreamInbox: Sendable {
         guard !batch.value.frames.isEmpty else { return nil }
         let (frames, bytes) = batch.value
         batch.value = ([], 0)
-        let pause = state.withLock { state in
+        let (pause, waiting) = state.withLock { state in
             state.waiting += bytes
-            guard state.waiting >= Self.highWater, !state.paused else { return false }
+            guard state.waiting >= Self.highWater, !state.paused else { return (false, state.waiting) }
             state.paused = true
-            return true
+            return (true, state.waiting)
+        }
+        var peak = endpoint.streamBacklogPeak.load(ordering: .relaxed)
+        while waiting > peak {
+            let (exchanged, now) = endpoint.streamBacklogPeak.compareExchange(
+                expected: peak, desired: waiting, ordering: .relaxed)
+            if exchanged { break }
+            peak = now
         }
         if pause {
             endpoint.streamPauses.add(1, ordering: .relaxed)

@@ -82,6 +82,8 @@ public final class SecureUDPEndpoint: Sendable {
     var engineOnLoop: NIOLoopBound<SecureEngine> { engine }
     /// Times a stream living on another loop stopped reading until this endpoint's loop took its frames.
     let streamPauses = Atomic<UInt64>(0)
+    /// The most bytes of one such stream's frames that waited for this endpoint's loop at once.
+    let streamBacklogPeak = Atomic<Int>(0)
     public let localAddress: TransportAddress
     public let publicKey: PublicKey
     /// Where the endpoint's drivers log (its stream listener's accept failures).

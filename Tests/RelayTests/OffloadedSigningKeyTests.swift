@@ -21,10 +21,17 @@ struct OffloadedSigningKeyTests {
     private static let p384 = ["ec", "-pkeyopt", "ec_paramgen_curve:P-384"]
     private static let ed25519 = ["ed25519"]
 
+    /// The tests' own signing thread (signing lowers its priority: not one other tests share).
+    private static let pool: NIOThreadPool = {
+        let pool = NIOThreadPool(numberOfThreads: 1)
+        pool.start()
+        return pool
+    }()
+
     private func loaded(_ kind: [String]) throws -> (OffloadedSigningKey?, TestCertificate) {
         let certificate = try TestCertificate.make(key: kind)
         let key = try NIOSSLPrivateKey(file: certificate.privateKeyFile, format: .pem)
-        return (OffloadedSigningKey.load(key, pool: .singleton), certificate)
+        return (OffloadedSigningKey.load(key, pool: Self.pool), certificate)
     }
 
     /// A real channel: `sign` uses its loop and allocator.
@@ -39,7 +46,7 @@ struct OffloadedSigningKeyTests {
         let publicKey = try _RSA.Signing.PrivateKey(pemRepresentation: pem).publicKey
         let channel = try await channel()
         let message = ByteBuffer(bytes: Array("TLS 1.3, server CertificateVerify".utf8))
-        #expect(offloaded.signatureAlgorithms.count == 6)
+        #expect(offloaded.signatureAlgorithms.count == 7)
         for algorithm in offloaded.signatureAlgorithms {
             let signed = try await offloaded.sign(channel: channel, algorithm: algorithm, data: message).get()
             let signature = _RSA.Signing.RSASignature(rawRepresentation: Array(signed.readableBytesView))
@@ -55,6 +62,8 @@ struct OffloadedSigningKeyTests {
                 valid = publicKey.isValidSignature(signature, for: SHA384.hash(data: bytes), padding: .insecurePKCS1v1_5)
             case .rsaPkcs1Sha512:
                 valid = publicKey.isValidSignature(signature, for: SHA512.hash(data: bytes), padding: .insecurePKCS1v1_5)
+            case .rsaPkcs1Sha1:
+                valid = publicKey.isValidSignature(signature, for: Insecure.SHA1.hash(data: bytes), padding: .insecurePKCS1v1_5)
             default: valid = false
             }
             #expect(valid, "algorithm 0x\(String(algorithm.rawValue, radix: 16))")
@@ -69,30 +78,56 @@ struct OffloadedSigningKeyTests {
     @Test func everyECDSASignatureVerifiesUnderTheCertificatesKey() async throws {
         let channel = try await channel()
         let message = Array("TLS 1.2, ServerKeyExchange".utf8)
-        let (k256, c256) = try loaded(Self.p256)
-        let p256 = try #require(k256)
-        #expect(p256.signatureAlgorithms == [.ecdsaSecp256R1Sha256])
-        let signed256 = try await p256.sign(channel: channel, algorithm: .ecdsaSecp256R1Sha256, data: ByteBuffer(bytes: message))
-            .get()
-        let public256 = try P256.Signing.PrivateKey(
-            pemRepresentation: String(contentsOfFile: c256.privateKeyFile, encoding: .utf8)
-        )
-        .publicKey
-        let signature256 = try P256.Signing.ECDSASignature(derRepresentation: Array(signed256.readableBytesView))
-        #expect(public256.isValidSignature(signature256, for: message))
-
-        let (k384, c384) = try loaded(Self.p384)
-        let p384 = try #require(k384)
-        #expect(p384.signatureAlgorithms == [.ecdsaSecp384R1Sha384])
-        let signed384 = try await p384.sign(channel: channel, algorithm: .ecdsaSecp384R1Sha384, data: ByteBuffer(bytes: message))
-            .get()
-        let public384 = try P384.Signing.PrivateKey(
-            pemRepresentation: String(contentsOfFile: c384.privateKeyFile, encoding: .utf8)
-        )
-        .publicKey
-        let signature384 = try P384.Signing.ECDSASignature(derRepresentation: Array(signed384.readableBytesView))
-        #expect(public384.isValidSignature(signature384, for: message))
+        func digest(_ algorithm: SignatureAlgorithm) -> [UInt8]? {
+            switch algorithm {
+            case .ecdsaSecp256R1Sha256: Array(SHA256.hash(data: message))
+            case .ecdsaSecp384R1Sha384: Array(SHA384.hash(data: message))
+            case .ecdsaSecp521R1Sha512: Array(SHA512.hash(data: message))
+            case .ecdsaSha1: Array(Insecure.SHA1.hash(data: message))
+            default: nil
+            }
+        }
+        for kind in [Self.p256, Self.p384] {
+            let (key, certificate) = try loaded(kind)
+            let offloaded = try #require(key)
+            #expect(offloaded.signatureAlgorithms.count == 4)
+            let pem = try String(contentsOfFile: certificate.privateKeyFile, encoding: .utf8)
+            for algorithm in offloaded.signatureAlgorithms {
+                let signed = try await offloaded.sign(channel: channel, algorithm: algorithm, data: ByteBuffer(bytes: message))
+                    .get()
+                let der = Array(signed.readableBytesView)
+                let hashed = try #require(digest(algorithm))
+                // Checked against the digest by its bytes: what a verifier does with the algorithm's hash.
+                let valid =
+                    kind == Self.p256
+                    ? try P256.Signing.PrivateKey(pemRepresentation: pem).publicKey.isValidSignature(
+                        P256.Signing.ECDSASignature(derRepresentation: der), for: Bytes(hashed))
+                    : try P384.Signing.PrivateKey(pemRepresentation: pem).publicKey.isValidSignature(
+                        P384.Signing.ECDSASignature(derRepresentation: der), for: Bytes(hashed))
+                #expect(valid, "\(kind) algorithm 0x\(String(algorithm.rawValue, radix: 16))")
+            }
+        }
         try await channel.close()
+    }
+
+    /// A digest's bytes as a Digest, for ECDSA's digest-taking verification.
+    private struct Bytes: Digest {
+        static let byteCount = 0
+        let bytes: [UInt8]
+        init(_ bytes: [UInt8]) { self.bytes = bytes }
+        func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+            try bytes.withUnsafeBytes(body)
+        }
+        func makeIterator() -> Array<UInt8>.Iterator { bytes.makeIterator() }
+        var description: String { "\(bytes)" }
+    }
+
+    @Test func aKeyThatIsNotTheCertificatesIsRefusedAtStart() throws {
+        let one = try TestCertificate.make()
+        let other = try TestCertificate.make()
+        #expect(throws: RelayServiceError.self) {
+            try RelayService.tlsContext(TLSSettings(certificateFile: one.certificateFile, privateKeyFile: other.privateKeyFile))
+        }
     }
 
     @Test func anEd25519KeyIsLeftToSignOnTheLoop() throws {
@@ -153,6 +188,8 @@ struct OffloadedSigningKeyTests {
 
     @Test(arguments: [TLSVersion.tlsv12, .tlsv13])
     func clientsCompleteHandshakesWithRSAAndECDSACertificates(version: TLSVersion) async throws {
+        // (The relay's contexts sign off the loop unless told otherwise: not here.)
+        #expect(!OffloadedSigningKey.signOnLoop)
         for kind in [Self.rsa, Self.p256, Self.p384] {
             try await handshake(kind, version: version)
         }

@@ -199,12 +199,13 @@ struct SecureStreamTests {
     /// connection (on a loop of its own) stops reading, TCP holds the client back, and
     /// reading resumes once the frames are taken; every frame arrives, in order.
     @Test func aStreamOnAnotherLoopStopsReadingWhileTheEndpointIsBusyAndLosesNothing() async throws {
-        // The endpoint on a loop of its own (the test holds it up), its connections on another.
+        // Each side on loops of its own: the test holds up the endpoint's, and the client's
+        // 5,000 writes stay off the loops other tests share.
         let media = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let other = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let clientLoop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         defer {
-            media.shutdownGracefully { _ in }
-            other.shutdownGracefully { _ in }
+            for group in [media, other, clientLoop] { group.shutdownGracefully { _ in } }
         }
         var accepting = SecureConfiguration()
         accepting.acceptUnknownPeers = true
@@ -212,26 +213,35 @@ struct SecureStreamTests {
         let server = try await SecureUDPEndpoint.bind(
             host: "127.0.0.1", identity: .generate(), configuration: accepting, mediaHandler: atServer.handler(), group: media)
         let address = try await server.listenForStreams(host: "127.0.0.1", port: 0, streamLoop: other.next())
-        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
+        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), group: clientLoop)
         try await client.useStream(to: address)
         let peer = try await client.connect(to: server.publicKey, at: address)
 
-        // The endpoint's loop busy for 300 ms while the client writes 5,000 frames (over 200 KiB).
-        let busy = server.eventLoop.submit { Thread.sleep(forTimeInterval: 0.3) }
+        // The endpoint's loop busy while the client writes 5,000 frames (over 200 KiB): until
+        // the connection stops reading (or 10 s: then the expectation below fails), and 300 ms
+        // more, in which a connection that went on reading would pile up the rest.
+        let busy = server.eventLoop.submit {
+            let deadline = ContinuousClock.now + .seconds(10)
+            while server.streamReadsHeld == 0, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.002) }
+            Thread.sleep(forTimeInterval: 0.3)
+        }
         let count = 5_000
         for i in 0..<count {
             client.send(withUnsafeBytes(of: UInt32(i).bigEndian, Array.init), to: peer, payloadType: 111, timestamp: 0)
         }
         try await busy.get()
-        let arrived = await eventually { atServer.all.count >= count }
+        #expect(server.streamReadsHeld > 0, "the connection never stopped reading")
+        // What waited for the endpoint's loop: 64 KiB and the read that crossed it, at most.
+        #expect(server.streamBacklogPeakBytes >= 64 * 1024)
+        #expect(server.streamBacklogPeakBytes <= 80 * 1024, "\(server.streamBacklogPeakBytes) bytes waited")
+        // Reading resumed: everything comes in.
+        let arrived = await eventually { atServer.payloads.withLock { $0.count } >= count }
         #expect(arrived, "\(atServer.all.count) of \(count) frames arrived")
         let order = atServer.all.map { $0.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self).bigEndian } }
         let outOfPlace = order.indices.first { order[$0] != UInt32($0) }
         #expect(outOfPlace == nil, "frame \(outOfPlace ?? 0) out of order")
-        #expect(server.streamReadsHeld > 0, "the connection never stopped reading")
         await client.close()
         await server.close()
-        try await other.shutdownGracefully()
-        try await media.shutdownGracefully()
+        for group in [other, clientLoop, media] { try await group.shutdownGracefully() }
     }
 }
