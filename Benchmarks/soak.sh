@@ -372,8 +372,7 @@ case_tcp() {
   local port tls line
   port=$(free_port) && tls=$(free_port) || { fail "no free port"; return; }
   # RSA 2048, the usual certificate: each handshake a millisecond of the relay's CPU.
-  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
-    -keyout "$TMP/key.pem" -out "$TMP/cert.pem" >/dev/null 2>&1 || { fail "openssl could not make a certificate"; return; }
+  self_signed rsa:2048 "$TMP" || { fail "openssl could not make a certificate"; return; }
   # Room for every connection on both sides (the abuse holds thousands).
   ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
   start_relay "$port" --cert "$TMP/cert.pem" --pkey "$TMP/key.pem" --tls-listening-port "$tls" \

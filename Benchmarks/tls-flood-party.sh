@@ -56,21 +56,19 @@ self_signed "$KEY" "$TMP" || { echo "tls-flood-party: openssl could not make a $
 echo "tls-flood-party: $TUSA; two members, ${SECONDS_PER_PHASE}s per phase; flood: $WORKERS workers, $KEY certificate;" \
   "relay on CPU $SERVER_CPU, members and flood on CPU $LOAD_CPU"
 
-# quiet_port: a free port below the kernel's ephemeral range, which the flood's thousands
-# of connections (in TIME_WAIT after it) fill, and not one handed out before (the relay
+# quiet_port: a free port (bench-lib's free_port: below the kernel's ephemeral range,
+# which the flood's thousands of connections fill) not handed out before (the relay
 # binds its ports after all three are drawn). Sets PORT (not printed: a subshell would
 # forget the ports given).
 GIVEN=" "
 quiet_port() {
   local p _
   for _ in $(seq 100); do
-    p=$((10000 + RANDOM % (EPHEMERAL_LOW - 10000)))
+    p=$(free_port) || return 1
     [[ $GIVEN == *" $p "* ]] && continue
-    if [[ -z $(ss -Hant "sport = :$p" 2>/dev/null) && -z $(ss -Hanu "sport = :$p" 2>/dev/null) ]]; then
-      GIVEN+="$p "
-      PORT=$p
-      return 0
-    fi
+    GIVEN+="$p "
+    PORT=$p
+    return 0
   done
   return 1
 }

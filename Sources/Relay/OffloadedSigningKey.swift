@@ -146,30 +146,32 @@ struct OffloadedSigningKey: NIOSSLCustomPrivateKey, Hashable {
     }
 
     private static func signature(of message: [UInt8], by key: Key, algorithm: SignatureAlgorithm) throws -> [UInt8] {
-        switch (key, algorithm) {
-        case (.rsa(let rsa), .rsaPssRsaeSha256):
-            Array(try rsa.signature(for: SHA256.hash(data: message), padding: .PSS).rawRepresentation)
-        case (.rsa(let rsa), .rsaPssRsaeSha384):
-            Array(try rsa.signature(for: SHA384.hash(data: message), padding: .PSS).rawRepresentation)
-        case (.rsa(let rsa), .rsaPssRsaeSha512):
-            Array(try rsa.signature(for: SHA512.hash(data: message), padding: .PSS).rawRepresentation)
-        case (.rsa(let rsa), .rsaPkcs1Sha256):
-            Array(try rsa.signature(for: SHA256.hash(data: message), padding: .insecurePKCS1v1_5).rawRepresentation)
-        case (.rsa(let rsa), .rsaPkcs1Sha384):
-            Array(try rsa.signature(for: SHA384.hash(data: message), padding: .insecurePKCS1v1_5).rawRepresentation)
-        case (.rsa(let rsa), .rsaPkcs1Sha512):
-            Array(try rsa.signature(for: SHA512.hash(data: message), padding: .insecurePKCS1v1_5).rawRepresentation)
-        case (.rsa(let rsa), .rsaPkcs1Sha1):
-            Array(try rsa.signature(for: Insecure.SHA1.hash(data: message), padding: .insecurePKCS1v1_5).rawRepresentation)
-        case (.p256(let ec), .ecdsaSecp256R1Sha256): Array(try ec.signature(for: SHA256.hash(data: message)).derRepresentation)
-        case (.p256(let ec), .ecdsaSecp384R1Sha384): Array(try ec.signature(for: SHA384.hash(data: message)).derRepresentation)
-        case (.p256(let ec), .ecdsaSecp521R1Sha512): Array(try ec.signature(for: SHA512.hash(data: message)).derRepresentation)
-        case (.p256(let ec), .ecdsaSha1): Array(try ec.signature(for: Insecure.SHA1.hash(data: message)).derRepresentation)
-        case (.p384(let ec), .ecdsaSecp256R1Sha256): Array(try ec.signature(for: SHA256.hash(data: message)).derRepresentation)
-        case (.p384(let ec), .ecdsaSecp384R1Sha384): Array(try ec.signature(for: SHA384.hash(data: message)).derRepresentation)
-        case (.p384(let ec), .ecdsaSecp521R1Sha512): Array(try ec.signature(for: SHA512.hash(data: message)).derRepresentation)
-        case (.p384(let ec), .ecdsaSha1): Array(try ec.signature(for: Insecure.SHA1.hash(data: message)).derRepresentation)
-        default: throw Unsupported(what: "signature algorithm 0x\(String(algorithm.rawValue, radix: 16))")
+        let unsupported = Unsupported(what: "signature algorithm 0x\(String(algorithm.rawValue, radix: 16))")
+        // The algorithm names the hash; the key, RSA or which ECDSA curve.
+        func rsa<D: Digest>(_ digest: D, _ padding: _RSA.Signing.Padding) throws -> [UInt8] {
+            guard case .rsa(let rsa) = key else { throw unsupported }
+            return Array(try rsa.signature(for: digest, padding: padding).rawRepresentation)
+        }
+        func ecdsa<D: Digest>(_ digest: D) throws -> [UInt8] {
+            switch key {
+            case .p256(let ec): Array(try ec.signature(for: digest).derRepresentation)
+            case .p384(let ec): Array(try ec.signature(for: digest).derRepresentation)
+            case .rsa: throw unsupported
+            }
+        }
+        switch algorithm {
+        case .rsaPssRsaeSha256: return try rsa(SHA256.hash(data: message), .PSS)
+        case .rsaPssRsaeSha384: return try rsa(SHA384.hash(data: message), .PSS)
+        case .rsaPssRsaeSha512: return try rsa(SHA512.hash(data: message), .PSS)
+        case .rsaPkcs1Sha256: return try rsa(SHA256.hash(data: message), .insecurePKCS1v1_5)
+        case .rsaPkcs1Sha384: return try rsa(SHA384.hash(data: message), .insecurePKCS1v1_5)
+        case .rsaPkcs1Sha512: return try rsa(SHA512.hash(data: message), .insecurePKCS1v1_5)
+        case .rsaPkcs1Sha1: return try rsa(Insecure.SHA1.hash(data: message), .insecurePKCS1v1_5)
+        case .ecdsaSecp256R1Sha256: return try ecdsa(SHA256.hash(data: message))
+        case .ecdsaSecp384R1Sha384: return try ecdsa(SHA384.hash(data: message))
+        case .ecdsaSecp521R1Sha512: return try ecdsa(SHA512.hash(data: message))
+        case .ecdsaSha1: return try ecdsa(Insecure.SHA1.hash(data: message))
+        default: throw unsupported
         }
     }
 }

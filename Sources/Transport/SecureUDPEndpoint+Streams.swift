@@ -283,13 +283,7 @@ final class StreamInbox: Sendable {
             state.paused = true
             return (true, state.waiting)
         }
-        var peak = endpoint.streamBacklogPeak.load(ordering: .relaxed)
-        while waiting > peak {
-            let (exchanged, now) = endpoint.streamBacklogPeak.compareExchange(
-                expected: peak, desired: waiting, ordering: .relaxed)
-            if exchanged { break }
-            peak = now
-        }
+        endpoint.streamBacklogPeak.max(waiting, ordering: .relaxed)
         if pause {
             endpoint.streamPauses.add(1, ordering: .relaxed)
             try? stream.syncOptions?.setOption(.autoRead, value: false)
