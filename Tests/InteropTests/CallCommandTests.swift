@@ -53,27 +53,63 @@ import Voice
         }
     }
 
-    /// The best correlation of two envelopes over shifts of 0...maxShift frames of `b`.
-    static func envelopeCorrelation(_ a: [Double], _ b: [Double], maxShift: Int) -> Double {
-        var best = -1.0
-        for shift in 0...maxShift {
-            let n = min(a.count, b.count - shift)
-            guard n > 50 else { continue }
-            let x = Array(a[0..<n])
-            let y = Array(b[shift..<(shift + n)])
-            let mx = x.reduce(0, +) / Double(n)
-            let my = y.reduce(0, +) / Double(n)
-            var sxy = 0.0
-            var sxx = 0.0
-            var syy = 0.0
-            for i in 0..<n {
-                sxy += (x[i] - mx) * (y[i] - my)
-                sxx += (x[i] - mx) * (x[i] - mx)
-                syy += (y[i] - my) * (y[i] - my)
-            }
-            if sxx > 0, syy > 0 { best = max(best, sxy / (sxx * syy).squareRoot()) }
+    /// Pearson's correlation of two equally long runs; nil when either is flat.
+    static func correlation(_ x: ArraySlice<Double>, _ y: ArraySlice<Double>) -> Double? {
+        let n = Double(x.count)
+        let mx = x.reduce(0, +) / n
+        let my = y.reduce(0, +) / n
+        var sxy = 0.0
+        var sxx = 0.0
+        var syy = 0.0
+        for (u, v) in zip(x, y) {
+            sxy += (u - mx) * (v - my)
+            sxx += (u - mx) * (u - mx)
+            syy += (v - my) * (v - my)
         }
-        return best
+        guard sxx > 0, syy > 0 else { return nil }
+        return sxy / (sxx * syy).squareRoot()
+    }
+
+    /// How well `b` (what was heard) follows `a` (what was said), window by window:
+    /// `a` cut into windows of `window` frames (each starting half a window after the
+    /// one before), each window compared with `b` at a shift of 0...`maxShift` frames,
+    /// the shifts of neighbouring windows at most `drift` frames apart, chosen together
+    /// for the best sum. A far end's jitter buffer may move its playout delay by a few
+    /// frames mid-call (on a busy machine it does), which one shift for the whole call
+    /// would count as speech lost; carried speech does not jump further than `drift`.
+    /// Each window's correlation at its shift, in order (-1 where `b` is flat there).
+    static func windowedCorrelation(_ a: [Double], _ b: [Double], window: Int, maxShift: Int, drift: Int) -> [Double] {
+        let starts = Array(stride(from: 0, through: a.count - window, by: window / 2))
+        // r[w][s]: window w against b shifted by s (nil: b too short or flat there).
+        let r: [[Double]] = starts.map { start in
+            (0...maxShift).map { shift in
+                guard start + shift + window <= b.count else { return -1 }
+                return correlation(a[start..<(start + window)], b[(start + shift)..<(start + shift + window)]) ?? -1
+            }
+        }
+        guard let first = r.first else { return [] }
+        // Best sum of correlations ending in each shift, and where each came from.
+        var best = first
+        var from: [[Int]] = []
+        for w in r.dropFirst() {
+            var next = [Double](repeating: -.infinity, count: maxShift + 1)
+            var back = [Int](repeating: 0, count: maxShift + 1)
+            for s in 0...maxShift {
+                for p in max(0, s - drift)...min(maxShift, s + drift) where best[p] + w[s] > next[s] {
+                    next[s] = best[p] + w[s]
+                    back[s] = p
+                }
+            }
+            best = next
+            from.append(back)
+        }
+        var shift = best.indices.max { best[$0] < best[$1] } ?? 0
+        var shifts = [shift]
+        for back in from.reversed() {
+            shift = back[shift]
+            shifts.append(shift)
+        }
+        return zip(r, shifts.reversed()).map { $0[$1] }
     }
 
     @Test(.enabled(if: ready, "\(needs)"))
@@ -103,8 +139,10 @@ import Voice
         let reference = try Resampler.resampleAll(input.samples, from: input.sampleRate, to: 8000)
         let out = try WAVFile.read(path: heard)
         #expect(out.sampleRate == 8000)
-        let r = Self.envelopeCorrelation(Self.envelope(reference), Self.envelope(out.samples), maxShift: 150)
-        #expect(r > 0.85, "envelope correlation \(r)")
+        // 7.1 s: 6 windows of 2 s, each starting 1 s after the one before.
+        let windows = Self.windowedCorrelation(
+            Self.envelope(reference), Self.envelope(out.samples), window: 100, maxShift: 150, drift: 25)
+        #expect(windows.count >= 5 && windows.allSatisfy { $0 > 0.8 }, "envelope correlation per window \(windows)")
     }
 
     /// Both sides offer only the relay's candidate (`--relay-only`): ICE selects the
