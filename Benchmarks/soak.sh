@@ -15,10 +15,12 @@
 #                after each (no state per packet: the second flood adds nothing), and
 #                the answer bytes per class against the request bytes.
 #   allocations  A allocations alive, F of them relaying voice (one 100-byte packet
-#                each way every 20 ms) for D seconds: loss, the relay's RSS and fds
-#                sampled every few seconds (growth per hour after warm-up), and, in the
-#                long run, every allocation gone within 3 s of its 600 s lifetime once
-#                the clients stop (tusa_allocations_active and the relay's fds).
+#                each way every 20 ms) for D seconds, refreshing their allocations,
+#                channels and permissions as a long call does: loss, the relay's RSS and
+#                fds sampled every few seconds (growth per hour after warm-up), and, in
+#                the long run (10 minutes and more), the A - F idle allocations gone
+#                within 3 s of their 600 s lifetime while the voice goes on, then the
+#                flows' own, deleted by the generator as it ends (the relay's fds).
 #   tcp          the relay's TCP and TLS listeners under abuse (Benchmarks/tcp-abuse.py):
 #                idle connections from one address (past the per-address cap), slowloris
 #                (a STUN header a byte at a time), a 65,000-byte announced frame, random
@@ -57,8 +59,7 @@
 #
 # usage: Benchmarks/soak.sh [--short] [--no-build] [case ...]
 # env: TUSA (default <repo>/.build/release/tusa; --short: .build/debug/tusa), SWIFT,
-#      SOAK_FLOWS (the allocations case's voice flows, 600: what this 2-core machine
-#      relays without loss beside its own generator), SOAK_CALL_SECONDS (1800),
+#      SOAK_FLOWS (the allocations case's voice flows, 1000), SOAK_CALL_SECONDS (1800),
 #      SOAK_FAULT_ROUNDS (5; --short: 1).
 # exit: 0 when every case held; 1 when one did not; 2 on a usage error.
 set -euo pipefail
@@ -83,12 +84,12 @@ TUSA=${TUSA:-$ROOT/.build/$CONFIG/tusa}
 BIN=$HERE/.build/$CONFIG
 
 if ((SHORT)); then
-  FLOWS=20 FLOOD_SECONDS=2 FLOOD_RATE=5000 VOICE_SECONDS=2 ALLOCATIONS=200 ALLOC_FLOWS=20 ALLOC_SECONDS=4 SAMPLE=1
+  FLOWS=20 FLOOD_SECONDS=2 FLOOD_RATE=5000 VOICE_SECONDS=2 ALLOCATIONS=200 ALLOC_FLOWS=20 ALLOC_SECONDS=4 ALLOC_REFRESH=1 SAMPLE=1
   TCP_SECONDS=2 TCP_INTERVAL=0.01 TCP_FLOOR_MS=3 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3 TCP_FLOODERS=1
   CALL_SECONDS=12 REBIND=4 FAULT_ROUNDS=1 FREEZE_BACK_MS=6000 PESQ_EVERY=4 PESQ_WINDOW=4
   MEM_FLOWS=20 MEM_BUDGET_MIB=2 MEM_ALLOCATIONS=4000
 else
-  FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=${SOAK_FLOWS:-600} ALLOC_SECONDS=270 SAMPLE=10
+  FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=${SOAK_FLOWS:-1000} ALLOC_SECONDS=620 ALLOC_REFRESH=120 SAMPLE=10
   TCP_SECONDS=10 TCP_INTERVAL=0.02 TCP_FLOOR_MS=1 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40 TCP_FLOODERS=2
   CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60 FAULT_ROUNDS=${SOAK_FAULT_ROUNDS:-5} FREEZE_BACK_MS=3000 PESQ_EVERY=60 PESQ_WINDOW=8
   MEM_FLOWS=200 MEM_BUDGET_MIB=8 MEM_ALLOCATIONS=15000
@@ -152,10 +153,11 @@ start_relay() {
   wait_turn_ready "$RPID" "$port" || { tail -n 5 "$TMP/relay.$port.err" | sed 's/^/  | /'; return 1; }
 }
 
-# voice PORT FLOWS CLIENTS SECONDS OUT: paced flows through the relay, phase both.
+# voice PORT FLOWS CLIENTS SECONDS OUT [ARGS...]: paced flows through the relay, phase both
+# (ARGS: more of turn-load's options).
 voice() {
   "${LOAD_PIN[@]}" "$LOAD" --target "127.0.0.1:$1" --mode relay --rate 50 --clients "$3" --flows "$2" --clients-per-ip 50 \
-    --phases both --duration "$4" --warmup 0.5 --server-pid "$RPID" --setup-timeout 120 >"$5" 2>"$5.err"
+    --phases both --duration "$4" --warmup 0.5 --server-pid "$RPID" --setup-timeout 120 "${@:6}" >"$5" 2>"$5.err"
 }
 
 case_flood() {
@@ -215,60 +217,75 @@ case_flood() {
 }
 
 case_allocations() {
-  echo "allocations: $ALLOCATIONS alive, $ALLOC_FLOWS relaying voice for ${ALLOC_SECONDS}s"
-  local port lpid line first=0 last=0 fd_first=0 fd_last=0 t=0 start warm
+  echo "allocations: $ALLOCATIONS alive, $ALLOC_FLOWS relaying voice for ${ALLOC_SECONDS}s (refreshed every ${ALLOC_REFRESH}s)"
+  local port lpid line first=0 last=0 fd_first=0 fd_last=0 t=0 start warm gone="" refresh
   port=$(free_port) || { fail "no free port"; return; }
   # One user holds them all: no per-user quota (the default, 1000, would refuse the rest).
   start_relay "$port" --user-quota 0 || { fail "the relay did not start"; return; }
   local fd_idle setup_seconds=0
   fd_idle=$(fds "$RPID")
-  voice "$port" "$ALLOC_FLOWS" "$ALLOCATIONS" "$ALLOC_SECONDS" "$TMP/alloc.out" &
+  voice "$port" "$ALLOC_FLOWS" "$ALLOCATIONS" "$ALLOC_SECONDS" "$TMP/alloc.out" --refresh "$ALLOC_REFRESH" &
   lpid=$!
   PIDS+=("$lpid")
   start=$(now)
   # Sample RSS and fds while the phase runs; the first sample after warm-up (the
-  # allocations made and the traffic flowing: a fifth of the run) is the baseline.
-  warm=$((ALLOC_SECONDS / 5 + SAMPLE))
+  # allocations made and the traffic flowing) is the baseline. The flows keep their
+  # allocations (and channels and permissions) alive as a long call does; nothing keeps
+  # the others, which end 600 s after they were made, while the voice goes on: RSS and fds
+  # are judged flat before that, and the idle allocations' relay sockets must be gone
+  # within 3 s of their lifetime (the set-up's length added: the last were made then).
+  warm=$((ALLOC_SECONDS < 600 ? ALLOC_SECONDS / 5 + SAMPLE : 120))
   while kill -0 "$lpid" 2>/dev/null; do
-    sleep "$SAMPLE"
-    t=$((t + SAMPLE))
-    if ((t >= warm && first == 0)); then first=$(rss_kib "$RPID") fd_first=$(fds "$RPID") warm=$t; fi
-    if ((first > 0)); then last=$(rss_kib "$RPID") fd_last=$(fds "$RPID"); fi
+    # (Every second near the lifetime's end, to see when the idle ones go.)
+    if ((ALLOC_SECONDS > 600 && t >= 585)) && [[ -z $gone ]]; then sleep 1; else sleep "$SAMPLE"; fi
+    t=$(awk -v s="$start" -v n="$(now)" 'BEGIN {printf "%.0f", n - s}')
+    local n
+    n=$(fds "$RPID")
+    if ((ALLOC_SECONDS > 600)) && [[ -z $gone ]] && ((n <= fd_idle + ALLOC_FLOWS + 2)); then gone=$t; fi
+    # (Before the idle allocations' lifetime ends, and before the generator deletes its own.)
+    ((t >= (ALLOC_SECONDS > 600 ? 590 : ALLOC_SECONDS))) && continue
+    if ((t >= warm && first == 0)); then first=$(rss_kib "$RPID") fd_first=$n warm=$t; fi
+    if ((first > 0)); then last=$(rss_kib "$RPID") fd_last=$n; fi
   done
   if ! wait "$lpid"; then
     forget "$lpid"
-    fail "the generator failed: $(grep '^setup' "$TMP/alloc.out") $(tail -n 2 "$TMP/alloc.out.err")"
+    fail "the generator failed: $(grep '^setup' "$TMP/alloc.out") $(grep '^refresh' "$TMP/alloc.out") $(tail -n 2 "$TMP/alloc.out.err")"
     stop_server "$RPID" 50
     return
   fi
   forget "$lpid"
   setup_seconds=$(awk -v s="$(field seconds "$(grep '^setup' "$TMP/alloc.out")")" 'BEGIN {printf "%.0f", s + 1}')
   line=$(grep '^phase=both' "$TMP/alloc.out" || true)
+  refresh=$(grep '^refresh' "$TMP/alloc.out" || true)
   grep '^setup' "$TMP/alloc.out" | sed 's/^/  /'
   printf '  voice: loss=%s%% delay p50/p99=%s/%s us relayed/s=%s\n' "$(field loss_pct "$line")" \
     "$(field delay_p50_us "$line")" "$(field delay_p99_us "$line")" "$(field total_pps "$line")"
+  echo "  $refresh"
   [[ $(field loss_pct "$line") == 0.000 ]] || fail "voice lost packets"
+  [[ $(field failed "$refresh") == 0 && $(field answered "$refresh") -gt 0 ]] || fail "refreshes failed: $refresh"
   if ((first > 0 && t > warm)); then
     awk -v a="$first" -v b="$last" -v fa="$fd_first" -v fb="$fd_last" -v s="$((t - warm))" 'BEGIN {
       printf "  relay after warm-up: RSS %d -> %d KiB (%+.0f KiB/hour), fds %d -> %d, over %d s\n",
         a, b, (b - a) * 3600 / s, fa, fb, s }'
     ((fd_last == fd_first)) || fail "the relay's fds changed while the allocations lived ($fd_first -> $fd_last)"
   fi
-  if ((!SHORT)); then
-    # Nothing refreshes them now: each allocation ends 600 s after it was made (the
-    # last ones were made when the set-up ended), and its relay socket with it.
-    local gone=""
-    while awk -v s="$start" -v n="$(now)" -v u="$setup_seconds" 'BEGIN {exit !(n - s < 600 + u + 10)}'; do
-      if (($(fds "$RPID") <= fd_idle + 2)); then gone=$(awk -v s="$start" -v n="$(now)" 'BEGIN {printf "%.0f", n - s}'); break; fi
-      sleep 1
-    done
+  if ((ALLOC_SECONDS > 600)); then
     if [[ -n $gone ]]; then
-      printf '  every allocation gone %s s after the set-up began (lifetime 600 s; set-up took %s s)\n' "$gone" "$setup_seconds"
-      awk -v g="$gone" -v u="$setup_seconds" 'BEGIN {exit !(g <= 600 + u + 3)}' || fail "allocations outlived their lifetime"
+      printf '  the idle allocations gone %s s after the set-up began (lifetime 600 s; set-up took %s s), the voice flowing on\n' \
+        "$gone" "$setup_seconds"
+      awk -v g="$gone" -v u="$setup_seconds" 'BEGIN {exit !(g <= 600 + u + 4)}' \
+        || fail "idle allocations outlived their lifetime"
+      awk -v g="$gone" 'BEGIN {exit !(g >= 600)}' || fail "idle allocations ended before their lifetime ($gone s)"
     else
-      fail "allocations still held $(($(fds "$RPID") - fd_idle)) relay sockets after their lifetime"
+      fail "idle allocations still held $(($(fds "$RPID") - fd_idle - ALLOC_FLOWS)) relay sockets after their lifetime"
     fi
   fi
+  # The generator deleted the allocations it kept (LIFETIME 0) as it ended; in a run
+  # shorter than their lifetime the idle ones are still there.
+  local i left=$((ALLOC_SECONDS > 600 ? 0 : ALLOCATIONS - ALLOC_FLOWS))
+  for i in $(seq 30); do (($(fds "$RPID") <= fd_idle + left + 2)) && break; sleep 0.1; done
+  (($(fds "$RPID") <= fd_idle + left + 2)) \
+    || fail "the deleted allocations still held $(($(fds "$RPID") - fd_idle - left)) relay sockets"
   stop_server "$RPID" 50
 }
 

@@ -74,6 +74,8 @@ let usage = """
       --ramp N1,N2,...       with --rate: then phase both with the first N1, N2, ... flows sending
       --ramp-phase P         the ramp's phase: up, down or both (default both)
       --no-gso               sendmmsg instead of one UDP GSO write per batch
+      --refresh S            with --rate: every S s each of the --flows flows refreshes its channel,
+                             permission and allocation (a long call's traffic); deleted at the end
     allocate mode:
       --window N             allocations in progress at once (default 64)
       --settle S             seconds to wait before reading the server's RSS (default 1)
@@ -770,6 +772,8 @@ final class PacedTraffic {
     var delays = DelayHistogram()
     var recording = false
     var invalid = 0, stale = 0, errors = 0
+    /// Keeps the flows' allocations alive (`--refresh`); its answers come on the shared socket.
+    var refresher: Refresher?
 
     /// Per direction: scheduled sends since the phase began (made or skipped), made,
     /// arrived, skipped (the generator fell a whole round behind), refused (EAGAIN),
@@ -908,6 +912,11 @@ final class PacedTraffic {
             for k in 0..<r {
                 let len = Int(recvMsgs[k].msg_len)
                 let p = recvBuffers + k * recvSize
+                if !upward, let refresher,
+                    refresher.handle(UnsafeRawBufferPointer(start: p, count: len), now: monotonicSeconds())
+                {
+                    continue
+                }
                 let at = upward ? 0 : 4
                 guard len == payload + at, len >= at + 20 else {
                     invalid += 1
@@ -936,7 +945,7 @@ final class PacedTraffic {
         pollfd(fd: peer, events: Int16(POLLIN), revents: 0), pollfd(fd: shared, events: Int16(POLLIN), revents: 0),
     ]
 
-    private func receive(ms: Int32) {
+    func receive(ms: Int32) {
         guard poll(&receivers, 2, ms) > 0 else { return }
         if receivers[0].revents != 0 { drain(upward: true) }
         if receivers[1].revents != 0 { drain(upward: false) }
@@ -975,6 +984,7 @@ final class PacedTraffic {
             }
             if up.active { sendDue(upward: true, since: start, now: now) }
             if down.active { sendDue(upward: false, since: start, now: now) }
+            refresher?.tick(now: now)
             // At any real load the next send is due within microseconds: wait only when idle.
             let t0 = monotonicSeconds()
             let nextDue = start + Double(min(up.active ? up.scheduled : .max, down.active ? down.scheduled : .max)) * period
@@ -1014,7 +1024,7 @@ let args = Arguments(
     options: [
         "target", "mode", "user", "clients", "clients-per-ip", "source-net", "server-pid", "setup-timeout", "phases",
         "duration", "warmup", "payload", "window", "batch", "timeout-ms", "settle", "rate", "ramp", "flows",
-        "ramp-phase",
+        "ramp-phase", "refresh",
     ],
     flagNames: ["probe", "no-gso"],
     usage: usage)
@@ -1105,7 +1115,7 @@ case "relay":
     let window = args.int("window", default: 256, range: 1...1_000_000)
     let rate = args.double("rate", default: 0, range: 0...10_000)
     let batch = args.int("batch", default: 32, range: 1...64)
-    let duration = args.double("duration", default: 3, range: 0.05...600)
+    let duration = args.double("duration", default: 3, range: 0.05...3600)
     let warmup = args.double("warmup", default: 0.5, range: 0...60)
     let timeout = Double(args.int("timeout-ms", default: 50, range: 1...10_000)) / 1000
     let phases = (args.string("phases") ?? "up,down,both").split(separator: ",").map(String.init)
@@ -1157,6 +1167,14 @@ case "relay":
             gso: !args.has("no-gso"), timeout: timeout, serverPID: serverPID)
     var failedPhase = false
     let flows = args.int("flows", default: count, range: 1...count)
+    if let text = args.string("refresh") {
+        guard let traffic = paced, let period = Double(text), period >= 0.5, period <= 290 else {
+            fail("--refresh needs --rate and a period in 0.5...290 s (permissions last 300 s)")
+        }
+        let refresher = Refresher(clients: clients, shared: traffic.shared, server: target, username: username, period: period)
+        refresher.keep(flows: flows, now: monotonicSeconds())
+        traffic.refresher = refresher
+    }
     var steps = phases.map { (phase: $0, flows: flows) }
     let rampPhase = args.string("ramp-phase") ?? "both"
     guard ["up", "down", "both"].contains(rampPhase) else { fail("--ramp-phase: up, down or both") }
@@ -1208,6 +1226,11 @@ case "relay":
         print(line)
         fflush(nil)
         if r.upMeasured + r.downMeasured == 0 { failedPhase = true }
+    }
+    if let traffic = paced, let refresher = traffic.refresher {
+        refresher.release(deadline: monotonicSeconds() + 3) { traffic.receive(ms: $0) }
+        print(refresher.summary)
+        if refresher.failed > 0 { failedPhase = true }
     }
     printDone()
     exit(failedPhase ? 1 : 0)
