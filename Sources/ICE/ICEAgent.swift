@@ -119,6 +119,8 @@ public struct ICEAgent: SansIOCore, Sendable {
         case localCandidatesComplete
         /// ICE restart (see ``ICEAgent/restart(local:candidates:)``).
         case restart(local: ICECredentials, candidates: [ICELocalCandidate]?)
+        /// The peer's authenticated packets come from another address now (see ``ICEAgent/remoteMoved(to:now:)``).
+        case remoteMoved(TransportAddress)
     }
     public typealias Action = ICEOutput
 
@@ -267,7 +269,38 @@ public struct ICEAgent: SansIOCore, Sendable {
         case .addLocal(let candidate): addLocal(candidate)
         case .localCandidatesComplete: localCandidatesComplete()
         case .restart(let credentials, let candidates): restart(local: credentials, candidates: candidates)
+        case .remoteMoved(let address): remoteMoved(to: address, now: now)
         }
+    }
+
+    /// The peer's packets, authenticated by the layer above (the secure session, which
+    /// moved to follow them, as WireGuard's roaming does), now come from `address`: its
+    /// NAT rebound, or it changed networks. Consent (RFC 7675) follows the peer there:
+    /// the selected pair's remote becomes a peer-reflexive candidate at `address`,
+    /// checked at once. Its consent still dates from the last answer the old address
+    /// gave, so an address that answers no check loses it within
+    /// ``ICEConfiguration/consentTimeout``, as before; one that answers keeps the pair,
+    /// and no ICE restart is needed for a move the session already followed.
+    /// Nothing changes for a pair through a relay of ours (the relay's permissions are
+    /// per peer address: a peer that moved is not heard through it), nor once consent
+    /// expired, nor for an address of another family.
+    public mutating func remoteMoved(to address: TransportAddress, now: Timestamp) {
+        guard let s = selected, !consentExpired, s.remote.address != address, s.local.candidate.type != .relay,
+            address.ip.family == s.remote.address.ip.family
+        else { return }
+        var remote: ICECandidate
+        if let known = remoteCandidates.first(where: { $0.address == address }) {
+            remote = known
+        } else {
+            prflxCount += 1
+            remote = ICECandidate(
+                foundation: "prflx\(prflxCount)", priority: s.remote.priority, address: address, type: .prflx)
+            if remoteCandidates.count < configuration.maxRemoteCandidates { remoteCandidates.append(remote) }
+        }
+        remote.component = s.remote.component
+        selected = ICEPair(local: s.local, remote: remote)
+        consentTransactions = []
+        nextConsentAt = now
     }
 
     /// A datagram from `source` on `base`. False when it is not ICE's (not STUN, or

@@ -304,6 +304,11 @@ final class ICEEngine {
         return description
     }
 
+    /// The peer's authenticated packets come from `address` now: consent follows (``ICEAgent/remoteMoved(to:now:)``).
+    func remoteMoved(to address: TransportAddress) {
+        feed(.remoteMoved(address))
+    }
+
     // MARK: input
 
     /// Feeds `input` (if any), then runs the agent's timers at once, as every

@@ -907,7 +907,10 @@ final class SecureEngine {
         case .keyLog(let line):
             if let failure = keyLog?.append(line) { logger.error("\(failure)") }
             return
-        case .peerMoved, .peerGone, .control:
+        case .peerMoved(let id, _, let to):
+            // ICE's consent checks follow the session to the peer's new address.
+            if id == iceFollower { ice?.remoteMoved(to: to) }
+        case .peerGone, .control:
             break
         }
         sessionHandler?(event)

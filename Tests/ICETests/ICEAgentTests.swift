@@ -259,6 +259,38 @@ struct ICEAgentTests {
         #expect(!lostConsent(net.aEvents), "\(net.aEvents)")
     }
 
+    /// A peer whose address changed (its NAT rebound) after selection: a's agent now
+    /// sends from another address. b's consent checks follow it once the layer above
+    /// says the peer's authenticated packets come from there (`remoteMoved`); b told
+    /// nothing keeps checking the old address and loses consent at 30 s (the ICE
+    /// restart the call then makes, which the move did not need); b told of an address
+    /// that never answers a check loses consent as soon, however it was told.
+    @Test func consentFollowsAPeerThatMovedAndIsStillLostToAnAddressThatNeverAnswers() {
+        let moved = TransportAddress(ip: ip(10, 0, 0, 1), port: 4999)
+        let stranger = TransportAddress(ip: ip(198, 51, 100, 9), port: 4000)
+        for told in [TransportAddress?.some(moved), nil, stranger] {
+            let net = pair()
+            signal(net)
+            net.run(for: 2)
+            #expect(selected(net.bEvents)?.remote.address == net.aHost)
+            // The same agent, from now on at another address (its old one gone).
+            let movedA = agentHost(net.a.core, at: moved, on: net.network)
+            net.network.detach(net.a)
+            net.network.attach(movedA)
+            net.run(for: 1)
+            if let told { net.b.handle(.remoteMoved(told)) }
+            net.run(for: 60)
+            let lost = lostConsent(net.bEvents)
+            if told == moved {
+                #expect(!lost, "consent lost though the peer answers at its new address: \(net.bEvents)")
+                #expect(net.b.core.selected?.remote.address == moved && net.b.core.acceptsData(from: moved))
+                #expect(!lostConsent(events(movedA)), "the moved side's own checks are answered")
+            } else {
+                #expect(lost, "told \(told.map { "\($0)" } ?? "nothing"): consent held without an answer")
+            }
+        }
+    }
+
     @Test func aConsentThatExpiresWhileARestartWaitsDoesNotStopTheRestart() {
         let net = pair()
         signal(net)
