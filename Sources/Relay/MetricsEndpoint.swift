@@ -25,14 +25,24 @@ public final class MetricsEndpoint: Service, Sendable {
 
     /// Connections that say nothing for this long are closed.
     static let idleTimeout: TimeAmount = .seconds(30)
+    /// Connections open at once, in all and from one IP address: a scraper needs one or
+    /// two; past the caps a connection is closed as it is accepted.
+    public static let connectionLimits = ConnectionAdmission.Limits(total: 256, perSource: 16)
+    /// A request must be in whole this long after its first byte (see ``RequestDeadlineHandler``).
+    public let requestTimeout: Duration
+    private let admission = ConnectionAdmission(limits: MetricsEndpoint.connectionLimits)
+
+    /// Connections closed on accept because of ``connectionLimits``.
+    public var refusedConnections: Int { admission.refused.values.reduce(0, +) }
 
     public init(
         address: TransportAddress, registry: PrometheusCollectorRegistry, refreshInterval: Duration = .seconds(1),
-        logger: Logger, refresh: @escaping @Sendable () async -> Void = {}
+        requestTimeout: Duration = .seconds(10), logger: Logger, refresh: @escaping @Sendable () async -> Void = {}
     ) {
         self.address = address
         self.registry = registry
         self.refreshInterval = refreshInterval
+        self.requestTimeout = requestTimeout
         self.refresh = refresh
         self.logger = logger
     }
@@ -61,13 +71,19 @@ public final class MetricsEndpoint: Service, Sendable {
 
     public func run() async throws {
         let registry = self.registry
+        let admission = self.admission
+        let requestTimeout = TimeAmount.nanoseconds(Int64(requestTimeout.nanoseconds))
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let channel: any Channel
         do {
             let bootstrap = ServerBootstrap(group: group)
                 .childChannelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
+                    guard admission.admit(channel) == nil else { return channel.close() }
+                    return channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                        // First in the pipeline: it sees the bytes as they come and the response as it leaves.
+                        try channel.pipeline.syncOperations.addHandler(
+                            RequestDeadlineHandler(timeout: requestTimeout), position: .first)
                         try channel.pipeline.syncOperations.addHandlers([
                             IdleStateHandler(readTimeout: Self.idleTimeout),
                             MetricsHTTPHandler(registry: registry),
@@ -98,6 +114,40 @@ public final class MetricsEndpoint: Service, Sendable {
         }
         try? await channel.close()
         try? await group.shutdownGracefully()
+    }
+}
+
+/// Closes a connection whose request has not come in whole `timeout` after its first
+/// byte; the response leaving is the sign that it did. Bytes trickled one at a time
+/// (slowloris) reset the idle timer at each read, never this deadline.
+final class RequestDeadlineHandler: ChannelDuplexHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = IOData
+
+    private let timeout: TimeAmount
+    private var deadline: Scheduled<Void>?
+
+    init(timeout: TimeAmount) {
+        self.timeout = timeout
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if deadline == nil {
+            let channel = context.channel
+            deadline = context.eventLoop.scheduleTask(in: timeout) { channel.close(promise: nil) }
+        }
+        context.fireChannelRead(data)
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        deadline?.cancel()
+        deadline = nil
+        context.write(data, promise: promise)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        deadline = nil
     }
 }
 

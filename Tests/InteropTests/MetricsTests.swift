@@ -171,6 +171,42 @@ struct MetricsTests {
         }
     }
 
+    /// Issue 18's abuse of every TCP listener, on the metrics port: a request trickled a
+    /// byte at a time (each byte well inside the 30 s idle timeout, which it resets) is
+    /// cut off at the request deadline; one address holds at most its share of
+    /// connections, the next closed as it is accepted; another address is still served.
+    @Test("metrics under abuse: a trickled request is cut off at its deadline, one address holds its share, others are served")
+    func endpointUnderAbuse() async throws {
+        let endpoint = MetricsEndpoint(
+            address: TransportAddress(ip: loopback, port: 0), registry: PrometheusCollectorRegistry(),
+            requestTimeout: .seconds(1), logger: quietLogger)
+        try await withService(endpoint) {
+            let address = try await endpoint.boundAddress()
+            let closedAfter = try await Harness.offPool { () throws -> Double? in
+                let socket = try TestSocket.tcp(connectingTo: address)
+                let request = Array("GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ".utf8) + [UInt8](repeating: 0x61, count: 100)
+                let start = DispatchTime.now().uptimeNanoseconds
+                for byte in request {
+                    guard (try? socket.sendAll([byte])) != nil else { break }
+                    if socket.waitForClose(timeout: 0.2) { return Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9 }
+                }
+                return socket.waitForClose(timeout: 0.5) ? Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9 : nil
+            }
+            let after = try #require(closedAfter, "a request trickled for 28 s was never cut off")
+            #expect(after >= 0.9 && after < 5, "cut off after \(after) s (deadline 1 s)")
+
+            let share = MetricsEndpoint.connectionLimits.perSource
+            let held = try await Harness.offPool { try (0..<share).map { _ in try TestSocket.tcp(connectingTo: address) } }
+            #expect(
+                try await Harness.offPool { try TestSocket.tcp(connectingTo: address).waitForClose(timeout: 5) },
+                "one address held more than its \(share) connections")
+            #expect(endpoint.refusedConnections >= 1)
+            let other = try await Harness.offPool { try httpGet(address, "/metrics", from: .v4(0x7F00_0002)) }
+            #expect(other.status == 200, "another address was not served beside the abuse: \(other.head)")
+            #expect(held.count == share)
+        }
+    }
+
     @Test("a port in use is a one-line bind error from run() and boundAddress()")
     func endpointPortInUse() async throws {
         let first = MetricsEndpoint(
@@ -340,8 +376,10 @@ private struct HTTPResponse: Sendable {
 }
 
 /// One HTTP/1.1 request with `Connection: close`, read to the end (5 s at most).
-private func httpGet(_ server: TransportAddress, _ path: String, method: String = "GET") throws -> HTTPResponse {
-    let socket = try TestSocket.tcp(connectingTo: server)
+private func httpGet(_ server: TransportAddress, _ path: String, method: String = "GET", from source: IPAddress? = nil) throws
+    -> HTTPResponse
+{
+    let socket = try TestSocket.tcp(connectingTo: server, from: source)
     try socket.sendAll(Array("\(method) \(path) HTTP/1.1\r\nHost: \(server)\r\nConnection: close\r\n\r\n".utf8))
     guard let bytes = socket.readToEnd(timeout: 5) else { throw TestSocketError("no complete answer from \(server)") }
     let text = String(decoding: bytes, as: UTF8.self)
