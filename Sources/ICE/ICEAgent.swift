@@ -281,9 +281,12 @@ public struct ICEAgent: SansIOCore, Sendable {
     /// gave, so an address that answers no check loses it within
     /// ``ICEConfiguration/consentTimeout``, as before; one that answers keeps the pair,
     /// and no ICE restart is needed for a move the session already followed.
-    /// Nothing changes for a pair through a relay of ours (the relay's permissions are
-    /// per peer address: a peer that moved is not heard through it), nor once consent
-    /// expired, nor for an address of another family.
+    /// A new address becomes a remote candidate with its pair, as one learnt from a
+    /// check does (so that a restart's signalling of it, or the peer's checks from it,
+    /// find the pair). Nothing changes for a pair through a relay of ours (its checks
+    /// leave through the allocation; a move seen on the direct path says nothing of
+    /// it, and such a pair restarts as before), nor once consent expired, nor for an
+    /// address of another family.
     public mutating func remoteMoved(to address: TransportAddress, now: Timestamp) {
         guard let s = selected, !consentExpired, s.remote.address != address, s.local.candidate.type != .relay,
             address.ip.family == s.remote.address.ip.family
@@ -297,6 +300,7 @@ public struct ICEAgent: SansIOCore, Sendable {
                 foundation: "prflx\(prflxCount)", priority: s.remote.priority, address: address, type: .prflx)
             if remoteCandidates.count < configuration.maxRemoteCandidates { remoteCandidates.append(remote) }
         }
+        if let l = hostOrRelay(base: s.base) { addPair(l, remote) }
         remote.component = s.remote.component
         selected = ICEPair(local: s.local, remote: remote)
         consentTransactions = []

@@ -908,8 +908,9 @@ final class SecureEngine {
             if let failure = keyLog?.append(line) { logger.error("\(failure)") }
             return
         case .peerMoved(let id, _, let to):
-            // ICE's consent checks follow the session to the peer's new address.
-            if id == iceFollower { ice?.remoteMoved(to: to) }
+            // ICE's consent checks follow the session to the peer's new address, when its
+            // packets came there directly (checks leave from the socket, not the relay or a stream).
+            if id == iceFollower, !relayed.contains(to), streams[to] == nil { ice?.remoteMoved(to: to) }
         case .peerGone, .control:
             break
         }

@@ -291,6 +291,29 @@ struct ICEAgentTests {
         }
     }
 
+    /// The peer moves while a restart waits for its new description (the restart made
+    /// because it went quiet): the moved-to address, a candidate now, keeps its pair, so
+    /// the signalled candidate at that address is checked and selected.
+    @Test func aMoveDuringARestartLeavesThePeersNewAddressSelectable() {
+        let moved = TransportAddress(ip: ip(10, 0, 0, 1), port: 4999)
+        let net = pair()
+        signal(net)
+        net.run(for: 2)
+        let movedA = agentHost(net.a.core, at: moved, on: net.network)
+        net.network.detach(net.a)
+        net.network.attach(movedA)
+        movedA.handle(.restart(local: .random(), candidates: [.host(moved, base: 0)]))
+        net.b.handle(.restart(local: .random(), candidates: nil))
+        net.b.handle(.remoteMoved(moved))
+        net.run(for: 0.5)
+        net.bEvents = []
+        movedA.handle(.setRemote(net.b.core.local, candidates: net.b.core.advertised, complete: true))
+        net.b.handle(.setRemote(movedA.core.local, candidates: movedA.core.advertised, complete: true))
+        net.run(for: 3)
+        #expect(net.b.core.state == .completed, "\(net.bEvents)")
+        #expect(selected(net.bEvents)?.remote.address == moved, "\(net.bEvents)")
+    }
+
     @Test func aConsentThatExpiresWhileARestartWaitsDoesNotStopTheRestart() {
         let net = pair()
         signal(net)
