@@ -291,9 +291,12 @@ public final class MemoryGuard: Service, Sendable {
     /// Work refused for memory so far (counted by ``admit(cost:)``).
     public var refusals: Int { state.withLockedValue { $0.refusals } }
 
-    /// What a TURN allocation is taken to use until a sample shows it: its state, and
-    /// its socket's kernel memory (counted by a cgroup).
-    public static let allocationCost: UInt64 = 4096
+    /// What a TURN allocation is taken to use until a sample shows it: its state (about
+    /// 900 bytes) and its socket's kernel memory, which a cgroup counts (5.7 KiB of slab
+    /// an allocation, measured by `turn-load --mode allocate`: socket, file, epoll
+    /// entry). At 4 KiB, a burst of allocations between two samples overran a tight
+    /// limit before the guard refused, and the kernel's OOM killer ended the relay.
+    public static let allocationCost: UInt64 = 8192
 
     /// Admits new work that will use about `cost` bytes: nil, and the cost is counted
     /// until the next sample; or, while memory is short, the shortage (counted as a refusal).

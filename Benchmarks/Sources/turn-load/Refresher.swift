@@ -89,7 +89,10 @@ final class Refresher {
                 fail("\(p.kind)-error")
                 return true
             }
-            if e.code == 438, case .nonce(let nonce)? = try? m.value(.nonce), p.tries < maxTries {
+            if e.code == 437, p.kind == .release, p.tries > 1 {
+                // The release's first answer was lost: the allocation is gone, as asked.
+                answered += 1
+            } else if e.code == 438, case .nonce(let nonce)? = try? m.value(.nonce), p.tries < maxTries {
                 staleNonces += 1
                 clients[p.flow].nonce = nonce
                 start(flow: p.flow, kind: p.kind, now: now, tries: p.tries)
