@@ -219,6 +219,8 @@ case_flood() {
 case_allocations() {
   echo "allocations: $ALLOCATIONS alive, $ALLOC_FLOWS relaying voice for ${ALLOC_SECONDS}s (refreshed every ${ALLOC_REFRESH}s)"
   local port lpid line first=0 last=0 fd_first=0 fd_last=0 t=0 last_t=0 start warm gone="" refresh
+  # Whether the voice outlasts the idle allocations' 600 s lifetime (the long run).
+  local through=$((ALLOC_SECONDS > 600))
   port=$(free_port) || { fail "no free port"; return; }
   # One user holds them all: no per-user quota (the default, 1000, would refuse the rest).
   # The short run's nonces go stale every 2 s, so that its refreshes meet a 438 too.
@@ -237,17 +239,17 @@ case_allocations() {
   # the others, which end 600 s after they were made, while the voice goes on: RSS and fds
   # are judged flat before that, and the idle allocations' relay sockets must be gone
   # within 3 s of their lifetime (the set-up's length added: the last were made then).
-  warm=$((ALLOC_SECONDS < 600 ? ALLOC_SECONDS / 5 + SAMPLE : 120))
+  warm=$((through ? 120 : ALLOC_SECONDS / 5 + SAMPLE))
   while kill -0 "$lpid" 2>/dev/null; do
     # (Every second near the lifetime's end, to see when the idle ones go.)
-    if ((ALLOC_SECONDS > 600 && t >= 585)) && [[ -z $gone ]]; then sleep 1; else sleep "$SAMPLE"; fi
+    if ((through && t >= 585)) && [[ -z $gone ]]; then sleep 1; else sleep "$SAMPLE"; fi
     t=$(awk -v s="$start" -v n="$(now)" 'BEGIN {printf "%.0f", n - s}')
     local n
     n=$(fds "$RPID")
     # (Not before 590 s: a slow set-up's first samples have few allocations too.)
-    if ((ALLOC_SECONDS > 600 && t >= 590)) && [[ -z $gone ]] && ((n <= fd_idle + ALLOC_FLOWS + 2)); then gone=$t; fi
+    if ((through && t >= 590)) && [[ -z $gone ]] && ((n <= fd_idle + ALLOC_FLOWS + 2)); then gone=$t; fi
     # (Before the idle allocations' lifetime ends, and before the generator deletes its own.)
-    ((t >= (ALLOC_SECONDS > 600 ? 590 : ALLOC_SECONDS))) && continue
+    ((t >= (through ? 590 : ALLOC_SECONDS))) && continue
     if ((t >= warm && first == 0)); then first=$(rss_kib "$RPID") fd_first=$n warm=$t; fi
     if ((first > 0)); then last=$(rss_kib "$RPID") fd_last=$n last_t=$t; fi
   done
@@ -274,7 +276,7 @@ case_allocations() {
         a, b, (b - a) * 3600 / s, fa, fb, s }'
     ((fd_last == fd_first)) || fail "the relay's fds changed while the allocations lived ($fd_first -> $fd_last)"
   fi
-  if ((ALLOC_SECONDS > 600)); then
+  if ((through)); then
     if [[ -n $gone ]]; then
       printf '  the idle allocations gone %s s after the set-up began (lifetime 600 s; set-up took %s s), the voice flowing on\n' \
         "$gone" "$setup_seconds"
@@ -287,7 +289,7 @@ case_allocations() {
   fi
   # The generator deleted the allocations it kept (LIFETIME 0) as it ended; in a run
   # shorter than their lifetime the idle ones are still there.
-  local i left=$((ALLOC_SECONDS > 600 ? 0 : ALLOCATIONS - ALLOC_FLOWS))
+  local i left=$((through ? 0 : ALLOCATIONS - ALLOC_FLOWS))
   for i in $(seq 30); do (($(fds "$RPID") <= fd_idle + left + 2)) && break; sleep 0.1; done
   (($(fds "$RPID") <= fd_idle + left + 2)) \
     || fail "the deleted allocations still held $(($(fds "$RPID") - fd_idle - left)) relay sockets"

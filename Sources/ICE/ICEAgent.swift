@@ -291,17 +291,11 @@ public struct ICEAgent: SansIOCore, Sendable {
         guard let s = selected, !consentExpired, s.remote.address != address, s.local.candidate.type != .relay,
             address.ip.family == s.remote.address.ip.family
         else { return }
-        var remote: ICECandidate
-        if let known = remoteCandidates.first(where: { $0.address == address }) {
-            remote = known
-        } else {
-            prflxCount += 1
-            remote = ICECandidate(
-                foundation: "prflx\(prflxCount)", priority: s.remote.priority, address: address, type: .prflx)
-            if remoteCandidates.count < configuration.maxRemoteCandidates { remoteCandidates.append(remote) }
-        }
+        let remote =
+            remoteCandidates.first { $0.address == address }
+            ?? peerReflexive(at: address, priority: s.remote.priority, base: s.base)
+        // (A known candidate may have no pair yet; nor one past maxRemoteCandidates.)
         if let l = hostOrRelay(base: s.base) { addPair(l, remote) }
-        remote.component = s.remote.component
         selected = ICEPair(local: s.local, remote: remote)
         consentTransactions = []
         nextConsentAt = now
@@ -362,10 +356,7 @@ public struct ICEAgent: SansIOCore, Sendable {
         {
             var priority = ICECandidate.priority(type: .prflx)
             if case .priority(let p)? = try? m.value(.priority) { priority = p }
-            prflxCount += 1
-            let candidate = ICECandidate(foundation: "prflx\(prflxCount)", priority: priority, address: source, type: .prflx)
-            remoteCandidates.append(candidate)
-            if let l = hostOrRelay(base: base) { addPair(l, candidate) }
+            _ = peerReflexive(at: source, priority: priority, base: base)
         }
         guard let index = pairs.firstIndex(where: { $0.pair.base == base && $0.pair.remote.address == source }) else {
             return out
@@ -593,6 +584,18 @@ public struct ICEAgent: SansIOCore, Sendable {
             pairs.remove(at: worst)
             triggered = triggered.compactMap { $0 == worst ? nil : ($0 > worst ? $0 - 1 : $0) }
         }
+    }
+
+    /// A new peer-reflexive remote candidate at `address` (RFC 8445 §7.3.1.3), listed with
+    /// its pair on `base` while there is room for it.
+    private mutating func peerReflexive(at address: TransportAddress, priority: UInt32, base: Int) -> ICECandidate {
+        prflxCount += 1
+        let candidate = ICECandidate(foundation: "prflx\(prflxCount)", priority: priority, address: address, type: .prflx)
+        if remoteCandidates.count < configuration.maxRemoteCandidates {
+            remoteCandidates.append(candidate)
+            if let l = hostOrRelay(base: base) { addPair(l, candidate) }
+        }
+        return candidate
     }
 
     private func pairFoundation(_ p: ICEPair) -> String { p.local.candidate.foundation + "/" + p.remote.foundation }

@@ -136,26 +136,24 @@ final class Refresher {
     private func start(flow: Int, kind: Kind, now: Double, tries: Int = 0) {
         let c = clients[flow]
         let id = TransactionID.random()
-        let credentials: [Attribute] = [.username(username), .realm(c.realm), .nonce(c.nonce)]
-        let attributes: [Attribute]
-        let method: Method
+        let bytes: [UInt8]
         switch kind {
-        case .bind:
-            method = .channelBind
-            attributes = [.channelNumber(c.channel), .xorPeerAddress(TransportAddress(ip: .v4(0x7F00_0001), port: c.peerPort))]
-        case .refresh:
-            method = .refresh
-            attributes = []
-        case .release:
-            method = .refresh
-            attributes = [.lifetime(0)]
+        case .bind: bytes = channelBindRequest(c, username: username, transactionID: id)
+        case .refresh: bytes = refreshRequest(c, lifetime: nil, transactionID: id)
+        case .release: bytes = refreshRequest(c, lifetime: 0, transactionID: id)
         }
-        let m = Message(
-            type: MessageType(method: method, class: .request), transactionID: id, attributes: attributes + credentials)
-        let p = Pending(flow: flow, kind: kind, bytes: m.encode(integrity: c.key), sentAt: now, tries: tries + 1)
+        let p = Pending(flow: flow, kind: kind, bytes: bytes, sentAt: now, tries: tries + 1)
         pending[id] = p
         sent += 1
         transmit(p)
+    }
+
+    /// A Refresh of `c`'s allocation (LIFETIME 0 deletes it) under its long-term credentials.
+    private func refreshRequest(_ c: Client, lifetime: UInt32?, transactionID: TransactionID) -> [UInt8] {
+        let m = Message(
+            type: MessageType(method: .refresh, class: .request), transactionID: transactionID,
+            attributes: (lifetime.map { [.lifetime($0)] } ?? []) + [.username(username), .realm(c.realm), .nonce(c.nonce)])
+        return m.encode(integrity: c.key)
     }
 
     /// One request from its flow's source address (IP_PKTINFO) to the server.

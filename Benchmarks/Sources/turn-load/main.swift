@@ -263,7 +263,9 @@ final class Allocator {
             }
             if c.step == .challenge { c.step = .allocate }
             c.txid = .random()
-            c.request = c.step == .bind ? channelBindRequest(c) : allocateRequest(c, authenticated: true)
+            c.request =
+                c.step == .bind
+                ? channelBindRequest(c, username: username, transactionID: c.txid) : allocateRequest(c, authenticated: true)
             c.tries = 0
             return send(c)
         }
@@ -280,7 +282,7 @@ final class Allocator {
             if bindChannels {
                 c.step = .bind
                 c.txid = .random()
-                c.request = channelBindRequest(c)
+                c.request = channelBindRequest(c, username: username, transactionID: c.txid)
                 c.tries = 0
                 send(c)
             } else {
@@ -300,16 +302,18 @@ final class Allocator {
         let m = Message(type: MessageType(method: .allocate, class: .request), transactionID: c.txid, attributes: attributes)
         return m.encode(integrity: authenticated ? c.key : nil)
     }
+}
 
-    private func channelBindRequest(_ c: Client) -> [UInt8] {
-        let peer = TransportAddress(ip: .v4(0x7F00_0001), port: c.peerPort)
-        let m = Message(
-            type: MessageType(method: .channelBind, class: .request), transactionID: c.txid,
-            attributes: [
-                .channelNumber(c.channel), .xorPeerAddress(peer), .username(username), .realm(c.realm), .nonce(c.nonce),
-            ])
-        return m.encode(integrity: c.key)
-    }
+/// A ChannelBind of `c`'s channel to its peer (127.0.0.1, `c.peerPort`) under `c`'s
+/// long-term credentials: the set-up's, and again each time a refresher renews it.
+func channelBindRequest(_ c: Client, username: String, transactionID: TransactionID) -> [UInt8] {
+    let peer = TransportAddress(ip: .v4(0x7F00_0001), port: c.peerPort)
+    let m = Message(
+        type: MessageType(method: .channelBind, class: .request), transactionID: transactionID,
+        attributes: [
+            .channelNumber(c.channel), .xorPeerAddress(peer), .username(username), .realm(c.realm), .nonce(c.nonce),
+        ])
+    return m.encode(integrity: c.key)
 }
 
 /// Creates `count` clients, bound to 127.S.x.y (`perIP` per address) and connected to the target.
