@@ -28,6 +28,14 @@
 #                (Benchmarks/tls-handshake-flood.py, an RSA 2048 certificate); a legitimate
 #                client's Binding-over-TCP latency (p95) beside it against a quiet relay's,
 #                and when each abusive connection was closed.
+#   directory    `tusa directory` (SQLite) under the same abuse on its TCP listener (the
+#                rendezvous's, which `tusa relay --rendezvous-port` runs too; tcp-abuse.py
+#                --protocol rendezvous): idle connections from one address past its cap,
+#                opened again as the listener closes them for not registering; slowloris
+#                (a register frame a byte at a time); frames announced past 16 KiB; whole
+#                frames of random bytes. A legitimate user (`directory-bench --legit`)
+#                connecting, registering with its key's proof and asking a lookup every
+#                20 ms: its p95 beside the abuse against the quiet directory's.
 #   memory       the relay in a memory cgroup of its own (root; else skipped), F voice flows
 #                through it, its limit then set so that M MiB more reach 90 % of it, and
 #                more allocations asked for than fit: the relay refuses the rest (508,
@@ -71,12 +79,12 @@ while (($#)); do
   case $1 in
     --short) SHORT=1; shift ;;
     --no-build) NO_BUILD=1; shift ;;
-    -h|--help) sed -n '2,57p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    flood|allocations|tcp|memory|call|party|faults) CASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,72p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    flood|allocations|tcp|directory|memory|call|party|faults) CASES+=("$1"); shift ;;
     *) echo "soak: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-((${#CASES[@]})) || CASES=(flood allocations tcp memory call party faults)
+((${#CASES[@]})) || CASES=(flood allocations tcp directory memory call party faults)
 CONFIG=release
 ((SHORT)) && CONFIG=debug
 SWIFT=${SWIFT:-swift}
@@ -114,10 +122,12 @@ if ((!NO_BUILD)); then
   for product in turn-load udp-flood ClockStep; do
     "$SWIFT" build --package-path "$HERE" -c "$CONFIG" --product "$product" >/dev/null
   done
+  "$SWIFT" build --package-path "$ROOT" -c "$CONFIG" --product directory-bench >/dev/null
 fi
 LOAD=$BIN/turn-load
 FLOOD=$BIN/udp-flood
-for tool in "$TUSA" "$LOAD" "$FLOOD" "$BIN/libClockStep.so"; do
+DIRECTORY_BENCH=$ROOT/.build/$CONFIG/directory-bench
+for tool in "$TUSA" "$LOAD" "$FLOOD" "$BIN/libClockStep.so" "$DIRECTORY_BENCH"; do
   [[ -x $tool ]] || { echo "soak: $tool is missing (build it, or drop --no-build)" >&2; exit 1; }
 done
 
@@ -455,6 +465,67 @@ case_tcp() {
   fi
   kill -0 "$RPID" 2>/dev/null || fail "the relay died under the abuse"
   stop_server "$RPID" 50
+}
+
+case_directory() {
+  echo "directory: the directory's TCP listener under abuse, a legitimate user beside it"
+  local port line dpid
+  port=$(free_port) || { fail "no free port"; return; }
+  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+  "${SERVER_PIN[@]}" "$TUSA" directory --listen "127.0.0.1:$port" --database "sqlite:$TMP/directory.sqlite" \
+    --max-connections-per-ip "$TCP_PER_IP" >"$TMP/directory.out" 2>"$TMP/directory.err" &
+  dpid=$!
+  PIDS+=("$dpid")
+  for _ in $(seq 300); do
+    grep -q '^directory tcp' "$TMP/directory.out" 2>/dev/null && break
+    kill -0 "$dpid" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -q '^directory tcp' "$TMP/directory.out" ||
+    { fail "the directory did not start: $(tail -n 3 "$TMP/directory.err")"; return; }
+  local ahead=()
+  ((EUID == 0)) && ahead=(nice -n -10)
+  "${ahead[@]}" "$DIRECTORY_BENCH" --legit --server "127.0.0.1:$port" --seconds "$TCP_SECONDS" --interval "$TCP_INTERVAL" \
+    --gap 2 >"$TMP/dir-legit.out" 2>"$TMP/dir-legit.err" &
+  local legit_pid=$!
+  PIDS+=("$legit_pid")
+  sleep "$TCP_SECONDS"
+  "${LOAD_PIN[@]}" python3 "$HERE/tcp-abuse.py" --role abuse --protocol rendezvous --target "127.0.0.1:$port" \
+    --idle "$TCP_IDLE" --reopen --slow "$TCP_ABUSERS" --bad "$TCP_ABUSERS" --deadline "$TCP_WATCH" \
+    >"$TMP/dir-abuse.out" 2>"$TMP/dir-abuse.err" || fail "the abuse failed: $(tail -n 3 "$TMP/dir-abuse.err")"
+  wait "$legit_pid" || fail "a legitimate request went unanswered: $(cat "$TMP/dir-legit.out") $(tail -n 3 "$TMP/dir-legit.err")"
+  forget "$legit_pid"
+  cat "$TMP/dir-legit.out" "$TMP/dir-abuse.out" >"$TMP/dir.out"
+  sed 's/^/  /' "$TMP/dir.out"
+  local quiet abuse admitted
+  quiet=$(field p95_ms "$(grep 'phase=quiet' "$TMP/dir.out")")
+  abuse=$(field p95_ms "$(grep 'phase=abuse' "$TMP/dir.out")")
+  admitted=$(field admitted "$(grep 'kind=idle' "$TMP/dir.out")")
+  [[ -n $quiet && -n $abuse && -n $admitted ]] || { fail "no latency measured"; return; }
+  awk -v q="$quiet" -v a="$abuse" 'BEGIN {printf "  p95 beside the abuse / quiet: %.2f\n", a / q}'
+  # As the tcp case's: 2x the quiet p95, over a floor (a registration is a few ms here).
+  awk -v q="$quiet" -v a="$abuse" -v f="$TCP_FLOOR_MS" 'BEGIN {exit !(a <= 2 * (q > f ? q : f))}' ||
+    fail "p95 $abuse ms beside the abuse, $quiet ms quiet (floor $TCP_FLOOR_MS ms)"
+  local cap=$((TCP_IDLE < TCP_PER_IP ? TCP_IDLE : TCP_PER_IP))
+  ((admitted <= TCP_PER_IP)) || fail "one address held $admitted connections (cap $TCP_PER_IP)"
+  ((admitted >= cap * 9 / 10)) || fail "one address got only $admitted connections of its $cap"
+  # Frames announced too long, and frames that are no message: closed at once.
+  for kind in oversized garbage; do
+    line=$(grep "kind=$kind" "$TMP/dir.out")
+    [[ $(field still_open "$line") == 0 ]] && awk -v m="$(field closed_after_s_max "$line")" 'BEGIN {exit !(m < 1)}' ||
+      fail "$kind frames were not refused at once: $line"
+  done
+  if ((!SHORT)); then
+    # Trickled frames closed 10 s after connecting (no registration; and a frame begun is
+    # whole within 10 s), whatever the trickle; idle ones closed alike and opened again.
+    line=$(grep "kind=slowloris" "$TMP/dir.out")
+    [[ $(field still_open "$line") == 0 ]] && awk -v m="$(field closed_after_s_max "$line")" 'BEGIN {exit !(m <= 11)}' ||
+      fail "slowloris connections outlived the 10 s deadline: $line"
+    (($(field reopened "$(grep 'kind=idle' "$TMP/dir.out")") >= admitted)) ||
+      fail "the idle connections were not closed for not registering: $(grep 'kind=idle' "$TMP/dir.out")"
+  fi
+  kill -0 "$dpid" 2>/dev/null || fail "the directory died under the abuse"
+  stop_server "$dpid" 50
 }
 
 CALL_IMPAIR="loss=20%,burst=3,jitter=20ms"

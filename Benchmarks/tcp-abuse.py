@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """tcp-abuse: a TCP listener under abuse, and a legitimate client's latency beside it
-(the soak's tcp case, Benchmarks/soak.sh). Loopback only; standard library only.
+(the soak's tcp and directory cases, Benchmarks/soak.sh). Loopback only; standard
+library only. --protocol says what the listener speaks: stun (the relay's TURN
+listener, the default) or rendezvous (a directory's or a relay's rendezvous port:
+2-byte length, then a JSON message; its legitimate client, which must register with
+a key's proof, is `directory-bench --legit`).
 
 While the abuse runs, a legitimate client (its own source address, 127.20.0.1) opens a
 connection every 50 ms, sends one STUN Binding request (RFC 4571-style framing is not
@@ -9,12 +13,16 @@ first against the quiet listener. The abuse, each from its own source address:
 
   idle       --idle N connection attempts from one address (127.10.0.1), 200 at a
              time, held open and silent: how many the listener admitted (open after
-             1 s) and refused (closed at once)
-  slowloris  --slow N connections (127.11.0.1) that send a STUN header one byte every
-             --slow-interval seconds: when the listener closed each (seconds after
+             1 s) and refused (closed at once); with --reopen, an admitted connection
+             the listener closes later (a rendezvous closes one that does not register
+             within 10 s) is opened again at once, so the listener keeps holding them
+  slowloris  --slow N connections (127.11.0.1) that send a frame's header one byte
+             every --slow-interval seconds: when the listener closed each (seconds after
              connecting; a frame begun must complete within the listener's deadline)
-  oversized  --bad N connections (127.12.0.1) announcing a 65,000-byte STUN message
-             and sending it slowly, and N sending random bytes: closed how fast
+  oversized  --bad N connections (127.12.0.1) announcing a message longer than the
+             protocol allows (STUN: 65,000 bytes, sent slowly; rendezvous: 65,535, past
+             its 16,384), and N sending bytes that are no message (STUN: random; rendezvous:
+             a whole frame of random bytes): closed how fast
   tls        --tls-port P: --tls N connections (127.13.0.1) that start a TLS handshake
              (a ClientHello's first bytes) and stop
 
@@ -32,6 +40,27 @@ import time
 
 def binding_request() -> bytes:
     return struct.pack("!HHI", 0x0001, 0, 0x2112A442) + os.urandom(12)
+
+
+# What each protocol's abusers send: a frame to trickle, one announced too long, bytes
+# that are no message.
+def slow_frame(protocol):
+    if protocol == "rendezvous":
+        body = b'{"type":"register","key":"' + b"A" * 43 + b'=","proof":"'
+        return struct.pack("!H", len(body) + 90) + body
+    return struct.pack("!HHI", 0x0001, 8, 0x2112A442) + os.urandom(12) + b"\x00\x80\x00\x04abcd"
+
+
+def oversized_frame(protocol):
+    if protocol == "rendezvous":
+        return b"\xff\xff" + os.urandom(1000)
+    return struct.pack("!HHI", 0x0001, 65000, 0x2112A442) + os.urandom(12) + os.urandom(1000)
+
+
+def garbage(protocol):
+    if protocol == "rendezvous":
+        return struct.pack("!H", 200) + os.urandom(200)
+    return b"\xff" + os.urandom(200)
 
 
 async def open_from(host, port, source, timeout=2.0):
@@ -72,36 +101,55 @@ async def closed_within(reader, limit):
         return time.monotonic() - started
 
 
-async def idle(host, port, attempts, hold, result):
+async def idle(host, port, attempts, hold, reopen, result):
     """`attempts` connections from one address, at most 200 connecting at once (more
     would only overflow the listener's accept queue, which is not what is measured),
-    each then held open and silent: admitted if still open after 1 s."""
+    each then held open and silent: admitted if still open after 1 s. With `reopen`,
+    an admitted connection the listener closes during the hold is opened again."""
     writers = []
     gate = asyncio.Semaphore(200)
+    ends = time.monotonic() + hold
+    reopened = [0]
+
+    async def keep(reader):
+        while reopen:
+            left = ends - time.monotonic()
+            if left <= 0 or await closed_within(reader, left) is None:
+                return
+            try:
+                reader, writer = await open_from(host, port, "127.10.0.1", timeout=10.0)
+            except (OSError, asyncio.TimeoutError):
+                return
+            writers.append(writer)
+            reopened[0] += 1
 
     async def one():
         async with gate:
             try:
                 reader, writer = await open_from(host, port, "127.10.0.1", timeout=10.0)
             except (OSError, asyncio.TimeoutError):
-                return "failed"
+                return "failed", None
         writers.append(writer)
-        return "refused" if await closed_within(reader, 1.0) is not None else "admitted"
+        if await closed_within(reader, 1.0) is not None:
+            return "refused", None
+        return "admitted", reader
 
     outcomes = await asyncio.gather(*(one() for _ in range(attempts)))
-    result["idle"] = {k: outcomes.count(k) for k in ("admitted", "refused", "failed")}
-    await asyncio.sleep(hold)
+    kinds = [k for k, _ in outcomes]
+    result["idle"] = {k: kinds.count(k) for k in ("admitted", "refused", "failed")}
+    await asyncio.gather(*(keep(r) for _, r in outcomes if r is not None), asyncio.sleep(max(0.0, ends - time.monotonic())))
+    result["idle"]["reopened"] = reopened[0]
     for w in writers:
         w.close()
 
 
-async def slowloris(host, port, count, interval, limit, result):
+async def slowloris(host, port, count, interval, limit, protocol, result):
     async def one():
         try:
             reader, writer = await open_from(host, port, "127.11.0.1")
         except (OSError, asyncio.TimeoutError):
             return None
-        header = struct.pack("!HHI", 0x0001, 8, 0x2112A442) + os.urandom(12) + b"\x00\x80\x00\x04abcd"
+        header = slow_frame(protocol)
         started = time.monotonic()
         closed = asyncio.ensure_future(closed_within(reader, limit))
         for byte in header:
@@ -134,13 +182,13 @@ async def send_and_watch(host, port, source, payload, limit):
     return seconds
 
 
-async def oversized(host, port, count, limit, result):
-    # A STUN header announcing 65,000 bytes, and the first thousand of them; then random bytes.
-    announced = struct.pack("!HHI", 0x0001, 65000, 0x2112A442) + os.urandom(12) + os.urandom(1000)
+async def oversized(host, port, count, limit, protocol, result):
+    # A frame announced longer than the protocol allows, and its first thousand bytes; then
+    # bytes that are no message.
     result["oversized"] = await asyncio.gather(
-        *(send_and_watch(host, port, "127.12.0.1", announced, limit) for _ in range(count)))
+        *(send_and_watch(host, port, "127.12.0.1", oversized_frame(protocol), limit) for _ in range(count)))
     result["garbage"] = await asyncio.gather(
-        *(send_and_watch(host, port, "127.12.0.1", b"\xff" + os.urandom(200), limit) for _ in range(count)))
+        *(send_and_watch(host, port, "127.12.0.1", garbage(protocol), limit) for _ in range(count)))
 
 
 async def tls_stall(host, port, count, limit, result):
@@ -171,6 +219,8 @@ def closes_line(kind, times, limit):
 async def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", required=True, help="IPV4:PORT of the TCP listener (loopback)")
+    parser.add_argument("--protocol", choices=("stun", "rendezvous"), default="stun")
+    parser.add_argument("--reopen", action="store_true", help="idle: open again what the listener closes")
     parser.add_argument("--tls-port", type=int)
     parser.add_argument("--seconds", type=float, default=10, help="legit client, per phase")
     parser.add_argument("--interval", type=float, default=0.05, help="legit client, seconds between requests")
@@ -189,6 +239,8 @@ async def main():
     host, port = args.target.rsplit(":", 1)
     port = int(port)
     assert host.startswith("127."), "loopback only"
+    if args.protocol == "rendezvous" and args.role != "abuse":
+        parser.error("a rendezvous's legitimate client registers with a key: use directory-bench --legit")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
@@ -205,9 +257,9 @@ async def main():
 
     result = {}
     abuse = [
-        asyncio.ensure_future(idle(host, port, args.idle, args.deadline, result)),
-        asyncio.ensure_future(slowloris(host, port, args.slow, args.slow_interval, args.deadline, result)),
-        asyncio.ensure_future(oversized(host, port, args.bad, args.deadline, result)),
+        asyncio.ensure_future(idle(host, port, args.idle, args.deadline, args.reopen, result)),
+        asyncio.ensure_future(slowloris(host, port, args.slow, args.slow_interval, args.deadline, args.protocol, result)),
+        asyncio.ensure_future(oversized(host, port, args.bad, args.deadline, args.protocol, result)),
     ]
     if args.tls_port:
         abuse.append(asyncio.ensure_future(tls_stall(host, args.tls_port, args.tls, args.deadline, result)))
@@ -218,7 +270,7 @@ async def main():
     await asyncio.gather(*abuse)
     i = result.get("idle", {})
     print(f"abuse kind=idle attempts={args.idle} admitted={i.get('admitted', 0)} refused={i.get('refused', 0)} "
-          f"failed={i.get('failed', 0)}")
+          f"failed={i.get('failed', 0)} reopened={i.get('reopened', 0)}")
     for kind in ("slowloris", "oversized", "garbage", "tls"):
         if kind in result:
             print(closes_line(kind, result[kind], args.deadline))

@@ -329,6 +329,9 @@ public struct RendezvousFrame: Sendable {
 
     public init() {}
 
+    /// Whether bytes of a frame not yet whole are held.
+    public var isPartial: Bool { !buffer.isEmpty }
+
     public static func frame(_ message: RendezvousMessage) -> [UInt8] { frame(body: message.encode()) }
 
     /// `body` behind its length (at most `maximumLength` bytes, or the stream breaks).

@@ -24,7 +24,12 @@ public struct RendezvousServerConfiguration: Sendable {
     /// How long a new connection has to register.
     public var registrationTimeout: Duration = .seconds(10)
     /// A registered connection silent this long is closed (clients ping every 30 s).
+    /// Only whole frames count as heard: bytes trickled into one do not.
     public var idleTimeout: Duration = .seconds(90)
+    /// A frame begun must be whole this long after its first byte (a frame is at most
+    /// 16 KiB: seconds even on a poor link), else the connection is closed: a
+    /// connection that trickles a byte now and then holds nothing for long.
+    public var frameTimeout: Duration = .seconds(10)
     public var maximumConnections = 10_000
     /// Connections open at once from one IP address (the driver enforces it:
     /// the core never sees addresses); more are closed on accept.
@@ -143,7 +148,10 @@ public struct RendezvousServer: Sendable {
         var serverKey: PrivateKey
         var challenge: [UInt8]
         var key: PublicKey?
+        /// When its last whole frame arrived.
         var lastHeard: Timestamp
+        /// When the first byte of the frame not yet whole arrived (nil: none begun).
+        var frameBegun: Timestamp?
         let opened: Timestamp
         var requests: TokenBucket
         /// When it registered, on both clocks: its key's last-seen time in Unix seconds.
@@ -256,7 +264,13 @@ public struct RendezvousServer: Sendable {
         do { frames = try c.framer.append(bytes) } catch {
             return refuse(id, .tooLarge, "\(error)", requestID: nil, close: true)
         }
-        c.lastHeard = now
+        if !frames.isEmpty { c.lastHeard = now }
+        // A frame begun now, or one still waiting for its rest since it began.
+        if !c.framer.isPartial {
+            c.frameBegun = nil
+        } else if c.frameBegun == nil || !frames.isEmpty {
+            c.frameBegun = now
+        }
         connections[id] = c
         var actions: [RendezvousAction] = []
         for frame in frames {
@@ -298,6 +312,9 @@ public struct RendezvousServer: Sendable {
             if c.key == nil, now - c.opened >= configuration.registrationTimeout {
                 actions += refuse(
                     id, .timeout, "no registration within \(configuration.registrationTimeout)", requestID: nil, close: true)
+            } else if let begun = c.frameBegun, now - begun >= configuration.frameTimeout {
+                actions += refuse(
+                    id, .timeout, "a frame begun \(configuration.frameTimeout) ago is not whole", requestID: nil, close: true)
             } else if c.key != nil, now - c.lastHeard >= configuration.idleTimeout {
                 actions += refuse(id, .timeout, "silent for \(configuration.idleTimeout)", requestID: nil, close: true)
             }
@@ -329,8 +346,9 @@ public struct RendezvousServer: Sendable {
 
     /// When ``handleTimeout(now:)`` next has something to do.
     public var nextDeadline: Timestamp? {
-        let connection = connections.values.map {
-            $0.key == nil ? $0.opened + configuration.registrationTimeout : $0.lastHeard + configuration.idleTimeout
+        let connection = connections.values.map { c in
+            let timeout = c.key == nil ? c.opened + configuration.registrationTimeout : c.lastHeard + configuration.idleTimeout
+            return c.frameBegun.map { min(timeout, $0 + configuration.frameTimeout) } ?? timeout
         }.min()
         let forget = seen.values.min()
         // Each box is in posting order: its first entry is its oldest.

@@ -69,9 +69,16 @@ struct DirectoryCommand: AsyncParsableCommand {
     @Option(
         name: .customLong("max-connections"),
         help: ArgumentHelp(
-            "Peers connected at once, 1,000 at most from one address (each takes a file descriptor: the soft ulimit -n is raised to the hard one at start).",
+            "Peers connected at once (each takes a file descriptor: the soft ulimit -n is raised to the hard one at start).",
             valueName: "n"))
     var maxConnections = 20_000
+
+    @Option(
+        name: .customLong("max-connections-per-ip"),
+        help: ArgumentHelp(
+            "Connections open at once from one address; more are closed on accept (a NAT in front of many users needs more).",
+            valueName: "n"))
+    var maxConnectionsPerIP = 1_000
 
     @Option(
         name: .customLong("memory-limit"),
@@ -113,6 +120,10 @@ struct DirectoryCommand: AsyncParsableCommand {
         }
         guard (1...1_000_000).contains(maxConnections) else { throw failure("--max-connections must be 1-1000000") }
         core.maximumConnections = maxConnections
+        guard (1...1_000_000).contains(maxConnectionsPerIP) else {
+            throw failure("--max-connections-per-ip must be 1-1000000")
+        }
+        core.maximumConnectionsPerSource = maxConnectionsPerIP
         let limit: UInt64?
         switch Relay.memoryLimit(memoryLimit) {
         case .success(let bytes): limit = bytes

@@ -452,6 +452,7 @@ struct DirectoryCommandTests {
             (["--listen", "nowhere"], "--listen must be IP:PORT"),
             (["--turn-uri", "turn:127.0.0.1:3478"], "--turn-uri needs --static-auth-secret"),
             (["--max-connections", "0"], "--max-connections must be 1-1000000"),
+            (["--max-connections-per-ip", "0"], "--max-connections-per-ip must be 1-1000000"),
         ])
     func badDatabasesAndFlags(_ flags: [String], _ message: String) async throws {
         let tusa = try #require(Harness.tusa)

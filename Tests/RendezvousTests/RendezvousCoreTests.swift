@@ -765,6 +765,39 @@ extension RendezvousClient {
         #expect(!net.server.isOnline(bob.publicKey))
     }
 
+    /// Slowloris on a registered connection: bytes trickled into a frame do not count as
+    /// heard, and a frame begun must be whole within `frameTimeout` of its first byte.
+    @Test func aFrameTrickledAByteAtATimeIsCutAtItsDeadline() throws {
+        var net = Net()
+        var cb = RendezvousClient(identity: bob)
+        _ = try net.connect(b, &cb)
+        // A frame sent in two pieces inside the deadline is taken, and resets it.
+        let ping = cb.ping()
+        net.feed(.received(b, Array(ping.prefix(3)), unixSeconds: net.unix))
+        #expect(net.server.nextDeadline == net.now + .seconds(10))
+        net.now = net.now + .seconds(9)
+        net.tick()
+        net.feed(.received(b, Array(ping.dropFirst(3)), unixSeconds: net.unix))
+        #expect(try net.messages(b) == [.pong])
+        #expect(net.server.nextDeadline == net.now + .seconds(90))
+        // Then a ping's bytes, one every 4 s: cut 10 s after its first byte.
+        let begun = net.now
+        for byte in cb.ping().prefix(4) {
+            net.feed(.received(b, [byte], unixSeconds: net.unix))
+            net.tick()
+            if net.closed.contains(b) { break }
+            net.now = net.now + .seconds(4)
+            net.tick()
+        }
+        #expect(net.closed.contains(b))
+        #expect(net.now - begun == .seconds(12))
+        guard case .error(.timeout, let detail, nil)? = try net.messages(b).last else {
+            Issue.record("no timeout")
+            return
+        }
+        #expect(detail.contains("frame"))
+    }
+
     /// The SansIOCore contract: with no connection left, the next deadline is when a
     /// peer that left is forgotten, and handling it forgets the peer (lookups say unknown).
     @Test func aPeerThatLeftIsForgottenAtItsDeadline() throws {

@@ -22,11 +22,20 @@ import TusaBase
 //   directory-bench [--clients N] [--rate POSTS_PER_S] [--friend-rate POSTS_PER_S] [--placements N] [--seconds S]
 //                   [--no-postgres]
 //   directory-bench --idle N --server IP:PORT [--hold S] [--from-user K]
+//   directory-bench --legit --server IP:PORT [--seconds S] [--interval S] [--gap S]
 //
 // With --idle: N users registered at a running directory (900 from each of
 // 127.0.0.1, 127.0.0.2, …: a directory takes 1,000 from one address), held idle
 // S seconds (their keepalives go on), then closed; Benchmarks/directory-idle.sh
 // reads the directory's memory meanwhile.
+//
+// With --legit: a legitimate user beside an abuse of the listener (Benchmarks/soak.sh
+// directory): every --interval seconds (0.05) a fresh connection from 127.20.0.1
+// registers (challenge, proof) and asks one lookup, timed from the connect to the
+// answer; S seconds against the quiet directory, a --gap for another process's abuse
+// to set in, S seconds beside it. Prints one line a phase, as Benchmarks/tcp-abuse.py
+// does ('legit phase=quiet|abuse requests= answered= p50_ms= p95_ms= max_ms='); exit 1
+// when a request went unanswered.
 
 struct Options {
     var clients = 200
@@ -39,6 +48,9 @@ struct Options {
     var server: TransportAddress?
     var hold = 40.0
     var fromUser = 0
+    var legit = false
+    var interval = 0.05
+    var gap = 2.0
 
     init(_ arguments: [String]) throws {
         var i = 0
@@ -59,6 +71,9 @@ struct Options {
             case "--server": server = TransportAddress(try value())
             case "--hold": hold = Double(try value()) ?? 0
             case "--from-user": fromUser = Int(try value()) ?? -1
+            case "--legit": legit = true
+            case "--interval": interval = Double(try value()) ?? 0
+            case "--gap": gap = Double(try value()) ?? -1
             default: throw BenchError("unknown argument \(arguments[i])")
             }
             i += 1
@@ -329,6 +344,44 @@ func holdIdle(users: Int, server: TransportAddress, hold: Double, fromUser: Int)
     if failures > 0 || open < held.count { exit(1) }
 }
 
+/// The legitimate user of `--legit`: a fresh connection every `interval` seconds for
+/// `seconds`, each registering (within 2 s) and asking one lookup (the connection's
+/// own 10 s for an answer); its latencies in ms (nil: refused, or no answer in time).
+func legitimateRequests(server: TransportAddress, seconds: Double, interval: Double) async -> [Double?] {
+    let identity = PrivateKey.generate()
+    let from = TransportAddress(ip: .v4(0x7F14_0001), port: 0)  // 127.20.0.1
+    var samples: [Double?] = []
+    let end = ContinuousClock.now + .seconds(seconds)
+    var next = ContinuousClock.now
+    while next < end {
+        try? await Task.sleep(until: next, clock: .continuous)
+        next = next + .seconds(interval)
+        let began = ContinuousClock.now
+        guard
+            let c = try? await RendezvousConnection.connect(to: server, identity: identity, timeout: .seconds(2), from: from)
+        else {
+            samples.append(nil)
+            continue
+        }
+        if (try? await c.lookup(identity.publicKey)) != nil {
+            let took = ContinuousClock.now - began
+            samples.append(Double(took.components.seconds) * 1000 + Double(took.components.attoseconds) / 1e15)
+        } else {
+            samples.append(nil)
+        }
+        await c.close()
+    }
+    return samples
+}
+
+func latencyLine(_ phase: String, _ samples: [Double?]) -> String {
+    let answered = samples.compactMap { $0 }.sorted()
+    guard let slowest = answered.last else { return "legit phase=\(phase) requests=\(samples.count) answered=0" }
+    return String(
+        format: "legit phase=%@ requests=%d answered=%d p50_ms=%.2f p95_ms=%.2f max_ms=%.2f", phase, samples.count,
+        answered.count, percentile(answered, 0.5), percentile(answered, 0.95), slowest)
+}
+
 /// Placement: relays report 1,000 live rooms between them (their load at 30 %
 /// to 50 %) and list them (four members each: the directory's `parties` rows);
 /// `registrations` users register one after another at `rate` a second, each told
@@ -414,6 +467,20 @@ let options: Options
 do { options = try Options(Array(CommandLine.arguments.dropFirst())) } catch {
     FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
     exit(64)
+}
+if options.legit {
+    guard let server = options.server, options.interval > 0, options.gap >= 0 else {
+        FileHandle.standardError.write(
+            Data("directory-bench: --legit needs --server IP:PORT, a positive --interval and --gap 0 or more\n".utf8))
+        exit(64)
+    }
+    let quiet = await legitimateRequests(server: server, seconds: options.seconds, interval: options.interval)
+    print(latencyLine("quiet", quiet))
+    fflush(nil)
+    try? await Task.sleep(for: .seconds(options.gap))
+    let loaded = await legitimateRequests(server: server, seconds: options.seconds, interval: options.interval)
+    print(latencyLine("abuse", loaded))
+    exit((quiet + loaded).contains { $0 == nil } ? 1 : 0)
 }
 if let users = options.idle {
     guard let server = options.server, users > 0, options.hold >= 0, options.fromUser >= 0 else {
