@@ -36,6 +36,9 @@
 #                frames of random bytes. A legitimate user (`directory-bench --legit`)
 #                connecting, registering with its key's proof and asking a lookup every
 #                20 ms: its p95 beside the abuse against the quiet directory's.
+#   metrics      the relay's Prometheus port under the same abuse (--protocol http: a
+#                request trickled, a 200 KB header, bytes that are no request), a scraper
+#                asking GET /metrics every 20 ms beside it.
 #   memory       the relay in a memory cgroup of its own (root; else skipped), F voice flows
 #                through it, its limit then set so that M MiB more reach 90 % of it, and
 #                more allocations asked for than fit: the relay refuses the rest (508,
@@ -79,12 +82,12 @@ while (($#)); do
   case $1 in
     --short) SHORT=1; shift ;;
     --no-build) NO_BUILD=1; shift ;;
-    -h|--help) sed -n '2,72p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    flood|allocations|tcp|directory|memory|call|party|faults) CASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,75p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    flood|allocations|tcp|directory|metrics|memory|call|party|faults) CASES+=("$1"); shift ;;
     *) echo "soak: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-((${#CASES[@]})) || CASES=(flood allocations tcp directory memory call party faults)
+((${#CASES[@]})) || CASES=(flood allocations tcp directory metrics memory call party faults)
 CONFIG=release
 ((SHORT)) && CONFIG=debug
 SWIFT=${SWIFT:-swift}
@@ -496,36 +499,74 @@ case_directory() {
   wait "$legit_pid" || fail "a legitimate request went unanswered: $(cat "$TMP/dir-legit.out") $(tail -n 3 "$TMP/dir-legit.err")"
   forget "$legit_pid"
   cat "$TMP/dir-legit.out" "$TMP/dir-abuse.out" >"$TMP/dir.out"
-  sed 's/^/  /' "$TMP/dir.out"
-  local quiet abuse admitted
-  quiet=$(field p95_ms "$(grep 'phase=quiet' "$TMP/dir.out")")
-  abuse=$(field p95_ms "$(grep 'phase=abuse' "$TMP/dir.out")")
-  admitted=$(field admitted "$(grep 'kind=idle' "$TMP/dir.out")")
-  [[ -n $quiet && -n $abuse && -n $admitted ]] || { fail "no latency measured"; return; }
-  awk -v q="$quiet" -v a="$abuse" 'BEGIN {printf "  p95 beside the abuse / quiet: %.2f\n", a / q}'
-  # As the tcp case's: 2x the quiet p95, over a floor (a registration is a few ms here).
-  awk -v q="$quiet" -v a="$abuse" -v f="$TCP_FLOOR_MS" 'BEGIN {exit !(a <= 2 * (q > f ? q : f))}' ||
-    fail "p95 $abuse ms beside the abuse, $quiet ms quiet (floor $TCP_FLOOR_MS ms)"
-  local cap=$((TCP_IDLE < TCP_PER_IP ? TCP_IDLE : TCP_PER_IP))
-  ((admitted <= TCP_PER_IP)) || fail "one address held $admitted connections (cap $TCP_PER_IP)"
-  ((admitted >= cap * 9 / 10)) || fail "one address got only $admitted connections of its $cap"
-  # Frames announced too long, and frames that are no message: closed at once.
-  for kind in oversized garbage; do
-    line=$(grep "kind=$kind" "$TMP/dir.out")
-    [[ $(field still_open "$line") == 0 ]] && awk -v m="$(field closed_after_s_max "$line")" 'BEGIN {exit !(m < 1)}' ||
-      fail "$kind frames were not refused at once: $line"
-  done
+  judge_listener_abuse "$TMP/dir.out" "$TCP_PER_IP" 10
   if ((!SHORT)); then
-    # Trickled frames closed 10 s after connecting (no registration; and a frame begun is
-    # whole within 10 s), whatever the trickle; idle ones closed alike and opened again.
-    line=$(grep "kind=slowloris" "$TMP/dir.out")
-    [[ $(field still_open "$line") == 0 ]] && awk -v m="$(field closed_after_s_max "$line")" 'BEGIN {exit !(m <= 11)}' ||
-      fail "slowloris connections outlived the 10 s deadline: $line"
-    (($(field reopened "$(grep 'kind=idle' "$TMP/dir.out")") >= admitted)) ||
+    # Idle connections closed for not registering, and opened again.
+    (($(field reopened "$(grep 'kind=idle' "$TMP/dir.out")") >= $(field admitted "$(grep 'kind=idle' "$TMP/dir.out")"))) ||
       fail "the idle connections were not closed for not registering: $(grep 'kind=idle' "$TMP/dir.out")"
   fi
   kill -0 "$dpid" 2>/dev/null || fail "the directory died under the abuse"
   stop_server "$dpid" 50
+}
+
+# judge_listener_abuse OUT CAP DEADLINE: the directory and metrics cases' lines (a
+# legitimate client's two phases, tcp-abuse.py's kinds) against what the listener must
+# hold: the legitimate p95 within 2x the quiet one (over a floor, as the tcp case's), one
+# address admitted up to its CAP, frames announced too long and bytes that are no
+# message closed at once, and (long run) trickled frames closed DEADLINE s after their
+# first byte, whatever the trickle.
+judge_listener_abuse() {
+  local out=$1 per_ip=$2 deadline=$3 quiet abuse admitted line kind
+  sed 's/^/  /' "$out"
+  quiet=$(field p95_ms "$(grep 'phase=quiet' "$out")")
+  abuse=$(field p95_ms "$(grep 'phase=abuse' "$out")")
+  admitted=$(field admitted "$(grep 'kind=idle' "$out")")
+  [[ -n $quiet && -n $abuse && -n $admitted ]] || { fail "no latency measured"; return; }
+  awk -v q="$quiet" -v a="$abuse" 'BEGIN {printf "  p95 beside the abuse / quiet: %.2f\n", a / q}'
+  awk -v q="$quiet" -v a="$abuse" -v f="$TCP_FLOOR_MS" 'BEGIN {exit !(a <= 2 * (q > f ? q : f))}' ||
+    fail "p95 $abuse ms beside the abuse, $quiet ms quiet (floor $TCP_FLOOR_MS ms)"
+  local cap=$((TCP_IDLE < per_ip ? TCP_IDLE : per_ip))
+  ((admitted <= per_ip)) || fail "one address held $admitted connections (cap $per_ip)"
+  ((admitted >= cap * 9 / 10)) || fail "one address got only $admitted connections of its $cap"
+  for kind in oversized garbage; do
+    line=$(grep "kind=$kind" "$out")
+    [[ $(field still_open "$line") == 0 ]] && awk -v m="$(field closed_after_s_max "$line")" 'BEGIN {exit !(m < 1)}' ||
+      fail "$kind frames were not refused at once: $line"
+  done
+  if ((!SHORT)); then
+    line=$(grep "kind=slowloris" "$out")
+    [[ $(field still_open "$line") == 0 ]] &&
+      awk -v m="$(field closed_after_s_max "$line")" -v d="$deadline" 'BEGIN {exit !(m <= d + 1)}' ||
+      fail "slowloris connections outlived the $deadline s deadline: $line"
+  fi
+}
+
+case_metrics() {
+  echo "metrics: the relay's Prometheus port under abuse, a scraper beside it"
+  local port metrics
+  port=$(free_port) && metrics=$(free_port) || { fail "no free port"; return; }
+  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+  start_relay "$port" --prometheus --prometheus-address 127.0.0.1 --prometheus-port "$metrics" ||
+    { fail "the relay did not start"; return; }
+  # The scraper asks every 20 ms (a Prometheus asks every 15 s: this is to have a p95).
+  local ahead=()
+  ((EUID == 0)) && ahead=(nice -n -10)
+  "${ahead[@]}" python3 "$HERE/tcp-abuse.py" --role legit --protocol http --target "127.0.0.1:$metrics" \
+    --seconds "$TCP_SECONDS" --interval "$TCP_INTERVAL" --gap 2 >"$TMP/metrics-legit.out" 2>"$TMP/metrics-legit.err" &
+  local legit_pid=$!
+  PIDS+=("$legit_pid")
+  sleep "$TCP_SECONDS"
+  "${LOAD_PIN[@]}" python3 "$HERE/tcp-abuse.py" --role abuse --protocol http --target "127.0.0.1:$metrics" \
+    --idle "$TCP_IDLE" --reopen --slow "$TCP_ABUSERS" --bad "$TCP_ABUSERS" --deadline "$TCP_WATCH" \
+    >"$TMP/metrics-abuse.out" 2>"$TMP/metrics-abuse.err" || fail "the abuse failed: $(tail -n 3 "$TMP/metrics-abuse.err")"
+  wait "$legit_pid" || fail "a scrape went unanswered: $(cat "$TMP/metrics-legit.out") $(tail -n 3 "$TMP/metrics-legit.err")"
+  forget "$legit_pid"
+  cat "$TMP/metrics-legit.out" "$TMP/metrics-abuse.out" >"$TMP/metrics.out"
+  # 16 connections from one address (MetricsEndpoint.connectionLimits), a request whole
+  # within 10 s of its first byte.
+  judge_listener_abuse "$TMP/metrics.out" 16 10
+  kill -0 "$RPID" 2>/dev/null || fail "the relay died under the abuse"
+  stop_server "$RPID" 50
 }
 
 CALL_IMPAIR="loss=20%,burst=3,jitter=20ms"

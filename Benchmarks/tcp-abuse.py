@@ -2,14 +2,15 @@
 """tcp-abuse: a TCP listener under abuse, and a legitimate client's latency beside it
 (the soak's tcp and directory cases, Benchmarks/soak.sh). Loopback only; standard
 library only. --protocol says what the listener speaks: stun (the relay's TURN
-listener, the default) or rendezvous (a directory's or a relay's rendezvous port:
+listener, the default), rendezvous (a directory's or a relay's rendezvous port:
 2-byte length, then a JSON message; its legitimate client, which must register with
-a key's proof, is `directory-bench --legit`).
+a key's proof, is `directory-bench --legit`) or http (the relay's Prometheus port:
+the legitimate client scrapes GET /metrics).
 
 While the abuse runs, a legitimate client (its own source address, 127.20.0.1) opens a
 connection every 50 ms, sends one STUN Binding request (RFC 4571-style framing is not
-needed: STUN over TCP is self-delimiting) and times the answer; the same client runs
-first against the quiet listener. The abuse, each from its own source address:
+needed: STUN over TCP is self-delimiting), or one scrape, and times the answer; the
+same client runs first against the quiet listener. The abuse, each from its own source address:
 
   idle       --idle N connection attempts from one address (127.10.0.1), 200 at a
              time, held open and silent: how many the listener admitted (open after
@@ -48,18 +49,25 @@ def slow_frame(protocol):
     if protocol == "rendezvous":
         body = b'{"type":"register","key":"' + b"A" * 43 + b'=","proof":"'
         return struct.pack("!H", len(body) + 90) + body
+    if protocol == "http":
+        return b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slowloris\r\n"
     return struct.pack("!HHI", 0x0001, 8, 0x2112A442) + os.urandom(12) + b"\x00\x80\x00\x04abcd"
 
 
 def oversized_frame(protocol):
     if protocol == "rendezvous":
         return b"\xff\xff" + os.urandom(1000)
+    if protocol == "http":
+        # A header past any server's limit (SwiftNIO's parser takes 80 KiB).
+        return b"GET /metrics HTTP/1.1\r\nX-Filler: " + b"a" * 200_000 + b"\r\n\r\n"
     return struct.pack("!HHI", 0x0001, 65000, 0x2112A442) + os.urandom(12) + os.urandom(1000)
 
 
 def garbage(protocol):
     if protocol == "rendezvous":
         return struct.pack("!H", 200) + os.urandom(200)
+    if protocol == "http":
+        return b"\x00\xff" + os.urandom(200) + b"\r\n\r\n"
     return b"\xff" + os.urandom(200)
 
 
@@ -68,18 +76,26 @@ async def open_from(host, port, source, timeout=2.0):
         asyncio.open_connection(host, port, local_addr=(source, 0)), timeout=timeout)
 
 
-async def legit(host, port, seconds, interval, out):
-    """One Binding request per fresh connection every `interval` seconds; latencies in ms."""
+async def legit(host, port, seconds, interval, protocol, out):
+    """One Binding request (or one scrape) per fresh connection every `interval` seconds;
+    latencies in ms."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         started = time.perf_counter()
         try:
             reader, writer = await open_from(host, port, "127.20.0.1")
-            writer.write(binding_request())
-            await writer.drain()
-            header = await asyncio.wait_for(reader.readexactly(20), timeout=2.0)
-            length = struct.unpack("!H", header[2:4])[0]
-            await asyncio.wait_for(reader.readexactly(length), timeout=2.0)
+            if protocol == "http":
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+                response = await asyncio.wait_for(reader.read(-1), timeout=2.0)
+                if not response.startswith(b"HTTP/1.1 200"):
+                    raise OSError(f"scrape answered {response[:40]!r}")
+            else:
+                writer.write(binding_request())
+                await writer.drain()
+                header = await asyncio.wait_for(reader.readexactly(20), timeout=2.0)
+                length = struct.unpack("!H", header[2:4])[0]
+                await asyncio.wait_for(reader.readexactly(length), timeout=2.0)
             out.append((time.perf_counter() - started) * 1000)
             writer.close()
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
@@ -219,7 +235,7 @@ def closes_line(kind, times, limit):
 async def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", required=True, help="IPV4:PORT of the TCP listener (loopback)")
-    parser.add_argument("--protocol", choices=("stun", "rendezvous"), default="stun")
+    parser.add_argument("--protocol", choices=("stun", "rendezvous", "http"), default="stun")
     parser.add_argument("--reopen", action="store_true", help="idle: open again what the listener closes")
     parser.add_argument("--tls-port", type=int)
     parser.add_argument("--seconds", type=float, default=10, help="legit client, per phase")
@@ -246,12 +262,12 @@ async def main():
 
     quiet, loaded = [], []
     if args.role in ("legit", "both"):
-        await legit(host, port, args.seconds, args.interval, quiet)
+        await legit(host, port, args.seconds, args.interval, args.protocol, quiet)
         print(latency_line("quiet", quiet), flush=True)
         if args.role == "legit":
             # The abuse, another process, starts now; its connections are in place after the gap.
             await asyncio.sleep(args.gap)
-            await legit(host, port, args.seconds, args.interval, loaded)
+            await legit(host, port, args.seconds, args.interval, args.protocol, loaded)
             print(latency_line("abuse", loaded), flush=True)
             return 0 if all(s is not None for s in quiet + loaded) else 1
 
@@ -265,7 +281,7 @@ async def main():
         abuse.append(asyncio.ensure_future(tls_stall(host, args.tls_port, args.tls, args.deadline, result)))
     if args.role == "both":
         await asyncio.sleep(args.gap)  # the abuse is in place
-        await legit(host, port, args.seconds, args.interval, loaded)
+        await legit(host, port, args.seconds, args.interval, args.protocol, loaded)
         print(latency_line("abuse", loaded), flush=True)
     await asyncio.gather(*abuse)
     i = result.get("idle", {})

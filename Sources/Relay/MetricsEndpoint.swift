@@ -176,6 +176,14 @@ final class MetricsHTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
+    /// A request the HTTP parser refused (bytes that are no request, a header past its
+    /// limit): `HTTPServerProtocolErrorHandler` has answered 400 with `Connection: close`
+    /// and passed the error on; the connection closes, as that answer says (left open, it
+    /// sat until the idle timeout, holding one of its address's connections).
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if event is IdleStateHandler.IdleStateEvent {
             context.close(promise: nil)

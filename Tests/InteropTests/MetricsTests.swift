@@ -195,6 +195,23 @@ struct MetricsTests {
             let after = try #require(closedAfter, "a request trickled for 28 s was never cut off")
             #expect(after >= 0.9 && after < 5, "cut off after \(after) s (deadline 1 s)")
 
+            // Bytes that are no request, and a header past the parser's limit: answered 400
+            // and closed at once (not held until the idle timeout). (The long header's 400
+            // may be lost to the reset that closing on unread bytes sends.)
+            for (bad, answered) in [
+                ([0x00, 0xFF, 0x13, 0x37] + Array("\r\n\r\n".utf8), true),
+                (Array("GET /metrics HTTP/1.1\r\nX-Pad: ".utf8) + [UInt8](repeating: 0x61, count: 120_000), false),
+            ] {
+                let answer = try await Harness.offPool { () throws -> [UInt8]? in
+                    let socket = try TestSocket.tcp(connectingTo: address)
+                    try? socket.sendAll(bad)
+                    return socket.readToEnd(timeout: 1)
+                }
+                let text = try #require(
+                    answer.map { String(decoding: $0, as: UTF8.self) }, "a refused request's connection stayed open")
+                #expect(!answered || text.hasPrefix("HTTP/1.1 400"), "\(text)")
+            }
+
             let share = MetricsEndpoint.connectionLimits.perSource
             let held = try await Harness.offPool { try (0..<share).map { _ in try TestSocket.tcp(connectingTo: address) } }
             #expect(
