@@ -120,11 +120,14 @@ extension SecureUDPEndpoint {
     /// the endpoint's loop carries. The stream table stays on the endpoint's loop;
     /// each read's frames hop to it together, and a connection whose frames that
     /// loop has not yet taken reach ``StreamInbox/highWater`` bytes stops reading
-    /// until they are down to ``StreamInbox/lowWater``. Returns the bound address.
+    /// until they are down to ``StreamInbox/lowWater``. A connection that brings no
+    /// whole frame for `readTimeout` is closed: a member's session sends at least a
+    /// keepalive every 10 s, and bytes trickled into a frame that never completes
+    /// (slowloris) do not count. Returns the bound address.
     @discardableResult
     public func listenForStreams(
         host: String, port: Int, maxStreams: Int = 4096, tls: NIOSSLContext? = nil, admission: ConnectionAdmission? = nil,
-        streamLoop: (any EventLoop)? = nil
+        streamLoop: (any EventLoop)? = nil, readTimeout: Duration = .seconds(30)
     ) async throws(SecureTransportError) -> TransportAddress {
         let loop = eventLoop
         let childLoop = streamLoop ?? loop
@@ -165,17 +168,16 @@ extension SecureUDPEndpoint {
             // On the connection's own loop: its handlers.
             return admitted.hop(to: stream.eventLoop).flatMapThrowing { address in
                 if let tls { try stream.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
-                // A member's session sends at least a keepalive every 10 s: a stream silent
-                // for 30 s is closed (a connection that never handshakes holds no slot long;
-                // behind TLS, only whole records count as heard).
-                try stream.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: .seconds(30)))
+                // Only whole frames count as heard: a connection that never handshakes, or
+                // trickles a frame, holds no slot long.
+                let idle = TimeAmount.nanoseconds(Int64(clamping: readTimeout.nanoseconds))
                 if childLoop === loop {
-                    try StreamFraming.install(on: stream) { frame in
+                    try StreamFraming.install(on: stream, readTimeout: idle) { frame in
                         engine.value.receivedFromStream(frame, from: address)
                     }
                 } else {
                     let inbox = StreamInbox(stream, of: self)
-                    try StreamFraming.install(on: stream) { frame in
+                    try StreamFraming.install(on: stream, readTimeout: idle) { frame in
                         inbox.add(frame)
                     } readComplete: {
                         guard let (frames, bytes) = inbox.takeBatch() else { return }
@@ -312,16 +314,20 @@ final class StreamInbox: Sendable {
 /// RFC 4571 framing on a TCP channel: a 16-bit big-endian length before each datagram.
 enum StreamFraming {
     /// `received` for each frame, `readComplete` at the end of each read (after its
-    /// frames), `closed` when the stream ends.
+    /// frames), `closed` when the stream ends. With `readTimeout`, the stream is closed
+    /// once no whole frame has come for that long (the timer sits behind the decoder:
+    /// bytes of a frame not yet whole do not reset it).
     static func install(
-        on channel: Channel, received: @escaping (ByteBuffer) -> Void, readComplete: @escaping () -> Void = {},
-        closed: @escaping () -> Void = {}
+        on channel: Channel, readTimeout: TimeAmount? = nil, received: @escaping (ByteBuffer) -> Void,
+        readComplete: @escaping () -> Void = {}, closed: @escaping () -> Void = {}
     ) throws {
-        try channel.pipeline.syncOperations.addHandlers([
+        let handlers: [any ChannelHandler] = [
             ByteToMessageHandler(LengthFieldBasedFrameDecoder(lengthFieldBitLength: .twoBytes)),
             LengthFieldPrepender(lengthFieldBitLength: .twoBytes),
-            DatagramHandler(received: received, readComplete: readComplete, closed: closed),
-        ])
+        ]
+        try channel.pipeline.syncOperations.addHandlers(
+            handlers + (readTimeout.map { [IdleStateHandler(readTimeout: $0)] } ?? [])
+                + [DatagramHandler(received: received, readComplete: readComplete, closed: closed)])
     }
 
     /// Hands each frame on; reports each read's end and the stream's.
