@@ -250,8 +250,10 @@ public final class CallAgent: Sendable {
         var alarm = Alarm(feed: feed)
         defer { alarm.cancel() }
         let deadline = Self.now() + options.ringTimeout
+        var rejoinAt: Timestamp?
         while true {
-            alarm.set(deadline, now: Self.now())
+            await rejoinIfDue(&rejoinAt)
+            alarm.set(min(deadline, rejoinAt ?? deadline), now: Self.now())
             guard let event = await inbox.next() else { throw CallError.timedOut("no call within \(options.ringTimeout)") }
             let from: PublicKey
             let bytes: [UInt8]
@@ -264,7 +266,7 @@ public final class CallAgent: Sendable {
                 if Self.now() >= deadline { throw CallError.timedOut("no call within \(options.ringTimeout)") }
                 continue
             case .rendezvousClosed(let generation):
-                closed(generation)
+                if closed(generation) { rejoinAt = Self.now() }
                 continue
             case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive: continue
             }
@@ -413,6 +415,19 @@ public final class CallAgent: Sendable {
             guard generation == link.generation else { return false }
             link.closed = true
             return true
+        }
+    }
+
+    /// Waiting for a call or an answer, the rendezvous connection dropped (its relay
+    /// restarted, or its directory node died) at `rejoinAt`: register again once it is
+    /// due (the next of the servers first), and a second later while none takes us.
+    private func rejoinIfDue(_ rejoinAt: inout Timestamp?) async {
+        guard let due = rejoinAt, Self.now() >= due else { return }
+        do {
+            try await reconnect(replacing: false)
+            rejoinAt = nil
+        } catch {
+            rejoinAt = Self.now() + .seconds(1)
         }
     }
 
@@ -703,8 +718,10 @@ public final class CallAgent: Sendable {
         var alarm = Alarm(feed: feed)
         defer { alarm.cancel() }
         let deadline = Self.now() + timeout
+        var rejoinAt: Timestamp?
         while true {
-            alarm.set(deadline, now: Self.now())
+            await rejoinIfDue(&rejoinAt)
+            alarm.set(min(deadline, rejoinAt ?? deadline), now: Self.now())
             guard let event = await inbox.next() else { throw .timedOut("no answer within \(timeout)") }
             switch event {
             case .signal(let from, let bytes):
@@ -716,7 +733,7 @@ public final class CallAgent: Sendable {
                 alarm.rang()
                 if Self.now() >= deadline { throw .timedOut("no answer within \(timeout)") }
             case .rendezvousClosed(let generation):
-                closed(generation)
+                if closed(generation) { rejoinAt = Self.now() }
             case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive:
                 continue
             }

@@ -432,6 +432,52 @@ struct DirectoryCommandTests {
         #expect(await second.stop() == 0)
     }
 
+    /// `tusa answer` given two nodes registers at the first; that node SIGKILLed, it
+    /// registers at the other within 3 s (not only once a call is under way), and a call
+    /// placed through the other node reaches it.
+    @Test(
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"),
+        .enabled(if: PostgresServer.isInstalled, "\(PostgresServer.absentMessage)"))
+    func anAnswererWhoseNodeDiesIsCalledThroughTheOther() async throws {
+        let postgres = try PostgresServer()
+        defer { postgres.remove() }
+        let (first, one) = try await Self.start("directory", postgres.url)
+        defer { first.kill() }
+        let (second, two) = try await Self.start("directory", postgres.url)
+        defer { second.kill() }
+        let tusa = try #require(Harness.tusa)
+        // (Its log at info level names the registration.)
+        let answerer = try Harness.Background(
+            "/usr/bin/env",
+            [
+                "TUSA_LOG=info", tusa, "answer", "--rendezvous", "\(one),\(two)", "--timeout", "60", "--in", "tone", "--json",
+                "--quiet",
+            ])
+        defer { answerer.kill() }
+        let line = try #require(await answerer.waitForMatch(#"answering as [A-Za-z0-9+/=]{44}"#), "\(answerer.stderr)")
+        let key = String(line.dropFirst("answering as ".count))
+        let callee = try #require(PublicKey(base64: key))
+        let probe = try await RendezvousConnection.connect(to: two, identity: .generate(), timeout: .seconds(30))
+        #expect(await eventually(within: .seconds(5)) { (try? await probe.lookup(callee)) == true }, "not registered")
+        await probe.close()
+
+        first.kill()
+        let killed = ContinuousClock.now
+        #expect(
+            await answerer.waitFor(timeout: 10) { _, err in err.contains("registered again at the rendezvous") },
+            "the answerer did not register at the other node: \(answerer.stderr)")
+        let after = ContinuousClock.now - killed
+        print("directory nodes: an answerer's node SIGKILLed, registered at the other after \(after)")
+        #expect(after < .seconds(3), "registered again after \(after)")
+        #expect(answerer.stderr.contains("server=\(two)"), "\(answerer.stderr)")
+        let caller = try await Harness.run(
+            tusa, ["call", key, "--rendezvous", "\(two)", "--in", "tone", "--duration", "2", "--json", "--quiet"],
+            timeout: 40)
+        #expect(caller.status == 0, "\(caller.stdout) \(caller.stderr)")
+        _ = await answerer.waitForExit(timeout: 10)
+        #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
+    }
+
     /// A fresh identity file (what `tusa keygen` writes) in the temporary folder.
     private static func keyFile() throws -> String {
         let path = NSTemporaryDirectory() + "tusa-watch-\(UUID().uuidString).key"
