@@ -101,9 +101,21 @@ public final class DirectoryReporter: Service, Sendable {
                 return
             }
             await connection.close()
+            if case .refused(.badProof, let detail)? = await connection.refusal() {
+                // Not this relay's to mend by trying again at once: said each time, tried
+                // again at `refusedRetry` (the directory's secret may be changed meanwhile).
+                logger.error(
+                    "the directory \(connection.server) refused this relay: \(detail) (--directory-secret must be the directory's --relay-secret); trying again in \(Self.refusedRetry)"
+                )
+                try? await cancelWhenGracefulShutdown { try await Task.sleep(for: Self.refusedRetry) }
+                continue
+            }
             logger.warning("lost the directory \(connection.server); connecting again")
         }
     }
+
+    /// How long a relay the directory refused (its secret) waits before it tries again.
+    static let refusedRetry: Duration = .seconds(30)
 
     /// What changed in the rooms since `known`, told; returns what the directory knows now.
     private func listRooms(_ rooms: RoomListings, known: [String: UInt64]?, on connection: RendezvousConnection)

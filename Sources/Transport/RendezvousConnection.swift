@@ -259,6 +259,14 @@ public final class RendezvousConnection: Sendable {
     /// Whether the server closed the connection (or it broke).
     public var isClosed: Bool { !channel.isActive }
 
+    /// What the server said of the whole connection as it closed it (a relay's load
+    /// report under the wrong secret, a registration replaced, …): nil while it said
+    /// nothing. The refusal comes before the close, so it is known once ``isClosed``.
+    public func refusal() async -> RendezvousConnectionError? {
+        let driver = self.driver
+        return try? await channel.eventLoop.submit { driver.value.refusal }.get()
+    }
+
     public func close() async {
         try? await channel.close()
     }
@@ -282,6 +290,7 @@ final class RendezvousDriver {
     private var ended: RendezvousConnectionError?
     /// What the server said of the whole connection after the registration.
     private var closedBecause: RendezvousConnectionError?
+    var refusal: RendezvousConnectionError? { closedBecause }
 
     init(
         core: RendezvousClient, server: TransportAddress, channel: any Channel, registered: EventLoopPromise<Registration>,

@@ -478,6 +478,40 @@ struct DirectoryCommandTests {
         #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
     }
 
+    /// A relay reporting under the wrong secret: the directory refuses its load and
+    /// places nothing on it, and the relay says why on standard error (once, not a
+    /// "connecting again" every 2 s) and goes on serving.
+    @Test(.enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func aRelayWithTheWrongSecretIsRefusedAndSaysWhy() async throws {
+        let folder = NSTemporaryDirectory() + "tusa-secret-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let (directory, address) = try await Self.start(
+            "directory", "sqlite:\(folder)/d.sqlite", ["--relay-secret", "s3cret"])
+        defer { directory.kill() }
+        let tusa = try #require(Harness.tusa)
+        let relay = try Harness.Background(
+            tusa,
+            [
+                "relay", "--listen", "127.0.0.1:0", "--no-tcp", "--party-port", "0", "--directory", "\(address)",
+                "--directory-secret", "wrong",
+            ])
+        defer { relay.kill() }
+        #expect(
+            await relay.waitFor(timeout: 15) { _, err in
+                err.contains("the directory \(address) refused this relay: not a relay of this directory")
+                    && err.contains("--directory-secret must be the directory's --relay-secret")
+            }, "\(relay.stderr)")
+        // Nothing placed on it: a peer registering is told of no party relay.
+        let peer = try await RendezvousConnection.connect(to: address, identity: .generate(), timeout: .seconds(10))
+        #expect(peer.party == nil, "placed on \(String(describing: peer.party))")
+        await peer.close()
+        try await Task.sleep(for: .seconds(3))
+        #expect(relay.pid != nil, "the relay exited: \(relay.stderr)")
+        #expect(!relay.stderr.contains("connecting again"), "\(relay.stderr)")
+        #expect(relay.stderr.components(separatedBy: "refused this relay").count == 2, "\(relay.stderr)")
+    }
+
     /// A fresh identity file (what `tusa keygen` writes) in the temporary folder.
     private static func keyFile() throws -> String {
         let path = NSTemporaryDirectory() + "tusa-watch-\(UUID().uuidString).key"
