@@ -233,6 +233,33 @@ struct PartyServiceTests {
         for c in connections { await c.close() }
     }
 
+    /// A draining relay tells its members to move and exits a second after the last
+    /// one went quiet, well before its deadline (3 s here); the member was told.
+    @Test func aDrainingRelayExitsOnceItsMembersAreQuiet() async throws {
+        let identity = Identity.generate()
+        let service = PartyService(
+            address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: identity, ticketSecret: "directory s3cret",
+            drainDeadline: .seconds(3), logger: quiet)
+        let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
+        let running = Task { try await group.run() }
+        defer { running.cancel() }
+        let member = try await PartyConnection.connect(
+            to: try await service.boundAddress(), relayKey: identity.publicKey, identity: .generate(), logger: quiet)
+        let log = EventLog(member)
+        _ = try await member.create(name: "Factorio")
+        for n in 0..<5 {
+            member.send([0x55, 0x66], timestamp: UInt32(n * 160), level: AudioLevel(level: 30, voiced: true))
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let asked = ContinuousClock.now
+        await group.triggerGracefulShutdown()
+        _ = try? await running.value
+        let took = ContinuousClock.now - asked
+        #expect(await log.wait { log in log.all.contains { if case .relayDraining = $0 { true } else { false } } })
+        #expect(took >= .milliseconds(900) && took < .milliseconds(2500), "exited \(took) after the shutdown")
+        await member.close()
+    }
+
     /// Two relays of one directory (room tickets keyed from its secret). The
     /// directory, which had the room on the first, now says the second (two of its
     /// nodes had moved it at once and have agreed since): members in the room,
