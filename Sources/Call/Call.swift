@@ -266,7 +266,10 @@ public final class CallAgent: Sendable {
                 if Self.now() >= deadline { throw CallError.timedOut("no call within \(options.ringTimeout)") }
                 continue
             case .rendezvousClosed(let generation):
-                if closed(generation) { rejoinAt = Self.now() }
+                if closed(generation) {
+                    if let taken = await registeredElsewhere() { throw taken }
+                    rejoinAt = Self.now()
+                }
                 continue
             case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive: continue
             }
@@ -416,6 +419,13 @@ public final class CallAgent: Sendable {
             link.closed = true
             return true
         }
+    }
+
+    /// The rendezvous closed our connection because another registered our key (the
+    /// same identity started elsewhere): calls go there now; not taken back.
+    private func registeredElsewhere() async -> CallError? {
+        guard case .refused(.replaced, _)? = await rendezvous.refusal() else { return nil }
+        return .failed("this identity registered again elsewhere (another tusa with the same key?): calls go there now")
     }
 
     /// Waiting for a call or an answer, the rendezvous connection dropped (its relay
@@ -733,7 +743,10 @@ public final class CallAgent: Sendable {
                 alarm.rang()
                 if Self.now() >= deadline { throw .timedOut("no answer within \(timeout)") }
             case .rendezvousClosed(let generation):
-                if closed(generation) { rejoinAt = Self.now() }
+                if closed(generation) {
+                    if let taken = await registeredElsewhere() { throw taken }
+                    rejoinAt = Self.now()
+                }
             case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive:
                 continue
             }

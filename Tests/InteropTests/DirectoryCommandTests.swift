@@ -478,6 +478,32 @@ struct DirectoryCommandTests {
         #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
     }
 
+    /// Two `tusa answer` with one identity: the later takes the registration, and the
+    /// earlier, its connection closed as replaced, ends saying so (it does not register
+    /// again and take it back).
+    @Test(.enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func anAnswererWhoseIdentityRegistersElsewhereStops() async throws {
+        let folder = NSTemporaryDirectory() + "tusa-twice-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let (directory, address) = try await Self.start("directory", "sqlite:\(folder)/d.sqlite")
+        defer { directory.kill() }
+        let tusa = try #require(Harness.tusa)
+        let identity = try Self.keyFile()
+        defer { try? FileManager.default.removeItem(atPath: identity) }
+        let arguments = ["answer", "--rendezvous", "\(address)", "--identity", identity, "--timeout", "30", "--quiet"]
+        let first = try Harness.Background(tusa, arguments)
+        defer { first.kill() }
+        #expect(await first.waitForMatch("answering as ") != nil, "\(first.stderr)")
+        let second = try Harness.Background(tusa, arguments)
+        defer { second.kill() }
+        #expect(await second.waitForMatch("answering as ") != nil, "\(second.stderr)")
+        #expect(await first.waitForExit(timeout: 10), "the first answerer went on: \(first.stderr)")
+        #expect(first.status == 2 && first.stderr.contains("this identity registered again elsewhere"), "\(first.stderr)")
+        try await Task.sleep(for: .seconds(1))
+        #expect(second.pid != nil, "the second answerer stopped: \(second.stderr)")
+    }
+
     /// A relay reporting under the wrong secret: the directory refuses its load and
     /// places nothing on it, and the relay says why on standard error (once, not a
     /// "connecting again" every 2 s) and goes on serving.
