@@ -7,6 +7,10 @@
 # resident memory and descriptors before and with them, per user, and the 20,000
 # at that rate. The descriptor limit (ulimit -n, hard; a process cannot raise it)
 # bounds USERS: the directory holds one per user, and a few of its own.
+# Of the USERS, 200 (half, below 400) are not idle: while the rest are held, they
+# signal each other (`directory-bench --signal`: each a contact of the one before it,
+# a call offer's size) at SIGNAL_RATE a second in all (2,000) for SIGNAL_SECONDS (10),
+# every signal acknowledged and delivered, and their latency.
 #
 #   bash Benchmarks/directory-idle.sh [USERS] [HOLD]     (default: 20,000 or the limit less 100, and 40)
 #   BUILD=debug bash Benchmarks/directory-idle.sh 100 1  (make test's smoke: debug builds)
@@ -17,6 +21,10 @@ hard=$(ulimit -Hn)
 [[ $hard =~ ^[0-9]+$ ]] || hard=20000
 USERS=${1:-$((hard > 20000 ? 20000 : hard - 100))}
 HOLD=${2:-40}
+SIGNAL_RATE=${SIGNAL_RATE:-2000}
+SIGNAL_SECONDS=${SIGNAL_SECONDS:-10}
+SIGNALLERS=$((USERS >= 400 ? 200 : USERS / 2))
+IDLE=$((USERS - SIGNALLERS))
 bench_setup directory-idle
 
 BUILD=${BUILD:-release}
@@ -41,8 +49,8 @@ trap 'stop_postgres; cleanup' EXIT
 
 echo "## Directory: idle users on one node (Benchmarks/directory-idle.sh $USERS $HOLD; ulimit -n $(ulimit -Hn))"
 echo
-echo "| store | users held | registered in | RSS before / with them (MiB) | per user (KiB) | descriptors with them | 20,000 at that rate (MiB) |"
-echo "|---|---|---|---|---|---|---|"
+echo "| store | users held | registered in | RSS before / with them (MiB) | per user (KiB) | descriptors with them | 20,000 at that rate (MiB) | signals beside them: offered / acknowledged a second, ack and delivery p95 (ms) |"
+echo "|---|---|---|---|---|---|---|---|"
 failed=0
 for database in "sqlite:$TMP/directory.sqlite" ${postgres_url:+"$postgres_url"}; do
   name=SQLite
@@ -59,13 +67,13 @@ for database in "sqlite:$TMP/directory.sqlite" ${postgres_url:+"$postgres_url"};
   before=$(kib "$pid" VmRSS)
   # Two clients, each within its own descriptor limit; the second's users from the
   # next source address on.
-  first=$(((USERS / 2 + 899) / 900 * 900))
-  ((first <= USERS)) || first=$USERS
+  first=$(((IDLE / 2 + 899) / 900 * 900))
+  ((first <= IDLE)) || first=$IDLE
   clients=()
   parts=()
   counts=()
   for part in 0 1; do
-    if ((part == 0)); then count=$first from=0; else count=$((USERS - first)) from=$first; fi
+    if ((part == 0)); then count=$first from=0; else count=$((IDLE - first)) from=$first; fi
     ((count > 0)) || continue
     "$BIN/directory-bench" --idle "$count" --from-user "$from" --server "$address" --hold "$HOLD" \
       >"$TMP/idle.$part.out" 2>&1 &
@@ -85,10 +93,24 @@ for database in "sqlite:$TMP/directory.sqlite" ${postgres_url:+"$postgres_url"};
     took=$(awk -v a="$took" -v b="${registered#* }" 'BEGIN { print (b > a ? b : a) }')
   done
   took="$took s"
+  # The signalling users, beside the idle ones (numbered after them).
+  "$BIN/directory-bench" --signal "$SIGNAL_RATE" --clients "$SIGNALLERS" --seconds "$SIGNAL_SECONDS" --from-user "$IDLE" \
+    --server "$address" >"$TMP/signal.out" 2>&1 &
+  signaller=$!
+  PIDS+=("$signaller")
   # Half the hold in: past the first keepalives.
   sleep $((HOLD / 2 + 1))
   with=$(kib "$pid" VmRSS)
   descriptors=$(fds "$pid")
+  status=0
+  wait "$signaller" || status=$?
+  forget "$signaller"
+  signals=$(sed -n 's/^signal: //p' "$TMP/signal.out")
+  if ((status != 0)) || [[ -z $signals ]]; then
+    echo "directory-bench --signal exited $status: $(tail -n 3 "$TMP/signal.out" | tr '\n' ' ')"
+    failed=1
+  fi
+  held=$((held + SIGNALLERS))
   for i in "${!clients[@]}"; do
     # (A client's status, and what it said, when it failed: a failure must name its cause.)
     status=0
@@ -100,8 +122,9 @@ for database in "sqlite:$TMP/directory.sqlite" ${postgres_url:+"$postgres_url"};
     fi
   done
   per=$(((with - before) / (held > 0 ? held : 1)))
-  awk -v n="$name" -v h="$held" -v t="$took" -v b="$before" -v w="$with" -v p="$per" -v d="$descriptors" \
-    'BEGIN { printf "| %s | %s | %s | %.1f / %.1f | %d | %s | %.0f |\n", n, h, t, b / 1024, w / 1024, p, d, (h > 0 ? (b + 20000 * (w - b) / h) / 1024 : 0) }'
+  signalled="$(field offered "$signals") / $(field acknowledged_per_s "$signals"), $(field ack_p95_ms "$signals") and $(field delivered_p95_ms "$signals")"
+  awk -v n="$name" -v h="$held" -v t="$took" -v b="$before" -v w="$with" -v p="$per" -v d="$descriptors" -v s="$signalled" \
+    'BEGIN { printf "| %s | %s | %s | %.1f / %.1f | %d | %s | %.0f | %s |\n", n, h, t, b / 1024, w / 1024, p, d, (h > 0 ? (b + 20000 * (w - b) / h) / 1024 : 0), s }'
   for part in "${parts[@]}"; do
     grep -q "^idle: held .* ${counts[part]} still registered" "$TMP/idle.$part.out" || { cat "$TMP/idle.$part.out"; failed=1; }
     rm -f "$TMP/idle.$part.out"

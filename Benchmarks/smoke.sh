@@ -66,8 +66,9 @@ swift build --product directory-bench >"$work/build.log" 2>&1 || { cat "$work/bu
   && grep -q "^| PostgreSQL | 200 | [0-9]" "$work/directory.md" \
   || { cat "$work/directory.md"; echo "bench-smoke: directory-bench FAILED"; exit 1; }
 sed 's/^/bench-smoke: /' "$work/directory.md"
-# One node holding idle users (directory-idle.sh): 100 users for a second, SQLite and PostgreSQL.
-BUILD=debug bash Benchmarks/directory-idle.sh 100 1 >"$work/idle.md" 2>&1 \
+# One node holding idle users (directory-idle.sh): 100 users for a second, 50 of them signalling
+# 200 a second, SQLite and PostgreSQL.
+BUILD=debug SIGNAL_RATE=200 SIGNAL_SECONDS=1 bash Benchmarks/directory-idle.sh 100 1 >"$work/idle.md" 2>&1 \
   && grep -q "^| PostgreSQL | 100 |" "$work/idle.md" \
   || { cat "$work/idle.md"; echo "bench-smoke: directory-idle FAILED"; exit 1; }
 sed 's/^/bench-smoke: /' "$work/idle.md"

@@ -162,6 +162,13 @@ public struct RendezvousServer: Sendable {
 
     public let configuration: RendezvousServerConfiguration
     private var connections: [ConnectionID: Connection] = [:]
+    /// The earliest deadline of the connections, remembered keys and boxes, or earlier,
+    /// never later: computed whole at each ``poll(now:)`` and lowered as each new
+    /// deadline comes (``due(_:)``), so that ``nextDeadline``, asked after every event,
+    /// costs nothing however many are connected (it walked them all: with 20,000
+    /// connected, 2,000 signals a second took the node's core). A deadline that moved
+    /// later (a connection heard again) is found at that poll, which has nothing to do.
+    private var earliest: Timestamp?
     private var registry: [PublicKey: ConnectionID] = [:]
     /// Keys that were registered, with when they are forgotten.
     private var seen: [PublicKey: Timestamp] = [:]
@@ -251,6 +258,7 @@ public struct RendezvousServer: Sendable {
             serverKey: .generate(), challenge: challenge, lastHeard: now, opened: now,
             requests: TokenBucket(burst: configuration.requestBurst, perSecond: configuration.requestsPerSecond, now: now))
         connections[id] = c
+        due(now + configuration.registrationTimeout)
         statistics.connections = connections.count
         return [.send(id, RendezvousFrame.frame(.hello(challenge: challenge, serverKey: c.serverKey.publicKey)))]
     }
@@ -270,6 +278,7 @@ public struct RendezvousServer: Sendable {
             c.frameBegun = nil
         } else if c.frameBegun == nil || !frames.isEmpty {
             c.frameBegun = now
+            due(now + configuration.frameTimeout)
         }
         connections[id] = c
         var actions: [RendezvousAction] = []
@@ -341,11 +350,15 @@ public struct RendezvousServer: Sendable {
             }
         }
         for key in Array(mailbox.keys) { expireMailbox(of: key, now: now) }
+        earliest = exactEarliest()
         return actions
     }
 
-    /// When ``handleTimeout(now:)`` next has something to do.
-    public var nextDeadline: Timestamp? {
+    /// A new deadline: ``nextDeadline`` comes no later than it.
+    private mutating func due(_ deadline: Timestamp) { earliest = min(earliest ?? deadline, deadline) }
+
+    /// The earliest deadline of the connections, remembered keys and boxes, walking them all.
+    private func exactEarliest() -> Timestamp? {
         let connection = connections.values.map { c in
             let timeout = c.key == nil ? c.opened + configuration.registrationTimeout : c.lastHeard + configuration.idleTimeout
             return c.frameBegun.map { min(timeout, $0 + configuration.frameTimeout) } ?? timeout
@@ -353,9 +366,16 @@ public struct RendezvousServer: Sendable {
         let forget = seen.values.min()
         // Each box is in posting order: its first entry is its oldest.
         let expire = mailbox.values.compactMap { $0.first?.expires }.min()
+        return [connection, forget, expire].compactMap { $0 }.min()
+    }
+
+    /// When ``handleTimeout(now:)`` next may have something to do: never later than
+    /// that, sometimes earlier (a connection heard since its deadline was taken; the
+    /// poll then finds nothing, and the deadline after it is exact again).
+    public var nextDeadline: Timestamp? {
         let sweep = contacts.isEmpty ? nil : contactSweepAt
         let partySweep = parties.count == 0 ? nil : partySweepAt
-        return [connection, forget, expire, sweep, partySweep].compactMap { $0 }.min()
+        return [earliest, sweep, partySweep].compactMap { $0 }.min()
     }
 
     /// Whether a key is registered now (here, or at another node of the cluster).
@@ -507,6 +527,7 @@ public struct RendezvousServer: Sendable {
             nextPostID += 1
             records.append(.posted(post))
             box.append(Posted(id: post.id, from: from, sealed: sealed, expires: now + configuration.mailboxLifetime))
+            due(now + configuration.mailboxLifetime)
             mailbox[to] = box
             postRecipients[post.id] = to
             statistics.posted = mailboxCount
@@ -903,7 +924,10 @@ public struct RendezvousServer: Sendable {
         where registry[key] == nil && age(then) < configuration.rememberFor {
             guard seen.count < configuration.rememberedKeys || seen[key] != nil else { break }
             let forget = end(then, configuration.rememberFor)
-            if seen[key].map({ $0 < forget }) ?? true { seen[key] = forget }
+            if seen[key].map({ $0 < forget }) ?? true {
+                seen[key] = forget
+                due(forget)
+            }
         }
         takeParties(snapshot.parties, now: now)
         statistics.posted = mailboxCount
@@ -948,6 +972,7 @@ public struct RendezvousServer: Sendable {
         var box = mailbox[post.to] ?? []
         let at = box.lastIndex { $0.expires <= expires }.map { $0 + 1 } ?? 0
         box.insert(Posted(id: post.id, from: post.from, sealed: post.sealed, expires: expires), at: at)
+        due(expires)
         mailbox[post.to] = box
         postRecipients[post.id] = post.to
     }
@@ -1052,6 +1077,7 @@ public struct RendezvousServer: Sendable {
             seen[oldest] = nil
         }
         seen[key] = now + configuration.rememberFor
+        due(now + configuration.rememberFor)
         if contacts[key] != nil, let unix = unixNow(now) { ownerSeen[key] = unix }
     }
 

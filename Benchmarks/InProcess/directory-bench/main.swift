@@ -23,11 +23,19 @@ import TusaBase
 //                   [--no-postgres]
 //   directory-bench --idle N --server IP:PORT [--hold S] [--from-user K]
 //   directory-bench --legit --server IP:PORT [--seconds S] [--interval S] [--gap S]
+//   directory-bench --signal RATE --server IP:PORT [--clients N] [--seconds S] [--from-user K]
 //
 // With --idle: N users registered at a running directory (900 from each of
 // 127.0.0.1, 127.0.0.2, …: a directory takes 1,000 from one address), held idle
 // S seconds (their keepalives go on), then closed; Benchmarks/directory-idle.sh
 // reads the directory's memory meanwhile.
+//
+// With --signal: N users (200) registered at a running directory (as --idle places
+// them, from user K on), each making the user before it a contact, then sending sealed
+// signals (a call's offer's size) to the user after it at RATE a second in all,
+// interleaved, for S seconds (Benchmarks/directory-idle.sh runs it beside the idle
+// users). Prints 'signal: offered= acknowledged_per_s= refused= ack_p50_ms= ack_p95_ms=
+// delivered= delivered_p50_ms= delivered_p95_ms='; exit 1 when one was refused or lost.
 //
 // With --legit: a legitimate user beside an abuse of the listener (Benchmarks/soak.sh
 // directory): every --interval seconds (0.05) a fresh connection from 127.20.0.1
@@ -49,6 +57,7 @@ struct Options {
     var hold = 40.0
     var fromUser = 0
     var legit = false
+    var signal: Int?
     var interval = 0.05
     var gap = 2.0
 
@@ -72,6 +81,7 @@ struct Options {
             case "--hold": hold = Double(try value()) ?? 0
             case "--from-user": fromUser = Int(try value()) ?? -1
             case "--legit": legit = true
+            case "--signal": signal = Int(try value()) ?? 0
             case "--interval": interval = Double(try value()) ?? 0
             case "--gap": gap = Double(try value()) ?? -1
             default: throw BenchError("unknown argument \(arguments[i])")
@@ -164,7 +174,7 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
 /// n-th invitation and its recipient. Acknowledgement latencies and refusals, summed.
 func postAtPace(
     _ users: [RendezvousConnection], period: Double, start: ContinuousClock.Instant, seconds: Double,
-    _ post: @escaping @Sendable (Int, Int) -> ([UInt8], PublicKey)
+    sending: Bool = false, _ post: @escaping @Sendable (Int, Int) -> ([UInt8], PublicKey)
 ) async throws -> Result {
     try await withThrowingTaskGroup(of: Result.self) { group in
         for (k, user) in users.enumerated() {
@@ -177,7 +187,7 @@ func postAtPace(
                     let (invitation, to) = post(k, n)
                     let sent = ContinuousClock.now
                     do {
-                        try await user.post(invitation, to: to)
+                        if sending { try await user.send(invitation, to: to) } else { try await user.post(invitation, to: to) }
                         r.acknowledged += 1
                         let d = ContinuousClock.now - sent
                         r.latenciesMs.append(Double(d.components.attoseconds) / 1e15 + Double(d.components.seconds) * 1000)
@@ -382,6 +392,64 @@ func latencyLine(_ phase: String, _ samples: [Double?]) -> String {
         answered.count, percentile(answered, 0.5), percentile(answered, 0.95), slowest)
 }
 
+/// `--signal`: `clients` users at `server` (from user `fromUser` on, as ``holdIdle``
+/// numbers them), each a contact of the next, signalling the next at `rate` a second
+/// in all for `seconds`. The acknowledgements (the server passed it on) and what the
+/// recipients got, with its delay since it was sent.
+func signalAtPace(server: TransportAddress, clients: Int, rate: Int, seconds: Double, fromUser: Int) async throws -> (
+    Result, delivered: [Double]
+) {
+    let users = try await withThrowingTaskGroup(of: (Int, RendezvousConnection).self) { group in
+        for k in 0..<clients {
+            let local = TransportAddress(ip: .v4(0x7F00_0001 + UInt32((fromUser + k) / 900)), port: 0)
+            group.addTask {
+                (k, try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30), from: local))
+            }
+        }
+        var made: [(Int, RendezvousConnection)] = []
+        for try await c in group { made.append(c) }
+        return made.sorted { $0.0 < $1.0 }.map(\.1)
+    }
+    // Friends, as people calling each other are: each takes the user before it as a
+    // contact, so what it is sent is not a stranger's.
+    for (k, user) in users.enumerated() {
+        _ = try await user.contacts(add: [users[(k + users.count - 1) % users.count].identity])
+    }
+    let start = ContinuousClock.now
+    @Sendable func sinceStart() -> Double {
+        let d = ContinuousClock.now - start
+        return Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15
+    }
+    let listeners = users.map { user in
+        Task {
+            var delays: [Double] = []
+            for await (_, payload) in user.incoming where payload.count >= 8 {
+                let sent = payload.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+                delays.append(sinceStart() - Double(sent) / 1e6)
+            }
+            return delays
+        }
+    }
+    var result = try await postAtPace(
+        users, period: Double(clients) / Double(rate), start: start, seconds: seconds, sending: true
+    ) { k, _ in
+        // When it was sent, in nanoseconds from the start, then an offer's size.
+        let at = UInt64(max(0, sinceStart() * 1e6))
+        return (
+            (0..<8).map { UInt8(truncatingIfNeeded: at >> (56 - 8 * $0)) } + [UInt8](repeating: 0x5A, count: 392),
+            users[(k + 1) % users.count].identity
+        )
+    }
+    let elapsed = ContinuousClock.now - start
+    result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    // What is still on its way arrives.
+    try await Task.sleep(for: .milliseconds(500))
+    for user in users { await user.close() }
+    var delivered: [Double] = []
+    for l in listeners { delivered += await l.value }
+    return (result, delivered)
+}
+
 /// Placement: relays report 1,000 live rooms between them (their load at 30 %
 /// to 50 %) and list them (four members each: the directory's `parties` rows);
 /// `registrations` users register one after another at `rate` a second, each told
@@ -467,6 +535,28 @@ let options: Options
 do { options = try Options(Array(CommandLine.arguments.dropFirst())) } catch {
     FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
     exit(64)
+}
+if let rate = options.signal {
+    guard let server = options.server, rate > 0, options.fromUser >= 0 else {
+        FileHandle.standardError.write(
+            Data("directory-bench: --signal RATE needs a positive rate, --server IP:PORT (and --from-user 0 or more)\n".utf8))
+        exit(64)
+    }
+    do {
+        let (r, delivered) = try await signalAtPace(
+            server: server, clients: options.clients, rate: rate, seconds: options.seconds, fromUser: options.fromUser)
+        print(
+            String(
+                format:
+                    "signal: offered=%d acknowledged_per_s=%.0f refused=%d ack_p50_ms=%.2f ack_p95_ms=%.2f delivered=%d of %d delivered_p50_ms=%.2f delivered_p95_ms=%.2f",
+                rate, Double(r.acknowledged) / r.wallSeconds, r.refused, percentile(r.latenciesMs, 0.5),
+                percentile(r.latenciesMs, 0.95), delivered.count, r.acknowledged, percentile(delivered, 0.5),
+                percentile(delivered, 0.95)))
+        exit(r.refused > 0 || delivered.count < r.acknowledged ? 1 : 0)
+    } catch {
+        FileHandle.standardError.write(Data("directory-bench: \(error)\n".utf8))
+        exit(1)
+    }
 }
 if options.legit {
     guard let server = options.server, options.interval > 0, options.gap >= 0 else {
