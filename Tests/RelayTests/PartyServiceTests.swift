@@ -233,6 +233,44 @@ struct PartyServiceTests {
         for c in connections { await c.close() }
     }
 
+    /// A draining relay waits for its members to go, but not for ever: a peer that
+    /// goes on sending (an older client that does not know "moving") holds its exit
+    /// only until `drainDeadline`.
+    @Test func aDrainingRelayHeldByAPeerStillSendingExitsAtItsDeadline() async throws {
+        let identity = Identity.generate()
+        let service = PartyService(
+            address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: identity, ticketSecret: "directory s3cret",
+            drainDeadline: .seconds(2), logger: quiet)
+        let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
+        let running = Task { try await group.run() }
+        defer { running.cancel() }
+        let address = try await service.boundAddress()
+        let member = try await PartyConnection.connect(
+            to: address, relayKey: identity.publicKey, identity: .generate(), logger: quiet)
+        _ = try await member.create(name: "Factorio")
+        // The other peer: a session with the relay, sending every 50 ms whatever it is told.
+        let other = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), configuration: .init())
+        let peer = try await other.connect(to: identity.publicKey, at: address)
+        let sending = Task {
+            var n: UInt32 = 0
+            while !Task.isCancelled {
+                other.send([0x01, 0x02, 0x03], to: peer, payloadType: PartyHop.payloadType, timestamp: n)
+                n &+= 160
+                try? await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        defer { sending.cancel() }
+        try await Task.sleep(for: .milliseconds(200))
+        let asked = ContinuousClock.now
+        await group.triggerGracefulShutdown()
+        _ = try? await running.value
+        let took = ContinuousClock.now - asked
+        #expect(took >= .milliseconds(1900) && took < .milliseconds(3500), "exited \(took) after the shutdown (deadline 2 s)")
+        sending.cancel()
+        await other.close()
+        await member.close()
+    }
+
     /// A draining relay tells its members to move and exits a second after the last
     /// one went quiet, well before its deadline (3 s here); the member was told.
     @Test func aDrainingRelayExitsOnceItsMembersAreQuiet() async throws {
