@@ -32,6 +32,8 @@ public final class PartyVoice: @unchecked Sendable {
     /// Whether a sound card is on the clock (a live microphone or speaker): only then is
     /// the audio thread raised ahead of ordinary work (files and tests are not real time).
     private let live: Bool
+    /// The sound card whose clock the voice clock follows (``DeviceClockFollower``), when one is live.
+    private let cardClock: (device: LiveAudioDevice, follower: DeviceClockFollower)?
     private let playout: PlayoutConfiguration
     private let running = Atomic<Bool>(false)
     private let sent = Atomic<Int>(0)
@@ -62,6 +64,9 @@ public final class PartyVoice: @unchecked Sendable {
         }
         self.sink = sink
         live = AudioDevices.areLive(source: source, sink: sink)
+        cardClock = LiveAudioDevice.clockToFollow(
+            source: source, sink: sink, framesPerSecond: 1000 / codec.frameDuration.milliseconds,
+            ticksPerSecond: 1000 / Self.renderMilliseconds)
         sinkResampler = try sink.flatMap { s throws(VoiceError) in
             s.sampleRate == codec.sampleRate ? nil : try Resampler(from: codec.sampleRate, to: s.sampleRate)
         }
@@ -188,6 +193,8 @@ public final class PartyVoice: @unchecked Sendable {
         var resampled = [Int16](repeating: 0, count: sinkResampler.map { $0.outputCapacity(forInput: chunk) } ?? 0)
         var payload = [UInt8](repeating: 0, count: sender.maximumPayloadSize)
         var next = monotonicNanoseconds()
+        var follower = cardClock?.follower
+        let followed = cardClock?.device
         var sourceDone = source == nil
         var sinkFailed = false
         var tick = 0
@@ -195,11 +202,14 @@ public final class PartyVoice: @unchecked Sendable {
         var hangover = 0
         var silentRun = 0
         while running.load(ordering: .acquiring) {
-            next += tickNs
+            next += Int64(Double(tickNs) * (follower?.scale ?? 1))
             let slot = tick % chunksPerFrame
             tick += 1
+            if follower?.queue == .playback { follower?.observe(level: followed?.level()) }
             if slot == 0, !sourceDone, let source {
-                if captured.withUnsafeMutableBufferPointer({ source.next(into: $0) }) {
+                let got = captured.withUnsafeMutableBufferPointer { source.next(into: $0) }
+                if follower?.queue == .capture { follower?.observe(level: followed?.level()) }
+                if got {
                     let level = captured.withUnsafeBufferPointer { Self.level(of: $0) }
                     let frame = captured.withUnsafeBufferPointer { c in
                         played.withUnsafeBufferPointer { p in

@@ -45,6 +45,11 @@ public struct DeviceFIFO: Sendable {
     public let window: Int
     public private(set) var statistics = Statistics()
     public private(set) var count = 0
+    /// Whether the other clock follows this queue's level (``DeviceClockFollower``): the
+    /// drift is then its to take up, and the queue slips a sample only when its level
+    /// leaves a wider band (half a margin to three), so that a device's uneven delivery
+    /// is not taken for drift and the echo path does not move.
+    public var followed = false
     /// Whether the queue has had enough to start playing (and not run dry since).
     public private(set) var primed = false
     private var ring: [Int16]
@@ -176,10 +181,10 @@ public struct DeviceFIFO: Sendable {
             } else if catchingUp, correction > 0 {
                 // A backlog still being taken back (a whole window above four margins was
                 // seen as one a fifth of a second in).
-            } else if windowMinimum > 2 * target {
+            } else if windowMinimum > (followed ? 3 * target : 2 * target) {
                 correction = min(windowMinimum - target * 3 / 2, window / 2)
                 catchingUp = false
-            } else if windowMinimum < target {
+            } else if windowMinimum < (followed ? target / 2 : target) {
                 correction = -min(target * 3 / 2 - windowMinimum, window / 2)
                 catchingUp = false
             } else {

@@ -201,6 +201,8 @@ private final class LiveAudioShared: @unchecked Sendable {
         var failure: VoiceError?
         var openMilliseconds: Double?
         var fellBack = false
+        /// When the device's thread last pushed (capture) or pulled (playback) a chunk, in monotonic ns.
+        var lastChunk: UInt64?
     }
     let state: Mutex<State>
     let running = Atomic<Bool>(true)
@@ -220,6 +222,8 @@ public class LiveAudioDevice: @unchecked Sendable {
     /// The device asked for (nil: the default).
     public let deviceName: String?
     fileprivate let shared: LiveAudioShared
+    /// Samples the device reads or writes at once.
+    let chunk: Int
 
     /// - Parameters:
     ///   - chunkMilliseconds: how much the device reads or writes at once.
@@ -237,6 +241,7 @@ public class LiveAudioDevice: @unchecked Sendable {
                 target: sampleRate * targetMilliseconds / 1000, capacity: sampleRate * capacityMilliseconds / 1000,
                 pullsPerSecond: pullsPerSecond, keepBeforeFirstPull: sampleRate * keepMilliseconds / 1000))
         let chunk = max(1, sampleRate * chunkMilliseconds / 1000)
+        self.chunk = chunk
         let thread = Thread { [shared, direction, deviceName, sampleRate, notice] in
             Self.run(
                 shared, direction: direction, deviceName: deviceName, sampleRate: sampleRate, chunk: chunk, notice: notice)
@@ -259,6 +264,49 @@ public class LiveAudioDevice: @unchecked Sendable {
                 droppedSamples: q.dropped, repeatedSamples: q.repeated, overflowedSamples: q.overflowed,
                 fellBackToDefault: state.fellBack)
         }
+    }
+
+    /// The queue's level now, for ``DeviceClockFollower``: what it holds, and (a
+    /// microphone) what the device has captured since its last chunk, or (a speaker)
+    /// less what it has played since it took its last chunk, at most a chunk either
+    /// way; nil while the queue is not primed.
+    public func level() -> Double? {
+        let now = DispatchTime.now().uptimeNanoseconds
+        return shared.state.withLock { state in
+            guard state.fifo.primed, let last = state.lastChunk else { return nil }
+            let elapsed = min(Double(now &- last) / 1e9, Double(chunk) / Double(sampleRate))
+            let made = elapsed * Double(sampleRate)
+            return Double(state.fifo.count) + (direction == .capture ? made : -made)
+        }
+    }
+
+    /// The voice clock follows this device's queue from now (``DeviceFIFO/followed``).
+    func followedByVoiceClock() { shared.state.withLock { $0.fifo.followed = true } }
+
+    /// The card a voice loop's clock is to follow (``DeviceClockFollower``), when one is
+    /// live: its microphone's queue, seen at each frame taken, else its speaker's, seen
+    /// at each tick. Both queues are told, so that neither slips for drift the loop
+    /// takes up (their slips move the echo path).
+    public static func clockToFollow(
+        source: AudioSource?, sink: AudioSink?, framesPerSecond: Int, ticksPerSecond: Int
+    ) -> (device: LiveAudioDevice, follower: DeviceClockFollower)? {
+        let followed: (LiveAudioDevice, DeviceClockFollower)
+        if let capture = source as? LiveCapture {
+            followed = (
+                capture,
+                DeviceClockFollower(queue: .capture, sampleRate: capture.sampleRate, pullsPerSecond: framesPerSecond)
+            )
+        } else if let playback = sink as? LivePlayback {
+            followed = (
+                playback,
+                DeviceClockFollower(queue: .playback, sampleRate: playback.sampleRate, pullsPerSecond: ticksPerSecond)
+            )
+        } else {
+            return nil
+        }
+        (source as? LiveCapture)?.followedByVoiceClock()
+        (sink as? LivePlayback)?.followedByVoiceClock()
+        return followed
     }
 
     /// Asks the device's thread to stop and waits for it a little (it wakes at least every chunk).
@@ -294,10 +342,12 @@ public class LiveAudioDevice: @unchecked Sendable {
                     try buffer.withUnsafeMutableBufferPointer { b throws(VoiceError) in try stream.capture(into: b) }
                     shared.state.withLock { state in
                         buffer.withUnsafeBufferPointer { state.fifo.push($0) }
+                        state.lastChunk = DispatchTime.now().uptimeNanoseconds
                     }
                 } else {
                     _ = shared.state.withLock { state in
-                        buffer.withUnsafeMutableBufferPointer { state.fifo.pull(into: $0) }
+                        state.lastChunk = DispatchTime.now().uptimeNanoseconds
+                        return buffer.withUnsafeMutableBufferPointer { state.fifo.pull(into: $0) }
                     }
                     try buffer.withUnsafeBufferPointer { b throws(VoiceError) in try stream.play(b) }
                 }
