@@ -250,10 +250,10 @@ public final class CallAgent: Sendable {
         var alarm = Alarm(feed: feed)
         defer { alarm.cancel() }
         let deadline = Self.now() + options.ringTimeout
-        var rejoinAt: Timestamp?
+        var rejoin = Rejoin()
         while true {
-            await rejoinIfDue(&rejoinAt)
-            alarm.set(min(deadline, rejoinAt ?? deadline), now: Self.now())
+            await rejoinIfDue(&rejoin)
+            alarm.set(min(deadline, rejoin.at ?? deadline), now: Self.now())
             guard let event = await inbox.next() else { throw CallError.timedOut("no call within \(options.ringTimeout)") }
             let from: PublicKey
             let bytes: [UInt8]
@@ -268,7 +268,7 @@ public final class CallAgent: Sendable {
             case .rendezvousClosed(let generation):
                 if closed(generation) {
                     if let taken = await registeredElsewhere() { throw taken }
-                    rejoinAt = Self.now()
+                    rejoin.dropped(now: Self.now())
                 }
                 continue
             case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive: continue
@@ -429,15 +429,28 @@ public final class CallAgent: Sendable {
     }
 
     /// Waiting for a call or an answer, the rendezvous connection dropped (its relay
-    /// restarted, or its directory node died) at `rejoinAt`: register again once it is
-    /// due (the next of the servers first), and a second later while none takes us.
-    private func rejoinIfDue(_ rejoinAt: inout Timestamp?) async {
-        guard let due = rejoinAt, Self.now() >= due else { return }
+    /// restarted, or its directory node died): register again once it is due (the next
+    /// of the servers first), and a second later while none takes us.
+    private func rejoinIfDue(_ rejoin: inout Rejoin) async {
+        guard let due = rejoin.at, Self.now() >= due else { return }
         do {
             try await reconnect(replacing: false)
-            rejoinAt = nil
+            rejoin.at = nil
+            rejoin.last = Self.now()
         } catch {
-            rejoinAt = Self.now() + .seconds(1)
+            rejoin.at = Self.now() + .seconds(1)
+        }
+    }
+
+    /// When a waiting agent registers again: at once after a drop, but a second later
+    /// when the last registration lasted less than that (a server that takes it and
+    /// closes it at once is not asked in a loop).
+    private struct Rejoin {
+        var at: Timestamp?
+        var last: Timestamp?
+
+        mutating func dropped(now: Timestamp) {
+            at = last.map { now - $0 < .seconds(1) } == true ? now + .seconds(1) : now
         }
     }
 
@@ -728,10 +741,10 @@ public final class CallAgent: Sendable {
         var alarm = Alarm(feed: feed)
         defer { alarm.cancel() }
         let deadline = Self.now() + timeout
-        var rejoinAt: Timestamp?
+        var rejoin = Rejoin()
         while true {
-            await rejoinIfDue(&rejoinAt)
-            alarm.set(min(deadline, rejoinAt ?? deadline), now: Self.now())
+            await rejoinIfDue(&rejoin)
+            alarm.set(min(deadline, rejoin.at ?? deadline), now: Self.now())
             guard let event = await inbox.next() else { throw .timedOut("no answer within \(timeout)") }
             switch event {
             case .signal(let from, let bytes):
@@ -745,7 +758,7 @@ public final class CallAgent: Sendable {
             case .rendezvousClosed(let generation):
                 if closed(generation) {
                     if let taken = await registeredElsewhere() { throw taken }
-                    rejoinAt = Self.now()
+                    rejoin.dropped(now: Self.now())
                 }
             case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive:
                 continue

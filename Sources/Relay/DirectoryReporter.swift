@@ -105,7 +105,7 @@ public final class DirectoryReporter: Service, Sendable {
                 // Not this relay's to mend by trying again at once: said each time, tried
                 // again at `refusedRetry` (the directory's secret may be changed meanwhile).
                 logger.error(
-                    "the directory \(connection.server) refused this relay: \(detail) (--directory-secret must be the directory's --relay-secret); trying again in \(Self.refusedRetry)"
+                    "the directory \(connection.server) refused this relay: \(detail) (a directory takes relays only with --relay-secret, and --directory-secret must be the same); trying again in \(Self.refusedRetry)"
                 )
                 try? await cancelWhenGracefulShutdown { try await Task.sleep(for: Self.refusedRetry) }
                 continue

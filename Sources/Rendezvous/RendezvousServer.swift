@@ -412,6 +412,8 @@ public struct RendezvousServer: Sendable {
             }
             c.key = key
             c.registered = (unixSeconds, now)
+            // Its deadline is now the idle one (later with the defaults, not with every setting).
+            due(c.lastHeard + configuration.idleTimeout)
             connections[id] = c
             registry[key] = id
             seen[key] = nil

@@ -230,7 +230,7 @@ extension SecureUDPEndpoint {
         return loop.submit(body)
     }
 
-    /// Times since start that a stream on another loop (``listenForStreams(host:port:maxStreams:tls:admission:streamLoop:)``)
+    /// Times since start that a stream on another loop (``listenForStreams(host:port:maxStreams:tls:admission:streamLoop:readTimeout:)``)
     /// stopped reading until this endpoint's loop had taken its frames.
     public var streamReadsHeld: UInt64 { streamPauses.load(ordering: .relaxed) }
 

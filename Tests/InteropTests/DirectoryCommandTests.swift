@@ -526,7 +526,7 @@ struct DirectoryCommandTests {
         #expect(
             await relay.waitFor(timeout: 15) { _, err in
                 err.contains("the directory \(address) refused this relay: not a relay of this directory")
-                    && err.contains("--directory-secret must be the directory's --relay-secret")
+                    && err.contains("--directory-secret must be the same")
             }, "\(relay.stderr)")
         // Nothing placed on it: a peer registering is told of no party relay.
         let peer = try await RendezvousConnection.connect(to: address, identity: .generate(), timeout: .seconds(10))

@@ -768,36 +768,42 @@ extension RendezvousClient {
     /// Slowloris on a registered connection: bytes trickled into a frame do not count as
     /// heard, and a frame begun must be whole within `frameTimeout` of its first byte.
     @Test func aFrameTrickledAByteAtATimeIsCutAtItsDeadline() throws {
-        var net = Net()
+        var configuration = RendezvousServerConfiguration()
+        configuration.frameTimeout = .seconds(7)  // (not the registration's 10 s: each deadline seen apart)
+        var net = Net(configuration)
         var cb = RendezvousClient(identity: bob)
         _ = try net.connect(b, &cb)
-        // A frame sent in two pieces inside the deadline is taken, and resets it.
+        // The registration's deadline passes (the next one is never later than the real
+        // one, sometimes earlier: a poll with nothing to do), and the idle one is next.
+        net.now = try #require(net.server.nextDeadline)
+        net.tick()
+        // A frame sent in two pieces inside its deadline is taken, and resets it.
         let ping = cb.ping()
+        let first = net.now
         net.feed(.received(b, Array(ping.prefix(3)), unixSeconds: net.unix))
-        #expect(net.server.nextDeadline == net.now + .seconds(10))
-        net.now = net.now + .seconds(9)
+        #expect(net.server.nextDeadline == first + .seconds(7))
+        net.now = first + .seconds(6)
         net.tick()
         net.feed(.received(b, Array(ping.dropFirst(3)), unixSeconds: net.unix))
         #expect(try net.messages(b) == [.pong])
-        // The deadline the frame set is passed (the next deadline is never later than
-        // the real one, sometimes earlier): nothing to do then, and the idle one is next.
         let heard = net.now
         #expect(try #require(net.server.nextDeadline) <= heard + .seconds(90))
         net.now = try #require(net.server.nextDeadline)
         net.tick()
         #expect(!net.closed.contains(b))
         #expect(net.server.nextDeadline == heard + .seconds(90))
-        // Then a ping's bytes, one every 4 s: cut 10 s after its first byte.
+        // Then a ping's bytes, one every 4 s: the deadline stays 7 s after its first byte.
         let begun = net.now
-        for byte in cb.ping().prefix(4) {
-            net.feed(.received(b, [byte], unixSeconds: net.unix))
-            net.tick()
-            if net.closed.contains(b) { break }
-            net.now = net.now + .seconds(4)
-            net.tick()
-        }
+        let bytes = cb.ping()
+        net.feed(.received(b, [bytes[0]], unixSeconds: net.unix))
+        #expect(net.server.nextDeadline == begun + .seconds(7))
+        net.now = begun + .seconds(4)
+        net.tick()
+        net.feed(.received(b, [bytes[1]], unixSeconds: net.unix))
+        #expect(net.server.nextDeadline == begun + .seconds(7))
+        net.now = try #require(net.server.nextDeadline)
+        net.tick()
         #expect(net.closed.contains(b))
-        #expect(net.now - begun == .seconds(12))
         guard case .error(.timeout, let detail, nil)? = try net.messages(b).last else {
             Issue.record("no timeout")
             return
