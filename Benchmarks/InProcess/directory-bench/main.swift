@@ -210,6 +210,36 @@ func postAtPace(
     }
 }
 
+/// Payloads that say when they were sent (nanoseconds from `start`, the first 8
+/// bytes), and how long after that each reached the connection that heard it.
+struct Stamps: Sendable {
+    let start = ContinuousClock.now
+
+    /// Milliseconds since `start`.
+    func now() -> Double {
+        let d = ContinuousClock.now - start
+        return Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15
+    }
+
+    /// `size` bytes: the time now, then `fill`.
+    func payload(size: Int, fill: UInt8) -> [UInt8] {
+        let at = UInt64(max(0, now() * 1e6))
+        return (0..<8).map { UInt8(truncatingIfNeeded: at >> (56 - 8 * $0)) } + [UInt8](repeating: fill, count: max(0, size - 8))
+    }
+
+    /// The delays, in ms, of the stamped payloads `user` hears, once its connection closes.
+    func delays(heardBy user: RendezvousConnection) -> Task<[Double], Never> {
+        Task {
+            var delays: [Double] = []
+            for await (_, payload) in user.incoming where payload.count >= 8 {
+                let sent = payload.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+                delays.append(now() - Double(sent) / 1e6)
+            }
+            return delays
+        }
+    }
+}
+
 /// Invitations to online friends: `clients` users spread over one rendezvous per
 /// store (nodes on one database when there are two), each posting to the next
 /// user (at the other node when there are two) every clients/rate seconds. Each
@@ -259,27 +289,13 @@ func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds:
             try await Task.sleep(for: .milliseconds(100))
         }
     }
-    let start = ContinuousClock.now
-    @Sendable func sinceStart() -> Double {
-        let d = ContinuousClock.now - start
-        return Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15
-    }
-    let listeners = users.map { user in
-        Task {
-            var delays: [Double] = []
-            for await (_, payload) in user.incoming where payload.count >= 8 {
-                let sent = payload.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
-                delays.append(sinceStart() - Double(sent) / 1e6)
-            }
-            return delays
-        }
-    }
+    let stamps = Stamps()
+    let start = stamps.start
+    let listeners = users.map { stamps.delays(heardBy: $0) }
     let period = 1 / perClient
     var result = try await postAtPace(users, period: period, start: start, seconds: seconds) { k, _ in
-        // When it was posted, in nanoseconds from the start, then a sealed invitation's size.
-        let at = UInt64(max(0, sinceStart() * 1e6))
-        let invitation = (0..<8).map { UInt8(truncatingIfNeeded: at >> (56 - 8 * $0)) } + [UInt8](repeating: 0xA5, count: 152)
-        return (invitation, users[(k + 1) % users.count].identity)
+        // A sealed invitation's size.
+        (stamps.payload(size: 160, fill: 0xA5), users[(k + 1) % users.count].identity)
     }
     let elapsed = ContinuousClock.now - start
     result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
@@ -415,30 +431,14 @@ func signalAtPace(server: TransportAddress, clients: Int, rate: Int, seconds: Do
     for (k, user) in users.enumerated() {
         _ = try await user.contacts(add: [users[(k + users.count - 1) % users.count].identity])
     }
-    let start = ContinuousClock.now
-    @Sendable func sinceStart() -> Double {
-        let d = ContinuousClock.now - start
-        return Double(d.components.seconds) * 1000 + Double(d.components.attoseconds) / 1e15
-    }
-    let listeners = users.map { user in
-        Task {
-            var delays: [Double] = []
-            for await (_, payload) in user.incoming where payload.count >= 8 {
-                let sent = payload.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
-                delays.append(sinceStart() - Double(sent) / 1e6)
-            }
-            return delays
-        }
-    }
+    let stamps = Stamps()
+    let start = stamps.start
+    let listeners = users.map { stamps.delays(heardBy: $0) }
     var result = try await postAtPace(
         users, period: Double(clients) / Double(rate), start: start, seconds: seconds, sending: true
     ) { k, _ in
-        // When it was sent, in nanoseconds from the start, then an offer's size.
-        let at = UInt64(max(0, sinceStart() * 1e6))
-        return (
-            (0..<8).map { UInt8(truncatingIfNeeded: at >> (56 - 8 * $0)) } + [UInt8](repeating: 0x5A, count: 392),
-            users[(k + 1) % users.count].identity
-        )
+        // An offer's size.
+        (stamps.payload(size: 400, fill: 0x5A), users[(k + 1) % users.count].identity)
     }
     let elapsed = ContinuousClock.now - start
     result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
