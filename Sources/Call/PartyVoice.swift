@@ -205,10 +205,16 @@ public final class PartyVoice: @unchecked Sendable {
             next += Int64(Double(tickNs) * (follower?.scale ?? 1))
             let slot = tick % chunksPerFrame
             tick += 1
-            if follower?.queue == .playback { follower?.observe(level: followed?.level()) }
+            if let followed, var f = follower, f.queue == .playback {
+                followed.show(&f)
+                follower = f
+            }
             if slot == 0, !sourceDone, let source {
                 let got = captured.withUnsafeMutableBufferPointer { source.next(into: $0) }
-                if follower?.queue == .capture { follower?.observe(level: followed?.level()) }
+                if let followed, var f = follower, f.queue == .capture {
+                    followed.show(&f)
+                    follower = f
+                }
                 if got {
                     let level = captured.withUnsafeBufferPointer { Self.level(of: $0) }
                     let frame = captured.withUnsafeBufferPointer { c in

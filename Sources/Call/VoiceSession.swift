@@ -294,7 +294,10 @@ public final class VoiceSession: @unchecked Sendable {
             // A frame boundary: the captured frame is complete; encode and send it.
             if slot == 0, !sourceDone, let source {
                 let got = captured.withUnsafeMutableBufferPointer { source.next(into: $0) }
-                if follower?.queue == .capture { follower?.observe(level: followed?.level()) }
+                if let followed, var f = follower, f.queue == .capture {
+                    followed.show(&f)
+                    follower = f
+                }
                 if got {
                     let hint = pendingHint.exchange(-1, ordering: .acquiringAndReleasing)
                     if hint >= 0 {
@@ -333,7 +336,10 @@ public final class VoiceSession: @unchecked Sendable {
                     onSourceEnded?()
                 }
             }
-            if follower?.queue == .playback { follower?.observe(level: followed?.level()) }
+            if let followed, var f = follower, f.queue == .playback {
+                followed.show(&f)
+                follower = f
+            }
             // Play one pull.
             let now = monotonicNanoseconds()
             out.withUnsafeMutableBufferPointer { receiver.render(nowNanoseconds: now, into: $0) }

@@ -26,7 +26,9 @@ struct DeviceClockFollowerTests {
         let frame = rate / 50
         var capture = DeviceFIFO(target: rate * 15 / 1000, capacity: rate * 5, pullsPerSecond: 50)
         var playback = DeviceFIFO(target: rate * 10 / 1000, capacity: rate * 2, pullsPerSecond: 100)
-        var follower = DeviceClockFollower(queue: .capture, sampleRate: rate, pullsPerSecond: 50)
+        // The band's middle: one and a half margins after a pull, and half a chunk.
+        var follower = DeviceClockFollower(
+            queue: .capture, sampleRate: rate, pullsPerSecond: 50, setpoint: Double(capture.target) * 1.5 + Double(chunk) / 2)
         let cardChunk = 0.01 / (1 + ppm / 1e6)
         var nextCard = 0.003
         var lastPush = 0.0
@@ -55,7 +57,9 @@ struct DeviceClockFollowerTests {
                     let primed = pulled.withUnsafeMutableBufferPointer { capture.pull(into: $0) }
                     // What the queue holds, and what the card made since its last chunk.
                     let level = Double(capture.count) + (nextVoice - lastPush) * Double(rate) * (1 + ppm / 1e6)
-                    if follow { follower.observe(level: primed ? level : nil) }
+                    if follow {
+                        if capture.catchingUp { follower.hold() } else { follower.observe(level: primed ? level : nil) }
+                    }
                 }
                 written.withUnsafeBufferPointer { playback.push($0) }
                 tick += 1
@@ -94,16 +98,18 @@ struct DeviceClockFollowerTests {
         #expect(captureSlips > 800 && playbackSlips > 800, "\(run.capture.statistics) \(run.playback.statistics)")
     }
 
-    @Test func aQueueNotPrimedStopsTheControlAndItStartsAgain() {
-        var follower = DeviceClockFollower(queue: .playback, sampleRate: 8000, pullsPerSecond: 10)
+    @Test func aQueueNotPrimedStopsTheControlAndABacklogHoldsIt() {
+        var follower = DeviceClockFollower(queue: .playback, sampleRate: 8000, pullsPerSecond: 10, setpoint: 100)
         for _ in 0..<10 { follower.observe(level: 100) }
-        #expect(follower.setpoint == 100)
+        #expect(follower.scale == 1)
         // The speaker's queue grows: the voice clock is the faster, and slows down.
         for _ in 0..<10 { follower.observe(level: 180) }
-        #expect(follower.scale > 1)
+        let slower = follower.scale
+        #expect(slower > 1)
+        // A backlog being taken back says nothing of the clocks: the course is held.
+        for _ in 0..<30 { follower.hold() }
+        #expect(follower.scale == slower)
         follower.observe(level: nil)
-        #expect(follower.scale == 1 && follower.setpoint == nil)
-        for _ in 0..<10 { follower.observe(level: 500) }
-        #expect(follower.setpoint == 500)
+        #expect(follower.scale == 1)
     }
 }

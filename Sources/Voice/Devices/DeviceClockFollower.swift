@@ -18,9 +18,11 @@
 /// made since its last chunk and not yet delivered (else the level is a saw tooth of a
 /// chunk's height whose phase creeps with the drift, and the control chases the phase).
 /// It averages that over a second, and steers
-/// the voice clock's period so that the average stays where it was in the first second
-/// (a proportional and integral control, at most 2,000 ppm either way). Until a queue is
-/// primed it steers nothing. A pure core: no clock, no lock.
+/// the voice clock's period so that the average stays at `setpoint`, the middle of the
+/// queue's band (a proportional and integral control, at most 2,000 ppm either way).
+/// Until a queue is primed it steers nothing, and while the queue is taking back a
+/// backlog (a caller's first words kept, a stall) the level is not the clocks' doing:
+/// it holds its course (``hold()``). A pure core: no clock, no lock.
 public struct DeviceClockFollower: Sendable {
     public enum Queue: Sendable {
         /// A microphone's queue: it grows when the card's clock is the faster.
@@ -36,8 +38,8 @@ public struct DeviceClockFollower: Sendable {
     public let pullsPerSecond: Int
     /// The voice clock's period against its nominal one: tick every `nominal × scale`.
     public private(set) var scale = 1.0
-    /// The level the queue is held at (its first second's average), once seen.
-    public private(set) var setpoint: Double?
+    /// The level the queue is held at, in samples.
+    public let setpoint: Double
 
     /// How much of a level error (as a share of a second of samples) is corrected a second.
     static let proportional = 1.0 / 16
@@ -50,8 +52,9 @@ public struct DeviceClockFollower: Sendable {
     private var seen = 0
     private var accumulated = 0.0
 
-    public init(queue: Queue, sampleRate: Int, pullsPerSecond: Int) {
+    public init(queue: Queue, sampleRate: Int, pullsPerSecond: Int, setpoint: Double) {
         self.queue = queue
+        self.setpoint = setpoint
         self.sampleRate = max(1, sampleRate)
         self.pullsPerSecond = max(1, pullsPerSecond)
     }
@@ -62,7 +65,6 @@ public struct DeviceClockFollower: Sendable {
         guard let level else {
             sum = 0
             seen = 0
-            setpoint = nil
             accumulated = 0
             scale = 1
             return
@@ -73,10 +75,6 @@ public struct DeviceClockFollower: Sendable {
         let average = sum / Double(seen)
         sum = 0
         seen = 0
-        guard let setpoint else {
-            setpoint = average
-            return
-        }
         // In seconds of the card's samples: positive when the queue is above its place.
         let error = (average - setpoint) / Double(sampleRate)
         accumulated += error
@@ -87,5 +85,12 @@ public struct DeviceClockFollower: Sendable {
         scale = 1 - min(max(signed, -Self.limit), Self.limit)
         // The integral is not wound up past what the limit allows.
         if abs(signed) > Self.limit { accumulated -= error }
+    }
+
+    /// A pull whose level says nothing of the clocks (the queue is taking back a
+    /// backlog): the period stays as it is, and the second's average starts again.
+    public mutating func hold() {
+        sum = 0
+        seen = 0
     }
 }

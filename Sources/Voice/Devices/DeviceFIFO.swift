@@ -61,7 +61,7 @@ public struct DeviceFIFO: Sendable {
     /// Samples still to drop (positive) or repeat (negative), one per pull.
     private var correction = 0
     /// Whether `correction` is a stall's backlog (taken back in pauses), not drift.
-    private var catchingUp = false
+    public private(set) var catchingUp = false
     /// Pulls since the backlog was seen.
     private var catchingUpPulls = 0
     /// Pulls in a row that played only quiet samples: a pause under way.

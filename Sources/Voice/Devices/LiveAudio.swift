@@ -269,15 +269,28 @@ public class LiveAudioDevice: @unchecked Sendable {
     /// The queue's level now, for ``DeviceClockFollower``: what it holds, and (a
     /// microphone) what the device has captured since its last chunk, or (a speaker)
     /// less what it has played since it took its last chunk, at most a chunk either
-    /// way; nil while the queue is not primed.
-    public func level() -> Double? {
+    /// way; nil while the queue is not primed; `backlog` while it takes one back.
+    public func level() -> (samples: Double?, backlog: Bool) {
         let now = DispatchTime.now().uptimeNanoseconds
         return shared.state.withLock { state in
-            guard state.fifo.primed, let last = state.lastChunk else { return nil }
+            guard state.fifo.primed, let last = state.lastChunk else { return (nil, false) }
             let elapsed = min(Double(now &- last) / 1e9, Double(chunk) / Double(sampleRate))
             let made = elapsed * Double(sampleRate)
-            return Double(state.fifo.count) + (direction == .capture ? made : -made)
+            return (Double(state.fifo.count) + (direction == .capture ? made : -made), state.fifo.catchingUp)
         }
+    }
+
+    /// Where ``level()`` is held: the middle of the queue's band (one and a half margins
+    /// after a pull), and half of what a chunk adds between two of the device's.
+    var clockSetpoint: Double {
+        let target = shared.state.withLock { $0.fifo.target }
+        return Double(target) * 1.5 + (direction == .capture ? 0.5 : -0.5) * Double(chunk)
+    }
+
+    /// Shows a voice loop's follower this device's level at one of its pulls.
+    public func show(_ follower: inout DeviceClockFollower) {
+        let (samples, backlog) = level()
+        if backlog { follower.hold() } else { follower.observe(level: samples) }
     }
 
     /// The voice clock follows this device's queue from now (``DeviceFIFO/followed``).
@@ -294,12 +307,16 @@ public class LiveAudioDevice: @unchecked Sendable {
         if let capture = source as? LiveCapture {
             followed = (
                 capture,
-                DeviceClockFollower(queue: .capture, sampleRate: capture.sampleRate, pullsPerSecond: framesPerSecond)
+                DeviceClockFollower(
+                    queue: .capture, sampleRate: capture.sampleRate, pullsPerSecond: framesPerSecond,
+                    setpoint: capture.clockSetpoint)
             )
         } else if let playback = sink as? LivePlayback {
             followed = (
                 playback,
-                DeviceClockFollower(queue: .playback, sampleRate: playback.sampleRate, pullsPerSecond: ticksPerSecond)
+                DeviceClockFollower(
+                    queue: .playback, sampleRate: playback.sampleRate, pullsPerSecond: ticksPerSecond,
+                    setpoint: playback.clockSetpoint)
             )
         } else {
             return nil

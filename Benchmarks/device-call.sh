@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A long call on sound devices (issue 19's clock drift): a private PulseAudio
+# (scripts/sound.sh) with null sinks, the caller's devices at 48 kHz and the
+# callee's at 44.1 kHz (PulseAudio's 44.1 kHz null sink runs 160-360 ppm fast),
+# speech played into both microphones over and over, `tusa call` / `tusa answer`
+# with `--in device --out device` through a relay's rendezvous on loopback, for
+# SECONDS (600). Prints the caller's jitter buffer delay a minute (from its status
+# line), each side's device queues (level, most, underruns, slips) and the call's
+# loss; exit 0 when both ended well, no device queue ran dry and the delay did not
+# grow (the last minute's within 20 ms of the first's).
+#
+#   bash Benchmarks/device-call.sh [SECONDS]     (debug build of tusa; make test installs PulseAudio)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_CALL=${1:-600}
+TUSA=${TUSA:-$PWD/.build/debug/tusa}
+[[ -x $TUSA ]] || swift build --product tusa >/dev/null || exit 1
+command -v pactl >/dev/null || { echo "device-call: needs PulseAudio (scripts/setup.sh installs it)" >&2; exit 1; }
+SPEECH=$(find /usr/share/pocketsphinx/test/data/librivox -name '*.wav' 2>/dev/null | sort | head -1)
+[[ -n $SPEECH ]] || { echo "device-call: needs pocketsphinx-testdata (scripts/setup.sh installs it)" >&2; exit 1; }
+D=$(mktemp -d /tmp/device-call.XXXX)
+chmod 711 "$D" # as root the sound server runs as nobody, who must reach its folder
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  pkill -f "paplay --device=.*_mic" 2>/dev/null
+  bash scripts/sound.sh stop "$D/sound" >/dev/null 2>&1
+  rm -rf "$D"
+}
+trap cleanup EXIT
+PULSE_SERVER=$(bash scripts/sound.sh start "$D/sound" | tail -1) || exit 1
+export PULSE_SERVER
+for s in far_mic:48000 far_speaker:48000 near_mic:44100 near_speaker:44100; do
+  pactl load-module module-null-sink "sink_name=${s%%:*}" "rate=${s##*:}" >/dev/null || exit 1
+done
+"$TUSA" relay --listen 127.0.0.1:0 --no-tcp --rendezvous-port 0 >"$D/relay.out" 2>"$D/relay.err" &
+PIDS+=("$!")
+for _ in $(seq 100); do grep -q "^rendezvous tcp" "$D/relay.out" && break; sleep 0.1; done
+R=$(sed -n 's/^rendezvous tcp //p' "$D/relay.out")
+[[ -n $R ]] || { echo "device-call: the relay did not start: $(tail -3 "$D/relay.err")" >&2; exit 1; }
+"$TUSA" answer --rendezvous "$R" --timeout 30 --json --in device:near_mic.monitor --out device:near_speaker \
+  >"$D/callee.out" 2>"$D/callee.err" &
+callee=$!
+PIDS+=("$callee")
+for _ in $(seq 100); do grep -q "^answering as" "$D/callee.out" && break; sleep 0.1; done
+KEY=$(sed -n 's/^answering as //p' "$D/callee.out")
+for mic in far_mic near_mic; do
+  (while true; do paplay --device="$mic" "$SPEECH" || exit; done) >/dev/null 2>&1 &
+  PIDS+=("$!")
+done
+"$TUSA" call "$KEY" --rendezvous "$R" --duration "$SECONDS_CALL" --json --in device:far_mic.monitor \
+  --out device:far_speaker >"$D/caller.out" 2>"$D/caller.err"
+caller_status=$?
+wait "$callee"
+callee_status=$?
+echo "## A ${SECONDS_CALL} s call on devices (caller 48 kHz, callee 44.1 kHz), $(date -u +%F)"
+echo "caller exit $caller_status, callee exit $callee_status"
+python3 - "$D" "$SECONDS_CALL" <<'PY'
+import json, re, sys
+d, seconds = sys.argv[1], int(sys.argv[2])
+status = open(f"{d}/caller.err", errors="replace", newline="").read().split("\r")
+# The status line comes every second or so: one delay per line, grouped by the packets sent (50 a second).
+delays = {}
+for line in status:
+    m = re.search(r"buffer (\d+) ms .* sent (\d+)", line)
+    if m:
+        delays.setdefault(int(m.group(2)) // 3000, []).append(int(m.group(1)))
+minutes = [sum(v) / len(v) for k, v in sorted(delays.items())]
+print("caller's jitter buffer delay a minute (ms):", " ".join(f"{x:.0f}" for x in minutes))
+ok = True
+for side in ("caller", "callee"):
+    text = open(f"{d}/{side}.out").read()
+    report = json.loads(text[text.index("{"):])
+    for name in ("captureDevice", "playbackDevice"):
+        q = report.get(name) or {}
+        print(f"{side} {name}: level {q.get('queueMilliseconds', 0):.1f} ms, most {q.get('maximumQueueMilliseconds', 0):.1f} ms,"
+              f" underruns {q.get('underruns')}, dropped {q.get('droppedSamples')}, repeated {q.get('repeatedSamples')}")
+        ok &= q.get("underruns", 1) == 0
+    print(f"{side}: sent {report.get('packetsSent')}, received {report.get('packetsReceived')}, loss {report.get('lossPercent', 0):.2f} %")
+if len(minutes) >= 2 and minutes[-1] > minutes[0] + 20:
+    ok = False
+    print("the delay grew")
+sys.exit(0 if ok else 1)
+PY
+judged=$?
+((caller_status == 0 && callee_status == 0 && judged == 0))
