@@ -33,7 +33,7 @@ public final class PartyVoice: @unchecked Sendable {
     /// the audio thread raised ahead of ordinary work (files and tests are not real time).
     private let live: Bool
     /// The sound card whose clock the voice clock follows (``DeviceClockFollower``), when one is live.
-    private let cardClock: (device: LiveAudioDevice, follower: DeviceClockFollower)?
+    private let cardClock: CardClock?
     private let playout: PlayoutConfiguration
     private let running = Atomic<Bool>(false)
     private let sent = Atomic<Int>(0)
@@ -64,7 +64,7 @@ public final class PartyVoice: @unchecked Sendable {
         }
         self.sink = sink
         live = AudioDevices.areLive(source: source, sink: sink)
-        cardClock = LiveAudioDevice.clockToFollow(
+        cardClock = CardClock(
             source: source, sink: sink, framesPerSecond: 1000 / codec.frameDuration.milliseconds,
             ticksPerSecond: 1000 / Self.renderMilliseconds)
         sinkResampler = try sink.flatMap { s throws(VoiceError) in
@@ -193,8 +193,7 @@ public final class PartyVoice: @unchecked Sendable {
         var resampled = [Int16](repeating: 0, count: sinkResampler.map { $0.outputCapacity(forInput: chunk) } ?? 0)
         var payload = [UInt8](repeating: 0, count: sender.maximumPayloadSize)
         var next = monotonicNanoseconds()
-        var follower = cardClock?.follower
-        let followed = cardClock?.device
+        var cardClock = self.cardClock
         var sourceDone = source == nil
         var sinkFailed = false
         var tick = 0
@@ -202,19 +201,13 @@ public final class PartyVoice: @unchecked Sendable {
         var hangover = 0
         var silentRun = 0
         while running.load(ordering: .acquiring) {
-            next += Int64(Double(tickNs) * (follower?.scale ?? 1))
+            next += Int64(Double(tickNs) * (cardClock?.scale ?? 1))
             let slot = tick % chunksPerFrame
             tick += 1
-            if let followed, var f = follower, f.queue == .playback {
-                followed.show(&f)
-                follower = f
-            }
+            cardClock?.pulled(.playback)
             if slot == 0, !sourceDone, let source {
                 let got = captured.withUnsafeMutableBufferPointer { source.next(into: $0) }
-                if let followed, var f = follower, f.queue == .capture {
-                    followed.show(&f)
-                    follower = f
-                }
+                cardClock?.pulled(.capture)
                 if got {
                     let level = captured.withUnsafeBufferPointer { Self.level(of: $0) }
                     let frame = captured.withUnsafeBufferPointer { c in

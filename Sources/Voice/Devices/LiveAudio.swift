@@ -270,7 +270,7 @@ public class LiveAudioDevice: @unchecked Sendable {
     /// microphone) what the device has captured since its last chunk, or (a speaker)
     /// less what it has played since it took its last chunk, at most a chunk either
     /// way; nil while the queue is not primed; `backlog` while it takes one back.
-    public func level() -> (samples: Double?, backlog: Bool) {
+    func level() -> (samples: Double?, backlog: Bool) {
         let now = DispatchTime.now().uptimeNanoseconds
         return shared.state.withLock { state in
             guard state.fifo.primed, let last = state.lastChunk else { return (nil, false) }
@@ -287,44 +287,8 @@ public class LiveAudioDevice: @unchecked Sendable {
         return Double(target) * 1.5 + (direction == .capture ? 0.5 : -0.5) * Double(chunk)
     }
 
-    /// Shows a voice loop's follower this device's level at one of its pulls.
-    public func show(_ follower: inout DeviceClockFollower) {
-        let (samples, backlog) = level()
-        if backlog { follower.hold() } else { follower.observe(level: samples) }
-    }
-
     /// The voice clock follows this device's queue from now (``DeviceFIFO/followed``).
     func followedByVoiceClock() { shared.state.withLock { $0.fifo.followed = true } }
-
-    /// The card a voice loop's clock is to follow (``DeviceClockFollower``), when one is
-    /// live: its microphone's queue, seen at each frame taken, else its speaker's, seen
-    /// at each tick. Both queues are told, so that neither slips for drift the loop
-    /// takes up (their slips move the echo path).
-    public static func clockToFollow(
-        source: AudioSource?, sink: AudioSink?, framesPerSecond: Int, ticksPerSecond: Int
-    ) -> (device: LiveAudioDevice, follower: DeviceClockFollower)? {
-        let followed: (LiveAudioDevice, DeviceClockFollower)
-        if let capture = source as? LiveCapture {
-            followed = (
-                capture,
-                DeviceClockFollower(
-                    queue: .capture, sampleRate: capture.sampleRate, pullsPerSecond: framesPerSecond,
-                    setpoint: capture.clockSetpoint)
-            )
-        } else if let playback = sink as? LivePlayback {
-            followed = (
-                playback,
-                DeviceClockFollower(
-                    queue: .playback, sampleRate: playback.sampleRate, pullsPerSecond: ticksPerSecond,
-                    setpoint: playback.clockSetpoint)
-            )
-        } else {
-            return nil
-        }
-        (source as? LiveCapture)?.followedByVoiceClock()
-        (sink as? LivePlayback)?.followedByVoiceClock()
-        return followed
-    }
 
     /// Asks the device's thread to stop and waits for it a little (it wakes at least every chunk).
     fileprivate func stopThread() {
@@ -395,6 +359,45 @@ public class LiveAudioDevice: @unchecked Sendable {
         stream.close()
     }
 
+}
+
+/// The sound card a voice loop's clock follows (``DeviceClockFollower``): its
+/// microphone's queue, seen at each frame the loop takes, else its speaker's, seen at
+/// each tick. Both queues are told, so that neither slips for drift the loop takes up
+/// (their slips move the echo path). A voice loop keeps one as a variable of its thread.
+public struct CardClock: Sendable {
+    private let device: LiveAudioDevice
+    private var follower: DeviceClockFollower
+
+    /// Nil when neither is a live device.
+    public init?(source: AudioSource?, sink: AudioSink?, framesPerSecond: Int, ticksPerSecond: Int) {
+        if let capture = source as? LiveCapture {
+            device = capture
+            follower = DeviceClockFollower(
+                queue: .capture, sampleRate: capture.sampleRate, pullsPerSecond: framesPerSecond,
+                setpoint: capture.clockSetpoint)
+        } else if let playback = sink as? LivePlayback {
+            device = playback
+            follower = DeviceClockFollower(
+                queue: .playback, sampleRate: playback.sampleRate, pullsPerSecond: ticksPerSecond,
+                setpoint: playback.clockSetpoint)
+        } else {
+            return nil
+        }
+        (source as? LiveCapture)?.followedByVoiceClock()
+        (sink as? LivePlayback)?.followedByVoiceClock()
+    }
+
+    /// The voice clock's period against its nominal one (``DeviceClockFollower/scale``).
+    public var scale: Double { follower.scale }
+
+    /// The loop has just pulled from (`.capture`: taken a frame) or pushed to
+    /// (`.playback`: a tick) that queue: the follower sees its level, when it follows it.
+    public mutating func pulled(_ queue: DeviceClockFollower.Queue) {
+        guard queue == follower.queue else { return }
+        let (samples, backlog) = device.level()
+        if backlog { follower.hold() } else { follower.observe(level: samples) }
+    }
 }
 
 /// A microphone: ``AudioSource`` that never blocks. Until the device delivers, and
