@@ -472,33 +472,17 @@ case_tcp() {
 
 case_directory() {
   echo "directory: the directory's TCP listener under abuse, a legitimate user beside it"
-  local port line dpid
+  local port dpid
   port=$(free_port) || { fail "no free port"; return; }
   ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
   "${SERVER_PIN[@]}" "$TUSA" directory --listen "127.0.0.1:$port" --database "sqlite:$TMP/directory.sqlite" \
     --max-connections-per-ip "$TCP_PER_IP" >"$TMP/directory.out" 2>"$TMP/directory.err" &
   dpid=$!
   PIDS+=("$dpid")
-  for _ in $(seq 300); do
-    grep -q '^directory tcp' "$TMP/directory.out" 2>/dev/null && break
-    kill -0 "$dpid" 2>/dev/null || break
-    sleep 0.1
-  done
-  grep -q '^directory tcp' "$TMP/directory.out" ||
+  wait_line "$TMP/directory.out" '/^directory tcp/p' 600 >/dev/null ||
     { fail "the directory did not start: $(tail -n 3 "$TMP/directory.err")"; return; }
-  local ahead=()
-  ((EUID == 0)) && ahead=(nice -n -10)
-  "${ahead[@]}" "$DIRECTORY_BENCH" --legit --server "127.0.0.1:$port" --seconds "$TCP_SECONDS" --interval "$TCP_INTERVAL" \
-    --gap 2 >"$TMP/dir-legit.out" 2>"$TMP/dir-legit.err" &
-  local legit_pid=$!
-  PIDS+=("$legit_pid")
-  sleep "$TCP_SECONDS"
-  "${LOAD_PIN[@]}" python3 "$HERE/tcp-abuse.py" --role abuse --protocol rendezvous --target "127.0.0.1:$port" \
-    --idle "$TCP_IDLE" --reopen --slow "$TCP_ABUSERS" --bad "$TCP_ABUSERS" --deadline "$TCP_WATCH" \
-    >"$TMP/dir-abuse.out" 2>"$TMP/dir-abuse.err" || fail "the abuse failed: $(tail -n 3 "$TMP/dir-abuse.err")"
-  wait "$legit_pid" || fail "a legitimate request went unanswered: $(cat "$TMP/dir-legit.out") $(tail -n 3 "$TMP/dir-legit.err")"
-  forget "$legit_pid"
-  cat "$TMP/dir-legit.out" "$TMP/dir-abuse.out" >"$TMP/dir.out"
+  abuse_beside_legit dir "127.0.0.1:$port" rendezvous \
+    "$DIRECTORY_BENCH" --legit --server "127.0.0.1:$port" --seconds "$TCP_SECONDS" --interval "$TCP_INTERVAL" --gap 2
   judge_listener_abuse "$TMP/dir.out" "$TCP_PER_IP" 10
   if ((!SHORT)); then
     # Idle connections closed for not registering, and opened again.
@@ -507,6 +491,29 @@ case_directory() {
   fi
   kill -0 "$dpid" 2>/dev/null || fail "the directory died under the abuse"
   stop_server "$dpid" 50
+}
+
+# abuse_beside_legit NAME TARGET PROTOCOL LEGIT...: the directory and metrics cases'
+# run. LEGIT (a legitimate client printing its quiet and its loaded phase, a --gap of 2 s
+# between them) in a process of its own, ahead of the abuse in the scheduler (as root),
+# as the tcp case's; once its quiet phase is over, tcp-abuse.py's abuse in PROTOCOL
+# against TARGET. Both outputs in $TMP/NAME.out.
+abuse_beside_legit() {
+  local name=$1 target=$2 protocol=$3
+  shift 3
+  local ahead=()
+  ((EUID == 0)) && ahead=(nice -n -10)
+  "${ahead[@]}" "$@" >"$TMP/$name-legit.out" 2>"$TMP/$name-legit.err" &
+  local legit_pid=$!
+  PIDS+=("$legit_pid")
+  sleep "$TCP_SECONDS"
+  "${LOAD_PIN[@]}" python3 "$HERE/tcp-abuse.py" --role abuse --protocol "$protocol" --target "$target" \
+    --idle "$TCP_IDLE" --reopen --slow "$TCP_ABUSERS" --bad "$TCP_ABUSERS" --deadline "$TCP_WATCH" \
+    >"$TMP/$name-abuse.out" 2>"$TMP/$name-abuse.err" || fail "the abuse failed: $(tail -n 3 "$TMP/$name-abuse.err")"
+  wait "$legit_pid" ||
+    fail "a legitimate request went unanswered: $(cat "$TMP/$name-legit.out") $(tail -n 3 "$TMP/$name-legit.err")"
+  forget "$legit_pid"
+  cat "$TMP/$name-legit.out" "$TMP/$name-abuse.out" >"$TMP/$name.out"
 }
 
 # judge_listener_abuse OUT CAP DEADLINE: the directory and metrics cases' lines (a
@@ -549,19 +556,9 @@ case_metrics() {
   start_relay "$port" --prometheus --prometheus-address 127.0.0.1 --prometheus-port "$metrics" ||
     { fail "the relay did not start"; return; }
   # The scraper asks every 20 ms (a Prometheus asks every 15 s: this is to have a p95).
-  local ahead=()
-  ((EUID == 0)) && ahead=(nice -n -10)
-  "${ahead[@]}" python3 "$HERE/tcp-abuse.py" --role legit --protocol http --target "127.0.0.1:$metrics" \
-    --seconds "$TCP_SECONDS" --interval "$TCP_INTERVAL" --gap 2 >"$TMP/metrics-legit.out" 2>"$TMP/metrics-legit.err" &
-  local legit_pid=$!
-  PIDS+=("$legit_pid")
-  sleep "$TCP_SECONDS"
-  "${LOAD_PIN[@]}" python3 "$HERE/tcp-abuse.py" --role abuse --protocol http --target "127.0.0.1:$metrics" \
-    --idle "$TCP_IDLE" --reopen --slow "$TCP_ABUSERS" --bad "$TCP_ABUSERS" --deadline "$TCP_WATCH" \
-    >"$TMP/metrics-abuse.out" 2>"$TMP/metrics-abuse.err" || fail "the abuse failed: $(tail -n 3 "$TMP/metrics-abuse.err")"
-  wait "$legit_pid" || fail "a scrape went unanswered: $(cat "$TMP/metrics-legit.out") $(tail -n 3 "$TMP/metrics-legit.err")"
-  forget "$legit_pid"
-  cat "$TMP/metrics-legit.out" "$TMP/metrics-abuse.out" >"$TMP/metrics.out"
+  abuse_beside_legit metrics "127.0.0.1:$metrics" http \
+    python3 "$HERE/tcp-abuse.py" --role legit --protocol http --target "127.0.0.1:$metrics" \
+    --seconds "$TCP_SECONDS" --interval "$TCP_INTERVAL" --gap 2
   # 16 connections from one address (MetricsEndpoint.connectionLimits), a request whole
   # within 10 s of its first byte.
   judge_listener_abuse "$TMP/metrics.out" 16 10
