@@ -116,6 +116,46 @@ private struct RunningPartyRelay {
     }
 }
 
+/// A relay of a directory (its tickets keyed from the directory's secret: it drains
+/// on shutdown) with one member in a room of its own, its events logged.
+private struct DrainingRelay {
+    let identity: Identity
+    let address: TransportAddress
+    let member: PartyConnection
+    let log: EventLog
+    let group: ServiceGroup
+    let running: Task<Void, any Error>
+
+    static func start(drainDeadline: Duration) async throws -> DrainingRelay {
+        let identity = Identity.generate()
+        let service = PartyService(
+            address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: identity, ticketSecret: "directory s3cret",
+            drainDeadline: drainDeadline, logger: quiet)
+        let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
+        let running = Task { try await group.run() }
+        do {
+            let address = try await service.boundAddress()
+            let member = try await PartyConnection.connect(
+                to: address, relayKey: identity.publicKey, identity: .generate(), logger: quiet)
+            let log = EventLog(member)
+            _ = try await member.create(name: "Factorio")
+            return DrainingRelay(
+                identity: identity, address: address, member: member, log: log, group: group, running: running)
+        } catch {
+            running.cancel()
+            throw error
+        }
+    }
+
+    /// Shuts the relay down; how long it took to exit.
+    func shutDown() async -> Duration {
+        let asked = ContinuousClock.now
+        await group.triggerGracefulShutdown()
+        _ = try? await running.value
+        return ContinuousClock.now - asked
+    }
+}
+
 /// With `tls`, the relay takes members over TLS too, on a port of its own
 /// (`boundTLSAddresses()`), showing that certificate.
 private func withPartyRelay(
@@ -237,20 +277,11 @@ struct PartyServiceTests {
     /// goes on sending (an older client that does not know "moving") holds its exit
     /// only until `drainDeadline`.
     @Test func aDrainingRelayHeldByAPeerStillSendingExitsAtItsDeadline() async throws {
-        let identity = Identity.generate()
-        let service = PartyService(
-            address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: identity, ticketSecret: "directory s3cret",
-            drainDeadline: .seconds(2), logger: quiet)
-        let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
-        let running = Task { try await group.run() }
-        defer { running.cancel() }
-        let address = try await service.boundAddress()
-        let member = try await PartyConnection.connect(
-            to: address, relayKey: identity.publicKey, identity: .generate(), logger: quiet)
-        _ = try await member.create(name: "Factorio")
+        let relay = try await DrainingRelay.start(drainDeadline: .seconds(2))
+        defer { relay.running.cancel() }
         // The other peer: a session with the relay, sending every 50 ms whatever it is told.
         let other = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), configuration: .init())
-        let peer = try await other.connect(to: identity.publicKey, at: address)
+        let peer = try await other.connect(to: relay.identity.publicKey, at: relay.address)
         let sending = Task {
             var n: UInt32 = 0
             while !Task.isCancelled {
@@ -261,41 +292,27 @@ struct PartyServiceTests {
         }
         defer { sending.cancel() }
         try await Task.sleep(for: .milliseconds(200))
-        let asked = ContinuousClock.now
-        await group.triggerGracefulShutdown()
-        _ = try? await running.value
-        let took = ContinuousClock.now - asked
+        let took = await relay.shutDown()
         #expect(took >= .milliseconds(1900) && took < .milliseconds(3500), "exited \(took) after the shutdown (deadline 2 s)")
         sending.cancel()
         await other.close()
-        await member.close()
+        await relay.member.close()
     }
 
     /// A draining relay tells its members to move and exits a second after the last
     /// one went quiet, well before its deadline (3 s here); the member was told.
     @Test func aDrainingRelayExitsOnceItsMembersAreQuiet() async throws {
-        let identity = Identity.generate()
-        let service = PartyService(
-            address: TransportAddress(ip: .v4(0x7F00_0001), port: 0), identity: identity, ticketSecret: "directory s3cret",
-            drainDeadline: .seconds(3), logger: quiet)
-        let group = ServiceGroup(configuration: .init(services: [service], logger: quiet))
-        let running = Task { try await group.run() }
-        defer { running.cancel() }
-        let member = try await PartyConnection.connect(
-            to: try await service.boundAddress(), relayKey: identity.publicKey, identity: .generate(), logger: quiet)
-        let log = EventLog(member)
-        _ = try await member.create(name: "Factorio")
+        let relay = try await DrainingRelay.start(drainDeadline: .seconds(3))
+        defer { relay.running.cancel() }
+        let log = relay.log
         for n in 0..<5 {
-            member.send([0x55, 0x66], timestamp: UInt32(n * 160), level: AudioLevel(level: 30, voiced: true))
+            relay.member.send([0x55, 0x66], timestamp: UInt32(n * 160), level: AudioLevel(level: 30, voiced: true))
             try await Task.sleep(for: .milliseconds(20))
         }
-        let asked = ContinuousClock.now
-        await group.triggerGracefulShutdown()
-        _ = try? await running.value
-        let took = ContinuousClock.now - asked
+        let took = await relay.shutDown()
         #expect(await log.wait { log in log.all.contains { if case .relayDraining = $0 { true } else { false } } })
         #expect(took >= .milliseconds(900) && took < .milliseconds(2500), "exited \(took) after the shutdown")
-        await member.close()
+        await relay.member.close()
     }
 
     /// Two relays of one directory (room tickets keyed from its secret). The
