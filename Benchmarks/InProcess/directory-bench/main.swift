@@ -156,12 +156,10 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
     let period = 1 / perClient
     let start = ContinuousClock.now
     let invitation = [UInt8](repeating: 0xA5, count: 160)  // a sealed invitation's size
-    var result = try await postAtPace(users, period: period, start: start, seconds: seconds) { k, n in
+    let result = try await postAtPace(users, period: period, start: start, seconds: seconds) { k, n in
         let online = users[(k + 1) % users.count].identity
         return (invitation, n % 4 == 0 ? online : offline[(k * 31 + n) % offline.count])
     }
-    let elapsed = ContinuousClock.now - start
-    result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
     for user in users { await user.close() }
     for l in listeners { l.cancel() }
     await group.triggerGracefulShutdown()
@@ -171,7 +169,8 @@ func run(store: (any RendezvousStore)?, clients: Int, rate: Int, seconds: Double
 
 /// Each user posts every `period` seconds from its own offset (the users spread
 /// evenly over one period) until `seconds` from `start`; `post(k, n)` is user k's
-/// n-th invitation and its recipient. Acknowledgement latencies and refusals, summed.
+/// n-th invitation and its recipient. Acknowledgement latencies and refusals, summed,
+/// and the seconds it all took.
 func postAtPace(
     _ users: [RendezvousConnection], period: Double, start: ContinuousClock.Instant, seconds: Double,
     sending: Bool = false, _ post: @escaping @Sendable (Int, Int) -> ([UInt8], PublicKey)
@@ -206,6 +205,8 @@ func postAtPace(
             total.refused += r.refused
             total.latenciesMs += r.latenciesMs
         }
+        let elapsed = ContinuousClock.now - start
+        total.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         return total
     }
 }
@@ -238,6 +239,26 @@ struct Stamps: Sendable {
             return delays
         }
     }
+}
+
+/// Each user sends (or, not `sending`, posts) the next user a stamped payload of `size`
+/// bytes every `period` seconds for `seconds`; `settle` later the users close, and what
+/// each heard is counted with its delay.
+func exchangeStamped(
+    _ users: [RendezvousConnection], period: Double, seconds: Double, sending: Bool, size: Int, fill: UInt8,
+    settle: Duration
+) async throws -> (Result, delivered: [Double]) {
+    let stamps = Stamps()
+    let listeners = users.map { stamps.delays(heardBy: $0) }
+    let result = try await postAtPace(users, period: period, start: stamps.start, seconds: seconds, sending: sending) {
+        k, _ in
+        (stamps.payload(size: size, fill: fill), users[(k + 1) % users.count].identity)
+    }
+    try await Task.sleep(for: settle)
+    for user in users { await user.close() }
+    var delivered: [Double] = []
+    for l in listeners { delivered += await l.value }
+    return (result, delivered)
 }
 
 /// Invitations to online friends: `clients` users spread over one rendezvous per
@@ -289,21 +310,9 @@ func runFriends(stores: [any RendezvousStore], clients: Int, rate: Int, seconds:
             try await Task.sleep(for: .milliseconds(100))
         }
     }
-    let stamps = Stamps()
-    let start = stamps.start
-    let listeners = users.map { stamps.delays(heardBy: $0) }
-    let period = 1 / perClient
-    var result = try await postAtPace(users, period: period, start: start, seconds: seconds) { k, _ in
-        // A sealed invitation's size.
-        (stamps.payload(size: 160, fill: 0xA5), users[(k + 1) % users.count].identity)
-    }
-    let elapsed = ContinuousClock.now - start
-    result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-    // What is still on its way arrives within a second.
-    try await Task.sleep(for: .seconds(1))
-    for user in users { await user.close() }
-    var delivered: [Double] = []
-    for l in listeners { delivered += await l.value }
+    // A sealed invitation's size; what is still on its way arrives within a second.
+    let (result, delivered) = try await exchangeStamped(
+        users, period: 1 / perClient, seconds: seconds, sending: false, size: 160, fill: 0xA5, settle: .seconds(1))
     await group.triggerGracefulShutdown()
     _ = try? await running.value
     return (result, delivered)
@@ -431,23 +440,10 @@ func signalAtPace(server: TransportAddress, clients: Int, rate: Int, seconds: Do
     for (k, user) in users.enumerated() {
         _ = try await user.contacts(add: [users[(k + users.count - 1) % users.count].identity])
     }
-    let stamps = Stamps()
-    let start = stamps.start
-    let listeners = users.map { stamps.delays(heardBy: $0) }
-    var result = try await postAtPace(
-        users, period: Double(clients) / Double(rate), start: start, seconds: seconds, sending: true
-    ) { k, _ in
-        // An offer's size.
-        (stamps.payload(size: 400, fill: 0x5A), users[(k + 1) % users.count].identity)
-    }
-    let elapsed = ContinuousClock.now - start
-    result.wallSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-    // What is still on its way arrives.
-    try await Task.sleep(for: .milliseconds(500))
-    for user in users { await user.close() }
-    var delivered: [Double] = []
-    for l in listeners { delivered += await l.value }
-    return (result, delivered)
+    // An offer's size; what is still on its way arrives.
+    return try await exchangeStamped(
+        users, period: Double(clients) / Double(rate), seconds: seconds, sending: true, size: 400, fill: 0x5A,
+        settle: .milliseconds(500))
 }
 
 /// Placement: relays report 1,000 live rooms between them (their load at 30 %
