@@ -42,6 +42,9 @@ public final class PartyVoice: @unchecked Sendable {
     /// Whether the failure ends the member's stay: a source's or a speaker's does,
     /// a recording's (a full disk) does not (``AudioSink/failureEndsCall``).
     private let failureLeaves = Atomic<Bool>(false)
+    /// When the clock started (the room joined) and when a speaker's first packet played (monotonic ns, 0 before).
+    private let startedAt = Atomic<Int64>(0)
+    private let firstPlayed = AtomicBox()
     private let threadExit = Mutex<(ended: Bool, waiter: CheckedContinuation<Void, Never>?)>((false, nil))
     private var connection: PartyConnection?
     /// Called once on the audio thread when the source has no more audio.
@@ -78,7 +81,8 @@ public final class PartyVoice: @unchecked Sendable {
             let now = monotonicNanoseconds()
             let receiver = receivers.withLock { r -> VoiceReceiver? in
                 if let existing = r[member] { return existing.receiver }
-                guard let made = try? Speaker(codec: self.codec, playout: self.playout) else { return nil }
+                guard let made = try? Speaker(codec: self.codec, playout: self.playout, firstPlayed: self.firstPlayed)
+                else { return nil }
                 r[member] = made
                 return made.receiver
             }
@@ -109,6 +113,7 @@ public final class PartyVoice: @unchecked Sendable {
     public func start(sending connection: PartyConnection) {
         guard !running.exchange(true, ordering: .acquiringAndReleasing) else { return }
         self.connection = connection
+        startedAt.store(monotonicNanoseconds(), ordering: .relaxed)
         let t = Thread { [self] in
             loop(connection)
             let waiter = threadExit.withLock { exit in
@@ -137,6 +142,16 @@ public final class PartyVoice: @unchecked Sendable {
     }
 
     public var framesSent: Int { sent.load(ordering: .relaxed) }
+    /// From ``start(sending:)`` (the room joined) to the first packet of anyone's audio
+    /// played, in ms; nil while nobody has been heard. Joining a room where someone
+    /// talks, this is how long the joiner waits to hear them: keys, jitter buffer and
+    /// speaker included.
+    public var startToFirstAudioMilliseconds: Double? {
+        let first = firstPlayed.current
+        let started = startedAt.load(ordering: .relaxed)
+        guard first != 0, started != 0 else { return nil }
+        return Double(max(0, first - started)) / 1e6
+    }
     public var sourceEnded: Bool { ended.load(ordering: .relaxed) }
     /// The first error reading the source or writing the sink.
     public var audioError: String? { failure.withLock { $0 } }
@@ -278,8 +293,11 @@ private final class Speaker: Sendable {
     let receiver: VoiceReceiver
     let lastPlayed = Atomic<Int64>(0)
 
-    init(codec: CodecConfiguration, playout: PlayoutConfiguration) throws(VoiceError) {
+    init(codec: CodecConfiguration, playout: PlayoutConfiguration, firstPlayed: AtomicBox) throws(VoiceError) {
         receiver = try VoiceReceiver(codec: codec, playout: playout)
-        receiver.onPacketPlayed = { [weak self] _, playNs in self?.lastPlayed.store(playNs, ordering: .relaxed) }
+        receiver.onPacketPlayed = { [weak self] _, playNs in
+            self?.lastPlayed.store(playNs, ordering: .relaxed)
+            firstPlayed.setOnce(playNs)
+        }
     }
 }

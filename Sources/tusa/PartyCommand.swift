@@ -730,6 +730,7 @@ enum PartySession {
             speakers: voice.speakers.map {
                 PartyReport.Speaker($0, frameMilliseconds: codec.frameDuration.rawValue, sampleRate: codec.sampleRate)
             },
+            joinToFirstAudioMilliseconds: voice.startToFirstAudioMilliseconds.map { ($0 * 10).rounded() / 10 },
             audioError: voice.audioError, captureDevice: devices.capture, playbackDevice: devices.playback)
         if audio.json {
             let encoder = JSONEncoder()
@@ -964,6 +965,8 @@ struct PartyReport: Encodable {
     /// How the relay was reached at the end: udp, or tcp where UDP did not pass.
     var transport: String
     var speakers: [Speaker]
+    /// From joining the room to the first of anyone's audio played (nil: nobody was heard).
+    var joinToFirstAudioMilliseconds: Double?
     var audioError: String?
     /// The live microphone and speaker, when the stay used them (as a call's report gives them).
     var captureDevice: LiveAudioStatistics?
@@ -972,6 +975,7 @@ struct PartyReport: Encodable {
     var humanReadable: String {
         var lines = ["party \(room) \"\(name)\": \(framesSent) frames sent as #\(me) in \(Int(seconds)) s over \(transport)"]
         if speakers.isEmpty { lines.append("  heard nobody") }
+        if let first = joinToFirstAudioMilliseconds { lines.append("  joined to first audio: \(Int(first.rounded())) ms") }
         for s in speakers {
             lines.append(
                 "  heard #\(s.member): \(s.packets) packets, \(s.lostPercent)% lost, \(s.concealed) concealed, delay \(s.delayMeanMilliseconds) ms (p95 \(s.delayP95Milliseconds), max \(s.delayMaxMilliseconds), at the end \(s.delayAtEndMilliseconds)), MOS \(s.mos)"

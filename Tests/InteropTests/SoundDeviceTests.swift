@@ -10,10 +10,11 @@ import Voice
 @Suite(.serialized) struct SoundDeviceTests {
     static let speech = CallCommandTests.speech
     static let otherSpeech = "/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav"
+    static let thirdSpeech = "/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0930.wav"
     static let tools = ["pulseaudio", "pactl", "paplay", "parec"].allSatisfy { Harness.which($0) != nil }
     static let ready =
         tools && Harness.tusa != nil && Harness.python != nil && FileManager.default.fileExists(atPath: speech)
-        && FileManager.default.fileExists(atPath: otherSpeech)
+        && FileManager.default.fileExists(atPath: otherSpeech) && FileManager.default.fileExists(atPath: thirdSpeech)
     static let needs =
         "needs PulseAudio and its tools, .build/debug/tusa, .venv with pesq and pocketsphinx-testdata (make test installs them)"
     static let scorer = Harness.packageRoot.appendingPathComponent("Tests/InteropTests/peers/heard_pesq.py").path
@@ -99,6 +100,20 @@ import Voice
             try background("paplay", ["-d", sink, file])
         }
 
+        /// `file` played into `sink` over and over until killed.
+        func playOnLoop(_ file: String, into sink: String) throws -> Harness.Background {
+            try background("/bin/sh", ["-c", "while paplay -d \"$0\" \"$1\"; do :; done", sink, file])
+        }
+
+        /// Every device unplugged: each null sink (and so its monitor) unloaded, the default one too.
+        func unplugEverything() async throws {
+            let modules = try await run("pactl", ["list", "short", "modules"])
+            for row in modules.stdout.split(separator: "\n") where row.contains("module-null-sink") {
+                let unloaded = try await run("pactl", ["unload-module", String(row.split(separator: "\t")[0])])
+                #expect(unloaded.status == 0, "\(unloaded.stderr)")
+            }
+        }
+
         func stop() async {
             for k in keepers { k.kill() }
             let script = Harness.packageRoot.appendingPathComponent("scripts/sound.sh").path
@@ -114,10 +129,17 @@ import Voice
 
     /// `REF` (speech at 8 kHz, as Tusa resamples it) found in a recording and scored.
     static func pesq(reference: String, heard: String) async throws -> Double {
+        try await score(reference: reference, heard: heard).pesq
+    }
+
+    /// PESQ, and whether the first words were heard: the recording's level over the
+    /// first 300 ms of speech against its level over the whole, about 1 when the start
+    /// was heard as the rest, near 0 when device start-up or joining took it (heard_pesq.py).
+    static func score(reference: String, heard: String) async throws -> (pesq: Double, onset: Double) {
         let python = try #require(Harness.python)
         let result = try await Harness.run(python, [scorer, reference, heard], timeout: 60)
         let json = try #require(CallCommandTests.json(result.stdout), "\(result.stdout) \(result.stderr)")
-        return try #require(json["pesq"] as? Double)
+        return (try #require(json["pesq"] as? Double), try #require(json["onset"] as? Double))
     }
 
     /// The 8 kHz reference of `speech`.
@@ -200,7 +222,8 @@ import Voice
             #expect(Self.foreignLines(caller.stderr).isEmpty, "\(caller.stderr)")
             #expect(Self.foreignLines(answerer.stderr).isEmpty, "\(answerer.stderr)")
 
-            let calleeScore = try await Self.pesq(reference: "\(dir)/ref-caller.wav", heard: "\(dir)/heard-by-callee.wav")
+            let (calleeScore, onset) = try await Self.score(
+                reference: "\(dir)/ref-caller.wav", heard: "\(dir)/heard-by-callee.wav")
             let callerScore = try await Self.pesq(reference: "\(dir)/ref-callee.wav", heard: "\(dir)/heard-by-caller.wav")
             for (name, text) in [("caller", caller.stdout), ("callee", answerer.stdout)] {
                 let report = try #require(CallCommandTests.json(text), "\(text)")
@@ -222,8 +245,11 @@ import Voice
                 // then made up its ticks at once) is taken back within seconds, not kept.
                 #expect(try #require(playback["queueMilliseconds"] as? Double) <= 40, "\(name): \(playback)")
             }
-            print("tusa call on devices: PESQ \(calleeScore) heard by the callee, \(callerScore) by the caller")
+            print(
+                "tusa call on devices: PESQ \(calleeScore) heard by the callee (onset \(onset)), \(callerScore) by the caller")
             #expect(calleeScore > 3.6)
+            // The caller's first words, said as the call was placed, were heard.
+            #expect(onset > 0.5, "the callee did not hear the caller's first words")
             #expect(callerScore > 3.6)
         } catch {
             await sound.stop()
@@ -365,10 +391,7 @@ import Voice
                 ])
             defer { second.kill() }
             try await Task.sleep(for: .seconds(2))
-            let modules = try await sound.run("pactl", ["list", "short", "modules"])
-            for row in modules.stdout.split(separator: "\n") where row.contains("module-null-sink") {
-                _ = try await sound.run("pactl", ["unload-module", String(row.split(separator: "\t")[0])])
-            }
+            try await sound.unplugEverything()
             let gone = ContinuousClock.now
             #expect(await alone.waitForExit(timeout: 5), "the call hung once its speaker was gone")
             print("tusa: the call ended \(ContinuousClock.now - gone) after every device was unplugged")
@@ -382,10 +405,80 @@ import Voice
         await sound.stop()
     }
 
-    /// A party of two on real devices: each member's microphone and speaker are the
-    /// sound server's, each hears the other's speech, scored with PESQ.
+    /// A microphone unplugged mid-call (the sink whose monitor it is, unloaded): the
+    /// sound server moves the capture to the default microphone and the far end goes on
+    /// hearing it. With every microphone gone, the call ends at once with the reason.
     @Test(.enabled(if: ready, "\(needs)"))
-    func aPartyOnRealSoundDevicesCarriesSpeechBothWays() async throws {
+    func aMicrophoneUnpluggedMidCallFallsBackOrEndsTheCallWithItsReason() async throws {
+        let tusa = try #require(Harness.tusa)
+        let sound = try await SoundServer()
+        let dir = sound.directory
+        do {
+            let headset = try await sound.sink("headset_mic", rate: 48_000)
+            try await sound.sink("room_mic", rate: 44_100)
+            try await sound.settle()
+            let defaulted = try await sound.run("pactl", ["set-default-source", "room_mic.monitor"])
+            #expect(defaulted.status == 0, "\(defaulted.stderr)")
+            let (relay, port) = try await CallCommandTests.relay()
+            defer { relay.kill() }
+            let (answerer, key) = try await CallCommandTests.answer(port, ["--in", "silence", "--out", "\(dir)/heard.wav"])
+            defer { answerer.kill() }
+            let caller = try sound.background(
+                tusa,
+                [
+                    "call", key, "--rendezvous", "127.0.0.1:\(port)", "--duration", "8", "--json", "--quiet", "--in",
+                    "device:headset_mic.monitor",
+                ])
+            defer { caller.kill() }
+            // The headset hears one talker, the room's default microphone another, all along.
+            let talkers = [
+                try sound.playOnLoop(Self.speech, into: "headset_mic"), try sound.playOnLoop(Self.otherSpeech, into: "room_mic"),
+            ]
+            defer { for t in talkers { t.kill() } }
+            try await Task.sleep(for: .seconds(2))
+            let unplugged = try await sound.run("pactl", ["unload-module", "\(headset)"])
+            #expect(unplugged.status == 0, "\(unplugged.stderr)")
+            #expect(await caller.waitForExit(timeout: 30))
+            #expect(await answerer.waitForExit(timeout: 10))
+            #expect(caller.status == 0, "\(caller.stderr)")
+            #expect(answerer.status == 0, "\(answerer.stdout) \(answerer.stderr)")
+            // What the callee heard after the unplug is the room's microphone: speech, not silence.
+            let level = try Self.rms("\(dir)/heard.wav", from: 3)
+            print("tusa: after the headset's microphone was unplugged, the callee heard RMS \(level)")
+            #expect(level > 300, "the callee heard silence after the microphone was unplugged")
+
+            // Every microphone gone: the caller's capture fails, and the call ends saying so.
+            try await sound.sink("lonely_mic", rate: 48_000)
+            let (other, otherKey) = try await CallCommandTests.answer(port, ["--in", "tone"])
+            defer { other.kill() }
+            let alone = try sound.background(
+                tusa,
+                [
+                    "call", otherKey, "--rendezvous", "127.0.0.1:\(port)", "--duration", "20", "--json", "--quiet",
+                    "--in", "device:lonely_mic.monitor",
+                ])
+            defer { alone.kill() }
+            try await Task.sleep(for: .seconds(2))
+            try await sound.unplugEverything()
+            let gone = ContinuousClock.now
+            #expect(await alone.waitForExit(timeout: 5), "the call hung once its microphone was gone")
+            print("tusa: the call ended \(ContinuousClock.now - gone) after every microphone was unplugged")
+            #expect(alone.status == 2, "\(alone.stdout) \(alone.stderr)")
+            #expect(alone.stderr.contains("the capture device \"lonely_mic.monitor\" stopped"), "\(alone.stderr)")
+            #expect(await other.waitForExit(timeout: 10))
+        } catch {
+            await sound.stop()
+            throw error
+        }
+        await sound.stop()
+    }
+
+    /// A party of two on real devices: each member's microphone and speaker are the
+    /// sound server's. Bob joins while Alice talks and hears her within 100 ms of
+    /// joining; he talks as he joins, and Alice hears him from his first word; then
+    /// Alice speaks. Each hears the other's speech, scored with PESQ.
+    @Test(.enabled(if: ready, "\(needs)"))
+    func aPartyOnRealSoundDevicesCarriesSpeechBothWaysFromTheJoin() async throws {
         let tusa = try #require(Harness.tusa)
         let sound = try await SoundServer()
         let dir = sound.directory
@@ -400,21 +493,25 @@ import Voice
             defer { relay.kill() }
             let heardByBob = try sound.record("bob_speaker", into: "\(dir)/heard-by-bob.wav")
             let heardByAlice = try sound.record("alice_speaker", into: "\(dir)/heard-by-alice.wav")
-            let common = ["--relay", address, "--relay-key", key, "--duration", "15", "--json", "--quiet"]
+            let common = ["--relay", address, "--relay-key", key, "--duration", "16", "--json", "--quiet"]
             let alice = try sound.background(
                 tusa,
                 ["party", "create", "Factorio", "--in", "device:alice_mic.monitor", "--out", "device:alice_speaker"] + common)
             defer { alice.kill() }
             let room = try await PartyCommandTests.room(createdBy: alice, named: "Factorio")
+            // Alice talks (3.3 s, not scored: Bob hears only its end); Bob joins a second
+            // before its end, talking as he joins (his first word comes 0.25 s in).
+            var talkers = [try sound.play(Self.thirdSpeech, into: "alice_mic")]
+            try await Task.sleep(for: .seconds(2.3))
+            let bobTalks = try sound.play(Self.otherSpeech, into: "bob_mic")
+            talkers.append(bobTalks)
             let bob = try sound.background(
                 tusa, ["party", "join", room, "--in", "device:bob_mic.monitor", "--out", "device:bob_speaker"] + common)
             defer { bob.kill() }
-            // Both are in (and hold each other's keys) well within two seconds on loopback;
-            // then they talk in turn.
-            try await Task.sleep(for: .seconds(2))
-            var talkers = [try sound.play(Self.speech, into: "alice_mic")]
-            try await Task.sleep(for: .seconds(7.6))
-            talkers.append(try sound.play(Self.otherSpeech, into: "bob_mic"))
+            // When Bob is done, Alice says her piece.
+            #expect(await bobTalks.waitForExit(timeout: 15), "paplay did not end")
+            try await Task.sleep(for: .seconds(1))
+            talkers.append(try sound.play(Self.speech, into: "alice_mic"))
             #expect(await alice.waitForExit(timeout: 40))
             #expect(await bob.waitForExit(timeout: 40))
             for t in talkers { _ = await t.waitForExit(timeout: 5) }
@@ -425,10 +522,18 @@ import Voice
             #expect(Self.foreignLines(alice.stderr).isEmpty, "\(alice.stderr)")
             #expect(Self.foreignLines(bob.stderr).isEmpty, "\(bob.stderr)")
             let bobScore = try await Self.pesq(reference: "\(dir)/ref-alice.wav", heard: "\(dir)/heard-by-bob.wav")
-            let aliceScore = try await Self.pesq(reference: "\(dir)/ref-bob.wav", heard: "\(dir)/heard-by-alice.wav")
-            print("tusa party on devices: PESQ \(bobScore) heard by Bob, \(aliceScore) by Alice")
-            #expect(bobScore > 3.6)
-            #expect(aliceScore > 3.6)
+            let (aliceScore, onset) = try await Self.score(
+                reference: "\(dir)/ref-bob.wav", heard: "\(dir)/heard-by-alice.wav")
+            print("tusa party on devices: PESQ \(bobScore) heard by Bob, \(aliceScore) by Alice (onset \(onset))")
+            #expect(bobScore > 3.6, "what Bob heard: \(bob.stdout)")
+            #expect(aliceScore > 3.6, "what Alice heard: \(alice.stdout)")
+            // Bob's first words, said as he joined, were heard: his joining took none.
+            #expect(onset > 0.5, "Alice did not hear Bob's first words")
+            // Joining while Alice talked, Bob heard her within 100 ms of being in the room.
+            let bobReport = try #require(CallCommandTests.json(bob.stdout), "\(bob.stderr)")
+            let firstAudio = try #require(bobReport["joinToFirstAudioMilliseconds"] as? Double, "\(bobReport)")
+            print("tusa party on devices: Bob heard Alice \(firstAudio) ms after joining")
+            #expect(firstAudio < 100, "\(bobReport)")
             // The stay's report gives each device's figures, as a call's does.
             for (name, member, text) in [("alice", alice, alice.stdout), ("bob", bob, bob.stdout)] {
                 let report = try #require(CallCommandTests.json(text), "\(member.stderr)")
@@ -439,6 +544,60 @@ import Voice
                 #expect(try #require(capture["openMilliseconds"] as? Double) < 1_000, "\(name): \(capture)")
                 #expect(try #require(playback["queueMilliseconds"] as? Double) <= 40, "\(name): \(playback)")
             }
+        } catch {
+            await sound.stop()
+            throw error
+        }
+        await sound.stop()
+    }
+
+    /// A party member's headset unplugged mid-party (its sink unloaded): the sound
+    /// server moves the member's speaker to the default device and the member goes on
+    /// hearing the room. With every device gone, each member leaves at once with the
+    /// reason, never a hang.
+    @Test(.enabled(if: ready, "\(needs)"))
+    func aPartyMembersHeadsetUnpluggedFallsBackOrLeavesWithItsReason() async throws {
+        let tusa = try #require(Harness.tusa)
+        let sound = try await SoundServer()
+        let dir = sound.directory
+        do {
+            try await sound.sink("alice_mic", rate: 48_000)
+            let headset = try await sound.sink("bob_headset", rate: 44_100)
+            try await sound.settle()
+            let (relay, address, key) = try await PartyCommandTests.relay()
+            defer { relay.kill() }
+            let onDefault = try sound.record("default_speaker", into: "\(dir)/default.wav")
+            let common = ["--relay", address, "--relay-key", key, "--duration", "20", "--json", "--quiet"]
+            let alice = try sound.background(
+                tusa, ["party", "create", "Factorio", "--in", "device:alice_mic.monitor", "--out", "none"] + common)
+            defer { alice.kill() }
+            let room = try await PartyCommandTests.room(createdBy: alice, named: "Factorio")
+            let bob = try sound.background(
+                tusa, ["party", "join", room, "--in", "silence", "--out", "device:bob_headset"] + common)
+            defer { bob.kill() }
+            let talker = try sound.playOnLoop(Self.speech, into: "alice_mic")
+            defer { talker.kill() }
+            try await Task.sleep(for: .seconds(2))
+            let unplugged = try await sound.run("pactl", ["unload-module", "\(headset)"])
+            #expect(unplugged.status == 0, "\(unplugged.stderr)")
+            try await Task.sleep(for: .seconds(3))
+            await onDefault.stop(signal: SIGINT)
+            // Bob still hears Alice, on the default speaker, after his headset was gone.
+            let level = try Self.rms("\(dir)/default.wav", from: 3)
+            print("tusa: after Bob's headset was unplugged, the default speaker played the party at RMS \(level)")
+            #expect(level > 300, "the default speaker stayed silent after the unplug")
+            #expect(bob.process.isRunning, "\(bob.stdout) \(bob.stderr)")
+
+            // Every device gone: Alice's microphone and Bob's speaker fail; each leaves saying so.
+            try await sound.unplugEverything()
+            let gone = ContinuousClock.now
+            #expect(await alice.waitForExit(timeout: 5), "Alice stayed once her microphone was gone")
+            #expect(await bob.waitForExit(timeout: 5), "Bob stayed once his speaker was gone")
+            print("tusa: the party's members left \(ContinuousClock.now - gone) after every device was unplugged")
+            #expect(alice.status == 2, "\(alice.stdout) \(alice.stderr)")
+            #expect(alice.stderr.contains("the capture device \"alice_mic.monitor\" stopped"), "\(alice.stderr)")
+            #expect(bob.status == 2, "\(bob.stdout) \(bob.stderr)")
+            #expect(bob.stderr.contains("the playback device \"bob_headset\" stopped"), "\(bob.stderr)")
         } catch {
             await sound.stop()
             throw error
