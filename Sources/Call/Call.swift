@@ -27,7 +27,10 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var remoteLossPercent: Double
     public var jitterMilliseconds: Double
     public var roundTripMilliseconds: Double?
+    /// How long packets waited in the jitter buffer, on average over the call…
     public var jitterBufferDelayMilliseconds: Double
+    /// …and over the last second (what the live status line shows).
+    public var jitterBufferDelayNowMilliseconds: Double = 0
     public var framesConcealed: Int
     public var framesRecoveredByFEC: Int
     public var estimatedMOS: Double
@@ -55,7 +58,7 @@ public struct CallReport: Sendable, Codable, Equatable {
         let rtt = roundTripMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-"
         return String(
             format: "%@ %@ | rtt %@ | loss %.1f%% | jitter %.0f ms | buffer %.0f ms | MOS %.2f | sent %d recv %d",
-            path, remoteAddress, rtt, lossPercent, jitterMilliseconds, jitterBufferDelayMilliseconds, estimatedMOS,
+            path, remoteAddress, rtt, lossPercent, jitterMilliseconds, jitterBufferDelayNowMilliseconds, estimatedMOS,
             packetsSent, packetsReceived)
     }
 
@@ -724,7 +727,8 @@ public final class CallAgent: Sendable {
             packetsSent: s.packetsSent, packetsReceived: s.packetsReceived,
             lossPercent: 100 * Double(lost) / Double(expected), remoteLossPercent: s.remoteLossPercent,
             jitterMilliseconds: s.remoteJitterMilliseconds, roundTripMilliseconds: s.roundTripMilliseconds,
-            jitterBufferDelayMilliseconds: p.delayMeanMilliseconds, framesConcealed: p.framesConcealed,
+            jitterBufferDelayMilliseconds: p.delayMeanMilliseconds, jitterBufferDelayNowMilliseconds: p.delayRecentMilliseconds,
+            framesConcealed: p.framesConcealed,
             framesRecoveredByFEC: p.framesRecoveredByFEC,
             estimatedMOS: s.estimatedMOS(frameMilliseconds: codec.frameDuration.milliseconds),
             ended: ended, addressChanges: moves, candidatePair: path.types, connectMilliseconds: path.connected,
