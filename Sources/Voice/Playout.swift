@@ -653,9 +653,12 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                             return
                         }
                     }
-                } else if inPause && late > frameMs / 4 && present(nextTs + Int64(spf)) != nil {
-                    // Less than a frame too much (a packet waited for a pull or two) comes off
-                    // in a pause too: the silent frame is cut short by it.
+                } else if inPause && late > frameMs / 4 {
+                    // Less than a frame too much (a packet waited for a pull or two, or a
+                    // sender whose clock runs fast) comes off in a pause too: the silent
+                    // frame is cut short by it, whether the next packet is here yet or not
+                    // (the target holds the margin for its jitter; waiting for it to be
+                    // here held a fast sender's drift up to a frame, 15-21 ms at +300 ppm).
                     let cut = min(spf - 1, Int(late * rate / 1000))
                     stats.silenceTrimmedSamples += cut
                     played(s, playMs)

@@ -453,6 +453,92 @@ struct PlayoutTests {
         }
     }
 
+    /// Ten minutes of speech-like audio (3 s of voice, 0.6 s of pause, over and over)
+    /// from a sender whose clock is `ppm` off, over a loopback-like path (1 ms, 0.5 ms
+    /// jitter), pulled every 5 ms as a call's voice loop does: the buffer's delay (play
+    /// − arrival) averaged each minute, and the playout's statistics.
+    func driftMinutes(_ ppm: Double) throws -> (minutes: [Double], statistics: PlayoutStatistics) {
+        let frames = 30_000
+        let enc = L16Encoder(Harness.codec)
+        var frame = [Int16](repeating: 0, count: Harness.spf)
+        let packets: [[UInt8]] = (0..<frames).map { i in
+            for n in 0..<Harness.spf {
+                frame[n] =
+                    i % 180 >= 150
+                    ? Int16((i * 7919 + n * 104_729) % 41 - 20)
+                    : Int16(8000 * sin(2 * Double.pi * 400 * Double(i * Harness.spf + n) / 8000))
+            }
+            var p = [UInt8](repeating: 0, count: 320)
+            _ = frame.withUnsafeBufferPointer { src in p.withUnsafeMutableBytes { try? enc.encode(src, into: $0) } }
+            return p
+        }
+        let trace = NetworkTrace.generate(
+            NetworkModel(baseDelayMilliseconds: 1, jitterMilliseconds: 0.5, clockDriftPPM: ppm),
+            packets: frames, frameMilliseconds: 20, seed: 3)
+        var arrival = [Double](repeating: -1, count: frames)
+        for e in trace.entries where e.sequence >= 0 && e.sequence < frames {
+            if let a = e.arrivalMilliseconds { arrival[e.sequence] = a }
+        }
+        let p = try Playout(decoder: L16Decoder(Harness.codec))
+        final class Played: @unchecked Sendable { var events: [(UInt32, Int64)] = [] }
+        let played = Played()
+        p.onPacketPlayed = { ts, ns in played.events.append((ts, ns)) }
+        let order = (0..<frames).filter { arrival[$0] >= 0 }.sorted { arrival[$0] < arrival[$1] }
+        var next = 0
+        var out = [Int16](repeating: 0, count: 40)
+        var t = 0.0
+        while t < Double(frames) * 20 + 1000 {
+            while next < order.count && arrival[order[next]] <= t {
+                let s = order[next]
+                packets[s].withUnsafeBytes { raw in
+                    p.insert(
+                        sequence: UInt16(truncatingIfNeeded: s), timestamp: UInt32(truncatingIfNeeded: s * Harness.spf),
+                        payload: raw, arrivalNanoseconds: Int64(arrival[s] * 1e6))
+                }
+                next += 1
+            }
+            out.withUnsafeMutableBufferPointer { p.pull(nowNanoseconds: Int64(t * 1e6), into: $0) }
+            t += 5
+        }
+        var sums = [Double](repeating: 0, count: 10)
+        var counts = [Double](repeating: 0, count: 10)
+        for (ts, ns) in played.events {
+            let seq = Int(ts) / Harness.spf
+            guard seq >= 0, seq < frames, arrival[seq] >= 0 else { continue }
+            sums[seq / 3000] += Double(ns) / 1e6 - arrival[seq]
+            counts[seq / 3000] += 1
+        }
+        return (zip(sums, counts).map { $0 / max(1, $1) }, p.statistics)
+    }
+
+    /// Issue 19's drift: two ends' clocks ±200 ppm apart for ten minutes. The delay the
+    /// buffer holds stays level, within a few ms of a drift-free stream's, and the drift
+    /// comes off (or is added) in the pauses, not by stretching speech.
+    @Test(arguments: [200.0, -200.0])
+    func aSendersClockDriftIsTakenUpInPausesAndTheDelayStaysLevel(_ ppm: Double) throws {
+        let base = try driftMinutes(0)
+        let run = try driftMinutes(ppm)
+        let baseMean = base.minutes.dropFirst().reduce(0, +) / 9
+        print("drift \(ppm) ppm: buffer delay a minute \(run.minutes.map { (($0 * 10).rounded() / 10) }) ms; none: \(baseMean)")
+        for (minute, delay) in run.minutes.enumerated().dropFirst() {
+            #expect(delay < baseMean + 3, "minute \(minute + 1): \(delay) ms against \(baseMean) without drift")
+        }
+        #expect(run.minutes.dropFirst(2).max()! < run.minutes[1] + 2, "the delay grew: \(run.minutes)")
+        let s = run.statistics
+        // Speech is not stretched for it (a few ms in ten minutes at most: a frame inserted in
+        // a pause for a slow sender, then a few ms too much).
+        #expect(s.accelerateSamples + s.expandSamples <= 80, "\(s)")
+        #expect(s.lostPackets == 0 && s.latePackets == 0, "\(s)")
+        // Concealment stays near the drift-free stream's: a slow sender's buffer may run dry
+        // a few times more in ten minutes, in pauses.
+        #expect(s.framesConcealed <= base.statistics.framesConcealed + 10, "\(s)")
+        // The drift, 120 ms over the ten minutes, came off (or was added) in the pauses, most
+        // of it as frames dropped, inserted or cut short.
+        let taken = Double(s.silenceTrimmedSamples + (s.framesDroppedInSilence - s.framesInsertedInSilence) * Harness.spf)
+        let drift = ppm * 600 / 1000
+        #expect(taken / 8 / drift > 0.4, "\(taken / 8) ms of \(drift) in pauses: \(s)")
+    }
+
     @Test func rejectsBadConfiguration() {
         #expect(throws: VoiceError.self) {
             try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(capacity: 1))
