@@ -653,12 +653,14 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                             return
                         }
                     }
-                } else if inPause && late > frameMs / 4 {
+                } else if inPause && late > frameMs / 4 && (late < frameMs || present(nextTs + Int64(spf)) != nil) {
                     // Less than a frame too much (a packet waited for a pull or two, or a
                     // sender whose clock runs fast) comes off in a pause too: the silent
                     // frame is cut short by it, whether the next packet is here yet or not
                     // (the target holds the margin for its jitter; waiting for it to be
                     // here held a fast sender's drift up to a frame, 15-21 ms at +300 ppm).
+                    // A frame or more too much with the next one not here is a spike's
+                    // backlog still coming: it waits for it, as a whole frame's drop does.
                     let cut = min(spf - 1, Int(late * rate / 1000))
                     stats.silenceTrimmedSamples += cut
                     played(s, playMs)
