@@ -142,6 +142,18 @@ import Voice
         return (try #require(json["pesq"] as? Double), try #require(json["onset"] as? Double))
     }
 
+    /// `file` (a WAV) `times` over, one after the other, into `path`.
+    static func repeated(_ file: String, times: Int, into path: String) async throws {
+        let python = try #require(Harness.python)
+        let script = """
+            import sys, wave
+            r = wave.open(sys.argv[1]); frames = r.readframes(r.getnframes())
+            w = wave.open(sys.argv[2], "wb"); w.setparams(r.getparams()); w.writeframes(frames * int(sys.argv[3])); w.close()
+            """
+        let made = try await Harness.run(python, ["-c", script, file, path, "\(times)"])
+        #expect(made.status == 0, "\(made.stderr)")
+    }
+
     /// The 8 kHz reference of `speech`.
     static func reference(_ speech: String, into path: String) async throws {
         let tusa = try #require(Harness.tusa)
@@ -475,7 +487,7 @@ import Voice
 
     /// A party of two on real devices: each member's microphone and speaker are the
     /// sound server's. Bob joins while Alice talks and hears her within 100 ms of
-    /// joining; he talks as he joins, and Alice hears him from his first word; then
+    /// joining; he talks from his first moment in the room, and Alice hears him from his first word; then
     /// Alice speaks. Each hears the other's speech, scored with PESQ.
     @Test(.enabled(if: ready, "\(needs)"))
     func aPartyOnRealSoundDevicesCarriesSpeechBothWaysFromTheJoin() async throws {
@@ -499,16 +511,21 @@ import Voice
                 ["party", "create", "Factorio", "--in", "device:alice_mic.monitor", "--out", "device:alice_speaker"] + common)
             defer { alice.kill() }
             let room = try await PartyCommandTests.room(createdBy: alice, named: "Factorio")
-            // Alice talks (3.3 s, not scored: Bob hears only its end); Bob joins a second
-            // before its end, talking as he joins (his first word comes 0.25 s in).
-            var talkers = [try sound.play(Self.thirdSpeech, into: "alice_mic")]
-            try await Task.sleep(for: .seconds(2.3))
-            let bobTalks = try sound.play(Self.otherSpeech, into: "bob_mic")
-            talkers.append(bobTalks)
+            // Alice talks (an utterance over and over, not scored) and Bob joins while she
+            // does. Once he is in she stops, and Bob talks from his first moment in the
+            // room; when he is done, Alice says her piece.
+            try await Self.repeated(Self.thirdSpeech, times: 5, into: "\(dir)/warm-up.wav")
+            let warmUp = try sound.play("\(dir)/warm-up.wav", into: "alice_mic")
+            defer { warmUp.kill() }
+            try await Task.sleep(for: .seconds(1))
             let bob = try sound.background(
                 tusa, ["party", "join", room, "--in", "device:bob_mic.monitor", "--out", "device:bob_speaker"] + common)
             defer { bob.kill() }
-            // When Bob is done, Alice says her piece.
+            _ = try #require(await bob.waitForMatch(#"party [a-z0-9]{12} "Factorio" as #[0-9]+"#), "\(bob.stdout) \(bob.stderr)")
+            let bobTalks = try sound.play(Self.otherSpeech, into: "bob_mic")
+            var talkers = [bobTalks]
+            try await Task.sleep(for: .seconds(0.1))
+            warmUp.kill()
             #expect(await bobTalks.waitForExit(timeout: 15), "paplay did not end")
             try await Task.sleep(for: .seconds(1))
             talkers.append(try sound.play(Self.speech, into: "alice_mic"))
