@@ -67,6 +67,12 @@
 #                the outages in each recording: one per restart (heard again within 3 s of
 #                the relay's return) and one per freeze (within 3 s of the resume; 6 s in
 #                --short), no other.
+#   devices      a call on sound devices for 600 s (--short: 20 s; Benchmarks/device-call.sh):
+#                a private PulseAudio, the caller's null sinks at 48 kHz and the callee's at
+#                44.1 kHz (a few hundred ppm apart), speech into both microphones: each
+#                side's jitter buffer delay stays level, no device queue runs dry (--short,
+#                a debug build on a shared machine: five in all, against hundreds for a
+#                queue that stopped), both ends exit 0. Skipped without PulseAudio.
 #
 # usage: Benchmarks/soak.sh [--short] [--no-build] [case ...]
 # env: TUSA (default <repo>/.build/release/tusa; --short: .build/debug/tusa), SWIFT,
@@ -82,12 +88,12 @@ while (($#)); do
   case $1 in
     --short) SHORT=1; shift ;;
     --no-build) NO_BUILD=1; shift ;;
-    -h|--help) sed -n '2,75p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    flood|allocations|tcp|directory|metrics|memory|call|party|faults) CASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,81p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    flood|allocations|tcp|directory|metrics|memory|call|party|faults|devices) CASES+=("$1"); shift ;;
     *) echo "soak: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-((${#CASES[@]})) || CASES=(flood allocations tcp directory metrics memory call party faults)
+((${#CASES[@]})) || CASES=(flood allocations tcp directory metrics memory call party faults devices)
 CONFIG=release
 ((SHORT)) && CONFIG=debug
 SWIFT=${SWIFT:-swift}
@@ -99,11 +105,13 @@ if ((SHORT)); then
   TCP_SECONDS=2 TCP_INTERVAL=0.01 TCP_FLOOR_MS=3 TCP_IDLE=200 TCP_PER_IP=50 TCP_ABUSERS=10 TCP_WATCH=3 TCP_FLOODERS=1
   CALL_SECONDS=12 REBIND=4 FAULT_ROUNDS=1 FREEZE_BACK_MS=6000 PESQ_EVERY=4 PESQ_WINDOW=4
   MEM_FLOWS=20 MEM_BUDGET_MIB=6 MEM_ALLOCATIONS=4000
+  DEVICE_SECONDS=20 DEVICE_UNDERRUNS=5
 else
   FLOWS=200 FLOOD_SECONDS=20 FLOOD_RATE=20000 VOICE_SECONDS=20 ALLOCATIONS=10000 ALLOC_FLOWS=${SOAK_FLOWS:-1000} ALLOC_SECONDS=620 ALLOC_REFRESH=120 SAMPLE=10
   TCP_SECONDS=10 TCP_INTERVAL=0.02 TCP_FLOOR_MS=1 TCP_IDLE=10000 TCP_PER_IP=1000 TCP_ABUSERS=200 TCP_WATCH=40 TCP_FLOODERS=2
   CALL_SECONDS=${SOAK_CALL_SECONDS:-1800} REBIND=60 FAULT_ROUNDS=${SOAK_FAULT_ROUNDS:-5} FREEZE_BACK_MS=3000 PESQ_EVERY=60 PESQ_WINDOW=8
   MEM_FLOWS=200 MEM_BUDGET_MIB=8 MEM_ALLOCATIONS=15000
+  DEVICE_SECONDS=600 DEVICE_UNDERRUNS=0
 fi
 
 # shellcheck source=Benchmarks/bench-lib.sh
@@ -564,6 +572,17 @@ case_metrics() {
   judge_listener_abuse "$TMP/metrics.out" 16 10
   kill -0 "$RPID" 2>/dev/null || fail "the relay died under the abuse"
   stop_server "$RPID" 50
+}
+
+case_devices() {
+  echo "devices: a ${DEVICE_SECONDS} s call on sound devices (caller 48 kHz, callee 44.1 kHz)"
+  if ! command -v pulseaudio >/dev/null || ! command -v pactl >/dev/null || [[ ! -d $SPEECH_CLIPS ]]; then
+    echo "  skipped: needs PulseAudio and pocketsphinx-testdata (bash scripts/setup.sh installs them)"
+    return
+  fi
+  TUSA=$TUSA MAX_UNDERRUNS=$DEVICE_UNDERRUNS bash "$HERE/device-call.sh" "$DEVICE_SECONDS" >"$TMP/devices.out" 2>&1 ||
+    fail "the call on devices: $(tail -n 1 "$TMP/devices.out")"
+  sed 's/^/  /' "$TMP/devices.out"
 }
 
 CALL_IMPAIR="loss=20%,burst=3,jitter=20ms"

@@ -29,7 +29,7 @@ public struct CallReport: Sendable, Codable, Equatable {
     public var roundTripMilliseconds: Double?
     /// How long packets waited in the jitter buffer, on average over the call…
     public var jitterBufferDelayMilliseconds: Double
-    /// …and over the last second (what the live status line shows).
+    /// …and over the last 50 packets played, a second of 20 ms frames (what the live status line shows).
     public var jitterBufferDelayNowMilliseconds: Double = 0
     public var framesConcealed: Int
     public var framesRecoveredByFEC: Int

@@ -143,9 +143,10 @@ public final class PartyVoice: @unchecked Sendable {
 
     public var framesSent: Int { sent.load(ordering: .relaxed) }
     /// From ``start(sending:)`` (the room joined) to the first packet of anyone's audio
-    /// played, in ms; nil while nobody has been heard. Joining a room where someone
-    /// talks, this is how long the joiner waits to hear them: keys, jitter buffer and
-    /// speaker included.
+    /// played out of its jitter buffer into the mix, in ms; nil while nobody has been
+    /// heard. Joining a room where someone talks, this is how long the joiner waits
+    /// for them after the join: their keys and the jitter buffer included, the join's
+    /// own round trip and the speaker's queue not.
     public var startToFirstAudioMilliseconds: Double? {
         let first = firstPlayed.current
         let started = startedAt.load(ordering: .relaxed)
