@@ -402,19 +402,27 @@ import Voice
                     "--duration", "20", "--json", "--quiet", "--in", "tone",
                 ])
             defer { second.kill() }
-            try await Task.sleep(for: .seconds(2))
-            try await sound.unplugEverything()
-            let gone = ContinuousClock.now
-            #expect(await alone.waitForExit(timeout: 5), "the call hung once its speaker was gone")
-            print("tusa: the call ended \(ContinuousClock.now - gone) after every device was unplugged")
-            #expect(alone.status == 2, "\(alone.stdout) \(alone.stderr)")
-            #expect(alone.stderr.contains("the playback device \"lonely\" stopped"), "\(alone.stderr)")
-            #expect(await second.waitForExit(timeout: 10))
+            try await Self.unplugEverything(sound, ending: alone, naming: "the playback device \"lonely\"", peer: second)
         } catch {
             await sound.stop()
             throw error
         }
         await sound.stop()
+    }
+
+    /// Every device unplugged two seconds into `call`: it ends within 5 s, exit 2, saying
+    /// `device` stopped, never a hang; its `peer` then ends too.
+    static func unplugEverything(
+        _ sound: SoundServer, ending call: Harness.Background, naming device: String, peer: Harness.Background
+    ) async throws {
+        try await Task.sleep(for: .seconds(2))
+        try await sound.unplugEverything()
+        let gone = ContinuousClock.now
+        #expect(await call.waitForExit(timeout: 5), "the call hung once \(device) was gone")
+        print("tusa: the call ended \(ContinuousClock.now - gone) after every device was unplugged")
+        #expect(call.status == 2, "\(call.stdout) \(call.stderr)")
+        #expect(call.stderr.contains("\(device) stopped"), "\(call.stderr)")
+        #expect(await peer.waitForExit(timeout: 10))
     }
 
     /// A microphone unplugged mid-call (the sink whose monitor it is, unloaded): the
@@ -470,14 +478,8 @@ import Voice
                     "--in", "device:lonely_mic.monitor",
                 ])
             defer { alone.kill() }
-            try await Task.sleep(for: .seconds(2))
-            try await sound.unplugEverything()
-            let gone = ContinuousClock.now
-            #expect(await alone.waitForExit(timeout: 5), "the call hung once its microphone was gone")
-            print("tusa: the call ended \(ContinuousClock.now - gone) after every microphone was unplugged")
-            #expect(alone.status == 2, "\(alone.stdout) \(alone.stderr)")
-            #expect(alone.stderr.contains("the capture device \"lonely_mic.monitor\" stopped"), "\(alone.stderr)")
-            #expect(await other.waitForExit(timeout: 10))
+            try await Self.unplugEverything(
+                sound, ending: alone, naming: "the capture device \"lonely_mic.monitor\"", peer: other)
         } catch {
             await sound.stop()
             throw error
