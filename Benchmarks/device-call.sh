@@ -15,6 +15,8 @@
 #                                                make test installs PulseAudio)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=Benchmarks/bench-lib.sh
+source Benchmarks/bench-lib.sh
 SECONDS_CALL=${1:-600}
 TUSA=${TUSA:-$PWD/.build/release/tusa}
 MAX_UNDERRUNS=${MAX_UNDERRUNS:-0}
@@ -56,15 +58,13 @@ done
 ((settled)) || { echo "device-call: the null sinks did not settle to a low latency" >&2; exit 1; }
 "$TUSA" relay --listen 127.0.0.1:0 --no-tcp --rendezvous-port 0 >"$D/relay.out" 2>"$D/relay.err" &
 PIDS+=("$!")
-for _ in $(seq 100); do grep -q "^rendezvous tcp" "$D/relay.out" && break; sleep 0.1; done
-R=$(sed -n 's/^rendezvous tcp //p' "$D/relay.out")
-[[ -n $R ]] || { echo "device-call: the relay did not start: $(tail -3 "$D/relay.err")" >&2; exit 1; }
+R=$(wait_line "$D/relay.out" 's/^rendezvous tcp //p') || { echo "device-call: the relay did not start: $(tail -3 "$D/relay.err")" >&2; exit 1; }
 "$TUSA" answer --rendezvous "$R" --timeout 30 --json --in device:near_mic.monitor --out device:near_speaker \
   >"$D/callee.out" 2>"$D/callee.err" &
 callee=$!
 PIDS+=("$callee")
-for _ in $(seq 100); do grep -q "^answering as" "$D/callee.out" && break; sleep 0.1; done
-KEY=$(sed -n 's/^answering as //p' "$D/callee.out")
+KEY=$(wait_line "$D/callee.out" 's/^answering as //p') ||
+  { echo "device-call: tusa answer did not start: $(tail -3 "$D/callee.err")" >&2; exit 1; }
 for mic in far_mic near_mic; do
   (while true; do paplay --device="$mic" "$SPEECH" || exit; done) >/dev/null 2>&1 &
   PIDS+=("$!")
