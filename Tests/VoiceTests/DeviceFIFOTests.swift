@@ -115,6 +115,86 @@ import Testing
         #expect(run.steps.least >= 14 && run.steps.most <= 18, "a step in the waveform: \(run.steps)")
     }
 
+    /// A speaker's thread as ``LiveAudioDevice`` runs it, against a sound server that
+    /// keeps three chunks: it pulls a chunk as soon as its last write returns, and when
+    /// the queue is short it waits up to a chunk's time for the voice loop's write
+    /// (the server still holds two). Returns the times the server ran out, and the
+    /// queue's figures, after `seconds` with the device `ppm` fast and the voice loop's
+    /// writes up to `jitter` samples late.
+    static func speakerAgainstServer(ppm: Double, seconds: Int, jitter: Double, toldWaits: Bool) -> (
+        serverUnderruns: Int, waits: Int, fifo: DeviceFIFO
+    ) {
+        let chunk = 80  // 10 ms at 8 kHz
+        var fifo = DeviceFIFO(target: 80, capacity: 16_000, pullsPerSecond: 100)
+        fifo.followed = true
+        var random = Jitter(state: 11)
+        var out = [Int16](repeating: 0, count: chunk)
+        let voice = [Int16](repeating: 1_000, count: chunk)
+        var server = 0  // samples queued at the server
+        var serverUnderruns = 0
+        var dry = false
+        var playing = false  // (the server starts with its first chunk: PulseAudio's prebuf)
+        var pending = false  // a pulled chunk waiting for room at the server
+        var waitingSince: Int?
+        var waits = 0
+        var nextPush = 0.0
+        var deviceClock = 0.0
+        for n in 0..<(seconds * 8000) {
+            let now = Double(n)
+            // The voice loop writes a chunk every 10 ms, a little late at times.
+            if now >= nextPush {
+                voice.withUnsafeBufferPointer { fifo.push($0) }
+                nextPush = Double((Int(nextPush) / chunk + 1) * chunk) + random.next(upTo: jitter)
+            }
+            // The thread: pull (or wait for the write, a chunk's time at most), then write when there is room.
+            if !pending {
+                let short = fifo.primed && fifo.count < chunk
+                if short, waitingSince == nil {
+                    waitingSince = n
+                    waits += 1
+                }
+                if !short || n - (waitingSince ?? n) >= chunk {
+                    let waited = toldWaits ? n - (waitingSince ?? n) : 0
+                    _ = out.withUnsafeMutableBufferPointer { fifo.pull(into: $0, waited: waited) }
+                    waitingSince = nil
+                    pending = true
+                }
+            }
+            if pending, server + chunk <= 3 * chunk {
+                server += chunk
+                pending = false
+            }
+            // The device plays on its own clock.
+            playing = playing || server > 0
+            deviceClock += playing ? 1 + ppm / 1e6 : 0
+            while deviceClock >= 1 {
+                deviceClock -= 1
+                if server > 0 {
+                    server -= 1
+                    dry = false
+                } else if !dry {
+                    dry = true
+                    serverUnderruns += 1
+                }
+            }
+        }
+        return (serverUnderruns, waits, fifo)
+    }
+
+    /// The waits a speaker's thread makes for a late write take from the server's
+    /// buffer; told to the queue, the margin is restored, and ten minutes of a device
+    /// 200 ppm fast with writes up to 8 ms late run the server dry never (and the
+    /// queue itself never); untold, the thread paced by the writes hides the drift and
+    /// the server runs out again and again (as a live 44.1 kHz sink did every 100 s).
+    @Test func aSpeakersWaitsForLateWritesKeepTheServerFromRunningDry() {
+        let told = Self.speakerAgainstServer(ppm: 200, seconds: 600, jitter: 64, toldWaits: true)
+        #expect(told.waits > 0, "the writes came late enough to be waited for")
+        #expect(told.serverUnderruns == 0, "\(told.serverUnderruns) times dry, \(told.waits) waits, \(told.fifo.statistics)")
+        #expect(told.fifo.statistics.underruns == 0, "\(told.fifo.statistics)")
+        let untold = Self.speakerAgainstServer(ppm: 200, seconds: 600, jitter: 64, toldWaits: false)
+        #expect(untold.serverUnderruns + untold.fifo.statistics.underruns > 0, "\(untold.fifo.statistics)")
+    }
+
     @Test func withoutDriftNothingIsDroppedOrRepeatedAfterTheStart() {
         let run = Self.simulate(
             producerRate: 8000, producerChunk: 80, consumerRate: 8000, consumerChunk: 160, seconds: 120)

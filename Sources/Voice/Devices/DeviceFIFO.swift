@@ -99,7 +99,12 @@ public struct DeviceFIFO: Sendable {
 
     /// Fills `out`: true with queued audio, false with silence (not primed yet, or
     /// run dry, which counts as an underrun and primes again).
-    public mutating func pull(into out: UnsafeMutableBufferPointer<Int16>) -> Bool {
+    /// - Parameter waited: samples the device played while this pull waited for the
+    ///   producer (a speaker whose sound server still held some): the device is that
+    ///   far ahead of the queue, so the level this pull leaves counts that much lower
+    ///   and the margin is restored as drift's is, instead of the shortfall passing
+    ///   unseen into the server's buffer until it runs out.
+    public mutating func pull(into out: UnsafeMutableBufferPointer<Int16>, waited: Int = 0) -> Bool {
         let wanted = out.count
         if !primed {
             guard count >= wanted + target else {
@@ -153,8 +158,8 @@ public struct DeviceFIFO: Sendable {
         }
         if correction == 0 { catchingUp = false }
         quietPulls = out.allSatisfy { abs(Int($0)) <= Self.quiet } ? quietPulls + 1 : 0
-        windowMinimum = min(windowMinimum, count)
-        recentMinimum = min(recentMinimum, count)
+        windowMinimum = min(windowMinimum, count - max(0, waited))
+        recentMinimum = min(recentMinimum, count - max(0, waited))
         pulls += 1
         if pulls % max(1, window / 5) == 0 {
             // A fifth of a second well above the band: a stall's backlog, taken back from now.
@@ -166,8 +171,8 @@ public struct DeviceFIFO: Sendable {
             recentMinimum = Int.max
         }
         if pulls >= window {
-            statistics.level = windowMinimum
-            statistics.maximumLevel = max(statistics.maximumLevel, windowMinimum)
+            statistics.level = max(0, windowMinimum)
+            statistics.maximumLevel = max(statistics.maximumLevel, statistics.level)
             // Keep the least held after a pull between one and two margins (aiming at one
             // and a half), at most half a window's worth of samples a second, so that the
             // phase of the two clocks' chunks is not taken for drift.

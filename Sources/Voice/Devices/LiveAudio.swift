@@ -165,6 +165,11 @@ public struct LiveAudioStatistics: Sendable, Equatable, Codable {
     public var maximumQueueMilliseconds: Double
     /// Times the queue ran dry after it had started (a gap was heard or sent).
     public var underruns: Int
+    /// Times a speaker's thread found less than a chunk queued and the voice loop's
+    /// write came while it waited (at most a chunk's time), so it played on instead of
+    /// playing a gap: a sound server (PulseAudio) still held two chunks, so nothing
+    /// was heard. A wait the write did not end is an underrun. (Zero for a microphone.)
+    public var lateWrites: Int
     /// Samples dropped or repeated to keep the two clocks together, and dropped because the queue was full.
     public var droppedSamples: Int
     public var repeatedSamples: Int
@@ -175,9 +180,10 @@ public struct LiveAudioStatistics: Sendable, Equatable, Codable {
     /// One line for a report: `what` is "capture" or "playback".
     public func summary(_ what: String) -> String {
         String(
-            format: "%@ device %@: open in %@, queue %.0f ms (at most %.0f), %d underruns, %d samples dropped, %d repeated%@",
+            format: "%@ device %@: open in %@, queue %.0f ms (at most %.0f), %d underruns (%d late writes waited for), "
+                + "%d samples dropped, %d repeated%@",
             what, device, openMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-", queueMilliseconds,
-            maximumQueueMilliseconds, underruns, droppedSamples, repeatedSamples,
+            maximumQueueMilliseconds, underruns, lateWrites, droppedSamples, repeatedSamples,
             fellBackToDefault ? ", fell back to the default" : "")
     }
 
@@ -203,6 +209,8 @@ private final class LiveAudioShared: @unchecked Sendable {
         var fellBack = false
         /// When the device's thread last pushed (capture) or pulled (playback) a chunk, in monotonic ns.
         var lastChunk: UInt64?
+        /// ``LiveAudioStatistics/lateWrites``.
+        var lateWrites = 0
     }
     let state: Mutex<State>
     let running = Atomic<Bool>(true)
@@ -261,6 +269,7 @@ public class LiveAudioDevice: @unchecked Sendable {
                 device: deviceName ?? "default", openMilliseconds: state.openMilliseconds,
                 queueMilliseconds: Double(q.level) / perMillisecond,
                 maximumQueueMilliseconds: Double(q.maximumLevel) / perMillisecond, underruns: q.underruns,
+                lateWrites: state.lateWrites,
                 droppedSamples: q.dropped, repeatedSamples: q.repeated, overflowedSamples: q.overflowed,
                 fellBackToDefault: state.fellBack)
         }
@@ -326,9 +335,10 @@ public class LiveAudioDevice: @unchecked Sendable {
                         state.lastChunk = DispatchTime.now().uptimeNanoseconds
                     }
                 } else {
+                    let waited = waitForLateWrite(shared, chunk: chunk, sampleRate: sampleRate)
                     _ = shared.state.withLock { state in
                         state.lastChunk = DispatchTime.now().uptimeNanoseconds
-                        return buffer.withUnsafeMutableBufferPointer { state.fifo.pull(into: $0) }
+                        return buffer.withUnsafeMutableBufferPointer { state.fifo.pull(into: $0, waited: waited) }
                     }
                     try buffer.withUnsafeBufferPointer { b throws(VoiceError) in try stream.play(b) }
                 }
@@ -359,6 +369,33 @@ public class LiveAudioDevice: @unchecked Sendable {
         stream.close()
     }
 
+    /// A speaker's thread takes its next chunk as soon as the sound server has room for
+    /// it, while the server still holds two more (``PulseAudioStream``'s three-chunk
+    /// target): a voice loop that writes a few ms after that is not late for the ear.
+    /// So a queue that holds less than a chunk is given up to a chunk's time before the
+    /// pull plays silence, which would be a gap of 10-20 ms (the queue primes again
+    /// before it plays). A device that holds less (PortAudio's, at its own latency)
+    /// may run short during the wait, but for no longer than that gap.
+    ///
+    /// What the wait took from the server's buffer is told to the queue (returned, in
+    /// samples, for ``DeviceFIFO/pull(into:waited:)``): otherwise a thread paced by the
+    /// voice loop's writes rather than the device's would hide the device's drift from
+    /// the queue, and the server's buffer would run out a chunk at a time, every
+    /// minute or two (200 ppm is 20 ms in 100 s).
+    private static func waitForLateWrite(_ shared: LiveAudioShared, chunk: Int, sampleRate: Int) -> Int {
+        func short() -> Bool { shared.state.withLock { $0.fifo.primed && $0.fifo.count < chunk } }
+        guard short() else { return 0 }
+        let start = DispatchTime.now().uptimeNanoseconds
+        let deadline = start + UInt64(chunk) * 1_000_000_000 / UInt64(sampleRate)
+        while DispatchTime.now().uptimeNanoseconds < deadline && shared.running.load(ordering: .relaxed) {
+            usleep(250)
+            if !short() {
+                shared.state.withLock { $0.lateWrites += 1 }
+                break
+            }
+        }
+        return Int((DispatchTime.now().uptimeNanoseconds &- start) * UInt64(sampleRate) / 1_000_000_000)
+    }
 }
 
 /// The sound card a voice loop's clock follows (``DeviceClockFollower``): its
