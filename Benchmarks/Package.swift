@@ -56,7 +56,8 @@ let package = Package(
         // syscalls and one lookup per relayed packet, none of TURN's checks.
         // The C forwarders' start: `--listen`, the stopping signals, the listener and epoll set.
         .target(name: "CForwarder"),
-        .executableTarget(name: "udp-forward", dependencies: ["CForwarder"]),
+        // `--uring`: its relay sockets through io_uring (liburing), what a relay could gain from it.
+        .executableTarget(name: "udp-forward", dependencies: ["CForwarder"], linkerSettings: [.linkedLibrary("uring")]),
         // Reference room forwarder in C, the machine's limit for parties: one read, one AEAD
         // open, then an AEAD seal and a datagram per other member, none of the party's checks.
         .executableTarget(name: "room-forward", dependencies: ["CForwarder"], linkerSettings: [.linkedLibrary("sodium")]),

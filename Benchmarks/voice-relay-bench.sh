@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The TURN relay under voice traffic (issue 17): `tusa relay`, coturn `turnserver -m 0`
 # and a minimal C forwarder (Benchmarks/Sources/udp-forward: the same syscalls and one
-# lookup per packet, none of TURN's checks: the machine's limit), side by side with the
+# lookup per packet, none of TURN's checks: the machine's limit; with --servers "... uring",
+# the same forwarder with its relay sockets on io_uring, what a relay could gain from it), side by side with the
 # same generator, each server pinned to one CPU and the generator (turn-load --rate) to
 # the other. Every flow is one allocation sending one 100-byte ChannelData packet each
 # 20 ms, flows spread evenly and interleaved (no two consecutive packets of one flow),
@@ -85,7 +86,7 @@ if ((!NO_BUILD)); then
   done
 fi
 LOAD=$BIN/turn-load
-REF=$BIN/udp-forward
+REF=${REF:-$BIN/udp-forward}
 [[ -x $LOAD ]] || { echo "voice-relay-bench: $LOAD is not built" >&2; exit 1; }
 
 source "$HERE/bench-lib.sh"
@@ -98,8 +99,8 @@ for s in $SERVERS; do
   case $s in
     tusa) [[ -x $TUSA ]] && ACTIVE+=(tusa) || echo "tusa: not built ($TUSA)" ;;
     coturn) command -v turnserver >/dev/null && ACTIVE+=(coturn) || echo "coturn: not installed (scripts/setup.sh installs it)" ;;
-    ref) [[ -x $REF ]] && ACTIVE+=(ref) || echo "ref: $REF not built" ;;
-    *) echo "voice-relay-bench: unknown server '$s' (tusa, coturn, ref)" >&2; exit 2 ;;
+    ref | uring) [[ -x $REF ]] && ACTIVE+=("$s") || echo "$s: $REF not built" ;;
+    *) echo "voice-relay-bench: unknown server '$s' (tusa, coturn, ref, uring)" >&2; exit 2 ;;
   esac
 done
 ((${#ACTIVE[@]})) || { echo "voice-relay-bench: nothing to run" >&2; exit 1; }
@@ -116,6 +117,7 @@ start_server() { # NAME PORT: starts it pinned, sets SPID
       start_coturn "$log" "$2" 0 --no-tcp
       ;;
     ref) "${SERVER_PIN[@]}" "$REF" --listen "127.0.0.1:$2" >"$log.out" 2>"$log.err" & ;;
+    uring) "${SERVER_PIN[@]}" "$REF" --uring --listen "127.0.0.1:$2" >"$log.out" 2>"$log.err" & ;;
   esac
   SPID=$!
   PIDS+=("$SPID")
@@ -239,17 +241,21 @@ if ((!SMOKE)); then
     for phase in up down both; do
     has tusa && has coturn && echo "CPU per relayed packet at $FLOWS flows, $phase: tusa/coturn $(ratio tusa coturn "$phase" server_ms_per_1000) (target <= 0.67)"
     has tusa && has ref && echo "CPU per relayed packet at $FLOWS flows, $phase: tusa/ref $(ratio tusa ref "$phase" server_ms_per_1000)"
+    has uring && has ref && echo "CPU per relayed packet at $FLOWS flows, $phase: uring/ref $(ratio uring ref "$phase" server_ms_per_1000)"
+    has uring && has coturn && echo "CPU per relayed packet at $FLOWS flows, $phase: uring/coturn $(ratio uring coturn "$phase" server_ms_per_1000)"
   done
   if [[ -n $RAMP ]]; then
-    for pair in "tusa coturn 1.5" "tusa ref 0.75"; do
+    for pair in "tusa coturn 1.5" "tusa ref 0.75" "ref coturn -" "uring coturn -" "uring ref -"; do
       read -r a b target <<<"$pair"
+      suffix=""
+      [[ $target == - ]] || suffix=" (target >= $target)"
       has "$a" && has "$b" || continue
       list=()
       for r in $(seq "$ROUNDS"); do
         x=$(best_free "$a" "$r") y=$(best_free "$b" "$r")
         [[ -n $x && -n $y ]] && list+=("$(awk -v a="$x" -v b="$y" 'BEGIN {printf "%.2f", a / b}')")
       done
-      ((${#list[@]})) && echo "highest loss-free rate, $a/$b: $(printf '%s\n' "${list[@]}" | median_values) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g')) (target >= $target)"
+      ((${#list[@]})) && echo "highest loss-free rate, $a/$b: $(printf '%s\n' "${list[@]}" | median_values) ($(IFS=,; echo "${list[*]}" | sed 's/,/, /g'))$suffix"
     done
     echo "(a ramp's top step without loss may be the ramp's end: then the server carries more than shown)"
   fi

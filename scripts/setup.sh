@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   pkg-config libsodium-dev libopus-dev libspeex-dev libspeexdsp-dev
-  libpcap-dev zlib1g-dev libsndfile1-dev coturn tshark iproute2 nftables conntrack python3-venv openssl
+  libpcap-dev zlib1g-dev libsndfile1-dev liburing-dev coturn tshark iproute2 nftables conntrack python3-venv openssl
   pocketsphinx-testdata postgresql pulseaudio pulseaudio-utils libportaudio2
 )
 PY_PACKAGES=(aioice dpkt numpy pesq)
