@@ -70,9 +70,11 @@
 #   devices      a call on sound devices for 600 s (--short: 20 s; Benchmarks/device-call.sh):
 #                a private PulseAudio, the caller's null sinks at 48 kHz and the callee's at
 #                44.1 kHz (a few hundred ppm apart), speech into both microphones: each
-#                side's jitter buffer delay stays level, no device queue runs dry (--short,
-#                a debug build on a shared machine: five in all, against hundreds for a
-#                queue that stopped), both ends exit 0. Skipped without PulseAudio.
+#                side's jitter buffer delay stays level, no microphone queue runs dry and
+#                no speaker plays a gap (5 ms or more of digital silence in its sink's
+#                recording) (--short, a debug build on a shared machine: five in all,
+#                against hundreds for a queue that stopped), both ends exit 0. Skipped
+#                without PulseAudio.
 #
 # usage: Benchmarks/soak.sh [--short] [--no-build] [case ...]
 # env: TUSA (default <repo>/.build/release/tusa; --short: .build/debug/tusa), SWIFT,
