@@ -56,6 +56,8 @@ public struct DeviceFIFO: Sendable {
     private var head = 0
     private var pulls = 0
     private var windowMinimum = Int.max
+    /// The least held after a pull in the window, not lowered by waits: the delay the queue adds, for `statistics`.
+    private var windowHeld = Int.max
     /// The least held after a pull in the last fifth of a window: a backlog shows there first.
     private var recentMinimum = Int.max
     /// Samples still to drop (positive) or repeat (negative), one per pull.
@@ -102,8 +104,9 @@ public struct DeviceFIFO: Sendable {
     /// - Parameter waited: samples the device played while this pull waited for the
     ///   producer (a speaker whose sound server still held some): the device is that
     ///   far ahead of the queue, so the level this pull leaves counts that much lower
-    ///   and the margin is restored as drift's is, instead of the shortfall passing
-    ///   unseen into the server's buffer until it runs out.
+    ///   for the margin, which is restored as drift's is, instead of the shortfall
+    ///   growing unseen until a wait runs out and the queue runs dry. (The delay
+    ///   reported, `statistics.level`, is what the queue held.)
     public mutating func pull(into out: UnsafeMutableBufferPointer<Int16>, waited: Int = 0) -> Bool {
         let wanted = out.count
         if !primed {
@@ -116,6 +119,7 @@ public struct DeviceFIFO: Sendable {
             // stale, but for what is to be kept: start in the middle of the margin's band.
             discard(count - wanted - max(target * 3 / 2, keepBeforeFirstPull))
             windowMinimum = Int.max
+            windowHeld = Int.max
             recentMinimum = Int.max
             pulls = 0
         }
@@ -159,6 +163,7 @@ public struct DeviceFIFO: Sendable {
         if correction == 0 { catchingUp = false }
         quietPulls = out.allSatisfy { abs(Int($0)) <= Self.quiet } ? quietPulls + 1 : 0
         windowMinimum = min(windowMinimum, count - max(0, waited))
+        windowHeld = min(windowHeld, count)
         recentMinimum = min(recentMinimum, count - max(0, waited))
         pulls += 1
         if pulls % max(1, window / 5) == 0 {
@@ -171,7 +176,7 @@ public struct DeviceFIFO: Sendable {
             recentMinimum = Int.max
         }
         if pulls >= window {
-            statistics.level = max(0, windowMinimum)
+            statistics.level = windowHeld
             statistics.maximumLevel = max(statistics.maximumLevel, statistics.level)
             // Keep the least held after a pull between one and two margins (aiming at one
             // and a half), at most half a window's worth of samples a second, so that the
@@ -198,6 +203,7 @@ public struct DeviceFIFO: Sendable {
             }
             pulls = 0
             windowMinimum = Int.max
+            windowHeld = Int.max
         }
         return true
     }

@@ -380,8 +380,8 @@ public class LiveAudioDevice: @unchecked Sendable {
     /// What the wait took from the server's buffer is told to the queue (returned, in
     /// samples, for ``DeviceFIFO/pull(into:waited:)``): otherwise a thread paced by the
     /// voice loop's writes rather than the device's would hide the device's drift from
-    /// the queue, and the server's buffer would run out a chunk at a time, every
-    /// minute or two (200 ppm is 20 ms in 100 s).
+    /// the queue, the waits would grow until one ran out, and the queue would run dry
+    /// every minute or two (200 ppm is 20 ms in 100 s).
     private static func waitForLateWrite(_ shared: LiveAudioShared, chunk: Int, sampleRate: Int) -> Int {
         func short() -> Bool { shared.state.withLock { $0.fifo.primed && $0.fifo.count < chunk } }
         guard short() else { return 0 }
@@ -394,7 +394,9 @@ public class LiveAudioDevice: @unchecked Sendable {
                 break
             }
         }
-        return Int((DispatchTime.now().uptimeNanoseconds &- start) * UInt64(sampleRate) / 1_000_000_000)
+        // (At most twice the deadline's: a thread stopped mid-wait must not pass days.)
+        let elapsed = min(DispatchTime.now().uptimeNanoseconds &- start, 2 * (deadline - start))
+        return Int(elapsed * UInt64(sampleRate) / 1_000_000_000)
     }
 }
 
