@@ -239,10 +239,13 @@ if ((!SMOKE)); then
   fi
   echo
     for phase in up down both; do
-    has tusa && has coturn && echo "CPU per relayed packet at $FLOWS flows, $phase: tusa/coturn $(ratio tusa coturn "$phase" server_ms_per_1000) (target <= 0.67)"
-    has tusa && has ref && echo "CPU per relayed packet at $FLOWS flows, $phase: tusa/ref $(ratio tusa ref "$phase" server_ms_per_1000)"
-    has uring && has ref && echo "CPU per relayed packet at $FLOWS flows, $phase: uring/ref $(ratio uring ref "$phase" server_ms_per_1000)"
-    has uring && has coturn && echo "CPU per relayed packet at $FLOWS flows, $phase: uring/coturn $(ratio uring coturn "$phase" server_ms_per_1000)"
+    for pair in "tusa coturn 0.67" "tusa ref -" "uring ref -" "uring coturn -"; do
+      read -r a b target <<<"$pair"
+      has "$a" && has "$b" || continue
+      suffix=""
+      [[ $target == - ]] || suffix=" (target <= $target)"
+      echo "CPU per relayed packet at $FLOWS flows, $phase: $a/$b $(ratio "$a" "$b" "$phase" server_ms_per_1000)$suffix"
+    done
   done
   if [[ -n $RAMP ]]; then
     for pair in "tusa coturn 1.5" "tusa ref 0.75" "ref coturn -" "uring coturn -" "uring ref -"; do

@@ -181,6 +181,12 @@ static void arm_relay(int fd) {
     io_uring_sqe_set_data64(e, TAG_RELAY | (uint32_t)fd);
 }
 
+static void arm_listener(void) {
+    struct io_uring_sqe *e = next_sqe();
+    io_uring_prep_poll_multishot(e, listener, POLLIN);
+    io_uring_sqe_set_data64(e, TAG_LISTENER);
+}
+
 static void uring_start(void) {
     struct io_uring_params params = {
         .flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_CQSIZE | IORING_SETUP_SUBMIT_ALL,
@@ -203,9 +209,7 @@ static void uring_start(void) {
         io_uring_buf_ring_add(buffer_ring, buffers + (size_t)k * RBUFSZ, RBUFSZ, (unsigned short)k,
                               io_uring_buf_ring_mask(NBUFS), k);
     io_uring_buf_ring_advance(buffer_ring, NBUFS);
-    struct io_uring_sqe *e = next_sqe();
-    io_uring_prep_poll_multishot(e, listener, POLLIN);
-    io_uring_sqe_set_data64(e, TAG_LISTENER);
+    arm_listener();
 }
 
 /// Gives the sent and refused buffers back to the ring and arms the reads that ended
@@ -442,6 +446,23 @@ static int read_listener(void) {
     return 1;
 }
 
+/// The channel of `a` bound to the peer ip:port, or a->nchannels when none is.
+static int channel_of_peer(const struct allocation *a, uint32_t ip, uint16_t port) {
+    int c = 0;
+    while (c < a->nchannels && !(a->channels[c].peer_ip == ip && a->channels[c].peer_port == port)) c++;
+    return c;
+}
+
+/// Queues the `length` bytes at p + 4 toward a's client as ChannelData on channel c,
+/// its header written into p's first four bytes.
+static void queue_to_client(const struct allocation *a, int c, char *p, unsigned length) {
+    put16(p, a->channels[c].number);
+    put16(p + 2, (uint16_t)length);
+    cdest[nclient] = sockaddr_v4(a->ip, a->port);
+    ciov[nclient] = (struct iovec){.iov_base = p, .iov_len = 4 + length};
+    nclient++;
+}
+
 /// Datagrams from peers on one relay socket become ChannelData toward its client.
 static void read_relay(int fd) {
     const struct allocation *a = &allocs[by_fd[fd]];
@@ -455,8 +476,7 @@ static void read_relay(int fd) {
             uint32_t ip = ntohl(rname[s].sin_addr.s_addr);
             uint16_t port = ntohs(rname[s].sin_port);
             unsigned length = rmsg[s].msg_len;
-            int c = 0;
-            while (c < a->nchannels && !(a->channels[c].peer_ip == ip && a->channels[c].peer_port == port)) c++;
+            int c = channel_of_peer(a, ip, port);
             int keep = c < a->nchannels && !(h->msg_flags & MSG_TRUNC);
             h->msg_namelen = sizeof rname[s];
             if (!keep) {
@@ -470,12 +490,7 @@ static void read_relay(int fd) {
                 riov[s].iov_base = cbuf[s] + 4;
                 riov[nclient].iov_base = p + 4;
             }
-            char *p = cbuf[nclient];
-            put16(p, a->channels[c].number);
-            put16(p + 2, (uint16_t)length);
-            cdest[nclient] = sockaddr_v4(a->ip, a->port);
-            ciov[nclient] = (struct iovec){.iov_base = p, .iov_len = 4 + length};
-            nclient++;
+            queue_to_client(a, c, cbuf[nclient], length);
         }
         if (nclient == BATCH) flush_clients();
         if (r < room) return;
@@ -494,22 +509,16 @@ static void on_relay_completion(const struct io_uring_cqe *c) {
     int ch = 0;
     if (o && a && !(o->flags & MSG_TRUNC) && o->namelen >= sizeof(struct sockaddr_in)) {
         const struct sockaddr_in *from = io_uring_recvmsg_name(o);
-        uint32_t ip = ntohl(from->sin_addr.s_addr);
-        uint16_t port = ntohs(from->sin_port);
-        while (ch < a->nchannels && !(a->channels[ch].peer_ip == ip && a->channels[ch].peer_port == port)) ch++;
+        ch = channel_of_peer(a, ntohl(from->sin_addr.s_addr), ntohs(from->sin_port));
     }
     if (!o || !a || ch == a->nchannels || (o->flags & MSG_TRUNC)) {
         dropped++;
         free_bids[nfree_bids++] = bid;
         return;
     }
-    char *p = (char *)io_uring_recvmsg_payload(o, &recv_layout) - 4;  // over sin_zero
-    unsigned length = io_uring_recvmsg_payload_length(o, c->res, &recv_layout);
-    put16(p, a->channels[ch].number);
-    put16(p + 2, (uint16_t)length);
-    cdest[nclient] = sockaddr_v4(a->ip, a->port);
-    ciov[nclient] = (struct iovec){.iov_base = p, .iov_len = 4 + length};
-    client_bid[nclient++] = bid;
+    client_bid[nclient] = bid;
+    queue_to_client(a, ch, (char *)io_uring_recvmsg_payload(o, &recv_layout) - 4,  // header over sin_zero
+                    io_uring_recvmsg_payload_length(o, c->res, &recv_layout));
     if (nclient == BATCH) flush_clients();
 }
 
@@ -541,11 +550,7 @@ static void run_uring(int sfd) {
                 to_peer--;
             } else if (tag == TAG_LISTENER) {
                 listener_ready = 1;
-                if (!(c->flags & IORING_CQE_F_MORE)) {
-                    struct io_uring_sqe *e = next_sqe();
-                    io_uring_prep_poll_multishot(e, listener, POLLIN);
-                    io_uring_sqe_set_data64(e, TAG_LISTENER);
-                }
+                if (!(c->flags & IORING_CQE_F_MORE)) arm_listener();
             }
         }
         io_uring_cq_advance(&ring, seen);
