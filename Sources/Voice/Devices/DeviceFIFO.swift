@@ -162,9 +162,10 @@ public struct DeviceFIFO: Sendable {
         }
         if correction == 0 { catchingUp = false }
         quietPulls = out.allSatisfy { abs(Int($0)) <= Self.quiet } ? quietPulls + 1 : 0
-        windowMinimum = min(windowMinimum, count - max(0, waited))
+        let left = count - max(0, waited)
+        windowMinimum = min(windowMinimum, left)
         windowHeld = min(windowHeld, count)
-        recentMinimum = min(recentMinimum, count - max(0, waited))
+        recentMinimum = min(recentMinimum, left)
         pulls += 1
         if pulls % max(1, window / 5) == 0 {
             // A fifth of a second well above the band: a stall's backlog, taken back from now.
