@@ -41,9 +41,11 @@ final class ListenerSocket {
     /// Which reuse-port sibling this is: the lane index for ``UDPRoutes``.
     let laneIndex: Int
     let totals: StatisticsBox
-    var counters = BindingCounters()
+    @exclusivity(unchecked) var counters = BindingCounters()
+    /// The lane's drain that last read it (see ``TURNLane``'s `drains`).
+    var lastDrain = -1
     /// Where the Binding core writes each answer.
-    var scratch = [UInt8](repeating: 0, count: 512)
+    @exclusivity(unchecked) var scratch = [UInt8](repeating: 0, count: 512)
 
     /// Nil when the descriptor cannot be duplicated (out of descriptors).
     init?(

@@ -1,6 +1,7 @@
 import CRelayIO
 import Logging
 import NIOCore
+import NIOPosix
 import STUN
 import Transport
 import TusaBase
@@ -116,17 +117,16 @@ func bindUDPSocket(_ address: TransportAddress, configure: (Int32) -> Void = { _
 /// starve the listeners). The registration stays disarmed until the loop,
 /// having drained, calls ``rearm()``: at most one wake-up is pending, and
 /// what arrives meanwhile is read in the same batch. While traffic flows the
-/// loop asks for the next drain after its batch window instead
-/// (``wake(after:)``, a timerfd in the same epoll set, armed from the loop;
-/// no allocation, unlike a NIO scheduled task) and leaves the relay set
-/// disarmed. The thread never touches a relay socket or the lane.
+/// loop asks for the next drain after its batch window instead, from a
+/// ``RelayTimer`` it watches itself, and leaves the relay set disarmed: the
+/// thread only wakes the loop from idle. It never touches a relay socket or
+/// the lane.
 final class RelayPoller: Sendable {
     /// The poller's epoll set, its stop eventfd and the pipe's write end: made
     /// in `init`, closed in ``stop()`` once the thread has been joined, so the
     /// thread never sees them closed.
     private let pollSet: Int32
     private let stopEvent: Int32
-    private let timer: Int32
     private let wakeWrite: Int32
     private let relaySet: Int32
     private let thread: pthread_t
@@ -136,37 +136,33 @@ final class RelayPoller: Sendable {
 
     private static let stopToken: UInt64 = 0
     private static let relayToken: UInt64 = 1
-    private static let timerToken: UInt64 = 2
 
     /// Starts the thread; nil (nothing left open) if a descriptor or the thread cannot be made.
     init?(relaySet: Int32, name: String) {
         var pipe: [Int32] = [-1, -1]
         let pollSet = relay_epoll_create()
         let stopEvent = relay_eventfd()
-        let timer = relay_timerfd()
         let piped = pipe.withUnsafeMutableBufferPointer { relay_pipe($0.baseAddress) } == 0
         func closeAll() {
-            for fd in [pollSet, stopEvent, timer] + pipe where fd >= 0 { close(fd) }
+            for fd in [pollSet, stopEvent] + pipe where fd >= 0 { close(fd) }
         }
-        guard pollSet >= 0, stopEvent >= 0, timer >= 0, piped,
+        guard pollSet >= 0, stopEvent >= 0, piped,
             relay_epoll_add(pollSet, stopEvent, Self.stopToken, 0) == 0,
-            relay_epoll_add(pollSet, relaySet, Self.relayToken, 1) == 0,
-            relay_epoll_add(pollSet, timer, Self.timerToken, 0) == 0
+            relay_epoll_add(pollSet, relaySet, Self.relayToken, 1) == 0
         else {
             closeAll()
             return nil
         }
         let wakeWrite = pipe[1]
         let body = ThreadBody(name: name) {
-            var tokens = [UInt64](repeating: 0, count: 3)
+            var tokens = [UInt64](repeating: 0, count: 2)
             while true {
-                let n = relay_epoll_wait(pollSet, &tokens, 3, -1)
+                let n = relay_epoll_wait(pollSet, &tokens, 2, -1)
                 if n < 0 {
                     if errno == EINTR { continue }
                     return
                 }
                 if tokens[0..<Int(n)].contains(Self.stopToken) { return }
-                if tokens[0..<Int(n)].contains(Self.timerToken) { relay_drain_counter(timer) }
                 if n > 0 { relay_pipe_signal(wakeWrite) }
             }
         }
@@ -187,7 +183,6 @@ final class RelayPoller: Sendable {
         }
         self.pollSet = pollSet
         self.stopEvent = stopEvent
-        self.timer = timer
         self.wakeWrite = wakeWrite
         self.wakeDescriptor = pipe[0]
         self.relaySet = relaySet
@@ -199,12 +194,6 @@ final class RelayPoller: Sendable {
         _ = relay_epoll_rearm(pollSet, relaySet, Self.relayToken)
     }
 
-    /// The loop has drained the relay set and wants to drain again after
-    /// `delay`, whether or not anything arrives (the relay set stays disarmed).
-    func wake(after delay: TimeAmount) {
-        _ = relay_timerfd_arm(timer, delay.nanoseconds)
-    }
-
     /// Stops and joins the thread (it wakes at once), then closes the poller's
     /// own fds. Call once, from the lane's loop; the relay set and the pipe's
     /// read end are not the poller's to close.
@@ -212,7 +201,6 @@ final class RelayPoller: Sendable {
         _ = relay_eventfd_signal(stopEvent)
         pthread_join(thread, nil)
         close(stopEvent)
-        close(timer)
         close(pollSet)
         close(wakeWrite)
     }
@@ -229,6 +217,80 @@ private final class ThreadBody: Sendable {
     func run() {
         relay_name_thread(name)
         body()
+    }
+}
+
+/// The lane's batch window: a timerfd that the lane's event loop watches
+/// itself, through a NIO pipe channel that takes it as input (a read returns
+/// the timer's 8-byte expiry count). A drain one window later then costs the
+/// loop's own wake-up and the timer's read, where a timer in the poller's set
+/// cost the poller thread's wake-up, its pipe write, and two thread switches.
+/// Armed from the loop; no allocation per arming, unlike a NIO scheduled task.
+/// Confined to the lane's event loop.
+final class RelayTimer {
+    /// The timerfd, -1 when it could not be made, NIO refused it, or the timer
+    /// stopped. Once NIO has taken it, NIO closes it with its channel.
+    @exclusivity(unchecked) private(set) var fd: Int32
+    private var state = State.own
+
+    private enum State {
+        /// Not handed to NIO (never, or not yet): ours to close.
+        case own
+        /// Handed to NIO, the registration not complete yet.
+        case handingOver
+        case watched(any Channel)
+        case stopped
+    }
+
+    init() { fd = relay_timerfd() }
+
+    /// Hands the timerfd to a pipe channel on `loop` (call on it, once), whose reads
+    /// go to the handler `makeHandler` returns. When NIO refuses it, the timerfd is
+    /// closed and `failed` runs on the loop: the timer is gone, ``arm(after:)`` false.
+    func watch(
+        on loop: any EventLoop, makeHandler: @escaping @Sendable () -> any ChannelHandler,
+        failed: @escaping @Sendable (any Error) -> Void
+    ) {
+        guard fd >= 0, case .own = state else { return }
+        state = .handingOver
+        let timer = NIOLoopBound(self, eventLoop: loop)
+        let descriptor = fd
+        NIOPipeBootstrap(group: loop)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(makeHandler()) }
+            }
+            .takingOwnershipOfDescriptor(input: descriptor)
+            .whenComplete { result in
+                let timer = timer.value
+                switch result {
+                case .success(let channel):
+                    if case .stopped = timer.state { channel.close(promise: nil) } else { timer.state = .watched(channel) }
+                case .failure(let error):
+                    // Still ours to close when NIO refuses it.
+                    close(descriptor)
+                    let wasStopped = if case .stopped = timer.state { true } else { false }
+                    timer.fd = -1
+                    timer.state = .stopped
+                    if !wasStopped { failed(error) }
+                }
+            }
+    }
+
+    /// Fires once, `delay` from now (at least 1 ns); false when there is no timer.
+    func arm(after delay: TimeAmount) -> Bool {
+        fd >= 0 && relay_timerfd_arm(fd, delay.nanoseconds) == 0
+    }
+
+    /// Closes the timer (NIO's channel, or the timerfd if NIO never took it). Idempotent.
+    func stop() {
+        switch state {
+        case .own: if fd >= 0 { close(fd) }
+        case .handingOver: break  // the registration's completion closes it
+        case .watched(let channel): channel.close(promise: nil)
+        case .stopped: break
+        }
+        state = .stopped
+        fd = -1
     }
 }
 
@@ -253,15 +315,15 @@ final class PeerOutbox {
     }
 
     /// The payloads, back to back.
-    private var bytes: [UInt8] = []
-    private var entries: [Entry] = []
+    @exclusivity(unchecked) private var bytes: [UInt8] = []
+    @exclusivity(unchecked) private var entries: [Entry] = []
     /// Sockets with queued entries, in the order they were first written.
-    private var dirty: [RelaySocket] = []
+    @exclusivity(unchecked) private var dirty: [RelaySocket] = []
     private let messages = UnsafeMutablePointer<relay_message>.allocate(capacity: Int(RELAY_BATCH))
     private let iovs = UnsafeMutablePointer<iovec>.allocate(capacity: PeerOutbox.iovCapacity)
     /// Where each message of a batch starts in the chain, and its datagram count.
-    private var firstEntry = [Int](repeating: 0, count: Int(RELAY_BATCH))
-    private var segmentCount = [Int](repeating: 0, count: Int(RELAY_BATCH))
+    @exclusivity(unchecked) private var firstEntry = [Int](repeating: 0, count: Int(RELAY_BATCH))
+    @exclusivity(unchecked) private var segmentCount = [Int](repeating: 0, count: Int(RELAY_BATCH))
 
     static let iovCapacity = 1024
     /// See ``UDPListenerHandler/maxSegmentSize``: larger payloads go one by one.
@@ -273,7 +335,7 @@ final class PeerOutbox {
 
     /// Toward peers (relay sockets) and toward clients (listeners): a path
     /// that refuses GSO writes switches them off for its direction only.
-    var gso: [GSOState]
+    @exclusivity(unchecked) var gso: [GSOState]
 
     init(gso: Bool) {
         self.gso = [GSOState(enabled: gso), GSOState(enabled: gso)]

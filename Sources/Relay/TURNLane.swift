@@ -42,6 +42,13 @@ public struct RelayAddressPlan: Hashable, Sendable {
 /// peers from the relay sockets and toward clients from the listener, is queued
 /// in one ``PeerOutbox`` and leaves at the drain's end in sendmmsg batches, runs
 /// to one destination as UDP GSO writes.
+///
+/// The stored properties a relayed datagram touches, here, in ``RelaySocket``,
+/// ``PeerOutbox``, ``ListenerSocket`` and the TURN core, are
+/// `@exclusivity(unchecked)`: Swift's run-time exclusivity checks (one per
+/// access, each a thread-local lookup) cost about 3 % of the relay's CPU. They
+/// are confined to the lane's loop, and no code passes one of them `inout` to a
+/// call that touches it again; the compiler still checks what it can see.
 final class TURNLane: TURNRelayPorts {
     let loop: any EventLoop
     let core: TURNServer
@@ -49,21 +56,25 @@ final class TURNLane: TURNRelayPorts {
     let logger: Logger
 
     /// The UDP listener of each server address, on this loop.
-    private(set) var udpListeners: [TransportAddress: ListenerSocket] = [:]
+    @exclusivity(unchecked) private(set) var udpListeners: [TransportAddress: ListenerSocket] = [:]
     /// TCP control connections by 5-tuple.
-    var connections: [FiveTuple: any Channel] = [:]
-    fileprivate var relays: [TransportAddress: RelaySocket] = [:]
+    @exclusivity(unchecked) var connections: [FiveTuple: any Channel] = [:]
+    @exclusivity(unchecked) fileprivate var relays: [TransportAddress: RelaySocket] = [:]
     /// Open (readable) relay sockets by fd: what the relay set's events name.
-    private var socketsByFD: [RelaySocket?] = []
+    @exclusivity(unchecked) private var socketsByFD: [RelaySocket?] = []
     /// The epoll set of the relay sockets that are read (held ports are not); -1 when it could not be made.
     private let relaySet: Int32
-    private var poller: RelayPoller?
+    @exclusivity(unchecked) private var poller: RelayPoller?
     /// The NIO pipe channel the poller wakes the loop through.
     private var wakeChannel: (any Channel)?
+    /// The next drain while traffic flows (the batch window), watched by the loop itself.
+    private let timer = RelayTimer()
     let inbox = RelayInbox()
     let outbox: PeerOutbox
+    /// Drains so far (wrapping): a listener read in this drain has it as its `lastDrain`.
+    private var drains = 0
     /// Tokens of one drain's ready relay sockets.
-    private var ready = [UInt64](repeating: 0, count: 256)
+    @exclusivity(unchecked) private var ready = [UInt64](repeating: 0, count: 256)
     /// At most this many datagrams are read from one relay socket per drain, so that one flood cannot starve the rest.
     static let readsPerDrain = 2 * RelayInbox.slots
     /// At most this many datagrams per drain from the relay sockets together,
@@ -82,7 +93,7 @@ final class TURNLane: TURNRelayPorts {
     static let outboxBytesLimit = 32 * 1024
 
     /// TCP channels toward clients written to since the last flush.
-    private var unflushed: [any Channel] = []
+    @exclusivity(unchecked) private var unflushed: [any Channel] = []
 
     /// The core's next deadline (its expiry sweep), armed after every sweep: the
     /// hot paths do not move it, so it is not re-read per packet.
@@ -90,7 +101,7 @@ final class TURNLane: TURNRelayPorts {
     /// The service's relay port ranges, shared with the other lanes.
     let ports: RelayPortPool
     /// Set by `stop()`: nothing new is allocated while the service drains.
-    private var stopped = false
+    @exclusivity(unchecked) private var stopped = false
 
     /// See ``RelayService/Configuration/batchWindow``.
     let batchWindow: TimeAmount
@@ -177,6 +188,15 @@ final class TURNLane: TURNRelayPorts {
                     )
                 }
             }
+        timer.watch(
+            on: loop, makeHandler: { RelayWakeHandler(lane: lane.value) },
+            failed: { error in
+                let lane = lane.value
+                lane.logger.warning(
+                    "cannot watch the relay batch timer; drains follow the poller only", metadata: ["error": "\(error)"])
+                // A drain may have armed it: the poller watches instead.
+                lane.poller?.rearm()
+            })
     }
 
     /// Schedules the core's `handleTimeout` at its `nextDeadline`, again after each.
@@ -206,6 +226,7 @@ final class TURNLane: TURNRelayPorts {
         udpListeners.removeAll()
         poller?.stop()
         poller = nil
+        timer.stop()
         wakeChannel?.close(promise: nil)
         wakeChannel = nil
         if relaySet >= 0 { close(relaySet) }
@@ -241,7 +262,7 @@ final class TURNLane: TURNRelayPorts {
     }
 
     /// When the system clock was last read for the core's REST expiry checks.
-    private var wallClockRead: Timestamp?
+    @exclusivity(unchecked) private var wallClockRead: Timestamp?
 
     /// Before a STUN request (never ChannelData), at most once a second: the core's
     /// Unix time follows the system clock, so that a clock stepped after start judges
@@ -297,13 +318,13 @@ final class TURNLane: TURNRelayPorts {
     /// what that queued.
     ///
     /// While datagrams keep coming, the loop drains again one batch window
-    /// later, woken by the poller's timer (without the wait when this drain
+    /// later, woken by the lane's ``RelayTimer`` (without the wait when this drain
     /// read a full batch already): a steady trickle of voice is read and
     /// sent in batches, without a wake-up per datagram, and without allocating
     /// per drain. A drain that finds nothing hands the watching back to the
     /// relay set, so an idle relay sleeps and the first datagram after a pause
-    /// is read at once.
-    fileprivate func drainRelays() {
+    /// is read at once. (Internal, not private, for the lane's tests.)
+    func drainRelays() {
         guard !stopped, relaySet >= 0 else { return }
         let n = ready.withUnsafeMutableBufferPointer { relay_epoll_wait(relaySet, $0.baseAddress, Int32($0.count), 0) }
         var budget = Self.datagramsPerDrain
@@ -315,6 +336,7 @@ final class TURNLane: TURNRelayPorts {
                 guard listenerBudget > 0, let listener = udpListeners.values.first(where: { $0.socket.fd == fd }) else {
                     continue
                 }
+                listener.lastDrain = drains
                 listenerBudget -= read(listener, atMost: listenerBudget)
             } else {
                 let fd = Int(truncatingIfNeeded: token)
@@ -323,6 +345,17 @@ final class TURNLane: TURNRelayPorts {
             }
             if outbox.byteCount >= Self.outboxBytesLimit { flushRelays() }
         }
+        if Int(n) == ready.count {
+            // The set may hold more ready sockets than one wait returns, and it
+            // reports them in turn: with thousands of relay sockets ready, a
+            // listener would wait for its turn over several drains while the
+            // clients' datagrams, all on that one socket, overflow its buffer.
+            // Under such load the listeners are read in every drain.
+            for listener in udpListeners.values where listener.lastDrain != drains && listenerBudget > 0 {
+                listenerBudget -= read(listener, atMost: listenerBudget)
+            }
+        }
+        drains &+= 1
         flushRelays()
         for listener in udpListeners.values { listener.mergeCounters() }
         for channel in unflushed { channel.flush() }
@@ -331,15 +364,21 @@ final class TURNLane: TURNRelayPorts {
         if budget <= 0 || listenerBudget <= 0 || read >= Self.fullBatch {
             // Busy enough to batch without waiting; a window would only add
             // latency (and cap a closed-loop load at a batch per window). Back
-            // through the poller, not `execute`: NIO runs tasks until none is
+            // through the timer, not `execute`: NIO runs tasks until none is
             // left, so drains queued one after another would starve the loop's
             // other sockets.
-            poller?.wake(after: .nanoseconds(1))
+            drainAgain(after: .nanoseconds(1))
         } else if read > 0 && batchWindow > .zero {
-            poller?.wake(after: batchWindow)
+            drainAgain(after: batchWindow)
         } else {
             poller?.rearm()
         }
+    }
+
+    /// The next drain `delay` from now, whatever arrives meanwhile (the relay set
+    /// stays disarmed); on the poller's next readiness when there is no timer.
+    private func drainAgain(after delay: TimeAmount) {
+        if !timer.arm(after: delay) { poller?.rearm() }
     }
 
     /// Reads up to `limit` datagrams from a relay socket; returns how many.
@@ -548,19 +587,19 @@ private final class PortsTrampoline: TURNRelayPorts {
 final class RelaySocket {
     let address: TransportAddress
     /// -1 once closed.
-    var fd: Int32
+    @exclusivity(unchecked) var fd: Int32
     /// In the relay set (a held EVEN-PORT reservation is bound but not read).
-    var reading = false
-    var allocation: TURNAllocation?
+    @exclusivity(unchecked) var reading = false
+    @exclusivity(unchecked) var allocation: TURNAllocation?
     /// The channel toward the allocation's client over TCP.
-    var client: (any Channel)?
+    @exclusivity(unchecked) var client: (any Channel)?
     /// The listener toward the allocation's client over UDP.
-    var clientListener: RelaySocket?
+    @exclusivity(unchecked) var clientListener: RelaySocket?
     /// This socket's queue in the lane's ``PeerOutbox`` (entry indices, -1: empty).
-    var outHead = -1
-    var outTail = -1
+    @exclusivity(unchecked) var outHead = -1
+    @exclusivity(unchecked) var outTail = -1
     /// A listener's socket: what the outbox sends on it goes toward clients.
-    var towardClients = false
+    @exclusivity(unchecked) var towardClients = false
 
     init(address: TransportAddress, fd: Int32) {
         self.address = address

@@ -18,25 +18,25 @@ public final class TURNAllocation {
     }
     /// Whether the client asked for DONT-FRAGMENT.
     public let dontFragment: Bool
-    public internal(set) var expiry: Timestamp
+    @exclusivity(unchecked) public internal(set) var expiry: Timestamp
     /// False once deleted or expired: drivers drop what arrives after that.
-    public internal(set) var isAlive = true
+    @exclusivity(unchecked) public internal(set) var isAlive = true
 
     let key: IntegrityKey?
     let allocateTransaction: TransactionID
     let allocateResponse: [UInt8]
 
-    var permissions: [IPAddress: Timestamp] = [:]
-    var channels: [UInt16: (peer: TransportAddress, expiry: Timestamp)] = [:]
-    var channelByPeer: [TransportAddress: UInt16] = [:]
+    @exclusivity(unchecked) var permissions: [IPAddress: Timestamp] = [:]
+    @exclusivity(unchecked) var channels: [UInt16: (peer: TransportAddress, expiry: Timestamp)] = [:]
+    @exclusivity(unchecked) var channelByPeer: [TransportAddress: UInt16] = [:]
     /// Bandwidth budgets, one per direction.
-    var toPeerBucket: TokenBucket?
-    var toClientBucket: TokenBucket?
+    @exclusivity(unchecked) var toPeerBucket: TokenBucket?
+    @exclusivity(unchecked) var toClientBucket: TokenBucket?
 
-    public internal(set) var packetsToPeer = 0
-    public internal(set) var bytesToPeer = 0
-    public internal(set) var packetsToClient = 0
-    public internal(set) var bytesToClient = 0
+    @exclusivity(unchecked) public internal(set) var packetsToPeer = 0
+    @exclusivity(unchecked) public internal(set) var bytesToPeer = 0
+    @exclusivity(unchecked) public internal(set) var packetsToClient = 0
+    @exclusivity(unchecked) public internal(set) var bytesToClient = 0
 
     init(
         tuple: FiveTuple, username: String, relays: [TransportAddress], dontFragment: Bool, expiry: Timestamp,

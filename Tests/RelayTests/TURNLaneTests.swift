@@ -9,7 +9,12 @@ import TusaBase
 @testable import Relay
 @testable import Transport
 
-/// The lane's relay-port picking on real sockets, at the edges of the port range.
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The lane on real sockets: its relay-port picking at the edges of the port
+/// range, and what one drain reads.
 struct TURNLaneTests {
     static func withLane<T: Sendable>(min: UInt16, max: UInt16, _ body: @escaping @Sendable (TURNLane) throws -> T) async throws
         -> T
@@ -82,5 +87,61 @@ struct TURNLaneTests {
         #expect(steps.filter { abs($0) <= 2 }.count <= 2, "ports handed out in sequence: \(ports)")
         #expect(heldAfterOpen == ports.count)
         #expect(heldAfterClose == 0)
+    }
+
+    /// More relay sockets ready than one wait of the relay set returns: the set
+    /// reports them in turn, and a listener that turned readable after them is
+    /// still read in the first drain (its clients' datagrams all queue on that
+    /// one socket, and would overflow its buffer while it waits its turn).
+    @Test("a listener behind more ready relay sockets than one wait returns is read in the first drain")
+    func aListenerIsReadInTheFirstDrainBehindACrowdOfRelaySockets() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let loop = group.next()
+        let fd = try ListenerSocket.bind(TransportAddress(ip: .v4(0x7F00_0001), port: 0), reusePort: false, buffer: 1 << 20)
+        let channel = try await DatagramBootstrap(group: loop).channelOption(.autoRead, value: false).withBoundSocket(fd).get()
+        let address = try #require(channel.localAddress.flatMap(TransportAddress.init))
+        let answered = try await loop.submit { () throws -> Bool in
+            var config = TURNServerConfiguration(realm: "t")
+            config.anonymous = true
+            let plan = RelayAddressPlan(ips: [IPAddress("127.0.0.1")!], minPort: 40_000, maxPort: 44_999)
+            let lane = TURNLane(loop: loop, configuration: config, plan: plan, logger: Logger(label: "test"))
+            defer { lane.stop() }
+            lane.start()
+            let listener = try #require(
+                ListenerSocket(
+                    fd: fd, address: address, channel: channel, core: BindingServer(), routes: UDPRoutes(channels: [:]),
+                    laneIndex: 0, totals: StatisticsBox()))
+            lane.attach(listener)
+            // The loop is ours until this returns: nothing is read before the drain below.
+            let crowd = 300
+            #expect(crowd > Int(RelayInbox.slots) && crowd > TURNLane.datagramsPerDrain)
+            let relays = (0..<crowd).compactMap { _ in
+                lane.openRelay(family: 0x01, even: false, reserveNext: false, dontFragment: false)?.relay
+            }
+            #expect(relays.count == crowd)
+            let peer = try bindUDPSocket(TransportAddress(ip: .v4(0x7F00_0001), port: 0))
+            let client = try bindUDPSocket(TransportAddress(ip: .v4(0x7F00_0001), port: 0))
+            defer { for s in [peer, client] { close(s) } }
+            for relay in relays { _ = Self.send([0x01], from: peer, to: relay) }
+            let request = Message(type: MessageType(method: .binding, class: .request)).encode()
+            #expect(Self.send(request, from: client, to: address))
+            usleep(20_000)  // loopback delivers at once; room for a slow machine
+            lane.drainRelays()
+            var answer = [UInt8](repeating: 0, count: 512)
+            let n = recv(client, &answer, answer.count, Int32(MSG_DONTWAIT))
+            return n >= 20 && answer[0] == 0x01 && answer[1] == 0x01  // a Binding success response
+        }.get()
+        try await channel.close()
+        try await group.shutdownGracefully()
+        #expect(answered, "the listener was not read in the first drain")
+    }
+
+    static func send(_ bytes: [UInt8], from fd: Int32, to address: TransportAddress) -> Bool {
+        var storage = sockaddr_storage()
+        let length = address.store(into: &storage)
+        let sent = withUnsafePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(fd, bytes, bytes.count, 0, $0, socklen_t(length)) }
+        }
+        return sent == bytes.count
     }
 }
