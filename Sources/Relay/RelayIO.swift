@@ -244,16 +244,23 @@ final class RelayTimer {
 
     init() { fd = relay_timerfd() }
 
+    deinit {
+        if case .own = state, fd >= 0 { close(fd) }
+    }
+
     /// Hands the timerfd to a pipe channel on `loop` (call on it, once), whose reads
-    /// go to the handler `makeHandler` returns. When NIO refuses it, the timerfd is
-    /// closed and `failed` runs on the loop: the timer is gone, ``arm(after:)`` false.
+    /// go to the handler `makeHandler` returns. When NIO refuses it, or closes the
+    /// channel later (not through ``stop()``), `lost` runs on the loop: the timer is
+    /// gone, ``arm(after:)`` false from then on. A refused descriptor is left open:
+    /// NIO may have closed it already, and closing a number twice could close
+    /// another socket's.
     func watch(
         on loop: any EventLoop, makeHandler: @escaping @Sendable () -> any ChannelHandler,
-        failed: @escaping @Sendable (any Error) -> Void
+        lost: @escaping @Sendable (any Error) -> Void
     ) {
         guard fd >= 0, case .own = state else { return }
         state = .handingOver
-        let timer = NIOLoopBound(self, eventLoop: loop)
+        let bound = NIOLoopBound(self, eventLoop: loop)
         let descriptor = fd
         NIOPipeBootstrap(group: loop)
             .channelInitializer { channel in
@@ -261,19 +268,32 @@ final class RelayTimer {
             }
             .takingOwnershipOfDescriptor(input: descriptor)
             .whenComplete { result in
-                let timer = timer.value
+                let timer = bound.value
                 switch result {
                 case .success(let channel):
-                    if case .stopped = timer.state { channel.close(promise: nil) } else { timer.state = .watched(channel) }
+                    if case .stopped = timer.state {
+                        channel.close(promise: nil)
+                        return
+                    }
+                    timer.state = .watched(channel)
+                    channel.closeFuture.whenComplete { _ in
+                        let timer = bound.value
+                        guard case .watched = timer.state else { return }
+                        timer.gone()
+                        lost(ChannelError.ioOnClosedChannel)
+                    }
                 case .failure(let error):
-                    // Still ours to close when NIO refuses it.
-                    close(descriptor)
-                    let wasStopped = if case .stopped = timer.state { true } else { false }
-                    timer.fd = -1
-                    timer.state = .stopped
-                    if !wasStopped { failed(error) }
+                    guard case .handingOver = timer.state else { return }
+                    timer.gone()
+                    lost(error)
                 }
             }
+    }
+
+    /// NIO has the descriptor no more: its number is never used again here.
+    private func gone() {
+        state = .stopped
+        fd = -1
     }
 
     /// Fires once, `delay` from now (at least 1 ns); false when there is no timer.

@@ -74,7 +74,9 @@ final class TURNLane: TURNRelayPorts {
     /// Drains so far (wrapping): a listener read in this drain has it as its `lastDrain`.
     private var drains = 0
     /// Tokens of one drain's ready relay sockets.
-    @exclusivity(unchecked) private var ready = [UInt64](repeating: 0, count: 256)
+    @exclusivity(unchecked) private var ready = [UInt64](repeating: 0, count: TURNLane.readyPerWait)
+    /// At most this many ready sockets come back from one wait of the relay set.
+    static let readyPerWait = 256
     /// At most this many datagrams are read from one relay socket per drain, so that one flood cannot starve the rest.
     static let readsPerDrain = 2 * RelayInbox.slots
     /// At most this many datagrams per drain from the relay sockets together,
@@ -181,8 +183,9 @@ final class TURNLane: TURNRelayPorts {
                 case .success(let channel):
                     if lane.stopped { channel.close(promise: nil) } else { lane.wakeChannel = channel }
                 case .failure(let error):
-                    // Still ours to close when NIO refuses it.
-                    close(wake)
+                    // Left open: NIO closed it already unless it refused it before
+                    // making a channel, and closing a number twice could close
+                    // another socket's. One descriptor, on a failure said below.
                     lane.logger.error(
                         "cannot watch the relay poller's pipe; peers' datagrams will not be read", metadata: ["error": "\(error)"]
                     )
@@ -190,8 +193,9 @@ final class TURNLane: TURNRelayPorts {
             }
         timer.watch(
             on: loop, makeHandler: { RelayWakeHandler(lane: lane.value) },
-            failed: { error in
+            lost: { error in
                 let lane = lane.value
+                guard !lane.stopped else { return }
                 lane.logger.warning(
                     "cannot watch the relay batch timer; drains follow the poller only", metadata: ["error": "\(error)"])
                 // A drain may have armed it: the poller watches instead.
@@ -353,6 +357,7 @@ final class TURNLane: TURNRelayPorts {
             // Under such load the listeners are read in every drain.
             for listener in udpListeners.values where listener.lastDrain != drains && listenerBudget > 0 {
                 listenerBudget -= read(listener, atMost: listenerBudget)
+                if outbox.byteCount >= Self.outboxBytesLimit { flushRelays() }
             }
         }
         drains &+= 1

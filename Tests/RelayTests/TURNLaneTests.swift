@@ -114,7 +114,7 @@ struct TURNLaneTests {
             lane.attach(listener)
             // The loop is ours until this returns: nothing is read before the drain below.
             let crowd = 300
-            #expect(crowd > Int(RelayInbox.slots) && crowd > TURNLane.datagramsPerDrain)
+            #expect(crowd > TURNLane.readyPerWait && crowd > TURNLane.datagramsPerDrain)
             let relays = (0..<crowd).compactMap { _ in
                 lane.openRelay(family: 0x01, even: false, reserveNext: false, dontFragment: false)?.relay
             }
