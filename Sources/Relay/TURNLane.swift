@@ -254,8 +254,11 @@ final class TURNLane: TURNRelayPorts {
         case .reply(let answer): return answer
         case .drop: return nil
         case .relay(let allocation, let peer, let range):
-            guard let relay = allocation.relay(toward: peer),
-                let socket = relays[relay], socket.fd >= 0, range.lowerBound >= 0, range.upperBound <= raw.count
+            // An allocation of one relay keeps its socket (`attach`); one of two looks it up by family.
+            guard
+                let socket = allocation.driverContext as? RelaySocket
+                    ?? allocation.relay(toward: peer).flatMap({ relays[$0] }),
+                socket.fd >= 0, range.lowerBound >= 0, range.upperBound <= raw.count
             else {
                 core.recordDrop(.noRelaySocket)
                 return nil
@@ -492,6 +495,7 @@ final class TURNLane: TURNRelayPorts {
     func attach(_ relay: TransportAddress, to allocation: TURNAllocation) {
         guard let socket = relays[relay] else { return }
         socket.allocation = allocation
+        if allocation.relays.count == 1 { allocation.driverContext = socket }
         // Resolved once, not per datagram: where this relay's traffic to the client leaves.
         if allocation.tuple.transport == .udp {
             socket.clientListener = udpListeners[allocation.tuple.server]?.socket
@@ -503,6 +507,7 @@ final class TURNLane: TURNRelayPorts {
     func closeRelay(_ address: TransportAddress) {
         guard let socket = relays.removeValue(forKey: address) else { return }
         ports.release(family: address.ip.family, port: Int(address.port))
+        if let allocation = socket.allocation, allocation.driverContext === socket { allocation.driverContext = nil }
         socket.allocation = nil
         socket.client = nil
         socket.clientListener = nil

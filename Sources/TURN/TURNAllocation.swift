@@ -26,9 +26,26 @@ public final class TURNAllocation {
     let allocateTransaction: TransactionID
     let allocateResponse: [UInt8]
 
-    @exclusivity(unchecked) var permissions: [IPAddress: Timestamp] = [:]
-    @exclusivity(unchecked) var channels: [UInt16: (peer: TransportAddress, expiry: Timestamp)] = [:]
-    @exclusivity(unchecked) var channelByPeer: [TransportAddress: UInt16] = [:]
+    @exclusivity(unchecked) var permissions: [IPAddress: Timestamp] = [:] {
+        didSet { lastChannel = nil }
+    }
+    @exclusivity(unchecked) var channels: [UInt16: (peer: TransportAddress, expiry: Timestamp)] = [:] {
+        didSet { lastChannel = nil }
+    }
+    @exclusivity(unchecked) var channelByPeer: [TransportAddress: UInt16] = [:] {
+        didSet { lastChannel = nil }
+    }
+    /// The channel a relayed packet last went through, with when it stops being
+    /// usable (its binding's or its peer's permission's expiry, whichever comes
+    /// first): voice uses one channel for hours, and this spares the hot path the
+    /// lookups of the channel and the permission. Forgotten whenever a channel or
+    /// a permission is added, refreshed or removed.
+    @exclusivity(unchecked) var lastChannel: (number: UInt16, peer: TransportAddress, until: Timestamp)?
+    /// For the driver: what it keeps per allocation for its hot path (a relay
+    /// keeps its relay socket here), so that a relayed packet needs no lookup of
+    /// its own. The core never reads it; a driver that sets it clears it when the
+    /// relay closes (``TURNRelayPorts/closeRelay(_:)``), or the two may keep each other.
+    @exclusivity(unchecked) public var driverContext: AnyObject?
     /// Bandwidth budgets, one per direction.
     @exclusivity(unchecked) var toPeerBucket: TokenBucket?
     @exclusivity(unchecked) var toClientBucket: TokenBucket?
@@ -62,14 +79,51 @@ public final class TURNAllocation {
     public var channelCount: Int { channels.count }
 
     func hasPermission(_ ip: IPAddress, now: Timestamp) -> Bool {
-        if let t = permissions[ip] { return t > now }
+        guard let t = permissionExpiry(ip) else { return false }
+        return t > now
+    }
+
+    /// The expiry of the permission that covers `ip`, if any.
+    func permissionExpiry(_ ip: IPAddress) -> Timestamp? {
+        if let t = permissions[ip] { return t }
         // An IPv4-mapped peer is the same peer as its IPv4 address.
-        if let v4 = ip.embeddedIPv4, let t = permissions[v4] { return t > now }
-        return false
+        if let v4 = ip.embeddedIPv4 { return permissions[v4] }
+        return nil
     }
 
     func channel(for peer: TransportAddress, now: Timestamp) -> UInt16? {
         guard let number = channelByPeer[peer], let binding = channels[number], binding.expiry > now else { return nil }
+        return number
+    }
+
+    /// The peer of channel `number` when the channel and the peer's permission
+    /// are both in force at `now`: `.noChannel` or `.noPermission` otherwise.
+    func peer(ofChannel number: UInt16, now: Timestamp) -> ChannelPeer {
+        if let last = lastChannel, last.number == number, last.until > now { return .peer(last.peer) }
+        guard let binding = channels[number], binding.expiry > now else { return .refused(.noChannel) }
+        guard let permitted = permissionExpiry(binding.peer.ip), permitted > now else { return .refused(.noPermission) }
+        lastChannel = (number, binding.peer, min(binding.expiry, permitted))
+        return .peer(binding.peer)
+    }
+
+    enum ChannelPeer {
+        case peer(TransportAddress)
+        case refused(TURNDropReason)
+    }
+
+    /// Whether the last channel used is `peer`'s and in force at `now`, with its
+    /// permission: then `peer` is permitted and that channel is its own.
+    func lastChannel(of peer: TransportAddress, now: Timestamp) -> UInt16? {
+        guard let last = lastChannel, last.peer == peer, last.until > now else { return nil }
+        return last.number
+    }
+
+    /// Remembers `peer`'s channel, if it has one in force, as the last used.
+    func noteChannel(of peer: TransportAddress, now: Timestamp) -> UInt16? {
+        guard let number = channel(for: peer, now: now), let binding = channels[number],
+            let permitted = permissionExpiry(peer.ip), permitted > now
+        else { return nil }
+        lastChannel = (number, peer, min(binding.expiry, permitted))
         return number
     }
 

@@ -207,11 +207,14 @@ public final class TURNServer {
         let length = Int(UInt16(bytes[2]) << 8 | UInt16(bytes[3]))
         guard bytes.count >= 4 + length else { return drop(.malformed) }
         guard let a = allocations[tuple], a.expiry > now else { return drop(.noAllocation) }
-        guard let binding = a.channels[number], binding.expiry > now else { return drop(.noChannel) }
-        guard a.hasPermission(binding.peer.ip, now: now) else { return drop(.noPermission) }
+        let peer: TransportAddress
+        switch a.peer(ofChannel: number, now: now) {
+        case .peer(let p): peer = p
+        case .refused(let reason): return drop(reason)
+        }
         guard a.admit(length, toPeer: true, now: now) else { return drop(.bandwidth) }
         count(a, toPeer: length)
-        return .relay(a, to: binding.peer, payload: 4..<(4 + length))
+        return .relay(a, to: peer, payload: 4..<(4 + length))
     }
 
     private func indication(_ m: Message, from tuple: FiveTuple, now: Timestamp) -> TURNClientOutcome {
@@ -245,13 +248,16 @@ public final class TURNServer {
         _ payload: UnsafeRawBufferPointer, from peer: TransportAddress, allocation a: TURNAllocation, now: Timestamp
     ) -> TURNPeerOutcome {
         guard a.isAlive, a.expiry > now else { return drop(.noAllocation) }
-        guard a.hasPermission(peer.ip, now: now) else { return drop(.noPermission) }
+        // Voice comes back through the channel it went out on: its peer, channel
+        // and permission are the allocation's last used, with no lookup.
+        let last = a.lastChannel(of: peer, now: now)
+        guard last != nil || a.hasPermission(peer.ip, now: now) else { return drop(.noPermission) }
         guard a.admit(payload.count, toPeer: false, now: now) else { return drop(.bandwidth) }
         a.packetsToClient += 1
         a.bytesToClient += payload.count
         statistics.packetsToClient += 1
         statistics.bytesToClient += payload.count
-        if let number = a.channel(for: peer, now: now) {
+        if let number = last ?? a.noteChannel(of: peer, now: now) {
             return .channel(number, to: a.tuple)
         }
         // XOR-PEER-ADDRESS (≤ 24 bytes) and the DATA header must fit the 16-bit length.

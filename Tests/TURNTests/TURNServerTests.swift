@@ -811,6 +811,43 @@ struct TURNServerTests {
         }
     }
 
+    /// The hot path remembers the channel a packet last used; what it remembers
+    /// must not outlive the channel or its peer's permission, with or without a
+    /// sweep in between, and a refreshed permission must count at once.
+    @Test func aChannelInUseStopsWithItsPermissionAndARefreshKeepsIt() throws {
+        let (server, client, a) = try Self.allocated()
+        _ = server.handleClient(client.request(.refresh, [.lifetime(3600)]), from: client.tuple, now: .zero)
+        _ = server.handleClient(
+            client.request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
+        let frame = ChannelData(channel: 0x4001, data: [1]).encode()
+        func up(_ at: Duration) -> String {
+            switch server.handleClient(frame, from: client.tuple, now: .zero + at) {
+            case .relay(_, let peer, _): peer == Self.peer ? "relayed" : "to \(peer)"
+            case .drop(let reason): "\(reason)"
+            case .reply: "reply"
+            }
+        }
+        func down(_ at: Duration) -> String {
+            switch server.handlePeer([2], from: Self.peer, allocation: a, now: .zero + at) {
+            case .channel(let number, _): number == 0x4001 ? "channel" : "channel \(number)"
+            case .indication: "indication"
+            case .drop(let reason): "\(reason)"
+            }
+        }
+        // The permission lasts 300 s, the channel 600 s; no sweep runs below.
+        #expect(up(.seconds(1)) == "relayed" && down(.seconds(1)) == "channel")
+        #expect(up(.seconds(299)) == "relayed" && down(.seconds(299)) == "channel")
+        #expect(up(.seconds(301)) == "\(TURNDropReason.noPermission)")
+        #expect(down(.seconds(301)) == "\(TURNDropReason.noPermission)")
+        _ = server.handleClient(
+            client.request(.createPermission, [.xorPeerAddress(Self.peer)]), from: client.tuple, now: .seconds(302))
+        #expect(down(.seconds(303)) == "channel" && up(.seconds(303)) == "relayed")
+        #expect(up(.seconds(599)) == "relayed" && down(.seconds(599)) == "channel")
+        // The channel ends at 600 s, the refreshed permission at 602 s.
+        #expect(up(.seconds(601)) == "\(TURNDropReason.noChannel)")
+        #expect(down(.seconds(601)) == "indication")
+    }
+
     @Test func bandwidthCapDropsTheExcess() throws {
         let (server, client, a) = try Self.allocated { $0.maxBandwidth = 1000 }
         _ = server.handleClient(
