@@ -174,12 +174,19 @@ count_mallocs() {
   lpid=$!
   PIDS+=("$lpid")
   sleep 4  # allocations made, traffic steady
-  calls=$(perf stat -x, -e probe_libc:malloc -p "$SPID" -- sleep 2 2>&1 >/dev/null | awk -F, '/probe_libc:malloc/ {print $1}')
+  # Per thread: tusa relays on its NIO event loops (NIO-ELT-*); its other threads
+  # sample memory and serve metrics, whatever the traffic.
+  perf stat --per-thread -x, -e probe_libc:malloc -p "$SPID" -- sleep 2 2>"$TMP/mallocs.threads" >/dev/null || true
+  calls=$(awk -F, '/probe_libc:malloc/ && $2 ~ /^[0-9]+$/ {s += $2} END {print s + 0}' "$TMP/mallocs.threads")
+  loops=$(awk -F, '/probe_libc:malloc/ && $1 ~ /^NIO-ELT/ && $2 ~ /^[0-9]+$/ {s += $2} END {print s + 0}' "$TMP/mallocs.threads")
   wait "$lpid" || true
   forget "$lpid"
   stop_server "$SPID" 50
   [[ $calls =~ ^[0-9]+$ ]] || return 1
-  awk -v c="$calls" -v p="$((2 * FLOWS * 50 * 2))" 'BEGIN {printf "%.4f (%d calls in 2 s, %d packets relayed)\n", c / p, c, p}'
+  awk -v c="$calls" -v l="$loops" -v n="$1" -v p="$((2 * FLOWS * 50 * 2))" 'BEGIN {
+    printf "%.4f (%d calls in 2 s, %d packets relayed", c / p, c, p
+    if (n == "tusa") printf "; on the event loops that relay: %.4f, %d calls", l / p, l
+    print ")" }'
 }
 if ((MALLOCS)); then
   if command -v perf >/dev/null && perf probe -x "$(ldconfig -p | awk '/libc.so.6 .*x86-64/ {print $NF; exit}')" --add malloc \

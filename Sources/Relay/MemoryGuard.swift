@@ -234,7 +234,9 @@ public enum MemoryProbe {
 
     private static func statField(_ path: String, _ name: String) -> UInt64? {
         guard let text = read(path) else { return nil }
-        for line in text.split(separator: "\n") {
+        let key = name + " "
+        // Only the named line is split (memory.stat has some forty).
+        for line in text.split(separator: "\n") where line.hasPrefix(key) {
             let parts = line.split(separator: " ")
             if parts.count == 2, parts[0] == name { return UInt64(parts[1]) }
         }

@@ -341,6 +341,9 @@ public final class TURNServer {
     func delete(_ tuple: FiveTuple, reason: String, now: Timestamp) {
         guard let a = allocations.removeValue(forKey: tuple) else { return }
         a.isAlive = false
+        // Whatever the driver does with its relays, the allocation keeps nothing alive.
+        a.driverContext = nil
+        a.lastChannel = nil
         for r in a.relays {
             byRelay[r] = nil
             ports.closeRelay(r)

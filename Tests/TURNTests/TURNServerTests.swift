@@ -812,40 +812,62 @@ struct TURNServerTests {
     }
 
     /// The hot path remembers the channel a packet last used; what it remembers
-    /// must not outlive the channel or its peer's permission, with or without a
-    /// sweep in between, and a refreshed permission must count at once.
-    @Test func aChannelInUseStopsWithItsPermissionAndARefreshKeepsIt() throws {
-        let (server, client, a) = try Self.allocated()
-        _ = server.handleClient(client.request(.refresh, [.lifetime(3600)]), from: client.tuple, now: .zero)
-        _ = server.handleClient(
-            client.request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(Self.peer)]), from: client.tuple, now: .zero)
-        let frame = ChannelData(channel: 0x4001, data: [1]).encode()
-        func up(_ at: Duration) -> String {
-            switch server.handleClient(frame, from: client.tuple, now: .zero + at) {
-            case .relay(_, let peer, _): peer == Self.peer ? "relayed" : "to \(peer)"
+    /// must not outlive the channel or its peer's permission (to the nanosecond,
+    /// with no sweep in between), must follow two peers taking turns, a refreshed
+    /// permission, and a channel number bound to another peer once it lapsed.
+    @Test func aChannelInUseStopsWithItsPermissionAndFollowsItsPeers() throws {
+        // Nonces outlast the test (600 s would make the late ChannelBinds stale).
+        let (server, client, a) = try Self.allocated { $0.nonceLifetime = .seconds(3600) }
+        let other = TransportAddress("198.51.100.7:6000")!
+        func request(_ method: Method, _ attributes: [Attribute], at: Timestamp) throws {
+            let m = try Self.reply(server.handleClient(client.request(method, attributes), from: client.tuple, now: at))
+            #expect(m.type.messageClass == .successResponse, "\(method) at \(at): \(Self.errorCode(m) ?? 0)")
+        }
+        func up(_ channel: UInt16, _ at: Timestamp) -> String {
+            switch server.handleClient(ChannelData(channel: channel, data: [1]).encode(), from: client.tuple, now: at) {
+            case .relay(_, let peer, _): "\(peer)"
             case .drop(let reason): "\(reason)"
             case .reply: "reply"
             }
         }
-        func down(_ at: Duration) -> String {
-            switch server.handlePeer([2], from: Self.peer, allocation: a, now: .zero + at) {
-            case .channel(let number, _): number == 0x4001 ? "channel" : "channel \(number)"
+        func down(_ from: TransportAddress, _ at: Timestamp) -> String {
+            switch server.handlePeer([2], from: from, allocation: a, now: at) {
+            case .channel(let number, _): "0x" + String(number, radix: 16)
             case .indication: "indication"
             case .drop(let reason): "\(reason)"
             }
         }
-        // The permission lasts 300 s, the channel 600 s; no sweep runs below.
-        #expect(up(.seconds(1)) == "relayed" && down(.seconds(1)) == "channel")
-        #expect(up(.seconds(299)) == "relayed" && down(.seconds(299)) == "channel")
-        #expect(up(.seconds(301)) == "\(TURNDropReason.noPermission)")
-        #expect(down(.seconds(301)) == "\(TURNDropReason.noPermission)")
-        _ = server.handleClient(
-            client.request(.createPermission, [.xorPeerAddress(Self.peer)]), from: client.tuple, now: .seconds(302))
-        #expect(down(.seconds(303)) == "channel" && up(.seconds(303)) == "relayed")
-        #expect(up(.seconds(599)) == "relayed" && down(.seconds(599)) == "channel")
-        // The channel ends at 600 s, the refreshed permission at 602 s.
-        #expect(up(.seconds(601)) == "\(TURNDropReason.noChannel)")
-        #expect(down(.seconds(601)) == "indication")
+        let noPermission = "\(TURNDropReason.noPermission)"
+        let noChannel = "\(TURNDropReason.noChannel)"
+        try request(.refresh, [.lifetime(3600)], at: .zero)
+        try request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(Self.peer)], at: .zero)
+        try request(.channelBind, [.channelNumber(0x4002), .xorPeerAddress(other)], at: .zero)
+        // Two peers taking turns, each on its own channel; the first peer's IP on
+        // another port has its permission but no channel.
+        for t in [Timestamp.seconds(1), .seconds(2)] {
+            #expect(up(0x4001, t) == "\(Self.peer)" && down(Self.peer, t) == "0x4001")
+            #expect(up(0x4002, t) == "\(other)" && down(other, t) == "0x4002")
+            #expect(down(Self.peer, t) == "0x4001" && up(0x4001, t) == "\(Self.peer)")
+            #expect(down(TransportAddress(ip: Self.peer.ip, port: 5001), t) == "indication")
+        }
+        // Permissions last 300 s, channels 600 s; no sweep runs here.
+        let permissionEnds = Timestamp.seconds(300)
+        #expect(up(0x4001, Timestamp(nanoseconds: permissionEnds.nanoseconds - 1)) == "\(Self.peer)")
+        #expect(down(Self.peer, Timestamp(nanoseconds: permissionEnds.nanoseconds - 1)) == "0x4001")
+        #expect(up(0x4001, permissionEnds) == noPermission && down(Self.peer, permissionEnds) == noPermission)
+        // A refreshed permission counts at once (the other peer's stays lapsed).
+        try request(.createPermission, [.xorPeerAddress(Self.peer)], at: .seconds(302))
+        #expect(down(Self.peer, .seconds(303)) == "0x4001" && up(0x4001, .seconds(303)) == "\(Self.peer)")
+        #expect(up(0x4002, .seconds(303)) == noPermission && down(other, .seconds(303)) == noPermission)
+        let channelEnds = Timestamp.seconds(600)
+        #expect(up(0x4001, Timestamp(nanoseconds: channelEnds.nanoseconds - 1)) == "\(Self.peer)")
+        #expect(down(Self.peer, Timestamp(nanoseconds: channelEnds.nanoseconds - 1)) == "0x4001")
+        #expect(up(0x4001, channelEnds) == noChannel && down(Self.peer, channelEnds) == "indication")
+        // Lapsed, 0x4001 goes to the other peer, and the first peer moves to 0x4003.
+        try request(.channelBind, [.channelNumber(0x4001), .xorPeerAddress(other)], at: .seconds(601))
+        try request(.channelBind, [.channelNumber(0x4003), .xorPeerAddress(Self.peer)], at: .seconds(601))
+        #expect(up(0x4001, .seconds(602)) == "\(other)" && down(other, .seconds(602)) == "0x4001")
+        #expect(down(Self.peer, .seconds(602)) == "0x4003" && up(0x4003, .seconds(602)) == "\(Self.peer)")
     }
 
     @Test func bandwidthCapDropsTheExcess() throws {
