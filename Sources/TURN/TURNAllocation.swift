@@ -43,8 +43,9 @@ public final class TURNAllocation {
     @exclusivity(unchecked) var lastChannel: (number: UInt16, peer: TransportAddress, until: Timestamp)?
     /// For the driver: what it keeps per allocation for its hot path (a relay
     /// keeps its relay socket here), so that a relayed packet needs no lookup of
-    /// its own. The core never reads it; a driver that sets it clears it when the
-    /// relay closes (``TURNRelayPorts/closeRelay(_:)``), or the two may keep each other.
+    /// its own. The core never reads it, and clears it when the allocation is
+    /// deleted; a driver that sets it clears it too when the relay closes
+    /// (``TURNRelayPorts/closeRelay(_:)``).
     @exclusivity(unchecked) public var driverContext: AnyObject?
     /// Bandwidth budgets, one per direction.
     @exclusivity(unchecked) var toPeerBucket: TokenBucket?
