@@ -215,6 +215,7 @@ struct PartyCreate: AsyncParsableCommand {
         commandName: "create",
         abstract: "Create a party named NAME on the relay and join it.",
         discussion: PartySession.discussion
+            + " With --invite or --contacts, exit status 3 after a stay in which some invited keys could not be told (the room let them in: send them its id)."
     )
 
     @Argument(help: "The room's name (a game, say).")
@@ -281,6 +282,7 @@ struct PartyCreate: AsyncParsableCommand {
             FileHandle.standardError.write(
                 Data("tusa \(command): notice: without --rendezvous the invited keys are let in but not told\n".utf8))
         }
+        var untold: [PublicKey] = []
         try await PartySession.run(
             options.audio, identity: identity, relay: relay, relayKey: relayKey, command: command, locator: locator,
             enter: { c in try await c.create(name: name, maxMembers: max, invite: keys) },
@@ -295,12 +297,21 @@ struct PartyCreate: AsyncParsableCommand {
                         try await rendezvous.post(invitation.encoded(), to: key)
                         print("invited \(key.base64)")
                     } catch {
+                        untold.append(key)
                         FileHandle.standardError.write(Data("tusa \(command): cannot invite \(key.base64): \(error)\n".utf8))
                     }
                 }
                 fflush(nil)
             })
         await locator?.close()
+        // The stay went as asked, but not everyone invited knows of it: a script must see that.
+        if !untold.isEmpty {
+            FileHandle.standardError.write(
+                Data(
+                    "tusa \(command): \(untold.count) of \(keys.count) invited keys were let in but not told; send them the room's id\n"
+                        .utf8))
+            throw ExitCode(3)
+        }
     }
 }
 

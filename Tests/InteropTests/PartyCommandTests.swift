@@ -432,4 +432,25 @@ import Voice
         let heard = try #require(report["speakers"] as? [[String: Any]], "\(report)")
         #expect(heard.count == 1 && (heard.first?["packets"] as? Int ?? 0) > 50, "\(report)")
     }
+
+    /// Invitations the rendezvous refuses (a sender reaches ten strangers at once) are
+    /// said one by one, and the exit status tells a script that not everyone invited
+    /// was told, though the stay itself went as asked.
+    @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
+    func invitationsTheRendezvousRefusesEndInExitStatus3() async throws {
+        let tusa = try #require(Harness.tusa)
+        let (relay, rendezvous) = try await Self.relayWithRendezvous()
+        defer { relay.kill() }
+        let strangers = (0..<12).map { _ in PrivateKey.generate().publicKey.base64 }
+        let run = try await Harness.run(
+            tusa,
+            ["party", "create", "Civilization", "--rendezvous", rendezvous, "--duration", "1", "--quiet"]
+                + strangers.flatMap { ["--invite", $0] },
+            timeout: 30)
+        let told = strangers.filter { run.stdout.contains("invited \($0)") }
+        let refused = strangers.filter { run.stderr.contains("cannot invite \($0)") }
+        #expect(told.count == 10 && refused.count == 2, "\(run.stdout) \(run.stderr)")
+        #expect(run.stderr.contains("2 of 12 invited keys were let in but not told"), "\(run.stderr)")
+        #expect(run.status == 3, "\(run.stdout) \(run.stderr)")
+    }
 }
