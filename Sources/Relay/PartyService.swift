@@ -306,7 +306,8 @@ public final class PartyService: Service, Sendable {
     }
 }
 
-/// The room core and the members' sessions, touched only on the endpoint's loop.
+/// The room core and the members' sessions, touched only on the endpoint's loop
+/// (what a copy reads is `@exclusivity(unchecked)`, as in `TURNLane`).
 final class PartyRooms {
     private var host: CoreHost<PartyServer>!
     private let endpoint: SecureUDPEndpoint
@@ -321,9 +322,9 @@ final class PartyRooms {
     private let socket: RelaySocket
     private let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 16)
     /// Copies dropped because the socket's send buffer was full.
-    private(set) var sendDrops: UInt64 = 0
+    @exclusivity(unchecked) private(set) var sendDrops: UInt64 = 0
     /// Each session's secure peer (a session is named after its peer).
-    private var peers: [PartySession: PeerID] = [:]
+    @exclusivity(unchecked) private var peers: [PartySession: PeerID] = [:]
     private let logger: Logger
 
     /// Created on `loop`'s behalf; the returned box is used only there.

@@ -9,7 +9,7 @@ final class Keypair {
     let initiator: Bool
     /// An initiator's keys are confirmed at once; a responder's by the first packet opened with them.
     var confirmed = false
-    var sentPackets: UInt64 = 0
+    @exclusivity(unchecked) var sentPackets: UInt64 = 0
     var lowestReceived: UInt64?
     var retireAt: Timestamp?
 

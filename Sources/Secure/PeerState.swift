@@ -7,20 +7,20 @@ import TusaBase
 final class PeerState {
     let id: PeerID
     let key: PublicKey
-    var address: TransportAddress?
+    @exclusivity(unchecked) var address: TransportAddress?
     var lastRoam: Timestamp?
     /// The newest initiation timestamp accepted from the peer (older ones are replays).
     var lastTimestamp: TAI64N?
-    var handshake = HandshakeState.zeroed
+    @exclusivity(unchecked) var handshake = HandshakeState.zeroed
     /// The latest cookie the peer's responder gave us, and when.
     var cookie: ([UInt8], Timestamp)?
-    var keys = KeySlots()
+    @exclusivity(unchecked) var keys = KeySlots()
     /// Keys were confirmed both ways at least once since the peer last went silent.
     var everEstablished = false
 
     let localSSRC: UInt32
     var remoteSSRC: UInt32?
-    var nextSequence: UInt64
+    @exclusivity(unchecked) var nextSequence: UInt64
     var nextControlIndex: UInt32 = 0
     /// The version of the peer's own reports: ours to it go in the same (an older peer reads only 1).
     var peerReportVersion: UInt8 = ControlReport.version
@@ -29,7 +29,7 @@ final class PeerState {
     var highestReceived: UInt64?
     /// Media below this sequence number was sealed under keys now retired.
     var retiredBelow: UInt64?
-    var lastSent: Timestamp?
+    @exclusivity(unchecked) var lastSent: Timestamp?
     var lastReceived: Timestamp?
     var lastKeepaliveAttempt: Timestamp?
     /// Receiver reports: reception statistics, the round trip, the loss hint.

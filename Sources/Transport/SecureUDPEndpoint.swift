@@ -536,7 +536,9 @@ public final class SecureUDPEndpoint: Sendable {
     }
 }
 
-/// The endpoint's state, confined to the channel's event loop.
+/// The endpoint's state, confined to the channel's event loop. What a directly
+/// sealed copy reads (``sealDirect(_:to:payloadType:timestamp:into:)``) is
+/// `@exclusivity(unchecked)`, as in ``SecureEndpoint``.
 final class SecureEngine {
     /// The session core, run by `host`; the hot paths (sealing, opening) and
     /// calls that leave nothing to do (addresses, reads) reach it directly.
@@ -558,7 +560,7 @@ final class SecureEngine {
     private let logger: Logger
     private var binding = BindingServer()
     private var waiters: [PeerID: [EventLoopPromise<PeerID>]] = [:]
-    private var closed = false
+    @exclusivity(unchecked) private var closed = false
     /// Whether ``shutDown()`` ran: the endpoint takes nothing new.
     var isClosed: Bool { closed }
     /// Reused for every datagram: opened in place here, never allocated per packet.
@@ -566,7 +568,7 @@ final class SecureEngine {
     private(set) var pendingWrites = 0
 
     // ICE, when it runs on this socket (base 0) and the relay allocation (base 1).
-    var ice: ICEEngine?
+    @exclusivity(unchecked) var ice: ICEEngine?
     /// The peer whose address follows ICE's selected pair.
     var iceFollower: PeerID?
 
@@ -575,17 +577,17 @@ final class SecureEngine {
     private(set) var turnEngine: TURNClientEngine?
     private var turnServer: TransportAddress?
     /// Peer addresses reached through the relay.
-    var relayed: Set<TransportAddress> = []
+    @exclusivity(unchecked) var relayed: Set<TransportAddress> = []
     /// Datagrams not sent because their destination withdrew its consent (see
     /// ``ICEEngine/withdrawnAddress``).
     private(set) var withheld: UInt64 = 0
     /// Decides the fate of each outgoing media datagram: nil drops it, else its added delay.
-    var mediaImpairment: (@Sendable () -> Duration?)?
+    @exclusivity(unchecked) var mediaImpairment: (@Sendable () -> Duration?)?
 
     // Streams (RFC 4571 over TCP), for where UDP does not pass: see SecureUDPEndpoint+Streams.
     /// Addresses reached over a TCP connection instead of the socket (a member's
     /// relay, or, on the relay, each member that came over TCP, by a stand-in address).
-    var streams: [TransportAddress: Channel] = [:]
+    @exclusivity(unchecked) var streams: [TransportAddress: Channel] = [:]
     /// The listeners accepting streams (TCP, TLS), when this endpoint serves them.
     var streamListeners: [Channel] = []
     /// Stream-routed addresses whose next datagram takes the UDP socket (a probe of UDP).
@@ -806,7 +808,10 @@ final class SecureEngine {
             return .unsent
         }
         let to = sealed.to
-        if mediaImpairment == nil, ice?.withdrawnAddress != to, !relayed.contains(to), streams[to] == nil {
+        // (Per copy on a party relay: the empty tables are not hashed into.)
+        if mediaImpairment == nil, ice?.withdrawnAddress != to, relayed.isEmpty || !relayed.contains(to),
+            streams.isEmpty || streams[to] == nil
+        {
             return .sealed(length: sealed.length, to: to)
         }
         var buffer = channel.allocator.buffer(capacity: sealed.length)
@@ -833,7 +838,7 @@ final class SecureEngine {
     }
 
     /// Media that could not be sealed (no keys yet, unknown peer).
-    private(set) var unsent: UInt64 = 0
+    @exclusivity(unchecked) private(set) var unsent: UInt64 = 0
 
     private func write(_ bytes: [UInt8], to address: TransportAddress) {
         bytes.withUnsafeBytes { write($0, to: address) }
