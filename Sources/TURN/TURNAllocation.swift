@@ -92,11 +92,6 @@ public final class TURNAllocation {
         return nil
     }
 
-    func channel(for peer: TransportAddress, now: Timestamp) -> UInt16? {
-        guard let number = channelByPeer[peer], let binding = channels[number], binding.expiry > now else { return nil }
-        return number
-    }
-
     /// The peer of channel `number` when the channel and the peer's permission
     /// are both in force at `now`: `.noChannel` or `.noPermission` otherwise.
     func peer(ofChannel number: UInt16, now: Timestamp) -> ChannelPeer {
@@ -121,7 +116,7 @@ public final class TURNAllocation {
 
     /// Remembers `peer`'s channel, if it has one in force, as the last used.
     func noteChannel(of peer: TransportAddress, now: Timestamp) -> UInt16? {
-        guard let number = channel(for: peer, now: now), let binding = channels[number],
+        guard let number = channelByPeer[peer], let binding = channels[number], binding.expiry > now,
             let permitted = permissionExpiry(peer.ip), permitted > now
         else { return nil }
         lastChannel = (number, peer, min(binding.expiry, permitted))
