@@ -216,25 +216,35 @@ public struct PartyServer: SansIOCore {
     /// its room, when the frame's member id is the session's own and its sender
     /// is among the speakers. Empty otherwise (counted).
     public mutating func forward(_ frame: [UInt8], from session: PartySession, now: Timestamp) -> [PartySession] {
+        var targets: [PartySession] = []
+        forward(frame, from: session, now: now, into: &targets)
+        return targets
+    }
+
+    /// The same into `targets` (emptied first, its storage kept): a relay reuses one
+    /// array for every frame, and seals the copies itself instead of taking one
+    /// ``Action/send(_:_:)`` per copy from ``pollAction()``.
+    public mutating func forward(_ frame: [UInt8], from session: PartySession, now: Timestamp, into targets: inout [PartySession])
+    {
+        targets.removeAll(keepingCapacity: true)
         statistics.framesIn += 1
+        // The room is found once (its id hashed once) and used in place: a copy would
+        // copy the selector's tables on every packet.
         guard let (sender, level) = PartyFrameHeader.peek(frame), let place = membership[session],
-            place.member == sender, let me = rooms[place.room]?.members[sender]
+            place.member == sender, let at = rooms.index(forKey: place.room),
+            let me = rooms.values[at].members[sender]
         else {
             statistics.framesSpoofed += 1
-            return []
+            return
         }
-        // (In place: a copy of the room would copy the selector's tables on every packet.)
-        guard !me.muted, rooms[place.room]?.speakers.admit(sender, level: level, now: now) == true,
-            let room = rooms[place.room]
-        else {
+        guard !me.muted, rooms.values[at].speakers.admit(sender, level: level, now: now) else {
             statistics.framesNotSelected += 1
-            return []
+            return
         }
-        var targets: [PartySession] = []
-        targets.reserveCapacity(room.members.count - 1)
-        for (id, m) in room.members where id != sender { targets.append(m.session) }
+        let members = rooms.values[at].members
+        targets.reserveCapacity(members.count - 1)
+        for (id, m) in members where id != sender { targets.append(m.session) }
         statistics.framesForwarded += UInt64(targets.count)
-        return targets
     }
 
     // MARK: control

@@ -326,6 +326,8 @@ final class PartyRooms {
     /// Each session's secure peer (a session is named after its peer).
     @exclusivity(unchecked) private var peers: [PartySession: PeerID] = [:]
     private let logger: Logger
+    private let statisticsBox: NIOLockedValueBox<PartyServer.Statistics>
+    private let roomCountBox: NIOLockedValueBox<(rooms: Int, members: Int)>
 
     /// Created on `loop`'s behalf; the returned box is used only there.
     static func make(
@@ -345,6 +347,8 @@ final class PartyRooms {
     ) {
         self.endpoint = endpoint
         self.logger = logger
+        statisticsBox = statistics
+        roomCountBox = roomCount
         socket = RelaySocket(address: endpoint.localAddress, fd: sendSocket)
         host = CoreHost(core, on: loop) { [unowned self] action in
             perform(action)
@@ -352,12 +356,19 @@ final class PartyRooms {
             // The copies of a run of actions, and what went the endpoint's way, leave at once, or at the end of
             // the read burst when in one (the burst's copies in few sendmmsg calls).
             endpoint.flushOnLoop()
-            if !outbox.isEmpty, !endpoint.inReadBurstOnLoop { sendFlush() }
-            var (s, n, m) = host.read { ($0.statistics, $0.rooms.count, $0.memberCount) }
-            s.copiesDropped = sendDrops
-            statistics.withLockedValue { $0 = s }
-            roomCount.withLockedValue { $0 = (n, m) }
+            // In a read burst, the counters are published once, at its end.
+            guard !endpoint.inReadBurstOnLoop else { return }
+            if !outbox.isEmpty { sendFlush() }
+            publish()
         }
+    }
+
+    /// The core's counters and the rooms' count, to the service's boxes (what metrics and `tusa relay`'s log read).
+    private func publish() {
+        var (s, n, m) = host.read { ($0.statistics, $0.rooms.count, $0.memberCount) }
+        s.copiesDropped = sendDrops
+        statisticsBox.withLockedValue { $0 = s }
+        roomCountBox.withLockedValue { $0 = (n, m) }
     }
 
     func opened(_ peer: PeerID, key: PublicKey) {
@@ -369,8 +380,22 @@ final class PartyRooms {
         let session = Self.session(peer)
         guard peers[session] != nil else { return }
         lastHeard = .now
-        host.handle(.received(session, bytes))
+        guard bytes.first == PartyPacketType.media.rawValue else { return host.handle(.received(session, bytes)) }
+        // A voice frame: the core names the members it goes to (what it does with
+        // `.received`), and its copies are sealed here, one after the other, straight
+        // into the outbox, the clock read once: no action per copy.
+        host.with { core, now in core.forward(bytes, from: session, now: now, into: &targets) }
+        guard !targets.isEmpty else { return }
+        targetPeers.removeAll(keepingCapacity: true)
+        for target in targets { targetPeers.append(Self.peer(target)) }
+        copy(bytes, to: targetPeers)
     }
+
+    /// The sessions a frame goes to, and their secure peers: kept from frame to frame.
+    @exclusivity(unchecked) private var targets: [PartySession] = []
+    @exclusivity(unchecked) private var targetPeers: [PeerID] = []
+    /// The peer of a control message or acknowledgement (one session's).
+    @exclusivity(unchecked) private var onePeer: [PeerID] = []
 
     /// When a member's packet last came (or the drain began, whichever is later).
     private var lastHeard = ContinuousClock.now
@@ -413,6 +438,7 @@ final class PartyRooms {
     /// The end of a read burst: the copies it queued leave.
     func readBurstEnded() {
         if !outbox.isEmpty { sendFlush() }
+        publish()
     }
 
     /// After the endpoint closed: the socket's duplicate goes too.
@@ -441,13 +467,9 @@ final class PartyRooms {
         switch action {
         case .send(let session, let bytes):
             guard let peer = peers[session] else { return }
-            // Voice frames keep their RTP timestamp on the hop, so a capture reads as RTP.
-            let timestamp = PartyFrameHeader.peekTimestamp(bytes) ?? 0
-            let sealed = endpoint.sealOnLoop(
-                bytes, to: peer, payloadType: PartyHop.payloadType, timestamp: timestamp, into: scratch)
-            if case .sealed(let length, let to) = sealed, socket.fd >= 0 {
-                outbox.append(UnsafeRawBufferPointer(rebasing: scratch[..<length]), to: to, on: socket)
-            }
+            onePeer.removeAll(keepingCapacity: true)
+            onePeer.append(peer)
+            copy(bytes, to: onePeer)
         case .event(let event):
             switch event {
             case .roomCreated(let id, let name, let creator):
@@ -467,5 +489,18 @@ final class PartyRooms {
         }
     }
 
+    /// `bytes` sealed for each of `peers` and queued for the socket (or sent the
+    /// endpoint's way, for a member on a TCP or TLS stream).
+    private func copy(_ bytes: [UInt8], to peers: [PeerID]) {
+        // Voice frames keep their RTP timestamp on the hop, so a capture reads as RTP.
+        let timestamp = PartyFrameHeader.peekTimestamp(bytes) ?? 0
+        _ = endpoint.sealOnLoop(bytes, toEach: peers, payloadType: PartyHop.payloadType, timestamp: timestamp, into: scratch) {
+            sealed, to in
+            if socket.fd >= 0 { outbox.append(sealed, to: to, on: socket) }
+        }
+    }
+
     private static func session(_ peer: PeerID) -> PartySession { PartySession(UInt64(max(0, peer.rawValue))) }
+    /// A session's secure peer (it is named after it).
+    private static func peer(_ session: PartySession) -> PeerID { PeerID(rawValue: Int(truncatingIfNeeded: session.value)) }
 }

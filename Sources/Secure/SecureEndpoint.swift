@@ -3,6 +3,10 @@ import TusaBase
 /// A peer of a `SecureEndpoint`.
 public struct PeerID: Hashable, Sendable, CustomStringConvertible {
     public let rawValue: Int
+    /// The peer whose id is `rawValue` (as ``rawValue`` gave it): a driver that names
+    /// its own records after peers finds them again. An endpoint never reuses an id; one
+    /// it does not hold is an unknown peer to it.
+    public init(rawValue: Int) { self.rawValue = rawValue }
     public var description: String { "peer\(rawValue)" }
 }
 

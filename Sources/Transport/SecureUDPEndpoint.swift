@@ -305,7 +305,36 @@ public final class SecureUDPEndpoint: Sendable {
     public func sealOnLoop(
         _ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, into out: UnsafeMutableRawBufferPointer
     ) -> DirectSeal {
-        engine.value.sealDirect(payload, to: peer, payloadType: payloadType, timestamp: timestamp, into: out)
+        var result = DirectSeal.unsent
+        let counts = engine.value.sealDirect(
+            payload, toEach: CollectionOfOne(peer), payloadType: payloadType, timestamp: timestamp, into: out
+        ) { sealed, to in result = .sealed(length: sealed.count, to: to) }
+        return counts.sentOtherwise > 0 ? .sentOtherwise : result
+    }
+
+    /// What ``sealOnLoop(_:toEach:payloadType:timestamp:into:write:)`` did with a payload's copies.
+    public struct DirectSeals: Sendable, Equatable {
+        /// Sealed into the caller's buffer and handed to its `write`.
+        public var sealed = 0
+        /// Sealed and sent the endpoint's own way (see ``DirectSeal/sentOtherwise``).
+        public var sentOtherwise = 0
+        /// Not sealed (see ``DirectSeal/unsent``).
+        public var unsent = 0
+        public init() {}
+    }
+
+    /// One media payload sealed for each of `peers` in turn, the way
+    /// ``sealOnLoop(_:to:payloadType:timestamp:into:)`` seals it for one: a copy for
+    /// the socket is sealed into `out` and handed to `write` (its bytes, valid until
+    /// `write` returns, and where they go), one for another path is sent the
+    /// endpoint's way. The clock is read, and the endpoint's paths looked at, once
+    /// for all of them: a party relay's copies of one voice frame. On the endpoint's
+    /// event loop.
+    public func sealOnLoop(
+        _ payload: [UInt8], toEach peers: [PeerID], payloadType: UInt8, timestamp: UInt32,
+        into out: UnsafeMutableRawBufferPointer, write: (UnsafeRawBufferPointer, TransportAddress) -> Void
+    ) -> DirectSeals {
+        engine.value.sealDirect(payload, toEach: peers, payloadType: payloadType, timestamp: timestamp, into: out, write: write)
     }
 
     /// Writes what ``sendOnLoop(_:to:payloadType:timestamp:marker:)`` queued (unless a
@@ -790,34 +819,49 @@ final class SecureEngine {
         if core.hasOutputs { performLeftovers() }
     }
 
-    /// ``SecureUDPEndpoint/sealOnLoop(_:to:payloadType:timestamp:into:)``.
+    /// ``SecureUDPEndpoint/sealOnLoop(_:toEach:payloadType:timestamp:into:write:)``.
     func sealDirect(
-        _ payload: [UInt8], to peer: PeerID, payloadType: UInt8, timestamp: UInt32, into out: UnsafeMutableRawBufferPointer
-    ) -> SecureUDPEndpoint.DirectSeal {
-        guard !closed else { return .unsent }
+        _ payload: [UInt8], toEach peers: some Collection<PeerID>, payloadType: UInt8, timestamp: UInt32,
+        into out: UnsafeMutableRawBufferPointer, write: (UnsafeRawBufferPointer, TransportAddress) -> Void
+    ) -> SecureUDPEndpoint.DirectSeals {
+        var counts = SecureUDPEndpoint.DirectSeals()
+        guard !closed else {
+            counts.unsent = peers.count
+            return counts
+        }
         // Sealing may start a handshake (no keys yet, or a rekey due): send it, arm its timer.
         defer { if core.hasOutputs { performLeftovers() } }
-        let sealed: (length: Int, to: TransportAddress)
-        do {
-            sealed = try payload.withUnsafeBytes { p in
-                try core.sealMedia(
-                    to: peer, payloadType: payloadType, timestamp: timestamp, payload: p, into: out, now: Timestamp.now())
+        let now = Timestamp.now()
+        // Every copy goes to the socket unless some path is not the socket's (the usual
+        // case on a party relay: the empty tables are not hashed into per copy).
+        let onlySocket = mediaImpairment == nil && ice?.withdrawnAddress == nil && relayed.isEmpty && streams.isEmpty
+        payload.withUnsafeBytes { p in
+            for peer in peers {
+                let sealed: (length: Int, to: TransportAddress)
+                do {
+                    sealed = try core.sealMedia(
+                        to: peer, payloadType: payloadType, timestamp: timestamp, payload: p, into: out, now: now)
+                } catch {
+                    unsent += 1
+                    counts.unsent += 1
+                    continue
+                }
+                let to = sealed.to
+                let bytes = UnsafeRawBufferPointer(rebasing: out[..<sealed.length])
+                if onlySocket
+                    || (mediaImpairment == nil && ice?.withdrawnAddress != to && !relayed.contains(to) && streams[to] == nil)
+                {
+                    write(bytes, to)
+                    counts.sealed += 1
+                } else {
+                    var buffer = channel.allocator.buffer(capacity: sealed.length)
+                    buffer.writeBytes(bytes)
+                    writeMedia(buffer, to: to)
+                    counts.sentOtherwise += 1
+                }
             }
-        } catch {
-            unsent += 1
-            return .unsent
         }
-        let to = sealed.to
-        // (Per copy on a party relay: the empty tables are not hashed into.)
-        if mediaImpairment == nil, ice?.withdrawnAddress != to, relayed.isEmpty || !relayed.contains(to),
-            streams.isEmpty || streams[to] == nil
-        {
-            return .sealed(length: sealed.length, to: to)
-        }
-        var buffer = channel.allocator.buffer(capacity: sealed.length)
-        buffer.writeBytes(UnsafeRawBufferPointer(rebasing: out[..<sealed.length]))
-        writeMedia(buffer, to: to)
-        return .sentOtherwise
+        return counts
     }
 
     /// A sealed media datagram to its path, through the impairment layer when one is set.

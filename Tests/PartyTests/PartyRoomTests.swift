@@ -214,6 +214,30 @@ struct PartyRoomTests {
         #expect(h.framesTo[carol] == nil)
     }
 
+    /// The relay's own path (`forward(_:from:now:into:)`, one array kept from frame
+    /// to frame): a frame that goes nowhere leaves the array empty, never holding the
+    /// members of the frame before.
+    @Test func theTargetsARelayKeepsFromFrameToFrameAreOnlyTheLastFramesOwn() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol, dave] { h.connect(s) }
+        _ = try unwrap(h.room(alice, [bob, carol]))
+        var targets: [PartySession] = [dave, dave, dave]
+        let sealed = h.members[alice]?.seal(speech, timestamp: 0, level: .init(level: 30, voiced: true), now: h.now)
+        let frame = try #require(sealed)
+        h.server.forward(frame, from: alice, now: h.now, into: &targets)
+        #expect(Set(targets) == [bob, carol] && targets.count == 2)
+        // Bob's forgery of Alice's frame, then a frame from Dave, who is in no room: nothing.
+        h.server.forward(frame, from: bob, now: h.now, into: &targets)
+        #expect(targets.isEmpty)
+        h.server.forward(frame, from: alice, now: h.now, into: &targets)
+        #expect(targets.count == 2)
+        h.server.forward(frame, from: dave, now: h.now, into: &targets)
+        #expect(targets.isEmpty)
+        // What the relay forwards is what `.received` forwards: the same sessions.
+        h.server.forward(frame, from: alice, now: h.now, into: &targets)
+        #expect(Set(h.server.forward(frame, from: alice, now: h.now)) == Set(targets))
+    }
+
     @Test func atMostThreeSpeakersWithHysteresis() throws {
         var h = PartyHarness()
         let all = [alice, bob, carol, dave, erin]

@@ -123,4 +123,58 @@ struct DirectSealTests {
         await server.close()
         close(own)
     }
+
+    /// A frame's copies for several peers in one call (the party relay's fan-out):
+    /// each copy for the socket is handed over in turn, sealed under its own peer's
+    /// keys; a peer on a stream is sent the endpoint's way; an unknown peer is counted.
+    @Test func copiesForManyPeersAreHandedOverOneByOneEachUnderItsOwnKeys() async throws {
+        var accepting = SecureConfiguration()
+        accepting.acceptUnknownPeers = true
+        let heard = [Received(), Received(), Received()]
+        var servers: [SecureUDPEndpoint] = []
+        for h in heard {
+            servers.append(
+                try await SecureUDPEndpoint.bind(
+                    host: "127.0.0.1", identity: .generate(), configuration: accepting, mediaHandler: h.handler()))
+        }
+        _ = try await servers[2].listenForStreams(host: "127.0.0.1", port: Int(servers[2].localAddress.port))
+
+        let fd = try loopbackSocket()
+        let own = dup(fd)
+        try #require(own >= 0)
+        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), boundSocket: fd)
+        try await client.useStream(to: servers[2].localAddress)
+        var peers: [PeerID] = []
+        for server in servers { peers.append(try await client.connect(to: server.publicKey, at: server.localAddress)) }
+        // One the endpoint never had.
+        peers.append(PeerID(rawValue: peers.map(\.rawValue).reduce(0, max) + 100))
+
+        let payload = Array("one frame, four members".utf8)
+        let targets = peers
+        let (counts, copies) = try await client.eventLoop.submit {
+            var out = [UInt8](repeating: 0, count: 2048)
+            var copies: [([UInt8], TransportAddress)] = []
+            let counts = out.withUnsafeMutableBytes { out in
+                client.sealOnLoop(payload, toEach: targets, payloadType: 111, timestamp: 160, into: out) { sealed, to in
+                    copies.append((Array(sealed), to))
+                }
+            }
+            return (counts, copies)
+        }.get()
+        var expected = SecureUDPEndpoint.DirectSeals()
+        expected.sealed = 2
+        expected.sentOtherwise = 1
+        expected.unsent = 1
+        #expect(counts == expected)
+        #expect(copies.map(\.1) == [servers[0].localAddress, servers[1].localAddress])
+        #expect(copies.allSatisfy { $0.0.count == 12 + payload.count + 16 })
+        #expect(copies.count == 2 && copies[0].0[12...] != copies[1].0[12...], "each copy is sealed under its own peer's keys")
+        for (bytes, to) in copies { #expect(send(bytes[...], on: own, to: to)) }
+        for (i, h) in heard.enumerated() {
+            #expect(await eventually { h.all.contains(payload) }, "peer \(i) opens its copy")
+        }
+        for server in servers { await server.close() }
+        await client.close()
+        close(own)
+    }
 }
