@@ -5,22 +5,27 @@ import TusaBase
 /// (ours to it and its to us, with their replay windows), liveness, and its
 /// receiver reports.
 final class PeerState {
+    // What sealing a media packet reads and writes comes first, together (a party
+    // relay seals each copy of a frame for another peer: one cache line to fetch
+    // per copy rather than three).
+    @exclusivity(unchecked) var keys = KeySlots()
+    @exclusivity(unchecked) var address: TransportAddress?
+    @exclusivity(unchecked) var nextSequence: UInt64
+    let localSSRC: UInt32
+    @exclusivity(unchecked) var lastSent: Timestamp?
+    @exclusivity(unchecked) var handshake = HandshakeState.zeroed
+
     let id: PeerID
     let key: PublicKey
-    @exclusivity(unchecked) var address: TransportAddress?
     var lastRoam: Timestamp?
     /// The newest initiation timestamp accepted from the peer (older ones are replays).
     var lastTimestamp: TAI64N?
-    @exclusivity(unchecked) var handshake = HandshakeState.zeroed
     /// The latest cookie the peer's responder gave us, and when.
     var cookie: ([UInt8], Timestamp)?
-    @exclusivity(unchecked) var keys = KeySlots()
     /// Keys were confirmed both ways at least once since the peer last went silent.
     var everEstablished = false
 
-    let localSSRC: UInt32
     var remoteSSRC: UInt32?
-    @exclusivity(unchecked) var nextSequence: UInt64
     var nextControlIndex: UInt32 = 0
     /// The version of the peer's own reports: ours to it go in the same (an older peer reads only 1).
     var peerReportVersion: UInt8 = ControlReport.version
@@ -29,7 +34,6 @@ final class PeerState {
     var highestReceived: UInt64?
     /// Media below this sequence number was sealed under keys now retired.
     var retiredBelow: UInt64?
-    @exclusivity(unchecked) var lastSent: Timestamp?
     var lastReceived: Timestamp?
     var lastKeepaliveAttempt: Timestamp?
     /// Receiver reports: reception statistics, the round trip, the loss hint.
