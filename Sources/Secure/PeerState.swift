@@ -1,3 +1,4 @@
+import CSodium
 import TusaBase
 
 /// Everything a `SecureEndpoint` keeps for one peer: who it is and where, its
@@ -56,6 +57,11 @@ final class PeerState {
     }
 
     var hasKeys: Bool { !keys.isEmpty }
+
+    /// Starts fetching the current keys' object into the cache (see `tusa_prefetch`).
+    func prefetchSendKeys() {
+        if let k = keys.current { tusa_prefetch(Unmanaged.passUnretained(k).toOpaque()) }
+    }
 
     /// The keys to seal with: the current ones if confirmed and not expired.
     func sendKeys(now: Timestamp?, _ c: SecureConfiguration) -> Keypair? {

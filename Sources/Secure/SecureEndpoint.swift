@@ -1,3 +1,4 @@
+import CSodium
 import TusaBase
 
 /// A peer of a `SecureEndpoint`.
@@ -205,6 +206,60 @@ public final class SecureEndpoint {
         payload: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer, now: Timestamp
     ) throws -> (length: Int, to: TransportAddress) {
         guard let p = peers[id] else { throw SecureSendError.unknownPeer }
+        return try sealMedia(
+            for: p, payloadType: payloadType, marker: marker, timestamp: timestamp, payload: payload, into: out, now: now)
+    }
+
+    /// One media payload sealed for each of `ids` in turn into `out`, as
+    /// ``sealMedia(to:payloadType:marker:timestamp:payload:into:now:)`` seals it for
+    /// one; each copy goes to `sealed` before the next overwrites it: its length and
+    /// where it goes, or the error that call would have thrown. A party relay's copies
+    /// of one frame: each peer's state is looked up once, and fetched into the cache
+    /// while the copy before it is encrypted. `sealed` must not call into the endpoint.
+    public func sealMedia(
+        toEach ids: [PeerID], payloadType: UInt8, timestamp: UInt32, payload: UnsafeRawBufferPointer,
+        into out: UnsafeMutableRawBufferPointer, now: Timestamp,
+        _ sealed: (Result<(length: Int, to: TransportAddress), any Error>) -> Void
+    ) {
+        // The peers, unretained (the table holds them, and nothing here removes one):
+        // a reference counted now would wait for each peer's state to arrive in turn.
+        fanOut.removeAll(keepingCapacity: true)
+        for id in ids {
+            if let i = peers.index(forKey: id) {
+                let p = Unmanaged.passUnretained(peers.values[i])
+                tusa_prefetch(p.toOpaque())
+                fanOut.append(p)
+            } else {
+                fanOut.append(nil)
+            }
+        }
+        defer { fanOut.removeAll(keepingCapacity: true) }
+        for k in fanOut.indices {
+            if k + 1 < fanOut.count, let next = fanOut[k + 1] { next._withUnsafeGuaranteedRef { $0.prefetchSendKeys() } }
+            guard let p = fanOut[k] else {
+                sealed(.failure(SecureSendError.unknownPeer))
+                continue
+            }
+            do {
+                let copy = try p._withUnsafeGuaranteedRef { p in
+                    try sealMedia(
+                        for: p, payloadType: payloadType, marker: false, timestamp: timestamp, payload: payload, into: out,
+                        now: now)
+                }
+                sealed(.success(copy))
+            } catch {
+                sealed(.failure(error))
+            }
+        }
+    }
+
+    /// What ``sealMedia(toEach:payloadType:timestamp:payload:into:now:_:)`` resolved, while it runs.
+    @exclusivity(unchecked) private var fanOut: [Unmanaged<PeerState>?] = []
+
+    private func sealMedia(
+        for p: PeerState, payloadType: UInt8, marker: Bool, timestamp: UInt32,
+        payload: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer, now: Timestamp
+    ) throws -> (length: Int, to: TransportAddress) {
         guard let address = p.address else { throw SecureSendError.noAddress }
         guard let keys = p.sendKeys(now: now, configuration) else {
             if p.handshake.initiation == nil { startHandshake(p, now: now, rekey: p.hasKeys) }

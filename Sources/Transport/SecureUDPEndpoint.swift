@@ -307,7 +307,7 @@ public final class SecureUDPEndpoint: Sendable {
     ) -> DirectSeal {
         var result = DirectSeal.unsent
         let counts = engine.value.sealDirect(
-            payload, toEach: CollectionOfOne(peer), payloadType: payloadType, timestamp: timestamp, into: out
+            payload, toEach: [peer], payloadType: payloadType, timestamp: timestamp, into: out
         ) { sealed, to in result = .sealed(length: sealed.count, to: to) }
         return counts.sentOtherwise > 0 ? .sentOtherwise : result
     }
@@ -821,7 +821,7 @@ final class SecureEngine {
 
     /// ``SecureUDPEndpoint/sealOnLoop(_:toEach:payloadType:timestamp:into:write:)``.
     func sealDirect(
-        _ payload: [UInt8], toEach peers: some Collection<PeerID>, payloadType: UInt8, timestamp: UInt32,
+        _ payload: [UInt8], toEach peers: [PeerID], payloadType: UInt8, timestamp: UInt32,
         into out: UnsafeMutableRawBufferPointer, write: (UnsafeRawBufferPointer, TransportAddress) -> Void
     ) -> SecureUDPEndpoint.DirectSeals {
         var counts = SecureUDPEndpoint.DirectSeals()
@@ -831,20 +831,15 @@ final class SecureEngine {
         }
         // Sealing may start a handshake (no keys yet, or a rekey due): send it, arm its timer.
         defer { if core.hasOutputs { performLeftovers() } }
-        let now = Timestamp.now()
         // Every copy goes to the socket unless some path is not the socket's (the usual
         // case on a party relay: the empty tables are not hashed into per copy).
         let onlySocket = mediaImpairment == nil && ice?.withdrawnAddress == nil && relayed.isEmpty && streams.isEmpty
         payload.withUnsafeBytes { p in
-            for peer in peers {
-                let sealed: (length: Int, to: TransportAddress)
-                do {
-                    sealed = try core.sealMedia(
-                        to: peer, payloadType: payloadType, timestamp: timestamp, payload: p, into: out, now: now)
-                } catch {
+            core.sealMedia(toEach: peers, payloadType: payloadType, timestamp: timestamp, payload: p, into: out, now: .now()) {
+                guard case .success(let sealed) = $0 else {
                     unsent += 1
                     counts.unsent += 1
-                    continue
+                    return
                 }
                 let to = sealed.to
                 let bytes = UnsafeRawBufferPointer(rebasing: out[..<sealed.length])

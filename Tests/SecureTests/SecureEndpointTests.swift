@@ -33,6 +33,58 @@ import TusaBase
         #expect(a.drops.isEmpty && b.drops.isEmpty)
     }
 
+    /// One payload sealed for many peers in one call (a party relay's copies of a
+    /// frame): each copy is sealed under its own peer's session, with that session's
+    /// next sequence number; a peer without keys starts a handshake, an unknown one
+    /// is refused, and neither stops the copies after it.
+    @Test func aPayloadSealedForManyPeersOpensAtEachUnderItsOwnSession() throws {
+        let net = SimulatedNetwork()
+        let hub = net.addNode(port: 1000)
+        let listeners = (0..<3).map { net.addNode(port: UInt16(2000 + $0)) }
+        let ids = listeners.map { hub.endpoint.addPeer($0.endpoint.identity.publicKey, address: $0.address) }
+        for l in listeners { l.endpoint.addPeer(hub.endpoint.identity.publicKey) }
+        for id in ids.prefix(2) { hub.endpoint.handle(.connect(id), now: net.now) }
+        net.flush(hub)
+        net.run(for: .seconds(1))
+        #expect(ids.map { hub.endpoint.isEstablished($0) } == [true, true, false])
+        // The first listener has had a packet already.
+        try net.sendMedia(hub, to: ids[0], payload: payload(0))
+        net.run(for: .seconds(1))
+
+        let unknown = PeerID(rawValue: ids.map(\.rawValue).reduce(0, max) + 1)
+        let targets = [ids[0], ids[1], ids[2], unknown, ids[1]]
+        let words = payload(7)
+        var results: [Result<(length: Int, to: TransportAddress), any Error>] = []
+        var out = [UInt8](repeating: 0, count: 512)
+        words.withUnsafeBytes { p in
+            out.withUnsafeMutableBytes { o in
+                hub.endpoint.sealMedia(toEach: targets, payloadType: 111, timestamp: 480, payload: p, into: o, now: net.now) {
+                    result in
+                    results.append(result)
+                    // Each copy is sent before the next overwrites it.
+                    if case .success(let copy) = result { net.send(Array(o[..<copy.length]), from: hub.address, to: copy.to) }
+                }
+            }
+        }
+        #expect(results.count == targets.count)
+        let sentTo = results.map { try? $0.get().to }
+        #expect(sentTo == [listeners[0].address, listeners[1].address, nil, nil, listeners[1].address])
+        #expect(throws: SecureSendError.notEstablished) { try results[2].get() }
+        #expect(throws: SecureSendError.unknownPeer) { try results[3].get() }
+        net.flush(hub)
+        #expect(hub.sent.last?.first == HandshakeWire.initiation, "the peer without keys is being connected")
+        net.run(for: .seconds(1))
+        #expect(listeners[0].media.map(\.2) == [payload(0), words])
+        #expect(listeners[1].media.map(\.2) == [words, words])
+        // Each session's own sequence: the next number after its last packet.
+        for l in listeners.prefix(2) {
+            let seqs = l.media.map(\.1.sequenceNumber)
+            #expect(seqs.count == 2 && seqs[1] == seqs[0] &+ 1, "\(seqs)")
+        }
+        #expect(listeners[1].media.map(\.1.timestamp) == [480, 480])
+        #expect(listeners.allSatisfy { $0.drops.isEmpty })
+    }
+
     @Test func handshakeMessageSizesNeverAmplify() {
         let (_, a, b, _, _) = SimulatedNetwork.pair()
         let initiation = a.sent.first { $0.first == HandshakeWire.initiation }
