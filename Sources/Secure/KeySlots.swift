@@ -22,9 +22,30 @@ final class Keypair {
 
     func usable(now: Timestamp, _ c: SecureConfiguration) -> Bool { now - createdAt < c.rejectAfter }
 
+    /// `now - createdAt` in nanoseconds (negative before `createdAt`), as `Timestamp`'s
+    /// `-` gives it, without a `Duration`.
+    @inline(__always)
+    func age(at now: Timestamp) -> Int64 { Int64(bitPattern: now.nanoseconds &- createdAt.nanoseconds) }
+
     func retire() {
         send.retire()
         receive.retire()
+    }
+}
+
+/// A configuration's key lifetimes in whole nanoseconds (``Keypair/age(at:)`` is compared
+/// with them): when keys stop being used, and when a rekey is due on the initiator's side
+/// and on the responder's, which waits a handshake's timeout longer so that both do not
+/// start at once.
+struct KeyLifetimes {
+    let rejectAfter: Int64
+    let initiatorRekey: Int64
+    let responderRekey: Int64
+
+    init(_ c: SecureConfiguration) {
+        rejectAfter = c.rejectAfter.nanoseconds
+        initiatorRekey = c.rekeyAfter.nanoseconds
+        responderRekey = (c.rekeyAfter + c.handshakeTimeout).nanoseconds
     }
 }
 

@@ -96,7 +96,10 @@ public struct SecureStatistics: Sendable, Equatable {
 /// CPU. None of them is passed `inout` to a call that touches it again.
 public final class SecureEndpoint {
     public let identity: Identity
-    @exclusivity(unchecked) public private(set) var configuration: SecureConfiguration
+    public let configuration: SecureConfiguration
+    /// The configuration's key lifetimes to the nanosecond, for the checks made on every
+    /// packet sealed (Duration's arithmetic is a call into the runtime each time).
+    private let lifetimes: KeyLifetimes
     @exclusivity(unchecked) public private(set) var statistics = SecureStatistics()
 
     @exclusivity(unchecked) private var peers: [PeerID: PeerState] = [:]
@@ -128,6 +131,7 @@ public final class SecureEndpoint {
         Sodium.ensureInitialized()
         self.identity = identity
         self.configuration = configuration
+        lifetimes = KeyLifetimes(configuration)
         var random = random
         cookies = CookieChecker(responder: identity.publicKey, now: now, random: &random)
         self.random = random
@@ -261,7 +265,8 @@ public final class SecureEndpoint {
         payload: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer, now: Timestamp
     ) throws -> (length: Int, to: TransportAddress) {
         guard let address = p.address else { throw SecureSendError.noAddress }
-        guard let keys = p.sendKeys(now: now, configuration) else {
+        // `p.sendKeys(now:_:)`, in nanoseconds.
+        guard let keys = p.keys.current, keys.confirmed, keys.age(at: now) < lifetimes.rejectAfter else {
             if p.handshake.initiation == nil { startHandshake(p, now: now, rekey: p.hasKeys) }
             throw SecureSendError.notEstablished
         }
@@ -688,11 +693,9 @@ public final class SecureEndpoint {
 
     private func maybeRekey(_ p: PeerState, keys: Keypair, now: Timestamp) {
         guard p.handshake.initiation == nil else { return }
-        let age = now - keys.createdAt
         let due =
             keys.sentPackets >= configuration.rekeyAfterPackets
-            || (keys.initiator && age >= configuration.rekeyAfter)
-            || (!keys.initiator && age >= configuration.rekeyAfter + configuration.handshakeTimeout)
+            || keys.age(at: now) >= (keys.initiator ? lifetimes.initiatorRekey : lifetimes.responderRekey)
         if due { startHandshake(p, now: now, rekey: true) }
     }
 

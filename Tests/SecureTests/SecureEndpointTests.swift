@@ -85,6 +85,31 @@ import TusaBase
         #expect(listeners.allSatisfy { $0.drops.isEmpty })
     }
 
+    /// Keys seal nothing once they are `rejectAfter` old: the send throws and starts a
+    /// handshake (no timer ran in between: rekeys are off here).
+    @Test func keysSealUntilTheyAreRejectAfterOldAndNothingAfter() throws {
+        var config = SecureConfiguration()
+        config.rejectAfter = .seconds(30)
+        config.rekeyAfter = .seconds(3600)
+        let (net, a, _, bAtA, _) = SimulatedNetwork.pair(configuration: config)
+        // The keys were made during the pair's handshake, in the second before `net.now`.
+        var out = [UInt8](repeating: 0, count: 256)
+        func seal(at t: Timestamp) throws {
+            _ = try [UInt8](repeating: 1, count: 20).withUnsafeBytes { p in
+                try out.withUnsafeMutableBytes { o in
+                    try a.endpoint.sealMedia(to: bAtA, payloadType: 111, timestamp: 0, payload: p, into: o, now: t)
+                }
+            }
+        }
+        try seal(at: net.now + .seconds(29))
+        #expect(a.endpoint.takeActions().isEmpty)
+        #expect(throws: SecureSendError.notEstablished) { try seal(at: net.now + .seconds(30)) }
+        #expect(
+            a.endpoint.takeActions().contains {
+                if case .send(let m, _) = $0 { m.first == HandshakeWire.initiation } else { false }
+            })
+    }
+
     @Test func handshakeMessageSizesNeverAmplify() {
         let (_, a, b, _, _) = SimulatedNetwork.pair()
         let initiation = a.sent.first { $0.first == HandshakeWire.initiation }
