@@ -94,7 +94,7 @@ public final class PartyService: Service, Sendable {
         Array(try await boundStreams.wait().dropFirst(streamPorts.count))
     }
 
-    /// The core's counters, as of the last packet.
+    /// The core's counters, as of the last read burst (or packet outside one).
     public var statistics: PartyServer.Statistics { statisticsBox.withLockedValue { $0 } }
     /// Rooms open now.
     public var roomCount: Int { roomsBox.withLockedValue { $0.rooms } }
@@ -353,14 +353,19 @@ final class PartyRooms {
         host = CoreHost(core, on: loop) { [unowned self] action in
             perform(action)
         } afterActions: { [unowned self] in
-            // The copies of a run of actions, and what went the endpoint's way, leave at once, or at the end of
-            // the read burst when in one (the burst's copies in few sendmmsg calls).
-            endpoint.flushOnLoop()
-            // In a read burst, the counters are published once, at its end.
-            guard !endpoint.inReadBurstOnLoop else { return }
-            if !outbox.isEmpty { sendFlush() }
-            publish()
+            afterRun()
         }
+    }
+
+    /// The copies of a run of actions or of a frame, and what went the endpoint's way,
+    /// leave at once, or at the end of the read burst when in one (the burst's copies in
+    /// few sendmmsg calls; a frame from a TCP or TLS member comes in no UDP read burst).
+    /// The counters are published first, so that a member answered has been counted.
+    private func afterRun() {
+        endpoint.flushOnLoop()
+        guard !endpoint.inReadBurstOnLoop else { return }
+        publish()
+        if !outbox.isEmpty { sendFlush() }
     }
 
     /// The core's counters and the rooms' count, to the service's boxes (what metrics and `tusa relay`'s log read).
@@ -385,10 +390,12 @@ final class PartyRooms {
         // `.received`), and its copies are sealed here, one after the other, straight
         // into the outbox, the clock read once: no action per copy.
         host.with { core, now in core.forward(bytes, from: session, now: now, into: &targets) }
-        guard !targets.isEmpty else { return }
+        guard !targets.isEmpty else { return afterRun() }
         targetPeers.removeAll(keepingCapacity: true)
         for target in targets { targetPeers.append(Self.peer(target)) }
         copy(bytes, to: targetPeers)
+        // (No action was queued, so the host did not run `afterRun`.)
+        afterRun()
     }
 
     /// The sessions a frame goes to, and their secure peers: kept from frame to frame.
@@ -437,8 +444,8 @@ final class PartyRooms {
 
     /// The end of a read burst: the copies it queued leave.
     func readBurstEnded() {
-        if !outbox.isEmpty { sendFlush() }
         publish()
+        if !outbox.isEmpty { sendFlush() }
     }
 
     /// After the endpoint closed: the socket's duplicate goes too.

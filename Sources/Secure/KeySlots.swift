@@ -22,10 +22,14 @@ final class Keypair {
 
     func usable(now: Timestamp, _ c: SecureConfiguration) -> Bool { now - createdAt < c.rejectAfter }
 
-    /// `now - createdAt` in nanoseconds (negative before `createdAt`), as `Timestamp`'s
-    /// `-` gives it, without a `Duration`.
+    /// `now - createdAt` in nanoseconds (negative before `createdAt`), saturating as
+    /// `Timestamp`'s `-` does, without a `Duration`.
     @inline(__always)
-    func age(at now: Timestamp) -> Int64 { Int64(bitPattern: now.nanoseconds &- createdAt.nanoseconds) }
+    func age(at now: Timestamp) -> Int64 {
+        now >= createdAt
+            ? Int64(clamping: now.nanoseconds - createdAt.nanoseconds)
+            : -Int64(clamping: createdAt.nanoseconds - now.nanoseconds)
+    }
 
     func retire() {
         send.retire()

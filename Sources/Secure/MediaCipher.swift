@@ -14,9 +14,9 @@ public final class MediaCipher {
     static let mediaDomain: UInt8 = 0x00
     static let controlDomain: UInt8 = 0x01
 
-    /// The key's own 32 bytes, held here rather than in a `SecureBytes`: a party relay
-    /// seals each copy of a frame under another member's key, and every object between
-    /// the session and the key bytes is one more cache miss per copy.
+    /// The key's own 32 bytes, pointed to from here rather than through a `SecureBytes`
+    /// object: a party relay seals each copy of a frame under another member's key, and
+    /// every object between the session and the key bytes is one more cache miss per copy.
     private let key: UnsafeMutableRawPointer
     public private(set) var isRetired = false
 

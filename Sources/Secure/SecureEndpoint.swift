@@ -227,20 +227,27 @@ public final class SecureEndpoint {
     ) {
         // The peers, unretained (the table holds them, and nothing here removes one):
         // a reference counted now would wait for each peer's state to arrive in turn.
-        fanOut.removeAll(keepingCapacity: true)
+        // The array is kept from call to call, and taken out while in use (a call from
+        // `sealed`, which must not happen, would then not pull it from under this one).
+        var resolved = fanOut
+        fanOut = []
+        resolved.removeAll(keepingCapacity: true)
+        defer {
+            resolved.removeAll(keepingCapacity: true)
+            fanOut = resolved
+        }
         for id in ids {
             if let i = peers.index(forKey: id) {
                 let p = Unmanaged.passUnretained(peers.values[i])
                 tusa_prefetch(p.toOpaque())
-                fanOut.append(p)
+                resolved.append(p)
             } else {
-                fanOut.append(nil)
+                resolved.append(nil)
             }
         }
-        defer { fanOut.removeAll(keepingCapacity: true) }
-        for k in fanOut.indices {
-            if k + 1 < fanOut.count, let next = fanOut[k + 1] { next._withUnsafeGuaranteedRef { $0.prefetchSendKeys() } }
-            guard let p = fanOut[k] else {
+        for k in resolved.indices {
+            if k + 1 < resolved.count, let next = resolved[k + 1] { next._withUnsafeGuaranteedRef { $0.prefetchSendKeys() } }
+            guard let p = resolved[k] else {
                 sealed(.failure(SecureSendError.unknownPeer))
                 continue
             }

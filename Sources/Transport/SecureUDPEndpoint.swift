@@ -329,7 +329,8 @@ public final class SecureUDPEndpoint: Sendable {
     /// `write` returns, and where they go), one for another path is sent the
     /// endpoint's way. The clock is read, and the endpoint's paths looked at, once
     /// for all of them: a party relay's copies of one voice frame. On the endpoint's
-    /// event loop.
+    /// event loop; `write` must not call into the endpoint (it runs while the
+    /// endpoint is between two copies).
     public func sealOnLoop(
         _ payload: [UInt8], toEach peers: [PeerID], payloadType: UInt8, timestamp: UInt32,
         into out: UnsafeMutableRawBufferPointer, write: (UnsafeRawBufferPointer, TransportAddress) -> Void
@@ -566,7 +567,7 @@ public final class SecureUDPEndpoint: Sendable {
 }
 
 /// The endpoint's state, confined to the channel's event loop. What a directly
-/// sealed copy reads (``sealDirect(_:to:payloadType:timestamp:into:)``) is
+/// sealed copy reads (``sealDirect(_:toEach:payloadType:timestamp:into:write:)``) is
 /// `@exclusivity(unchecked)`, as in ``SecureEndpoint``.
 final class SecureEngine {
     /// The session core, run by `host`; the hot paths (sealing, opening) and

@@ -498,6 +498,35 @@ struct PartyServiceTests {
         }
     }
 
+    /// A frame from a member over TCP comes in no UDP read burst: its copies for the
+    /// members on UDP leave at once, not with whatever datagram the relay reads next
+    /// (a listener's ping comes 100 ms after a voice stream stops, then every 500 ms).
+    @Test func aStreamMembersWordsReachTheMembersOnUDPAtOnce() async throws {
+        try await withPartyRelay { relay, relayKey, _ in
+            let udp = try await PartyConnection.connect(
+                to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, logger: quiet)
+            let tcp = try await PartyConnection.connect(
+                to: relay, relayKey: relayKey, identity: .generate(), transport: .tcp, logger: quiet)
+            let logs = [udp, tcp].map(EventLog.init)
+            let created = try await udp.create(name: "Rust")
+            let joined = try await tcp.join(created.room)
+            for log in logs { #expect(await log.wait { $0.keysReceived >= 1 }, "\(log.all)") }
+            var delays: [Duration] = []
+            for i in 0..<7 {
+                try await Task.sleep(for: .milliseconds(150))
+                let start = ContinuousClock.now
+                tcp.send(
+                    [UInt8](repeating: UInt8(0x40 + i), count: 80), timestamp: UInt32(i * 160),
+                    level: AudioLevel(level: 20, voiced: true))
+                #expect(await logs[0].wait { $0.audio(from: joined.me).count == i + 1 })
+                delays.append(start.duration(to: .now))
+            }
+            // The median: one frame may meet the machine busy elsewhere.
+            #expect(delays.sorted()[delays.count / 2] < .milliseconds(50), "\(delays)")
+            for c in [udp, tcp] { await c.close() }
+        }
+    }
+
     /// The same key back again and again (`tusa party list` then `join`, a client
     /// restarted): each new session is answered, whatever the last one left. That it
     /// is answered at once, with no wait for the roaming interval, is pinned on the
