@@ -20,7 +20,8 @@ final class Keypair {
         self.initiator = initiator
     }
 
-    func usable(now: Timestamp, _ c: SecureConfiguration) -> Bool { now - createdAt < c.rejectAfter }
+    /// Younger than the configuration's `rejectAfter`.
+    func usable(now: Timestamp, _ lifetimes: KeyLifetimes) -> Bool { age(at: now) < lifetimes.rejectAfter }
 
     /// `now - createdAt` in nanoseconds (negative before `createdAt`), saturating as
     /// `Timestamp`'s `-` does, without a `Duration`.
@@ -73,10 +74,10 @@ struct KeySlots {
 
     /// The last usable key in a receiver's order: it may open a packet in place
     /// without verifying first (nothing is tried after it).
-    func lastUsable(now: Timestamp, _ c: SecureConfiguration) -> Keypair? {
-        if let k = previous, k.usable(now: now, c) { return k }
-        if let k = current, k.usable(now: now, c) { return k }
-        if let k = next, k.usable(now: now, c) { return k }
+    func lastUsable(now: Timestamp, _ lifetimes: KeyLifetimes) -> Keypair? {
+        if let k = previous, k.usable(now: now, lifetimes) { return k }
+        if let k = current, k.usable(now: now, lifetimes) { return k }
+        if let k = next, k.usable(now: now, lifetimes) { return k }
         return nil
     }
 

@@ -64,9 +64,9 @@ final class PeerState {
     }
 
     /// The keys to seal with: the current ones if confirmed and not expired.
-    func sendKeys(now: Timestamp?, _ c: SecureConfiguration) -> Keypair? {
+    func sendKeys(now: Timestamp?, _ lifetimes: KeyLifetimes) -> Keypair? {
         guard let k = keys.current, k.confirmed else { return nil }
-        if let now, !k.usable(now: now, c) { return nil }
+        if let now, !k.usable(now: now, lifetimes) { return nil }
         return k
     }
 

@@ -175,7 +175,7 @@ public final class SecureEndpoint {
     func state(of id: PeerID) -> PeerState? { peers[id] }
     public func key(of id: PeerID) -> PublicKey? { peers[id]?.key }
     public func address(of id: PeerID) -> TransportAddress? { peers[id]?.address }
-    public func isEstablished(_ id: PeerID) -> Bool { peers[id]?.sendKeys(now: nil, configuration) != nil }
+    public func isEstablished(_ id: PeerID) -> Bool { peers[id]?.sendKeys(now: nil, lifetimes) != nil }
     /// The SSRC our media to `id` carries, and the one its media to us carries.
     public func ssrcs(of id: PeerID) -> (local: UInt32, remote: UInt32?)? {
         peers[id].map { ($0.localSSRC, $0.remoteSSRC) }
@@ -272,8 +272,7 @@ public final class SecureEndpoint {
         payload: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer, now: Timestamp
     ) throws -> (length: Int, to: TransportAddress) {
         guard let address = p.address else { throw SecureSendError.noAddress }
-        // `p.sendKeys(now:_:)`, in nanoseconds.
-        guard let keys = p.keys.current, keys.confirmed, keys.age(at: now) < lifetimes.rejectAfter else {
+        guard let keys = p.sendKeys(now: now, lifetimes) else {
             if p.handshake.initiation == nil { startHandshake(p, now: now, rekey: p.hasKeys) }
             throw SecureSendError.notEstablished
         }
@@ -302,7 +301,7 @@ public final class SecureEndpoint {
     public func sendControl(_ report: ControlReport, to id: PeerID, at: TransportAddress? = nil, now: Timestamp) throws {
         guard let p = peers[id] else { throw SecureSendError.unknownPeer }
         guard let address = at ?? p.address else { throw SecureSendError.noAddress }
-        guard let keys = p.sendKeys(now: now, configuration) else { throw SecureSendError.notEstablished }
+        guard let keys = p.sendKeys(now: now, lifetimes) else { throw SecureSendError.notEstablished }
         // Keepalives and byes carry no report: version 1, which every peer reads; a
         // report goes in the version the peer's own reports came in.
         var report = report
@@ -363,9 +362,9 @@ public final class SecureEndpoint {
         }
         if let floor = p.retiredBelow, ext < floor { return drop(.wrongEpoch) }
         // Newest first; all but the last usable key are verified before opening in place.
-        let last = p.keys.lastUsable(now: now, configuration)
+        let last = p.keys.lastUsable(now: now, lifetimes)
         func openWith(_ keys: Keypair?) -> SecureReceive? {
-            guard let keys, keys.usable(now: now, configuration),
+            guard let keys, keys.usable(now: now, lifetimes),
                 // `try?` flattens: nil when the key does not authenticate it (or cannot be used).
                 let range = try? keys.receive.openMediaIfAuthentic(
                     packet: packet, headerLength: header.headerLength, extendedSequence: ext, verifyFirst: keys !== last)
@@ -395,8 +394,8 @@ public final class SecureEndpoint {
         case .replayed: return drop(.replayed)
         case .tooOld: return drop(.tooOld)
         }
-        let last = p.keys.lastUsable(now: now, configuration)
-        for keys in p.keys.all where keys.usable(now: now, configuration) {
+        let last = p.keys.lastUsable(now: now, lifetimes)
+        for keys in p.keys.all where keys.usable(now: now, lifetimes) {
             guard (try? keys.receive.decryptControlIfAuthentic(packet: packet, verifyFirst: keys !== last)) != nil,
                 let report = try? MediaCipher.decodeControlBody(packet)
             else { continue }
