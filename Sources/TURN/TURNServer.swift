@@ -249,15 +249,16 @@ public final class TURNServer {
     ) -> TURNPeerOutcome {
         guard a.isAlive, a.expiry > now else { return drop(.noAllocation) }
         // Voice comes back through the channel it went out on: its peer, channel
-        // and permission are the allocation's last used, with no lookup.
-        let last = a.lastChannel(of: peer, now: now)
-        guard last != nil || a.hasPermission(peer.ip, now: now) else { return drop(.noPermission) }
+        // and permission are the allocation's last used, with no lookup. A channel
+        // in force implies its peer's permission.
+        let channel = a.lastChannel(of: peer, now: now) ?? a.noteChannel(of: peer, now: now)
+        guard channel != nil || a.hasPermission(peer.ip, now: now) else { return drop(.noPermission) }
         guard a.admit(payload.count, toPeer: false, now: now) else { return drop(.bandwidth) }
         a.packetsToClient += 1
         a.bytesToClient += payload.count
         statistics.packetsToClient += 1
         statistics.bytesToClient += payload.count
-        if let number = last ?? a.noteChannel(of: peer, now: now) {
+        if let number = channel {
             return .channel(number, to: a.tuple)
         }
         // XOR-PEER-ADDRESS (≤ 24 bytes) and the DATA header must fit the 16-bit length.
