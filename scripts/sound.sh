@@ -50,15 +50,28 @@ start)
     -L "module-null-sink sink_name=default_speaker sink_properties=device.description=Default" \
     </dev/null >/dev/null 2>&1 &
     echo $! >"$dir/server.pid")
-  for _ in $(seq 100); do
-    if PULSE_SERVER="unix:$dir/native" pactl info >/dev/null 2>&1; then
+  # Waits on the wall clock (SOUND_START_SECONDS, 15 by default), each question
+  # bounded: a server that accepts but does not answer must not hold the script
+  # past its deadline, or the caller's own timeout kills it before it can say why.
+  pid=$(cat "$dir/server.pid")
+  deadline=$((SECONDS + ${SOUND_START_SECONDS:-15}))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    if PULSE_SERVER="unix:$dir/native" timeout -k 1 2 pactl info >/dev/null 2>&1; then
       echo "unix:$dir/native"
       exit 0
     fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "sound.sh: PulseAudio exited at start; its log ($dir/server.log) ends:" >&2
+      tail -20 "$dir/server.log" >&2 2>/dev/null || true
+      exit 1
+    fi
     sleep 0.1
   done
-  echo "sound.sh: PulseAudio did not start in 10 s:" >&2
+  echo "sound.sh: PulseAudio did not answer in ${SOUND_START_SECONDS:-15} s; its processes and log ($dir/server.log):" >&2
+  ps -o pid,stat,etime,time,wchan:20,args --ppid "$pid" -p "$pid" >&2 2>/dev/null || true
   tail -20 "$dir/server.log" >&2 2>/dev/null || true
+  kill -9 "$pid" 2>/dev/null || true
+  pkill -9 -f "socket=$dir/native" 2>/dev/null || true
   exit 1
   ;;
 stop)

@@ -26,15 +26,31 @@ import Voice
         private var keepers: [Harness.Background] = []
         private var sinks: [String] = []
 
+        /// Starts a server in a folder of its own. The sound server is the test's
+        /// equipment, not what it tests: a start that fails is told on standard error
+        /// and tried once more in a fresh folder; two failures fail the test with both reasons.
         init() async throws {
-            directory = NSTemporaryDirectory() + "tusa-sound-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-            let script = Harness.packageRoot.appendingPathComponent("scripts/sound.sh").path
-            let started = try await Harness.run("/bin/bash", [script, "start", directory], timeout: 20)
-            guard started.status == 0, let line = started.stdout.split(separator: "\n").last else {
-                throw HarnessError("scripts/sound.sh did not start PulseAudio: \(started.stderr)")
+            var failures: [String] = []
+            for _ in 0..<2 {
+                let directory = NSTemporaryDirectory() + "tusa-sound-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+                let started = try await Harness.run("/bin/bash", [Self.script, "start", directory], timeout: 30)
+                if started.status == 0, let line = started.stdout.split(separator: "\n").last {
+                    self.directory = directory
+                    address = String(line)
+                    return
+                }
+                let failure =
+                    "scripts/sound.sh start \(directory) "
+                    + (started.timedOut ? "timed out after 30 s" : "exited with \(started.status)") + ": \(started.stderr)"
+                FileHandle.standardError.write(Data("tusa: \(failure)\n".utf8))
+                failures.append(failure)
+                _ = try? await Harness.run("/bin/bash", [Self.script, "stop", directory], timeout: 15)
+                try? FileManager.default.removeItem(atPath: directory)
             }
-            address = String(line)
+            throw HarnessError("PulseAudio did not start twice: " + failures.joined(separator: "; "))
         }
+
+        static let script = Harness.packageRoot.appendingPathComponent("scripts/sound.sh").path
 
         /// `command` with PULSE_SERVER naming this server.
         func command(_ executable: String, _ arguments: [String]) -> (String, [String]) {
@@ -116,8 +132,7 @@ import Voice
 
         func stop() async {
             for k in keepers { k.kill() }
-            let script = Harness.packageRoot.appendingPathComponent("scripts/sound.sh").path
-            _ = try? await Harness.run("/bin/bash", [script, "stop", directory], timeout: 15)
+            _ = try? await Harness.run("/bin/bash", [Self.script, "stop", directory], timeout: 15)
             // TUSA_KEEP_RECORDINGS=1 keeps what was played and heard, to listen to a failure.
             if ProcessInfo.processInfo.environment["TUSA_KEEP_RECORDINGS"] != nil {
                 print("tusa: recordings kept in \(directory)")
