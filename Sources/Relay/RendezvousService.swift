@@ -100,7 +100,7 @@ public final class RendezvousService: Service, Sendable {
             RecordWriter(
                 store: $0, postsFor: configuration.mailboxLifetime, seenFor: configuration.rememberFor, logger: logger)
         }
-        let hub = try await loop.submit { [statisticsBox] in
+        let hub = try await loop.submit { [statisticsBox, snapshot] in
             NIOLoopBound(
                 Hub(core: core, loop: loop, writer: writer, restoring: snapshot, logger: logger) { stats in
                     statisticsBox.withLockedValue { $0 = stats }

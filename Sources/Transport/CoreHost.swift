@@ -42,7 +42,7 @@ extension Timestamp {
 /// host.handle(.received(bytes))
 /// let id = try host.with { core, now in try core.allocate(now: now) }
 /// ```
-public final class CoreHost<Core: SansIOCore> {
+public final class CoreHost<Core: SansIOCore & SendableMetatype> {
     public let eventLoop: any EventLoop
     private var core: Core
     private let perform: (Core.Action) -> Void

@@ -139,13 +139,14 @@ public final class PartyConnection: Sendable {
         let (events, yield) = AsyncStream.makeStream(of: PartyMemberEvent.self, bufferingPolicy: .bufferingNewest(4096))
         let loop = endpoint.eventLoop
         let place = NIOLockedValueBox((address: relay, key: relayKey))
+        let (memberConfiguration, memberKeyLog) = (configuration, keyLog)
         let driver: NIOLoopBound<PartyDriver>
         do {
             driver = try await loop.submit {
                 NIOLoopBound(
                     PartyDriver(
-                        core: PartyMember(identity: identity.privateKey, configuration: configuration), endpoint: endpoint,
-                        peer: peer, place: place, loop: loop, yield: yield, audio: audio, keyLog: keyLog,
+                        core: PartyMember(identity: identity.privateKey, configuration: memberConfiguration), endpoint: endpoint,
+                        peer: peer, place: place, loop: loop, yield: yield, audio: audio, keyLog: memberKeyLog,
                         probeUDP: transport == .auto, logger: logger),
                     eventLoop: loop)
             }.get()

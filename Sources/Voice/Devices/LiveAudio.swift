@@ -443,7 +443,7 @@ public struct CardClock: Sendable {
 /// whenever it falls behind, it reads silence. What it captured before the first read
 /// is dropped to the margin, so the call starts with fresh audio, but for the last
 /// `keepMilliseconds` of it (at most 500).
-public final class LiveCapture: LiveAudioDevice, AudioSource {
+public final class LiveCapture: LiveAudioDevice, AudioSource, @unchecked Sendable {
     /// Opens the device in the background and returns at once.
     /// - Parameter keepMilliseconds: how much of what is said before the call's audio
     ///   starts is sent rather than dropped: a caller who talks as the call is placed,
@@ -475,7 +475,7 @@ public final class LiveCapture: LiveAudioDevice, AudioSource {
 
 /// A speaker: ``AudioSink`` that never blocks. Its thread plays what was written at
 /// the device's own pace, silence when nothing is queued.
-public final class LivePlayback: LiveAudioDevice, AudioSink {
+public final class LivePlayback: LiveAudioDevice, AudioSink, @unchecked Sendable {
     /// Opens the device in the background and returns at once.
     public init(deviceName: String? = nil, sampleRate: Int, notice: (@Sendable (String) -> Void)? = nil) {
         super.init(
