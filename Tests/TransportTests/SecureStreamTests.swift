@@ -22,6 +22,11 @@ struct SecureStreamTests {
         }
     }
 
+    /// A moment noted from another thread.
+    private final class Moment: Sendable {
+        let value = Mutex<Duration?>(nil)
+    }
+
     private func eventually(_ condition: () async -> Bool) async -> Bool {
         let deadline = ContinuousClock.now + .seconds(10)
         while ContinuousClock.now < deadline {
@@ -211,25 +216,22 @@ struct SecureStreamTests {
         }
         let opened = ContinuousClock.now
         let trickle = try await open()
+        // When the close happened, taken on the channel's loop as it closes (the loop
+        // below only looks every 200 ms, and its sleeps overshoot on a loaded machine).
+        let closed = Moment()
+        trickle.closeFuture.whenComplete { _ in closed.value.withLock { $0 = ContinuousClock.now - opened } }
         let frames = try await open()
         // A frame announced at 100 bytes, then a byte every 200 ms; beside it, a whole
         // 3-byte frame every 200 ms (a datagram the endpoint drops: not a session's).
         // (On a loaded machine the stream may already be at its timeout here: the write
         // then fails, and the close is still timed from `opened` below.)
         try? await trickle.writeAndFlush(ByteBuffer(bytes: [0x00, 0x64])).get()
-        var trickleClosedAt: Duration?
         for _ in 0..<35 {
             try await Task.sleep(for: .milliseconds(200))
-            if trickleClosedAt == nil {
-                if trickle.isActive {
-                    try? await trickle.writeAndFlush(ByteBuffer(bytes: [0x61])).get()
-                } else {
-                    trickleClosedAt = ContinuousClock.now - opened
-                }
-            }
+            if trickle.isActive { try? await trickle.writeAndFlush(ByteBuffer(bytes: [0x61])).get() }
             try? await frames.writeAndFlush(ByteBuffer(bytes: [0x00, 0x03, 0xFF, 0xFF, 0xFF])).get()
         }
-        let closedAt = try #require(trickleClosedAt, "a trickled frame kept its stream open for 7 s")
+        let closedAt = try #require(closed.value.withLock { $0 }, "a trickled frame kept its stream open for 7 s")
         #expect(closedAt >= .milliseconds(2900) && closedAt < .milliseconds(6000), "closed after \(closedAt)")
         #expect(frames.isActive, "whole frames did not keep their stream open")
         try? await frames.close()
