@@ -35,7 +35,11 @@ public struct SFrameHeader: Hashable, Sendable {
         Self.append(counter, bytes: c, to: &out)
     }
 
-    /// Reads a header at the start of `bytes`; returns it and its length.
+    /// Reads a header at the start of `bytes`; returns it and its length, which is
+    /// always its ``encodedLength``: a value in more bytes than it needs (a KID of 5
+    /// in a byte of its own, a leading zero byte) is refused, as RFC 9605 §4.3 asks for
+    /// the fewest. The header as sent is the AEAD's associated data and the opener
+    /// rebuilds it from the values, so a longer encoding could never open anyway.
     public static func decode(_ bytes: some Collection<UInt8>) throws(PartyWireError) -> (SFrameHeader, Int) {
         var it = bytes.makeIterator()
         guard let first = it.next() else { throw .truncated("SFrame header") }
@@ -47,6 +51,7 @@ public struct SFrameHeader: Hashable, Sendable {
                 guard let b = it.next() else { throw .truncated("SFrame header") }
                 v = v << 8 | UInt64(b)
             }
+            guard extraBytes(v) == n else { throw .malformed("an SFrame KID or CTR not in the fewest bytes (RFC 9605 §4.3)") }
             return (v, n)
         }
         let (kid, kn) = try read(first & 0x80 != 0, (first >> 4) & 0x07)

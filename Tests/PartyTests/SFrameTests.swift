@@ -36,6 +36,21 @@ struct SFrameTests {
         #expect(throws: PartyWireError.self) { _ = try SFrameHeader.decode([UInt8]()) }
     }
 
+    /// RFC 9605 §4.3: a value takes the fewest bytes it can. One in more (a KID of 5 in
+    /// a byte of its own, a counter with a leading zero byte) is a typed refusal:
+    /// the opener rebuilds the header it authenticates from the values.
+    @Test func aValueInMoreBytesThanItNeedsIsRefused() throws {
+        for bytes: [UInt8] in [[0x80, 0x05], [0x08, 0x07], [0x90, 0x00, 0x08], [0x09, 0x00, 0xFF], [0x88, 0x00, 0x08]] {
+            #expect(throws: PartyWireError.malformed("an SFrame KID or CTR not in the fewest bytes (RFC 9605 §4.3)")) {
+                _ = try SFrameHeader.decode(bytes)
+            }
+        }
+        // The same values in their fewest bytes read.
+        #expect(try SFrameHeader.decode([0x50]).0 == SFrameHeader(keyID: 5, counter: 0))
+        #expect(try SFrameHeader.decode([0x80, 0x08]).0 == SFrameHeader(keyID: 8, counter: 0))
+        #expect(try SFrameHeader.decode([0x89, 0x08, 0x01, 0x00]).0 == SFrameHeader(keyID: 8, counter: 256))
+    }
+
     @Test func framesOpenWithTheirKeyAndNoOther() throws {
         var random: any SecureRandom = SeededRandom(seed: 7)
         let key = SenderKey.fresh(member: MemberID(3), epoch: 1, random: &random)
