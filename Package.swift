@@ -232,6 +232,13 @@ let package = Package(
             dependencies: ["Rendezvous", "FuzzDriver"],
             swiftSettings: strict
         ),
+        // libFuzzer entry point for the party wire formats and room cores
+        // (PartyFuzzChecks); same build modes as STUNFuzz.
+        .executableTarget(
+            name: "PartyFuzz",
+            dependencies: ["Party", "FuzzDriver"],
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "SecureTests",
             dependencies: ["Secure", "TusaBase", "TestSupport"],
@@ -340,7 +347,8 @@ let package = Package(
         // Rooms on a virtual clock: joins, leaves, kicks, rekeys racing, speakers, spoofing.
         .testTarget(
             name: "PartyTests",
-            dependencies: ["Party", "Secure", "TusaBase"],
+            dependencies: ["Party", "Secure", "TusaBase", "TestSupport"],
+            exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets and runs them for N seconds in all (default
 # 600), split between them: STUNFuzz (the STUN decoders) on a corpus seeded from
-# ../shared/interop/fuzz-seeds and its pinned crash inputs, for half; then
-# SecureFuzz (media and control packet openers, the Noise IK responder) and
+# ../shared/interop/fuzz-seeds and its pinned crash inputs, for two fifths; then
+# SecureFuzz (media and control packet openers, the Noise IK responder),
 # RendezvousFuzz (the directory's messages, framing, cluster notices and server
-# core; seeded from Tests/RendezvousTests/FuzzSeeds) on their pinned inputs, a
-# quarter each. A
+# core; seeded from Tests/RendezvousTests/FuzzSeeds) and PartyFuzz (the party's
+# frame headers, control messages and channel, and the relay's and a member's
+# room cores, with real packets XORed by the input) on their pinned inputs, a
+# fifth each. A
 # crash writes the input to Tests/<Target>Tests/FuzzCrashes/ (pin it there: a
 # test replays every file).
 set -euo pipefail
@@ -26,7 +28,8 @@ fuzz() {
   cp -n "$crashes"/* "$corpus"/ 2>/dev/null || true
   rm -f "$corpus/README.md"
   echo "fuzz: running $product for ${budget}s"
-  "$bin" "$corpus" -max_total_time="$budget" -max_len=4096 -timeout=5 -rss_limit_mb=2048 \
+  # (Stacks kept 100 frames deep: a suppression must find its frame under JSONDecoder's.)
+  ASAN_OPTIONS=malloc_context_size=100 LSAN_OPTIONS=suppressions=$PWD/scripts/fuzz-lsan.supp "$bin" "$corpus" -max_total_time="$budget" -max_len=4096 -timeout=5 -rss_limit_mb=2048 \
     -artifact_prefix="$crashes/" -print_final_stats=1 2>"$scratch/fuzz-$product.log" || {
     tail -40 "$scratch/fuzz-$product.log"
     echo "fuzz: $product FAILED: crash input saved under $crashes/"
@@ -43,10 +46,11 @@ if [ -d ../shared/interop/fuzz-seeds ]; then
 else
   echo "fuzz: ../shared/interop absent: STUNFuzz starts from the pinned inputs only"
 fi
-half=$((seconds / 2))
-quarter=$(((seconds - half) / 2))
-fuzz STUNFuzz Tests/STUNTests/FuzzCrashes "$half"
-fuzz SecureFuzz Tests/SecureTests/FuzzCrashes "$((seconds - half - quarter))"
+stun=$((seconds * 2 / 5))
+fifth=$(((seconds - stun) / 3))
+fuzz STUNFuzz Tests/STUNTests/FuzzCrashes "$stun"
+fuzz SecureFuzz Tests/SecureTests/FuzzCrashes "$((seconds - stun - 2 * fifth))"
 mkdir -p "$scratch/corpus-RendezvousFuzz"
 cp -n Tests/RendezvousTests/FuzzSeeds/*.json "$scratch/corpus-RendezvousFuzz"/ 2>/dev/null || true
-fuzz RendezvousFuzz Tests/RendezvousTests/FuzzCrashes "$quarter"
+fuzz RendezvousFuzz Tests/RendezvousTests/FuzzCrashes "$fifth"
+fuzz PartyFuzz Tests/PartyTests/FuzzCrashes "$fifth"
