@@ -381,8 +381,10 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         if ext > newestExtTs + Int64(spf), !paused { lastGapMs = arrivalMs }  // a packet (or more) missing before this one
         if paused { senderPause = (newestExtTs + Int64(spf))..<ext }
         if ext > newestExtTs {
-            let missing = paused ? 0 : Double(min((ext - newestExtTs) / Int64(spf) - 1, 50))
-            for _ in 0..<Int(missing) { missingShare += (1 - missingShare) / 200 }
+            // (Whole frames between the two: none when the step is under a frame, a
+            // sender's shorter frames or a peer's odd timestamps, never fewer.)
+            let missing = paused ? 0 : max(0, min((ext - newestExtTs) / Int64(spf) - 1, 50))
+            for _ in 0..<missing { missingShare += (1 - missingShare) / 200 }
             missingShare -= missingShare / 200
         } else if ext < newestExtTs {
             missingShare = max(0, missingShare - 1.0 / 200)  // a gap filled late: it was jitter

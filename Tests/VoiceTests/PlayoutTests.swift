@@ -604,3 +604,81 @@ struct PlayoutResyncTests {
         #expect(p.statistics.packetsPlayed >= 190)
     }
 }
+
+/// Timestamps and sequence numbers are the sender's to choose: a peer with shorter
+/// frames than ours, or one sending nonsense, is heard or dropped, never a crash.
+@Suite("Playout under any timestamps")
+struct PlayoutAnyTimestampTests {
+    static func buffers() throws -> [(String, any PlayoutBuffer)] {
+        [
+            ("Playout", try Playout(decoder: L16Decoder(Harness.codec))),
+            (
+                "party Playout",
+                try Playout(decoder: L16Decoder(Harness.codec), configuration: .init(shrinkInPausesUpToMilliseconds: 60))
+            ),
+            ("speexdsp", try SpeexJitterPlayout(decoder: L16Decoder(Harness.codec))),
+        ]
+    }
+
+    /// A sender with 10 ms frames (its timestamps step half of our frame; a party member's
+    /// `--frame 10` heard at 20 ms trapped here): every packet is taken in, none crashes.
+    @Test func aSendersShorterFramesAreTakenIn() throws {
+        let payload = [UInt8](repeating: 0x10, count: 320)
+        for (name, p) in try Self.buffers() {
+            var out = [Int16](repeating: 0, count: Harness.spf)
+            for i in 0..<200 {
+                payload.withUnsafeBytes {
+                    p.insert(
+                        sequence: UInt16(i), timestamp: UInt32(i * Harness.spf / 2), payload: $0,
+                        arrivalNanoseconds: Int64(i) * 10_000_000 + 25_000_000)
+                }
+                if i % 2 == 1 {
+                    out.withUnsafeMutableBufferPointer { p.pull(nowNanoseconds: Int64(i) * 10_000_000 + 25_000_000, into: $0) }
+                }
+            }
+            #expect(p.statistics.packetsReceived == 200, "\(name): \(p.statistics)")
+        }
+    }
+
+    /// Seeded nonsense: timestamps near the last and anywhere, sequences at random,
+    /// payloads of every size (none, too large), arrivals jittered and going back,
+    /// pulls of any length, redundant copies of any depth.
+    @Test func nonsenseTimestampsNeverTrap() throws {
+        var rng = SplitMix64(seed: 11)
+        for (name, p) in try Self.buffers() {
+            var timestamp: UInt32 = 1000
+            var sequence: UInt16 = 0
+            var arrival: Int64 = 0
+            var played = 0
+            var plain = 0
+            for _ in 0..<4000 {
+                let r = rng.next()
+                switch r % 4 {
+                case 0: timestamp = UInt32(truncatingIfNeeded: rng.next())
+                case 1: timestamp &+= UInt32(rng.next() % 400)
+                case 2: timestamp &-= UInt32(rng.next() % 400)
+                default: timestamp &+= UInt32(Harness.spf)
+                }
+                sequence = (r >> 8) % 3 == 0 ? UInt16(truncatingIfNeeded: rng.next()) : sequence &+ 1
+                arrival += Int64(rng.next() % 40_000_000) - 10_000_000
+                let payload = [UInt8](repeating: UInt8(truncatingIfNeeded: r), count: Int(rng.next() % 2000))
+                payload.withUnsafeBytes {
+                    if (r >> 16) % 5 == 0 {
+                        p.insertRedundant(
+                            sequence: sequence, timestamp: timestamp, back: Int(rng.next() % 4), payload: $0,
+                            arrivalNanoseconds: arrival)
+                    } else {
+                        p.insert(sequence: sequence, timestamp: timestamp, payload: $0, arrivalNanoseconds: arrival)
+                        plain += 1
+                    }
+                }
+                var out = [Int16](repeating: 0, count: Int(rng.next() % 400))
+                out.withUnsafeMutableBufferPointer { p.pull(nowNanoseconds: arrival, into: $0) }
+                played += out.count
+            }
+            // (A redundant copy is a packet to a buffer that knows no redundancy.)
+            #expect(p.statistics.packetsReceived >= plain && plain > 3000, "\(name): \(p.statistics)")
+            #expect(played > 0)
+        }
+    }
+}
