@@ -29,7 +29,8 @@ fuzz() {
   rm -f "$corpus/README.md"
   echo "fuzz: running $product for ${budget}s"
   # (Stacks kept 100 frames deep: a suppression must find its frame under JSONDecoder's.)
-  ASAN_OPTIONS=malloc_context_size=100 LSAN_OPTIONS=suppressions=$PWD/scripts/fuzz-lsan.supp "$bin" "$corpus" -max_total_time="$budget" -max_len=4096 -timeout=5 -rss_limit_mb=2048 \
+  ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}malloc_context_size=100 \
+    LSAN_OPTIONS=${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$PWD/scripts/fuzz-lsan.supp "$bin" "$corpus" -max_total_time="$budget" -max_len=4096 -timeout=5 -rss_limit_mb=2048 \
     -artifact_prefix="$crashes/" -print_final_stats=1 2>"$scratch/fuzz-$product.log" || {
     tail -40 "$scratch/fuzz-$product.log"
     echo "fuzz: $product FAILED: crash input saved under $crashes/"
@@ -46,10 +47,12 @@ if [ -d ../shared/interop/fuzz-seeds ]; then
 else
   echo "fuzz: ../shared/interop absent: STUNFuzz starts from the pinned inputs only"
 fi
-stun=$((seconds * 2 / 5))
-fifth=$(((seconds - stun) / 3))
+# (At least a second each: -max_total_time=0 would mean no limit.)
+stun=$((seconds * 2 / 5)); ((stun >= 1)) || stun=1
+fifth=$(((seconds - stun) / 3)); ((fifth >= 1)) || fifth=1
+secure=$((seconds - stun - 2 * fifth)); ((secure >= 1)) || secure=1
 fuzz STUNFuzz Tests/STUNTests/FuzzCrashes "$stun"
-fuzz SecureFuzz Tests/SecureTests/FuzzCrashes "$((seconds - stun - 2 * fifth))"
+fuzz SecureFuzz Tests/SecureTests/FuzzCrashes "$secure"
 mkdir -p "$scratch/corpus-RendezvousFuzz"
 cp -n Tests/RendezvousTests/FuzzSeeds/*.json "$scratch/corpus-RendezvousFuzz"/ 2>/dev/null || true
 fuzz RendezvousFuzz Tests/RendezvousTests/FuzzCrashes "$fifth"

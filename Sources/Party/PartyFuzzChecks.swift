@@ -40,10 +40,9 @@ public enum PartyFuzzChecks {
         var out: [UInt8] = []
         header.encode(into: &out)
         precondition(out[...] == bytes.prefix(header.length), "a party frame header does not encode back")
-        if bytes.count > PartyFrameHeader.fixedLength {
-            precondition(peeked?.sender == header.sender && peeked?.level == header.level, "peek disagrees with decode")
-            precondition(PartyFrameHeader.peekTimestamp(bytes) == header.timestamp, "peekTimestamp disagrees with decode")
-        }
+        // (A header that decodes has its SFrame byte past the fixed part: peek reads it too.)
+        precondition(peeked?.sender == header.sender && peeked?.level == header.level, "peek disagrees with decode")
+        precondition(PartyFrameHeader.peekTimestamp(bytes) == header.timestamp, "peekTimestamp disagrees with decode")
     }
 
     /// A control message's JSON decodes to what its encoding decodes to.
@@ -60,16 +59,27 @@ public enum PartyFuzzChecks {
         precondition(PartyInvitation(decoding: invitation.encoded()) == invitation, "an invitation does not round-trip")
     }
 
-    /// The input into a fresh control channel as is, under each control type, and cut
-    /// into numbered parts of one message: every message handed on reads, every part
-    /// kept is within the window, and the input never restarts a channel it did not open.
+    /// The input as is and under each control type, into a channel that heard a ping
+    /// from channel 3: every message handed on reads, and only what a restarted peer
+    /// sends first (a whole message, or a first part, under another channel id)
+    /// restarts the channel. Then cut into numbered parts of one message.
     private static func channel(_ bytes: [UInt8]) {
+        var ping: [UInt8] = [PartyPacketType.control.rawValue]
+        ping.appendUInt32(3)
+        ping.appendUInt32(1)
+        ping += PartyControl.ping.encodedJSON()
         for type: UInt8? in [nil, 0x02, 0x03, 0x04, 0x05] {
             var channel = ControlChannel(id: 7)
+            guard (try? channel.receive(ping, newID: 8))?.messages == [.ping] else { preconditionFailure("a ping did not read") }
             var packet = bytes
             if let type, !packet.isEmpty { packet[0] = type }
             guard let received = try? channel.receive(packet, newID: 8) else { continue }
-            precondition(!received.restarted, "a first packet restarted a channel")
+            if received.restarted {
+                let first =
+                    packet[0] == PartyPacketType.control.rawValue
+                    || (packet[0] == PartyPacketType.controlPart.rawValue && packet.readUInt32(at: 5) == 1)
+                precondition(packet.readUInt32(at: 1) != 3 && first, "a packet restarted a channel that was not a peer's first")
+            }
             for message in received.messages { precondition((try? PartyControl(json: message.encodedJSON())) == message) }
         }
         // The input as the JSON of one message sent in parts of 7 bytes: it comes out
@@ -97,12 +107,14 @@ public enum PartyFuzzChecks {
     // MARK: - Cores
 
     /// A relay with two members in one room, Alice (session 1) and Bob (session 2),
-    /// Bob holding Alice's sender key, and a frame Alice sealed; built once, copied per input.
+    /// Bob holding Alice's sender key, and a frame Alice sealed that Bob opens; built
+    /// once, copied per input.
     struct Room {
         let server: PartyServer
         let bob: PartyMember
         let frame: [UInt8]
-        let aliceID: MemberID
+        /// Alice's sender key, as her key log would give it to `tusa interop decrypt`.
+        let aliceKey: (kid: UInt64, base: SecretKey)
         /// The last control packet the relay sent Bob, for the XOR check.
         let controlToBob: [UInt8]
 
@@ -153,11 +165,16 @@ public enum PartyFuzzChecks {
             members[bobSession]?.handle(.join(room: room), now: now)
             pump()
             guard var alice = members[aliceSession], let bob = members[bobSession], let aliceID = alice.me,
-                bob.me != nil, bob.keyring.hasKey(from: aliceID),
+                bob.me != nil, bob.keyring.hasKey(from: aliceID), let key = alice.keyring.current,
+                let base = try? SecretKey(bytes: key.baseBytes),
                 let frame = alice.seal(
                     [UInt8](repeating: 0x42, count: 40), timestamp: 160, level: .init(level: 30, voiced: true), now: now)
             else { return nil }
-            return Room(server: server, bob: bob, frame: frame, aliceID: aliceID, controlToBob: lastControl)
+            var keyring = bob.keyring
+            guard let header = try? PartyFrameHeader.decode(frame), (try? keyring.open(frame, header: header)) != nil,
+                case .opened = PartyFrameOpener(keys: [(key.id.kid, base)]).open(frame)
+            else { return nil }
+            return Room(server: server, bob: bob, frame: frame, aliceKey: (key.id.kid, base), controlToBob: lastControl)
         }
     }
 
@@ -169,12 +186,15 @@ public enum PartyFuzzChecks {
         var keyring = room.bob.keyring
         guard let header = try? PartyFrameHeader.decode(changed) else { return }
         if (try? keyring.open(changed, header: header)) != nil { preconditionFailure("a changed party frame opened") }
-        _ = PartyFrameOpener(keys: []).open(bytes)
+        if case .opened = PartyFrameOpener(keys: [room.aliceKey]).open(changed) {
+            preconditionFailure("a changed party frame opened with the logged key")
+        }
     }
 
     /// The input from Alice's session, as is, under each packet type, and XORed into
     /// her frame, then from a session that never opened: the relay forwards no frame
-    /// whose sender id is not the session's member, and goes on with its timers.
+    /// whose sender id is not the one Alice's session holds (an input may make her
+    /// leave and join again, under a new id), and goes on with its timers.
     private static func relay(_ bytes: [UInt8], _ room: Room) {
         var server = room.server
         var inputs = [bytes]
@@ -187,10 +207,14 @@ public enum PartyFuzzChecks {
         if mutate(&changed, with: bytes) { inputs.append(changed) }
         for input in inputs {
             server.handle(.received(Room.aliceSession, input), now: Room.now)
-            for action in server.drainActions() {
+            let actions = server.drainActions()
+            // (A voice frame changes no membership: her id now is her id as it was forwarded.)
+            let alice = server.rooms.values.lazy.flatMap(\.members.values).first { $0.session == Room.aliceSession }?.id
+            for action in actions {
                 guard case .send(_, let sent) = action, sent.first == PartyPacketType.media.rawValue else { continue }
                 precondition(sent == input, "the relay changed a frame it forwarded")
-                precondition(PartyFrameHeader.peek(sent)?.sender == room.aliceID, "the relay forwarded a spoofed sender id")
+                precondition(
+                    alice != nil && PartyFrameHeader.peek(sent)?.sender == alice, "the relay forwarded a spoofed sender id")
             }
         }
         server.handle(.received(PartySession(99), bytes), now: Room.now)

@@ -34,9 +34,10 @@ struct PartyFuzzRegressionTests {
         for shape in shapes {
             inputs.append(shape)
             for n in stride(from: 0, to: shape.count, by: max(1, shape.count / 12)) { inputs.append(Array(shape.prefix(n))) }
-            // Each byte of the headers (type, sender, sequence, timestamp, level, SFrame; a
-            // control packet's channel and sequence), then a few further on.
-            for i in Array(0..<min(12, shape.count)) + Array(stride(from: 12, to: shape.count, by: max(1, shape.count / 6))) {
+            // Each byte of the headers (type, sender, sequence, timestamp, level and the
+            // SFrame header, 24 bytes at most; a control packet's channel and sequence),
+            // then a few further on.
+            for i in Array(0..<min(24, shape.count)) + Array(stride(from: 24, to: shape.count, by: max(1, shape.count / 6))) {
                 var changed = shape
                 changed[i] ^= 0x20
                 inputs.append(changed)
