@@ -38,7 +38,7 @@ start)
     # RLIMIT_NICE); an unprivileged "nobody" cannot raise itself, so it starts there.
     as=(nice -n -11 runuser -u nobody --)
   fi
-  if [ -S "$dir/native" ] && PULSE_SERVER="unix:$dir/native" pactl info >/dev/null 2>&1; then
+  if [ -S "$dir/native" ] && PULSE_SERVER="unix:$dir/native" timeout -k 1 2 pactl info >/dev/null 2>&1; then
     echo "unix:$dir/native"
     exit 0
   fi
@@ -80,6 +80,8 @@ stop)
   PULSE_SERVER="unix:$dir/native" timeout 5 pactl exit >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
   for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -9 "$pid" 2>/dev/null || true
+  # As root the pid is runuser's: a server that hung outlives it.
+  pkill -9 -f "socket=$dir/native" 2>/dev/null || true
   rm -f "$dir/server.pid"
   ;;
 *)

@@ -24,6 +24,14 @@ extension Timestamp {
     }
 }
 
+/// What ``CoreHost`` runs: a ``SansIOCore`` whose type its timer's closure may
+/// capture (Swift 6.2 checks that a metatype crossing into such a closure is Sendable).
+#if compiler(>=6.2)
+    public typealias HostableCore = SansIOCore & SendableMetatype
+#else
+    public typealias HostableCore = SansIOCore
+#endif
+
 /// Runs one sans-IO core (``SansIOCore``) on a NIO event loop: reads the clock,
 /// feeds the core, performs every action it leaves, in order, and keeps one
 /// timer armed at its `nextDeadline`.
@@ -42,7 +50,7 @@ extension Timestamp {
 /// host.handle(.received(bytes))
 /// let id = try host.with { core, now in try core.allocate(now: now) }
 /// ```
-public final class CoreHost<Core: SansIOCore & SendableMetatype> {
+public final class CoreHost<Core: HostableCore> {
     public let eventLoop: any EventLoop
     private var core: Core
     private let perform: (Core.Action) -> Void
