@@ -547,6 +547,21 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             var current = playMs - (Double(nextTs) * 1000 / rate + minD)
             if current > Double(configuration.maximumDelayMilliseconds) {
                 if nextTs < newestExtTs { stats.catchUps += 1 }
+                // Far behind the newest packet (the sender's timestamps jumped: a peer's
+                // to choose), the frames but the slots' last go at once, not one by one:
+                // 2^31 samples back is millions of frames, seconds of the loop below on
+                // the audio thread. Only where the loop would have gone on past them.
+                let far = (newestExtTs - nextTs) / Int64(spf) - Int64(slotTs.count)
+                let over = Int64(min((current - target - frameMs) / frameMs, Double(Int64.max / 2))) - 1
+                if min(far, over) > 0 {
+                    let end = nextTs + min(far, over) * Int64(spf)
+                    for i in slotTs.indices where slotTs[i] >= nextTs && slotTs[i] < end && !slotPlayed[i] {
+                        slotPlayed[i] = true
+                        stats.framesDroppedInCatchUp += 1
+                    }
+                    current -= Double(min(far, over)) * frameMs
+                    nextTs = end
+                }
                 while current > target + frameMs && nextTs < newestExtTs {
                     if let s = present(nextTs) {
                         slotPlayed[s] = true
