@@ -239,6 +239,13 @@ let package = Package(
             dependencies: ["Party", "FuzzDriver"],
             swiftSettings: strict
         ),
+        // libFuzzer entry point for the voice receive path: redundant audio, the jitter
+        // buffers and the decoders (VoiceFuzzChecks); same build modes as STUNFuzz.
+        .executableTarget(
+            name: "VoiceFuzz",
+            dependencies: ["Voice", "FuzzDriver"],
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "SecureTests",
             dependencies: ["Secure", "TusaBase", "TestSupport"],
@@ -330,7 +337,8 @@ let package = Package(
         ),
         .testTarget(
             name: "VoiceTests",
-            dependencies: ["Voice", "TusaBase", "COpus", "CSpeex", "CSpeexDSP"],
+            dependencies: ["Voice", "TusaBase", "COpus", "CSpeex", "CSpeexDSP", "TestSupport"],
+            exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
         .testTarget(

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets and runs them for N seconds in all (default
 # 600), split between them: STUNFuzz (the STUN decoders) on a corpus seeded from
-# ../shared/interop/fuzz-seeds and its pinned crash inputs, for two fifths; then
+# ../shared/interop/fuzz-seeds and its pinned crash inputs, for a third; then
 # SecureFuzz (media and control packet openers, the Noise IK responder),
 # RendezvousFuzz (the directory's messages, framing, cluster notices and server
-# core; seeded from Tests/RendezvousTests/FuzzSeeds) and PartyFuzz (the party's
+# core; seeded from Tests/RendezvousTests/FuzzSeeds), PartyFuzz (the party's
 # frame headers, control messages and channel, and the relay's and a member's
-# room cores, with real packets XORed by the input) on their pinned inputs, a
-# fifth each. A
+# room cores, with real packets XORed by the input) and VoiceFuzz (a peer's
+# packets through redundant audio, the jitter buffers and the decoders) on their
+# pinned inputs, a sixth each. A
 # crash writes the input to Tests/<Target>Tests/FuzzCrashes/ (pin it there: a
 # test replays every file).
 set -euo pipefail
@@ -48,12 +49,13 @@ else
   echo "fuzz: ../shared/interop absent: STUNFuzz starts from the pinned inputs only"
 fi
 # (At least a second each: -max_total_time=0 would mean no limit.)
-stun=$((seconds * 2 / 5)); ((stun >= 1)) || stun=1
-fifth=$(((seconds - stun) / 3)); ((fifth >= 1)) || fifth=1
-secure=$((seconds - stun - 2 * fifth)); ((secure >= 1)) || secure=1
+stun=$((seconds / 3)); ((stun >= 1)) || stun=1
+share=$(((seconds - stun) / 4)); ((share >= 1)) || share=1
+secure=$((seconds - stun - 3 * share)); ((secure >= 1)) || secure=1
 fuzz STUNFuzz Tests/STUNTests/FuzzCrashes "$stun"
 fuzz SecureFuzz Tests/SecureTests/FuzzCrashes "$secure"
 mkdir -p "$scratch/corpus-RendezvousFuzz"
 cp -n Tests/RendezvousTests/FuzzSeeds/*.json "$scratch/corpus-RendezvousFuzz"/ 2>/dev/null || true
-fuzz RendezvousFuzz Tests/RendezvousTests/FuzzCrashes "$fifth"
-fuzz PartyFuzz Tests/PartyTests/FuzzCrashes "$fifth"
+fuzz RendezvousFuzz Tests/RendezvousTests/FuzzCrashes "$share"
+fuzz PartyFuzz Tests/PartyTests/FuzzCrashes "$share"
+fuzz VoiceFuzz Tests/VoiceTests/FuzzCrashes "$share"
