@@ -22,8 +22,8 @@ public struct RTPDumpWriter: Sendable {
         if start == nil {
             start = time
             bytes += Array("#!rtpplay1.0 0.0.0.0/0\n".utf8)
-            let sec = UInt32(clamping: Int(time))
-            let usec = UInt32(clamping: Int((time - Double(Int(time))) * 1e6))
+            let sec = UInt32(clamping: Self.whole(time))
+            let usec = UInt32(clamping: Self.whole((time - time.rounded(.down)) * 1e6))
             bytes.appendUInt32(sec)
             bytes.appendUInt32(usec)
             bytes.appendUInt32(0)  // source address
@@ -31,11 +31,18 @@ public struct RTPDumpWriter: Sendable {
             bytes.appendUInt16(0)  // padding
         }
         guard packet.count <= Self.maximumPacketLength else { return }
-        let offset = UInt32(clamping: Int(((time - (start ?? time)) * 1000).rounded()))
+        let offset = UInt32(clamping: Self.whole(((time - (start ?? time)) * 1000).rounded()))
         bytes.appendUInt16(UInt16(packet.count + 8))
         bytes.appendUInt16(UInt16(packet.count))
         bytes.appendUInt32(offset)
         bytes += packet
         count += 1
+    }
+
+    /// `x` as an Int, held to Int's range (0 for NaN): a capture's times are the file's
+    /// to say (a pcapng block's resolution and offset can put them anywhere).
+    private static func whole(_ x: Double) -> Int {
+        guard !x.isNaN else { return 0 }
+        return Int(max(-9.0e18, min(9.0e18, x)))
     }
 }

@@ -57,4 +57,19 @@ struct RTPDumpWriterTests {
         dump.add([UInt8](repeating: 0x80, count: RTPDumpWriter.maximumPacketLength), at: 5)
         #expect(dump.count == 1)
     }
+
+    /// A capture's times are the file's to say: a pcapng block's resolution and offset
+    /// can put them past any Int, or make them NaN. Each packet is still written, its
+    /// times held to their fields.
+    @Test("times beyond any clock are held to their fields, never a crash")
+    func timesBeyondAnyClock() {
+        var dump = RTPDumpWriter()
+        let times: [Double] = [1e30, .nan, -1e30, .infinity, -.infinity, 1e19, 3]
+        for t in times { dump.add([0x80, 0x00, 0x00, 0x01], at: t) }
+        #expect(dump.count == times.count)
+        let line = "#!rtpplay1.0 0.0.0.0/0\n".utf8.count
+        #expect(uint32(dump.bytes, line) == Int(UInt32.max))  // start seconds, held
+        // The second record (NaN) is 0 ms on; the third (far before the start) 0 too.
+        #expect(uint32(dump.bytes, line + 16 + 12 + 4) == 0)
+    }
 }
