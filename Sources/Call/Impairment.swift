@@ -17,27 +17,33 @@ public struct Impairment: Sendable, Equatable {
             let kv = part.split(separator: "=", maxSplits: 1).map(String.init)
             guard kv.count == 2 else { throw .malformed("impairment '\(part)' is not NAME=VALUE") }
             let (name, value) = (kv[0].lowercased(), kv[1].lowercased())
-            func number(_ v: String, _ suffix: String) throws(CallError) -> Double {
+            // (Each value held below where it would mean nothing, or overflow the
+            // trace's arithmetic: a delay of 1e16 ms is no network.)
+            func number(_ v: String, _ suffix: String, atMost limit: Double) throws(CallError) -> Double {
                 let digits = v.hasSuffix(suffix) ? String(v.dropLast(suffix.count)) : v
                 guard let d = Double(digits), d.isFinite, d >= 0 else {
                     throw .malformed("impairment \(name)=\(value): not a number")
                 }
+                guard d <= limit else {
+                    throw .malformed("impairment \(name)=\(value): at most \(Int(limit))\(suffix)")
+                }
                 return d
             }
             switch name {
-            case "loss":
-                let p = try number(value, "%")
-                guard p <= 100 else { throw .malformed("impairment loss=\(value): at most 100%") }
-                model.lossRate = p / 100
-            case "burst": model.meanBurstLength = max(1, try number(value, ""))
-            case "jitter": model.jitterMilliseconds = try number(value, "ms")
-            case "delay": model.baseDelayMilliseconds = try number(value, "ms")
+            case "loss": model.lossRate = try number(value, "%", atMost: 100) / 100
+            case "burst": model.meanBurstLength = max(1, try number(value, "", atMost: 1_000_000))
+            case "jitter": model.jitterMilliseconds = try number(value, "ms", atMost: 60_000)
+            case "delay": model.baseDelayMilliseconds = try number(value, "ms", atMost: 60_000)
             case "spike":
                 let sides = value.split(separator: "/").map(String.init)
                 guard sides.count == 2 else { throw .malformed("impairment spike=\(value): use SIZEms/INTERVALs") }
-                model.spikeMilliseconds = try number(sides[0], "ms")
-                model.spikeIntervalSeconds = try number(sides[1], "s")
-            case "seed": seed = UInt64(try number(value, ""))
+                model.spikeMilliseconds = try number(sides[0], "ms", atMost: 60_000)
+                model.spikeIntervalSeconds = try number(sides[1], "s", atMost: 86_400)
+            case "seed":
+                guard let s = UInt64(value) else {
+                    throw .malformed("impairment seed=\(value): a whole number from 0 to \(UInt64.max)")
+                }
+                seed = s
             default: throw .malformed("unknown impairment '\(name)' (loss, burst, jitter, delay, spike, seed)")
             }
         }

@@ -367,6 +367,9 @@ import Voice
         let cases: [([String], Int32, String)] = [
             (["call", "not-a-key", "--rendezvous", "127.0.0.1:\(port)"], 64, "not a 32-byte base64 public key"),
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--codec", "mp3"], 64, "--codec must be opus, speex or l16"),
+            // Values past what a number of its kind holds (they trapped).
+            (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--impair", "seed=1e20"], 64, "a whole number from 0 to"),
+            (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--impair", "delay=1e17ms"], 64, "at most 60000ms"),
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "/nonexistent.wav"], 64, "/nonexistent.wav"),
             (["call", key, "--rendezvous", "127.0.0.1:9"], 2, "cannot reach the rendezvous"),
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--quiet"], 2, "no peer registered under"),
