@@ -42,7 +42,11 @@ public struct TraceReplay {
         let sink = Sink()
         reporter?.onPacketPlayed = { ts, ns in sink.events.append((ts, ns)) }
         let lastArrival = arrivals.last?.0 ?? 0
-        let endMs = max(lastArrival, Double(packets.count) * Double(trace.frameMilliseconds)) + 1000
+        // The replay ends at most 10 minutes after the audio does: a trace's times are its
+        // file's to say, and a packet a day late would have the output hold a day of audio
+        // (gigabytes). What arrives later is not played.
+        let audioMs = Double(packets.count) * Double(trace.frameMilliseconds)
+        let endMs = min(max(lastArrival, audioMs), audioMs + 600_000) + 1000
         let periodMs = Double(pull) * 1000 / Double(sampleRate)
         var output = [Int16](repeating: 0, count: Int(endMs / periodMs + 1) * pull)
         var next = 0

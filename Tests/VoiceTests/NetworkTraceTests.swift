@@ -44,4 +44,17 @@ struct NetworkTraceTests {
         #expect(t == NetworkTrace.generate(model, packets: 50_000, frameMilliseconds: 20, seed: 42))
         #expect(t != NetworkTrace.generate(model, packets: 50_000, frameMilliseconds: 20, seed: 43))
     }
+
+    /// A trace's times are its file's to say: a packet a day late ends the replay ten
+    /// minutes after the audio, not a day of output later (it is not played).
+    @Test func aPacketADayLateDoesNotMakeADayOfAudio() throws {
+        let trace = try NetworkTrace(parsing: "frame-ms 20\n0 0 25\n1 20 86400000\n2 40 65\n")
+        let codec = CodecConfiguration(kind: .l16, sampleRate: 8_000)
+        let packets = [[UInt8]](repeating: [UInt8](repeating: 0x10, count: 320), count: 3)
+        let result = TraceReplay.run(
+            trace: trace, packets: packets, playout: try Playout(decoder: L16Decoder(codec)), samplesPerFrame: 160,
+            sampleRate: 8_000)
+        #expect(result.output.count <= (60 + 600_000 + 1000 + 20) * 8, "\(result.output.count) samples")
+        #expect(result.statistics.packetsReceived == 2)
+    }
 }
