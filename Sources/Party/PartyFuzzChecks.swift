@@ -197,12 +197,7 @@ public enum PartyFuzzChecks {
     /// leave and join again, under a new id), and goes on with its timers.
     private static func relay(_ bytes: [UInt8], _ room: Room) {
         var server = room.server
-        var inputs = [bytes]
-        for type: UInt8 in [0x01, 0x02, 0x03, 0x04, 0x05] where !bytes.isEmpty {
-            var typed = bytes
-            typed[0] = type
-            inputs.append(typed)
-        }
+        var inputs = asEachType(bytes)
         var changed = room.frame
         if mutate(&changed, with: bytes) { inputs.append(changed) }
         for input in inputs {
@@ -232,12 +227,7 @@ public enum PartyFuzzChecks {
     /// never heard.
     private static func member(_ bytes: [UInt8], _ room: Room) {
         var bob = room.bob
-        var inputs = [bytes]
-        for type: UInt8 in [0x01, 0x02, 0x03, 0x04, 0x05] where !bytes.isEmpty {
-            var typed = bytes
-            typed[0] = type
-            inputs.append(typed)
-        }
+        var inputs = asEachType(bytes)
         var control = room.controlToBob
         if mutate(&control, with: bytes) { inputs.append(control) }
         for input in inputs {
@@ -252,6 +242,17 @@ public enum PartyFuzzChecks {
         }
         bob.handleTimeout(now: Room.now + .seconds(30))
         _ = bob.drainActions()
+    }
+
+    /// The input as is, then with each party packet type as its first byte.
+    private static func asEachType(_ bytes: [UInt8]) -> [[UInt8]] {
+        guard !bytes.isEmpty else { return [bytes] }
+        return [bytes]
+            + [PartyPacketType.media, .control, .ack, .controlPart, .controlLastPart].map { type in
+                var typed = bytes
+                typed[0] = type.rawValue
+                return typed
+            }
     }
 
     /// XORs the input into `packet`, cyclically; whether anything changed.
