@@ -588,7 +588,10 @@ public final class SecureEndpoint {
     }
 
     private func receiveCookieReply(_ m: [UInt8], now: Timestamp) -> SecureReceive {
-        guard m.count == HandshakeWire.cookieReplyLength else { return dropHandshake(.malformed) }
+        // (Its three reserved bytes zero, as an initiation's and a response's must be.)
+        guard m.count == HandshakeWire.cookieReplyLength, m[1] == 0, m[2] == 0, m[3] == 0 else {
+            return dropHandshake(.malformed)
+        }
         let index = m.readUInt32(at: 4)
         guard let id = pendingByIndex[index], let p = peers[id], let pending = p.handshake.initiation else {
             return dropHandshake(.unexpected)
