@@ -14,6 +14,41 @@ public enum RendezvousFuzzChecks {
         framing(bytes)
         notice(bytes)
         server(bytes)
+        client(bytes)
+    }
+
+    /// The input from the server's side of a connection to a client: as raw stream bytes
+    /// and framed as one message, before registration and after (the client connects
+    /// over plain TCP: anyone on the path may write these), then the client's timers.
+    private static func client(_ bytes: [UInt8]) {
+        let now = Timestamp.seconds(1000)
+        let framed = bytes.count <= RendezvousFrame.maximumLength ? RendezvousFrame.frame(body: bytes) : []
+        for registered in [false, true] {
+            var client = RendezvousClient(identity: peer)
+            client.handle(.connected, now: now)
+            if registered {
+                // A real server's hello and registration first.
+                var server = RendezvousServer(configuration: .init())
+                let id = ConnectionID(1)
+                server.handle(.accepted(id), now: now)
+                for _ in 0..<4 {
+                    for action in server.drainActions() {
+                        if case .send(_, let reply) = action { client.handle(.received(reply), now: now) }
+                    }
+                    for action in client.drainActions() {
+                        if case .write(let request) = action {
+                            server.handle(.received(id, request, unixSeconds: unixSeconds), now: now)
+                        }
+                    }
+                }
+            }
+            for input in [framed, bytes] where !input.isEmpty {
+                client.handle(.received(input), now: now)
+                _ = client.drainActions()
+            }
+            client.handleTimeout(now: now + .seconds(120))
+            _ = client.drainActions()
+        }
     }
 
     /// The input as one frame's body.
