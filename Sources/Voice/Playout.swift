@@ -555,7 +555,9 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                 let over = Int64(min((current - target - frameMs) / frameMs, Double(Int64.max / 2))) - 1
                 if min(far, over) > 0 {
                     let end = nextTs + min(far, over) * Int64(spf)
-                    for i in slotTs.indices where slotTs[i] >= nextTs && slotTs[i] < end && !slotPlayed[i] {
+                    // (The frames the loop would have stepped on: on the playout point's grid.)
+                    for i in slotTs.indices
+                    where slotTs[i] >= nextTs && slotTs[i] < end && !slotPlayed[i] && (slotTs[i] - nextTs) % Int64(spf) == 0 {
                         slotPlayed[i] = true
                         stats.framesDroppedInCatchUp += 1
                     }
