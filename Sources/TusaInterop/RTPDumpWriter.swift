@@ -22,7 +22,7 @@ public struct RTPDumpWriter: Sendable {
         if start == nil {
             start = time
             bytes += Array("#!rtpplay1.0 0.0.0.0/0\n".utf8)
-            let sec = UInt32(clamping: Self.whole(time))
+            let sec = UInt32(clamping: Self.whole(time.rounded(.down)))
             let usec = UInt32(clamping: Self.whole((time - time.rounded(.down)) * 1e6))
             bytes.appendUInt32(sec)
             bytes.appendUInt32(usec)

@@ -20,15 +20,21 @@ public struct TraceReplay {
         sampleRate: Int, pullSamples: Int? = nil
     ) -> TraceReplayResult {
         let pull = max(1, pullSamples ?? samplesPerFrame)
+        // A trace whose times start later than 0 is replayed from its first send (its
+        // delays are the same; the output has no silence in front for the offset).
+        let origin = max(
+            0,
+            trace.entries.lazy.filter { $0.sequence >= 0 && $0.sequence < packets.count }
+                .map(\.sendMilliseconds).min() ?? 0)
         let arrivals = trace.entries.compactMap { e -> (Double, Int)? in
             guard let a = e.arrivalMilliseconds, e.sequence >= 0, e.sequence < packets.count else { return nil }
-            return (a, e.sequence)
+            return (a - origin, e.sequence)
         }.sorted { $0.0 < $1.0 }
         var sendMs = [Double](repeating: 0, count: packets.count)
         var arrived = [Bool](repeating: false, count: packets.count)
         var sent = Set<Int>()
         for e in trace.entries where e.sequence >= 0 && e.sequence < packets.count {
-            sendMs[e.sequence] = e.sendMilliseconds
+            sendMs[e.sequence] = e.sendMilliseconds - origin
             sent.insert(e.sequence)
             if e.arrivalMilliseconds != nil { arrived[e.sequence] = true }
         }
@@ -42,9 +48,9 @@ public struct TraceReplay {
         let sink = Sink()
         reporter?.onPacketPlayed = { ts, ns in sink.events.append((ts, ns)) }
         let lastArrival = arrivals.last?.0 ?? 0
-        // The replay ends at most 10 minutes after the audio does: a trace's times are its
-        // file's to say, and a packet a day late would have the output hold a day of audio
-        // (gigabytes). What arrives later is not played.
+        // The replay ends at most 10 minutes after the audio does (from the first send):
+        // a trace's times are its file's to say, and a packet a day late would have the
+        // output hold a day of audio (gigabytes). What arrives later is not played.
         let audioMs = Double(packets.count) * Double(trace.frameMilliseconds)
         let endMs = min(max(lastArrival, audioMs), audioMs + 600_000) + 1000
         let periodMs = Double(pull) * 1000 / Double(sampleRate)

@@ -57,4 +57,20 @@ struct NetworkTraceTests {
         #expect(result.output.count <= (60 + 600_000 + 1000 + 20) * 8, "\(result.output.count) samples")
         #expect(result.statistics.packetsReceived == 2)
     }
+
+    /// A trace's times may start anywhere: one 28 hours in replays as the same trace at 0.
+    @Test func aTraceStartingLateReplaysAsAtZero() throws {
+        let codec = CodecConfiguration(kind: .l16, sampleRate: 8_000)
+        let packets = [[UInt8]](repeating: [UInt8](repeating: 0x10, count: 320), count: 50)
+        func replay(from origin: Double) throws -> TraceReplayResult {
+            let lines = (0..<50).map { i in "\(i) \(origin + Double(i) * 20) \(origin + Double(i) * 20 + 30)" }
+            let trace = try NetworkTrace(parsing: "frame-ms 20\n" + lines.joined(separator: "\n"))
+            return TraceReplay.run(
+                trace: trace, packets: packets, playout: try Playout(decoder: L16Decoder(codec)), samplesPerFrame: 160,
+                sampleRate: 8_000)
+        }
+        let late = try replay(from: 100_000_000)
+        let atZero = try replay(from: 0)
+        #expect(late.statistics.packetsPlayed == 50 && late.output == atZero.output, "\(late.statistics)")
+    }
 }
