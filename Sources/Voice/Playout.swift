@@ -349,6 +349,21 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                     behindSinceMs = nil
                     senderPause = 0..<0  // the old timeline's pause means nothing on the new one
                     underrunFrames = 0
+                    // A new timeline behind the old (a sender restarted with a new random
+                    // initial timestamp): the newest packet, the extension's reference and
+                    // the path's delays are the new one's. Kept, the old newest had the
+                    // catch-up walk the playout point back up to it, dropping the new
+                    // stream, until the old minimum delay aged out (16 s).
+                    newestExtTs = ext
+                    lastExtTs = ext
+                    lastRawTs = timestamp
+                    newestSequence = nil
+                    missingShare = 0
+                    estimator.reset()
+                    for i in 0..<secondMaxima.count {
+                        secondMaxima[i] = -.infinity
+                        secondMaximaAt[i] = .min
+                    }
                 }
             } else {
                 behindSinceMs = nil

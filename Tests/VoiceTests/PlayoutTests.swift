@@ -593,6 +593,18 @@ struct L16Tests {
 
 @Suite("Playout resync")
 struct PlayoutResyncTests {
+    /// A sender that restarted (a new random initial timestamp, here 10 minutes behind
+    /// the old one): its new stream is heard within a second or so, not after the old
+    /// timeline's minima age out.
+    @Test func timestampJumpBackResyncs() throws {
+        let h = Harness(frames: 300)
+        let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(maximumStretch: 0))
+        let ahead = UInt32(8000 * 600)
+        var out = h.run(p, arrivals: (0..<100).map { on($0) }, ms: 2400, ts0: ahead)
+        out += h.run(p, arrivals: (100..<300).map { on($0) }, ms: 4000, start: 2400)
+        #expect(h.find(out, frames: 150..<280) != nil, "\(p.statistics)")
+    }
+
     @Test func timestampJumpAfterSilenceResyncs() throws {
         let h = Harness(frames: 200)
         let p = try Playout(decoder: L16Decoder(Harness.codec), configuration: PlayoutConfiguration(maximumStretch: 0))
