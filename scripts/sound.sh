@@ -18,6 +18,16 @@ if [ -z "$cmd" ] || [ -z "$dir" ]; then
   echo "usage: scripts/sound.sh start DIR | stop DIR" >&2
   exit 64
 fi
+# end_server PID: ends the server this script started, by PID alone: the recorded
+# process and the processes under it (as root that is runuser, and PulseAudio its
+# child, which would outlive it: listed first, while runuser is still its parent).
+end_server() {
+  local children
+  children=$(pgrep -P "$1" 2>/dev/null || true)
+  # shellcheck disable=SC2086 # one PID per word
+  kill -9 $children "$1" 2>/dev/null || true
+}
+
 case $cmd in
 start)
   command -v pulseaudio >/dev/null || {
@@ -70,8 +80,7 @@ start)
   echo "sound.sh: PulseAudio did not answer in ${SOUND_START_SECONDS:-15} s; its processes and log ($dir/server.log):" >&2
   ps -o pid,stat,etime,time,wchan:20,args --ppid "$pid" -p "$pid" >&2 2>/dev/null || true
   tail -20 "$dir/server.log" >&2 2>/dev/null || true
-  kill -9 "$pid" 2>/dev/null || true
-  pkill -9 -f "socket=$dir/native" 2>/dev/null || true
+  end_server "$pid"
   exit 1
   ;;
 stop)
@@ -79,9 +88,7 @@ stop)
   pid=$(cat "$dir/server.pid")
   PULSE_SERVER="unix:$dir/native" timeout 5 pactl exit >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
   for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-  # As root the pid is runuser's: a server that hung outlives it.
-  pkill -9 -f "socket=$dir/native" 2>/dev/null || true
+  end_server "$pid"
   rm -f "$dir/server.pid"
   ;;
 *)
