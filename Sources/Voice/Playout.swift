@@ -236,7 +236,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         waitingInFifo = false
         resumeFade = 0
         concealRun = 0
-        estimator.reset()
+        forgetPathDelays()
         stats = PlayoutStatistics()
         delays.reset()
         speechSamples = 0
@@ -249,11 +249,26 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
         silentRun = 0
         waitedFrames = 0
         behindSinceMs = nil
+        decoder.reset()
+    }
+
+    /// Playout waits for the start delay again from `ext`, a new talk spurt's or a new
+    /// timeline's first packet; the old timeline's pause and underruns mean nothing on it.
+    private func reanchor(at ext: Int64) {
+        playing = false
+        nextTs = ext
+        fifoCount = 0
+        senderPause = 0..<0
+        underrunFrames = 0
+    }
+
+    /// The path's delays as measured so far (their minima and quantile, each second's maximum) are forgotten.
+    private func forgetPathDelays() {
+        estimator.reset()
         for i in 0..<secondMaxima.count {
             secondMaxima[i] = -.infinity
             secondMaximaAt[i] = .min
         }
-        decoder.reset()
     }
 
     public var statistics: PlayoutStatistics {
@@ -343,12 +358,8 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                 let since = behindSinceMs ?? arrivalMs
                 behindSinceMs = since
                 if arrivalMs - since >= Self.behindRunMs {
-                    playing = false
-                    nextTs = ext
-                    fifoCount = 0
+                    reanchor(at: ext)
                     behindSinceMs = nil
-                    senderPause = 0..<0  // the old timeline's pause means nothing on the new one
-                    underrunFrames = 0
                     // A new timeline behind the old (a sender restarted with a new random
                     // initial timestamp): the newest packet, the extension's reference and
                     // the path's delays are the new one's. Kept, the old newest had the
@@ -359,11 +370,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
                     lastRawTs = timestamp
                     newestSequence = nil
                     missingShare = 0
-                    estimator.reset()
-                    for i in 0..<secondMaxima.count {
-                        secondMaxima[i] = -.infinity
-                        secondMaximaAt[i] = .min
-                    }
+                    forgetPathDelays()
                 }
             } else {
                 behindSinceMs = nil
@@ -382,11 +389,7 @@ public final class Playout: PlayoutBuffer, PlayoutTimingReporting {
             // Too far ahead for the slots. With nothing buffered it is a new talk spurt after a
             // timestamp jump (DTX, sender restart): re-anchor and wait for the start delay again.
             guard !anyBuffered(after: nextTs - 1) else { return }
-            playing = false
-            nextTs = ext
-            fifoCount = 0
-            senderPause = 0..<0
-            underrunFrames = 0
+            reanchor(at: ext)
         }
         if redundant {
             keep(ext, slot: s, payload: payload, arrivalMs: arrivalMs)
