@@ -20,20 +20,18 @@ public struct TraceReplay {
         sampleRate: Int, pullSamples: Int? = nil
     ) -> TraceReplayResult {
         let pull = max(1, pullSamples ?? samplesPerFrame)
+        // The trace's packets that there is audio for.
+        let entries = trace.entries.filter { $0.sequence >= 0 && $0.sequence < packets.count }
         // A trace whose times start later than 0 is replayed from its first send (its
         // delays are the same; the output has no silence in front for the offset).
-        let origin = max(
-            0,
-            trace.entries.lazy.filter { $0.sequence >= 0 && $0.sequence < packets.count }
-                .map(\.sendMilliseconds).min() ?? 0)
-        let arrivals = trace.entries.compactMap { e -> (Double, Int)? in
-            guard let a = e.arrivalMilliseconds, e.sequence >= 0, e.sequence < packets.count else { return nil }
-            return (a - origin, e.sequence)
+        let origin = max(0, entries.lazy.map(\.sendMilliseconds).min() ?? 0)
+        let arrivals = entries.compactMap { e -> (Double, Int)? in
+            e.arrivalMilliseconds.map { ($0 - origin, e.sequence) }
         }.sorted { $0.0 < $1.0 }
         var sendMs = [Double](repeating: 0, count: packets.count)
         var arrived = [Bool](repeating: false, count: packets.count)
         var sent = Set<Int>()
-        for e in trace.entries where e.sequence >= 0 && e.sequence < packets.count {
+        for e in entries {
             sendMs[e.sequence] = e.sendMilliseconds - origin
             sent.insert(e.sequence)
             if e.arrivalMilliseconds != nil { arrived[e.sequence] = true }
