@@ -124,14 +124,13 @@ public enum SecureFuzzChecks {
     /// nothing traps, nothing unauthenticated comes out as media.
     private static func endpoint(_ bytes: [UInt8]) {
         let now = Timestamp.seconds(1)
-        var config = SecureConfiguration()
-        config.acceptUnknownPeers = true
-        let e = SecureEndpoint(identity: Identity(privateKey: responderStatic), configuration: config, now: now)
-        let from = TransportAddress(ip: .v4(0x0A00_0001), port: 5000)
+        let e = responderEndpoint()
         for first in [nil, 4, 5, 6, 0x80] as [UInt8?] {
             var d = bytes
             if let first, !d.isEmpty { d[0] = first }
-            if case .media = e.receive(&d, from: from, now: now) { preconditionFailure("unauthenticated media accepted") }
+            if case .media = e.receive(&d, from: initiatorAddress, now: now) {
+                preconditionFailure("unauthenticated media accepted")
+            }
             while e.pollAction() != nil {}
         }
         e.handleTimeout(now: now + .seconds(60))
