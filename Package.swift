@@ -355,7 +355,7 @@ let package = Package(
         // Rooms on a virtual clock: joins, leaves, kicks, rekeys racing, speakers, spoofing.
         .testTarget(
             name: "PartyTests",
-            dependencies: ["Party", "Secure", "TusaBase", "TestSupport"],
+            dependencies: ["Party", "Secure", "Rendezvous", "TusaBase", "TestSupport"],
             exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),

@@ -7,6 +7,9 @@ import Voice
 /// What a party member heard of one speaker.
 public struct PartySpeakerReport: Sendable, Equatable {
     public var member: MemberID
+    /// How the speaker encodes (as it said with its key; else as this member does):
+    /// the playout figures count its frames, at its rate.
+    public var codec: CodecConfiguration
     public var playout: PlayoutStatistics
     /// The speaker's frames that arrived (after the relay's speaker selection).
     public var packetsReceived: Int
@@ -18,6 +21,13 @@ public struct PartySpeakerReport: Sendable, Equatable {
 /// pulls each speaker's jitter buffer, mixes them (``Mixer``, no clipping) and
 /// writes the mix to the sink. The mix is also the echo canceller's reference.
 ///
+/// Each speaker is decoded as it encodes: its codec, rate and frame duration come
+/// with its sender key (``PartyAudioFormat``, ``announcedFormat``), and a speaker at
+/// another rate is resampled into the mix. A room may mix Opus, Speex and L16 at 10
+/// and 20 ms. A speaker that says nothing is decoded as this member encodes; one
+/// whose format this build cannot decode is left out, with the reason
+/// (``undecodableSpeakers``, ``onUndecodableSpeaker``).
+///
 /// Make it before connecting, pass ``audioHandler`` as the connection's audio
 /// handler (speakers get a jitter buffer each, on their first frame), then
 /// ``start(sending:)`` once in a room.
@@ -26,6 +36,9 @@ public final class PartyVoice: @unchecked Sendable {
     private let sender: VoiceSender
     private let receivers = Mutex<[MemberID: Speaker]>([:])
     private let received = Mutex<[MemberID: Int]>([:])
+    /// Speakers whose format this build cannot decode: the format and why (their
+    /// frames are dropped without another try until the format changes).
+    private let undecodable = Mutex<[MemberID: (format: PartyAudioFormat?, why: String)]>([:])
     private let source: FrameSource?
     private let sink: AudioSink?
     private let sinkResampler: Resampler?
@@ -49,6 +62,9 @@ public final class PartyVoice: @unchecked Sendable {
     private var connection: PartyConnection?
     /// Called once on the audio thread when the source has no more audio.
     public var onSourceEnded: (@Sendable () -> Void)?
+    /// Called on the connection's event loop, once per speaker and format, when a
+    /// speaker says it encodes in a way this build cannot decode (it is not heard).
+    public var onUndecodableSpeaker: (@Sendable (MemberID, String) -> Void)?
 
     /// - Parameter playout: each speaker's jitter buffer (rate and frame come from
     ///   `codec`); by default ``defaultPlayout(for:)``.
@@ -75,16 +91,43 @@ public final class PartyVoice: @unchecked Sendable {
         }
     }
 
-    /// The connection's audio handler: each speaker's frames into its own jitter buffer.
+    /// How this member encodes, as its sender keys announce it
+    /// (``PartyMember/Configuration/audioFormat``): give it to the connection.
+    public var announcedFormat: PartyAudioFormat? {
+        PartyAudioFormat(
+            codec: codec.kind.rawValue, sampleRate: codec.sampleRate, frameMilliseconds: codec.frameDuration.rawValue)
+    }
+
+    /// The speakers whose announced format this build cannot decode, and why.
+    public var undecodableSpeakers: [MemberID: String] { undecodable.withLock { $0.mapValues(\.why) } }
+
+    /// The connection's audio handler: each speaker's frames into its own jitter buffer,
+    /// a decoder of the speaker's format.
     public var audioHandler: PartyConnection.AudioHandler {
-        { [self] member, header, audio in
+        { [self] member, header, audio, format in
             let now = monotonicNanoseconds()
+            if let known = undecodable.withLock({ $0[member] }) {
+                guard known.format != format else { return }
+                undecodable.withLock { $0[member] = nil }
+            }
+            var refused: String?
             let receiver = receivers.withLock { r -> VoiceReceiver? in
-                if let existing = r[member] { return existing.receiver }
-                guard let made = try? Speaker(codec: self.codec, playout: self.playout, firstPlayed: self.firstPlayed)
-                else { return nil }
-                r[member] = made
-                return made.receiver
+                if let existing = r[member], existing.format == format { return existing.receiver }
+                do {
+                    let made = try Speaker(
+                        format: format, listener: self.codec, playout: self.playout, firstPlayed: self.firstPlayed,
+                        chunk: self.codec.sampleRate * Self.renderMilliseconds / 1000)
+                    r[member] = made
+                    return made.receiver
+                } catch {
+                    r[member] = nil
+                    refused = "\(error)"
+                    return nil
+                }
+            }
+            if let refused {
+                undecodable.withLock { $0[member] = (format, refused) }
+                onUndecodableSpeaker?(member, refused)
             }
             guard let receiver else { return }
             audio.withUnsafeBytes {
@@ -164,7 +207,10 @@ public final class PartyVoice: @unchecked Sendable {
         let counts = received.withLock { $0 }
         return receivers.withLock { r in
             r.keys.sorted().compactMap { m in
-                r[m].map { PartySpeakerReport(member: m, playout: $0.receiver.statistics, packetsReceived: counts[m] ?? 0) }
+                r[m].map {
+                    PartySpeakerReport(
+                        member: m, codec: $0.receiver.codec, playout: $0.receiver.statistics, packetsReceived: counts[m] ?? 0)
+                }
             }
         }
     }
@@ -258,7 +304,7 @@ public final class PartyVoice: @unchecked Sendable {
             let speakers = receivers.withLock { Array($0.values) }
             mixer.begin()
             for speaker in speakers {
-                pulled.withUnsafeMutableBufferPointer { speaker.receiver.render(nowNanoseconds: now, into: $0) }
+                pulled.withUnsafeMutableBufferPointer { speaker.render(nowNanoseconds: now, into: $0) }
                 if now - speaker.lastPlayed.load(ordering: .relaxed) < Self.quietAfterNanoseconds {
                     pulled.withUnsafeBufferPointer { mixer.add($0) }
                 }
@@ -289,16 +335,83 @@ public final class PartyVoice: @unchecked Sendable {
     }
 }
 
-/// One speaker heard: its jitter buffer, and when it last played a packet.
-private final class Speaker: Sendable {
+/// One speaker heard: its format, its jitter buffer (a decoder of its format),
+/// when it last played a packet, and, for a speaker at another rate than the
+/// listener's, the resampler into the listener's rate.
+///
+/// ``render(nowNanoseconds:into:)`` is for the audio thread alone (its buffers are its own).
+private final class Speaker: @unchecked Sendable {
+    let format: PartyAudioFormat?
     let receiver: VoiceReceiver
     let lastPlayed = Atomic<Int64>(0)
+    private let resampler: Resampler?
+    /// One render's worth at the speaker's rate, and what the resampler made of it.
+    private var own: [Int16]
+    private var converted: [Int16]
+    /// Samples at the listener's rate not yet mixed (the resampler's output does not
+    /// fall on the listener's chunks).
+    private var pending: [Int16]
+    private var pendingCount = 0
 
-    init(codec: CodecConfiguration, playout: PlayoutConfiguration, firstPlayed: AtomicBox) throws(VoiceError) {
+    /// - Parameter chunk: the listener's samples per render.
+    init(
+        format: PartyAudioFormat?, listener: CodecConfiguration, playout: PlayoutConfiguration, firstPlayed: AtomicBox,
+        chunk: Int
+    ) throws(VoiceError) {
+        self.format = format
+        let codec = try Self.codec(format, listener: listener)
         receiver = try VoiceReceiver(codec: codec, playout: playout)
+        if codec.sampleRate == listener.sampleRate {
+            resampler = nil
+            own = []
+            converted = []
+            pending = []
+        } else {
+            let r = try Resampler(from: codec.sampleRate, to: listener.sampleRate)
+            resampler = r
+            let ownChunk = max(1, codec.sampleRate * PartyVoice.renderMilliseconds / 1000)
+            own = [Int16](repeating: 0, count: ownChunk)
+            converted = [Int16](repeating: 0, count: r.outputCapacity(forInput: ownChunk))
+            pending = [Int16](repeating: 0, count: chunk + converted.count)
+        }
         receiver.onPacketPlayed = { [weak self] _, playNs in
             self?.lastPlayed.store(playNs, ordering: .relaxed)
             firstPlayed.setOnce(playNs)
         }
+    }
+
+    /// The decoder's configuration for a speaker's format (the listener's own when it said none).
+    static func codec(_ format: PartyAudioFormat?, listener: CodecConfiguration) throws(VoiceError) -> CodecConfiguration {
+        guard let format else { return listener }
+        guard let kind = CodecKind(rawValue: format.codec) else {
+            throw .invalidConfiguration("it sends \(format), a codec this build does not decode")
+        }
+        guard let frame = FrameDuration(rawValue: format.frameMilliseconds) else {
+            throw .invalidConfiguration("it sends \(format), a frame duration this build does not decode")
+        }
+        let codec = CodecConfiguration(kind: kind, sampleRate: format.sampleRate, frameDuration: frame)
+        do { _ = try makeDecoder(codec) } catch {
+            throw .invalidConfiguration("it sends \(format), which this build does not decode: \(error)")
+        }
+        return codec
+    }
+
+    /// The speaker's next `output.count` samples at the listener's rate.
+    func render(nowNanoseconds now: Int64, into output: UnsafeMutableBufferPointer<Int16>) {
+        guard let resampler else { return receiver.render(nowNanoseconds: now, into: output) }
+        while pendingCount < output.count {
+            own.withUnsafeMutableBufferPointer { receiver.render(nowNanoseconds: now, into: $0) }
+            let n = own.withUnsafeBufferPointer { o in
+                converted.withUnsafeMutableBufferPointer { (try? resampler.process(o, into: $0)) ?? 0 }
+            }
+            guard n > 0 else { break }
+            for i in 0..<min(n, pending.count - pendingCount) { pending[pendingCount + i] = converted[i] }
+            pendingCount = min(pending.count, pendingCount + n)
+        }
+        let taken = min(output.count, pendingCount)
+        for i in 0..<taken { output[i] = pending[i] }
+        for i in taken..<output.count { output[i] = 0 }
+        for i in 0..<(pendingCount - taken) { pending[i] = pending[taken + i] }
+        pendingCount -= taken
     }
 }

@@ -50,6 +50,9 @@ public struct PartyMember: SansIOCore {
         /// Report every sender key used or handed over as a `.keyLog` line
         /// (``KeyLog/partyLine(kid:base:)``), for `tusa interop decrypt`. Off: whoever reads them hears the room.
         public var keyLog = false
+        /// How this member encodes its voice, announced with every sender key it hands
+        /// over (nil: announced not, and its listeners assume their own).
+        public var audioFormat: PartyAudioFormat?
         public init() {}
     }
 
@@ -98,6 +101,8 @@ public struct PartyMember: SansIOCore {
     /// The other members, as the relay told us (their static keys included).
     public private(set) var roster: [MemberID: RosterEntry] = [:]
     public private(set) var keyring = PartyKeyring()
+    /// How each other member said it encodes its voice (with its latest key).
+    public private(set) var audioFormats: [MemberID: PartyAudioFormat] = [:]
     /// Members not back yet after a rejoin, whose keys are kept for when they are.
     private var away: [MemberID: RosterEntry] = [:]
     /// Members that have not yet acknowledged the pending key.
@@ -288,7 +293,7 @@ public struct PartyMember: SansIOCore {
             lastVoice = now
             do {
                 let (header, audio) = try open(bytes)
-                emit(.audio(from: header.sender, header: header, audio: audio))
+                emit(.audio(from: header.sender, header: header, audio: audio, format: audioFormats[header.sender]))
             } catch {
                 emit(.dropped(error))
             }
@@ -344,6 +349,7 @@ public struct PartyMember: SansIOCore {
         case .memberLeft(let member, let reason):
             guard case .inRoom(let room, _, let me) = phase, roster.removeValue(forKey: member) != nil else { return }
             keyring.remove(member)
+            audioFormats[member] = nil
             awaitingAck.remove(member)
             emit(.memberLeft(member, reason))
             rekey(room: room, me: me, now: now)
@@ -389,6 +395,7 @@ public struct PartyMember: SansIOCore {
         away = [:]
         for m in members where m.member != me { roster[m.member] = m }
         keyring = PartyKeyring()
+        audioFormats = [:]
         pendingSince = nil
         awaitingAck = []
         epoch = 0
@@ -410,7 +417,10 @@ public struct PartyMember: SansIOCore {
         roster = [:]
         for m in members where m.member != me {
             roster[m.member] = m
-            if let was = previous.removeValue(forKey: m.member), was.key != m.key { keyring.remove(m.member) }
+            if let was = previous.removeValue(forKey: m.member), was.key != m.key {
+                keyring.remove(m.member)
+                audioFormats[m.member] = nil
+            }
         }
         away.merge(previous) { _, new in new }
         if let current = keyring.current {
@@ -476,6 +486,7 @@ public struct PartyMember: SansIOCore {
         payload += Array(room.utf8)
         payload.appendUInt64(key.id.kid)
         payload += key.baseBytes
+        configuration.audioFormat?.encode(into: &payload)
         guard let sealed = try? Sealing.seal(payload, from: identity, to: recipient) else { return }
         send(.key(member: member, sealed: Data(sealed)))
     }
@@ -497,17 +508,25 @@ public struct PartyMember: SansIOCore {
         }
         let roomLength = Int(payload[label])
         let rest = payload.dropFirst(label + 1)
-        guard rest.count == roomLength + 8 + SecretKey.length, Array(rest.prefix(roomLength)) == Array(room.utf8) else {
+        guard rest.count >= roomLength + 8 + SecretKey.length, Array(rest.prefix(roomLength)) == Array(room.utf8) else {
             emit(.badKey(from: member, why: "for another room"))
             return
         }
         let kidBytes = Array(rest.dropFirst(roomLength).prefix(8))
         let kid = kidBytes.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
         guard let id = SenderKeyID(kid: kid), id.member == member,
-            let base = try? SecretKey(bytes: rest.suffix(SecretKey.length))
+            let base = try? SecretKey(bytes: Array(rest.dropFirst(roomLength + 8).prefix(SecretKey.length)))
         else {
             emit(.badKey(from: member, why: "a key for another member"))
             return
+        }
+        // What follows the key, if anything, is how the member encodes its voice.
+        let trailer = rest.dropFirst(roomLength + 8 + SecretKey.length)
+        if !trailer.isEmpty {
+            do { audioFormats[member] = try PartyAudioFormat.decode(trailer) } catch {
+                emit(.badKey(from: member, why: "its audio format does not parse (\(error))"))
+                return
+            }
         }
         let key = SenderKey(id: id, base: base)
         keyring.add(key)
@@ -537,6 +556,7 @@ public struct PartyMember: SansIOCore {
         roster = [:]
         away = [:]
         keyring = PartyKeyring()
+        audioFormats = [:]
         awaitingAck = []
         pendingSince = nil
         currentSince = nil
@@ -559,8 +579,8 @@ public enum PartyMemberEvent: Sendable {
     case memberJoined(RosterEntry)
     case memberLeft(MemberID, LeaveReason)
     case memberMuted(MemberID, Bool)
-    /// A voice frame, opened.
-    case audio(from: MemberID, header: PartyFrameHeader, audio: [UInt8])
+    /// A voice frame, opened, and how its sender said it encodes (nil: it did not say).
+    case audio(from: MemberID, header: PartyFrameHeader, audio: [UInt8], format: PartyAudioFormat?)
     /// A voice frame that did not open.
     case dropped(FrameOpenError)
     case keyReceived(SenderKeyID)

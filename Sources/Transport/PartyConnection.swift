@@ -91,8 +91,9 @@ public final class PartyConnection: Sendable {
 
     /// Called on the connection's event loop for each voice frame opened, in place
     /// of an `.audio` event (a voice engine's jitter buffers want arrival times
-    /// taken as the packet arrives, not when a task gets round to it).
-    public typealias AudioHandler = @Sendable (MemberID, PartyFrameHeader, [UInt8]) -> Void
+    /// taken as the packet arrives, not when a task gets round to it). The format is
+    /// how the speaker said it encodes (nil: it did not say).
+    public typealias AudioHandler = @Sendable (MemberID, PartyFrameHeader, [UInt8], PartyAudioFormat?) -> Void
 
     /// Where room `room` is hosted now, asked of a directory when the relay went
     /// silent, and now and then while in the room (nil: no answer; the member keeps
@@ -592,9 +593,9 @@ final class PartyDriver {
             case .keyLog(let line):
                 if let failure = keyLog?.append(line) { logger.error("\(failure)") }
                 return
-            case .audio(let from, let header, let bytes):
+            case .audio(let from, let header, let bytes, let format):
                 if let audio {
-                    audio(from, header, bytes)
+                    audio(from, header, bytes, format)
                     return
                 }
             default:

@@ -640,14 +640,20 @@ enum PartySession {
         } catch {
             throw ValidationError("\(error)")
         }
+        // A speaker nobody here can decode is said at once, --quiet or not: it is not heard.
+        voice.onUndecodableSpeaker = { member, why in
+            FileHandle.standardError.write(Data("tusa \(command): cannot play \(member): \(why)\n".utf8))
+        }
         let connection: PartyConnection
         let joined: PartyJoined
         var locate: PartyConnection.Locator?
         if let locator { locate = { room, follow in await locator.locate(room, follow: follow) } }
+        var member = PartyMember.Configuration()
+        member.audioFormat = voice.announcedFormat
         do {
             connection = try await PartyConnection.connect(
-                to: relay, relayKey: relayKey, identity: identity, transport: audio.transport.value, audio: voice.audioHandler,
-                locate: locate, logger: quietLogger())
+                to: relay, relayKey: relayKey, identity: identity, transport: audio.transport.value, configuration: member,
+                audio: voice.audioHandler, locate: locate, logger: quietLogger())
             if let impairment {
                 await connection.impairMedia(impairment.decider(frameMilliseconds: codec.frameDuration.milliseconds))
             }
@@ -738,8 +744,9 @@ enum PartySession {
         let report = PartyReport(
             room: joined.room, name: joined.name, me: joined.me.value, framesSent: voice.framesSent,
             seconds: Double(started.duration(to: .now).components.seconds), transport: transport,
-            speakers: voice.speakers.map {
-                PartyReport.Speaker($0, frameMilliseconds: codec.frameDuration.rawValue, sampleRate: codec.sampleRate)
+            speakers: voice.speakers.map(PartyReport.Speaker.init),
+            undecodable: voice.undecodableSpeakers.sorted { $0.key < $1.key }.map {
+                .init(member: $0.key.value, reason: $0.value)
             },
             joinToFirstAudioMilliseconds: voice.startToFirstAudioMilliseconds.map { ($0 * 10).rounded() / 10 },
             audioError: voice.audioError, captureDevice: devices.capture, playbackDevice: devices.playback)
@@ -946,9 +953,14 @@ struct PartyReport: Encodable {
         /// delay: inaudible in small doses, but what a listener's PESQ pays for first.
         var stretchedMilliseconds: Double
         var mos: Double
+        /// How the speaker encodes, e.g. "opus 8000 Hz 20 ms".
+        var codec: String
 
-        init(_ s: PartySpeakerReport, frameMilliseconds: Int, sampleRate: Int) {
+        init(_ s: PartySpeakerReport) {
             let p = s.playout
+            let frameMilliseconds = s.codec.frameDuration.milliseconds
+            let sampleRate = s.codec.sampleRate
+            codec = "\(s.codec.kind.rawValue) \(sampleRate) Hz \(frameMilliseconds) ms"
             member = s.member.value
             packets = s.packetsReceived
             played = p.packetsPlayed
@@ -976,6 +988,12 @@ struct PartyReport: Encodable {
     /// How the relay was reached at the end: udp, or tcp where UDP did not pass.
     var transport: String
     var speakers: [Speaker]
+    /// Speakers not heard because this build cannot decode how they encode.
+    struct Undecodable: Encodable {
+        var member: UInt16
+        var reason: String
+    }
+    var undecodable: [Undecodable]
     /// From joining the room to the first of anyone's audio played (nil: nobody was heard).
     var joinToFirstAudioMilliseconds: Double?
     var audioError: String?
@@ -989,9 +1007,10 @@ struct PartyReport: Encodable {
         if let first = joinToFirstAudioMilliseconds { lines.append("  joined to first audio: \(Int(first.rounded())) ms") }
         for s in speakers {
             lines.append(
-                "  heard #\(s.member): \(s.packets) packets, \(s.lostPercent)% lost, \(s.concealed) concealed, delay \(s.delayMeanMilliseconds) ms (p95 \(s.delayP95Milliseconds), max \(s.delayMaxMilliseconds), at the end \(s.delayAtEndMilliseconds)), MOS \(s.mos)"
+                "  heard #\(s.member) (\(s.codec)): \(s.packets) packets, \(s.lostPercent)% lost, \(s.concealed) concealed, delay \(s.delayMeanMilliseconds) ms (p95 \(s.delayP95Milliseconds), max \(s.delayMaxMilliseconds), at the end \(s.delayAtEndMilliseconds)), MOS \(s.mos)"
             )
         }
+        for u in undecodable { lines.append("  cannot play #\(u.member): \(u.reason)") }
         if let audioError { lines.append("  audio: \(audioError)") }
         lines += LiveAudioStatistics.reportLines(capture: captureDevice, playback: playbackDevice)
         return lines.joined(separator: "\n")

@@ -61,7 +61,7 @@ private let quiet: Logger = {
             to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, logger: quiet)
         let bob = try await PartyConnection.connect(
             to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, keyLogPath: memberLog,
-            audio: { _, _, audio in heard.add(audio) }, logger: quiet)
+            audio: { _, _, audio, _ in heard.add(audio) }, logger: quiet)
         let room = try await alice.create(name: "Hearthstone")
         _ = try await bob.join(room.room)
         // Bob holds Alice's key once her key message arrived; then her voice.

@@ -138,7 +138,7 @@ struct PartyHarness {
     /// The audio `session` heard, in order, from `sender`.
     func heard(_ session: PartySession, from sender: MemberID) -> [[UInt8]] {
         (events[session] ?? []).compactMap {
-            if case .audio(let from, _, let audio) = $0, from == sender { audio } else { nil }
+            if case .audio(let from, _, let audio, _) = $0, from == sender { audio } else { nil }
         }
     }
 

@@ -41,7 +41,7 @@ private final class EventLog: Sendable {
     var all: [PartyMemberEvent] { box.events.withLock { $0 } }
 
     func audio(from member: MemberID) -> [[UInt8]] {
-        all.compactMap { if case .audio(let from, _, let audio) = $0, from == member { audio } else { nil } }
+        all.compactMap { if case .audio(let from, _, let audio, _) = $0, from == member { audio } else { nil } }
     }
 
     var keysReceived: Int { all.filter { if case .keyReceived = $0 { true } else { false } }.count }

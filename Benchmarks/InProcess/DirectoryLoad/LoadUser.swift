@@ -125,7 +125,7 @@ public final class LoadUser: Sendable {
         let heard = lastHeard
         let connection = try await PartyConnection.connect(
             to: address, relayKey: relayKey, identity: identity, transport: .udp,
-            audio: { from, _, _ in heard.withLockedValue { $0[from] = .now } },
+            audio: { from, _, _, _ in heard.withLockedValue { $0[from] = .now } },
             locate: { [self] room, follow in
                 // Over whichever registration this user holds now (its own task makes it again when lost).
                 guard let current = rendezvous.withLockedValue({ $0 }), !current.isClosed else { return nil }

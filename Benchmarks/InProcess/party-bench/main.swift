@@ -247,8 +247,8 @@ func joinAndRekey() async {
         guard
             let c = try? await PartyConnection.connect(
                 to: relay, relayKey: identity.publicKey, identity: .generate(),
-                audio: { from, header, _ in
-                    log.add(.audio(from: from, header: header, audio: []))
+                audio: { from, header, _, format in
+                    log.add(.audio(from: from, header: header, audio: [], format: format))
                 }, logger: logger)
         else { fail("cannot connect to the party service") }
         Task { for await e in c.events { log.add(e) } }
