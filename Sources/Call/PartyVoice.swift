@@ -39,6 +39,8 @@ public final class PartyVoice: @unchecked Sendable {
     /// Speakers whose format this build cannot decode: the format and why (their
     /// frames are dropped without another try until the format changes).
     private let undecodable = Mutex<[MemberID: (format: PartyAudioFormat?, why: String)]>([:])
+    /// What was heard of speakers who left, as they left (``forget(_:)``).
+    private let departed = Mutex<[MemberID: PartySpeakerReport]>([:])
     private let source: FrameSource?
     private let sink: AudioSink?
     private let sinkResampler: Resampler?
@@ -110,24 +112,23 @@ public final class PartyVoice: @unchecked Sendable {
                 guard known.format != format else { return }
                 undecodable.withLock { $0[member] = nil }
             }
-            var refused: String?
-            let receiver = receivers.withLock { r -> VoiceReceiver? in
-                if let existing = r[member], existing.format == format { return existing.receiver }
+            var receiver = receivers.withLock { r in r[member].flatMap { $0.format == format ? $0.receiver : nil } }
+            if receiver == nil {
+                // A new speaker, or one whose format changed: its decoder is made here, on
+                // the connection's loop, not under the lock the audio thread takes each tick.
                 do {
                     let made = try Speaker(
                         format: format, listener: self.codec, playout: self.playout, firstPlayed: self.firstPlayed,
                         chunk: self.codec.sampleRate * Self.renderMilliseconds / 1000)
-                    r[member] = made
-                    return made.receiver
+                    receivers.withLock { $0[member] = made }
+                    received.withLock { $0[member] = 0 }
+                    receiver = made.receiver
                 } catch {
-                    r[member] = nil
-                    refused = "\(error)"
-                    return nil
+                    receivers.withLock { $0[member] = nil }
+                    undecodable.withLock { $0[member] = (format, "\(error)") }
+                    onUndecodableSpeaker?(member, "\(error)")
+                    return
                 }
-            }
-            if let refused {
-                undecodable.withLock { $0[member] = (format, refused) }
-                onUndecodableSpeaker?(member, refused)
             }
             guard let receiver else { return }
             audio.withUnsafeBytes {
@@ -202,18 +203,37 @@ public final class PartyVoice: @unchecked Sendable {
     /// Whether ``audioError`` ends the member's stay in the room (a recording's does not).
     public var audioErrorLeaves: Bool { failureLeaves.load(ordering: .relaxed) }
 
-    /// Each speaker heard so far, by member id.
+    /// Each speaker heard so far, by member id: those in the room, and those who left
+    /// as they were when they did (the most recent ``departedKept``).
     public var speakers: [PartySpeakerReport] {
         let counts = received.withLock { $0 }
-        return receivers.withLock { r in
-            r.keys.sorted().compactMap { m in
-                r[m].map {
-                    PartySpeakerReport(
-                        member: m, codec: $0.receiver.codec, playout: $0.receiver.statistics, packetsReceived: counts[m] ?? 0)
-                }
+        var all = departed.withLock { $0 }
+        receivers.withLock { r in
+            for (m, speaker) in r {
+                all[m] = PartySpeakerReport(
+                    member: m, codec: speaker.receiver.codec, playout: speaker.receiver.statistics,
+                    packetsReceived: counts[m] ?? 0)
             }
         }
+        return all.keys.sorted().compactMap { all[$0] }
     }
+
+    /// `member` left the room: its jitter buffer and decoder go (kept, a relay that
+    /// cycled members through the room would have the audio thread render each one
+    /// for good), and what it heard of it stays in ``speakers``.
+    public func forget(_ member: MemberID) {
+        guard let report = speakers.first(where: { $0.member == member }) else { return }
+        receivers.withLock { _ = $0.removeValue(forKey: member) }
+        received.withLock { _ = $0.removeValue(forKey: member) }
+        undecodable.withLock { _ = $0.removeValue(forKey: member) }
+        departed.withLock { d in
+            d[member] = report
+            while d.count > Self.departedKept, let oldest = d.keys.min() { d[oldest] = nil }
+        }
+    }
+
+    /// How many speakers who left ``speakers`` keeps.
+    public static let departedKept = 256
 
     /// RFC 6464's level of a frame: its power in −dBov, 0 (full scale) … 127 (silence).
     public static func level(of samples: UnsafeBufferPointer<Int16>) -> UInt8 {
@@ -359,7 +379,7 @@ private final class Speaker: @unchecked Sendable {
         chunk: Int
     ) throws(VoiceError) {
         self.format = format
-        let codec = try Self.codec(format, listener: listener)
+        let codec = try Self.codec(format, listener: listener, playout: playout)
         receiver = try VoiceReceiver(codec: codec, playout: playout)
         if codec.sampleRate == listener.sampleRate {
             resampler = nil
@@ -381,7 +401,9 @@ private final class Speaker: @unchecked Sendable {
     }
 
     /// The decoder's configuration for a speaker's format (the listener's own when it said none).
-    static func codec(_ format: PartyAudioFormat?, listener: CodecConfiguration) throws(VoiceError) -> CodecConfiguration {
+    static func codec(
+        _ format: PartyAudioFormat?, listener: CodecConfiguration, playout: PlayoutConfiguration
+    ) throws(VoiceError) -> CodecConfiguration {
         guard let format else { return listener }
         guard let kind = CodecKind(rawValue: format.codec) else {
             throw .invalidConfiguration("it sends \(format), a codec this build does not decode")
@@ -392,6 +414,12 @@ private final class Speaker: @unchecked Sendable {
         let codec = CodecConfiguration(kind: kind, sampleRate: format.sampleRate, frameDuration: frame)
         do { _ = try makeDecoder(codec) } catch {
             throw .invalidConfiguration("it sends \(format), which this build does not decode: \(error)")
+        }
+        // (Opus and Speex packets are at most 1,275 bytes; L16's grow with the rate and frame.)
+        let limit = playout.maximumPayloadSize
+        if kind == .l16, 2 * codec.samplesPerFrame > limit {
+            throw .invalidConfiguration(
+                "it sends \(format), frames of \(2 * codec.samplesPerFrame) bytes, more than the \(limit) a jitter buffer holds")
         }
         return codec
     }

@@ -16,6 +16,7 @@ public enum PartyFuzzChecks {
         frameHeader(bytes)
         control(bytes)
         invitation(bytes)
+        audioFormat(bytes)
         channel(bytes)
         guard let room = Room.prepared else { preconditionFailure("the fuzz checks' room of two did not form") }
         opener(bytes, room)
@@ -57,6 +58,14 @@ public enum PartyFuzzChecks {
     private static func invitation(_ bytes: [UInt8]) {
         guard let invitation = PartyInvitation(decoding: bytes) else { return }
         precondition(PartyInvitation(decoding: invitation.encoded()) == invitation, "an invitation does not round-trip")
+    }
+
+    /// A member's audio format (what follows its sender key) reads back to its bytes.
+    private static func audioFormat(_ bytes: [UInt8]) {
+        guard let format = try? PartyAudioFormat.decode(bytes[...]) else { return }
+        var out: [UInt8] = []
+        format.encode(into: &out)
+        precondition(out == bytes, "an audio format does not encode back: \(format)")
     }
 
     /// The input as is and under each control type, into a channel that heard a ping

@@ -103,6 +103,11 @@ public struct PartyMember: SansIOCore {
     public private(set) var keyring = PartyKeyring()
     /// How each other member said it encodes its voice (with its latest key).
     public private(set) var audioFormats: [MemberID: PartyAudioFormat] = [:]
+    /// The key each member's format came with: a format that came with an earlier
+    /// key (a replay of an old message) does not replace it.
+    private var formatKeys: [MemberID: UInt64] = [:]
+    /// The members told this member's own format in this stay (once each: it does not change).
+    private var toldFormat: Set<MemberID> = []
     /// Members not back yet after a rejoin, whose keys are kept for when they are.
     private var away: [MemberID: RosterEntry] = [:]
     /// Members that have not yet acknowledged the pending key.
@@ -334,7 +339,10 @@ public struct PartyMember: SansIOCore {
         case .memberJoined(let entry):
             guard case .inRoom(let room, _, let me) = phase, entry.member != me else { return }
             // Someone else in a seat whose holder we knew before a rejoin: the old holder's keys are not theirs.
-            if let was = away.removeValue(forKey: entry.member), was.key != entry.key { keyring.remove(entry.member) }
+            if let was = away.removeValue(forKey: entry.member), was.key != entry.key {
+                keyring.remove(entry.member)
+                forgetFormat(of: entry.member)
+            }
             roster[entry.member] = entry
             // The newcomer gets the next step only; the others follow it on their own.
             if let key = keyring.ratchetCurrent() {
@@ -349,7 +357,7 @@ public struct PartyMember: SansIOCore {
         case .memberLeft(let member, let reason):
             guard case .inRoom(let room, _, let me) = phase, roster.removeValue(forKey: member) != nil else { return }
             keyring.remove(member)
-            audioFormats[member] = nil
+            forgetFormat(of: member)
             awaitingAck.remove(member)
             emit(.memberLeft(member, reason))
             rekey(room: room, me: me, now: now)
@@ -396,6 +404,8 @@ public struct PartyMember: SansIOCore {
         for m in members where m.member != me { roster[m.member] = m }
         keyring = PartyKeyring()
         audioFormats = [:]
+        formatKeys = [:]
+        toldFormat = []
         pendingSince = nil
         awaitingAck = []
         epoch = 0
@@ -419,10 +429,11 @@ public struct PartyMember: SansIOCore {
             roster[m.member] = m
             if let was = previous.removeValue(forKey: m.member), was.key != m.key {
                 keyring.remove(m.member)
-                audioFormats[m.member] = nil
+                forgetFormat(of: m.member)
             }
         }
         away.merge(previous) { _, new in new }
+        toldFormat = []  // whoever is there now may not have it (one who left forgot it)
         if let current = keyring.current {
             for m in roster.keys { deliver(current, to: m, room: room) }
         }
@@ -478,7 +489,10 @@ public struct PartyMember: SansIOCore {
         emit(.sendingUnder(key.id))
     }
 
-    /// Seals `key` to `member`'s static key and sends it through the relay.
+    /// Seals `key` to `member`'s static key and sends it through the relay; then,
+    /// the first time in this stay, sealed the same way in a message of its own, how
+    /// this member encodes (``Configuration/audioFormat``). A member from before
+    /// formats existed reads the key as ever and refuses the second message as not a key.
     private mutating func deliver(_ key: SenderKey, to member: MemberID, room: String) {
         guard let entry = roster[member], let recipient = entry.publicKey else { return }
         var payload = Self.keyLabel
@@ -486,9 +500,16 @@ public struct PartyMember: SansIOCore {
         payload += Array(room.utf8)
         payload.appendUInt64(key.id.kid)
         payload += key.baseBytes
-        configuration.audioFormat?.encode(into: &payload)
         guard let sealed = try? Sealing.seal(payload, from: identity, to: recipient) else { return }
         send(.key(member: member, sealed: Data(sealed)))
+        guard let format = configuration.audioFormat, toldFormat.insert(member).inserted else { return }
+        var said = Self.formatLabel
+        said.append(UInt8(room.utf8.count))
+        said += Array(room.utf8)
+        said.appendUInt64(key.id.kid)
+        format.encode(into: &said)
+        guard let sealedFormat = try? Sealing.seal(said, from: identity, to: recipient) else { return }
+        send(.key(member: member, sealed: Data(sealedFormat)))
     }
 
     private mutating func acceptKey(_ sealed: [UInt8], from member: MemberID) {
@@ -501,6 +522,9 @@ public struct PartyMember: SansIOCore {
             emit(.badKey(from: member, why: "does not open with its key"))
             return
         }
+        if payload.starts(with: Self.formatLabel) {
+            return acceptFormat(payload.dropFirst(Self.formatLabel.count), from: member, room: room)
+        }
         let label = Self.keyLabel.count
         guard payload.count > label, Array(payload[..<label]) == Self.keyLabel else {
             emit(.badKey(from: member, why: "not a party key"))
@@ -508,25 +532,17 @@ public struct PartyMember: SansIOCore {
         }
         let roomLength = Int(payload[label])
         let rest = payload.dropFirst(label + 1)
-        guard rest.count >= roomLength + 8 + SecretKey.length, Array(rest.prefix(roomLength)) == Array(room.utf8) else {
+        guard rest.count == roomLength + 8 + SecretKey.length, Array(rest.prefix(roomLength)) == Array(room.utf8) else {
             emit(.badKey(from: member, why: "for another room"))
             return
         }
         let kidBytes = Array(rest.dropFirst(roomLength).prefix(8))
         let kid = kidBytes.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
         guard let id = SenderKeyID(kid: kid), id.member == member,
-            let base = try? SecretKey(bytes: Array(rest.dropFirst(roomLength + 8).prefix(SecretKey.length)))
+            let base = try? SecretKey(bytes: rest.suffix(SecretKey.length))
         else {
             emit(.badKey(from: member, why: "a key for another member"))
             return
-        }
-        // What follows the key, if anything, is how the member encodes its voice.
-        let trailer = rest.dropFirst(roomLength + 8 + SecretKey.length)
-        if !trailer.isEmpty {
-            do { audioFormats[member] = try PartyAudioFormat.decode(trailer) } catch {
-                emit(.badKey(from: member, why: "its audio format does not parse (\(error))"))
-                return
-            }
         }
         let key = SenderKey(id: id, base: base)
         keyring.add(key)
@@ -535,7 +551,42 @@ public struct PartyMember: SansIOCore {
         emit(.keyReceived(id))
     }
 
+    /// How `member` encodes under one of its keys: the room, the key's id, the
+    /// ``PartyAudioFormat``. One that came with an earlier key than the last one's is
+    /// old news (a relay replaying a sealed message it forwarded before) and ignored.
+    private mutating func acceptFormat(_ said: ArraySlice<UInt8>, from member: MemberID, room: String) {
+        let said = Array(said)
+        guard let roomLength = said.first.map(Int.init), said.count > 1 + roomLength + 8,
+            Array(said[1..<(1 + roomLength)]) == Array(room.utf8)
+        else {
+            emit(.badKey(from: member, why: "an audio format for another room"))
+            return
+        }
+        let kid = said[(1 + roomLength)..<(9 + roomLength)].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        guard let id = SenderKeyID(kid: kid), id.member == member else {
+            emit(.badKey(from: member, why: "an audio format for another member's key"))
+            return
+        }
+        let format: PartyAudioFormat
+        do { format = try PartyAudioFormat.decode(said[(9 + roomLength)...]) } catch {
+            emit(.badKey(from: member, why: "its audio format does not read (\(error))"))
+            return
+        }
+        if let last = formatKeys[member], kid < last { return }
+        formatKeys[member] = kid
+        audioFormats[member] = format
+    }
+
+    /// `member` is gone, or another holds its seat: what it said of its format, and
+    /// that we told it ours, no longer hold.
+    private mutating func forgetFormat(of member: MemberID) {
+        audioFormats[member] = nil
+        formatKeys[member] = nil
+        toldFormat.remove(member)
+    }
+
     private static let keyLabel = Array("tusa-party-key-v1".utf8)
+    private static let formatLabel = Array("tusa-party-format-v1".utf8)
 
     // MARK: helpers
 
@@ -557,6 +608,8 @@ public struct PartyMember: SansIOCore {
         away = [:]
         keyring = PartyKeyring()
         audioFormats = [:]
+        formatKeys = [:]
+        toldFormat = []
         awaitingAck = []
         pendingSince = nil
         currentSince = nil

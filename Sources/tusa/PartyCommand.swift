@@ -690,6 +690,7 @@ enum PartySession {
                     }
                     if !audio.quiet { FileHandle.standardError.write(Data(((live ? "\r" : "") + line + "\n").utf8)) }
                 }
+                if case .memberLeft(let member, _) = event { voice.forget(member) }
                 if case .ended(let reason) = event { stop.continuation.yield("ended: \(reason.rawValue)") }
             }
         }
