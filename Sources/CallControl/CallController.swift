@@ -70,13 +70,20 @@ public struct CallController: SansIOCore {
     private var heard: Timestamp
     private var lastRestart: Timestamp?
     private var restarting: Restart?
-    /// Restarts and answers that came while ours was gathering: taken after it.
+    /// The restart and the answer that came last while ours was gathering: taken
+    /// after it. (Only the newest of each counts: an older one's credentials are
+    /// superseded, and a peer that sent thousands would otherwise have us restart
+    /// as many times, one after another.)
     private var deferred: [CallMessage] = []
     private var consentLost = false
     /// The ``heard`` of the silence we last probed for, and when.
     private var probedSilence: Timestamp?
     private var lastProbe: Timestamp?
     private var networkChanged = false
+    /// When we last probed where the peer said it is (``CallMessage/Kind/reachable``).
+    private var lastPeerProbe: Timestamp?
+    /// The least time between two such probes.
+    static let peerProbeInterval: Duration = .milliseconds(100)
     private var lastAddressCheck: Timestamp
     private var rendezvousUp = true
     private var rejoining = false
@@ -194,6 +201,7 @@ public struct CallController: SansIOCore {
     /// One of the peer's messages for this call.
     private mutating func take(_ message: CallMessage, now: Timestamp) {
         if restarting != nil, message.kind == .restart || message.kind == .restartAnswer {
+            deferred.removeAll { $0.kind == message.kind }
             deferred.append(message)
             return
         }
@@ -212,6 +220,10 @@ public struct CallController: SansIOCore {
         case .reachable:
             guard configuration.probesReachablePeer, let text = message.address, let address = TransportAddress(text)
             else { return }
+            // A probe is one datagram to wherever the peer names: at most one per
+            // interval, however many reachable messages it sends (it repeats every 500 ms).
+            if let last = lastPeerProbe, now - last < Self.peerProbeInterval { return }
+            lastPeerProbe = now
             actions.append(.probe(address))
         case .offer, .answer, .reject:
             break

@@ -359,3 +359,52 @@ struct CallControllerTests {
         #expect(sim.caller.actions.restarts.isEmpty)
     }
 }
+
+@Suite("A peer that floods the call's signalling")
+struct CallSignallingFloodTests {
+    @Test("a thousand restarts while ours gathers: the newest is answered, once")
+    func restartsWhileGathering() throws {
+        let caller = try PublicKey(bytes: [UInt8](repeating: 0xA1, count: 32))
+        var now = Timestamp.seconds(100)
+        var callee = CallController(
+            role: .callee, peer: caller, call: CallSimulation.callID, localAddresses: [.v4(0x0A00_0001)], now: now)
+        func actions() -> [CallController.Action] {
+            var all: [CallController.Action] = []
+            while let a = callee.pollAction() { all.append(a) }
+            return all
+        }
+        now = now + .seconds(1)
+        callee.handle(.iceConsentLost, now: now)  // the callee restarts and gathers…
+        #expect(actions().restarts == [.consentLost])
+        for n in 0..<1000 {  // …while the caller's client sends restart after restart
+            let path = CallSimulation.path("x", n)
+            callee.handle(.signal(CallMessage(kind: .restart, call: CallSimulation.callID, path: path), from: caller), now: now)
+        }
+        #expect(actions().isEmpty)
+        // Ours gathered: it goes out, and the newest restart is answered…
+        callee.handle(.iceRestarted(CallSimulation.path("b", 1)), now: now)
+        let first = actions()
+        #expect(first.sent.map(\.kind) == [.restart] && first.restarts == [.peerRestarted], "\(first)")
+        callee.handle(.iceRestarted(CallSimulation.path("b", 2)), now: now)
+        let second = actions()
+        #expect(second.sent.map(\.kind) == [.restartAnswer])
+        #expect(second.checks == [CallSimulation.path("x", 999)])
+        // …and nothing is left to restart for.
+        #expect(second.restarts.isEmpty, "\(second)")
+    }
+
+    @Test("reachable messages by the hundred: one probe per 100 ms")
+    func reachableFlood() throws {
+        var sim = CallSimulation()
+        sim.advance(by: .seconds(1))
+        let message = CallMessage(kind: .reachable, call: CallSimulation.callID, address: "192.0.2.7:4000")
+        for _ in 0..<100 { sim.feed(1, .signal(message, from: sim.caller.key)) }
+        #expect(sim.callee.actions.probes == [try #require(TransportAddress("192.0.2.7:4000"))])
+        sim.now = sim.now + .milliseconds(99)
+        sim.feed(1, .signal(message, from: sim.caller.key))
+        #expect(sim.callee.actions.probes.count == 1)
+        sim.now = sim.now + .milliseconds(1)
+        sim.feed(1, .signal(message, from: sim.caller.key))
+        #expect(sim.callee.actions.probes.count == 2)
+    }
+}
