@@ -4,22 +4,31 @@
 /// timestamps and payloads the peer chose) to the speaker. The input is read as a
 /// stream of packets (see ``packets(_:)``), each received by a ``VoiceReceiver``
 /// (redundant-audio parsing, the jitter buffer, the codec's decoder) of every codec,
-/// with Tusa's playout and speexdsp's, rendered between them at lengths the input
-/// also picks, then on with nothing coming. Nothing may trap.
+/// with Tusa's playout as a call and as a party sets it and speexdsp's, rendered
+/// between them at lengths the input also picks, then on with nothing coming.
+/// Nothing may trap.
 public enum VoiceFuzzChecks {
     public static func exercise(_ bytes: [UInt8]) {
         redundantBlocks(bytes)
         let packets = packets(bytes)
         guard !packets.isEmpty else { return }
         for codec in codecs {
-            for baseline in [false, true] { receive(packets, codec: codec, baseline: baseline) }
+            for playout in playouts { receive(packets, codec: codec, playout: playout) }
         }
     }
 
-    /// Opus at 48 kHz in 20 and 10 ms frames, Speex and L16 at 8 kHz: what `tusa call` and `tusa party` offer.
+    /// Opus at 8 kHz in 20 and 10 ms frames and at 16 kHz, Speex and L16 at 8 kHz:
+    /// what `tusa call` and `tusa party` offer, and a wideband call.
     static let codecs = [
         CodecConfiguration(kind: .opus), CodecConfiguration(kind: .opus, frameDuration: .ms10),
+        CodecConfiguration(kind: .opus, sampleRate: 16_000),
         CodecConfiguration(kind: .speex, sampleRate: 8_000), CodecConfiguration(kind: .l16, sampleRate: 8_000),
+    ]
+
+    /// Tusa's playout as a call sets it, as a party does (delay added by a late packet
+    /// taken off in pauses, `PartyVoice.defaultPlayout`), and speexdsp's (nil).
+    static let playouts: [PlayoutConfiguration?] = [
+        PlayoutConfiguration(), PlayoutConfiguration(minimumDelayMilliseconds: 0, shrinkInPausesUpToMilliseconds: 60), nil,
     ]
 
     /// One packet as the input describes it.
@@ -36,11 +45,12 @@ public enum VoiceFuzzChecks {
     /// The input as packets, at most 64: each a control byte, then what it asks for.
     ///
     /// ```
-    /// control  bit 0: redundant audio; bits 1-2: the timestamp (0: a frame on,
-    ///          1: on by the next byte, 2: back by it, 3: the next four bytes);
-    ///          bit 3: the sequence jumps by the next byte (else one on);
+    /// control  bit 0: redundant audio; bits 1-2: the timestamp (0: 160 on, 20 ms
+    ///          at 8 kHz; 1: on by the next byte; 2: back by it; 3: the next four
+    ///          bytes); bit 3: the sequence jumps by the next byte (else one on);
     ///          bit 4: render the next byte × 8 samples after it; bits 5-7: arrival
-    ///          (7 × 10 ms on, less the bits × 5 ms: it may go back)
+    ///          (the bits × 10 ms on, less 10 ms: a burst at 1, and at 0 before the
+    ///          last render, as a packet taken on the network's thread can be)
     /// length   one byte, then that many bytes of payload (fewer where the input ends)
     /// ```
     static func packets(_ bytes: [UInt8]) -> [Packet] {
@@ -56,7 +66,7 @@ public enum VoiceFuzzChecks {
         var arrival: Int64 = 1_000_000_000
         while packets.count < 64, let control = next() {
             switch (control >> 1) & 0x03 {
-            case 0: timestamp &+= 960
+            case 0: timestamp &+= 160
             case 1: timestamp &+= UInt32(next() ?? 0)
             case 2: timestamp &-= UInt32(next() ?? 0)
             default:
@@ -66,7 +76,7 @@ public enum VoiceFuzzChecks {
             }
             sequence &+= control & 0x08 != 0 ? UInt16(next() ?? 0) : 1
             let render = control & 0x10 != 0 ? Int(next() ?? 0) * 8 : 0
-            arrival += 70_000_000 - Int64(control >> 5) * 5_000_000
+            arrival += Int64(control >> 5) * 10_000_000 - 10_000_000
             let length = Int(next() ?? 0)
             let end = min(bytes.count, at + length)
             let payload = Array(bytes[at..<end])
@@ -93,8 +103,8 @@ public enum VoiceFuzzChecks {
         }
     }
 
-    private static func receive(_ packets: [Packet], codec: CodecConfiguration, baseline: Bool) {
-        guard let receiver = try? VoiceReceiver(codec: codec, baseline: baseline) else {
+    private static func receive(_ packets: [Packet], codec: CodecConfiguration, playout: PlayoutConfiguration?) {
+        guard let receiver = try? VoiceReceiver(codec: codec, playout: playout, baseline: playout == nil) else {
             preconditionFailure("no receiver for \(codec)")
         }
         var output = [Int16](repeating: 0x5555, count: 4 * codec.samplesPerFrame)

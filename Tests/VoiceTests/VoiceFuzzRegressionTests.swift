@@ -17,12 +17,13 @@ struct VoiceFuzzRegressionTests {
 
     /// The input format reads as documented: the fields of each control bit.
     @Test func theInputReadsAsPackets() {
-        // A frame on; then +3 with the sequence +5 and 16 samples rendered; then back 2,
-        // redundant; then an absolute timestamp.
+        // A frame on; then +3 with the sequence +5 and 16 samples rendered, in a burst;
+        // then back 2, redundant, 60 ms on; then an absolute timestamp, 10 ms back.
         let input: [UInt8] =
-            [0x00, 2, 0xAA, 0xBB] + [0x1A, 3, 5, 2, 1, 0xCC] + [0x05, 2, 0] + [0x06, 0x12, 0x34, 0x56, 0x78, 0]
+            [0x60, 2, 0xAA, 0xBB] + [0x3A, 3, 5, 2, 1, 0xCC] + [0xE5, 2, 0] + [0x06, 0x12, 0x34, 0x56, 0x78, 0]
         let packets = VoiceFuzzChecks.packets(input)
-        #expect(packets.map(\.timestamp) == [1_960, 1_963, 1_961, 0x1234_5678])
+        #expect(packets.map(\.timestamp) == [1_160, 1_163, 1_161, 0x1234_5678])
+        #expect(packets.map { ($0.arrivalNanoseconds - 1_000_000_000) / 1_000_000 } == [20, 20, 80, 70])
         #expect(packets.map(\.sequence) == [2, 7, 8, 9])
         #expect(packets.map(\.payload) == [[0xAA, 0xBB], [0xCC], [], []])
         #expect(packets.map(\.redundant) == [false, false, true, false])
@@ -30,7 +31,7 @@ struct VoiceFuzzRegressionTests {
     }
 
     @Test func streamsAPeerCouldSendPassTheChecks() throws {
-        // Real Opus frames (a tone), each a packet a frame apart, as the format writes them.
+        // Real Opus frames (a tone), each a packet a frame apart (20 ms, 160 samples), as the format writes them.
         let codec = CodecConfiguration(kind: .opus)
         let encoder = try makeEncoder(codec)
         var frames: [[UInt8]] = []
@@ -42,7 +43,7 @@ struct VoiceFuzzRegressionTests {
             frames.append(Array(out[0..<n]))
         }
         var speech: [UInt8] = []
-        for frame in frames where frame.count < 256 { speech += [0x00, UInt8(frame.count)] + frame }
+        for frame in frames where frame.count < 256 { speech += [0x60, UInt8(frame.count)] + frame }
         var inputs: [[UInt8]] = [[], [0x00], [0x02, 1, 0], speech]
         // Half a frame apart, a tick apart, back and forth.
         inputs.append((0..<40).flatMap { i -> [UInt8] in [0x02, i % 2 == 0 ? 160 : 1, 1, 0x42] })
