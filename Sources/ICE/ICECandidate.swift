@@ -67,6 +67,11 @@ public struct ICECandidate: Hashable, Sendable, CustomStringConvertible {
 
     public var description: String { "\(type.rawValue) \(address)" }
 
+    private static func isICEChar(_ c: UInt8) -> Bool {
+        (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(c) || (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(c)
+            || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(c) || c == UInt8(ascii: "+") || c == UInt8(ascii: "/")
+    }
+
     /// Reads a candidate-attribute value, with or without `a=candidate:` /
     /// `candidate:`. Extension attributes (generation, ufrag, …) are ignored;
     /// TCP candidates are refused (this agent speaks UDP).
@@ -76,7 +81,8 @@ public struct ICECandidate: Hashable, Sendable, CustomStringConvertible {
         let f = text.split(separator: " ", omittingEmptySubsequences: true).map(String.init)
         func fail(_ why: String) -> ICECandidateError { ICECandidateError(line: line, reason: why) }
         guard f.count >= 8 else { throw fail("expected at least 8 fields") }
-        guard !f[0].isEmpty, f[0].count <= 32 else { throw fail("foundation") }
+        // RFC 8839 §5.1: foundation = 1*32ice-char; ice-char = ALPHA / DIGIT / "+" / "/".
+        guard (1...32).contains(f[0].utf8.count), f[0].utf8.allSatisfy(Self.isICEChar) else { throw fail("foundation") }
         guard let component = Int(f[1]), (1...256).contains(component) else { throw fail("component") }
         guard f[2].lowercased() == "udp" else { throw fail("transport \(f[2]) (only udp)") }
         guard let priority = UInt32(f[3]), priority > 0 else { throw fail("priority") }

@@ -2,7 +2,8 @@ import STUN
 import TusaBase
 
 /// What the fuzzers (and the unit tests that replay their inputs) run on one
-/// input: an agent in each role fed the bytes as they are, and fed them again
+/// input: the bytes as a peer's candidate line (one that reads must write a line
+/// that reads the same); an agent in each role fed the bytes as they are, and fed them again
 /// re-signed with its own credentials (so that fuzzed attributes get past the
 /// integrity check into the request and response handlers), then timed out. Any
 /// crash or trap is a bug.
@@ -12,6 +13,7 @@ public enum ICEFuzzChecks {
     static let peer = TransportAddress(ip: .v4(0x7F00_0001), port: 7000)
 
     public static func exercise(_ bytes: [UInt8]) {
+        candidateLine(bytes)
         for role in [ICERole.controlling, .controlled] {
             var agent = ICEAgent(
                 role: role, local: local,
@@ -36,5 +38,12 @@ public enum ICEFuzzChecks {
             _ = agent.drainActions()
             _ = agent.nextDeadline
         }
+    }
+
+    /// A peer's candidate line (the input as text) that reads writes a line that reads the same.
+    static func candidateLine(_ bytes: [UInt8]) {
+        guard let candidate = try? ICECandidate(sdp: String(decoding: bytes, as: UTF8.self)) else { return }
+        precondition(
+            (try? ICECandidate(sdp: candidate.sdp)) == candidate, "a candidate line does not read back: \(candidate.sdp)")
     }
 }

@@ -410,10 +410,17 @@ struct ICECandidateTests {
         #expect(try ICECandidate(sdp: c.sdp) == c)
         let v6 = try ICECandidate(sdp: "1 1 UDP 2130706431 2001:db8::1 5000 typ host")
         #expect(v6.address.ip.family == 2)
+        // aioice's hex foundations, and the widest one the grammar allows.
+        let wide = String(repeating: "aZ9+/", count: 6) + "ab"
+        #expect(try ICECandidate(sdp: "\(wide) 1 udp 2130706431 10.0.0.1 5000 typ host").foundation == wide)
         for bad in [
             "", "1 1 udp", "1 1 tcp 2130706431 10.0.0.1 9 typ host tcptype active",
             "1 1 udp 2130706431 example.com 5000 typ host", "1 1 udp 2130706431 10.0.0.1 70000 typ host",
             "1 0 udp 2130706431 10.0.0.1 5000 typ host", "1 1 udp 2130706431 10.0.0.1 5000 typ bogus",
+            // A foundation of other than ALPHA / DIGIT / "+" / "/" (RFC 8839), or longer than 32.
+            "candidate:candidate:1 1 udp 2130706431 10.0.0.1 5000 typ host", "fo-o 1 udp 2130706431 10.0.0.1 5000 typ host",
+            "\u{e9} 1 udp 2130706431 10.0.0.1 5000 typ host",
+            String(repeating: "a", count: 33) + " 1 udp 2130706431 10.0.0.1 5000 typ host",
         ] {
             #expect(throws: ICECandidateError.self) { try ICECandidate(sdp: bad) }
         }
