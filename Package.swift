@@ -239,6 +239,13 @@ let package = Package(
             dependencies: ["Party", "FuzzDriver"],
             swiftSettings: strict
         ),
+        // libFuzzer entry point for a call's signalling: call messages and the call
+        // controller under a script of them (CallFuzzChecks); same build modes as STUNFuzz.
+        .executableTarget(
+            name: "CallFuzz",
+            dependencies: ["CallControl", "FuzzDriver"],
+            swiftSettings: strict
+        ),
         // libFuzzer entry point for the voice receive path: redundant audio, the jitter
         // buffers and the decoders (VoiceFuzzChecks); same build modes as STUNFuzz.
         .executableTarget(
@@ -349,7 +356,8 @@ let package = Package(
         // The call controller on a virtual clock: hang-ups, restarts, glare, rejoins.
         .testTarget(
             name: "CallControlTests",
-            dependencies: ["CallControl", "Secure", "TusaBase"],
+            dependencies: ["CallControl", "Secure", "TusaBase", "TestSupport"],
+            exclude: ["FuzzCrashes"],
             swiftSettings: strict
         ),
         // Rooms on a virtual clock: joins, leaves, kicks, rekeys racing, speakers, spoofing.

@@ -6,9 +6,11 @@
 # RendezvousFuzz (the directory's messages, framing, cluster notices and server
 # core; seeded from Tests/RendezvousTests/FuzzSeeds), PartyFuzz (the party's
 # frame headers, control messages and channel, and the relay's and a member's
-# room cores, with real packets XORed by the input) and VoiceFuzz (a peer's
-# packets through redundant audio, the jitter buffers and the decoders) on their
-# pinned inputs, a sixth each. A
+# room cores, with real packets XORed by the input), VoiceFuzz (a peer's
+# packets through redundant audio, the jitter buffers and the decoders) and
+# CallFuzz (call messages, and the call controller under a script of a peer's
+# messages, the driver's events and time) on their pinned inputs, the rest
+# shared evenly. A
 # crash writes the input to Tests/<Target>Tests/FuzzCrashes/ (pin it there: a
 # test replays every file).
 set -euo pipefail
@@ -50,8 +52,8 @@ else
 fi
 # (At least a second each: -max_total_time=0 would mean no limit.)
 stun=$((seconds / 3)); ((stun >= 1)) || stun=1
-share=$(((seconds - stun) / 4)); ((share >= 1)) || share=1
-secure=$((seconds - stun - 3 * share)); ((secure >= 1)) || secure=1
+share=$(((seconds - stun) / 5)); ((share >= 1)) || share=1
+secure=$((seconds - stun - 4 * share)); ((secure >= 1)) || secure=1
 fuzz STUNFuzz Tests/STUNTests/FuzzCrashes "$stun"
 fuzz SecureFuzz Tests/SecureTests/FuzzCrashes "$secure"
 mkdir -p "$scratch/corpus-RendezvousFuzz"
@@ -59,3 +61,4 @@ cp -n Tests/RendezvousTests/FuzzSeeds/*.json "$scratch/corpus-RendezvousFuzz"/ 2
 fuzz RendezvousFuzz Tests/RendezvousTests/FuzzCrashes "$share"
 fuzz PartyFuzz Tests/PartyTests/FuzzCrashes "$share"
 fuzz VoiceFuzz Tests/VoiceTests/FuzzCrashes "$share"
+fuzz CallFuzz Tests/CallControlTests/FuzzCrashes "$share"

@@ -75,6 +75,8 @@ public struct CallController: SansIOCore {
     /// superseded, and a peer that sent thousands would otherwise have us restart
     /// as many times, one after another.)
     private var deferred: [CallMessage] = []
+    /// How many of the peer's messages wait for our restart (``CallFuzzChecks``: at most two).
+    var heldForLater: Int { deferred.count }
     private var consentLost = false
     /// The ``heard`` of the silence we last probed for, and when.
     private var probedSilence: Timestamp?
