@@ -177,6 +177,16 @@ public final class SpeexVoiceDecoder: VoiceDecoder {
         let out = try output(pcm)
         try CodecLimits.checkPacket(packet)
         guard let data = packet.baseAddress?.assumingMemoryBound(to: CChar.self) else { throw .invalidPacket("empty packet") }
+        // A narrowband frame starts with a 0 (no wideband layer first) and a mode of
+        // 0...8. Anything else libspeex calls corrupt too, but writes a line saying so
+        // to standard error for each one: a peer sending garbage would fill the user's
+        // terminal. (Modes 13-15, in-band signalling and the terminator, no encoder of
+        // ours sends.)
+        let first = packet[0]
+        guard first & 0x80 == 0, (first >> 3) & 0x0F <= 8 else {
+            out.update(repeating: 0, count: configuration.samplesPerFrame)
+            throw .invalidPacket("Speex: not a narrowband frame (first byte \(first))")
+        }
         speex_bits_read_from(bits, data, Int32(packet.count))
         let result = speex_decode_int(state, bits, out)
         switch result {
