@@ -10,7 +10,7 @@
 # packets through redundant audio, the jitter buffers and the decoders) and
 # CallFuzz (call messages, and the call controller under a script of a peer's
 # messages, the driver's events and time) on their pinned inputs, the rest
-# shared evenly. A
+# shared evenly. Each corpus starts with the target's seeds (TUSA_FUZZ_SEEDS). A
 # crash writes the input to Tests/<Target>Tests/FuzzCrashes/ (pin it there: a
 # test replays every file).
 set -euo pipefail
@@ -30,6 +30,9 @@ fuzz() {
   mkdir -p "$corpus" "$crashes"
   cp -n "$crashes"/* "$corpus"/ 2>/dev/null || true
   rm -f "$corpus/README.md"
+  # The target's own seeds, shaped like real traffic (none for the older targets).
+  # (No leak check there: the fuzz room built once for the process stays, as it does when fuzzing.)
+  TUSA_FUZZ_SEEDS="$corpus" ASAN_OPTIONS=detect_leaks=0 "$bin" >/dev/null
   echo "fuzz: running $product for ${budget}s"
   # (Stacks kept 100 frames deep: a suppression must find its frame under JSONDecoder's.)
   ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}malloc_context_size=100 \

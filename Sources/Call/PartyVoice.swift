@@ -40,7 +40,7 @@ public final class PartyVoice: @unchecked Sendable {
     /// frames are dropped without another try until the format changes).
     private let undecodable = Mutex<[MemberID: (format: PartyAudioFormat?, why: String)]>([:])
     /// What was heard of speakers who left, as they left (``forget(_:)``).
-    private let departed = Mutex<[MemberID: PartySpeakerReport]>([:])
+    private let departed = Mutex<(reports: [MemberID: PartySpeakerReport], order: [MemberID])>(([:], []))
     private let source: FrameSource?
     private let sink: AudioSink?
     private let sinkResampler: Resampler?
@@ -207,7 +207,7 @@ public final class PartyVoice: @unchecked Sendable {
     /// as they were when they did (the most recent ``departedKept``).
     public var speakers: [PartySpeakerReport] {
         let counts = received.withLock { $0 }
-        var all = departed.withLock { $0 }
+        var all = departed.withLock { $0.reports }
         receivers.withLock { r in
             for (m, speaker) in r {
                 all[m] = PartySpeakerReport(
@@ -222,13 +222,16 @@ public final class PartyVoice: @unchecked Sendable {
     /// cycled members through the room would have the audio thread render each one
     /// for good), and what it heard of it stays in ``speakers``.
     public func forget(_ member: MemberID) {
-        guard let report = speakers.first(where: { $0.member == member }) else { return }
+        let report = speakers.first { $0.member == member }
         receivers.withLock { _ = $0.removeValue(forKey: member) }
         received.withLock { _ = $0.removeValue(forKey: member) }
         undecodable.withLock { _ = $0.removeValue(forKey: member) }
+        guard let report else { return }
         departed.withLock { d in
-            d[member] = report
-            while d.count > Self.departedKept, let oldest = d.keys.min() { d[oldest] = nil }
+            d.reports[member] = report
+            d.order.removeAll { $0 == member }
+            d.order.append(member)
+            while d.order.count > Self.departedKept { d.reports[d.order.removeFirst()] = nil }
         }
     }
 

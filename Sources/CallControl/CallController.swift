@@ -82,10 +82,14 @@ public struct CallController: SansIOCore {
     private var probedSilence: Timestamp?
     private var lastProbe: Timestamp?
     private var networkChanged = false
-    /// When we last probed where the peer said it is (``CallMessage/Kind/reachable``).
-    private var lastPeerProbe: Timestamp?
-    /// The least time between two such probes.
+    /// Where and when we last probed where the peer said it is
+    /// (``CallMessage/Kind/reachable``), and the times of the probes in the last second.
+    private var lastPeerProbe: (address: TransportAddress, at: Timestamp)?
+    private var recentPeerProbes: [Timestamp] = []
+    /// The least time between two probes to one address…
     static let peerProbeInterval: Duration = .milliseconds(100)
+    /// …and the most probes in any second, to whatever addresses.
+    static let peerProbesPerSecond = 5
     private var lastAddressCheck: Timestamp
     private var rendezvousUp = true
     private var rejoining = false
@@ -222,10 +226,15 @@ public struct CallController: SansIOCore {
         case .reachable:
             guard configuration.probesReachablePeer, let text = message.address, let address = TransportAddress(text)
             else { return }
-            // A probe is one datagram to wherever the peer names: at most one per
-            // interval, however many reachable messages it sends (it repeats every 500 ms).
-            if let last = lastPeerProbe, now - last < Self.peerProbeInterval { return }
-            lastPeerProbe = now
+            // A probe is one datagram to wherever the peer names: one address at most
+            // once per interval, however many reachable messages name it (the peer
+            // repeats every 500 ms), and a few a second in all. A new address is probed
+            // at once: it is where a NAT that rebound again put the peer.
+            if let last = lastPeerProbe, last.address == address, now - last.at < Self.peerProbeInterval { return }
+            recentPeerProbes.removeAll { now - $0 >= .seconds(1) }
+            guard recentPeerProbes.count < Self.peerProbesPerSecond else { return }
+            recentPeerProbes.append(now)
+            lastPeerProbe = (address, now)
             actions.append(.probe(address))
         case .offer, .answer, .reject:
             break

@@ -4,18 +4,46 @@ import TusaBase
 /// What the CallFuzz target (and the pinned crash inputs' test) runs on each
 /// input: a call message as a peer (or anyone who reaches us through the
 /// rendezvous) sends it, and a call's controller, caller and callee, driven by a
-/// script the input writes (see ``script(_:)``): the peer's messages and a
-/// stranger's, made from the input or read from it as JSON, the driver's events,
+/// script the input writes (see ``script(_:)``): the peer's messages, made from
+/// the input or read from it as JSON, a stranger's (read), the driver's events,
 /// and time. Nothing may trap; a message that reads encodes to one that reads the
 /// same; and the controller keeps its promises to its driver: at most a few
 /// actions per input, none after the end, a call that ended has no deadline, one
 /// that runs has its next deadline after the timeout just handled (a driver would
-/// spin otherwise), every message it sends reads back at the peer, and what it
-/// holds for later stays bounded.
+/// spin otherwise), every message it sends reads back at the peer, what it
+/// holds for later stays bounded, and it probes where the peer names at most a
+/// few times a second.
 public enum CallFuzzChecks {
     public static func exercise(_ bytes: [UInt8]) {
         message(bytes)
         for role in [CallRole.caller, .callee] { controller(script(bytes), role: role) }
+    }
+
+    /// Inputs shaped like a call's signalling, a fuzzer's first corpus: a message of
+    /// every kind as JSON, and scripts: silence until restarts, the peer's restarts
+    /// flooding while ours gathers, the rendezvous dropping and failing to come back,
+    /// a hang-up each way.
+    public static func seeds() -> [[UInt8]] {
+        let path = CallMessage.Path(
+            ufrag: "ab12", password: "0123456789abcdefghijkl",
+            candidates: ["candidate:1 1 udp 2130706431 10.0.0.1 4000 typ host"])
+        let codec = CallMessage.Codec(name: "opus", sampleRate: 8000, frameMilliseconds: 20, bitrate: 24_000)
+        let messages = [
+            CallMessage(kind: .offer, call: call, path: path, codec: codec),
+            CallMessage(kind: .answer, call: call, path: path, codec: codec),
+            CallMessage(kind: .reject, call: call, reason: "busy"), CallMessage(kind: .hangup, call: call),
+            CallMessage(kind: .restart, call: call, path: path), CallMessage(kind: .restartAnswer, call: call, path: path),
+            CallMessage(kind: .reachable, call: call, address: "[2001:db8::1]:4000"),
+        ].map { $0.encoded() }
+        let restart = messages[4]
+        return messages + [
+            [0x0F, 250, 0x0F, 250, 0x1F, 0x1F, 0x1F],
+            [0x04, 0x1F] + (0..<200).flatMap { i -> [UInt8] in [0x41, UInt8(i & 0x7F)] } + [0x0B, 1, 0x0B, 2],
+            [0x07, 0x1F, 0x09, 0x1F, 0x51, 3, 0x0D, 0x08, 0x1F, 0x0C, 0x1F],
+            [0x02, 0x61, 0, 0x1F, 0x31, 0x80, 0x0E],
+            [0x04, 0x1F, 0x00, UInt8(clamping: restart.count)] + restart + [0x1F, 0x0B, 9],
+            (0..<255).map { UInt8($0) },
+        ]
     }
 
     /// A message that reads encodes to one that reads the same.
@@ -129,6 +157,7 @@ public enum CallFuzzChecks {
         var c = CallController(
             role: role, peer: peer, call: call, configuration: configuration, localAddresses: [.v4(0x0A00_0001)], now: now)
         var ended = false
+        var probes: [Timestamp] = []
         for step in steps {
             switch step {
             case .signal(let m, let fromPeer): c.handle(.signal(m, from: fromPeer ? peer : stranger), now: now)
@@ -147,6 +176,10 @@ public enum CallFuzzChecks {
                 precondition(!ended, "an action after the end: \(action)")
                 switch action {
                 case .end: ended = true
+                case .probe:
+                    probes.append(now)
+                    let recent = probes.filter { now - $0 < .seconds(1) }.count
+                    precondition(recent <= CallController.peerProbesPerSecond, "\(recent) probes in a second")
                 case .send(let m):
                     precondition(m.call == call, "a message for another call: \(m)")
                     precondition((try? CallMessage(decoding: m.encoded())) == m, "a message the peer cannot read: \(m)")

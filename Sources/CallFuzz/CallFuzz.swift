@@ -9,6 +9,6 @@ import FuzzDriver
 @main
 struct CallFuzz {
     static func main() {
-        FuzzDriver.run(name: "CallFuzz", check: CallFuzzChecks.exercise)
+        FuzzDriver.run(name: "CallFuzz", check: CallFuzzChecks.exercise, seeds: CallFuzzChecks.seeds)
     }
 }

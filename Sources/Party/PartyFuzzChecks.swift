@@ -24,6 +24,28 @@ public enum PartyFuzzChecks {
         member(bytes, room)
     }
 
+    /// Inputs shaped like what reaches a relay and a member, a fuzzer's first corpus:
+    /// the room's real frame and last control packet, messages' JSON and the channel
+    /// packets that carry them (one message in parts), an invitation, an audio format.
+    public static func seeds() -> [[UInt8]] {
+        guard let room = Room.prepared else { return [] }
+        var channel = ControlChannel(id: 5)
+        let id = "abcdefghijkl"
+        let messages: [PartyControl] = [
+            .create(name: "Factorio", maxMembers: 8, invite: []), .join(room: id), .leave, .ping, .mute(true),
+            .kick(member: MemberID(2)), .describe(room: id), .keyAck(member: MemberID(1), kid: 0x1_0000),
+            .refused(code: .full, detail: "full"), .memberLeft(member: MemberID(2), reason: .kicked), .moving,
+        ]
+        var seeds = [room.frame, room.controlToBob] + messages.map { $0.encodedJSON() }
+        seeds += messages.flatMap { channel.send($0, now: Room.now) }
+        seeds += channel.send(json: [UInt8](repeating: 0x20, count: 2_500), now: Room.now)
+        seeds.append(PartyInvitation(room: id, name: "Factorio", relay: "127.0.0.1:3481", relayKey: "k").encoded())
+        var format: [UInt8] = []
+        PartyAudioFormat(codec: "opus", sampleRate: 8000, frameMilliseconds: 20)?.encode(into: &format)
+        seeds.append(format)
+        return seeds
+    }
+
     // MARK: - Parsers
 
     /// An SFrame header reads back to the bytes it came from, in as many.

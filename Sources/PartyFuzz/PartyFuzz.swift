@@ -9,6 +9,6 @@ import Party
 @main
 struct PartyFuzz {
     static func main() {
-        FuzzDriver.run(name: "PartyFuzz", check: PartyFuzzChecks.exercise)
+        FuzzDriver.run(name: "PartyFuzz", check: PartyFuzzChecks.exercise, seeds: PartyFuzzChecks.seeds)
     }
 }

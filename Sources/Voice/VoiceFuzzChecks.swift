@@ -1,3 +1,5 @@
+import Foundation
+
 /// What the VoiceFuzz target (and the pinned crash inputs' test) runs on each
 /// input: the receive side of a call or a party member, from the packets a peer
 /// sends (after the secure session opened them, so with whatever sequence numbers,
@@ -15,6 +17,36 @@ public enum VoiceFuzzChecks {
         for codec in codecs {
             for playout in playouts { receive(packets, codec: codec, playout: playout) }
         }
+    }
+
+    /// Streams a peer could send, a fuzzer's first corpus: eight frames of a tone each
+    /// from Opus (first), Speex and L16 (10 ms frames: a packet's length is one byte), 20 ms apart; packets half a frame apart, a
+    /// tick apart, back and forth; redundant audio, whole and cut short.
+    public static func seeds() -> [[UInt8]] {
+        var seeds: [[UInt8]] = []
+        let codecs = [
+            CodecConfiguration(kind: .opus), CodecConfiguration(kind: .speex),
+            CodecConfiguration(kind: .l16, frameDuration: .ms10, inbandFEC: false),
+        ]
+        for codec in codecs {
+            guard let encoder = try? makeEncoder(codec) else { continue }
+            var stream: [UInt8] = []
+            var pcm = [Int16](repeating: 0, count: codec.samplesPerFrame)
+            var out = [UInt8](repeating: 0, count: encoder.maximumPacketSize)
+            for f in 0..<8 {
+                for i in pcm.indices { pcm[i] = Int16(6000 * sin(Double(f * pcm.count + i) * 0.05)) }
+                let n = pcm.withUnsafeBufferPointer { p in
+                    out.withUnsafeMutableBytes { (try? encoder.encode(p, into: $0)) ?? 0 }
+                }
+                if n < 256 { stream += [0x60, UInt8(n)] + out[0..<n] }
+            }
+            if !stream.isEmpty { seeds.append(stream) }
+        }
+        seeds.append((0..<40).flatMap { i -> [UInt8] in [0x42, i % 2 == 0 ? 160 : 1, 1, 0x42] })
+        seeds.append((0..<40).flatMap { i -> [UInt8] in [i % 3 == 0 ? 0x64 : 0x62, 200, 3, 1, 2, 3] })
+        seeds.append([0x01, 12, 0x80 | 111, 0x00, 0x50, 0x02, 111, 1, 2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])
+        seeds.append([0x01, 3, 0x80, 0x00, 0x50])
+        return seeds
     }
 
     /// Opus at 8 kHz in 20 and 10 ms frames and at 16 kHz, Speex and L16 at 8 kHz:
@@ -108,7 +140,11 @@ public enum VoiceFuzzChecks {
             preconditionFailure("no receiver for \(codec)")
         }
         var output = [Int16](repeating: 0x5555, count: 4 * codec.samplesPerFrame)
+        // The audio clock never goes back: a packet stamped before the last render is
+        // rendered at that render's time.
+        var clock = Int64.min
         for packet in packets {
+            clock = max(clock, packet.arrivalNanoseconds)
             packet.payload.withUnsafeBytes {
                 _ = receiver.receive(
                     sequence: packet.sequence, timestamp: packet.timestamp, payload: $0,
@@ -118,13 +154,12 @@ public enum VoiceFuzzChecks {
             for count in [codec.samplesPerFrame, packet.render] where count > 0 {
                 let n = min(count, output.count)
                 output.withUnsafeMutableBufferPointer {
-                    receiver.render(
-                        nowNanoseconds: packet.arrivalNanoseconds, into: UnsafeMutableBufferPointer(rebasing: $0[0..<n]))
+                    receiver.render(nowNanoseconds: clock, into: UnsafeMutableBufferPointer(rebasing: $0[0..<n]))
                 }
             }
         }
         // Time goes on with nothing coming: concealment, then comfort noise or silence.
-        let last = packets.last?.arrivalNanoseconds ?? 0
+        let last = max(clock, packets.last?.arrivalNanoseconds ?? 0)
         for k in 1...10 {
             output.withUnsafeMutableBufferPointer {
                 receiver.render(

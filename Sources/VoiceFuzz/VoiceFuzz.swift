@@ -10,6 +10,6 @@ import Voice
 @main
 struct VoiceFuzz {
     static func main() {
-        FuzzDriver.run(name: "VoiceFuzz", check: VoiceFuzzChecks.exercise)
+        FuzzDriver.run(name: "VoiceFuzz", check: VoiceFuzzChecks.exercise, seeds: VoiceFuzzChecks.seeds)
     }
 }

@@ -393,18 +393,31 @@ struct CallSignallingFloodTests {
         #expect(second.restarts.isEmpty, "\(second)")
     }
 
-    @Test("reachable messages by the hundred: one probe per 100 ms")
+    @Test("reachable messages by the hundred: one probe per address per 100 ms, five a second in all")
     func reachableFlood() throws {
         var sim = CallSimulation()
         sim.advance(by: .seconds(1))
-        let message = CallMessage(kind: .reachable, call: CallSimulation.callID, address: "192.0.2.7:4000")
-        for _ in 0..<100 { sim.feed(1, .signal(message, from: sim.caller.key)) }
-        #expect(sim.callee.actions.probes == [try #require(TransportAddress("192.0.2.7:4000"))])
+        func reachable(_ address: String) {
+            sim.feed(
+                1, .signal(CallMessage(kind: .reachable, call: CallSimulation.callID, address: address), from: sim.caller.key))
+        }
+        let a = try #require(TransportAddress("192.0.2.7:4000"))
+        for _ in 0..<100 { reachable("192.0.2.7:4000") }
+        #expect(sim.callee.actions.probes == [a])
+        // A new address (the NAT rebound again) is probed at once.
+        reachable("192.0.2.8:4001")
+        #expect(sim.callee.actions.probes == [a, try #require(TransportAddress("192.0.2.8:4001"))])
         sim.now = sim.now + .milliseconds(99)
-        sim.feed(1, .signal(message, from: sim.caller.key))
-        #expect(sim.callee.actions.probes.count == 1)
-        sim.now = sim.now + .milliseconds(1)
-        sim.feed(1, .signal(message, from: sim.caller.key))
+        reachable("192.0.2.8:4001")
         #expect(sim.callee.actions.probes.count == 2)
+        sim.now = sim.now + .milliseconds(1)
+        reachable("192.0.2.8:4001")
+        #expect(sim.callee.actions.probes.count == 3)
+        // Addresses by the hundred: five probes in any second.
+        for i in 0..<100 { reachable("198.51.100.\(i):5000") }
+        #expect(sim.callee.actions.probes.count == 5)
+        sim.now = sim.now + .seconds(1)
+        for i in 0..<100 { reachable("203.0.113.\(i):5000") }
+        #expect(sim.callee.actions.probes.count == 10)
     }
 }

@@ -43,20 +43,11 @@ struct CallFuzzRegressionTests {
     }
 
     @Test func shapedInputsPassTheChecks() {
-        let path = CallMessage.Path(
-            ufrag: "ab12", password: "0123456789abcdefghijkl", candidates: ["candidate:1 1 udp 2130706431 10.0.0.1 4000 typ host"]
-        )
-        let codec = CallMessage.Codec(name: "opus", sampleRate: 8000, frameMilliseconds: 20, bitrate: 24_000)
-        let messages = [
-            CallMessage(kind: .offer, call: "c", path: path, codec: codec),
-            CallMessage(kind: .answer, call: "c", path: path, codec: codec),
-            CallMessage(kind: .reject, call: "c", reason: "busy"), CallMessage(kind: .hangup, call: "c"),
-            CallMessage(kind: .restart, call: "c", path: path), CallMessage(kind: .restartAnswer, call: "c", path: path),
-            CallMessage(kind: .reachable, call: "c", address: "[2001:db8::1]:4000"),
-        ].map { $0.encoded() }
-        var inputs: [[UInt8]] = [[], [0x0F], [0x1F], Array("{}".utf8)]
-        for m in messages {
-            inputs.append(m)
+        // The fuzzer's seeds (every kind of message, and scripts), each message cut
+        // short and with bytes changed.
+        let seeds = CallFuzzChecks.seeds()
+        var inputs: [[UInt8]] = [[], [0x0F], [0x1F], Array("{}".utf8)] + seeds
+        for m in seeds where m.first == UInt8(ascii: "{") {
             for n in stride(from: 0, to: m.count, by: max(1, m.count / 10)) { inputs.append(Array(m.prefix(n))) }
             for i in stride(from: 0, to: m.count, by: max(1, m.count / 10)) {
                 var changed = m
@@ -64,14 +55,7 @@ struct CallFuzzRegressionTests {
                 inputs.append(changed)
             }
         }
-        // Scripts: silence until restarts, a flood of the peer's restarts while ours
-        // gathers, the rendezvous dropping and failing to come back, a hang-up each way.
-        inputs.append([0x0F, 250, 0x0F, 250, 0x1F, 0x1F, 0x1F])
-        inputs.append([0x04, 0x1F] + (0..<200).flatMap { i -> [UInt8] in [0x41, UInt8(i & 0x7F)] } + [0x0B, 1, 0x0B, 2])
-        inputs.append([0x07, 0x1F, 0x09, 0x1F, 0x51, 3, 0x0D, 0x08, 0x1F, 0x0C, 0x1F])
-        inputs.append([0x02, 0x61, 0, 0x1F, 0x31, 0x80, 0x0E])
-        inputs.append((0..<255).map { UInt8($0) })
         for input in inputs { CallFuzzChecks.exercise(input) }
-        #expect(inputs.count > 60)
+        #expect(seeds.count >= 12 && inputs.count > 60)
     }
 }

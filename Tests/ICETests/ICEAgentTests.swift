@@ -410,9 +410,10 @@ struct ICECandidateTests {
         #expect(try ICECandidate(sdp: c.sdp) == c)
         let v6 = try ICECandidate(sdp: "1 1 UDP 2130706431 2001:db8::1 5000 typ host")
         #expect(v6.address.ip.family == 2)
-        // aioice's hex foundations, and the widest one the grammar allows.
-        let wide = String(repeating: "aZ9+/", count: 6) + "ab"
-        #expect(try ICECandidate(sdp: "\(wide) 1 udp 2130706431 10.0.0.1 5000 typ host").foundation == wide)
+        // aioice's foundations (an MD5 in hex, 32 characters), pjnath's, and every character the grammar allows.
+        for foundation in ["9ba9f8ed23a2b5e5a2a0c1f3a2b4c6d8", "Hc0a80001", String(repeating: "aZ9+/", count: 6) + "ab"] {
+            #expect(try ICECandidate(sdp: "\(foundation) 1 udp 2130706431 10.0.0.1 5000 typ host").foundation == foundation)
+        }
         for bad in [
             "", "1 1 udp", "1 1 tcp 2130706431 10.0.0.1 9 typ host tcptype active",
             "1 1 udp 2130706431 example.com 5000 typ host", "1 1 udp 2130706431 10.0.0.1 70000 typ host",

@@ -31,26 +31,12 @@ struct VoiceFuzzRegressionTests {
     }
 
     @Test func streamsAPeerCouldSendPassTheChecks() throws {
-        // Real Opus frames (a tone), each a packet a frame apart (20 ms, 160 samples), as the format writes them.
-        let codec = CodecConfiguration(kind: .opus)
-        let encoder = try makeEncoder(codec)
-        var frames: [[UInt8]] = []
-        var pcm = [Int16](repeating: 0, count: codec.samplesPerFrame)
-        for f in 0..<8 {
-            for i in pcm.indices { pcm[i] = Int16(6000 * sin(Double(f * pcm.count + i) * 0.05)) }
-            var out = [UInt8](repeating: 0, count: 400)
-            let n = try pcm.withUnsafeBufferPointer { p in try out.withUnsafeMutableBytes { try encoder.encode(p, into: $0) } }
-            frames.append(Array(out[0..<n]))
-        }
-        var speech: [UInt8] = []
-        for frame in frames where frame.count < 256 { speech += [0x60, UInt8(frame.count)] + frame }
-        var inputs: [[UInt8]] = [[], [0x00], [0x02, 1, 0], speech]
-        // Half a frame apart, a tick apart, back and forth.
-        inputs.append((0..<40).flatMap { i -> [UInt8] in [0x02, i % 2 == 0 ? 160 : 1, 1, 0x42] })
-        inputs.append((0..<40).flatMap { i -> [UInt8] in [i % 3 == 0 ? 0x04 : 0x02, 200, 3, 1, 2, 3] })
-        // Redundant audio: two blocks back then the primary, and headers cut short.
-        inputs.append([0x01, 12, 0x80 | 111, 0x00, 0x50, 0x02, 111, 1, 2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])
-        inputs.append([0x01, 3, 0x80, 0x00, 0x50])
+        // The fuzzer's seeds (real Opus, Speex and L16 streams, packets half a frame and
+        // a tick apart, back and forth, redundant audio whole and cut short), and the
+        // Opus stream cut short and with bytes changed.
+        let seeds = VoiceFuzzChecks.seeds()
+        let speech = try #require(seeds.first)
+        var inputs: [[UInt8]] = [[], [0x00], [0x02, 1, 0]] + seeds
         for i in stride(from: 0, to: speech.count, by: max(1, speech.count / 16)) {
             var changed = speech
             changed[i] ^= 0x5A
@@ -58,6 +44,6 @@ struct VoiceFuzzRegressionTests {
             inputs.append(Array(speech.prefix(i)))
         }
         for input in inputs { VoiceFuzzChecks.exercise(input) }
-        #expect(inputs.count > 30)
+        #expect(seeds.count == 7 && speech.count > 8 * 20 && seeds[2].count == 8 * 162, "\(seeds.map(\.count))")
     }
 }
