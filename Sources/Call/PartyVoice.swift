@@ -112,7 +112,18 @@ public final class PartyVoice: @unchecked Sendable {
                 guard known.format != format else { return }
                 undecodable.withLock { $0[member] = nil }
             }
-            var receiver = receivers.withLock { r in r[member].flatMap { $0.format == format ? $0.receiver : nil } }
+            let existing = receivers.withLock { $0[member] }
+            var receiver = existing.flatMap { $0.format == format ? $0.receiver : nil }
+            // A format said now that decodes as the speaker's frames were decoded so far
+            // (it said nothing before, and encodes as this member does): the same buffer.
+            if receiver == nil, let existing,
+                let codec = try? Speaker.codec(format, listener: self.codec, playout: self.playout),
+                codec.kind == existing.receiver.codec.kind, codec.sampleRate == existing.receiver.codec.sampleRate,
+                codec.frameDuration == existing.receiver.codec.frameDuration
+            {
+                existing.format = format
+                receiver = existing.receiver
+            }
             if receiver == nil {
                 // A new speaker, or one whose format changed: its decoder is made here, on
                 // the connection's loop, not under the lock the audio thread takes each tick.
@@ -364,7 +375,8 @@ public final class PartyVoice: @unchecked Sendable {
 ///
 /// ``render(nowNanoseconds:into:)`` is for the audio thread alone (its buffers are its own).
 private final class Speaker: @unchecked Sendable {
-    let format: PartyAudioFormat?
+    /// As the speaker said it (read and changed on the connection's loop only).
+    var format: PartyAudioFormat?
     let receiver: VoiceReceiver
     let lastPlayed = Atomic<Int64>(0)
     private let resampler: Resampler?

@@ -489,12 +489,24 @@ public struct PartyMember: SansIOCore {
         emit(.sendingUnder(key.id))
     }
 
-    /// Seals `key` to `member`'s static key and sends it through the relay; then,
-    /// the first time in this stay, sealed the same way in a message of its own, how
-    /// this member encodes (``Configuration/audioFormat``). A member from before
-    /// formats existed reads the key as ever and refuses the second message as not a key.
+    /// Seals `key` to `member`'s static key and sends it through the relay; before
+    /// it, the first time in this stay, sealed the same way in a message of its own,
+    /// how this member encodes (``Configuration/audioFormat``). Control messages
+    /// arrive in order and no frame opens before its key, so the member knows the
+    /// format before the first frame it can hear. A member from before formats
+    /// existed refuses the format message as not a key and reads the key as ever.
     private mutating func deliver(_ key: SenderKey, to member: MemberID, room: String) {
         guard let entry = roster[member], let recipient = entry.publicKey else { return }
+        if let format = configuration.audioFormat, toldFormat.insert(member).inserted {
+            var said = Self.formatLabel
+            said.append(UInt8(room.utf8.count))
+            said += Array(room.utf8)
+            said.appendUInt64(key.id.kid)
+            format.encode(into: &said)
+            if let sealedFormat = try? Sealing.seal(said, from: identity, to: recipient) {
+                send(.key(member: member, sealed: Data(sealedFormat)))
+            }
+        }
         var payload = Self.keyLabel
         payload.append(UInt8(room.utf8.count))
         payload += Array(room.utf8)
@@ -502,14 +514,6 @@ public struct PartyMember: SansIOCore {
         payload += key.baseBytes
         guard let sealed = try? Sealing.seal(payload, from: identity, to: recipient) else { return }
         send(.key(member: member, sealed: Data(sealed)))
-        guard let format = configuration.audioFormat, toldFormat.insert(member).inserted else { return }
-        var said = Self.formatLabel
-        said.append(UInt8(room.utf8.count))
-        said += Array(room.utf8)
-        said.appendUInt64(key.id.kid)
-        format.encode(into: &said)
-        guard let sealedFormat = try? Sealing.seal(said, from: identity, to: recipient) else { return }
-        send(.key(member: member, sealed: Data(sealedFormat)))
     }
 
     private mutating func acceptKey(_ sealed: [UInt8], from member: MemberID) {

@@ -132,6 +132,26 @@ import Voice
         }
     }
 
+    /// A speaker that said nothing of its format (an older member, or frames before
+    /// the format came) and then says it encodes as this member does keeps its jitter
+    /// buffer; one that says another decoder gets a new one.
+    @Test func aFormatSaidLaterKeepsTheBufferWhenItDecodesTheSame() throws {
+        let voice = try PartyVoice(codec: CodecConfiguration(), source: nil, sink: nil)
+        let m = MemberID(3)
+        func frame(_ n: UInt16, _ format: PartyAudioFormat?) {
+            let header = PartyFrameHeader(
+                sender: m, sequence: n, timestamp: UInt32(n) * 160, level: .silence, sframe: SFrameHeader(keyID: 1, counter: 0))
+            voice.audioHandler(m, header, [0xF8, 0xFF, 0xFE], format)
+        }
+        frame(1, nil)
+        frame(2, PartyAudioFormat(codec: "opus", sampleRate: 8000, frameMilliseconds: 20))
+        frame(3, PartyAudioFormat(codec: "opus", sampleRate: 8000, frameMilliseconds: 20))
+        #expect(voice.speakers.map(\.packetsReceived) == [3])
+        frame(4, PartyAudioFormat(codec: "speex", sampleRate: 8000, frameMilliseconds: 20))
+        #expect(voice.speakers.map(\.packetsReceived) == [1])
+        #expect(voice.speakers.map(\.codec.kind) == [.speex])
+    }
+
     @Test func aSpeakerWhoseFormatThisBuildCannotDecodeIsNamedNotPlayed() async throws {
         try await Self.withRelay { relay, relayKey, logger in
             let codec = CodecConfiguration()

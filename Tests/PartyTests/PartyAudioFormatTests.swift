@@ -64,25 +64,28 @@ struct PartyAudioFormatTests {
     /// A member from before formats reads exactly `tusa-party-key-v1 ‖ room ‖ KID ‖
     /// key` and refuses anything longer: every key stays that, and the format travels
     /// in a message of its own, once per member per stay, not once per key.
-    @Test func keysStayAsOlderMembersReadThemAndTheFormatIsSaidOnce() throws {
+    @Test func keysStayAsOlderMembersReadThemAndTheFormatIsSaidOnceBeforeTheFirst() throws {
         var h = PartyHarness()
-        final class Seen: @unchecked Sendable { var keys: [Int] = [], formats = 0 }
+        final class Seen: @unchecked Sendable { var said: [String] = [], keyLengths: [Int] = [] }
         let seen = Seen()
         h.connect(alice, configuration: Self.announcing(Self.opus))
         h.connect(bob)
-        let room = try unwrap(h.room(alice, [bob]))
         let aliceIdentity = try #require(h.identities[alice])
         let bobIdentity = try #require(h.identities[bob])
-        // What Alice seals to Bob from here on, opened with Bob's key.
+        // What Alice seals to Bob, opened with Bob's key, in the order sent.
         h.acceptFrom = { session, bytes in
             guard session == alice, bytes.first == PartyPacketType.control.rawValue,
                 case .key(_, let sealed)? = try? PartyControl(json: bytes.dropFirst(9)),
                 let payload = try? Sealing.open(Array(sealed), from: aliceIdentity.publicKey, to: bobIdentity)
             else { return true }
-            if payload.starts(with: Array("tusa-party-key-v1".utf8)) { seen.keys.append(payload.count) }
-            if payload.starts(with: Array("tusa-party-format-v1".utf8)) { seen.formats += 1 }
+            if payload.starts(with: Array("tusa-party-key-v1".utf8)) {
+                seen.said.append("key")
+                seen.keyLengths.append(payload.count)
+            }
+            if payload.starts(with: Array("tusa-party-format-v1".utf8)) { seen.said.append("format") }
             return true
         }
+        let room = try unwrap(h.room(alice, [bob]))
         // Carol joins (a ratchet step, to her alone) and leaves (a fresh key for Bob), twice.
         for _ in 0..<2 {
             h.connect(carol)
@@ -91,9 +94,10 @@ struct PartyAudioFormatTests {
             h.input(carol, .leave)
             h.advance(by: .seconds(2))
         }
-        #expect(seen.keys.count == 2, "\(seen.keys)")
-        #expect(seen.keys.allSatisfy { $0 == 17 + 1 + room.utf8.count + 8 + SecretKey.length }, "\(seen.keys)")
-        #expect(seen.formats == 0, "Bob was told at his join, before this")
+        // The format once, before the first key (control messages arrive in order, and
+        // no frame opens before its key: Bob knows it before he can hear Alice).
+        #expect(seen.said == ["format", "key", "key", "key"], "\(seen.said)")
+        #expect(seen.keyLengths.allSatisfy { $0 == 17 + 1 + room.utf8.count + 8 + SecretKey.length }, "\(seen.keyLengths)")
         #expect(h.members[bob]?.audioFormats[try unwrap(h.id(alice))] == Self.opus)
     }
 
