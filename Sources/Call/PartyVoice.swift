@@ -7,7 +7,7 @@ import Voice
 /// What a party member heard of one speaker.
 public struct PartySpeakerReport: Sendable, Equatable {
     public var member: MemberID
-    /// How the speaker encodes (as it said with its key; else as this member does):
+    /// How the speaker encodes (as it said; else as this member does):
     /// the playout figures count its frames, at its rate.
     public var codec: CodecConfiguration
     public var playout: PlayoutStatistics
@@ -21,8 +21,8 @@ public struct PartySpeakerReport: Sendable, Equatable {
 /// pulls each speaker's jitter buffer, mixes them (``Mixer``, no clipping) and
 /// writes the mix to the sink. The mix is also the echo canceller's reference.
 ///
-/// Each speaker is decoded as it encodes: its codec, rate and frame duration come
-/// with its sender key (``PartyAudioFormat``, ``announcedFormat``), and a speaker at
+/// Each speaker is decoded as it encodes: it says its codec, rate and frame duration,
+/// sealed as its sender keys are (``PartyAudioFormat``, ``announcedFormat``), and a speaker at
 /// another rate is resampled into the mix. A room may mix Opus, Speex and L16 at 10
 /// and 20 ms. A speaker that says nothing is decoded as this member encodes; one
 /// whose format this build cannot decode is left out, with the reason
@@ -93,7 +93,7 @@ public final class PartyVoice: @unchecked Sendable {
         }
     }
 
-    /// How this member encodes, as its sender keys announce it
+    /// How this member encodes, as it tells the others
     /// (``PartyMember/Configuration/audioFormat``): give it to the connection.
     public var announcedFormat: PartyAudioFormat? {
         PartyAudioFormat(

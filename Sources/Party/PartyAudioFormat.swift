@@ -1,20 +1,23 @@
 import TusaBase
 
 /// How a member encodes its voice: the codec, its sample rate (the RTP clock of
-/// its frames) and its frame duration. Each member announces its own with every
-/// sender key it hands over, sealed end to end, so that each listener decodes each
-/// speaker as that speaker encodes: a room may mix codecs and frame lengths, and
-/// the relay neither reads nor changes what anyone uses.
+/// its frames) and its frame duration. Each member tells each other member its
+/// own once per stay, sealed end to end as its sender keys are and sent before the
+/// first of them, so that each listener decodes each speaker as that speaker
+/// encodes: a room may mix codecs and frame lengths, and the relay neither reads
+/// nor changes what anyone uses.
 ///
-/// On the wire it follows the key's base secret (``PartyMember``):
+/// On the wire it ends the sealed message `tusa-party-format-v1 ‖ the room id's
+/// length (1) ‖ the room id ‖ the KID of the key it goes with (8) ‖ format`
+/// (``PartyMember``), the format being
 /// ```
 ///  0      n: the codec name's length (1...15)
 ///  1…n    the codec name, lowercase ASCII ("opus", "speex", "l16")
 ///  n+1…4  the sample rate in Hz (big-endian)
 ///  n+5…2  the frame duration in ms (big-endian)
 /// ```
-/// A key without it (an older member) says nothing of the format: its listeners
-/// decode it as they encode themselves.
+/// A member that says nothing of its format (one from before formats) is decoded
+/// by each listener as the listener encodes.
 public struct PartyAudioFormat: Hashable, Sendable, CustomStringConvertible {
     /// The codec's name as the voice engine spells it ("opus", "speex", "l16").
     public let codec: String

@@ -24,6 +24,10 @@ import TusaBase
 ///   into its old seat when it can, and hands its current key to whoever is
 ///   there: the others hear a gap, nothing else changes.
 ///
+/// - Before the first key it hands each member, it tells that member how it
+///   encodes (``Configuration/audioFormat``), sealed the same way; what each other
+///   member said is in ``audioFormats`` and comes with each of its frames.
+///
 /// Inputs are the relay's packets and the user's requests; actions are packets
 /// for the relay and events for the app. ``seal(_:timestamp:level:now:)`` is the
 /// hot path for outgoing voice; incoming voice comes out as `.audio` events.
@@ -50,8 +54,8 @@ public struct PartyMember: SansIOCore {
         /// Report every sender key used or handed over as a `.keyLog` line
         /// (``KeyLog/partyLine(kid:base:)``), for `tusa interop decrypt`. Off: whoever reads them hears the room.
         public var keyLog = false
-        /// How this member encodes its voice, announced with every sender key it hands
-        /// over (nil: announced not, and its listeners assume their own).
+        /// How this member encodes its voice, told to each other member once, before
+        /// the first sender key it hands over (nil: told not, and its listeners assume their own).
         public var audioFormat: PartyAudioFormat?
         public init() {}
     }
@@ -101,7 +105,7 @@ public struct PartyMember: SansIOCore {
     /// The other members, as the relay told us (their static keys included).
     public private(set) var roster: [MemberID: RosterEntry] = [:]
     public private(set) var keyring = PartyKeyring()
-    /// How each other member said it encodes its voice (with its latest key).
+    /// How each other member said it encodes its voice (``Configuration/audioFormat``).
     public private(set) var audioFormats: [MemberID: PartyAudioFormat] = [:]
     /// The key each member's format came with: a format that came with an earlier
     /// key (a replay of an old message) does not replace it.

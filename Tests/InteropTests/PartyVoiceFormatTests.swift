@@ -39,6 +39,38 @@ import Voice
         await group.triggerGracefulShutdown()
     }
 
+    /// A speaker and a listener, each on a connection of its own with its member
+    /// configuration, in one room: the speaker's source played to its end, then
+    /// `settle` for its last frames. The speaker's member id.
+    static func speak(
+        _ speaking: PartyVoice, as speaker: PartyMember.Configuration, to listening: PartyVoice,
+        listening listener: PartyMember.Configuration, through relay: (TransportAddress, PublicKey, Logger),
+        settle: Duration
+    ) async throws -> MemberID {
+        let (address, key, logger) = relay
+        let speakerConnection = try await PartyConnection.connect(
+            to: address, relayKey: key, identity: .generate(), transport: .udp, configuration: speaker,
+            audio: speaking.audioHandler, logger: logger)
+        let listenerConnection = try await PartyConnection.connect(
+            to: address, relayKey: key, identity: .generate(), transport: .udp, configuration: listener,
+            audio: listening.audioHandler, logger: logger)
+        let room = try await speakerConnection.create(name: "formats")
+        _ = try await listenerConnection.join(room.room)
+        #expect(
+            await eventually(within: .seconds(5)) {
+                (try? await listenerConnection.read { $0.keyring.hasKey(from: room.me) }) == true
+            })
+        listening.start(sending: listenerConnection)
+        speaking.start(sending: speakerConnection)
+        #expect(await eventually(within: .seconds(10)) { speaking.sourceEnded })
+        try await Task.sleep(for: settle)
+        await speaking.stop()
+        await listening.stop()
+        await speakerConnection.close()
+        await listenerConnection.close()
+        return room.me
+    }
+
     /// The power of `x` at `frequency` (Goertzel), per sample.
     static func power(_ x: ArraySlice<Int16>, at frequency: Double, rate: Int) -> Double {
         let w = 2 * Double.pi * frequency / Double(rate)
@@ -83,26 +115,11 @@ import Voice
             let listening = try PartyVoice(codec: listenerCodec, source: nil, sink: recording)
             var announcing = PartyMember.Configuration()
             announcing.audioFormat = speaking.announcedFormat
-            let speaker = try await PartyConnection.connect(
-                to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, configuration: announcing,
-                audio: speaking.audioHandler, logger: logger)
             var listenerConfiguration = PartyMember.Configuration()
             listenerConfiguration.audioFormat = listening.announcedFormat
-            let listener = try await PartyConnection.connect(
-                to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, configuration: listenerConfiguration,
-                audio: listening.audioHandler, logger: logger)
-            let room = try await speaker.create(name: "formats")
-            _ = try await listener.join(room.room)
-            #expect(
-                await eventually(within: .seconds(5)) { (try? await listener.read { $0.keyring.hasKey(from: room.me) }) == true })
-            listening.start(sending: listener)
-            speaking.start(sending: speaker)
-            #expect(await eventually(within: .seconds(10)) { speaking.sourceEnded })
-            try await Task.sleep(for: .milliseconds(500))
-            await speaking.stop()
-            await listening.stop()
-            await speaker.close()
-            await listener.close()
+            let me = try await Self.speak(
+                speaking, as: announcing, to: listening, listening: listenerConfiguration, through: (relay, relayKey, logger),
+                settle: .milliseconds(500))
 
             let heard = listening.speakers
             try #require(heard.count == 1, "\(heard)")
@@ -127,7 +144,7 @@ import Voice
             let seconds = Double(last - first) / Double(rate)
             #expect((1.9...2.15).contains(seconds), "the tone played for \(seconds) s")
             // The speaker's report stays when it leaves, its jitter buffer not.
-            listening.forget(room.me)
+            listening.forget(me)
             #expect(listening.speakers.map(\.packetsReceived) == [heard[0].packetsReceived])
         }
     }
@@ -164,31 +181,16 @@ import Voice
             // A member whose client says it sends G.722, which this build has no decoder for.
             var g722 = PartyMember.Configuration()
             g722.audioFormat = PartyAudioFormat(codec: "g722", sampleRate: 16_000, frameMilliseconds: 20)
-            let speaker = try await PartyConnection.connect(
-                to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, configuration: g722,
-                audio: speaking.audioHandler, logger: logger)
-            let listener = try await PartyConnection.connect(
-                to: relay, relayKey: relayKey, identity: .generate(), transport: .udp, audio: listening.audioHandler,
-                logger: logger)
-            let room = try await speaker.create(name: "formats")
-            _ = try await listener.join(room.room)
-            #expect(
-                await eventually(within: .seconds(5)) { (try? await listener.read { $0.keyring.hasKey(from: room.me) }) == true })
-            listening.start(sending: listener)
-            speaking.start(sending: speaker)
-            #expect(await eventually(within: .seconds(10)) { speaking.sourceEnded })
-            try await Task.sleep(for: .milliseconds(300))
-            await speaking.stop()
-            await listening.stop()
-            await speaker.close()
-            await listener.close()
+            let me = try await Self.speak(
+                speaking, as: g722, to: listening, listening: .init(), through: (relay, relayKey, logger),
+                settle: .milliseconds(300))
 
             // Told once, though 50 frames came; named in the report; nothing played.
             let calls = told.withLock { $0 }
             #expect(calls.count == 1, "\(calls)")
-            #expect(calls.first?.0 == room.me)
+            #expect(calls.first?.0 == me)
             #expect(calls.first?.1.contains("g722 16000 Hz 20 ms") == true, "\(calls)")
-            #expect(listening.undecodableSpeakers[room.me]?.contains("g722") == true)
+            #expect(listening.undecodableSpeakers[me]?.contains("g722") == true)
             #expect(listening.speakers.isEmpty, "\(listening.speakers)")
             #expect(recording.all.allSatisfy { $0 == 0 })
         }
