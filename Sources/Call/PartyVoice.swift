@@ -114,9 +114,9 @@ public final class PartyVoice: @unchecked Sendable {
             }
             let existing = receivers.withLock { $0[member] }
             var receiver = existing.flatMap { $0.format == format ? $0.receiver : nil }
-            // A format said now that decodes as the speaker's frames were decoded so far
-            // (it said nothing before, and encodes as this member does): the same buffer.
-            if receiver == nil, let existing,
+            // A speaker that said nothing of its format before says it now, and it decodes
+            // as its frames were decoded so far (as this member encodes): the same buffer.
+            if receiver == nil, let existing, existing.format == nil,
                 let codec = try? Speaker.codec(format, listener: self.codec, playout: self.playout),
                 codec.kind == existing.receiver.codec.kind, codec.sampleRate == existing.receiver.codec.sampleRate,
                 codec.frameDuration == existing.receiver.codec.frameDuration

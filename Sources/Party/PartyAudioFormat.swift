@@ -2,7 +2,7 @@ import TusaBase
 
 /// How a member encodes its voice: the codec, its sample rate (the RTP clock of
 /// its frames) and its frame duration. Each member tells each other member its
-/// own once per stay, sealed end to end as its sender keys are and sent before the
+/// own once (again after a rejoin), sealed end to end as its sender keys are and sent before the
 /// first of them, so that each listener decodes each speaker as that speaker
 /// encodes: a room may mix codecs and frame lengths, and the relay neither reads
 /// nor changes what anyone uses.

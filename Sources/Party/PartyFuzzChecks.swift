@@ -82,7 +82,7 @@ public enum PartyFuzzChecks {
         precondition(PartyInvitation(decoding: invitation.encoded()) == invitation, "an invitation does not round-trip")
     }
 
-    /// A member's audio format (what follows its sender key) reads back to its bytes.
+    /// A member's audio format (what ends its format message) reads back to its bytes.
     private static func audioFormat(_ bytes: [UInt8]) {
         guard let format = try? PartyAudioFormat.decode(bytes[...]) else { return }
         var out: [UInt8] = []

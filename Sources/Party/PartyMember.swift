@@ -107,10 +107,8 @@ public struct PartyMember: SansIOCore {
     public private(set) var keyring = PartyKeyring()
     /// How each other member said it encodes its voice (``Configuration/audioFormat``).
     public private(set) var audioFormats: [MemberID: PartyAudioFormat] = [:]
-    /// The key each member's format came with: a format that came with an earlier
-    /// key (a replay of an old message) does not replace it.
-    private var formatKeys: [MemberID: UInt64] = [:]
-    /// The members told this member's own format in this stay (once each: it does not change).
+    /// The members told this member's own format since it joined or rejoined (once
+    /// each: it does not change).
     private var toldFormat: Set<MemberID> = []
     /// Members not back yet after a rejoin, whose keys are kept for when they are.
     private var away: [MemberID: RosterEntry] = [:]
@@ -408,7 +406,6 @@ public struct PartyMember: SansIOCore {
         for m in members where m.member != me { roster[m.member] = m }
         keyring = PartyKeyring()
         audioFormats = [:]
-        formatKeys = [:]
         toldFormat = []
         pendingSince = nil
         awaitingAck = []
@@ -494,14 +491,14 @@ public struct PartyMember: SansIOCore {
     }
 
     /// Seals `key` to `member`'s static key and sends it through the relay; before
-    /// it, the first time in this stay, sealed the same way in a message of its own,
+    /// it, the first time since it joined or rejoined, sealed the same way in a message of its own,
     /// how this member encodes (``Configuration/audioFormat``). Control messages
     /// arrive in order and no frame opens before its key, so the member knows the
     /// format before the first frame it can hear. A member from before formats
     /// existed refuses the format message as not a key and reads the key as ever.
     private mutating func deliver(_ key: SenderKey, to member: MemberID, room: String) {
         guard let entry = roster[member], let recipient = entry.publicKey else { return }
-        if let format = configuration.audioFormat, toldFormat.insert(member).inserted {
+        if let format = configuration.audioFormat, !toldFormat.contains(member) {
             var said = Self.formatLabel
             said.append(UInt8(room.utf8.count))
             said += Array(room.utf8)
@@ -509,6 +506,7 @@ public struct PartyMember: SansIOCore {
             format.encode(into: &said)
             if let sealedFormat = try? Sealing.seal(said, from: identity, to: recipient) {
                 send(.key(member: member, sealed: Data(sealedFormat)))
+                toldFormat.insert(member)
             }
         }
         var payload = Self.keyLabel
@@ -559,9 +557,10 @@ public struct PartyMember: SansIOCore {
         emit(.keyReceived(id))
     }
 
-    /// How `member` encodes under one of its keys: the room, the key's id, the
-    /// ``PartyAudioFormat``. One that came with an earlier key than the last one's is
-    /// old news (a relay replaying a sealed message it forwarded before) and ignored.
+    /// How `member` encodes: the room, the id of the key it was sent with (the
+    /// member's own), the ``PartyAudioFormat``. The last one read holds. (A relay that
+    /// replays one it forwarded before repeats what the member said: its format does
+    /// not change while it runs.)
     private mutating func acceptFormat(_ said: ArraySlice<UInt8>, from member: MemberID, room: String) {
         let said = Array(said)
         guard let roomLength = said.first.map(Int.init), said.count > 1 + roomLength + 8,
@@ -580,8 +579,6 @@ public struct PartyMember: SansIOCore {
             emit(.badKey(from: member, why: "its audio format does not read (\(error))"))
             return
         }
-        if let last = formatKeys[member], kid < last { return }
-        formatKeys[member] = kid
         audioFormats[member] = format
     }
 
@@ -589,7 +586,6 @@ public struct PartyMember: SansIOCore {
     /// that we told it ours, no longer hold.
     private mutating func forgetFormat(of member: MemberID) {
         audioFormats[member] = nil
-        formatKeys[member] = nil
         toldFormat.remove(member)
     }
 
@@ -616,7 +612,6 @@ public struct PartyMember: SansIOCore {
         away = [:]
         keyring = PartyKeyring()
         audioFormats = [:]
-        formatKeys = [:]
         toldFormat = []
         awaitingAck = []
         pendingSince = nil

@@ -151,7 +151,8 @@ import Voice
 
     /// A speaker that said nothing of its format (an older member, or frames before
     /// the format came) and then says it encodes as this member does keeps its jitter
-    /// buffer; one that says another decoder gets a new one.
+    /// buffer; one that says another decoder gets a new one, and so does one that
+    /// said a format and then says none.
     @Test func aFormatSaidLaterKeepsTheBufferWhenItDecodesTheSame() throws {
         let voice = try PartyVoice(codec: CodecConfiguration(), source: nil, sink: nil)
         let m = MemberID(3)
@@ -167,6 +168,11 @@ import Voice
         frame(4, PartyAudioFormat(codec: "speex", sampleRate: 8000, frameMilliseconds: 20))
         #expect(voice.speakers.map(\.packetsReceived) == [1])
         #expect(voice.speakers.map(\.codec.kind) == [.speex])
+        // One that said its format and now says none is someone else in the seat (an
+        // older member): a new buffer, even where it decodes the same.
+        frame(5, PartyAudioFormat(codec: "opus", sampleRate: 8000, frameMilliseconds: 20))
+        frame(6, nil)
+        #expect(voice.speakers.map(\.packetsReceived) == [1])
     }
 
     @Test func aSpeakerWhoseFormatThisBuildCannotDecodeIsNamedNotPlayed() async throws {

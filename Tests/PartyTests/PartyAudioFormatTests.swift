@@ -148,15 +148,13 @@ struct PartyAudioFormatTests {
             #expect(!after.contains { if case .keyReceived = $0 { true } else { false } }, "\(after)")
             #expect(h.members[bob]?.audioFormats[m] == nil)
         }
-        // One that reads is taken; one that came with an earlier key than that
-        // (a replay) is not; one with a later key is.
+        // One that reads is taken, and the last one read holds (whatever key it names:
+        // a member that started again numbers its keys from 0 again).
         send(try sealed("tusa-party-format-v1", kid: kid, good))
         #expect(h.members[bob]?.audioFormats[m] == Self.speex)
         var opus: [UInt8] = []
         try #require(Self.opus).encode(into: &opus)
-        send(try sealed("tusa-party-format-v1", kid: SenderKeyID(member: m, epoch: 2, step: 9), opus))
-        #expect(h.members[bob]?.audioFormats[m] == Self.speex)
-        send(try sealed("tusa-party-format-v1", kid: SenderKeyID(member: m, epoch: 3, step: 1), opus))
+        send(try sealed("tusa-party-format-v1", kid: SenderKeyID(member: m, epoch: 0, step: 0), opus))
         #expect(h.members[bob]?.audioFormats[m] == Self.opus)
         // Nothing else was lost: Bob hears Alice as before.
         h.advance(by: .milliseconds(1100))
