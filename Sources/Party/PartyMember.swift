@@ -457,7 +457,8 @@ public struct PartyMember: SansIOCore {
 
     private mutating func sendRejoin() {
         guard case .rejoining(_, _, let me, _) = phase, let ticket else { return }
-        let highest = max(roster.keys.max() ?? me, me)
+        // Those not back since an earlier rejoin count too: their seats are theirs.
+        let highest = max(roster.keys.max() ?? me, away.keys.max() ?? me, me)
         send(.rejoin(ticket: ticket, member: me, highest: highest))
     }
 

@@ -329,4 +329,22 @@ struct PartyRejoinTests {
         h.speak(carol, speech)
         #expect(h.heard(dave, from: carolID).last == speech)
     }
+
+    @Test func twoRestartsInARowStillKeepTheSeatsOfThoseNotBackYet() throws {
+        var h = PartyHarness()
+        for s in [alice, bob, carol] { h.connect(s) }
+        let room = try unwrap(h.room(alice, [bob, carol]))
+        let carolID = try unwrap(h.id(carol))
+        // The relay restarts; Alice is back, Bob and Carol not yet; it restarts again.
+        for _ in 0..<2 {
+            h.restartRelay()
+            h.advance(by: .seconds(3))
+            h.reconnect(alice)
+        }
+        h.connect(dave)
+        h.input(dave, .join(room: room))
+        #expect(try unwrap(h.id(dave)) > carolID, "a newcomer took a seat of one still to come back")
+        h.reconnect(carol)
+        #expect(h.id(carol) == carolID)
+    }
 }
