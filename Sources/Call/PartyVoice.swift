@@ -11,8 +11,14 @@ public struct PartySpeakerReport: Sendable, Equatable {
     /// the playout figures count its frames, at its rate.
     public var codec: CodecConfiguration
     public var playout: PlayoutStatistics
-    /// The speaker's frames that arrived (after the relay's speaker selection).
+    /// The speaker's frames that arrived (after the relay's speaker selection), all
+    /// of them: also before it left and came back to its seat (a lost session, a
+    /// relay restart), or changed its format. The playout figures are its current
+    /// jitter buffer's.
     public var packetsReceived: Int
+    /// The jitter buffers the speaker had: one, and one more each time it came back
+    /// after leaving or changed to a format another decoder reads.
+    public var jitterBuffers: Int
 }
 
 /// A party's voice on one member: one real-time thread ticks every 5 ms; at
@@ -35,7 +41,8 @@ public final class PartyVoice: @unchecked Sendable {
     public let codec: CodecConfiguration
     private let sender: VoiceSender
     private let receivers = Mutex<[MemberID: Speaker]>([:])
-    private let received = Mutex<[MemberID: Int]>([:])
+    /// Each speaker's frames that arrived and the jitter buffers it had, since it was first heard.
+    private let received = Mutex<[MemberID: (packets: Int, buffers: Int)]>([:])
     /// Speakers whose format this build cannot decode: the format and why (their
     /// frames are dropped without another try until the format changes).
     private let undecodable = Mutex<[MemberID: (format: PartyAudioFormat?, why: String)]>([:])
@@ -132,7 +139,7 @@ public final class PartyVoice: @unchecked Sendable {
                         format: format, listener: self.codec, playout: self.playout, firstPlayed: self.firstPlayed,
                         chunk: self.codec.sampleRate * Self.renderMilliseconds / 1000)
                     receivers.withLock { $0[member] = made }
-                    received.withLock { $0[member] = 0 }
+                    received.withLock { $0[member, default: (0, 0)].buffers += 1 }
                     receiver = made.receiver
                 } catch {
                     receivers.withLock { $0[member] = nil }
@@ -145,7 +152,7 @@ public final class PartyVoice: @unchecked Sendable {
             audio.withUnsafeBytes {
                 _ = receiver.receive(sequence: header.sequence, timestamp: header.timestamp, payload: $0, arrivalNanoseconds: now)
             }
-            received.withLock { $0[member, default: 0] += 1 }
+            received.withLock { $0[member, default: (0, 0)].packets += 1 }
         }
     }
 
@@ -223,7 +230,7 @@ public final class PartyVoice: @unchecked Sendable {
             for (m, speaker) in r {
                 all[m] = PartySpeakerReport(
                     member: m, codec: speaker.receiver.codec, playout: speaker.receiver.statistics,
-                    packetsReceived: counts[m] ?? 0)
+                    packetsReceived: counts[m]?.packets ?? 0, jitterBuffers: counts[m]?.buffers ?? 0)
             }
         }
         return all.keys.sorted().compactMap { all[$0] }
@@ -231,11 +238,12 @@ public final class PartyVoice: @unchecked Sendable {
 
     /// `member` left the room: its jitter buffer and decoder go (kept, a relay that
     /// cycled members through the room would have the audio thread render each one
-    /// for good), and what it heard of it stays in ``speakers``.
+    /// for good), and what it heard of it stays in ``speakers``. One that comes back
+    /// to its seat (it left as its session was lost) gets a new jitter buffer, and its
+    /// frames go on being counted.
     public func forget(_ member: MemberID) {
         let report = speakers.first { $0.member == member }
         receivers.withLock { _ = $0.removeValue(forKey: member) }
-        received.withLock { _ = $0.removeValue(forKey: member) }
         undecodable.withLock { _ = $0.removeValue(forKey: member) }
         guard let report else { return }
         departed.withLock { d in

@@ -164,15 +164,36 @@ import Voice
         frame(1, nil)
         frame(2, PartyAudioFormat(codec: "opus", sampleRate: 8000, frameMilliseconds: 20))
         frame(3, PartyAudioFormat(codec: "opus", sampleRate: 8000, frameMilliseconds: 20))
-        #expect(voice.speakers.map(\.packetsReceived) == [3])
+        #expect(voice.speakers.map(\.jitterBuffers) == [1])
         frame(4, PartyAudioFormat(codec: "speex", sampleRate: 8000, frameMilliseconds: 20))
-        #expect(voice.speakers.map(\.packetsReceived) == [1])
+        #expect(voice.speakers.map(\.jitterBuffers) == [2])
         #expect(voice.speakers.map(\.codec.kind) == [.speex])
         // One that said its format and now says none is someone else in the seat (an
         // older member): a new buffer, even where it decodes the same.
         frame(5, PartyAudioFormat(codec: "opus", sampleRate: 8000, frameMilliseconds: 20))
         frame(6, nil)
-        #expect(voice.speakers.map(\.packetsReceived) == [1])
+        #expect(voice.speakers.map(\.jitterBuffers) == [4])
+        // Every frame that came is counted, whatever buffer it went to.
+        #expect(voice.speakers.map(\.packetsReceived) == [6])
+    }
+
+    /// A speaker whose session was lost leaves the room and comes back to its seat:
+    /// a new jitter buffer, and its frames counted from its first (a TCP member whose
+    /// link hung reported a third of them).
+    @Test func aSpeakerThatLeavesAndComesBackIsCountedWhole() throws {
+        let voice = try PartyVoice(codec: CodecConfiguration(), source: nil, sink: nil)
+        let m = MemberID(2)
+        func frame(_ n: UInt16) {
+            let header = PartyFrameHeader(
+                sender: m, sequence: n, timestamp: UInt32(n) * 160, level: .silence, sframe: SFrameHeader(keyID: 1, counter: 0))
+            voice.audioHandler(m, header, [0xF8, 0xFF, 0xFE], nil)
+        }
+        for n: UInt16 in 1...5 { frame(n) }
+        voice.forget(m)
+        #expect(voice.speakers.map(\.packetsReceived) == [5])
+        for n: UInt16 in 6...8 { frame(n) }
+        #expect(voice.speakers.map(\.packetsReceived) == [8])
+        #expect(voice.speakers.map(\.jitterBuffers) == [2])
     }
 
     @Test func aSpeakerWhoseFormatThisBuildCannotDecodeIsNamedNotPlayed() async throws {

@@ -534,7 +534,7 @@ private func address(in message: Message, _ type: AttributeType) throws -> Trans
     }
 }
 
-/// Two UDP ports free on both 127.0.0.1 and 127.0.0.2 right now.
+/// Two UDP ports free on both 127.0.0.1 and 127.0.0.2 right now, the first free for a TCP listener on 127.0.0.1 too.
 private func freeUDPPorts() throws -> (UInt16, UInt16) {
     for _ in 0..<20 {
         let a = try TestSocket.udp(bindingTo: loopbackV4)
@@ -543,7 +543,9 @@ private func freeUDPPorts() throws -> (UInt16, UInt16) {
         let onSecond = [ports.0, ports.1].allSatisfy { port in
             (try? TestSocket.udp(bindingTo: secondLoopbackV4, port: port)) != nil
         }
-        if onSecond { return ports }
+        // The service listens on TCP at the primary port too (once CI's parallel run had
+        // a connection there: "cannot listen on tcp 127.0.0.1:…: Address already in use").
+        if onSecond, TestSocket.tcpListenerCouldBind(TransportAddress(ip: loopbackV4, port: ports.0)) { return ports }
     }
-    throw TestSocketError("no two free UDP ports on 127.0.0.1 and 127.0.0.2")
+    throw TestSocketError("no two free UDP ports on 127.0.0.1 and 127.0.0.2 (the first free for TCP too)")
 }

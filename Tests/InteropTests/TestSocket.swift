@@ -51,6 +51,17 @@ final class TestSocket: @unchecked Sendable {
         return try TestSocket(fd: fd)
     }
 
+    /// Whether a TCP listener could take `address` now (bound and listening with
+    /// SO_REUSEADDR, as a server's listener is, then closed).
+    static func tcpListenerCouldBind(_ address: TransportAddress) -> Bool {
+        let fd = socket(address.ip.isIPv4 ? AF_INET : AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var one: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        return withSockaddr(address) { bind(fd, $0, $1) == 0 } && listen(fd, 1) == 0
+    }
+
     /// A TCP connection to `server`, from `source` (any port) when given.
     static func tcp(connectingTo server: TransportAddress, from source: IPAddress? = nil) throws -> TestSocket {
         let fd = socket(server.ip.isIPv4 ? AF_INET : AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
