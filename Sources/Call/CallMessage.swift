@@ -29,12 +29,13 @@ extension CallMessage.Codec {
 
     /// The configuration this describes, or a typed error for one this build cannot run.
     public func configuration() throws(CallError) -> CodecConfiguration {
-        guard let kind = CodecKind(rawValue: name) else { throw .unsupported("codec \(name)") }
-        guard let frame = FrameDuration(rawValue: frameMilliseconds) else { throw .unsupported("\(frameMilliseconds) ms frames") }
-        var c = CodecConfiguration(kind: kind, sampleRate: sampleRate, frameDuration: frame)
+        var c: CodecConfiguration
+        do { c = try decoderConfiguration(codec: name, sampleRate: sampleRate, frameMilliseconds: frameMilliseconds) } catch {
+            // (The codec or frame it names, or the codec's own reason, a typed VoiceError.)
+            if case .unavailable(let what) = error { throw .unsupported(what) }
+            throw .unsupported("\(error)")
+        }
         c.bitrate = bitrate
-        // The codec itself checks the rest when it is made (a typed VoiceError).
-        do { _ = try makeDecoder(c) } catch { throw .unsupported("\(error)") }
         return c
     }
 }

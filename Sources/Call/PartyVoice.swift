@@ -121,26 +121,27 @@ public final class PartyVoice: @unchecked Sendable {
             }
             let existing = receivers.withLock { $0[member] }
             var receiver = existing.flatMap { $0.format == format ? $0.receiver : nil }
-            // A speaker that said nothing of its format before says it now, and it decodes
-            // as its frames were decoded so far (as this member encodes): the same buffer.
-            if receiver == nil, let existing, existing.format == nil,
-                let codec = try? Speaker.codec(format, listener: self.codec, playout: self.playout),
-                codec.kind == existing.receiver.codec.kind, codec.sampleRate == existing.receiver.codec.sampleRate,
-                codec.frameDuration == existing.receiver.codec.frameDuration
-            {
-                existing.format = format
-                receiver = existing.receiver
-            }
             if receiver == nil {
-                // A new speaker, or one whose format changed: its decoder is made here, on
-                // the connection's loop, not under the lock the audio thread takes each tick.
                 do {
-                    let made = try Speaker(
-                        format: format, listener: self.codec, playout: self.playout, firstPlayed: self.firstPlayed,
-                        chunk: self.codec.sampleRate * Self.renderMilliseconds / 1000)
-                    receivers.withLock { $0[member] = made }
-                    received.withLock { $0[member, default: (0, 0)].buffers += 1 }
-                    receiver = made.receiver
+                    let codec = try Speaker.codec(format, listener: self.codec, playout: self.playout)
+                    if let existing, existing.format == nil, codec.kind == existing.receiver.codec.kind,
+                        codec.sampleRate == existing.receiver.codec.sampleRate,
+                        codec.frameDuration == existing.receiver.codec.frameDuration
+                    {
+                        // A speaker that said nothing of its format before says it now, and it
+                        // decodes as its frames were decoded so far: the same buffer.
+                        existing.format = format
+                        receiver = existing.receiver
+                    } else {
+                        // A new speaker, or one whose format changed: its decoder is made here, on
+                        // the connection's loop, not under the lock the audio thread takes each tick.
+                        let made = try Speaker(
+                            format: format, codec: codec, listener: self.codec, playout: self.playout,
+                            firstPlayed: self.firstPlayed, chunk: self.codec.sampleRate * Self.renderMilliseconds / 1000)
+                        receivers.withLock { $0[member] = made }
+                        received.withLock { $0[member, default: (0, 0)].buffers += 1 }
+                        receiver = made.receiver
+                    }
                 } catch {
                     receivers.withLock { $0[member] = nil }
                     undecodable.withLock { $0[member] = (format, "\(error)") }
@@ -396,13 +397,14 @@ private final class Speaker: @unchecked Sendable {
     private var pending: [Int16]
     private var pendingCount = 0
 
-    /// - Parameter chunk: the listener's samples per render.
+    /// - Parameters:
+    ///   - codec: how `format` decodes (``codec(_:listener:playout:)``).
+    ///   - chunk: the listener's samples per render.
     init(
-        format: PartyAudioFormat?, listener: CodecConfiguration, playout: PlayoutConfiguration, firstPlayed: AtomicBox,
-        chunk: Int
+        format: PartyAudioFormat?, codec: CodecConfiguration, listener: CodecConfiguration, playout: PlayoutConfiguration,
+        firstPlayed: AtomicBox, chunk: Int
     ) throws(VoiceError) {
         self.format = format
-        let codec = try Self.codec(format, listener: listener, playout: playout)
         receiver = try VoiceReceiver(codec: codec, playout: playout)
         if codec.sampleRate == listener.sampleRate {
             resampler = nil
@@ -428,19 +430,17 @@ private final class Speaker: @unchecked Sendable {
         _ format: PartyAudioFormat?, listener: CodecConfiguration, playout: PlayoutConfiguration
     ) throws(VoiceError) -> CodecConfiguration {
         guard let format else { return listener }
-        guard let kind = CodecKind(rawValue: format.codec) else {
-            throw .invalidConfiguration("it sends \(format), a codec this build does not decode")
-        }
-        guard let frame = FrameDuration(rawValue: format.frameMilliseconds) else {
-            throw .invalidConfiguration("it sends \(format), a frame duration this build does not decode")
-        }
-        let codec = CodecConfiguration(kind: kind, sampleRate: format.sampleRate, frameDuration: frame)
-        do { _ = try makeDecoder(codec) } catch {
-            throw .invalidConfiguration("it sends \(format), which this build does not decode: \(error)")
+        let codec: CodecConfiguration
+        do {
+            codec = try decoderConfiguration(
+                codec: format.codec, sampleRate: format.sampleRate, frameMilliseconds: format.frameMilliseconds)
+        } catch {
+            let why = if case .unavailable(let what) = error { what } else { "\(error)" }
+            throw .invalidConfiguration("it sends \(format), which this build does not decode (\(why))")
         }
         // (Opus and Speex packets are at most 1,275 bytes; L16's grow with the rate and frame.)
         let limit = playout.maximumPayloadSize
-        if kind == .l16, 2 * codec.samplesPerFrame > limit {
+        if codec.kind == .l16, 2 * codec.samplesPerFrame > limit {
             throw .invalidConfiguration(
                 "it sends \(format), frames of \(2 * codec.samplesPerFrame) bytes, more than the \(limit) a jitter buffer holds")
         }

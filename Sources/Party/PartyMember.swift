@@ -500,23 +500,39 @@ public struct PartyMember: SansIOCore {
     private mutating func deliver(_ key: SenderKey, to member: MemberID, room: String) {
         guard let entry = roster[member], let recipient = entry.publicKey else { return }
         if let format = configuration.audioFormat, !toldFormat.contains(member) {
-            var said = Self.formatLabel
-            said.append(UInt8(room.utf8.count))
-            said += Array(room.utf8)
-            said.appendUInt64(key.id.kid)
+            var said: [UInt8] = []
             format.encode(into: &said)
-            if let sealedFormat = try? Sealing.seal(said, from: identity, to: recipient) {
+            if let sealedFormat = try? Sealing.seal(
+                Self.keyMessage(Self.formatLabel, room: room, kid: key.id.kid, said), from: identity, to: recipient)
+            {
                 send(.key(member: member, sealed: Data(sealedFormat)))
                 toldFormat.insert(member)
             }
         }
-        var payload = Self.keyLabel
-        payload.append(UInt8(room.utf8.count))
-        payload += Array(room.utf8)
-        payload.appendUInt64(key.id.kid)
-        payload += key.baseBytes
+        let payload = Self.keyMessage(Self.keyLabel, room: room, kid: key.id.kid, key.baseBytes)
         guard let sealed = try? Sealing.seal(payload, from: identity, to: recipient) else { return }
         send(.key(member: member, sealed: Data(sealed)))
+    }
+
+    /// What a member seals to another about one of its keys: `label ‖ the room id's
+    /// length (1) ‖ the room id ‖ the key's KID (8) ‖ body` (the key's base secret, or
+    /// the member's ``PartyAudioFormat``).
+    private static func keyMessage(_ label: [UInt8], room: String, kid: UInt64, _ body: [UInt8]) -> [UInt8] {
+        var message = label
+        message.append(UInt8(room.utf8.count))
+        message += Array(room.utf8)
+        message.appendUInt64(kid)
+        return message + body
+    }
+
+    /// A ``keyMessage(_:room:kid:_:)`` after its label: the KID and the body, or nil
+    /// when it is cut short or for another room than `room`.
+    private static func readKeyMessage(_ afterLabel: ArraySlice<UInt8>, room: String) -> (kid: UInt64, body: ArraySlice<UInt8>)? {
+        guard let roomLength = afterLabel.first.map(Int.init) else { return nil }
+        let rest = afterLabel.dropFirst()
+        guard rest.count >= roomLength + 8, rest.prefix(roomLength).elementsEqual(room.utf8) else { return nil }
+        let kid = rest.dropFirst(roomLength).prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        return (kid, rest.dropFirst(roomLength + 8))
     }
 
     private mutating func acceptKey(_ sealed: [UInt8], from member: MemberID) {
@@ -532,22 +548,17 @@ public struct PartyMember: SansIOCore {
         if payload.starts(with: Self.formatLabel) {
             return acceptFormat(payload.dropFirst(Self.formatLabel.count), from: member, room: room)
         }
-        let label = Self.keyLabel.count
-        guard payload.count > label, Array(payload[..<label]) == Self.keyLabel else {
+        guard payload.count > Self.keyLabel.count, payload.starts(with: Self.keyLabel) else {
             emit(.badKey(from: member, why: "not a party key"))
             return
         }
-        let roomLength = Int(payload[label])
-        let rest = payload.dropFirst(label + 1)
-        guard rest.count == roomLength + 8 + SecretKey.length, Array(rest.prefix(roomLength)) == Array(room.utf8) else {
+        guard let (kid, body) = Self.readKeyMessage(payload.dropFirst(Self.keyLabel.count), room: room),
+            body.count == SecretKey.length
+        else {
             emit(.badKey(from: member, why: "for another room"))
             return
         }
-        let kidBytes = Array(rest.dropFirst(roomLength).prefix(8))
-        let kid = kidBytes.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
-        guard let id = SenderKeyID(kid: kid), id.member == member,
-            let base = try? SecretKey(bytes: rest.suffix(SecretKey.length))
-        else {
+        guard let id = SenderKeyID(kid: kid), id.member == member, let base = try? SecretKey(bytes: Array(body)) else {
             emit(.badKey(from: member, why: "a key for another member"))
             return
         }
@@ -563,20 +574,16 @@ public struct PartyMember: SansIOCore {
     /// replays one it forwarded before repeats what the member said: its format does
     /// not change while it runs.)
     private mutating func acceptFormat(_ said: ArraySlice<UInt8>, from member: MemberID, room: String) {
-        let said = Array(said)
-        guard let roomLength = said.first.map(Int.init), said.count > 1 + roomLength + 8,
-            Array(said[1..<(1 + roomLength)]) == Array(room.utf8)
-        else {
+        guard let (kid, body) = Self.readKeyMessage(said, room: room), !body.isEmpty else {
             emit(.badKey(from: member, why: "an audio format for another room"))
             return
         }
-        let kid = said[(1 + roomLength)..<(9 + roomLength)].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
         guard let id = SenderKeyID(kid: kid), id.member == member else {
             emit(.badKey(from: member, why: "an audio format for another member's key"))
             return
         }
         let format: PartyAudioFormat
-        do { format = try PartyAudioFormat.decode(said[(9 + roomLength)...]) } catch {
+        do { format = try PartyAudioFormat.decode(body) } catch {
             emit(.badKey(from: member, why: "its audio format does not read (\(error))"))
             return
         }

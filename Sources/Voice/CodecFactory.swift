@@ -23,6 +23,19 @@ public func makeDecoder(_ configuration: CodecConfiguration) throws(VoiceError) 
     }
 }
 
+/// The decoder's configuration for what a peer says it sends (a codec named as
+/// ``CodecKind`` spells it, its rate, its frame in ms), or why this build cannot
+/// decode it: `.unavailable` naming the codec or the frame, else the decoder's own refusal.
+public func decoderConfiguration(codec name: String, sampleRate: Int, frameMilliseconds: Int) throws(VoiceError)
+    -> CodecConfiguration
+{
+    guard let kind = CodecKind(rawValue: name) else { throw .unavailable("codec \(name)") }
+    guard let frame = FrameDuration(rawValue: frameMilliseconds) else { throw .unavailable("\(frameMilliseconds) ms frames") }
+    let configuration = CodecConfiguration(kind: kind, sampleRate: sampleRate, frameDuration: frame)
+    _ = try makeDecoder(configuration)
+    return configuration
+}
+
 private func checkL16(_ c: CodecConfiguration) throws(VoiceError) {
     guard (8000...48_000).contains(c.sampleRate) else {
         throw .invalidConfiguration("L16 sampleRate must be 8000...48000 Hz, not \(c.sampleRate)")
