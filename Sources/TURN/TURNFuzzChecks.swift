@@ -4,11 +4,13 @@ import TusaBase
 /// The TURN cores under fuzzing, beside STUN's `FuzzChecks`: it traps (on purpose)
 /// when an invariant breaks, so that a fuzzer reports it.
 public enum TURNFuzzChecks {
-    /// Feeds the bytes to the TURN server core (authenticating and anonymous)
-    /// and to a TURN client with live state.
+    /// Feeds the bytes to the TURN server core (authenticating and anonymous),
+    /// to a TURN client with live state, and to the authenticating server as a
+    /// script (``TURNServerFuzzChecks``).
     public static func exercise(_ bytes: [UInt8]) {
         TURNFuzz.exercise(bytes)
         exerciseTURNClient(bytes)
+        TURNServerFuzzChecks.exercise(bytes)
     }
 
     /// A TURN client with an allocation, a channel bound to `peer` and a

@@ -220,8 +220,12 @@ extension TURNServer {
         if let family, family != 0x01 && family != 0x02 { return error(440, nil, reply) }
 
         let username = reply.auth?.username ?? ""
-        if configuration.userQuota > 0, perUser[username, default: 0] >= configuration.userQuota { return error(486, nil, reply) }
-        if configuration.totalQuota > 0, allocations.count + reservations.count >= configuration.totalQuota {
+        // A port held for the next allocation (EVEN-PORT with R) counts against the quotas as one.
+        let taken = even == true ? 2 : 1
+        if configuration.userQuota > 0, perUser[username, default: 0] + taken > configuration.userQuota {
+            return error(486, nil, reply)
+        }
+        if configuration.totalQuota > 0, allocations.count + reservations.count + taken > configuration.totalQuota {
             return error(508, nil, reply)
         }
 

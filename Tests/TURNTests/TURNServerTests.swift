@@ -447,6 +447,31 @@ struct TURNServerTests {
         #expect(try Self.allocate(server, &b, now: .seconds(31)).type.messageClass == .successResponse)
     }
 
+    /// An allocation that would also hold the next port needs two slots: with one
+    /// left, it is refused (it used to be granted, leaving the user over the quota).
+    @Test func anAllocationWithAHeldPortNeedsTwoSlotsOfTheQuota() throws {
+        let reserving: [Attribute] = [.requestedTransport(17), .evenPort(reserveNext: true)]
+        let (server, ports) = Self.makeServer { $0.userQuota = 2 }
+        var a = TestClient("203.0.113.5:1")
+        #expect(try Self.allocate(server, &a).type.messageClass == .successResponse)
+        var b = TestClient("203.0.113.5:2")
+        #expect(Self.errorCode(try Self.allocate(server, &b, reserving)) == 486)
+        #expect(ports.held.isEmpty)
+        #expect(try Self.allocate(server, &b).type.messageClass == .successResponse)
+
+        // The same for the server's total.
+        let (full, fullPorts) = Self.makeServer {
+            $0.userQuota = 0
+            $0.totalQuota = 2
+        }
+        var c = TestClient("203.0.113.5:3")
+        #expect(try Self.allocate(full, &c).type.messageClass == .successResponse)
+        var d = TestClient("203.0.113.5:4")
+        #expect(Self.errorCode(try Self.allocate(full, &d, reserving)) == 508)
+        #expect(fullPorts.held.isEmpty)
+        #expect(try Self.allocate(full, &d).type.messageClass == .successResponse)
+    }
+
     @Test func dualStackAllocationAndAddressErrorCode() throws {
         let (server, ports) = Self.makeServer()
         var client = TestClient()
