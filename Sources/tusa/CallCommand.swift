@@ -123,8 +123,7 @@ struct CallOptions: ParsableArguments {
     func agentOptions() throws -> CallAgent.Options {
         var o = CallAgent.Options()
         o.codec = try codecConfiguration()
-        if let duration { guard duration > 0, duration.isFinite else { throw ValidationError("--duration must be positive") } }
-        o.maximumDuration = duration.map { .milliseconds(Int64($0 * 1000)) }
+        o.maximumDuration = try duration.map { try seconds($0, of: "--duration") }
         o.candidatePolicy = relayOnly ? .relay : .all
         if let stun {
             guard let address = TransportAddress(stun, defaultPort: 3478) else {
@@ -228,9 +227,9 @@ struct AnswerCommand: AsyncParsableCommand {
             }
             return k
         }
-        guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
+        let ringTimeout = try seconds(timeout, of: "--timeout")
         var (identity, servers, agentOptions, source, sink) = try prepare(options, placing: false)
-        agentOptions.ringTimeout = .milliseconds(Int64(timeout * 1000))
+        agentOptions.ringTimeout = ringTimeout
         let report: CallReport
         do {
             let rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey)

@@ -154,6 +154,8 @@ struct PartyAudioOptions: ParsableArguments {
     )
     var duration: Double?
 
+    func validate() throws { _ = try duration.map { try seconds($0, of: "--duration") } }
+
     @Option(
         help: ArgumentHelp(
             "Impair what this member sends: loss=10%,burst=3,jitter=30ms,delay=20ms,spike=300ms/10s,seed=N (any subset).",
@@ -364,7 +366,7 @@ struct PartyWatch: AsyncParsableCommand {
 
     func run() async throws {
         let servers = try RendezvousServers.parse(rendezvous)
-        if let timeout { guard timeout > 0 else { throw ValidationError("--timeout must be positive") } }
+        let limit = try timeout.map { try seconds($0, of: "--timeout") }
         if join, audio.transport.value == .tls {
             throw ValidationError(
                 "--join --transport tls: an invitation names the relay's UDP address, not its TLS port; join with tusa party join ID --relay HOST:TLSPORT --relay-key KEY --transport tls"
@@ -378,7 +380,6 @@ struct PartyWatch: AsyncParsableCommand {
         }
         print("watching as \(identity.publicKey.base64)")
         fflush(nil)
-        let limit: Duration? = timeout.map { .milliseconds(Int64($0 * 1000)) }
         guard join else {
             _ = await PartySession.invitations(from: connection, within: limit, reconnectingAs: identity.privateKey) {
                 invitation, from in
@@ -623,7 +624,7 @@ enum PartySession {
         joined afterJoin: (PartyJoined) async -> Void = { _ in }
     ) async throws {
         signal(SIGXFSZ, SIG_IGN)
-        if let d = audio.duration { guard d > 0, d.isFinite else { throw ValidationError("--duration must be positive") } }
+        let limit = try audio.duration.map { try seconds($0, of: "--duration") }
         let codec = try audio.codecConfiguration()
         let impairment = try AudioArguments.impairment(audio.impair)
         let playout = try audio.playout(for: codec)
@@ -673,7 +674,6 @@ enum PartySession {
         let started = ContinuousClock.now
         let state = PartyState(me: joined.me, roster: joined.roster)
         voice.start(sending: connection)
-        let limit: Duration? = audio.duration.map { .milliseconds(Int64($0 * 1000)) }
         let followInput = audio.duration == nil && audio.inputIsFile && !audio.loop
         let stop = AsyncStream.makeStream(of: String.self)
         // The live status line on a terminal; roster and key changes as lines anyway (unless --quiet).

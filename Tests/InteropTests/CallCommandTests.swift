@@ -371,6 +371,18 @@ import Voice
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--impair", "seed=1e20"], 64, "a whole number from 0 to"),
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--impair", "delay=1e17ms"], 64, "at most 60000ms"),
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", "/nonexistent.wav"], 64, "/nonexistent.wav"),
+            // Times that make no Duration (they trapped).
+            (
+                ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--duration", "1e300"], 64,
+                "--duration must be a number of seconds"
+            ),
+            (
+                ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--duration", "nan"], 64,
+                "--duration must be a number of seconds"
+            ),
+            (["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "inf"], 64, "--timeout must be a number of seconds"),
+            (["party", "watch", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "inf"], 64, "--timeout must be a number of"),
+            (["party", "create", "game", "--rendezvous", "127.0.0.1:\(port)", "--duration", "1e300"], 64, "--duration must be"),
             (["call", key, "--rendezvous", "127.0.0.1:9"], 2, "cannot reach the rendezvous"),
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--quiet"], 2, "no peer registered under"),
             (["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "0.5", "--quiet"], 2, "no call within"),
