@@ -58,4 +58,10 @@ public struct DirectoryError: Error, Equatable, Sendable, CustomStringConvertibl
     static func newerSchema(in database: String, found: Int, known: Int) -> DirectoryError {
         DirectoryError("\(database) has schema version \(found), newer than this tusa's \(known): use a newer tusa")
     }
+
+    /// A schema version below 0 (schema_migrations holds a row no tusa wrote).
+    static func badSchema(in database: String, found: Int) -> DirectoryError {
+        DirectoryError(
+            "\(database) has schema version \(found) in schema_migrations, which no tusa writes: the table was changed by hand")
+    }
 }

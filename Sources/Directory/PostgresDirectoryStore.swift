@@ -192,6 +192,7 @@ public actor PostgresDirectoryStore: RendezvousStore {
                 guard current <= Self.schemaVersion else {
                     throw DirectoryError.newerSchema(in: "\(location)", found: current, known: Self.schemaVersion)
                 }
+                guard current >= 0 else { throw DirectoryError.badSchema(in: "\(location)", found: current) }
                 var applied: [Int] = []
                 for version in (current + 1)..<(Self.schemaVersion + 1) {
                     for statement in Self.migrations[version - 1] {

@@ -93,6 +93,7 @@ public actor SQLiteDirectoryStore: RendezvousStore {
         guard current <= Self.schemaVersion else {
             throw .newerSchema(in: path, found: current, known: Self.schemaVersion)
         }
+        guard current >= 0 else { throw .badSchema(in: path, found: current) }
         for version in (current + 1)..<(Self.schemaVersion + 1) {
             do {
                 try await transaction {

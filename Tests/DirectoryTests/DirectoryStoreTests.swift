@@ -143,7 +143,7 @@ struct DirectoryStoreTests {
         await store.close()
     }
 
-    @Test func theSQLiteSchemaIsMadeOnceAndANewerOneIsRefused() async throws {
+    @Test func theSQLiteSchemaIsMadeOnceAndANewerOrNegativeOneIsRefused() async throws {
         let backing = try Backing("sqlite")
         defer { backing.remove() }
         guard case .sqlite(let path) = backing.database else { return }
@@ -156,6 +156,15 @@ struct DirectoryStoreTests {
         try await raw.close()
         await #expect(
             throws: DirectoryError("\(path) has schema version 99, newer than this tusa's 4: use a newer tusa")
+        ) { _ = try await SQLiteDirectoryStore.open(path: path, logger: logger) }
+        // A version below 0, which no tusa writes, is refused as such (it trapped).
+        let edited = try await SQLiteConnection.open(storage: .file(path: path))
+        _ = try await edited.query("DELETE FROM schema_migrations", [])
+        _ = try await edited.query("INSERT INTO schema_migrations (version, applied_at) VALUES (-1, 0)", [])
+        try await edited.close()
+        await #expect(
+            throws: DirectoryError(
+                "\(path) has schema version -1 in schema_migrations, which no tusa writes: the table was changed by hand")
         ) { _ = try await SQLiteDirectoryStore.open(path: path, logger: logger) }
     }
 
@@ -264,6 +273,12 @@ struct DirectoryStoreTests {
         _ = try await Self.psql(backing, "INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)")
         await #expect(
             throws: DirectoryError("\(location) has schema version 99, newer than this tusa's 5: use a newer tusa")
+        ) { _ = try await PostgresDirectoryStore.open(location, logger: logger) }
+        _ = try await Self.psql(backing, "DELETE FROM schema_migrations")
+        _ = try await Self.psql(backing, "INSERT INTO schema_migrations (version, applied_at) VALUES (-1, 0)")
+        await #expect(
+            throws: DirectoryError(
+                "\(location) has schema version -1 in schema_migrations, which no tusa writes: the table was changed by hand")
         ) { _ = try await PostgresDirectoryStore.open(location, logger: logger) }
     }
 
