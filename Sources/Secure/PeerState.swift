@@ -25,6 +25,9 @@ final class PeerState {
     var cookie: ([UInt8], Timestamp)?
     /// Keys were confirmed both ways at least once since the peer last went silent.
     var everEstablished = false
+    /// Made for an initiation from a key nobody added (`acceptUnknownPeers`): forgotten
+    /// once it has no keys, no session and no handshake of ours under way.
+    var addedByInitiation = false
 
     var remoteSSRC: UInt32?
     var nextControlIndex: UInt32 = 0

@@ -38,6 +38,8 @@ public enum SecureEvent: Sendable, Equatable {
 public enum HandshakeDropReason: String, Sendable, CaseIterable {
     case malformed, badMAC, cookieRequired, rateLimited, unknownPeer
     case replayedInitiation, unexpected, authenticationFailed
+    /// The initiation claims an SSRC that a peer with a session holds (its media would go astray).
+    case ssrcInUse
 }
 
 /// The result of `receive` for one datagram.
@@ -70,6 +72,8 @@ public struct SecureStatistics: Sendable, Equatable {
     public var mediaSealed: UInt64 = 0
     public var mediaOpened: UInt64 = 0
     public var roams: UInt64 = 0
+    /// Peers made for unknown keys' initiations and forgotten again (no session, or gone).
+    public var peersForgotten: UInt64 = 0
 }
 
 /// The sans-IO secure transport for any number of peers on one socket: Noise IK
@@ -502,11 +506,18 @@ public final class SecureEndpoint {
             return dropHandshake(.malformed)
         }
         let remoteSSRC = payload.readUInt32(at: 12)
+        // Media finds its peer by SSRC: an initiation (anyone may make one with a key of
+        // their own) may not take the SSRC of a peer in session, whose packets would
+        // then go astray until it shook hands again.
+        if let holder = peerBySSRC[remoteSSRC], let other = peers[holder], other.key != initiatorKey, other.everEstablished {
+            return dropHandshake(.ssrcInUse)
+        }
         let id: PeerID
         if let known = peerByKey[initiatorKey] {
             id = known
         } else if configuration.acceptUnknownPeers {
             id = addPeer(initiatorKey)
+            peers[id]?.addedByInitiation = true
         } else {
             return dropHandshake(.unknownPeer)
         }
@@ -748,7 +759,10 @@ public final class SecureEndpoint {
                 startHandshake(p, now: now, rekey: h.rekey, firstAttempt: h.firstAttempt)
             }
         }
-        guard p.everEstablished else { return }
+        guard p.everEstablished else {
+            forgetIfIdle(p)
+            return
+        }
         let silent = now - (p.lastReceived ?? now)
         if silent >= configuration.peerTimeout {
             outbox.append(.event(.peerGone(p.id)))
@@ -756,6 +770,7 @@ public final class SecureEndpoint {
             p.handshake = .zeroed
             p.keys.retireAll()
             p.everEstablished = false
+            forgetIfIdle(p)
             return
         }
         if silent >= configuration.rehandshakeAfterSilence, p.handshake.initiation == nil {
@@ -774,6 +789,16 @@ public final class SecureEndpoint {
     }
 
     /// `p`'s deadlines may have come earlier: queue it again before the next look at the queue.
+    /// A peer made for an unknown key's initiation goes once it has nothing left: its
+    /// handshake never completed and its keys retired, or its session went silent.
+    /// (Otherwise anyone could leave a peer behind per fresh key, for the life of the
+    /// process.) Coming back is a new initiation, as for any unknown key.
+    private func forgetIfIdle(_ p: PeerState) {
+        guard p.addedByInitiation, !p.everEstablished, p.handshake.initiation == nil, p.keys.all.isEmpty else { return }
+        removePeer(p.id)
+        statistics.peersForgotten += 1
+    }
+
     private func timersChanged(_ p: PeerState) {
         guard !p.timersChanged else { return }
         p.timersChanged = true
