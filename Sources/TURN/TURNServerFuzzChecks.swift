@@ -33,13 +33,21 @@ public enum TURNServerFuzzChecks {
         public var emptied = 0
     }
 
-    /// Runs the script and traps when a check broke, so that a fuzzer reports it.
+    /// The first byte of an input that is a script (for the STUNFuzz target, whose
+    /// other inputs are STUN messages: no STUN message or ChannelData starts so).
+    public static let marker: UInt8 = 0xEA
+
+    /// Runs an input that starts with ``marker`` as a script (the rest are left to
+    /// the decoders' checks: a script costs far more than a decode) and traps when a
+    /// check broke, so that a fuzzer reports it.
     public static func exercise(_ bytes: [UInt8]) {
-        let summary = run(bytes)
+        guard bytes.first == marker else { return }
+        let summary = run(Array(bytes.dropFirst()))
         if let first = summary.violations.first { preconditionFailure("TURN server script: \(first)") }
     }
 
-    /// Scripts shaped like real sessions, a fuzzer's first corpus: each client
+    /// Scripts shaped like real sessions, a fuzzer's first corpus (each starts with
+    /// ``marker``; ``run(_:)`` takes them without it): each client
     /// allocates, permits, binds a channel and relays both ways; then a refresh to
     /// 0, a reservation taken up, a stream closed, and the lapse of everything.
     public static func seeds() -> [[UInt8]] {
@@ -66,7 +74,7 @@ public enum TURNServerFuzzChecks {
         let readAndSigned: [UInt8] =
             [0x01 | 1 << 3, UInt8(allocate.count)] + allocate + [0x01 | 1 << 3 | 1 << 5, UInt8(allocate.count)] + allocate
             + [0x01 | 1 << 3 | 4 << 5, UInt8(allocate.count)] + allocate + [0x07]
-        return [session, lapse, refreshAndReserve, closeStreams, readAndSigned]
+        return [session, lapse, refreshAndReserve, closeStreams, readAndSigned].map { [marker] + $0 }
     }
 
     static let realm = "fuzz.example"
@@ -100,6 +108,12 @@ public enum TURNServerFuzzChecks {
         TransportAddress(ip: .v6(high: 0, low: 0x0000_FFFF_CB00_7163), port: 5003),
     ]
     static let userQuota = 2
+    /// Each client's keys, MD5 and SHA-256 (made once: a key costs a SASLprep).
+    static let keys: [[IntegrityKey?]] = identities.map { id in
+        [PasswordAlgorithm.md5, .sha256].map {
+            try? IntegrityKey.longTerm(username: id.username, realm: realm, password: id.password, algorithm: $0)
+        }
+    }
 
     /// Relay ports that remember what is open and what is held.
     final class Ports: TURNRelayPorts {
@@ -185,11 +199,7 @@ public enum TURNServerFuzzChecks {
             if summary.violations.count < 8 { summary.violations.append(what) }
         }
 
-        func key(for tuple: Int, sha256: Bool) -> IntegrityKey? {
-            let id = identities[tuple]
-            return try? IntegrityKey.longTerm(
-                username: id.username, realm: realm, password: id.password, algorithm: sha256 ? .sha256 : .md5)
-        }
+        func key(for tuple: Int, sha256: Bool) -> IntegrityKey? { keys[tuple][sha256 ? 1 : 0] }
 
         /// Signs `m` as client `tuple` would: its username, the realm, a fresh nonce.
         mutating func sign(_ m: Message, tuple: Int, sha256: Bool, fingerprint: Bool, wrongKey: Bool = false) -> [UInt8] {
@@ -406,7 +416,7 @@ public enum TURNServerFuzzChecks {
         }
     }
 
-    /// Runs the input as a script of at most 256 steps, each an operation byte
+    /// Runs the input as a script of at most 128 steps, each an operation byte
     /// `kkk ttt ooo` read as: `o` the kind, `t` (bits 3-4) the client, `k` a variant.
     ///
     /// ```
@@ -432,7 +442,7 @@ public enum TURNServerFuzzChecks {
             defer { i += 1 }
             return bytes[i]
         }
-        while steps < 256, let op = next() {
+        while steps < 128, let op = next() {
             steps += 1
             let tuple = Int(op >> 3) & 3
             let variant = op >> 5
