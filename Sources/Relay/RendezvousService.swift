@@ -143,6 +143,7 @@ public final class RendezvousService: Service, Sendable {
             // One event loop: every connection's channel lives on the hub's loop.
             channel = try await ServerBootstrap(group: group)
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+                .childChannelOption(.writeBufferWaterMark, value: Hub.writeWaterMark)
                 .childChannelInitializer { [admission] channel in
                     // The core caps the total (with an error message); one source's share is capped here.
                     guard admission.admit(channel) == nil else { return channel.close() }
@@ -208,6 +209,11 @@ final class Hub {
     private var recordsWritten: UInt64 = 0
     /// Sends and closes that came after a record not yet written, with that record's number.
     private var held: [(after: UInt64, action: RendezvousAction)] = []
+    /// What a connection may have queued toward its client before it counts as not
+    /// reading and is closed: far above what a client that reads ever has waiting.
+    static let writeWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 256 * 1024, high: 1024 * 1024)
+    /// Connections closed because their clients did not read.
+    private(set) var notReading = 0
 
     init(
         core: RendezvousServer, loop: any EventLoop, writer: RecordWriter? = nil, restoring snapshot: RendezvousSnapshot? = nil,
@@ -296,6 +302,14 @@ final class Hub {
             break
         case .send(let id, let bytes):
             guard let channel = channels[id] else { return }
+            guard channel.isWritable else {
+                // Its client does not read what it is sent, which would queue here
+                // without end: it goes (a client that comes back gets its mailbox).
+                logger.debug("rendezvous: closing a connection that does not read", metadata: ["connection": "\(id)"])
+                notReading += 1
+                channel.close(promise: nil)
+                return
+            }
             channel.writeAndFlush(channel.allocator.buffer(bytes: bytes), promise: nil)
         case .close(let id):
             guard let channel = channels[id] else { return }

@@ -33,6 +33,7 @@ extension SecureUDPEndpoint {
         var bootstrap = ClientBootstrap(group: loop)
             .connectTimeout(.nanoseconds(max(1, timeout.nanoseconds)))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelOption(.writeBufferWaterMark, value: StreamFraming.writeWaterMark)
         if let secured {
             bootstrap = bootstrap.channelInitializer { channel in
                 do {
@@ -135,6 +136,7 @@ extension SecureUDPEndpoint {
         let counter = NIOLoopBoundBox.makeBoxSendingValue(UInt64(0), as: UInt64.self, eventLoop: loop)
         var bootstrap = ServerBootstrap(group: childLoop, childGroup: childLoop)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.writeBufferWaterMark, value: StreamFraming.writeWaterMark)
         if childLoop !== loop {
             // What one wake-up reads bounds what one hop carries past the high water.
             bootstrap = bootstrap.childChannelOption(.maxMessagesPerRead, value: 1)
@@ -313,6 +315,13 @@ final class StreamInbox: Sendable {
 
 /// RFC 4571 framing on a TCP channel: a 16-bit big-endian length before each datagram.
 enum StreamFraming {
+    /// What a stream may have queued toward its peer before it counts as full and
+    /// datagrams for it are dropped (``SecureUDPEndpoint/droppedOnFullStreams()``):
+    /// a peer that stops reading costs at most this much, not all it is sent. 256 KiB
+    /// holds a minute of one voice or seconds of a room's; a backlog older than that
+    /// would be dropped by the listener's jitter buffer anyway.
+    static let writeWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 64 * 1024, high: 256 * 1024)
+
     /// `received` for each frame, `readComplete` at the end of each read (after its
     /// frames), `closed` when the stream ends. With `readTimeout`, the stream is closed
     /// once no whole frame has come for that long (the timer sits behind the decoder:

@@ -513,6 +513,12 @@ public final class SecureUDPEndpoint: Sendable {
         (try? await onLoop { $0.withheld }) ?? 0
     }
 
+    /// Datagrams dropped because the stream toward them had too much queued (its
+    /// peer does not read): they go as a lost UDP datagram would, not into memory.
+    public func droppedOnFullStreams() async -> UInt64 {
+        (try? await onLoop { $0.streamFull }) ?? 0
+    }
+
     /// The peer's current address and our and its SSRCs.
     public func describe(_ peer: PeerID) async throws(SecureTransportError) -> (
         address: TransportAddress?, local: UInt32, remote: UInt32?
@@ -611,6 +617,9 @@ final class SecureEngine {
     /// Datagrams not sent because their destination withdrew its consent (see
     /// ``ICEEngine/withdrawnAddress``).
     private(set) var withheld: UInt64 = 0
+    /// Datagrams dropped because their stream (TCP or TLS) had ``StreamFraming/writeWaterMark``'s
+    /// high mark queued: its peer does not read.
+    private(set) var streamFull: UInt64 = 0
     /// Decides the fate of each outgoing media datagram: nil drops it, else its added delay.
     @exclusivity(unchecked) var mediaImpairment: (@Sendable () -> Duration?)?
 
@@ -902,6 +911,12 @@ final class SecureEngine {
             return
         }
         if !direct, let stream = streams[address], probeUDP.remove(address) == nil {
+            // A connection whose peer does not read drops datagrams as UDP would,
+            // rather than queue them without end.
+            guard stream.isWritable else {
+                streamFull += 1
+                return
+            }
             // The framing handler adds the length; one flush per datagram (TCP coalesces).
             stream.writeAndFlush(buffer, promise: nil)
             return

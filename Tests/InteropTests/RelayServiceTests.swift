@@ -181,6 +181,60 @@ struct RelayServiceTests {
         }
     }
 
+    /// A client that sends requests and never reads its answers: the server stops
+    /// reading from it once its answers fill the connection's write water mark (the
+    /// client's sends then block), instead of queueing answers without end; when the
+    /// client reads again, the server goes on.
+    @Test("TCP: a client that does not read its answers is not read either")
+    func tcpClientThatDoesNotReadIsNotRead() async throws {
+        let configuration = RelayService.Configuration(
+            listenAddresses: [TransportAddress(ip: loopbackV4, port: 0)], udp: false)
+        try await withBindingService(configuration) { service, sockets in
+            let server = try #require(sockets.first { $0.kind == .tcp }).address
+            let connection = try await Harness.offPool { try TestSocket.tcp(connectingTo: server) }
+            let request = Message(type: .bindingRequest, transactionID: TransactionID(high: 1, low: 2)).encode()
+            let chunk = [UInt8]((0..<3000).flatMap { _ in request })
+            // Send without reading until the sends stop going through for a second (or 60 MB).
+            let sent = try await Harness.offPool { () throws -> Int in
+                _ = fcntl(connection.fd, F_SETFL, fcntl(connection.fd, F_GETFL) | O_NONBLOCK)
+                var sent = 0
+                var stuckSince: ContinuousClock.Instant?
+                while sent < 60_000_000 {
+                    let n = chunk.withUnsafeBytes { send(connection.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                    if n > 0 {
+                        sent += n
+                        stuckSince = nil
+                    } else if errno == EAGAIN || errno == EWOULDBLOCK {
+                        let since = stuckSince ?? .now
+                        stuckSince = since
+                        if since.duration(to: .now) > .seconds(1) { break }
+                        usleep(5_000)
+                    } else {
+                        throw TestSocketError.failed("send")
+                    }
+                }
+                return sent
+            }
+            // What the kernel's buffers hold both ways, and no more: not everything sent.
+            #expect(sent < 40_000_000, "the server read \(sent) bytes from a client that reads nothing")
+            let answered = service.statistics.responses
+            #expect(answered < sent / request.count)
+            // Reading again, the client gets answers and the server reads on.
+            let read = try await Harness.offPool { () -> Int in
+                var buffer = [UInt8](repeating: 0, count: 65536)
+                var total = 0
+                let deadline = ContinuousClock.now + .seconds(5)
+                while ContinuousClock.now < deadline, total < 2_000_000 {
+                    let n = buffer.withUnsafeMutableBytes { recv(connection.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+                    if n > 0 { total += n } else { usleep(2_000) }
+                }
+                return total
+            }
+            #expect(read >= 2_000_000)
+            try await eventually { service.statistics.responses > answered }
+        }
+    }
+
     @Test("TCP: connections over the limit are closed on accept and counted")
     func tcpConnectionLimit() async throws {
         var configuration = RelayService.Configuration(

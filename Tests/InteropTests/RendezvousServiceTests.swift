@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Logging
+import NIOPosix
 import Relay
 import Rendezvous
 import STUN
@@ -114,6 +115,40 @@ struct RendezvousServiceTests {
             #expect(closed)
             #expect(try await !again.lookup(bob.publicKey))
             await again.close()
+        }
+    }
+
+    /// A registered client that stops reading what it is sent (here: its event loop
+    /// held up) while others send to it: the server closes its connection once a
+    /// megabyte waits for it, instead of queueing all that is sent to it.
+    @Test func aClientThatDoesNotReadIsClosedNotQueuedFor() async throws {
+        var configuration = RendezvousServerConfiguration()
+        configuration.requestsPerSecond = 100_000
+        configuration.requestBurst = 100_000
+        try await withRendezvous(configuration) { server in
+            let bob = PrivateKey.generate()
+            let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+            defer { group.shutdownGracefully { _ in } }
+            let b = try await RendezvousConnection.connect(to: server, identity: bob, timeout: .seconds(30), group: group)
+            let a = try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30))
+            let held = group.next().submit { usleep(3_000_000) }
+            // Up to 40 MB toward bob while his loop reads nothing.
+            let payload = [UInt8](repeating: 0x42, count: 8_000)
+            var sent = 0
+            do {
+                while sent < 5_000 {
+                    try await a.send(payload, to: bob.publicKey)
+                    sent += 1
+                }
+            } catch {}
+            try await held.get()
+            // Bob's connection was closed: what reached him ends, short of all that was sent.
+            var received = 0
+            while await next(b) != nil { received += 1 }
+            #expect(sent < 5_000, "the server took all \(sent) messages for a client that read none")
+            #expect(received < sent)
+            #expect(try await eventually(within: .seconds(10), poll: .milliseconds(100)) { try await !a.lookup(bob.publicKey) })
+            await a.close()
         }
     }
 

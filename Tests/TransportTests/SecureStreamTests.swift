@@ -83,6 +83,44 @@ struct SecureStreamTests {
         #expect(await eventually { atServer.all.contains(Array("udp again".utf8)) })
     }
 
+    /// A member over TCP whose side stops reading (here: its event loop held up) costs
+    /// the sender what a stream's write water mark allows, not all that is sent to it:
+    /// past that, datagrams for it are dropped as lost UDP ones would be. When it reads
+    /// again, what is sent then arrives.
+    @Test func aStreamWhosePeerDoesNotReadDropsRatherThanQueues() async throws {
+        let (server, _) = try await acceptingServer()
+        let atClient = Received()
+        _ = try await server.listenForStreams(host: "127.0.0.1", port: Int(server.localAddress.port))
+        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
+        defer {
+            Task {
+                await client.close()
+                await server.close()
+            }
+        }
+        try await client.useStream(to: server.localAddress)
+        let peer = try await client.connect(to: server.publicKey, at: server.localAddress)
+        client.send([0], to: peer, payloadType: 111, timestamp: 0)
+        let member = try await server.waitForPeer(client.publicKey)
+
+        // The client's loop is held for two seconds: it reads nothing meanwhile.
+        let held = client.eventLoop.submit { usleep(2_000_000) }
+        // 24 MB toward it: more than the kernel's buffers on both sides hold.
+        let frame = [UInt8](repeating: 0x5A, count: 1000)
+        for i in 0..<24_000 { server.send(frame, to: member, payloadType: 111, timestamp: UInt32(i)) }
+        let dropped = await server.droppedOnFullStreams()
+        #expect(dropped > 5_000, "\(dropped) dropped")
+        try await held.get()
+        // Reading again: what is sent now arrives.
+        #expect(
+            await eventually {
+                server.send(Array("after".utf8), to: member, payloadType: 111, timestamp: 0)
+                try? await Task.sleep(for: .milliseconds(50))
+                return atClient.all.contains(Array("after".utf8))
+            })
+        #expect(atClient.all.count < 24_000 - 5_000)
+    }
+
     @Test func aStreamToNothingIsATypedError() async throws {
         let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate())
         defer { Task { await client.close() } }
