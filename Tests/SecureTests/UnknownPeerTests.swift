@@ -13,6 +13,21 @@ import TusaBase
         return c
     }
 
+    /// `node` connects to `relay` and sends one payload; returns its peer id for the relay.
+    static func connect(
+        _ node: SimulatedNetwork.Node, to relay: SimulatedNetwork.Node, on net: SimulatedNetwork, sending payload: [UInt8]
+    )
+        throws -> PeerID
+    {
+        let id = node.endpoint.addPeer(relay.endpoint.identity.publicKey, address: relay.address)
+        node.endpoint.handle(.connect(id), now: net.now)
+        net.flush(node)
+        net.run(for: .seconds(1))
+        _ = try net.sendMedia(node, to: id, payload: payload)
+        net.run(for: .milliseconds(100))
+        return id
+    }
+
     /// Initiators with fresh keys that never finish their handshakes: each made a
     /// peer at the responder, and each is forgotten once its unconfirmed keys retire.
     @Test func initiationsThatNeverCompleteLeaveNothingBehind() {
@@ -43,12 +58,7 @@ import TusaBase
         let net = SimulatedNetwork()
         let relay = net.addNode(port: 1000, configuration: Self.open())
         let member = net.addNode(port: 2000)
-        let relayAtMember = member.endpoint.addPeer(relay.endpoint.identity.publicKey, address: relay.address)
-        member.endpoint.handle(.connect(relayAtMember), now: net.now)
-        net.flush(member)
-        net.run(for: .seconds(1))
-        _ = try net.sendMedia(member, to: relayAtMember, payload: [1, 2, 3])
-        net.run(for: .milliseconds(100))
+        _ = try Self.connect(member, to: relay, on: net, sending: [1, 2, 3])
         let first = try #require(relay.endpoint.peer(for: member.endpoint.identity.publicKey))
         #expect(relay.media.count == 1)
 
@@ -59,12 +69,7 @@ import TusaBase
         #expect(relay.endpoint.statistics.peersForgotten == 1)
 
         let back = net.addNode(member.endpoint.identity, port: 2001)
-        let again = back.endpoint.addPeer(relay.endpoint.identity.publicKey, address: relay.address)
-        back.endpoint.handle(.connect(again), now: net.now)
-        net.flush(back)
-        net.run(for: .seconds(1))
-        _ = try net.sendMedia(back, to: again, payload: [4, 5, 6])
-        net.run(for: .milliseconds(100))
+        _ = try Self.connect(back, to: relay, on: net, sending: [4, 5, 6])
         #expect(relay.media.last?.2 == [4, 5, 6])
         #expect(relay.endpoint.peer(for: member.endpoint.identity.publicKey) != first)
     }
@@ -79,12 +84,7 @@ import TusaBase
         // The same random numbers: the stranger's first peer gets the member's SSRC.
         let member = net.addNode(port: 2000, random: SeededRandom(seed: 42))
         let stranger = net.addNode(port: 3000, random: SeededRandom(seed: 42))
-        let relayAtMember = member.endpoint.addPeer(relay.endpoint.identity.publicKey, address: relay.address)
-        member.endpoint.handle(.connect(relayAtMember), now: net.now)
-        net.flush(member)
-        net.run(for: .seconds(1))
-        _ = try net.sendMedia(member, to: relayAtMember, payload: [1])
-        net.run(for: .milliseconds(100))
+        let relayAtMember = try Self.connect(member, to: relay, on: net, sending: [1])
         #expect(relay.media.count == 1)
 
         let relayAtStranger = stranger.endpoint.addPeer(relay.endpoint.identity.publicKey, address: relay.address)

@@ -46,7 +46,11 @@ struct SecureStreamTests {
         return (server, received)
     }
 
-    @Test func aSessionOverAStreamCarriesMediaAndMovesBackToUDPWhenAProbeIsAnswered() async throws {
+    /// An accepting server that also listens for streams on its UDP port, and a client
+    /// with what reached it; both closed when `body` returns.
+    private func withStreamServerAndClient(
+        _ body: (SecureUDPEndpoint, Received, SecureUDPEndpoint, Received) async throws -> Void
+    ) async throws {
         let (server, atServer) = try await acceptingServer()
         let atClient = Received()
         let tcp = try await server.listenForStreams(host: "127.0.0.1", port: Int(server.localAddress.port))
@@ -58,29 +62,34 @@ struct SecureStreamTests {
                 await server.close()
             }
         }
+        try await body(server, atServer, client, atClient)
+    }
 
-        try await client.useStream(to: server.localAddress)
-        let peer = try await client.connect(to: server.publicKey, at: server.localAddress)
-        #expect(await client.usesStream(to: server.localAddress))
-        client.send(Array("over tcp".utf8), to: peer, payloadType: 111, timestamp: 0)
-        #expect(await eventually { atServer.all.contains(Array("over tcp".utf8)) })
-        // The server saw the member at a stand-in address in 100::/64, not its UDP port.
-        let serverPeer = try await server.waitForPeer(client.publicKey)
-        let member = try #require(try await server.describe(serverPeer)?.address)
-        if case .v6(let high, _) = member.ip { #expect(high == 0x0100_0000_0000_0000) } else { Issue.record("\(member)") }
+    @Test func aSessionOverAStreamCarriesMediaAndMovesBackToUDPWhenAProbeIsAnswered() async throws {
+        try await withStreamServerAndClient { server, atServer, client, atClient in
+            try await client.useStream(to: server.localAddress)
+            let peer = try await client.connect(to: server.publicKey, at: server.localAddress)
+            #expect(await client.usesStream(to: server.localAddress))
+            client.send(Array("over tcp".utf8), to: peer, payloadType: 111, timestamp: 0)
+            #expect(await eventually { atServer.all.contains(Array("over tcp".utf8)) })
+            // The server saw the member at a stand-in address in 100::/64, not its UDP port.
+            let serverPeer = try await server.waitForPeer(client.publicKey)
+            let member = try #require(try await server.describe(serverPeer)?.address)
+            if case .v6(let high, _) = member.ip { #expect(high == 0x0100_0000_0000_0000) } else { Issue.record("\(member)") }
 
-        // A probe over UDP: the server moves the member to its UDP address and answers
-        // there; the client, answered over UDP, leaves the stream.
-        client.probeUDP(to: server.localAddress)
-        client.send(Array("probe".utf8), to: peer, payloadType: 111, timestamp: 160)
-        #expect(await eventually { atServer.all.contains(Array("probe".utf8)) })
-        #expect(try await server.describe(serverPeer)?.address == client.localAddress)
-        server.send(Array("over udp".utf8), to: serverPeer, payloadType: 111, timestamp: 0)
-        #expect(await eventually { atClient.all.contains(Array("over udp".utf8)) })
-        #expect(await eventually { !(await client.usesStream(to: server.localAddress)) })
-        #expect(await client.streamsLeftForUDP() == 1)
-        client.send(Array("udp again".utf8), to: peer, payloadType: 111, timestamp: 320)
-        #expect(await eventually { atServer.all.contains(Array("udp again".utf8)) })
+            // A probe over UDP: the server moves the member to its UDP address and answers
+            // there; the client, answered over UDP, leaves the stream.
+            client.probeUDP(to: server.localAddress)
+            client.send(Array("probe".utf8), to: peer, payloadType: 111, timestamp: 160)
+            #expect(await eventually { atServer.all.contains(Array("probe".utf8)) })
+            #expect(try await server.describe(serverPeer)?.address == client.localAddress)
+            server.send(Array("over udp".utf8), to: serverPeer, payloadType: 111, timestamp: 0)
+            #expect(await eventually { atClient.all.contains(Array("over udp".utf8)) })
+            #expect(await eventually { !(await client.usesStream(to: server.localAddress)) })
+            #expect(await client.streamsLeftForUDP() == 1)
+            client.send(Array("udp again".utf8), to: peer, payloadType: 111, timestamp: 320)
+            #expect(await eventually { atServer.all.contains(Array("udp again".utf8)) })
+        }
     }
 
     /// A member over TCP whose side stops reading (here: its event loop held up) costs
@@ -88,37 +97,29 @@ struct SecureStreamTests {
     /// past that, datagrams for it are dropped as lost UDP ones would be. When it reads
     /// again, what is sent then arrives.
     @Test func aStreamWhosePeerDoesNotReadDropsRatherThanQueues() async throws {
-        let (server, _) = try await acceptingServer()
-        let atClient = Received()
-        _ = try await server.listenForStreams(host: "127.0.0.1", port: Int(server.localAddress.port))
-        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
-        defer {
-            Task {
-                await client.close()
-                await server.close()
-            }
-        }
-        try await client.useStream(to: server.localAddress)
-        let peer = try await client.connect(to: server.publicKey, at: server.localAddress)
-        client.send([0], to: peer, payloadType: 111, timestamp: 0)
-        let member = try await server.waitForPeer(client.publicKey)
+        try await withStreamServerAndClient { server, _, client, atClient in
+            try await client.useStream(to: server.localAddress)
+            let peer = try await client.connect(to: server.publicKey, at: server.localAddress)
+            client.send([0], to: peer, payloadType: 111, timestamp: 0)
+            let member = try await server.waitForPeer(client.publicKey)
 
-        // The client's loop is held for two seconds: it reads nothing meanwhile.
-        let held = client.eventLoop.submit { usleep(2_000_000) }
-        // 24 MB toward it: more than the kernel's buffers on both sides hold.
-        let frame = [UInt8](repeating: 0x5A, count: 1000)
-        for i in 0..<24_000 { server.send(frame, to: member, payloadType: 111, timestamp: UInt32(i)) }
-        let dropped = await server.droppedOnFullStreams()
-        #expect(dropped > 5_000, "\(dropped) dropped")
-        try await held.get()
-        // Reading again: what is sent now arrives.
-        #expect(
-            await eventually {
-                server.send(Array("after".utf8), to: member, payloadType: 111, timestamp: 0)
-                try? await Task.sleep(for: .milliseconds(50))
-                return atClient.all.contains(Array("after".utf8))
-            })
-        #expect(atClient.all.count < 24_000 - 5_000)
+            // The client's loop is held for two seconds: it reads nothing meanwhile.
+            let held = client.eventLoop.submit { usleep(2_000_000) }
+            // 24 MB toward it: more than the kernel's buffers on both sides hold.
+            let frame = [UInt8](repeating: 0x5A, count: 1000)
+            for i in 0..<24_000 { server.send(frame, to: member, payloadType: 111, timestamp: UInt32(i)) }
+            let dropped = await server.droppedOnFullStreams()
+            #expect(dropped > 5_000, "\(dropped) dropped")
+            try await held.get()
+            // Reading again: what is sent now arrives.
+            #expect(
+                await eventually {
+                    server.send(Array("after".utf8), to: member, payloadType: 111, timestamp: 0)
+                    try? await Task.sleep(for: .milliseconds(50))
+                    return atClient.all.contains(Array("after".utf8))
+                })
+            #expect(atClient.all.count < 24_000 - 5_000)
+        }
     }
 
     @Test func aStreamToNothingIsATypedError() async throws {
