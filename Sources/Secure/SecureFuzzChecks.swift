@@ -19,6 +19,7 @@ public enum SecureFuzzChecks {
         endpoint(bytes)
         initiation(bytes)
         cookieReply(bytes)
+        SecureSessionFuzzChecks.exercise(bytes)
     }
 
     private static let responderAddress = TransportAddress(ip: .v4(0x0A00_0002), port: 4000)
