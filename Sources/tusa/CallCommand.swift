@@ -154,7 +154,7 @@ struct CallOptions: ParsableArguments {
         } else {
             print(report.humanReadable)
         }
-        fflush(nil)
+        flushStandardOutput()
         if let audioError = report.audioError {
             FileHandle.standardError.write(Data("tusa \(command): \(audioError)\n".utf8))
             throw ExitCode(2)
@@ -234,7 +234,7 @@ struct AnswerCommand: AsyncParsableCommand {
         do {
             let rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey)
             print("answering as \(identity.publicKey.base64)")
-            fflush(nil)
+            flushStandardOutput()
             let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
             report = try await agent.answer(only: only, source: source, sink: sink)
             await rendezvous.close()

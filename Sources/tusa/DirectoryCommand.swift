@@ -96,6 +96,9 @@ struct DirectoryCommand: AsyncParsableCommand {
         do { databaseURL = try DirectoryDatabase(database) } catch { throw failure(error.description) }
         var core = RendezvousServerConfiguration()
         if let secret {
+            guard !secret.isEmpty else {
+                throw failure("--static-auth-secret must not be empty: anyone could make TURN credentials with it")
+            }
             guard !turnURIs.isEmpty || relaySecret != nil else {
                 throw failure("--static-auth-secret needs a --turn-uri, or --relay-secret for relays that report theirs")
             }
@@ -152,7 +155,7 @@ struct DirectoryCommand: AsyncParsableCommand {
                     let node = await store.node
                     print(
                         "database \(databaseURL) (schema \(databaseURL.schemaVersion)" + (node == 0 ? ")" : ", node \(node))"))
-                    fflush(nil)
+                    flushStandardOutput()
                 }
                 try await tasks.waitForAll()
             }
@@ -162,7 +165,7 @@ struct DirectoryCommand: AsyncParsableCommand {
             throw failure("\(error)")
         }
         print("stopped")
-        fflush(nil)
+        flushStandardOutput()
     }
 
     /// The soft limit on open descriptors raised to the hard one; the limit now.

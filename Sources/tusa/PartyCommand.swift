@@ -303,7 +303,7 @@ struct PartyCreate: AsyncParsableCommand {
                         FileHandle.standardError.write(Data("tusa \(command): cannot invite \(key.base64): \(error)\n".utf8))
                     }
                 }
-                fflush(nil)
+                flushStandardOutput()
             })
         await locator?.close()
         // The stay went as asked, but not everyone invited knows of it: a script must see that.
@@ -379,12 +379,12 @@ struct PartyWatch: AsyncParsableCommand {
             throw ExitCode(2)
         }
         print("watching as \(identity.publicKey.base64)")
-        fflush(nil)
+        flushStandardOutput()
         guard join else {
             _ = await PartySession.invitations(from: connection, within: limit, reconnectingAs: identity.privateKey) {
                 invitation, from in
                 print(PartySession.invitationLine(invitation, from: from))
-                fflush(nil)
+                flushStandardOutput()
                 return false
             }
             await connection.close()
@@ -416,7 +416,7 @@ struct PartyWatch: AsyncParsableCommand {
                 for await (from, payload) in connection.incoming {
                     guard let invitation = PartyInvitation(decoding: payload) else { continue }
                     print(PartySession.invitationLine(invitation, from: from))
-                    fflush(nil)
+                    flushStandardOutput()
                     if let deadline, ContinuousClock.now > deadline { break }
                     // Only where the directory says the room is, or this rendezvous' own relay:
                     // an invitation's sender does not choose where this member connects.
@@ -668,7 +668,7 @@ enum PartySession {
             FileHandle.standardError.write(Data("reached the relay over TCP (UDP did not answer)\n".utf8))
         }
         for m in joined.roster { print(rosterLine(m, me: joined.me)) }
-        fflush(nil)
+        flushStandardOutput()
         await afterJoin(joined)
 
         let started = ContinuousClock.now
@@ -694,8 +694,10 @@ enum PartySession {
                 if case .ended(let reason) = event { stop.continuation.yield("ended: \(reason.rawValue)") }
             }
         }
-        // Commands on standard input.
-        let commands = Task.detached {
+        // Commands on standard input, read on a thread of their own: a read that blocks
+        // (a terminal or pipe left open) must not hold one of the few threads async
+        // code runs on, or leaving would wait for the input's end.
+        let commands = Thread {
             while let line = readLine() {
                 let words = line.split(separator: " ").map(String.init)
                 switch words.first {
@@ -712,6 +714,7 @@ enum PartySession {
                 }
             }
         }
+        commands.start()
         // Ctrl-C or SIGTERM: leave the room as "leave" does (the others see it at once) and report.
         let interrupts = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
             signal(number, SIG_IGN)
@@ -735,7 +738,6 @@ enum PartySession {
         }
         for await _ in stop.stream { break }
         timer.cancel()
-        commands.cancel()
         await voice.stop()
         let transport = await connection.overTCP ? (audio.transport.value == .tls ? "tls" : "tcp") : "udp"
         await connection.close()
@@ -758,7 +760,7 @@ enum PartySession {
         } else {
             print(report.humanReadable)
         }
-        fflush(nil)
+        flushStandardOutput()
         if let error = voice.audioError {
             FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
             throw ExitCode(2)

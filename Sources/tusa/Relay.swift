@@ -523,7 +523,7 @@ struct Relay: AsyncParsableCommand {
                         for address in try await party.boundTCPAddresses() { print("party tcp \(address)") }
                         for address in try await party.boundTLSAddresses() { print("party tls \(address)") }
                     }
-                    fflush(nil)  // every line out before anyone waits on it
+                    flushStandardOutput()  // every line out before anyone waits on it
                 }
                 try await tasks.waitForAll()
             }
@@ -539,7 +539,7 @@ struct Relay: AsyncParsableCommand {
             )
         }
         print("stopped: \(service.statistics)")
-        fflush(nil)
+        flushStandardOutput()
     }
 
     /// What a directory's relay lists of its rooms (nil without parties).

@@ -173,6 +173,30 @@ import Voice
         return (scores, heard.joined(separator: "\n"))
     }
 
+    /// A member whose standard input stays open (a terminal, or a pipe nobody closes)
+    /// leaves when its stay ends, and at a `leave` typed there: reading the commands
+    /// held up a thread that async code needs, and the member hung after its report
+    /// until the input ended.
+    @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))
+    func aMemberWithItsInputLeftOpenLeavesOnTime() async throws {
+        let tusa = try #require(Harness.tusa)
+        let (relay, address, key) = try await Self.relay()
+        defer { relay.kill() }
+        let common = ["--relay", address, "--relay-key", key, "--json", "--quiet", "--in", "tone"]
+        let timed = try Harness.Background(tusa, ["party", "create", "Open"] + common + ["--duration", "2"], withInput: true)
+        defer { timed.kill() }
+        timed.send("mute\n")
+        let told = try Harness.Background(tusa, ["party", "create", "Told"] + common, withInput: true)
+        defer { told.kill() }
+        _ = try await Self.room(createdBy: told, named: "Told")
+        told.send("leave\n")
+        for (name, m) in [("timed", timed), ("told", told)] {
+            #expect(await m.waitForExit(timeout: 20), "\(name) did not leave: \(m.stderr)")
+            #expect(m.status == 0, "\(name): \(m.stdout) \(m.stderr)")
+            #expect(Self.json(m.stdout)?["framesSent"] != nil, "\(name): \(m.stdout)")
+        }
+    }
+
     /// A member's `--impair` loses what it sends as a bad network would (the
     /// listener counts the loss), and `--loop` plays a one-second file for the
     /// whole stay; `--loop` without a file is a usage error.
