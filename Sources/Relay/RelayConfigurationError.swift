@@ -33,6 +33,8 @@ public enum RelayConfigurationError: Error, Hashable, Sendable, CustomStringConv
     case unreadableUserFile(String)
     /// `use-auth-secret` without any `static-auth-secret`.
     case authSecretWithoutSecret
+    /// A `static-auth-secret` is empty: anyone could make credentials with it.
+    case emptyAuthSecret
     /// A `user` entry is not `NAME:PASSWORD` or `NAME:0xMD5KEY`.
     case badUser(STUNError)
     /// An `allowed-peer-ip` or `denied-peer-ip` (the option's name) is not IP, IP/LEN or FIRST-LAST.
@@ -68,6 +70,7 @@ public enum RelayConfigurationError: Error, Hashable, Sendable, CustomStringConv
         case .badPrometheusAddress(let text): "--prometheus-address '\(text)' is not an IP address"
         case .unreadableUserFile(let path): "--user-file '\(path)' cannot be read"
         case .authSecretWithoutSecret: "--use-auth-secret needs --static-auth-secret"
+        case .emptyAuthSecret: "--static-auth-secret must not be empty: anyone could make TURN credentials with it"
         case .badUser(let error): error.message
         case .badPeerRange(let option, let text): "\(option) '\(text)' is not IP, IP/LEN or FIRST-LAST"
         case .badExternalIP(let text): "--external-ip '\(text)' is not PUBLIC or PUBLIC/PRIVATE"

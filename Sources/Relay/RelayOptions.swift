@@ -167,6 +167,8 @@ public struct RelayOptions: Hashable, Sendable {
             }
         }
         if useAuthSecret && staticAuthSecrets.isEmpty { throw .authSecretWithoutSecret }
+        // An empty secret is one anyone can sign credentials with.
+        if staticAuthSecrets.contains("") { throw .emptyAuthSecret }
         let secrets = useAuthSecret || !staticAuthSecrets.isEmpty ? staticAuthSecrets : []
         guard noAuth || !users.isEmpty || !fileUsers.isEmpty || !secrets.isEmpty else { return nil }
         var turn = TURNServerConfiguration(realm: realm)

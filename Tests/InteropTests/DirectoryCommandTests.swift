@@ -557,6 +557,10 @@ struct DirectoryCommandTests {
             (["--database", "sqlite:/nonexistent-dir/x.sqlite"], "cannot open the database /nonexistent-dir/x.sqlite"),
             (["--listen", "nowhere"], "--listen must be IP:PORT"),
             (["--turn-uri", "turn:127.0.0.1:3478"], "--turn-uri needs --static-auth-secret"),
+            (
+                ["--static-auth-secret", "", "--turn-uri", "turn:127.0.0.1:3478"],
+                "--static-auth-secret must not be empty: anyone could make TURN credentials with it"
+            ),
             (["--max-connections", "0"], "--max-connections must be 1-1000000"),
             (["--max-connections-per-ip", "0"], "--max-connections-per-ip must be 1-1000000"),
         ])

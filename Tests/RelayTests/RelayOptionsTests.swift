@@ -147,6 +147,13 @@ struct RelayOptionsTests {
             "--use-auth-secret needs --static-auth-secret"
         ),
         (
+            "empty static-auth-secret",
+            {
+                $0.useAuthSecret = true
+                $0.staticAuthSecrets = [""]
+            }, .emptyAuthSecret, "--static-auth-secret must not be empty: anyone could make TURN credentials with it"
+        ),
+        (
             "allowed-peer-ip",
             {
                 $0.noAuth = true
