@@ -125,12 +125,7 @@ struct CallOptions: ParsableArguments {
         o.codec = try codecConfiguration()
         o.maximumDuration = try duration.map { try seconds($0, of: "--duration") }
         o.candidatePolicy = relayOnly ? .relay : .all
-        if let stun {
-            guard let address = TransportAddress(stun, defaultPort: 3478) else {
-                throw ValidationError("--stun '\(stun)' is not HOST[:PORT]")
-            }
-            o.stunServer = address
-        }
+        if let stun { o.stunServer = try HostAndPort.resolve(stun, option: "--stun", defaultPort: 3478) }
         o.impairment = try AudioArguments.impairment(impair)
         o.echoCancellation = AudioArguments.echoCancellation(echoCancel, input: input, output: output)
         if !quiet {

@@ -111,7 +111,9 @@ struct DirectoryCommand: AsyncParsableCommand {
         }
         switch (partyRelay, partyKey) {
         case (let relay?, let key?):
-            guard TransportAddress(relay) != nil else { throw failure("--party-relay must be IP:PORT, not '\(relay)'") }
+            do { _ = try HostAndPort.resolve(relay, option: "--party-relay", defaultPort: nil) } catch {
+                throw failure(error.message)
+            }
             guard PublicKey(base64: key) != nil else { throw failure("--party-key is not a public key: '\(key)'") }
             core.party = PartyGrant(address: relay, key: key)
         case (nil, nil): break

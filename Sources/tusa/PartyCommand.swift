@@ -57,9 +57,7 @@ struct PartyPlace: ParsableArguments {
     }
 
     static func parse(relay: String, key: String) throws -> (TransportAddress, PublicKey) {
-        guard let a = TransportAddress(relay, defaultPort: 3481) else {
-            throw ValidationError("relay '\(relay)' is not HOST:PORT")
-        }
+        let a = try HostAndPort.resolve(relay, option: "relay", defaultPort: 3481)
         guard let k = PublicKey(base64: key) else {
             throw ValidationError("relay key '\(key)' is not a 32-byte base64 public key")
         }

@@ -487,10 +487,8 @@ struct Relay: AsyncParsableCommand {
         if let directory {
             guard let secret = directorySecret, !secret.isEmpty else { throw failure("--directory needs --directory-secret") }
             let targets: [TransportAddress]
-            switch RendezvousServers.addresses(directory) {
-            case .success(let list): targets = list
-            case .failure(let bad):
-                throw failure("--directory must be IP:PORT (or several, comma-separated), not '\(bad.part)'")
+            do { targets = try RendezvousServers.addresses(directory, option: "--directory") } catch {
+                throw failure(error.message)
             }
             guard (1...100_000_000).contains(capacityMbps) else { throw failure("--capacity-mbps must be 1-100000000") }
             let key = party?.identity.privateKey ?? PrivateKey.generate()

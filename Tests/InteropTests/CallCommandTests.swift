@@ -385,6 +385,8 @@ import Voice
             (["party", "create", "game", "--rendezvous", "127.0.0.1:\(port)", "--duration", "1e300"], 64, "--duration must be"),
             (["call", key, "--rendezvous", "127.0.0.1:9"], 2, "cannot reach the rendezvous"),
             (["call", key, "--rendezvous", "127.0.0.1:\(port)", "--quiet"], 2, "no peer registered under"),
+            // A name is resolved (it was refused as "not HOST:PORT").
+            (["call", key, "--rendezvous", "localhost:\(port)", "--quiet"], 2, "no peer registered under"),
             (["answer", "--rendezvous", "127.0.0.1:\(port)", "--timeout", "0.5", "--quiet"], 2, "no call within"),
             (
                 ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--relay-only", "--quiet"], 2,
@@ -392,7 +394,7 @@ import Voice
             ),
             (
                 ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--stun", "not an address"], 64,
-                "--stun 'not an address' is not HOST[:PORT]"
+                "--stun 'not an address': cannot resolve 'not an address'"
             ),
         ]
         for (arguments, status, message) in cases {

@@ -186,7 +186,9 @@ import Voice
         let timed = try Harness.Background(tusa, ["party", "create", "Open"] + common + ["--duration", "2"], withInput: true)
         defer { timed.kill() }
         timed.send("mute\n")
-        let told = try Harness.Background(tusa, ["party", "create", "Told"] + common, withInput: true)
+        // (The relay by name: a name is resolved, not refused as "not HOST:PORT".)
+        let byName = ["--relay", address.replacingOccurrences(of: "127.0.0.1", with: "localhost")]
+        let told = try Harness.Background(tusa, ["party", "create", "Told"] + common + byName, withInput: true)
         defer { told.kill() }
         _ = try await Self.room(createdBy: told, named: "Told")
         told.send("leave\n")
