@@ -181,6 +181,8 @@ public final class CallAgent: Sendable {
     private let identity: Identity
     private let options: Options
     private let logger: Logger
+    /// ``hangUp()`` was called (kept for a call that is still being set up).
+    private let hungUp = Mutex(false)
 
     public init(
         rendezvous: RendezvousConnection, identity: Identity, options: Options = .init(),
@@ -197,6 +199,14 @@ public final class CallAgent: Sendable {
     deinit {
         for task in link.withLock({ $0.listeners }) { task.cancel() }
         feed.finish()
+    }
+
+    /// Hangs up (the user's Ctrl-C): a call under way ends as when the input ends,
+    /// the peer told and the report made; one still ringing or being answered stops
+    /// with ``CallError/hungUp``, the peer told too when an offer had gone.
+    public func hangUp() {
+        hungUp.withLock { $0 = true }
+        feed.yield(.hangUp)
     }
 
     /// ICE for calls: checks paced at 20 ms (two candidates a side is the common
@@ -225,8 +235,14 @@ public final class CallAgent: Sendable {
             let local = try await startICE(endpoint, role: .controlling)
             let offer = CallMessage(kind: .offer, call: callID, path: .init(local), codec: .init(options.codec))
             try await rendezvous.send(offer.encoded(), to: peer)
-            let answer = try await waitFor(
-                call: callID, from: peer, kinds: [.answer, .reject], timeout: options.ringTimeout, inbox: &inbox)
+            let answer: CallMessage
+            do {
+                answer = try await waitFor(
+                    call: callID, from: peer, kinds: [.answer, .reject], timeout: options.ringTimeout, inbox: &inbox)
+            } catch CallError.hungUp {
+                try? await rendezvous.send(CallMessage(kind: .hangup, call: callID).encoded(), to: peer)
+                throw CallError.hungUp
+            }
             if answer.kind == .reject { throw CallError.rejected(answer.reason ?? "no reason given") }
             guard let remote = answer.path?.iceDescription, !remote.candidates.isEmpty else {
                 throw CallError.noPath("the answer has no usable candidate")
@@ -255,6 +271,7 @@ public final class CallAgent: Sendable {
         let deadline = Self.now() + options.ringTimeout
         var rejoin = Rejoin()
         while true {
+            if hungUp.withLock({ $0 }) { throw CallError.hungUp }
             await rejoinIfDue(&rejoin)
             alarm.set(min(deadline, rejoin.at ?? deadline), now: Self.now())
             guard let event = await inbox.next() else { throw CallError.timedOut("no call within \(options.ringTimeout)") }
@@ -274,6 +291,7 @@ public final class CallAgent: Sendable {
                     rejoin.dropped(now: Self.now())
                 }
                 continue
+            case .hangUp: throw CallError.hungUp
             case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive: continue
             }
             guard only == nil || only == from, let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else {
@@ -569,6 +587,8 @@ public final class CallAgent: Sendable {
             role: role, peer: peer, call: callID, configuration: options.control,
             localAddresses: Set(NetworkInterfaces.addresses(.ipv4, includeLoopback: options.includeLoopback)), now: Self.now())
         if link.withLock({ $0.closed }) { controller.handle(.rendezvousLost, now: Self.now()) }
+        // Hung up while the call was being set up: it ends at once, the peer told.
+        if hungUp.withLock({ $0 }) { controller.handle(.hangUp, now: Self.now()) }
         let endpointEvents = Task {
             for await event in endpoint.events { feed.yield(.endpoint(event)) }
         }
@@ -663,6 +683,8 @@ public final class CallAgent: Sendable {
             case .sourceEnded, .sinkFailed:
                 // (One snapshot: a source that failed also ended.)
                 controller.handle(session.statistics.audioError != nil ? .audioFailed : .hangUp, now: Self.now())
+            case .hangUp:
+                controller.handle(.hangUp, now: Self.now())
             case .recordingStopped:
                 logger.error(
                     "the recording stopped; the call goes on", metadata: ["error": "\(session.statistics.audioError ?? "?")"])
@@ -764,6 +786,8 @@ public final class CallAgent: Sendable {
                     if let taken = await registeredElsewhere() { throw taken }
                     rejoin.dropped(now: Self.now())
                 }
+            case .hangUp:
+                throw .hungUp
             case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive:
                 continue
             }

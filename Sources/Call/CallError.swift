@@ -19,6 +19,8 @@ public enum CallError: Error, Equatable, Sendable, CustomStringConvertible {
     case handshakeMissing(ICEPair, SecureTransportError)
     case timedOut(String)
     case failed(String)
+    /// ``CallAgent/hangUp()`` before the call was set up.
+    case hungUp
 
     public var description: String {
         switch self {
@@ -32,6 +34,7 @@ public enum CallError: Error, Equatable, Sendable, CustomStringConvertible {
         case .handshakeMissing(let pair, let e): "no path to the peer: the caller's handshake did not arrive on \(pair): \(e)"
         case .timedOut(let s): "timed out: \(s)"
         case .failed(let s): s
+        case .hungUp: "hung up before the call was set up"
         }
     }
 }

@@ -13,6 +13,8 @@ enum CallEvent: Sendable {
     case endpoint(SecureUDPEvent)
     /// The audio to send ended (or failed to be read).
     case sourceEnded
+    /// The user hung up (``CallAgent/hangUp()``: Ctrl-C in `tusa call`).
+    case hangUp
     /// Writing the audio received failed, and the call ends on it (a speaker).
     case sinkFailed
     /// The recording of the audio received failed (a full disk): it stops, the call goes on.

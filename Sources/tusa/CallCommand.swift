@@ -170,7 +170,7 @@ struct CallCommand: AsyncParsableCommand {
         commandName: "call",
         abstract: "Place an end-to-end encrypted call to PEER (its public key) through a relay's rendezvous.",
         discussion:
-            "Exit status: 0 when the call ran and ended normally, 64 on bad usage, 2 when the call could not be placed or failed, or its audio could not be read or written."
+            "Ctrl-C hangs up (the peer is told) and prints the report; a second Ctrl-C exits at once. Exit status: 0 when the call ran and ended normally (Ctrl-C included), 64 on bad usage, 2 when the call could not be placed or failed, or its audio could not be read or written, 130 on Ctrl-C before the call was set up."
     )
 
     @Argument(help: "The peer's public key (base64, as tusa keygen prints it).")
@@ -187,8 +187,15 @@ struct CallCommand: AsyncParsableCommand {
         do {
             let rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey)
             let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
+            // Ctrl-C or SIGTERM hangs up (the peer told) and reports.
+            let interrupts = onInterrupt { agent.hangUp() }
+            defer { for source in interrupts { source.cancel() } }
             report = try await agent.call(key, source: source, sink: sink)
             await rendezvous.close()
+        } catch CallError.hungUp {
+            sink?.close()
+            FileHandle.standardError.write(Data("tusa call: \(CallError.hungUp)\n".utf8))
+            throw ExitCode(130)
         } catch {
             sink?.close()
             FileHandle.standardError.write(Data("tusa call: \(error)\n".utf8))
@@ -204,7 +211,7 @@ struct AnswerCommand: AsyncParsableCommand {
         commandName: "answer",
         abstract: "Register at a relay's rendezvous, wait for a call and answer it.",
         discussion:
-            "Prints 'answering as KEY' once registered. Exit status: 0 when a call ran and ended normally, 64 on bad usage, 2 when no call came or it failed, or its audio could not be read or written."
+            "Prints 'answering as KEY' once registered. Ctrl-C hangs up a call (the peer is told) and prints the report. Exit status: 0 when a call ran and ended normally (Ctrl-C included), 64 on bad usage, 2 when no call came or it failed, or its audio could not be read or written, 130 on Ctrl-C before a call was set up."
     )
 
     @Option(help: ArgumentHelp("Answer only this caller (public key).", valueName: "key"))
@@ -231,8 +238,14 @@ struct AnswerCommand: AsyncParsableCommand {
             print("answering as \(identity.publicKey.base64)")
             flushStandardOutput()
             let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
+            let interrupts = onInterrupt { agent.hangUp() }
+            defer { for source in interrupts { source.cancel() } }
             report = try await agent.answer(only: only, source: source, sink: sink)
             await rendezvous.close()
+        } catch CallError.hungUp {
+            sink?.close()
+            FileHandle.standardError.write(Data("tusa answer: \(CallError.hungUp)\n".utf8))
+            throw ExitCode(130)
         } catch {
             sink?.close()
             FileHandle.standardError.write(Data("tusa answer: \(error)\n".utf8))

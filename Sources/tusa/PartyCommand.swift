@@ -714,13 +714,7 @@ enum PartySession {
         }
         commands.start()
         // Ctrl-C or SIGTERM: leave the room as "leave" does (the others see it at once) and report.
-        let interrupts = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { stop.continuation.yield("interrupted") }
-            source.resume()
-            return source
-        }
+        let interrupts = onInterrupt { stop.continuation.yield("interrupted") }
         defer { for source in interrupts { source.cancel() } }
         let timer = Task {
             while !Task.isCancelled {

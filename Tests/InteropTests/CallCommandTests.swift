@@ -1,4 +1,5 @@
 import Foundation
+import Secure
 import Testing
 import Voice
 
@@ -143,6 +144,43 @@ import Voice
         let windows = Self.windowedCorrelation(
             Self.envelope(reference), Self.envelope(out.samples), window: 100, maxShift: 150, drift: 25)
         #expect(windows.count >= 5 && windows.allSatisfy { $0 > 0.8 }, "envelope correlation per window \(windows)")
+    }
+
+    /// Ctrl-C (SIGINT) on a call under way hangs up: the caller reports and exits 0, and
+    /// the callee ends at once on the hang-up (it waited 30 s for a peer that vanished).
+    /// Ctrl-C while a call still rings stops it with exit 130 and tells the callee, and
+    /// an answerer waiting for a call stops the same way.
+    @Test(.enabled(if: ready, "\(needs)"))
+    func ctrlCHangsUpAndTheOtherSideKnowsAtOnce() async throws {
+        let tusa = try #require(Harness.tusa)
+        let (relay, port) = try await Self.relay()
+        defer { relay.kill() }
+        let (answerer, key) = try await Self.answer(port, [])
+        defer { answerer.kill() }
+        let caller = try Harness.Background(
+            tusa, ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--loop", "--json", "--quiet"])
+        defer { caller.kill() }
+        // Connected: the callee's live status says so on standard error (quiet: wait instead).
+        try await Task.sleep(for: .seconds(3))
+        let interrupted = ContinuousClock.now
+        #expect(await caller.stop(signal: SIGINT, grace: 10) == 0, "\(caller.stdout) \(caller.stderr)")
+        #expect(await answerer.waitForExit(timeout: 10), "the callee did not hear the hang-up: \(answerer.stderr)")
+        #expect(interrupted.duration(to: .now) < .seconds(15))
+        let c = try #require(Self.json(caller.stdout), "\(caller.stdout)")
+        let a = try #require(Self.json(answerer.stdout), "\(answerer.stdout)")
+        #expect(c["ended"] as? String == "local-hangup")
+        #expect(a["ended"] as? String == "remote-hangup", "\(a)")
+        #expect(try #require(c["packetsSent"] as? Int) > 50)
+
+        // Ringing: nobody answers this key (registered, but not answering).
+        let (idle, idleKey) = try await Self.answer(port, ["--from", PrivateKey.generate().publicKey.base64])
+        defer { idle.kill() }
+        let ringing = try Harness.Background(tusa, ["call", idleKey, "--rendezvous", "127.0.0.1:\(port)", "--quiet"])
+        defer { ringing.kill() }
+        try await Task.sleep(for: .seconds(1))
+        #expect(await ringing.stop(signal: SIGINT, grace: 10) == 130, "\(ringing.stderr)")
+        #expect(ringing.stderr.contains("hung up before the call was set up"), "\(ringing.stderr)")
+        #expect(await idle.stop(signal: SIGINT, grace: 10) == 130, "\(idle.stderr)")
     }
 
     /// Both sides offer only the relay's candidate (`--relay-only`): ICE selects the
