@@ -72,16 +72,27 @@ public enum RelayConfigFile {
         "user-quota": .value, "total-quota": .value, "max-bps": .value, "max-allocate-lifetime": .value,
         "stale-nonce": .optionalValue, "strict-channel-numbers": .flag, "strict-amplification": .flag,
         "max-tcp-connections": .value, "max-tcp-connections-per-ip": .value, "memory-limit": .value,
+        "challenge-rate": .value,
+        // TLS.
+        "cert": .value, "pkey": .value, "tls-listening-port": .value, "no-tls": .flag,
         // Metrics.
         "prometheus": .flag, "prometheus-port": .value, "prometheus-address": .value,
+        // tusa's own: the rendezvous, the directory, parties.
+        "rendezvous-port": .value, "rendezvous-database": .value, "directory": .value, "directory-secret": .value,
+        "capacity-mbps": .value, "party-port": .value, "identity": .value, "party-tcp-port": .value,
+        "party-tls-port": .value, "party-cert": .value, "party-pkey": .value, "max-party-size": .value,
+        "party-keylog": .value,
     ]
+
+    /// The options that give `tusa relay` credentials, and with them TURN.
+    static let credentialOptions: Set<String> = ["user", "user-file", "use-auth-secret", "static-auth-secret", "no-auth"]
 
     /// coturn's `turnserver` options (4.6 and later) that `tusa relay` does not
     /// take: TLS/DTLS, databases, the CLI and web admin, logging, process
     /// control and tuning knobs. A file that sets them still loads.
     public static let ignoredCoturnOptions: Set<String> = [
         "acme-redirect", "allocation-default-address-family", "alt-listening-port", "alt-tls-listening-port",
-        "alternate-server", "aux-server", "bps-capacity", "cert", "channel-lifetime", "check-origin-consistency",
+        "alternate-server", "aux-server", "bps-capacity", "channel-lifetime", "check-origin-consistency",
         "cipher-list", "cli", "cli-ip", "cli-max-output-sessions", "cli-password", "cli-port", "cpus", "daemon", "db",
         "dh-file", "dh1066", "dh566", "drain-min-allocations", "drop-invalid-packets", "drop-invalid-packets-log",
         "dtls", "ec-curve-name", "fingerprint", "include-reason-string", "keep-address-family", "listening-device",
@@ -89,16 +100,16 @@ public enum RelayConfigFile {
         "multiplex-peer", "multiplex-peer-max-peers", "multiplex-peer-port", "mysql-userdb", "ne",
         "new-log-timestamp", "new-log-timestamp-format", "no-auth-pings", "no-cli", "no-dtls", "no-dynamic-ip-list",
         "no-dynamic-realms", "no-loopback-peers", "no-multicast-peers", "no-rfc5780", "no-software-attribute",
-        "no-stdout-log", "no-stun", "no-stun-backward-compatibility", "no-tcp-relay", "no-tls", "no-tlsv1",
-        "no-tlsv1_1", "no-tlsv1_2", "no-udp-relay", "oauth", "permission-lifetime", "pidfile", "pkey", "pkey-pwd",
+        "no-stdout-log", "no-stun", "no-stun-backward-compatibility", "no-tcp-relay", "no-tlsv1",
+        "no-tlsv1_1", "no-tlsv1_2", "no-udp-relay", "oauth", "permission-lifetime", "pidfile", "pkey-pwd",
         "proc-group", "proc-user", "prod", "prometheus-cert", "prometheus-key", "prometheus-path",
         "prometheus-tls", "prometheus-username-labels", "psql-userdb", "raw-public-keys", "redis-statsdb",
         "redis-userdb", "relay-device", "relay-threads", "respond-http-unsupported",
         "response-origin-only-with-rfc5780", "rest-api-separator", "rfc3489-compatibility",
         "rfc5766-channel-numbers", "rfc5780", "secret-key-file", "secure-stun", "server-name", "server-relay",
         "simple-log", "sock-buf-size", "software-attribute", "sql-userdb", "stateless-nonce",
-        "stateless-nonce-secret", "stun-backward-compatibility", "stun-only", "syslog", "syslog-facility",
-        "tcp-alternate-server", "tcp-proxy-port", "tls-alternate-server", "tls-listening-port", "tlsv1",
+        "stateless-nonce-secret", "stun-backward-compatibility", "syslog", "syslog-facility",
+        "tcp-alternate-server", "tcp-proxy-port", "tls-alternate-server", "tlsv1",
         "udp-alternate-server", "udp-gso", "udp-recvmmsg", "udp-recvmmsg-log", "udp-self-balance",
         "udp-sendmmsg-log", "unauthorized-ratelimit", "unauthorized-ratelimit-rps", "userdb", "verbose",
         "web-admin", "web-admin-ip", "web-admin-listen-on-workers", "web-admin-port",
@@ -112,6 +123,10 @@ public enum RelayConfigFile {
     ) throws(Problem) -> Result {
         var result = Result()
         var number = 0
+        // coturn's stun-only (where it was, and whether it was on), judged once the
+        // whole file is read.
+        var stunOnly: (line: Int, on: Bool)?
+        var credentials = false
         for rawLine in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline) {
             number += 1
             let line = rawLine.drop { $0 == " " || $0 == "\t" }.trimmingTrailingWhitespace()
@@ -134,6 +149,11 @@ public enum RelayConfigFile {
                 result.lines.append(number)
             }
 
+            if name == "stun-only" {
+                guard let on = boolean(value) else { throw problem("'stun-only' takes no value or a boolean, not '\(value)'") }
+                stunOnly = (number, on)
+                continue
+            }
             guard let kind = options[name] else {
                 if ignored.contains(name) {
                     result.notices.append("\(file):\(number): ignoring coturn option '\(name)' (not used by tusa)")
@@ -144,6 +164,7 @@ public enum RelayConfigFile {
                 }
                 throw problem("unknown option '\(name)'")
             }
+            if credentialOptions.contains(name), boolean(value) != false { credentials = true }
             switch kind {
             case .flag:
                 guard let on = boolean(value) else {
@@ -156,6 +177,18 @@ public enum RelayConfigFile {
             case .optionalValue:
                 if !value.isEmpty { add("--\(name)=\(value)") }
             }
+        }
+        // tusa relay has no switch for it: it serves TURN whenever it has credentials,
+        // STUN alone otherwise. With credentials in the file, stun-only would be a lie.
+        if let stunOnly, stunOnly.on {
+            if credentials {
+                throw Problem(
+                    file: file, line: stunOnly.line,
+                    message:
+                        "stun-only: tusa relay serves TURN whenever the file gives it credentials (user, user-file, static-auth-secret, no-auth); remove them, or this line"
+                )
+            }
+            result.notices.append("\(file):\(stunOnly.line): stun-only: without credentials tusa relay serves STUN only")
         }
         return result
     }

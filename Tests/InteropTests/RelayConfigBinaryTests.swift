@@ -13,6 +13,25 @@ import Transport
 
 @Suite("Relay config file: the binary")
 struct RelayConfigBinaryTests {
+    /// Every long option of `tusa relay` (as its own help dump lists them) may be set
+    /// in a file, and the file takes no name the command does not have: the two lists
+    /// cannot drift apart (they did: cert, pkey and the party options were refused or
+    /// skipped in files).
+    @Test(
+        "a file takes exactly tusa relay's long options",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func aFileTakesEveryLongOption() async throws {
+        let tusa = try #require(Harness.tusa)
+        let dump = try await Harness.run(tusa, ["relay", "--experimental-dump-help"])
+        let help = try #require(try JSONSerialization.jsonObject(with: Data(dump.stdout.utf8)) as? [String: Any])
+        let arguments = try #require((help["command"] as? [String: Any])?["arguments"] as? [[String: Any]])
+        let names = Set(
+            arguments.flatMap { ($0["names"] as? [[String: Any]]) ?? [] }.filter { $0["kind"] as? String == "long" }
+                .compactMap { $0["name"] as? String })
+        #expect(names.count > 40, "\(names)")
+        #expect(names.subtracting(["config", "help", "version"]) == Set(RelayConfigFile.relayOptions.keys))
+    }
+
     @Test(
         "the command line overrides the file's single-valued options; flags may repeat",
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))

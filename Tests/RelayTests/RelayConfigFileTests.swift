@@ -101,7 +101,6 @@ struct RelayConfigFileTests {
             fingerprint
             realm=example.org
             no-cli
-            no-tls
             no-dtls
             verbose
             log-file=/var/log/turn.log
@@ -112,9 +111,61 @@ struct RelayConfigFileTests {
             mobility
             """)
         #expect(result.arguments == ["--realm=example.org"])
-        #expect(result.notices.count == 11)
+        #expect(result.notices.count == 10)
         #expect(result.notices.first == "turnserver.conf:1: ignoring coturn option 'fingerprint' (not used by tusa)")
-        #expect(result.notices.last == "turnserver.conf:12: ignoring coturn option 'mobility' (not used by tusa)")
+        #expect(result.notices.last == "turnserver.conf:11: ignoring coturn option 'mobility' (not used by tusa)")
+    }
+
+    /// coturn's TLS options are tusa relay's too: a coturn file with cert and pkey
+    /// keeps its TLS listener (they were skipped as unused, and TLS silently lost).
+    /// tusa's own options (parties, the rendezvous, the directory) load as well.
+    @Test("coturn's TLS options and tusa's own options are taken, not skipped")
+    func tlsAndTusasOwnOptions() throws {
+        let result = try parse(
+            """
+            cert=/etc/tusa/cert.pem
+            pkey=/etc/tusa/key.pem
+            tls-listening-port=5349
+            no-tls=false
+            challenge-rate=50
+            rendezvous-port=3480
+            rendezvous-database=sqlite:/var/lib/tusa/d.sqlite
+            party-port=3481
+            party-tcp-port=443
+            identity=/etc/tusa/identity.key
+            directory=192.0.2.1:3480
+            directory-secret=s3
+            capacity-mbps=500
+            max-party-size=16
+            """)
+        #expect(
+            result.arguments == [
+                "--cert=/etc/tusa/cert.pem", "--pkey=/etc/tusa/key.pem", "--tls-listening-port=5349", "--challenge-rate=50",
+                "--rendezvous-port=3480", "--rendezvous-database=sqlite:/var/lib/tusa/d.sqlite", "--party-port=3481",
+                "--party-tcp-port=443", "--identity=/etc/tusa/identity.key", "--directory=192.0.2.1:3480",
+                "--directory-secret=s3", "--capacity-mbps=500", "--max-party-size=16",
+            ])
+        #expect(result.notices.isEmpty)
+    }
+
+    /// tusa relay serves TURN whenever it has credentials: coturn's stun-only with
+    /// credentials in the same file is an error (it served TURN while the file said
+    /// STUN only); alone, a notice.
+    @Test("stun-only: an error beside credentials, a notice alone")
+    func stunOnly() throws {
+        let alone = try parse("realm=example.org\nstun-only")
+        #expect(alone.arguments == ["--realm=example.org"])
+        #expect(alone.notices == ["turnserver.conf:2: stun-only: without credentials tusa relay serves STUN only"])
+        #expect(try parse("stun-only=off\nuser=a:b").arguments == ["--user=a:b"])
+        for credentials in ["user=a:b", "use-auth-secret\nstatic-auth-secret=s", "no-auth", "user-file=/etc/users"] {
+            do {
+                _ = try RelayConfigFile.arguments(from: "stun-only\n" + credentials, file: "turnserver.conf")
+                Issue.record("stun-only with \(credentials) loaded")
+            } catch {
+                #expect(error.line == 1)
+                #expect(error.message.hasPrefix("stun-only: tusa relay serves TURN whenever"), "\(error)")
+            }
+        }
     }
 
     @Test(
@@ -153,6 +204,8 @@ struct RelayConfigFileTests {
             let name = body.prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" }
             let rest = body.dropFirst(name.count)
             guard rest.isEmpty || rest.first == "=" else { continue }  // prose, not an option
+            // (stun-only beside the sample's users is refused, rightly: see stunOnly().)
+            guard name != "stun-only" else { continue }
             uncommented.append(String(body))
         }
         #expect(uncommented.count > 50, "too few example options found: \(uncommented.count)")
