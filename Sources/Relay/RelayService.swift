@@ -223,6 +223,18 @@ public final class RelayService: Service, Sendable {
             turnLanes.withLockedValue { $0 = nil }
             if let turn = configuration.turn {
                 let plan = configuration.relayPlan ?? RelayAddressPlan.derived(from: configuration.listenAddresses)
+                // Relay sockets are bound per allocation: an address this machine does not
+                // have would fail every Allocate (508) with nothing said. Tried once here.
+                for ip in plan.ips {
+                    do throws(UDPSocketError) {
+                        close(try bindUDPSocket(TransportAddress(ip: ip, port: 0)))
+                    } catch {
+                        throw RelayServiceError(
+                            .bindFailed,
+                            "cannot bind relay sockets on \(ip): \(String(cString: strerror(error.errno))) (--relay-ip must be an address of this machine)"
+                        )
+                    }
+                }
                 var lanes: [NIOLoopBound<TURNLane>] = []
                 let gso = configuration.gso
                 let window = configuration.batchWindow

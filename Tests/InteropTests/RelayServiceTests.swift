@@ -543,6 +543,23 @@ struct RelayServiceTests {
         #expect(r.status == 1)
         #expect(r.stderr.contains("cannot listen on udp \(taken.localAddress)"), "\(r.stderr)")
     }
+
+    /// A --relay-ip this machine does not have made every Allocate fail (508) with
+    /// nothing said; the relay now refuses to start.
+    @Test(
+        "tusa relay refuses a --relay-ip that is not this machine's",
+        .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
+    func binaryRefusesARelayIPItDoesNotHave() async throws {
+        let binary = try #require(Harness.tusa)
+        // TEST-NET-2: documentation only, on no interface.
+        let r = try await Harness.run(
+            binary,
+            ["relay", "--listen", "127.0.0.1:0", "-u", "a:b", "--relay-ip", "198.51.100.77", "--log-level", "critical"],
+            timeout: 10)
+        #expect(r.status == 1)
+        #expect(
+            r.stderr.contains("cannot bind relay sockets on 198.51.100.77: Cannot assign requested address"), "\(r.stderr)")
+    }
 }
 
 // MARK: - Running the service
