@@ -21,6 +21,10 @@ public enum PartyConnectionError: Error, Equatable, Sendable, CustomStringConver
 
     public var description: String {
         switch self {
+        case .transport(.timeout), .transport(.handshakeFailed):
+            // A relay drops a handshake made for another key without a word, as it drops
+            // any stranger's: from here the two look alike.
+            "cannot reach the relay's party service: no answer to the handshake (is the relay there, with --party-port, and is the relay key its own?)"
         case .transport(let e): "cannot reach the relay's party service: \(e)"
         case .refused(let code, let detail): "the relay refused (\(code.rawValue)): \(detail)"
         case .busy: "already joining or in a room"

@@ -227,6 +227,11 @@ import Voice
 
         let (relay, address, key) = try await Self.relay()
         defer { relay.kill() }
+        // Another key than the relay's: its handshake is dropped unanswered, and the
+        // error says the key may be why (it said only "timed out").
+        let wrongKey = try await Harness.run(
+            tusa, ["party", "create", "X", "--relay", address, "--relay-key", someKey, "--in", "tone"], timeout: 30)
+        #expect(wrongKey.status == 2 && wrongKey.stderr.contains("is the relay key its own?"), "\(wrongKey.stderr)")
         let common = ["--relay", address, "--relay-key", key, "--json", "--quiet"]
         let creator = try Harness.Background(
             tusa,
