@@ -58,6 +58,8 @@ public struct InteropChecker: Sendable {
     struct State {
         let checker: InteropChecker
         var keysByTransaction: [TransactionID: [(label: String, key: IntegrityKey)]] = [:]
+        /// Requests seen in the file (with credentials known or not).
+        var requestsSeen: Set<TransactionID> = []
 
         init(checker: InteropChecker) { self.checker = checker }
 
@@ -247,10 +249,20 @@ public struct InteropChecker: Sendable {
             let hasMI256 = m.attribute(.messageIntegritySHA256) != nil
             let isResponse = m.type.messageClass == .successResponse || m.type.messageClass == .errorResponse
             var keys: [(label: String, key: IntegrityKey)] = []
+            // A response to a request not in the file is tried with every credential
+            // given: a guess, so a mismatch is not verified rather than failed. One to a
+            // request seen is checked with that request's keys only (none known: a note).
+            var guessed = false
             if isResponse {
-                keys = keysByTransaction[m.transactionID] ?? checker.credentials.fallbackKeys()
+                if requestsSeen.contains(m.transactionID) {
+                    keys = keysByTransaction[m.transactionID] ?? []
+                } else {
+                    keys = checker.credentials.fallbackKeys()
+                    guessed = true
+                }
             } else {
                 keys = checker.credentials.keys(for: m)
+                if m.type.messageClass == .request { requestsSeen.insert(m.transactionID) }
                 if !keys.isEmpty { keysByTransaction[m.transactionID] = keys }
             }
             for (present, name, check) in [
@@ -265,7 +277,17 @@ public struct InteropChecker: Sendable {
                             packet: packet,
                             reason: "\(m.type): \(name) not verified: no credentials (\(Self.who(m, isResponse: isResponse)))"))
                 } else if !keys.contains(where: { check($0.key) == .valid }) {
-                    problems.append("\(m.type): \(name) invalid with \(keys.map(\.label).joined(separator: ", "))")
+                    if guessed {
+                        unverifiable = true
+                        report.notes.append(
+                            InteropFailure(
+                                packet: packet,
+                                reason:
+                                    "\(m.type): \(name) not verified: its request was not seen, and none of the credentials given fits"
+                            ))
+                    } else {
+                        problems.append("\(m.type): \(name) invalid with \(keys.map(\.label).joined(separator: ", "))")
+                    }
                 }
             }
             if checked > 0 && problems.isEmpty && !unverifiable { report.verified += 1 }

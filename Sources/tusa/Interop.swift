@@ -53,6 +53,14 @@ struct Interop: AsyncParsableCommand {
             let checker = InteropChecker(credentials: credentials)
             var anyFailed = false
             let paths = expand(files)
+            // A folder with no capture in it checked nothing: that is not a pass.
+            guard !paths.isEmpty else {
+                FileHandle.standardError.write(
+                    Data(
+                        "tusa interop check: no captures in \(files.joined(separator: ", ")) (looked for .\(Self.extensions.sorted().joined(separator: ", .")))\n"
+                            .utf8))
+                throw ExitCode(1)
+            }
             for path in paths {
                 let report = checker.check(path: path)
                 print("\(path): \(report.summary)")

@@ -51,6 +51,25 @@ struct InteropCheckerTests {
         }
     }
 
+    /// Credentials for someone else than the capture's users: its requests and their
+    /// responses are notes (not verified), not failures. A response was checked against
+    /// whatever credentials were given, and failed.
+    @Test func credentialsForOthersAreNotesNotFailures() {
+        var alice = InteropCredentials()
+        alice.users = ["alice": "wonderland"]
+        var bob = InteropCredentials()
+        bob.users = ["bob": "other"]
+        var ice = InteropCredentials()
+        ice.ice = ["alic": "alicepassword0123456789abc"]
+        for (capture, credentials) in [
+            ("coturn-rest-credentials.pcapng", alice), ("coturn-udp-channels.pcapng", bob), ("aioice-ice-host.pcapng", ice),
+        ] {
+            let r = InteropChecker(credentials: credentials).check(path: InteropCorpus.path("captures", capture))
+            #expect(r.failures.isEmpty, "\(capture): \(r.failures)")
+            #expect(!r.notes.isEmpty, "\(capture)")
+        }
+    }
+
     @Test func wrongCredentialsFailWithPacketNumbers() throws {
         var wrong = Self.readmeCredentials
         wrong.users["alice"] = "not-the-password"
