@@ -21,6 +21,8 @@ public enum CallError: Error, Equatable, Sendable, CustomStringConvertible {
     case failed(String)
     /// ``CallAgent/hangUp()`` before the call was set up.
     case hungUp
+    /// An impairment spec (`--impair`) that does not read.
+    case badImpairment(String)
 
     public var description: String {
         switch self {
@@ -35,6 +37,7 @@ public enum CallError: Error, Equatable, Sendable, CustomStringConvertible {
         case .timedOut(let s): "timed out: \(s)"
         case .failed(let s): s
         case .hungUp: "hung up before the call was set up"
+        case .badImpairment(let s): s
         }
     }
 }

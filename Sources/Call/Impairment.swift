@@ -15,17 +15,17 @@ public struct Impairment: Sendable, Equatable {
         var seed: UInt64 = 1
         for part in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) where !part.isEmpty {
             let kv = part.split(separator: "=", maxSplits: 1).map(String.init)
-            guard kv.count == 2 else { throw .malformed("impairment '\(part)' is not NAME=VALUE") }
+            guard kv.count == 2 else { throw .badImpairment("impairment '\(part)' is not NAME=VALUE") }
             let (name, value) = (kv[0].lowercased(), kv[1].lowercased())
             // (Each value held below where it would mean nothing, or overflow the
             // trace's arithmetic: a delay of 1e16 ms is no network.)
             func number(_ v: String, _ suffix: String, atMost limit: Double) throws(CallError) -> Double {
                 let digits = v.hasSuffix(suffix) ? String(v.dropLast(suffix.count)) : v
                 guard let d = Double(digits), d.isFinite, d >= 0 else {
-                    throw .malformed("impairment \(name)=\(value): not a number")
+                    throw .badImpairment("impairment \(name)=\(value): not a number")
                 }
                 guard d <= limit else {
-                    throw .malformed("impairment \(name)=\(value): at most \(Int(limit))\(suffix)")
+                    throw .badImpairment("impairment \(name)=\(value): at most \(Int(limit))\(suffix)")
                 }
                 return d
             }
@@ -36,15 +36,15 @@ public struct Impairment: Sendable, Equatable {
             case "delay": model.baseDelayMilliseconds = try number(value, "ms", atMost: 60_000)
             case "spike":
                 let sides = value.split(separator: "/").map(String.init)
-                guard sides.count == 2 else { throw .malformed("impairment spike=\(value): use SIZEms/INTERVALs") }
+                guard sides.count == 2 else { throw .badImpairment("impairment spike=\(value): use SIZEms/INTERVALs") }
                 model.spikeMilliseconds = try number(sides[0], "ms", atMost: 60_000)
                 model.spikeIntervalSeconds = try number(sides[1], "s", atMost: 86_400)
             case "seed":
                 guard let s = UInt64(value) else {
-                    throw .malformed("impairment seed=\(value): a whole number from 0 to \(UInt64.max)")
+                    throw .badImpairment("impairment seed=\(value): a whole number from 0 to \(UInt64.max)")
                 }
                 seed = s
-            default: throw .malformed("unknown impairment '\(name)' (loss, burst, jitter, delay, spike, seed)")
+            default: throw .badImpairment("unknown impairment '\(name)' (loss, burst, jitter, delay, spike, seed)")
             }
         }
         self.model = model

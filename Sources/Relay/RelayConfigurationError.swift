@@ -77,7 +77,7 @@ public enum RelayConfigurationError: Error, Hashable, Sendable, CustomStringConv
         case .negativeQuota: "quotas and --max-bps cannot be negative"
         case .allocateLifetimeTooShort: "--max-allocate-lifetime must be at least the default 600 s"
         case .staleNonceOutOfRange: "--stale-nonce must be between 1 and 86400 seconds"
-        case .badChallengeRate: "--challenge-rate cannot be negative"
+        case .badChallengeRate: "--challenge-rate must be a number, 0 or more"
         case .invalid(let error): error.message
         }
     }

@@ -158,12 +158,13 @@ public struct RelayOptions: Hashable, Sendable {
     /// The TURN configuration, or nil when no credentials (and no ``noAuth``) were
     /// given: STUN only. Reads ``userFile``.
     public func turnConfiguration() throws(RelayConfigurationError) -> TURNServerConfiguration? {
-        var fileUsers: [String] = []
+        // Each with where it came from, for errors (`--user-file PATH:LINE`).
+        var fileUsers: [(spec: String, line: Int)] = []
         if let userFile {
             guard let text = try? String(contentsOfFile: userFile, encoding: .utf8) else { throw .unreadableUserFile(userFile) }
-            for line in text.split(whereSeparator: \.isNewline) {
+            for (n, line) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
                 let entry = line.trimmingCharacters(in: .whitespaces)
-                if !entry.isEmpty && !entry.hasPrefix("#") { fileUsers.append(entry) }
+                if !entry.isEmpty && !entry.hasPrefix("#") { fileUsers.append((entry, n + 1)) }
             }
         }
         if useAuthSecret && staticAuthSecrets.isEmpty { throw .authSecretWithoutSecret }
@@ -175,9 +176,14 @@ public struct RelayOptions: Hashable, Sendable {
         turn.software = software
         turn.anonymous = noAuth
         do throws(STUNError) {
-            for spec in users + fileUsers { try turn.credentials.addUser(spec: spec) }
+            for spec in users { try turn.credentials.addUser(spec: spec) }
         } catch {
             throw .badUser(error)
+        }
+        for (spec, line) in fileUsers {
+            do throws(STUNError) { try turn.credentials.addUser(spec: spec) } catch {
+                throw .badUser(STUNError(error.code, "--user-file \(userFile ?? ""):\(line): \(error.message)"))
+            }
         }
         turn.credentials.restSecrets = secrets
         var allowed: [IPRange] = []

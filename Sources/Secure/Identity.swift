@@ -64,6 +64,11 @@ public struct Identity: Sendable {
         let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
             let e = errno
+            var st = stat()
+            // A folder is not replaced, --force or not: say what it is.
+            if e == EEXIST, stat(path, &st) == 0, st.st_mode & S_IFMT == S_IFDIR {
+                throw IdentityFileError.cannotCreate(path, errno: EISDIR)
+            }
             throw e == EEXIST ? IdentityFileError.exists(path) : IdentityFileError.cannotCreate(path, errno: e)
         }
         defer { close(fd) }
@@ -89,6 +94,7 @@ public struct Identity: Sendable {
         defer { close(fd) }
         var st = stat()
         guard fstat(fd, &st) == 0 else { throw IdentityFileError.cannotRead(path, errno: errno) }
+        if st.st_mode & S_IFMT == S_IFDIR { throw IdentityFileError.cannotRead(path, errno: EISDIR) }
         if st.st_mode & 0o077 != 0 { throw IdentityFileError.tooOpen(path, mode: UInt32(st.st_mode)) }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 4096)

@@ -83,10 +83,15 @@ public struct TURNCredentials: Hashable, Sendable {
         }
         let name = String(spec[..<colon])
         let secret = String(spec[spec.index(after: colon)...])
-        if secret.hasPrefix("0x") && secret.count == 34 {
-            try addUser(name, md5KeyHex: String(secret.dropFirst(2)))
-        } else {
-            try addUser(name, password: secret)
+        guard !secret.isEmpty else { throw STUNError(.badCredentials, "user '\(name)' has an empty password") }
+        do {
+            if secret.hasPrefix("0x") && secret.count == 34 {
+                try addUser(name, md5KeyHex: String(secret.dropFirst(2)))
+            } else {
+                try addUser(name, password: secret)
+            }
+        } catch  where !error.message.hasPrefix("user ") {
+            throw STUNError(error.code, "user '\(name)': \(error.message)")
         }
     }
 

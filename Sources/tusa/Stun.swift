@@ -28,7 +28,7 @@ struct Stun: AsyncParsableCommand {
     var local: String?
 
     func run() async throws {
-        guard timeout > 0, timeout <= 600 else { Self.fail("--timeout must be between 0 and 600 seconds") }
+        guard timeout > 0, timeout <= 600 else { Self.fail("--timeout must be above 0 and at most 600 seconds") }
         let serverAddress = Self.resolve(server)
         let wait = Duration.milliseconds(Int64(timeout * 1000))
         let localAddress: SocketAddress

@@ -63,7 +63,7 @@ struct Turn: AsyncParsableCommand {
         guard count >= 1, count <= 1_000_000 else { Self.fail("--count must be between 1 and 1000000") }
         guard intervalMs >= 0, intervalMs <= 60_000 else { Self.fail("--interval-ms must be between 0 and 60000") }
         guard size >= 8, size <= 65_000 else { Self.fail("--size must be between 8 and 65000 bytes") }
-        guard timeout > 0, timeout <= 600 else { Self.fail("--timeout must be between 0 and 600 seconds") }
+        guard timeout > 0, timeout <= 600 else { Self.fail("--timeout must be above 0 and at most 600 seconds") }
         return (username, password, peer)
     }
 

@@ -394,7 +394,7 @@ import Voice
         #expect(try #require(a["sendBitrate"] as? Int) == 24_000, "\(a)")  // the way back was clean
         // Bad specifications are refused before anything starts.
         let bad = try await TURNClientPeerTests.tusa(["call", key, "--rendezvous", "127.0.0.1:\(port)", "--impair", "loss=150%"])
-        #expect(bad.status == 64 && bad.stderr.contains("at most 100%"), "\(bad.stderr)")
+        #expect(bad.status == 64 && bad.stderr.contains("--impair: impairment loss=150%: at most 100%"), "\(bad.stderr)")
     }
 
     @Test(.enabled(if: Harness.tusa != nil, "needs .build/debug/tusa"))

@@ -206,7 +206,7 @@ struct RelayOptionsTests {
             {
                 $0.noAuth = true
                 $0.challengeRate = -1
-            }, .badChallengeRate, "--challenge-rate cannot be negative"
+            }, .badChallengeRate, "--challenge-rate must be a number, 0 or more"
         ),
         (
             "relay-ip",
@@ -247,6 +247,26 @@ struct RelayOptionsTests {
             guard case .badUser(let stun) = error as? RelayConfigurationError else { return false }
             return (error as? RelayConfigurationError)?.description == stun.message
         }
+    }
+
+    /// What is wrong with a user entry, named with the user, and for a file, its line.
+    @Test("a bad user entry names the user, and a file's its line")
+    func badUserMessages() throws {
+        func message(_ change: (inout RelayOptions) -> Void) -> String? {
+            var options = RelayOptions()
+            options.listen = ["127.0.0.1:3478"]
+            change(&options)
+            do {
+                _ = try options.configuration()
+                return nil
+            } catch { return error.description }
+        }
+        #expect(message { $0.users = ["a:"] } == "user 'a' has an empty password")
+        #expect(message { $0.users = ["a:\u{7}"] }?.hasPrefix("user 'a': ") == true)
+        let path = NSTemporaryDirectory() + "tusa-relay-bad-users-\(getpid()).txt"
+        try "# users\nalice:one\n\nbob\n".write(toFile: path, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        #expect(message { $0.userFile = path } == "--user-file \(path):4: user 'bob' is not NAME:PASSWORD")
     }
 
     @Test("users from a file, comments and blank lines skipped")

@@ -26,6 +26,21 @@ import Testing
         #expect(try Identity.read(from: path).publicKey != id.publicKey)
     }
 
+    /// A folder where the key file should be is named as one, with --force too (it
+    /// said "already exists (… or pass --force)", and "readable by others").
+    @Test func aFolderIsNotAKeyFile() throws {
+        let path = tempPath()
+        #expect(mkdir(path, 0o755) == 0)
+        defer { rmdir(path) }
+        for overwrite in [false, true] {
+            #expect(throws: IdentityFileError.cannotCreate(path, errno: EISDIR)) {
+                try Identity.generate().write(to: path, overwrite: overwrite)
+            }
+        }
+        #expect(throws: IdentityFileError.cannotRead(path, errno: EISDIR)) { try Identity.read(from: path) }
+        #expect("\(IdentityFileError.cannotRead(path, errno: EISDIR))" == "cannot read \(path): Is a directory")
+    }
+
     @Test func refusesAFileOthersCanRead() throws {
         let path = tempPath()
         defer { unlink(path) }
