@@ -294,7 +294,11 @@ public final class CallAgent: Sendable {
             case .hangUp: throw CallError.hungUp
             case .endpoint, .sourceEnded, .sinkFailed, .recordingStopped, .reflexive: continue
             }
-            guard only == nil || only == from, let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else {
+            guard let offer = try? CallMessage(decoding: bytes), offer.kind == .offer else { continue }
+            if let only, only != from {
+                // Not ignored: the caller would ring until its timeout.
+                let refusal = CallMessage(kind: .reject, call: offer.call, reason: "not taking calls from this key now")
+                try? await rendezvous.send(refusal.encoded(), to: from)
                 continue
             }
             alarm.cancel()

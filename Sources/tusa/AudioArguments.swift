@@ -13,7 +13,8 @@ enum AudioArguments {
         guard (6_000...128_000).contains(bitrate) else { throw ValidationError("--bitrate must be 6000-128000") }
         var c = CodecConfiguration(kind: kind, frameDuration: duration, bitrate: bitrate)
         if kind == .l16 { c.inbandFEC = false }
-        _ = try makeEncoder(c)  // a configuration the codec refuses fails here, with its reason
+        // A configuration the codec refuses fails here, with its reason: a usage error.
+        do { _ = try makeEncoder(c) } catch { throw ValidationError("--codec \(codec) --frame \(frame): \(error)") }
         return c
     }
 

@@ -183,6 +183,9 @@ struct CallCommand: AsyncParsableCommand {
             throw ValidationError("PEER '\(peer)' is not a 32-byte base64 public key")
         }
         let (identity, servers, agentOptions, source, sink) = try prepare(options, placing: true)
+        guard key != identity.publicKey else {
+            throw ValidationError("PEER is this identity's own key: call another (or give --identity)")
+        }
         let report: CallReport
         do {
             let rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey)

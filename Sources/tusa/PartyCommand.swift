@@ -215,7 +215,7 @@ struct PartyCreate: AsyncParsableCommand {
         commandName: "create",
         abstract: "Create a party named NAME on the relay and join it.",
         discussion: PartySession.discussion
-            + " With --invite or --contacts, exit status 3 after a stay in which some invited keys could not be told (the room let them in: send them its id)."
+            + " With --invite or --contacts and --rendezvous, exit status 3 after a stay in which some invited keys could not be told (the room let them in: send them its id); without --rendezvous nobody is told, which a notice says."
     )
 
     @Argument(help: "The room's name (a game, say).")
@@ -661,7 +661,9 @@ enum PartySession {
             FileHandle.standardError.write(Data("tusa \(command): \(error)\n".utf8))
             throw ExitCode(2)
         }
-        print("party \(joined.room) \"\(joined.name)\" as \(joined.me): tusa party join \(joined.room)")
+        // How others join: with the relay named when no rendezvous can place the room.
+        let join = locator == nil ? " --relay \(relay) --relay-key \(relayKey.base64)" : ""
+        print("party \(joined.room) \"\(joined.name)\" as \(joined.me): tusa party join \(joined.room)\(join)")
         if audio.transport.value == .auto, await connection.overTCP, !audio.quiet {
             FileHandle.standardError.write(Data("reached the relay over TCP (UDP did not answer)\n".utf8))
         }

@@ -172,15 +172,52 @@ import Voice
         #expect(a["ended"] as? String == "remote-hangup", "\(a)")
         #expect(try #require(c["packetsSent"] as? Int) > 50)
 
-        // Ringing: nobody answers this key (registered, but not answering).
-        let (idle, idleKey) = try await Self.answer(port, ["--from", PrivateKey.generate().publicKey.base64])
-        defer { idle.kill() }
-        let ringing = try Harness.Background(tusa, ["call", idleKey, "--rendezvous", "127.0.0.1:\(port)", "--quiet"])
+        // Ringing: nobody answers this key (registered by tusa party watch, which takes
+        // no calls).
+        let watcher = try Harness.Background(tusa, ["party", "watch", "--rendezvous", "127.0.0.1:\(port)"])
+        defer { watcher.kill() }
+        let watching = try #require(await watcher.waitForMatch(#"watching as [A-Za-z0-9+/=]{44}"#), "\(watcher.stderr)")
+        let ringing = try Harness.Background(
+            tusa, ["call", String(watching.dropFirst("watching as ".count)), "--rendezvous", "127.0.0.1:\(port)", "--quiet"])
         defer { ringing.kill() }
         try await Task.sleep(for: .seconds(1))
         #expect(await ringing.stop(signal: SIGINT, grace: 10) == 130, "\(ringing.stderr)")
         #expect(ringing.stderr.contains("hung up before the call was set up"), "\(ringing.stderr)")
+        // An answerer waiting for a call stops the same way.
+        let (idle, _) = try await Self.answer(port, [])
+        defer { idle.kill() }
         #expect(await idle.stop(signal: SIGINT, grace: 10) == 130, "\(idle.stderr)")
+    }
+
+    /// An answerer that takes one caller (`--from`) refuses others at once (they rang
+    /// until their timeout), and a call to one's own key is a usage error.
+    @Test(.enabled(if: ready, "\(needs)"))
+    func anAnswererForAnotherCallerRefusesAtOnce() async throws {
+        let tusa = try #require(Harness.tusa)
+        let (relay, port) = try await Self.relay()
+        defer { relay.kill() }
+        let (answerer, key) = try await Self.answer(port, ["--from", PrivateKey.generate().publicKey.base64])
+        defer { answerer.kill() }
+        let started = ContinuousClock.now
+        let refused = try await Harness.run(tusa, ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--quiet"], timeout: 30)
+        #expect(refused.status == 2, "\(refused.stderr)")
+        #expect(refused.stderr.contains("the call was refused: not taking calls from this key now"), "\(refused.stderr)")
+        #expect(started.duration(to: .now) < .seconds(20))
+
+        let dir = NSTemporaryDirectory() + "tusa-call-self-\(getpid())"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let identity = Identity.generate()
+        try identity.write(to: "\(dir)/me.key")
+        let me = try await Harness.run(
+            tusa,
+            ["call", identity.publicKey.base64, "--rendezvous", "127.0.0.1:\(port)", "--identity", "\(dir)/me.key"],
+            timeout: 20)
+        #expect(me.status == 64 && me.stderr.contains("PEER is this identity's own key"), "\(me.stderr)")
+        #expect(
+            try await Harness.run(
+                tusa, ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--codec", "speex", "--frame", "10"], timeout: 20
+            ).stderr.contains("--codec speex --frame 10: invalid configuration: Speex narrowband frames are 20 ms"))
     }
 
     /// Both sides offer only the relay's candidate (`--relay-only`): ICE selects the

@@ -197,6 +197,8 @@ import Voice
             #expect(m.status == 0, "\(name): \(m.stdout) \(m.stderr)")
             #expect(Self.json(m.stdout)?["framesSent"] != nil, "\(name): \(m.stdout)")
         }
+        // Joining needs the relay when no rendezvous places the room: the hint says so.
+        #expect(timed.stdout.contains(" --relay \(address) --relay-key \(key)"), "\(timed.stdout)")
     }
 
     /// A member's `--impair` loses what it sends as a bad network would (the
