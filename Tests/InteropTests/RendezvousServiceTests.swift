@@ -121,17 +121,21 @@ struct RendezvousServiceTests {
     /// A registered client that stops reading what it is sent (here: its event loop
     /// held up) while others send to it: the server closes its connection once a
     /// megabyte waits for it, instead of queueing all that is sent to it.
+    static let bobsLoop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+
     @Test func aClientThatDoesNotReadIsClosedNotQueuedFor() async throws {
         var configuration = RendezvousServerConfiguration()
         configuration.requestsPerSecond = 100_000
         configuration.requestBurst = 100_000
         try await withRendezvous(configuration) { server in
             let bob = PrivateKey.generate()
-            let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-            defer { group.shutdownGracefully { _ in } }
+            // Bob on a loop of his own (kept for the process), which the test holds up.
+            let group = Self.bobsLoop
             let b = try await RendezvousConnection.connect(to: server, identity: bob, timeout: .seconds(30), group: group)
             let a = try await RendezvousConnection.connect(to: server, identity: .generate(), timeout: .seconds(30))
-            let held = group.next().submit { usleep(3_000_000) }
+            // Bob's loop is held (it reads nothing) until the sending below is over.
+            let release = DispatchSemaphore(value: 0)
+            let held = group.next().submit { _ = release.wait(timeout: .now() + 60) }
             // Up to 40 MB toward bob while his loop reads nothing.
             let payload = [UInt8](repeating: 0x42, count: 8_000)
             var sent = 0
@@ -141,6 +145,7 @@ struct RendezvousServiceTests {
                     sent += 1
                 }
             } catch {}
+            release.signal()
             try await held.get()
             // Bob's connection was closed: what reached him ends, short of all that was sent.
             var received = 0

@@ -22,6 +22,9 @@ struct SecureStreamTests {
         }
     }
 
+    /// A loop for a client the test holds up (kept for the process, as the singleton is).
+    static let clientLoop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+
     /// A moment noted from another thread.
     private final class Moment: Sendable {
         let value = Mutex<Duration?>(nil)
@@ -49,13 +52,15 @@ struct SecureStreamTests {
     /// An accepting server that also listens for streams on its UDP port, and a client
     /// with what reached it; both closed when `body` returns.
     private func withStreamServerAndClient(
+        clientGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
         _ body: (SecureUDPEndpoint, Received, SecureUDPEndpoint, Received) async throws -> Void
     ) async throws {
         let (server, atServer) = try await acceptingServer()
         let atClient = Received()
         let tcp = try await server.listenForStreams(host: "127.0.0.1", port: Int(server.localAddress.port))
         #expect(tcp.port == server.localAddress.port)
-        let client = try await SecureUDPEndpoint.bind(host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler())
+        let client = try await SecureUDPEndpoint.bind(
+            host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler(), group: clientGroup)
         defer {
             Task {
                 await client.close()
@@ -97,18 +102,22 @@ struct SecureStreamTests {
     /// past that, datagrams for it are dropped as lost UDP ones would be. When it reads
     /// again, what is sent then arrives.
     @Test func aStreamWhosePeerDoesNotReadDropsRatherThanQueues() async throws {
-        try await withStreamServerAndClient { server, _, client, atClient in
+        // The client on a loop of its own: the test holds it up, and the server's must run.
+        try await withStreamServerAndClient(clientGroup: Self.clientLoop) { server, _, client, atClient in
             try await client.useStream(to: server.localAddress)
             let peer = try await client.connect(to: server.publicKey, at: server.localAddress)
             client.send([0], to: peer, payloadType: 111, timestamp: 0)
             let member = try await server.waitForPeer(client.publicKey)
 
-            // The client's loop is held for two seconds: it reads nothing meanwhile.
-            let held = client.eventLoop.submit { usleep(2_000_000) }
-            // 24 MB toward it: more than the kernel's buffers on both sides hold.
+            // The client's loop is held, reading nothing, until the sending is over.
+            let release = DispatchSemaphore(value: 0)
+            let held = client.eventLoop.submit { _ = release.wait(timeout: .now() + 60) }
+            // 24 MB toward it: more than the kernel's buffers on both sides hold. (The
+            // count is read on the server's loop after every send queued there.)
             let frame = [UInt8](repeating: 0x5A, count: 1000)
             for i in 0..<24_000 { server.send(frame, to: member, payloadType: 111, timestamp: UInt32(i)) }
             let dropped = await server.droppedOnFullStreams()
+            release.signal()
             #expect(dropped > 5_000, "\(dropped) dropped")
             try await held.get()
             // Reading again: what is sent now arrives.
