@@ -12,7 +12,8 @@ final class PeerState {
     @exclusivity(unchecked) var keys = KeySlots()
     @exclusivity(unchecked) var address: TransportAddress?
     @exclusivity(unchecked) var nextSequence: UInt64
-    let localSSRC: UInt32
+    /// Ours toward this peer: drawn again when a first handshake fails (see ``SecureEndpoint``'s timers).
+    var localSSRC: UInt32
     @exclusivity(unchecked) var lastSent: Timestamp?
     @exclusivity(unchecked) var handshake = HandshakeState.zeroed
 

@@ -169,7 +169,8 @@ public final class SecureEndpoint {
     public func removePeer(_ id: PeerID) {
         guard let p = peers.removeValue(forKey: id) else { return }
         peerByKey[p.key] = nil
-        if let r = p.remoteSSRC { peerBySSRC[r] = nil }
+        // (Only its own entry: another peer may hold that SSRC now.)
+        if let r = p.remoteSSRC, peerBySSRC[r] == id { peerBySSRC[r] = nil }
         abandonInitiation(p)
         p.keys.retireAll()
     }
@@ -755,6 +756,10 @@ public final class SecureEndpoint {
             if now - h.firstAttempt >= configuration.handshakeTimeout {
                 abandonInitiation(p)
                 outbox.append(.event(.handshakeFailed(p.id)))
+                // Never in session: the next attempt goes under another SSRC, in case the
+                // responder refuses this one as another peer's (`ssrcInUse`, which it does
+                // not say: a refused initiation gets no answer).
+                if !p.everEstablished, p.keys.current == nil { p.localSSRC = random.nonZeroUInt32() }
             } else {
                 startHandshake(p, now: now, rekey: h.rekey, firstAttempt: h.firstAttempt)
             }
@@ -788,7 +793,6 @@ public final class SecureEndpoint {
         }
     }
 
-    /// `p`'s deadlines may have come earlier: queue it again before the next look at the queue.
     /// A peer made for an unknown key's initiation goes once it has nothing left: its
     /// handshake never completed and its keys retired, or its session went silent.
     /// (Otherwise anyone could leave a peer behind per fresh key, for the life of the
@@ -799,6 +803,7 @@ public final class SecureEndpoint {
         statistics.peersForgotten += 1
     }
 
+    /// `p`'s deadlines may have come earlier: queue it again before the next look at the queue.
     private func timersChanged(_ p: PeerState) {
         guard !p.timersChanged else { return }
         p.timersChanged = true

@@ -99,4 +99,61 @@ import TusaBase
         net.run(for: .milliseconds(100))
         #expect(relay.media.map(\.2) == [[1], [2]], "\(relay.drops)")
     }
+
+    /// A stranger whose handshake never completed is forgotten 180 s on; by then a
+    /// member may hold the same SSRC (the stranger was not in session, so that was
+    /// allowed). Forgetting the stranger leaves the member's entry alone: its media
+    /// still opens (it was dropped as an unknown session until its next handshake).
+    @Test func forgettingAStrangerLeavesAMembersSSRCAlone() throws {
+        let net = SimulatedNetwork()
+        let relay = net.addNode(port: 1000, configuration: Self.open())
+        let stranger = net.addNode(port: 3000, random: SeededRandom(seed: 7))
+        let member = net.addNode(port: 2000, random: SeededRandom(seed: 7))
+        // The stranger never confirms (its answers are lost).
+        net.tamper = { $0.to == stranger.address ? nil : $0 }
+        let relayAtStranger = stranger.endpoint.addPeer(relay.endpoint.identity.publicKey, address: relay.address)
+        stranger.endpoint.handle(.connect(relayAtStranger), now: net.now)
+        net.flush(stranger)
+        net.run(for: .milliseconds(100))
+        net.nodes.removeAll { $0 === stranger }
+        let relayAtMember = try Self.connect(member, to: relay, on: net, sending: [1])
+        #expect(stranger.endpoint.ssrcs(of: relayAtStranger)?.local == member.endpoint.ssrcs(of: relayAtMember)?.local)
+        #expect(relay.media.count == 1)
+        // Past the stranger's unconfirmed keys' life, the member talking all along.
+        for i in 0..<40 {
+            _ = try net.sendMedia(member, to: relayAtMember, payload: [2, UInt8(i)])
+            net.run(for: .seconds(5))
+        }
+        #expect(relay.endpoint.statistics.peersForgotten == 1)
+        _ = try net.sendMedia(member, to: relayAtMember, payload: [3])
+        net.run(for: .milliseconds(100))
+        // Every packet: none dropped as an unknown session when the stranger went.
+        #expect(relay.media.count == 1 + 40 + 1, "\(relay.drops.suffix(3))")
+        #expect(relay.media.last?.2 == [3])
+    }
+
+    /// An initiator refused because its SSRC is another's in session is not told
+    /// (nothing answers a refused initiation); once its handshake has failed it draws
+    /// another SSRC, and its next attempt gets in.
+    @Test func anInitiatorWhoseSSRCIsTakenGetsInUnderAnotherAfterItsHandshakeFails() throws {
+        var quick = SecureConfiguration()
+        quick.handshakeTimeout = .seconds(3)
+        let net = SimulatedNetwork()
+        let relay = net.addNode(port: 1000, configuration: Self.open())
+        let holder = net.addNode(port: 2000, random: SeededRandom(seed: 9))
+        let late = net.addNode(port: 3000, configuration: quick, random: SeededRandom(seed: 9))
+        _ = try Self.connect(holder, to: relay, on: net, sending: [1])
+        let relayAtLate = late.endpoint.addPeer(relay.endpoint.identity.publicKey, address: relay.address)
+        let taken = late.endpoint.ssrcs(of: relayAtLate)?.local
+        late.endpoint.handle(.connect(relayAtLate), now: net.now)
+        net.flush(late)
+        net.run(for: .seconds(4))
+        #expect(late.events.contains { if case .handshakeFailed = $0 { true } else { false } })
+        #expect(relay.endpoint.statistics.handshakeDrops[.ssrcInUse, default: 0] >= 1)
+        #expect(late.endpoint.ssrcs(of: relayAtLate)?.local != taken)
+        late.endpoint.handle(.connect(relayAtLate), now: net.now)
+        net.flush(late)
+        net.run(for: .seconds(1))
+        #expect(late.endpoint.isEstablished(relayAtLate))
+    }
 }
