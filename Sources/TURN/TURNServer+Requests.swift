@@ -220,8 +220,9 @@ extension TURNServer {
         if let family, family != 0x01 && family != 0x02 { return error(440, nil, reply) }
 
         let username = reply.auth?.username ?? ""
-        // A port held for the next allocation (EVEN-PORT with R) counts against the quotas as one.
-        let taken = even == true ? 2 : 1
+        // A port held for the next allocation (EVEN-PORT with R) counts against the quotas as
+        // one; redeeming a held port (RESERVATION-TOKEN) turns its slot into the allocation's.
+        let taken = token != nil ? 0 : even == true ? 2 : 1
         if configuration.userQuota > 0, perUser[username, default: 0] + taken > configuration.userQuota {
             return error(486, nil, reply)
         }

@@ -26,6 +26,8 @@ struct TURNServerFuzzScriptTests {
             #expect(summary.violations == [], "seed \(seed)")
             #expect(summary.emptied >= 1, "every other seed ends with a check that nothing is left")
         }
+        // A port held and redeemed by the same user at its quota, and another user.
+        #expect(TURNServerFuzzChecks.run(seeds[2]).allocations >= 3)
         // A signed Allocate read from the input, its retransmission signed with
         // SHA-256, and the same sent as it is (refused: no credentials).
         let read = TURNServerFuzzChecks.run(seeds[4])
@@ -56,8 +58,8 @@ struct TURNServerFuzzScriptTests {
                 let tuple = UInt8(random.next() % (random.next() % 4 == 0 ? 4 : 2))
                 let variant = UInt8(random.next() % (kind == 0 ? 5 : 8))
                 var argument = UInt8(truncatingIfNeeded: random.next())
-                // Allocate over UDP, mostly without a reservation; permit mostly IPv4 peers.
-                if kind == 0 && variant == 0 { argument &= 0x56 }
+                // Allocate with UDP (reservations, tokens and families included); permit mostly IPv4 peers.
+                if kind == 0 && variant == 0 { argument &= 0x7E }
                 if kind == 0 && variant == 2 && argument & 0x40 == 0 { argument &= 0x33 }
                 return kind == 3
                     ? [kind | variant << 5, argument % 4, argument] : [kind | tuple << 3 | variant << 5, argument & 0x3F]

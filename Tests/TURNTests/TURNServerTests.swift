@@ -470,6 +470,21 @@ struct TURNServerTests {
         #expect(Self.errorCode(try Self.allocate(full, &d, reserving)) == 508)
         #expect(fullPorts.held.isEmpty)
         #expect(try Self.allocate(full, &d).type.messageClass == .successResponse)
+
+        // At the quota with a port held, its token still redeems: the held slot becomes
+        // the allocation's (the RTP/RTCP pair the reservation is for).
+        let (paired, _) = Self.makeServer { $0.userQuota = 2 }
+        var rtp = TestClient("203.0.113.5:5")
+        let first = try Self.allocate(paired, &rtp, reserving)
+        guard case .reservationToken(let token)? = try first.value(.reservationToken) else {
+            Issue.record("no token")
+            return
+        }
+        var rtcp = TestClient("203.0.113.5:6")
+        let second = try Self.allocate(paired, &rtcp, [.requestedTransport(17), .reservationToken(token)])
+        #expect(second.type.messageClass == .successResponse, "\(Self.errorCode(second) ?? 0)")
+        var third = TestClient("203.0.113.5:7")
+        #expect(Self.errorCode(try Self.allocate(paired, &third)) == 486)
     }
 
     @Test func dualStackAllocationAndAddressErrorCode() throws {
