@@ -233,6 +233,8 @@ public final class CallAgent: Sendable {
         return try await closing(endpoint) {
             let callID = UUID().uuidString
             let local = try await startICE(endpoint, role: .controlling)
+            // Hung up before the offer went: nobody is to be told.
+            if hungUp.withLock({ $0 }) { throw CallError.hungUp }
             let offer = CallMessage(kind: .offer, call: callID, path: .init(local), codec: .init(options.codec))
             try await rendezvous.send(offer.encoded(), to: peer)
             let answer: CallMessage

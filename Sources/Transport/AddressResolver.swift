@@ -1,5 +1,10 @@
-import NIOCore
 import TusaBase
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
 
 /// Why `HOST[:PORT]` text did not give an address.
 public enum AddressResolutionError: Error, Hashable, Sendable, CustomStringConvertible {
@@ -23,7 +28,9 @@ public enum AddressResolutionError: Error, Hashable, Sendable, CustomStringConve
 public enum AddressResolver {
     /// `1.2.3.4:5`, `[::1]:5`, `HOST:5`; without a port, `defaultPort`. An IP
     /// literal is taken as is; a name is resolved with getaddrinfo (the call
-    /// blocks), its first address used.
+    /// blocks): its first IPv4 address, else its first IPv6 one. (IPv4 first: the
+    /// sockets that use these are IPv4 ones unless told otherwise, and `localhost`
+    /// is often `::1` first.)
     public static func resolve(_ text: String, defaultPort: UInt16?) throws(AddressResolutionError) -> TransportAddress {
         if let address = TransportAddress(text, defaultPort: defaultPort) { return address }
         var host = text
@@ -34,9 +41,39 @@ public enum AddressResolver {
             port = p
         }
         guard let port else { throw .missingPort(text) }
-        guard let resolved = try? SocketAddress.makeAddressResolvingHost(host, port: Int(port)),
-            let address = TransportAddress(resolved)
-        else { throw .unresolvable(host: host) }
-        return address
+        for family in [AF_INET, AF_INET6] {
+            if let ip = firstAddress(of: host, family: family) { return TransportAddress(ip: ip, port: port) }
+        }
+        throw .unresolvable(host: host)
+    }
+
+    /// The first address getaddrinfo gives for `host` in `family`.
+    private static func firstAddress(of host: String, family: Int32) -> IPAddress? {
+        var hints = addrinfo()
+        hints.ai_family = family
+        hints.ai_socktype = Int32(SOCK_DGRAM.rawValue)
+        var list: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo(host, nil, &hints, &list) == 0, let first = list else { return nil }
+        defer { freeaddrinfo(list) }
+        var entry: UnsafeMutablePointer<addrinfo>? = first
+        while let e = entry {
+            if let raw = e.pointee.ai_addr {
+                switch Int32(raw.pointee.sa_family) {
+                case AF_INET:
+                    let sin = UnsafeRawPointer(raw).loadUnaligned(as: sockaddr_in.self)
+                    return .v4(UInt32(bigEndian: sin.sin_addr.s_addr))
+                case AF_INET6:
+                    let sin6 = UnsafeRawPointer(raw).loadUnaligned(as: sockaddr_in6.self)
+                    return withUnsafeBytes(of: sin6.sin6_addr) { bytes in
+                        .v6(
+                            high: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt64.self)),
+                            low: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self)))
+                    }
+                default: break
+                }
+            }
+            entry = e.pointee.ai_next
+        }
+        return nil
     }
 }

@@ -187,12 +187,14 @@ struct CallCommand: AsyncParsableCommand {
             throw ValidationError("PEER is this identity's own key: call another (or give --identity)")
         }
         let report: CallReport
+        // Ctrl-C or SIGTERM hangs up (the peer told) and reports; from here on.
+        let hangUp = HangUpSwitch()
+        let interrupts = onInterrupt { hangUp.press() }
+        defer { for source in interrupts { source.cancel() } }
         do {
             let rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey)
             let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
-            // Ctrl-C or SIGTERM hangs up (the peer told) and reports.
-            let interrupts = onInterrupt { agent.hangUp() }
-            defer { for source in interrupts { source.cancel() } }
+            hangUp.attach(agent)
             report = try await agent.call(key, source: source, sink: sink)
             await rendezvous.close()
         } catch CallError.hungUp {
@@ -236,13 +238,15 @@ struct AnswerCommand: AsyncParsableCommand {
         var (identity, servers, agentOptions, source, sink) = try prepare(options, placing: false)
         agentOptions.ringTimeout = ringTimeout
         let report: CallReport
+        let hangUp = HangUpSwitch()
+        let interrupts = onInterrupt { hangUp.press() }
+        defer { for source in interrupts { source.cancel() } }
         do {
             let rendezvous = try await RendezvousConnection.connect(toAnyOf: servers, identity: identity.privateKey)
+            let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
+            hangUp.attach(agent)
             print("answering as \(identity.publicKey.base64)")
             flushStandardOutput()
-            let agent = CallAgent(rendezvous: rendezvous, identity: identity, options: agentOptions, logger: quietLogger())
-            let interrupts = onInterrupt { agent.hangUp() }
-            defer { for source in interrupts { source.cancel() } }
             report = try await agent.answer(only: only, source: source, sink: sink)
             await rendezvous.close()
         } catch CallError.hungUp {

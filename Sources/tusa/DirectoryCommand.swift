@@ -111,11 +111,13 @@ struct DirectoryCommand: AsyncParsableCommand {
         }
         switch (partyRelay, partyKey) {
         case (let relay?, let key?):
-            do { _ = try HostAndPort.resolve(relay, option: "--party-relay", defaultPort: nil) } catch {
+            // Clients are given the address (a name resolved here, once: they take IP:PORT).
+            let address: TransportAddress
+            do { address = try HostAndPort.resolve(relay, option: "--party-relay", defaultPort: nil) } catch {
                 throw failure(error.message)
             }
             guard PublicKey(base64: key) != nil else { throw failure("--party-key is not a public key: '\(key)'") }
-            core.party = PartyGrant(address: relay, key: key)
+            core.party = PartyGrant(address: "\(address)", key: key)
         case (nil, nil): break
         default: throw failure("--party-relay and --party-key go together")
         }

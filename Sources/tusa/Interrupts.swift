@@ -1,5 +1,7 @@
+import Call
 import Dispatch
 import Foundation
+import Synchronization
 
 /// Ctrl-C and SIGTERM while a call or a party runs: the first runs `action` (hang
 /// up or leave, then report); a second, should that take too long, exits at once
@@ -19,5 +21,27 @@ func onInterrupt(_ action: @escaping @Sendable () -> Void) -> [any DispatchSourc
         }
         source.resume()
         return source
+    }
+}
+
+/// Ctrl-C for a call: the agent hangs up once there is one; a Ctrl-C that comes
+/// before (while the rendezvous is reached) is kept for it.
+final class HangUpSwitch: Sendable {
+    private let state = Mutex<(agent: CallAgent?, pressed: Bool)>((nil, false))
+
+    func press() {
+        let agent = state.withLock { s -> CallAgent? in
+            s.pressed = true
+            return s.agent
+        }
+        agent?.hangUp()
+    }
+
+    func attach(_ agent: CallAgent) {
+        let pressed = state.withLock { s -> Bool in
+            s.agent = agent
+            return s.pressed
+        }
+        if pressed { agent.hangUp() }
     }
 }

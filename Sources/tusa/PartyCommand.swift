@@ -698,7 +698,7 @@ enum PartySession {
         // (a terminal or pipe left open) must not hold one of the few threads async
         // code runs on, or leaving would wait for the input's end.
         let commands = Thread {
-            while let line = readLine() {
+            for line in StandardInputLines() {
                 let words = line.split(separator: " ").map(String.init)
                 switch words.first {
                 case "kick":

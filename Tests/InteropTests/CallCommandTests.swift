@@ -158,10 +158,13 @@ import Voice
         let (answerer, key) = try await Self.answer(port, [])
         defer { answerer.kill() }
         let caller = try Harness.Background(
-            tusa, ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--loop", "--json", "--quiet"])
+            tusa, ["call", key, "--rendezvous", "127.0.0.1:\(port)", "--in", Self.speech, "--loop", "--json"])
         defer { caller.kill() }
-        // Connected: the callee's live status says so on standard error (quiet: wait instead).
-        try await Task.sleep(for: .seconds(3))
+        // Connected, and talking: the caller's live status line says so on standard error.
+        #expect(
+            await caller.waitFor(timeout: 30) { _, err in
+                (err.components(separatedBy: "sent ").last?.split(separator: " ").first).flatMap { Int($0) } ?? 0 > 60
+            }, "\(caller.stderr)")
         let interrupted = ContinuousClock.now
         #expect(await caller.stop(signal: SIGINT, grace: 10) == 0, "\(caller.stdout) \(caller.stderr)")
         #expect(await answerer.waitForExit(timeout: 10), "the callee did not hear the hang-up: \(answerer.stderr)")
@@ -178,9 +181,13 @@ import Voice
         defer { watcher.kill() }
         let watching = try #require(await watcher.waitForMatch(#"watching as [A-Za-z0-9+/=]{44}"#), "\(watcher.stderr)")
         let ringing = try Harness.Background(
-            tusa, ["call", String(watching.dropFirst("watching as ".count)), "--rendezvous", "127.0.0.1:\(port)", "--quiet"])
+            tusa,
+            ["call", String(watching.dropFirst("watching as ".count)), "--rendezvous", "127.0.0.1:\(port)", "--quiet"],
+            withInput: false)
         defer { ringing.kill() }
-        try await Task.sleep(for: .seconds(1))
+        // Ringing: the watcher's rendezvous has passed it the offer (it ignores offers).
+        // (The handler is in place from the start; a second is enough to be past it.)
+        try await Task.sleep(for: .seconds(2))
         #expect(await ringing.stop(signal: SIGINT, grace: 10) == 130, "\(ringing.stderr)")
         #expect(ringing.stderr.contains("hung up before the call was set up"), "\(ringing.stderr)")
         // An answerer waiting for a call stops the same way.
