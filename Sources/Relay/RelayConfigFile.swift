@@ -164,7 +164,8 @@ public enum RelayConfigFile {
                 }
                 throw problem("unknown option '\(name)'")
             }
-            if credentialOptions.contains(name), boolean(value) != false { credentials = true }
+            // (A flag set off gives none; a value, whatever it reads as, does.)
+            if credentialOptions.contains(name), kind != .flag || boolean(value) == true { credentials = true }
             switch kind {
             case .flag:
                 guard let on = boolean(value) else {

@@ -210,8 +210,9 @@ final class Hub {
     /// Sends and closes that came after a record not yet written, with that record's number.
     private var held: [(after: UInt64, action: RendezvousAction)] = []
     /// What a connection may have queued toward its client before it counts as not
-    /// reading and is closed: far above what a client that reads ever has waiting.
-    static let writeWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 256 * 1024, high: 1024 * 1024)
+    /// reading and is closed: four times the most a client that reads has waiting at
+    /// once (its full mailbox, 64 posts of up to 16 KiB, on registering).
+    static let writeWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 1024 * 1024, high: 4 * 1024 * 1024)
     /// Connections closed because their clients did not read.
     private(set) var notReading = 0
 

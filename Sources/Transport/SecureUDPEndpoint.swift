@@ -513,7 +513,7 @@ public final class SecureUDPEndpoint: Sendable {
         (try? await onLoop { $0.withheld }) ?? 0
     }
 
-    /// Datagrams dropped because the stream toward them had too much queued (its
+    /// Media datagrams dropped because the stream toward them had too much queued (its
     /// peer does not read): they go as a lost UDP datagram would, not into memory.
     public func droppedOnFullStreams() async -> UInt64 {
         (try? await onLoop { $0.streamFull }) ?? 0
@@ -617,7 +617,7 @@ final class SecureEngine {
     /// Datagrams not sent because their destination withdrew its consent (see
     /// ``ICEEngine/withdrawnAddress``).
     private(set) var withheld: UInt64 = 0
-    /// Datagrams dropped because their stream (TCP or TLS) had ``StreamFraming/writeWaterMark``'s
+    /// Media dropped because its stream (TCP or TLS) had ``StreamFraming/writeWaterMark``'s
     /// high mark queued: its peer does not read.
     private(set) var streamFull: UInt64 = 0
     /// Decides the fate of each outgoing media datagram: nil drops it, else its added delay.
@@ -911,9 +911,11 @@ final class SecureEngine {
             return
         }
         if !direct, let stream = streams[address], probeUDP.remove(address) == nil {
-            // A connection whose peer does not read drops datagrams as UDP would,
-            // rather than queue them without end.
-            guard stream.isWritable else {
+            // A connection whose peer does not read drops media as UDP would, rather
+            // than queue it without end. Handshakes and control (few, and a session
+            // needs them) still go.
+            guard stream.isWritable || !(0x80...0xBF).contains(buffer.getInteger(at: buffer.readerIndex, as: UInt8.self) ?? 0)
+            else {
                 streamFull += 1
                 return
             }

@@ -22,8 +22,11 @@ struct RelayConfigBinaryTests {
         .enabled(if: Harness.tusa != nil, "tusa binary not built (set TUSA_BIN): binary test skipped"))
     func aFileTakesEveryLongOption() async throws {
         let tusa = try #require(Harness.tusa)
-        let dump = try await Harness.run(tusa, ["relay", "--experimental-dump-help"])
-        let help = try #require(try JSONSerialization.jsonObject(with: Data(dump.stdout.utf8)) as? [String: Any])
+        let dump = try await Harness.run(tusa, ["relay", "--experimental-dump-help"], timeout: 120)
+        try #require(dump.status == 0 && !dump.timedOut, "\(dump.status) \(dump.stderr)")
+        let help = try #require(
+            try? JSONSerialization.jsonObject(with: Data(dump.stdout.utf8)) as? [String: Any],
+            "\(dump.stdout.count) bytes: \(dump.stdout.suffix(200))")
         let arguments = try #require((help["command"] as? [String: Any])?["arguments"] as? [[String: Any]])
         let names = Set(
             arguments.flatMap { ($0["names"] as? [[String: Any]]) ?? [] }.filter { $0["kind"] as? String == "long" }
