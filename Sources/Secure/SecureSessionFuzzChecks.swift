@@ -210,31 +210,22 @@ public enum SecureSessionFuzzChecks {
     /// ```
     public static func run(_ bytes: [UInt8]) -> Summary {
         var run = Run()
-        var i = 0
-        var steps = 0
-        func next() -> UInt8? {
-            guard i < bytes.count else { return nil }
-            defer { i += 1 }
-            return bytes[i]
-        }
-        while steps < 128, let op = next() {
-            steps += 1
+        var script = FuzzScript(bytes)
+        while let op = script.nextStep() {
             let variant = op >> 5
             switch op & 7 {
             case 0, 1:
-                guard let length = next() else { break }
+                guard let length = script.next() else { break }
                 run.send(from: op & 7 == 0 ? run.a : run.b, length: Int(length) % 200, marker: variant & 1 != 0)
             case 2:
-                guard let length = next() else { break }
-                let end = min(bytes.count, i + Int(length))
-                let input = Array(bytes[i..<end])
-                i = end
+                guard let length = script.next() else { break }
+                let input = script.take(Int(length))
                 guard let report = try? ControlReport.decode(input) else { break }
                 let side = variant & 1 == 0 ? run.a : run.b
                 if let id = side.other { side.endpoint.handle(.sendControl(report, to: id), now: run.now) }
                 run.collect()
             case 3:
-                guard let bits = next() else { break }
+                guard let bits = script.next() else { break }
                 if bits & 1 != 0 { run.b.inbound = [] }
                 if bits & 2 != 0 { run.a.inbound = [] }
                 for side in [run.a, run.b] {
@@ -250,10 +241,10 @@ public enum SecureSessionFuzzChecks {
                 ]
                 run.wait(waits[Int(variant)])
             case 6:
-                guard let port = next() else { break }
+                guard let port = script.next() else { break }
                 run.a.address = TransportAddress(ip: initiatorAddress.ip, port: 5001 + UInt16(port))
             default:
-                guard let value = next(), let position = next() else { break }
+                guard let value = script.next(), let position = script.next() else { break }
                 guard var last = run.b.inbound.popLast() else { break }
                 if value != 0, !last.bytes.isEmpty {
                     last.bytes[Int(position) % last.bytes.count] ^= value

@@ -445,26 +445,17 @@ public enum TURNServerFuzzChecks {
     /// ```
     public static func run(_ bytes: [UInt8]) -> Summary {
         var run = Run()
-        var i = 0
-        var steps = 0
-        func next() -> UInt8? {
-            guard i < bytes.count else { return nil }
-            defer { i += 1 }
-            return bytes[i]
-        }
-        while steps < 128, let op = next() {
-            steps += 1
+        var script = FuzzScript(bytes)
+        while let op = script.nextStep() {
             let tuple = Int(op >> 3) & 3
             let variant = op >> 5
             switch op & 7 {
             case 0:
-                guard let p = next() else { break }
+                guard let p = script.next() else { break }
                 run.feed(.fromClient(run.made(variant, tuple: tuple, p), tuples[tuple]), from: tuple)
             case 1:
-                guard let length = next() else { break }
-                let end = min(bytes.count, i + Int(length))
-                let input = Array(bytes[i..<end])
-                i = end
+                guard let length = script.next() else { break }
+                let input = script.take(Int(length))
                 var wire = input
                 if let m = try? Message(decoding: input), m.type.messageClass == .request {
                     if variant & 4 == 0 {
@@ -476,14 +467,14 @@ public enum TURNServerFuzzChecks {
                 let channel = input.count >= 4 && input[0] & 0xC0 == 0x40 ? UInt16(input[0]) << 8 | UInt16(input[1]) : nil
                 run.feed(.fromClient(wire, tuples[tuple]), from: tuple, channel: channel)
             case 2:
-                guard let length = next() else { break }
+                guard let length = script.next() else { break }
                 let number: UInt16 = variant == 7 ? 0x7FFF : 0x4000 + UInt16(variant)
                 let frame = ChannelData(channel: number, data: run.payload(Int(length), tag: op))
                 run.feed(
                     .fromClient(frame.encode(padded: tuples[tuple].transport.isStream), tuples[tuple]), from: tuple,
                     channel: number)
             case 3:
-                guard let pick = next(), let length = next() else { break }
+                guard let pick = script.next(), let length = script.next() else { break }
                 let opened = run.ports.everOpened
                 let relay =
                     Int(pick) < opened.count ? opened[Int(pick)] : TransportAddress(ip: .v4(0x0A00_0001), port: 9)
