@@ -55,10 +55,21 @@ struct SecureStreamTests {
         clientGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
         _ body: (SecureUDPEndpoint, Received, SecureUDPEndpoint, Received) async throws -> Void
     ) async throws {
-        let (server, atServer) = try await acceptingServer()
+        // The stream listens on the UDP socket's port number, which the kernel picked
+        // for UDP: another test may hold it for TCP. Then a new server, a new port.
+        var bound: (SecureUDPEndpoint, Received)?
+        for _ in 0..<10 where bound == nil {
+            let (candidate, received) = try await acceptingServer()
+            do {
+                let tcp = try await candidate.listenForStreams(host: "127.0.0.1", port: Int(candidate.localAddress.port))
+                #expect(tcp.port == candidate.localAddress.port)
+                bound = (candidate, received)
+            } catch {
+                await candidate.close()
+            }
+        }
+        let (server, atServer) = try #require(bound, "no UDP port whose number was free for TCP in 10 tries")
         let atClient = Received()
-        let tcp = try await server.listenForStreams(host: "127.0.0.1", port: Int(server.localAddress.port))
-        #expect(tcp.port == server.localAddress.port)
         let client = try await SecureUDPEndpoint.bind(
             host: "127.0.0.1", identity: .generate(), mediaHandler: atClient.handler(), group: clientGroup)
         defer {
