@@ -1,3 +1,4 @@
+import NIOCore
 import TusaBase
 
 #if canImport(Glibc)
@@ -57,20 +58,15 @@ public enum AddressResolver {
         defer { freeaddrinfo(list) }
         var entry: UnsafeMutablePointer<addrinfo>? = first
         while let e = entry {
+            // (Read as NIO reads a socket's address, then as every NIO address here is.)
             if let raw = e.pointee.ai_addr {
-                switch Int32(raw.pointee.sa_family) {
-                case AF_INET:
-                    let sin = UnsafeRawPointer(raw).loadUnaligned(as: sockaddr_in.self)
-                    return .v4(UInt32(bigEndian: sin.sin_addr.s_addr))
-                case AF_INET6:
-                    let sin6 = UnsafeRawPointer(raw).loadUnaligned(as: sockaddr_in6.self)
-                    return withUnsafeBytes(of: sin6.sin6_addr) { bytes in
-                        .v6(
-                            high: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt64.self)),
-                            low: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self)))
+                let address: SocketAddress? =
+                    switch Int32(raw.pointee.sa_family) {
+                    case AF_INET: SocketAddress(UnsafeRawPointer(raw).loadUnaligned(as: sockaddr_in.self), host: host)
+                    case AF_INET6: SocketAddress(UnsafeRawPointer(raw).loadUnaligned(as: sockaddr_in6.self), host: host)
+                    default: nil
                     }
-                default: break
-                }
+                if let ip = address.flatMap(TransportAddress.init)?.ip { return ip }
             }
             entry = e.pointee.ai_next
         }
