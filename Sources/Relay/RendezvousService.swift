@@ -213,8 +213,6 @@ final class Hub {
     /// reading and is closed: four times the most a client that reads has waiting at
     /// once (its full mailbox, 64 posts of up to 16 KiB, on registering).
     static let writeWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 1024 * 1024, high: 4 * 1024 * 1024)
-    /// Connections closed because their clients did not read.
-    private(set) var notReading = 0
 
     init(
         core: RendezvousServer, loop: any EventLoop, writer: RecordWriter? = nil, restoring snapshot: RendezvousSnapshot? = nil,
@@ -307,7 +305,6 @@ final class Hub {
                 // Its client does not read what it is sent, which would queue here
                 // without end: it goes (a client that comes back gets its mailbox).
                 logger.debug("rendezvous: closing a connection that does not read", metadata: ["connection": "\(id)"])
-                notReading += 1
                 channel.close(promise: nil)
                 return
             }
