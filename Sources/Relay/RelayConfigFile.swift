@@ -126,7 +126,6 @@ public enum RelayConfigFile {
         // coturn's stun-only (where it was, and whether it was on), judged once the
         // whole file is read.
         var stunOnly: (line: Int, on: Bool)?
-        var credentials = false
         for rawLine in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline) {
             number += 1
             let line = rawLine.drop { $0 == " " || $0 == "\t" }.trimmingTrailingWhitespace()
@@ -164,8 +163,6 @@ public enum RelayConfigFile {
                 }
                 throw problem("unknown option '\(name)'")
             }
-            // (A flag set off gives none; a value, whatever it reads as, does.)
-            if credentialOptions.contains(name), kind != .flag || boolean(value) == true { credentials = true }
             switch kind {
             case .flag:
                 guard let on = boolean(value) else {
@@ -182,6 +179,10 @@ public enum RelayConfigFile {
         // tusa relay has no switch for it: it serves TURN whenever it has credentials,
         // STUN alone otherwise. With credentials in the file, stun-only would be a lie.
         if let stunOnly, stunOnly.on {
+            // (A flag set off is no argument; a value, whatever it reads as, is one.)
+            let credentials = result.arguments.contains { argument in
+                credentialOptions.contains(String(argument.dropFirst(2).prefix { $0 != "=" }))
+            }
             if credentials {
                 throw Problem(
                     file: file, line: stunOnly.line,
